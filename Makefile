@@ -1,0 +1,41 @@
+# AICF developer targets. `make install demo` sets everything up and shows the compiler at work;
+# `make test` runs the test suite (GPU tests skip without a GPU).
+PYTHON ?= python3
+
+EXAMPLES := examples/mlp.onnx examples/block.onnx examples/mlp_x.npy examples/block_x.npy
+
+.PHONY: install examples demo test gpu-test clean
+
+install:
+	$(PYTHON) -m pip install -e '.[dev]'
+
+examples:
+	$(PYTHON) examples/build_examples.py --out-dir examples
+
+# Compile and explain both examples; run them (checked against onnxruntime) only when
+# nvidia-smi exists and works.
+demo: examples
+	mkdir -p out
+	$(PYTHON) -m aicfc compile examples/mlp.onnx -o out/mlp.aicf
+	$(PYTHON) -m aicfc explain out/mlp.aicf
+	$(PYTHON) -m aicfc compile examples/block.onnx -o out/block.aicf
+	$(PYTHON) -m aicfc explain out/block.aicf
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		set -e; \
+		echo "$(PYTHON) -m aicf_run out/block.aicf --input examples/block_x.npy --output-dir out/block --check examples/block.onnx"; \
+		$(PYTHON) -m aicf_run out/block.aicf --input examples/block_x.npy --output-dir out/block --check examples/block.onnx; \
+		echo "$(PYTHON) -m aicf_run out/mlp.aicf --input examples/mlp_x.npy --output-dir out/mlp --check examples/mlp.onnx"; \
+		$(PYTHON) -m aicf_run out/mlp.aicf --input examples/mlp_x.npy --output-dir out/mlp --check examples/mlp.onnx; \
+	else \
+		echo "no working nvidia-smi: skipping aicf_run (the bundles are in out/)"; \
+	fi
+
+test:
+	$(PYTHON) -m pytest -q
+
+gpu-test:
+	$(PYTHON) -m pytest -m gpu -q
+
+clean:
+	rm -rf out build dist .pytest_cache *.egg-info $(EXAMPLES)
+	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +

@@ -1,0 +1,3 @@
+from aicf_run.cli import main
+
+main()

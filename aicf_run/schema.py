@@ -1,0 +1,295 @@
+"""The payload schema of a version-1 bundle: every check of docs/bundle-format.md.
+
+`check_payload` walks the payload in document order and raises a one-line RunError naming the
+first bad field by its path, e.g. "bad bundle field kernels[3].grid: ...". Types are checked
+before values are used, so a malformed structure can never escape as a TypeError or KeyError.
+Lists may be lists or tuples (the writer may hand tuples to msgpack; the reader gets lists).
+
+Beyond the document, the CUDA launch limits every architecture shares (grid y/z <= 65535,
+block x/y <= 1024 and z <= 64, 32-bit dynamic shared memory) are enforced here so a bundle that
+passes cannot fail with an overflow deep inside the driver binding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from typing import Any, NoReturn
+
+from aicf_run.errors import RunError
+
+_RECOMPILE = "recompile the model with `aicfc compile`"
+_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# Element sizes of the dtypes a buffer may have. bfloat16 has no numpy dtype, so it may only
+# appear on intermediate buffers, never on an input or output the user sees.
+ITEMSIZE: dict[str, int] = {
+    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+    "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+}
+IO_DTYPES = frozenset(ITEMSIZE) - {"bfloat16"}
+_MAX_GRID = (2**31 - 1, 65535, 65535)
+_MAX_BLOCK = (1024, 1024, 64)
+_MAX_THREADS = 1024
+
+
+def check_payload(payload: Any, version: int) -> None:
+    """Raise RunError naming the first field of `payload` that breaks the version-1 schema."""
+    if not isinstance(payload, dict):
+        _fail("payload", f"must be a map, got {_describe(payload)}")
+    format_version = _int(payload, "format_version", "")
+    if format_version != version:
+        _fail("format_version", f"is {format_version} but the header says {version}")
+    compiler = _map(payload, "compiler", "")
+    _str(compiler, "name", "compiler")
+    _str(compiler, "version", "compiler")
+    target = _map(payload, "target", "")
+    _arch(target, "arch", "target")
+    _map(target, "profile", "target")
+    _str(payload, "precision", "")
+    model = _map(payload, "model", "")
+    _str(model, "name", "model")
+    _sha256(model, "source_sha256", "model")
+
+    memory = _map(payload, "memory", "")
+    limits = {
+        "arena": _int(memory, "arena_bytes", "memory", minimum=0),
+        "weights": _int(memory, "weights_bytes", "memory", minimum=0),
+    }
+    _int(memory, "intermediate_bytes", "memory", minimum=0)
+    _records(memory, "inplace", "memory")
+
+    buffers = _check_buffers(payload, limits)
+    _check_io(payload, "inputs", buffers)
+    _check_io(payload, "outputs", buffers)
+    _check_weights(payload, buffers)
+    module_count = _check_modules(payload)
+    _check_kernels(payload, module_count, len(buffers))
+
+    ir = _map(payload, "ir", "")
+    for key in ("high", "lowered", "decision"):
+        _str(ir, key, "ir")
+    _records(payload, "decisions", "")
+
+
+def _check_buffers(payload: dict, limits: dict[str, int]) -> list[dict]:
+    buffers: list[dict] = []
+    for where, buf in _records(payload, "buffers", ""):
+        index = len(buffers)
+        buffer_id = _int(buf, "id", where)
+        if buffer_id != index:
+            _fail(f"{where}.id", f"is {buffer_id}, expected {index} (ids are 0..n-1 in order)")
+        _str(buf, "name", where)
+        region = _str(buf, "region", where)
+        if region not in limits:
+            _fail(f"{where}.region", f"is {region!r}, expected 'arena' or 'weights'")
+        offset = _int(buf, "offset", where, minimum=0)
+        nbytes = _int(buf, "nbytes", where, minimum=0)
+        dtype, shape = _tensor_type(buf, where, ITEMSIZE)
+        needed = math.prod(shape) * ITEMSIZE[dtype]
+        if nbytes != needed:
+            _fail(f"{where}.nbytes", f"is {nbytes} but {dtype} {shape} needs {needed}")
+        if offset + nbytes > limits[region]:
+            _fail(where, f"offset {offset} + nbytes {nbytes} exceeds "
+                         f"memory.{region}_bytes = {limits[region]}")
+        buffers.append(buf)
+    return buffers
+
+
+def _check_io(payload: dict, key: str, buffers: list[dict]) -> None:
+    names: set[str] = set()
+    for where, item in _records(payload, key, ""):
+        name = _str(item, "name", where)
+        if not name or name in names:
+            _fail(f"{where}.name", f"{name!r} is empty or repeated")
+        names.add(name)
+        dtype, shape = _tensor_type(item, where, IO_DTYPES)
+        buffer_id = _buffer_ref(item, "buffer", where, len(buffers))
+        buf = buffers[buffer_id]
+        if buf["region"] != "arena":
+            _fail(f"{where}.buffer", f"buffer {buffer_id} is in the weights region; "
+                                     f"inputs and outputs live in the arena")
+        needed = math.prod(shape) * ITEMSIZE[dtype]
+        if buf["nbytes"] != needed:
+            _fail(where, f"{dtype} {shape} is {needed} bytes but buffer {buffer_id} "
+                         f"has {buf['nbytes']}")
+
+
+def _check_weights(payload: dict, buffers: list[dict]) -> None:
+    seen: set[int] = set()
+    for where, weight in _records(payload, "weights", ""):
+        buffer_id = _buffer_ref(weight, "buffer", where, len(buffers))
+        buf = buffers[buffer_id]
+        if buf["region"] != "weights":
+            _fail(f"{where}.buffer", f"buffer {buffer_id} is not in the weights region")
+        if buffer_id in seen:
+            _fail(f"{where}.buffer", f"buffer {buffer_id} already has a weights entry")
+        seen.add(buffer_id)
+        data = _bytes(weight, "data", where)
+        if len(data) != buf["nbytes"]:
+            _fail(f"{where}.data", f"is {len(data)} bytes but buffer {buffer_id} "
+                                   f"has nbytes {buf['nbytes']}")
+        if hashlib.sha256(data).hexdigest() != _sha256(weight, "sha256", where):
+            _fail(f"{where}.sha256", "does not match its data; the file is corrupt")
+    for buf in buffers:
+        if buf["region"] == "weights" and buf["id"] not in seen:
+            _fail(f"buffers[{buf['id']}]", "is a weights buffer with no entry in weights")
+
+
+def _check_modules(payload: dict) -> int:
+    count = 0
+    for where, module in _records(payload, "modules", ""):
+        _str(module, "name", where)
+        _arch(module, "arch", where)
+        cubin = _bytes(module, "cubin", where)
+        if hashlib.sha256(cubin).hexdigest() != _sha256(module, "cubin_sha256", where):
+            _fail(f"{where}.cubin_sha256", "does not match its cubin; the file is corrupt")
+        _sha256(module, "source_sha256", where)
+        _str(module, "source", where)
+        count += 1
+    return count
+
+
+def _check_kernels(payload: dict, module_count: int, buffer_count: int) -> None:
+    for where, kernel in _records(payload, "kernels", ""):
+        _str(kernel, "name", where)
+        module = _int(kernel, "module", where, minimum=0)
+        if module >= module_count:
+            _fail(f"{where}.module", f"is {module}, but there are {module_count} modules")
+        if not _str(kernel, "symbol", where):
+            _fail(f"{where}.symbol", "is empty")
+        _str(kernel, "family", where)
+        for key, value in _map(kernel, "params", where).items():
+            if not isinstance(key, str) or not (_is_int(value) or isinstance(value, str)):
+                _fail(f"{where}.params", f"entry {key!r}: {_describe(value)} must map a str "
+                                         f"to an int or a str")
+        _dims(kernel, "grid", where, _MAX_GRID)
+        block = _dims(kernel, "block", where, _MAX_BLOCK)
+        if math.prod(block) > _MAX_THREADS:
+            _fail(f"{where}.block", f"{block} is {math.prod(block)} threads, over {_MAX_THREADS}")
+        _int(kernel, "smem_bytes", where, minimum=0, maximum=2**31 - 1)
+        registers = _get(kernel, "registers", where)
+        if registers is not None and not _is_int(registers):
+            _fail(f"{where}.registers", f"must be an int or nil, got {_describe(registers)}")
+        for i, arg in enumerate(_list(kernel, "args", where)):
+            if not _is_int(arg) or not 0 <= arg < buffer_count:
+                _fail(f"{where}.args[{i}]", f"{_describe(arg)} is not a buffer id "
+                                            f"(0..{buffer_count - 1})")
+        for key in ("onnx_nodes", "properties", "rewrites"):
+            for i, text in enumerate(_list(kernel, key, where)):
+                if not isinstance(text, str):
+                    _fail(f"{where}.{key}[{i}]", f"must be a str, got {_describe(text)}")
+        _map(kernel, "predicted", where)
+        _records(kernel, "candidates", where)
+
+
+# --- field helpers: each returns the checked value or raises naming `where.key` ---
+
+
+def _fail(field: str, problem: str) -> NoReturn:
+    raise RunError(f"bad bundle field {field}: {problem}; {_RECOMPILE}")
+
+
+def _path(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray, str, list, tuple, dict)) and len(value) > 8:
+        return f"a {type(value).__name__} of length {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _get(obj: dict, key: str, where: str) -> Any:
+    if key not in obj:
+        _fail(_path(where, key), "is missing")
+    return obj[key]
+
+
+def _typed(obj: dict, key: str, where: str, kind: type | tuple[type, ...], noun: str) -> Any:
+    value = _get(obj, key, where)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        _fail(_path(where, key), f"must be {noun}, got {_describe(value)}")
+    return value
+
+
+def _map(obj: dict, key: str, where: str) -> dict:
+    return _typed(obj, key, where, dict, "a map")
+
+
+def _list(obj: dict, key: str, where: str) -> list | tuple:
+    return _typed(obj, key, where, (list, tuple), "a list")
+
+
+def _str(obj: dict, key: str, where: str) -> str:
+    return _typed(obj, key, where, str, "a str")
+
+
+def _bytes(obj: dict, key: str, where: str) -> bytes:
+    return _typed(obj, key, where, (bytes, bytearray), "bytes (msgpack bin)")
+
+
+def _int(obj: dict, key: str, where: str, minimum: int | None = None,
+         maximum: int | None = None) -> int:
+    value = _typed(obj, key, where, int, "an int")
+    if minimum is not None and value < minimum:
+        _fail(_path(where, key), f"is {value}, below {minimum}")
+    if maximum is not None and value > maximum:
+        _fail(_path(where, key), f"is {value}, above {maximum}")
+    return value
+
+
+def _records(obj: dict, key: str, where: str) -> list[tuple[str, dict]]:
+    """A list of maps, each paired with its path, e.g. ("kernels[3]", {...})."""
+    records = []
+    for i, item in enumerate(_list(obj, key, where)):
+        item_path = f"{_path(where, key)}[{i}]"
+        if not isinstance(item, dict):
+            _fail(item_path, f"must be a map, got {_describe(item)}")
+        records.append((item_path, item))
+    return records
+
+
+def _arch(obj: dict, key: str, where: str) -> str:
+    arch = _str(obj, key, where)
+    if not _ARCH.fullmatch(arch):
+        _fail(_path(where, key), f"{arch!r} is not an architecture like 'sm_90'")
+    return arch
+
+
+def _sha256(obj: dict, key: str, where: str) -> str:
+    digest = _str(obj, key, where)
+    if not _SHA256_HEX.fullmatch(digest):
+        _fail(_path(where, key), "must be 64 lowercase hex digits")
+    return digest
+
+
+def _tensor_type(obj: dict, where: str, dtypes: frozenset[str] | dict) -> tuple[str, list[int]]:
+    dtype = _str(obj, "dtype", where)
+    if dtype not in dtypes:
+        _fail(f"{where}.dtype", f"{dtype!r} is not one of {', '.join(sorted(dtypes))}")
+    shape = list(_list(obj, "shape", where))
+    if not all(_is_int(dim) and dim >= 0 for dim in shape):
+        _fail(f"{where}.shape", f"{_describe(shape)} must be non-negative ints")
+    return dtype, shape
+
+
+def _buffer_ref(obj: dict, key: str, where: str, buffer_count: int) -> int:
+    buffer_id = _int(obj, key, where)
+    if not 0 <= buffer_id < buffer_count:
+        _fail(_path(where, key), f"{buffer_id} is not a buffer id (0..{buffer_count - 1})")
+    return buffer_id
+
+
+def _dims(obj: dict, key: str, where: str, maximum: tuple[int, int, int]) -> list[int]:
+    dims = list(_list(obj, key, where))
+    if len(dims) != 3 or not all(_is_int(d) and 1 <= d <= m for d, m in zip(dims, maximum)):
+        _fail(_path(where, key), f"must be 3 positive ints at most {list(maximum)}, "
+                                 f"got {_describe(dims)}")
+    return dims

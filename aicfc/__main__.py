@@ -1,0 +1,3 @@
+from aicfc.cli import main
+
+main()

@@ -1,0 +1,80 @@
+"""Decision-applied IR + built module → the bundle payload (docs/bundle-format.md)."""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from aicfc import __version__
+from aicfc.codegen.common import kernel_args
+from aicfc.codegen.nvcc import Built
+from aicfc.ir.decision import Plan
+from aicfc.passes.pipeline import Result
+from aicfc.passes.plan_memory import memory_summary
+from aicfc.planner.hardware import Profile
+
+FORMAT_VERSION = 1
+
+
+def _sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def _kernel(k, index: dict[str, int]) -> dict[str, Any]:
+    s = k.schedule
+    return {
+        "name": k.name, "module": 0, "symbol": k.name, "family": k.family,
+        "params": dict(s.params), "grid": list(s.grid), "block": list(s.block),
+        "smem_bytes": s.smem_bytes, "registers": s.registers,
+        "args": [index[b] for b in kernel_args(k)],
+        "onnx_nodes": list(k.origins), "properties": list(k.properties), "rewrites": list(k.rewrites),
+        "stores": list(k.stores),
+        "predicted": dict(s.predicted),
+        "candidates": [{"params": dict(c.params), "predicted_time_us": c.predicted_time_us}
+                       if c.predicted_time_us is not None else
+                       {"params": dict(c.params), "rejected_because": c.rejected_because}
+                       for c in s.candidates],
+    }
+
+
+def decision_log(plan: Plan) -> list[dict[str, Any]]:
+    log: list[dict[str, Any]] = [
+        {"kind": "rewrite", "rule": r.rule, "target": r.target, "applied": r.applied,
+         "reason": r.reason, "bytes_saved": r.bytes_saved} for r in plan.rewrites]
+    for k in plan.kernels:
+        s = k.schedule
+        log.append({"kind": "schedule", "kernel": k.name, "family": k.family, "params": dict(s.params),
+                    "predicted_time_us": s.time_us,
+                    "reason": f"lowest predicted time among {sum(1 for c in s.candidates if c.predicted_time_us is not None) + 1}"
+                              f" kept candidates of the {k.family} space"})
+    return log
+
+
+def build_payload(result: Result, plan: Plan, source: str, built: Built, profile: Profile,
+                  precision: str, model_sha256: str) -> dict[str, Any]:
+    buffers = [b for b in plan.buffers]
+    index = {b.name: i for i, b in enumerate(buffers)}
+    weights = {w.name: w for w in plan.weights}
+    mem = memory_summary(plan)
+    types = plan.types()
+
+    def signature(names) -> list[dict[str, Any]]:
+        return [{"name": n, "dtype": types[n].np_dtype.name, "shape": list(types[n].shape), "buffer": index[n]}
+                for n in names]
+    return {
+        "format_version": FORMAT_VERSION,
+        "compiler": {"name": "aicfc", "version": __version__},
+        "target": {"arch": plan.target, "profile": profile.data},
+        "precision": precision,
+        "model": {"name": plan.name, "source_sha256": model_sha256},
+        "inputs": signature([v.name for v in plan.inputs]),
+        "outputs": signature(list(plan.outputs)),
+        "buffers": [{"id": i, "name": b.name, "region": b.region, "offset": b.offset, "nbytes": b.type.nbytes,
+                     "dtype": b.type.np_dtype.name, "shape": list(b.type.shape)} for i, b in enumerate(buffers)],
+        "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
+        "weights": [{"buffer": index[n], "data": w.data, "sha256": _sha(w.data)} for n, w in weights.items()],
+        "modules": [{"name": plan.name, "arch": plan.target, "cubin": built.cubin, "cubin_sha256": _sha(built.cubin),
+                     "source_sha256": _sha(source.encode()), "source": source}],
+        "kernels": [_kernel(k, index) for k in plan.kernels],
+        "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
+        "decisions": decision_log(plan),
+    }

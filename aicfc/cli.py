@@ -1,0 +1,127 @@
+"""`aicfc`: compile, check and explain. User errors print one line and exit with code 2."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn
+
+import click
+
+from aicfc import __version__
+from aicfc.errors import AicfError
+
+EXIT_USAGE = 2
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"aicfc: error: {message}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn every user-caused failure into one line on stderr and exit code 2."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from aicf_run.errors import RunError
+        try:
+            return fn(*args, **kwargs)
+        except (AicfError, RunError) as e:
+            _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        except OSError as e:
+            _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))
+        except KeyboardInterrupt:
+            _fail("interrupted; nothing was written")
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="aicfc")
+def main() -> None:
+    """AICF: an ahead-of-time compiler from ONNX to CUDA that explains every decision."""
+
+
+shape_option = click.option("--shape", "shapes", multiple=True, metavar="NAME=DxD",
+                            help="Static shape for an input with symbolic dimensions, e.g. x=2x64.")
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write (.aicf).")
+@click.option("--target", default="sm_90", show_default=True, help="GPU architecture (sm_80, sm_86, sm_89, sm_90).")
+@click.option("--precision", default="fp32", show_default=True, help="Numeric precision policy.")
+@shape_option
+@click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after every pass into this folder.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated hardware profile (JSON).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
+@user_errors
+def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...],
+            dump_ir: str | None, profile_path: str | None, quiet: bool) -> None:
+    """Compile MODEL (ONNX) into a bundle for aicf-run."""
+    from aicfc.artifact import write_bundle
+    from aicfc.driver import compile_model
+    from aicfc.passes.pipeline import PIPELINE
+
+    stages = [s.name for s in PIPELINE] + ["codegen+nvcc"]
+    if quiet or not sys.stderr.isatty():
+        # No terminal to redraw a bar on: print nothing until there is a result or an error.
+        payload = compile_model(model, target=target, precision=precision, shapes=list(shapes),
+                                dump_ir=dump_ir, profile_path=profile_path)
+    else:
+        with click.progressbar(length=len(stages), label=f"compiling {Path(model).name}", file=sys.stderr,
+                               show_pos=True, item_show_func=lambda s: s or "") as bar:
+            payload = compile_model(model, target=target, precision=precision, shapes=list(shapes),
+                                    dump_ir=dump_ir, profile_path=profile_path,
+                                    on_stage=lambda name: bar.update(1, name))
+    write_bundle(payload, output)
+    if not quiet:
+        size = Path(output).stat().st_size
+        total = sum(k["predicted"]["time_us"] for k in payload["kernels"])
+        click.echo(f"wrote {output}: {len(payload['kernels'])} kernel(s) for {target}, {size} bytes, "
+                   f"predicted {total:.1f} us; run `aicfc explain {output}` for the decisions")
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@shape_option
+@user_errors
+def check(model: str, shapes: tuple[str, ...]) -> None:
+    """List every op in MODEL the compiler does not support (all at once), then check shapes."""
+    from aicfc.frontend.onnx_import import find_unsupported, import_model, load_model, parse_shape_overrides
+    from aicfc.ir.ops import OPS
+
+    proto = load_model(model)
+    bad = find_unsupported(proto)
+    if bad:
+        click.echo(f"{model}: {len(bad)} unsupported node(s):")
+        for node, op in bad:
+            click.echo(f"  {op:<24} node {node!r}")
+        click.echo(f"supported ops: {', '.join(sorted(OPS))}, Constant")
+        sys.exit(1)
+    graph = import_model(proto, parse_shape_overrides(shapes))
+    click.echo(f"{model}: all {len(proto.graph.node)} node(s) supported; "
+               f"inputs {', '.join(f'{v.name}: {v.type}' for v in graph.inputs)}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a stable interface).")
+@click.option("--ir", type=click.Choice(["high", "lowered", "decision"]), help="Print one IR level's text instead.")
+@click.option("--source", is_flag=True, help="Print the generated CUDA source instead.")
+@user_errors
+def explain(bundle: str, as_json: bool, ir: str | None, source: bool) -> None:
+    """Every decision in BUNDLE: what was chosen, why, predicted cost, what it beat."""
+    from aicf_run.bundle import read_bundle
+    from aicfc.explain import explain_json, explain_text
+
+    payload = read_bundle(bundle).payload
+    if ir:
+        click.echo(payload["ir"][ir], nl=False)
+    elif source:
+        for m in payload["modules"]:
+            click.echo(m["source"])
+    elif as_json:
+        click.echo(json.dumps(explain_json(payload), indent=1))
+    else:
+        click.echo(explain_text(payload), nl=False)

@@ -1,0 +1,8 @@
+"""Codegen: one module per schedule family, each with its parameter space beside its template.
+
+A family module provides `space(kernel)`, `launch(kernel, params)`, `static_smem(kernel,
+params)` and `render_kernel(kernel, params, types, name)`.
+"""
+from aicfc.codegen import gemm, pointwise, row_reduce
+
+FAMILIES = {"pointwise": pointwise, "row_reduce": row_reduce, "gemm": gemm}

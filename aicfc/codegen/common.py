@@ -1,0 +1,72 @@
+"""What every schedule family's codegen shares: kernel arguments, index decomposition, stores."""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import jinja2
+
+from aicfc.ir.decision import Kernel
+from aicfc.ir.lowered import Affine, Compute, loads
+from aicfc.ir.types import TensorType
+
+from aicfc.codegen.cexpr import c_affine, flat_offset
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.PackageLoader("aicfc", "templates"),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+def render(template: str, **values) -> str:
+    return environment().get_template(template).render(**values)
+
+
+def kernel_args(k: Kernel) -> tuple[str, ...]:
+    """Buffers a kernel takes, in argument order: its stores, then what it loads from outside."""
+    reads = dict.fromkeys(ld.buffer for op in k.ops for ld in loads(op.body) if ld.buffer not in k.outs)
+    return tuple(k.stores) + tuple(r for r in reads if r not in k.stores)
+
+
+@dataclass(frozen=True)
+class Signature:
+    params: dict[str, str]   # buffer -> C parameter name
+    text: str
+    index_type: str          # "int" when every offset fits, else "long long"
+
+
+def signature(k: Kernel, types: Mapping[str, TensorType]) -> Signature:
+    args = kernel_args(k)
+    params = {b: f"p{i}" for i, b in enumerate(args)}
+    parts = [f"float* __restrict__ {params[b]}" if b in k.stores else f"const float* __restrict__ {params[b]}"
+             for b in args]
+    biggest = max([types[b].numel for b in args] + [op.type.numel * math.prod(op.reduce) for op in k.ops])
+    return Signature(params, ", ".join(parts), "int" if biggest < 2**31 - 1 else "long long")
+
+
+def decompose(flat: str, variables: list[tuple[str, int]], idx: str) -> list[str]:
+    """C lines splitting a flat index into row-major loop variables (extent-1 ones are 0)."""
+    lines, rest = [], flat
+    live = [(v, n) for v, n in variables if n > 1]
+    for v, n in variables:
+        if n == 1:
+            lines.append(f"const {idx} {v} = 0;")
+    for pos, (v, n) in enumerate(reversed(live)):
+        if pos == len(live) - 1:
+            lines.append(f"const {idx} {v} = {rest};")
+        else:
+            lines.append(f"const {idx} {v} = {rest} % {n};")
+            nxt = f"q_{v}"
+            lines.append(f"const {idx} {nxt} = {rest} / {n};")
+            rest = nxt
+    return lines
+
+
+def store_line(op: Compute, bind: Mapping[str, Affine], value: str, params: Mapping[str, str],
+               names: Mapping[str, str]) -> str:
+    """`p0[offset] = value;` for an op's own element, its variables placed by `bind`."""
+    index = tuple(Affine.var(v).substitute(bind) for v in op.domain_vars)
+    return f"{params[op.out]}[{c_affine(flat_offset(index, op.type), names)}] = {value};"

@@ -1,0 +1,94 @@
+"""Schedule family `gemm`: a `tile_compatible_compute` contraction, tiled through shared memory.
+
+C[batch, m, n] = epilogue(sum_k A[.., m, k] * B[.., k, n]). Operand accesses come from the
+lowered IR as affine maps, so transposed or broadcast operands are just other strides: the
+tile loader walks whichever of m/k (n/k) is contiguous fastest, to keep loads coalesced.
+
+Parameter space: block tile BM x BN, K step BK, per-thread tile TM x TN; threads =
+(BM/TM)(BN/TN). Constraints: 32 <= threads <= 1024, static shared memory
+4*BK*(BM+BN+2) <= the profile's per-block limit.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
+from aicfc.codegen.common import decompose, render, signature, store_line
+from aicfc.ir.decision import Kernel
+from aicfc.ir.lowered import Affine, Load
+from aicfc.ir.properties import Contraction, contraction
+from aicfc.ir.types import TensorType
+
+SPACE = {"BM": (16, 32, 64, 128), "BN": (16, 32, 64, 128), "BK": (8, 16, 32), "TM": (1, 2, 4, 8), "TN": (1, 2, 4, 8)}
+
+
+def dims(k: Kernel) -> tuple[Contraction, int, int, int, list[tuple[str, int]]]:
+    """(contraction, M, N, K, batch variables with extents)."""
+    mm = k.ops[0]
+    c = contraction(mm)
+    assert c is not None, f"kernel {k.name} is not a contraction"
+    ext = mm.extents()
+    return c, ext.get(c.m, 1) if c.m else 1, ext.get(c.n, 1) if c.n else 1, mm.reduce[0], [(v, ext[v]) for v in c.batch]
+
+
+def space(k: Kernel) -> list[dict]:
+    out = []
+    for bm in SPACE["BM"]:
+        for bn in SPACE["BN"]:
+            for bk in SPACE["BK"]:
+                for tm in SPACE["TM"]:
+                    for tn in SPACE["TN"]:
+                        if bm % tm == 0 and bn % tn == 0:
+                            out.append({"BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn})
+    return out
+
+
+def threads(p: Mapping) -> int:
+    return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
+
+
+def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    _, m, n, _, batch = dims(k)
+    return (math.ceil(n / p["BN"]), math.ceil(m / p["BM"]), math.prod(e for _, e in batch)), (threads(p), 1, 1), 0
+
+
+def static_smem(k: Kernel, p: Mapping) -> int:
+    return 4 * p["BK"] * (p["BM"] + 1 + p["BN"] + 1)
+
+
+def _k_fast(ld: Load, t: TensorType, var: str | None) -> bool:
+    """True when the operand is contiguous along k (or has no m/n variable at all)."""
+    off = flat_offset(ld.index, t)
+    return var is None or abs(off.coeff("r0")) <= abs(off.coeff(var))
+
+
+def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
+    c, m, n, kk, batch = dims(k)
+    sig = signature(k, types)
+    idx = sig.index_type
+    names = {v: v for v, _ in batch}
+    a_names = names | {"r0": "gk"} | ({c.m: "gm"} if c.m else {})
+    b_names = names | {"r0": "gk"} | ({c.n: "gn"} if c.n else {})
+    out_names = names | ({c.m: "gm"} if c.m else {}) | ({c.n: "gn"} if c.n else {})
+    for v, e in k.ops[0].extents().items():    # extent-1 output variables index nothing
+        if e == 1 and v.startswith("i"):
+            out_names.setdefault(v, "0")
+            a_names.setdefault(v, "0")
+            b_names.setdefault(v, "0")
+    a_off = c_affine(flat_offset(c.a.index, types[c.a.buffer]), a_names)
+    b_off = c_affine(flat_offset(c.b.index, types[c.b.buffer]), b_names)
+    mm = k.ops[0]
+    em = Emitter(sig.params, types, prefix="v")
+    if len(k.ops) == 2:
+        epi = k.ops[1]
+        value = em.emit(epi.body, out_names, {mm.out: "accv"})
+        lines = em.take() + [store_line(epi, dict(k.binds[1]), value, sig.params, out_names)]
+    else:
+        lines = [store_line(mm, {v: Affine.var(v) for v in mm.domain_vars}, "accv", sig.params, out_names)]
+    return render("gemm.cu.j2", name=name, batch=math.prod(e for _, e in batch), M=m, N=n, K=kk,
+                  threads=threads(p), idx=idx, signature=sig.text, **p,
+                  decompose=decompose("batch", batch, idx),
+                  a_ptr=sig.params[c.a.buffer], b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off,
+                  a_k_fast=_k_fast(c.a, types[c.a.buffer], c.m), b_k_fast=_k_fast(c.b, types[c.b.buffer], c.n),
+                  epilogue=lines)

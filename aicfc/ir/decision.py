@@ -1,0 +1,322 @@
+"""Decision-applied IR: kernels with chosen schedules, buffers with offsets, and why.
+
+[Note: Decision IR]
+A `Kernel` is a group of lowered computes that run as one launch, in order. `binds[k]` maps
+the loop variables of `ops[k]` onto the kernel's iteration space (the variables of the last
+op for row reductions and maps, of the contraction for GEMMs), so codegen can place every
+member in one loop nest. Only the outputs in `stores` reach memory; the others live in
+registers (that is what fusion buys). `schedule` is filled by planning: the chosen
+parameters, launch shape, the predicted cost with its terms, and every candidate considered
+with its predicted time or the constraint it broke. `buffers` is filled by memory planning:
+every stored tensor gets a region and a byte offset; views share their source's bytes.
+
+    decision mlp target=sm_90 {
+      input %x: f32[4,64]
+      kernel k0 gemm {
+        %y.mm: f32[4,32] = sum[64] mul(load(%x, [i0, r0]), load(%w, [r0, i1])) from ["g"]
+        %y: f32[4,32] = map add(load(%y.mm, [i0, i1]), load(%b, [i1])) from ["g"]
+        bind %y {i0: i0, i1: i1}
+        store %y
+        properties [tile_compatible_compute]
+        rewrites ["matmul => gemm epilogue"]
+        schedule {BM=32, BN=32} grid=[1,1,1] block=[64,1,1] smem=0 registers=38
+        predicted {bytes=9344.0, flops=16384.0, time_us=2.1}
+        candidate {BM=64, BN=64} time_us=2.4
+        candidate {BM=128, BN=128} rejected "shared memory 66560 B > 49152 B"
+      }
+      buffer %x arena offset=0 bytes=1024
+      output %y
+    }
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from aicfc.errors import AicfError
+from aicfc.ir import text
+from aicfc.ir.lowered import (Affine, Compute, Rewrite, View, parse_affine, parse_header_item, parse_op,
+                              parse_rewrite, print_header, print_op, print_rewrite, verify_op)
+from aicfc.ir.types import TensorType, Value, Weight
+
+Params = tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    params: Params
+    predicted_time_us: float | None = None
+    rejected_because: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    params: Params
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int
+    registers: int | None
+    predicted: tuple[tuple[str, float], ...]
+    candidates: tuple[Candidate, ...] = ()
+
+    @property
+    def param(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def time_us(self) -> float:
+        return dict(self.predicted)["time_us"]
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    name: str
+    family: str
+    ops: tuple[Compute, ...]
+    binds: tuple[tuple[tuple[str, Affine], ...], ...]
+    stores: tuple[str, ...]
+    properties: tuple[str, ...] = ()
+    rewrites: tuple[str, ...] = ()
+    schedule: Schedule | None = None
+
+    def replace(self, **changes: Any) -> Kernel:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(o for op in self.ops for o in op.origin))
+
+    @property
+    def outs(self) -> frozenset[str]:
+        return frozenset(op.out for op in self.ops)
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    name: str
+    type: TensorType
+    region: str          # "arena" | "weights"
+    offset: int
+    alias_of: str = ""   # a view shares the bytes of its source
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    name: str
+    target: str
+    inputs: tuple[Value, ...]
+    weights: tuple[Weight, ...]
+    kernels: tuple[Kernel, ...]
+    views: tuple[View, ...]
+    outputs: tuple[str, ...]
+    buffers: tuple[Buffer, ...] = ()
+    rewrites: tuple[Rewrite, ...] = ()
+
+    def replace(self, **changes: Any) -> Plan:
+        new = dataclasses.replace(self, **changes)
+        return self if new == self else new
+
+    def types(self) -> dict[str, TensorType]:
+        out = {v.name: v.type for v in self.inputs}
+        out.update({w.name: w.type for w in self.weights})
+        out.update({op.out: op.type for k in self.kernels for op in k.ops})
+        out.update({v.out: v.type for v in self.views})
+        return out
+
+    def __str__(self) -> str:
+        return print_plan(self)
+
+
+# ---------------------------------------------------------------- printer
+
+def _bind(b: tuple[tuple[str, Affine], ...]) -> str:
+    return "{" + ", ".join(f"{v}: {a}" for v, a in b) + "}"
+
+
+def print_kernel(k: Kernel) -> list[str]:
+    lines = [f"  kernel {k.name} {k.family} {{"]
+    lines += [f"    {print_op(op)}" for op in k.ops]
+    lines += [f"    bind {text.name(op.out)} {_bind(b)}" for op, b in zip(k.ops, k.binds)]
+    lines += [f"    store {text.name(s)}" for s in k.stores]
+    lines.append(f"    properties {text.attr_value(k.properties)}")
+    lines.append(f"    rewrites {text.attr_value(k.rewrites)}")
+    s = k.schedule
+    if s is not None:
+        regs = "unknown" if s.registers is None else str(s.registers)
+        lines.append(f"    schedule {text.attrs(s.params) or '{}'} grid={text.attr_value(s.grid)} "
+                     f"block={text.attr_value(s.block)} smem={s.smem_bytes} registers={regs}")
+        lines.append(f"    predicted {text.attrs(s.predicted)}")
+        for c in s.candidates:
+            tail = (f"time_us={text.number(c.predicted_time_us)}" if c.predicted_time_us is not None
+                    else f"rejected {text.attr_value(c.rejected_because)}")
+            lines.append(f"    candidate {text.attrs(c.params) or '{}'} {tail}")
+    lines.append("  }")
+    return lines
+
+
+def print_plan(p: Plan) -> str:
+    lines = print_header("decision", p)
+    lines[0] = f"decision {text.attr_value(p.name)} target={p.target} {{"
+    for k in p.kernels:
+        lines += print_kernel(k)
+    lines += [f"  {print_op(v)}" for v in p.views]
+    for b in p.buffers:
+        alias = f" alias={text.name(b.alias_of)}" if b.alias_of else ""
+        lines.append(f"  buffer {text.name(b.name)}: {b.type} {b.region} offset={b.offset}{alias}")
+    lines += [f"  output {text.name(o)}" for o in p.outputs]
+    lines += [f"  {print_rewrite(r)}" for r in p.rewrites]
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+# ---------------------------------------------------------------- parser
+
+def _kv(c: text.Cursor, key: str) -> Any:
+    c.expect(key)
+    c.expect("=")
+    return c.attr_value()
+
+
+def _parse_kernel(c: text.Cursor) -> Kernel:
+    name = c.ident()
+    family = c.ident()
+    c.expect("{")
+    ops: list[Compute] = []
+    binds: dict[str, tuple[tuple[str, Affine], ...]] = {}
+    stores: list[str] = []
+    props: tuple = ()
+    rewrites: tuple = ()
+    schedule = None
+    predicted: tuple = ()
+    cands: list[Candidate] = []
+    while not c.accept("}"):
+        if c.accept("bind"):
+            out = c.value()
+            c.expect("{")
+            pairs = []
+            while not c.accept("}"):
+                v = c.ident()
+                c.expect(":")
+                pairs.append((v, parse_affine(c)))
+                c.accept(",")
+            binds[out] = tuple(pairs)
+        elif c.accept("store"):
+            stores.append(c.value())
+        elif c.accept("properties"):
+            props = tuple(c.attr_value())
+        elif c.accept("rewrites"):
+            rewrites = tuple(c.attr_value())
+        elif c.accept("schedule"):
+            params = tuple(sorted(c.attrs().items()))
+            grid, block = tuple(_kv(c, "grid")), tuple(_kv(c, "block"))
+            smem = _kv(c, "smem")
+            regs = _kv(c, "registers")
+            schedule = (params, grid, block, smem, None if regs == "unknown" else regs)
+        elif c.accept("predicted"):
+            predicted = tuple(sorted((k, float(v)) for k, v in c.attrs().items()))
+        elif c.accept("candidate"):
+            params = tuple(sorted(c.attrs().items()))
+            if c.accept("rejected"):
+                cands.append(Candidate(params, None, str(c.attr_value())))
+            else:
+                cands.append(Candidate(params, float(_kv(c, "time_us"))))
+        else:
+            op = parse_op(c)
+            if not isinstance(op, Compute):
+                raise c.fail("a compute inside a kernel")
+            ops.append(op)
+    sched = Schedule(*schedule, predicted, tuple(cands)) if schedule else None
+    return Kernel(name, family, tuple(ops), tuple(binds.get(op.out, ()) for op in ops), tuple(stores),
+                  props, rewrites, sched)
+
+
+def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:
+    c = text.Cursor(source)
+    c.expect("decision")
+    name = str(c.attr_value())
+    target = str(_kv(c, "target"))
+    c.expect("{")
+    inputs: list[Value] = []
+    weights: list[Weight] = []
+    kernels: list[Kernel] = []
+    views: list[View] = []
+    buffers: list[Buffer] = []
+    outputs: list[str] = []
+    rewrites: list[Rewrite] = []
+    while not c.accept("}"):
+        if parse_header_item(c, inputs, weights, weight_data):
+            continue
+        if c.accept("kernel"):
+            kernels.append(_parse_kernel(c))
+        elif c.accept("buffer"):
+            bname = c.value()
+            c.expect(":")
+            t = c.ttype()
+            region = c.ident()
+            offset = int(_kv(c, "offset"))
+            alias = ""
+            if c.accept("alias"):
+                c.expect("=")
+                alias = c.value()
+            buffers.append(Buffer(bname, t, region, offset, alias))
+        elif c.accept("output"):
+            outputs.append(c.value())
+        elif c.accept("rewrite"):
+            rewrites.append(parse_rewrite(c))
+        else:
+            op = parse_op(c)
+            if not isinstance(op, View):
+                raise c.fail("a view outside kernels")
+            views.append(op)
+    return Plan(name, target, tuple(inputs), tuple(weights), tuple(kernels), tuple(views),
+                tuple(outputs), tuple(buffers), tuple(rewrites))
+
+
+# ---------------------------------------------------------------- verifier
+
+def verify_plan(p: Plan) -> None:
+    """Kernels read only what earlier kernels stored; stores exist; buffers do not collide."""
+    types: dict[str, TensorType] = {v.name: v.type for v in p.inputs}
+    types.update({w.name: w.type for w in p.weights})
+    views = {v.source: v for v in p.views}
+    stored = set(types)
+
+    def add_views(name: str) -> None:
+        while name in views:
+            v = views[name]
+            types[v.out] = v.type
+            stored.add(v.out)
+            name = v.out
+    for name in list(types):
+        add_views(name)
+    for k in p.kernels:
+        where = f"Decision IR verifier: kernel {k.name}"
+        local = dict(types)
+        if len(k.binds) != len(k.ops):
+            raise AicfError(f"{where}: {len(k.binds)} bindings for {len(k.ops)} ops")
+        for op in k.ops:
+            verify_op(op, {n: t for n, t in local.items() if n in stored or n in k.outs}, f"{where}: {op.out!r}")
+            local[op.out] = op.type
+        for s in k.stores:
+            if s not in k.outs:
+                raise AicfError(f"{where}: stores {s!r}, which it does not compute")
+            types[s] = local[s]
+            stored.add(s)
+            add_views(s)
+        sched = k.schedule
+        if sched is not None and (min(sched.grid) < 1 or min(sched.block) < 1
+                                  or sched.block[0] * sched.block[1] * sched.block[2] > 1024):
+            raise AicfError(f"{where}: launch shape grid={sched.grid} block={sched.block} is not valid")
+    for o in p.outputs:
+        if o not in stored:
+            raise AicfError(f"Decision IR verifier: output {o!r} is never stored")
+    _verify_buffers(p)
+
+
+def _verify_buffers(p: Plan) -> None:
+    if not p.buffers:
+        return
+    by_name = {b.name: b for b in p.buffers}
+    for name in p.types():
+        if name not in by_name and any(name in k.stores for k in p.kernels):
+            raise AicfError(f"Decision IR verifier: stored tensor {name!r} has no buffer")

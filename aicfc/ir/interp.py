@@ -1,0 +1,97 @@
+"""A numpy interpreter for the Lowered IR (the High IR one is `high.evaluate_graph`).
+
+Every compute is evaluated literally from its definition: open index grids for the loop
+variables, the accesses evaluated as affine index arrays, the body applied element-wise and
+the reduction taken over the r-axes. It is slow and obviously right, which is its purpose:
+CPU tests compare it with onnxruntime after every pass. Large domains are evaluated in
+slices of i0 to bound memory.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from aicfc.ir.lowered import Call, Compute, Const, Expr, Load, Program, View
+
+MAX_ELEMENTS = 1 << 24
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=x.dtype)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "max": np.maximum, "min": np.minimum, "neg": np.negative, "exp": np.exp, "log": np.log,
+    "sqrt": np.sqrt, "tanh": np.tanh, "erf": _erf, "sigmoid": _sigmoid,
+}
+
+
+def _eval(e: Expr, grids: dict[str, np.ndarray], env: dict[str, np.ndarray], dtype: Any) -> np.ndarray:
+    if isinstance(e, Const):
+        return np.asarray(e.value, dtype=dtype)
+    if isinstance(e, Load):
+        idx = []
+        for a in e.index:
+            i = np.asarray(a.const)
+            for v, c in a.terms:
+                i = i + c * grids[v]
+            idx.append(i)
+        return env[e.buffer][tuple(idx)] if idx else env[e.buffer][()]
+    assert isinstance(e, Call)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return np.asarray(SCALAR_FNS[e.fn](*[_eval(a, grids, env, dtype) for a in e.args]), dtype=dtype)
+
+
+def evaluate_compute(op: Compute, env: dict[str, np.ndarray], dtype: Any) -> np.ndarray:
+    names = op.domain_vars + op.reduce_vars
+    extents = op.type.shape + op.reduce
+    nd, rank = len(names), len(op.type.shape)
+    out = np.empty(op.type.shape, dtype=dtype)
+    total = math.prod(extents)
+    step = extents[0] if rank == 0 or total <= MAX_ELEMENTS else max(1, extents[0] * MAX_ELEMENTS // total)
+    starts = range(0, extents[0], step) if rank else [0]
+    for start in starts:
+        stop = min(start + step, extents[0]) if rank else 0
+        grids = {}
+        for k, (v, n) in enumerate(zip(names, extents)):
+            r = np.arange(start, stop) if (k == 0 and rank) else np.arange(n)
+            grids[v] = r.reshape([-1 if j == k else 1 for j in range(nd)])
+        shape = (stop - start,) + extents[1:] if rank else extents
+        val = np.broadcast_to(_eval(op.body, grids, env, dtype), shape)
+        axes = tuple(range(rank, nd))
+        if op.combiner == "sum":
+            val = val.sum(axis=axes, dtype=dtype)
+        elif op.combiner == "max":
+            val = val.max(axis=axes)
+        if rank:
+            out[start:stop] = val
+        else:
+            out[()] = val
+    return out
+
+
+def evaluate_ops(ops: tuple, env: dict[str, np.ndarray], dtype: Any) -> None:
+    for op in ops:
+        if isinstance(op, View):
+            env[op.out] = env[op.source].reshape(op.type.shape)
+        else:
+            env[op.out] = evaluate_compute(op, env, dtype)
+
+
+def evaluate_program(p: Program, inputs: dict[str, np.ndarray], dtype: Any = np.float32) -> dict[str, np.ndarray]:
+    """Run the lowered program; `dtype=np.float64` gives a float64 reference."""
+    env: dict[str, np.ndarray] = {v.name: np.asarray(inputs[v.name], dtype=dtype) for v in p.inputs}
+    for w in p.weights:
+        a = w.array()
+        env[w.name] = a.astype(dtype) if a.dtype.kind == "f" else a
+    evaluate_ops(p.ops, env, dtype)
+    return {o: env[o] for o in p.outputs}

@@ -1,0 +1,414 @@
+"""Lowered IR: every op as a compute definition, no kernel names.
+
+[Note: Lowered IR]
+A `Compute` defines one tensor element-wise over its own shape. Its iteration domain is the
+output shape, with one loop variable per dimension named i0, i1, ...; reductions add r0, r1,
+... over `reduce` extents, combined with `sum` or `max`. The `body` is a scalar expression whose
+only memory reads are `load(%buf, [affine, ...])`, one affine index per dimension of the buffer
+(an integer combination of loop variables plus a constant). Size-1 broadcast dimensions read
+index 0. Every buffer is dense row-major, so an access is a linear function of the loop
+variables: this is what lets passes compose accesses (transpose folding, inlining) and lets
+codegen emit one multiply-add per variable. A `View` reinterprets a buffer with another shape
+(Reshape); it moves no data.
+
+    %h: f32[4,128] = sum[64] mul(load(%x, [i0, r0]), load(%w1, [r0, i1])) from ["mm1"]
+    %y: f32[4,128] = map max(load(%h, [i0, i1]), 0.0) from ["relu1"]
+    %v: f32[512] = view %y from ["flat"]
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Union
+
+from aicfc.errors import AicfError
+from aicfc.ir import text
+from aicfc.ir.types import TensorType, Value, Weight
+
+# Scalar functions the body may call, with their arity. Codegen and the interpreter implement
+# exactly these; the verifier rejects anything else.
+FNS: dict[str, int] = {
+    "add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2,
+    "neg": 1, "exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "sigmoid": 1,
+}
+COMBINERS = ("map", "sum", "max")
+
+
+@dataclass(frozen=True, slots=True)
+class Affine:
+    """sum(coeff * var) + const, terms sorted by variable name, no zero coefficients."""
+
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def var(name: str) -> Affine:
+        return Affine(((name, 1),))
+
+    @staticmethod
+    def of(coeffs: Mapping[str, int], const: int = 0) -> Affine:
+        return Affine(tuple(sorted((v, c) for v, c in coeffs.items() if c)), const)
+
+    def coeff(self, var: str) -> int:
+        return dict(self.terms).get(var, 0)
+
+    def substitute(self, mapping: Mapping[str, Affine]) -> Affine:
+        """Replace variables by affine expressions (variables not in `mapping` stay)."""
+        coeffs: dict[str, int] = {}
+        const = self.const
+        for v, c in self.terms:
+            if v in mapping:
+                sub = mapping[v]
+                const += c * sub.const
+                for w, d in sub.terms:
+                    coeffs[w] = coeffs.get(w, 0) + c * d
+            else:
+                coeffs[v] = coeffs.get(v, 0) + c
+        return Affine.of(coeffs, const)
+
+    def bounds(self, extents: Mapping[str, int]) -> tuple[int, int]:
+        lo = hi = self.const
+        for v, c in self.terms:
+            top = c * (extents[v] - 1)
+            lo, hi = lo + min(0, top), hi + max(0, top)
+        return lo, hi
+
+    def __str__(self) -> str:
+        parts = [v if c == 1 else f"{c}*{v}" for v, c in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return "+".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    buffer: str
+    index: tuple[Affine, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    fn: str
+    args: tuple[Expr, ...]
+
+
+Expr = Union[Load, Const, Call]
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    out: str
+    type: TensorType
+    combiner: str
+    reduce: tuple[int, ...]
+    body: Expr
+    origin: tuple[str, ...] = ()
+
+    @property
+    def domain_vars(self) -> tuple[str, ...]:
+        return tuple(f"i{k}" for k in range(len(self.type.shape)))
+
+    @property
+    def reduce_vars(self) -> tuple[str, ...]:
+        return tuple(f"r{k}" for k in range(len(self.reduce)))
+
+    def extents(self) -> dict[str, int]:
+        return dict(zip(self.domain_vars + self.reduce_vars, self.type.shape + self.reduce))
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    out: str
+    type: TensorType
+    source: str
+    origin: tuple[str, ...] = ()
+
+
+Op = Union[Compute, View]
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """A record of one rewrite considered: applied or declined, and why, in words."""
+
+    rule: str
+    target: str
+    applied: bool
+    reason: str
+    bytes_saved: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    name: str
+    inputs: tuple[Value, ...]
+    weights: tuple[Weight, ...]
+    ops: tuple[Op, ...]
+    outputs: tuple[str, ...]
+    rewrites: tuple[Rewrite, ...] = ()
+
+    def replace(self, **changes: Any) -> Program:
+        new = dataclasses.replace(self, **changes)
+        return self if new == self else new
+
+    def types(self) -> dict[str, TensorType]:
+        out = {v.name: v.type for v in self.inputs}
+        out.update({w.name: w.type for w in self.weights})
+        out.update({op.out: op.type for op in self.ops})
+        return out
+
+    def __str__(self) -> str:
+        return print_program(self)
+
+
+# ---------------------------------------------------------------- expression helpers
+
+def loads(e: Expr) -> list[Load]:
+    if isinstance(e, Load):
+        return [e]
+    if isinstance(e, Call):
+        return [ld for a in e.args for ld in loads(a)]
+    return []
+
+
+def map_loads(e: Expr, fn) -> Expr:
+    """Rebuild `e` with every Load replaced by fn(load) (which may return any Expr)."""
+    if isinstance(e, Load):
+        return fn(e)
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(map_loads(a, fn) for a in e.args))
+    return e
+
+
+def substitute(e: Expr, mapping: Mapping[str, Affine]) -> Expr:
+    """Rename loop variables inside every access of `e`."""
+    return map_loads(e, lambda ld: Load(ld.buffer, tuple(a.substitute(mapping) for a in ld.index)))
+
+
+def count_ops(e: Expr) -> int:
+    return 1 + sum(count_ops(a) for a in e.args) if isinstance(e, Call) else 0
+
+
+def identity_index(rank: int) -> tuple[Affine, ...]:
+    return tuple(Affine.var(f"i{k}") for k in range(rank))
+
+
+# ---------------------------------------------------------------- printer
+
+def print_expr(e: Expr) -> str:
+    if isinstance(e, Load):
+        return f"load({text.name(e.buffer)}, [{', '.join(str(a) for a in e.index)}])"
+    if isinstance(e, Const):
+        return text.number(e.value)
+    return f"{e.fn}({', '.join(print_expr(a) for a in e.args)})"
+
+
+def print_op(op: Op) -> str:
+    origin = f" from {text.attr_value(op.origin)}" if op.origin else ""
+    if isinstance(op, View):
+        return f"{text.name(op.out)}: {op.type} = view {text.name(op.source)}{origin}"
+    head = op.combiner if op.combiner == "map" else f"{op.combiner}[{','.join(map(str, op.reduce))}]"
+    return f"{text.name(op.out)}: {op.type} = {head} {print_expr(op.body)}{origin}"
+
+
+def print_rewrite(r: Rewrite) -> str:
+    verdict = "applied" if r.applied else "declined"
+    return (f"rewrite {text.attr_value(r.rule)} {text.name(r.target)} {verdict} "
+            f"{text.attr_value(r.reason)} saved={r.bytes_saved}")
+
+
+def print_header(kind: str, p: Any) -> list[str]:
+    lines = [f"{kind} {text.attr_value(p.name)} {{"]
+    lines += [f"  input {text.name(v.name)}: {v.type}" for v in p.inputs]
+    lines += [f"  weight {text.name(w.name)}: {w.type} sha256=\"{w.sha256}\"" for w in p.weights]
+    return lines
+
+
+def print_program(p: Program) -> str:
+    lines = print_header("lowered", p)
+    lines += [f"  {print_op(op)}" for op in p.ops]
+    lines += [f"  output {text.name(o)}" for o in p.outputs]
+    lines += [f"  {print_rewrite(r)}" for r in p.rewrites]
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+# ---------------------------------------------------------------- parser
+
+def parse_affine(c: text.Cursor) -> Affine:
+    coeffs: dict[str, int] = {}
+    const = 0
+    while True:
+        if c.peek.kind == "number":
+            k = c.integer()
+            if c.accept("*"):
+                v = c.ident()
+                coeffs[v] = coeffs.get(v, 0) + k
+            else:
+                const += k
+        else:
+            v = c.ident()
+            coeffs[v] = coeffs.get(v, 0) + 1
+        if not c.accept("+"):
+            return Affine.of(coeffs, const)
+
+
+def parse_expr(c: text.Cursor) -> Expr:
+    if c.peek.kind == "number":
+        return Const(float(c.number()))
+    fn = c.ident()
+    c.expect("(")
+    if fn == "load":
+        buf = c.value()
+        c.expect(",")
+        c.expect("[")
+        index: list[Affine] = []
+        while not c.accept("]"):
+            index.append(parse_affine(c))
+            if not c.accept(","):
+                c.expect("]")
+                break
+        c.expect(")")
+        return Load(buf, tuple(index))
+    args: list[Expr] = []
+    while not c.accept(")"):
+        args.append(parse_expr(c))
+        if not c.accept(","):
+            c.expect(")")
+            break
+    return Call(fn, tuple(args))
+
+
+def parse_op(c: text.Cursor) -> Op:
+    out = c.value()
+    c.expect(":")
+    t = c.ttype()
+    c.expect("=")
+    head = c.ident()
+    if head == "view":
+        src = c.value()
+        return View(out, t, src, _origin(c))
+    if head not in COMBINERS:
+        raise c.fail("map, sum[...], max[...] or view")
+    reduce = () if head == "map" else c.int_list()
+    body = parse_expr(c)
+    return Compute(out, t, head, reduce, body, _origin(c))
+
+
+def _origin(c: text.Cursor) -> tuple[str, ...]:
+    return tuple(str(x) for x in c.attr_value()) if c.accept("from") else ()
+
+
+def parse_rewrite(c: text.Cursor) -> Rewrite:
+    rule = str(c.attr_value())
+    target = c.value()
+    verdict = c.ident()
+    reason = str(c.attr_value())
+    c.expect("saved")
+    c.expect("=")
+    return Rewrite(rule, target, verdict == "applied", reason, c.integer())
+
+
+def parse_header_item(c: text.Cursor, inputs: list, weights: list, weight_data: dict[str, bytes]) -> bool:
+    """Parse an `input` or `weight` line if one is next; shared by the lowered and decision parsers."""
+    if c.accept("input"):
+        v = c.value()
+        c.expect(":")
+        inputs.append(Value(v, c.ttype()))
+        return True
+    if c.accept("weight"):
+        v = c.value()
+        c.expect(":")
+        t = c.ttype()
+        c.expect("sha256")
+        c.expect("=")
+        digest = c.string()
+        w = Weight(v, t, weight_data.get(v, b""))
+        if w.sha256 != digest:
+            raise AicfError(f"IR text: no matching data given for weight {v!r}")
+        weights.append(w)
+        return True
+    return False
+
+
+def parse_program(source: str, weight_data: dict[str, bytes]) -> Program:
+    c = text.Cursor(source)
+    c.expect("lowered")
+    name = str(c.attr_value())
+    c.expect("{")
+    inputs: list[Value] = []
+    weights: list[Weight] = []
+    ops: list[Op] = []
+    outputs: list[str] = []
+    rewrites: list[Rewrite] = []
+    while not c.accept("}"):
+        if parse_header_item(c, inputs, weights, weight_data):
+            continue
+        if c.accept("output"):
+            outputs.append(c.value())
+        elif c.accept("rewrite"):
+            rewrites.append(parse_rewrite(c))
+        else:
+            ops.append(parse_op(c))
+    return Program(name, tuple(inputs), tuple(weights), tuple(ops), tuple(outputs), tuple(rewrites))
+
+
+# ---------------------------------------------------------------- verifier
+
+def verify_expr(e: Expr, extents: Mapping[str, int], types: Mapping[str, TensorType], where: str) -> None:
+    if isinstance(e, Const):
+        return
+    if isinstance(e, Call):
+        if FNS.get(e.fn) != len(e.args):
+            raise AicfError(f"{where}: unknown function {e.fn}/{len(e.args)}")
+        for a in e.args:
+            verify_expr(a, extents, types, where)
+        return
+    if e.buffer not in types:
+        raise AicfError(f"{where}: loads {e.buffer!r}, which is not defined before it")
+    shape = types[e.buffer].shape
+    if len(e.index) != len(shape):
+        raise AicfError(f"{where}: load of {e.buffer!r} has {len(e.index)} indices, the buffer has rank {len(shape)}")
+    for d, (a, n) in enumerate(zip(e.index, shape)):
+        for v, _ in a.terms:
+            if v not in extents:
+                raise AicfError(f"{where}: index of {e.buffer!r} uses unknown variable {v!r}")
+        lo, hi = a.bounds(extents)
+        if lo < 0 or hi >= n:
+            raise AicfError(f"{where}: load of {e.buffer!r} dim {d} ranges {lo}..{hi}, outside 0..{n - 1}")
+
+
+def verify_op(op: Op, types: Mapping[str, TensorType], where: str) -> None:
+    if isinstance(op, View):
+        if op.source not in types:
+            raise AicfError(f"{where}: view of undefined {op.source!r}")
+        if types[op.source].numel != op.type.numel or types[op.source].dtype != op.type.dtype:
+            raise AicfError(f"{where}: view changes element count or dtype")
+        return
+    if op.combiner not in COMBINERS or (op.combiner == "map") != (not op.reduce):
+        raise AicfError(f"{where}: combiner {op.combiner} does not fit reduce extents {list(op.reduce)}")
+    if any(n <= 0 for n in op.type.shape + op.reduce):
+        raise AicfError(f"{where}: empty iteration domain")
+    verify_expr(op.body, op.extents(), types, where)
+
+
+def verify_program(p: Program) -> None:
+    """Names unique and defined before use, every access inside its buffer, functions known."""
+    types: dict[str, TensorType] = {}
+    for name, t in [(v.name, v.type) for v in p.inputs] + [(w.name, w.type) for w in p.weights]:
+        if name in types:
+            raise AicfError(f"Lowered IR verifier: {name!r} is defined twice")
+        types[name] = t
+    for op in p.ops:
+        where = f"Lowered IR verifier: {op.out!r}"
+        if op.out in types:
+            raise AicfError(f"{where}: defined twice")
+        verify_op(op, types, where)
+        types[op.out] = op.type
+    for o in p.outputs:
+        if o not in types:
+            raise AicfError(f"Lowered IR verifier: output {o!r} is not defined")

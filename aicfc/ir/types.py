@@ -1,0 +1,86 @@
+"""Tensor types and weights shared by every IR level.
+
+Shapes are static tuples of ints: symbolic dimensions are resolved at import (`--shape`), so
+every later stage sees concrete numbers. Weights carry their bytes so IR nodes stay hashable
+and comparable; `array()` gives a read-only numpy view.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# IR dtype name -> numpy dtype. The IR spells dtypes short, as MLIR does.
+DTYPES: dict[str, np.dtype] = {
+    "f32": np.dtype(np.float32),
+    "f64": np.dtype(np.float64),
+    "f16": np.dtype(np.float16),
+    "i64": np.dtype(np.int64),
+    "i32": np.dtype(np.int32),
+    "bool": np.dtype(np.bool_),
+}
+NUMPY_TO_IR: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPES[self.dtype].itemsize
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return DTYPES[self.dtype]
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A named graph input (an activation the user binds at run time)."""
+
+    name: str
+    type: TensorType
+
+
+@dataclass(frozen=True, slots=True)
+class Weight:
+    """A constant tensor; `data` is its C-order little-endian bytes."""
+
+    name: str
+    type: TensorType
+    data: bytes
+
+    @staticmethod
+    def of(name: str, array: np.ndarray) -> Weight:
+        array = np.ascontiguousarray(array)
+        dtype = NUMPY_TO_IR[array.dtype.newbyteorder("=")]
+        return Weight(name, TensorType(dtype, tuple(int(d) for d in array.shape)),
+                      array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+
+    def array(self) -> np.ndarray:
+        a = np.frombuffer(self.data, dtype=self.type.np_dtype.newbyteorder("<"))
+        return a.reshape(self.type.shape)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides of a dense tensor."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))

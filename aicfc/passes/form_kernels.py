@@ -1,0 +1,187 @@
+"""form_kernels: Lowered IR → Decision IR kernels (schedules not yet chosen).
+
+Groups computes into launches by their memory properties, never by op names:
+
+- a `tile_compatible_compute` contraction is a `gemm` kernel; rule
+  "contraction + map => gemm epilogue" absorbs its single element-wise consumer when that
+  consumer reads each accumulator once at the same index (bias, activation, residual, scale);
+- an element-wise map that reads `online_reducible_norm` reductions only as per-row values
+  broadcast along one variable j, where each reduction runs over j's extent, is a
+  `row_reduce` kernel with those reductions (rule "row stats + map => one row pass"): a
+  block of threads reduces a row's statistics and writes the row without storing them;
+- every other reduction is a `row_reduce` kernel of its own; every other map a `pointwise`.
+
+    %s.max: f32[4,1] = max[8] load(%x, [i0, r0])
+    %s.sum: f32[4,1] = sum[8] exp(sub(load(%x, [i0, r0]), load(%s.max, [i0, 0])))
+    %s: f32[4,8] = map div(exp(sub(load(%x, [i0, i1]), load(%s.max, [i0, 0]))), load(%s.sum, [i0, 0]))
+  becomes one kernel:
+    kernel k0 row_reduce { ...the three computes...
+      bind %s.max {i0: i0, i1: 0, r0: i1}  bind %s.sum {i0: i0, i1: 0, r0: i1}  store %s }
+"""
+from __future__ import annotations
+
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Affine, Compute, Program, Rewrite, View, loads
+from aicfc.ir.properties import (contraction, is_identity_access, properties,
+                                 why_not_online_reducible)
+
+EPILOGUE_RULE = "contraction + map => gemm epilogue"
+ROW_RULE = "row stats + map => one row pass"
+
+
+def _identity_bind(op: Compute) -> tuple[tuple[str, Affine], ...]:
+    return tuple((v, Affine.var(v)) for v in op.domain_vars + op.reduce_vars)
+
+
+def stat_binding(space_vars: dict[str, int], index: tuple[Affine, ...], stat: Compute) -> tuple[dict[str, Affine] | None, str]:
+    """Bind a reduction's variables into a row space from one access of it.
+
+    Legal when the access reads each of the stat's dimensions either at a plain space variable
+    or at 0 (a broadcast, extent-1 dimension), and exactly one space variable j (not used by
+    the access) has the stat's reduction extent: the stat is then a per-row value and its
+    r0 runs along j. Returns (binding, "") or (None, reason).
+    """
+    if why_not_online_reducible(stat) is not None:
+        return None, f"{stat.out!r} is not a single-axis reduction"
+    used = set()
+    for ix in index:
+        if ix.const or len(ix.terms) > 1 or any(c != 1 for _, c in ix.terms):
+            return None, f"access of {stat.out!r} is not a plain variable per dimension"
+        used.update(v for v, _ in ix.terms)
+    free = [v for v, n in space_vars.items() if v not in used and n > 1]
+    if len(free) != 1 or space_vars[free[0]] != stat.reduce[0]:
+        return None, f"{stat.out!r} is not broadcast along exactly one variable of its reduction extent"
+    binding = dict(zip(stat.domain_vars, index))
+    binding["r0"] = Affine.var(free[0])
+    return binding, ""
+
+
+def _row_group(anchor: Compute, producers: dict[str, Compute], records: list[Rewrite]) -> list[tuple[Compute, dict[str, Affine]]]:
+    """The stats the anchor can compute in its own pass, innermost first, with their bindings."""
+    space = anchor.extents()
+    row_var: Affine | None = None
+    members: list[tuple[Compute, dict[str, Affine]]] = []
+    frontier: list[tuple[Compute, dict[str, Affine]]] = [(anchor, {v: Affine.var(v) for v in anchor.extents()})]
+    while frontier:
+        op, bind = frontier.pop()
+        for ld in loads(op.body):
+            stat = producers.get(ld.buffer)
+            if (stat is None or stat.combiner == "map" or contraction(stat) is not None
+                    or any(m is stat for m, _ in members)):
+                continue
+            index = tuple(a.substitute(bind) for a in ld.index)
+            binding, why = stat_binding(space, index, stat)
+            if binding is not None and row_var is not None and binding["r0"] != row_var:
+                binding, why = None, f"{stat.out!r} reduces along another variable than the group's row"
+            if binding is None:
+                records.append(Rewrite(ROW_RULE, stat.out, False, why))
+                continue
+            row_var = binding["r0"]
+            members.append((stat, binding))
+            frontier.append((stat, binding))
+    return members
+
+
+def form_kernels(p: Program, target: str) -> Plan:
+    computes = [op for op in p.ops if isinstance(op, Compute)]
+    producers = {op.out: op for op in computes}
+    users: dict[str, int] = {}
+    for op in p.ops:
+        names = [ld.buffer for ld in loads(op.body)] if isinstance(op, Compute) else [op.source]
+        for n in set(names):
+            users[n] = users.get(n, 0) + 1
+    records = list(p.rewrites)
+    taken: set[str] = set()
+    groups: dict[str, Kernel] = {}   # keyed by the compute whose position launches it
+
+    # Row groups first, from consumers back to producers, so a map claims its stats.
+    for op in reversed(computes):
+        if op.out in taken or op.combiner != "map" or contraction(op):
+            continue
+        members = [(s, b) for s, b in _row_group(op, producers, records) if s.out not in taken]
+        if not members:
+            continue
+        stats = sorted(members, key=lambda m: computes.index(m[0]))
+        ops = tuple(s for s, _ in stats) + (op,)
+        binds = tuple(tuple(sorted(b.items())) for _, b in stats) + (_identity_bind(op),)
+        stores = tuple(s.out for s, _ in stats if s.out in p.outputs or users.get(s.out, 0) > _uses_inside(s, ops))
+        taken.update(o.out for o in ops)
+        records.append(Rewrite(ROW_RULE, op.out, True, f"{len(stats)} reduction(s) computed per row in one pass",
+                               sum(2 * s.type.nbytes for s, _ in stats if s.out not in stores)))
+        groups[op.out] = Kernel("", "row_reduce", ops, binds, stores + (op.out,),
+                                      tuple(dict.fromkeys(pr for o in ops for pr in properties(o))), (ROW_RULE,))
+
+    for op in computes:
+        if op.out in taken:
+            continue
+        c = contraction(op)
+        if c is None:
+            family = "pointwise" if op.combiner == "map" else "row_reduce"
+            groups[op.out] = Kernel("", family, (op,), (_identity_bind(op),), (op.out,), properties(op))
+            taken.add(op.out)
+            continue
+        ops, rewrites, store = (op,), (), op.out
+        epi = _epilogue(op, computes, users, p.outputs, taken)
+        if isinstance(epi, Compute):
+            ops, rewrites, store = (op, epi), (EPILOGUE_RULE,), epi.out
+            taken.add(epi.out)
+            records.append(Rewrite(EPILOGUE_RULE, op.out, True, f"{epi.out!r} applied to the accumulator in registers",
+                                   2 * op.type.nbytes))
+        elif epi:
+            records.append(Rewrite(EPILOGUE_RULE, op.out, False, epi))
+        groups[op.out] = Kernel("", "gemm", ops, tuple(_identity_bind(o) for o in ops), (store,),
+                                tuple(dict.fromkeys(pr for o in ops for pr in properties(o))), rewrites)
+        taken.add(op.out)
+
+    views = tuple(op for op in p.ops if isinstance(op, View))
+    ordered = _topological([groups[op.out] for op in computes if op.out in groups], views)
+    kernels = tuple(k.replace(name=f"k{i}") for i, k in enumerate(ordered))
+    return Plan(p.name, target, p.inputs, p.weights, kernels, views, p.outputs, (), tuple(records))
+
+
+def _topological(kernels: list[Kernel], views: tuple[View, ...]) -> list[Kernel]:
+    """Order kernels so each runs after the kernels whose stores it reads; ties keep program order."""
+    source = {v.out: v.source for v in views}
+    writer = {s: i for i, k in enumerate(kernels) for s in k.stores}
+
+    def base(name: str) -> str:
+        while name in source:
+            name = source[name]
+        return name
+    deps = []
+    for i, k in enumerate(kernels):
+        reads = {base(ld.buffer) for op in k.ops for ld in loads(op.body)} - k.outs
+        deps.append({writer[r] for r in reads if r in writer and writer[r] != i})
+    done: list[int] = []
+    while len(done) < len(kernels):
+        i = next(i for i in range(len(kernels)) if i not in done and deps[i] <= set(done))
+        done.append(i)
+    return [kernels[i] for i in done]
+
+
+def _uses_inside(stat: Compute, ops: tuple[Compute, ...]) -> int:
+    return sum(1 for o in ops if any(ld.buffer == stat.out for ld in loads(o.body)))
+
+
+def _epilogue(mm: Compute, computes: list[Compute], users: dict[str, int], outputs: tuple[str, ...],
+              taken: set[str]) -> Compute | str | None:
+    """The consumer to absorb, a reason not to, or None when there is no candidate at all."""
+    consumers = [c for c in computes if any(ld.buffer == mm.out for ld in loads(c.body))]
+    if mm.out in outputs:
+        return "the contraction's result is a graph output"
+    if users.get(mm.out, 0) != 1 or len(consumers) != 1:
+        return None if not consumers else "the result has more than one consumer"
+    (c,) = consumers
+    if c.out in taken or c.combiner != "map" or c.type.shape != mm.type.shape:
+        return f"consumer {c.out!r} is not an element-wise map over the same shape"
+    reads = [ld for ld in loads(c.body) if ld.buffer == mm.out]
+    if not all(is_identity_access(ld, len(mm.type.shape)) for ld in reads):
+        return f"consumer {c.out!r} reads the result at other positions than its own"
+    if computes.index(c) != computes.index(mm) + 1 and _reads_between(mm, c, computes):
+        return f"consumer {c.out!r} reads a value computed after the contraction"
+    return c
+
+
+def _reads_between(mm: Compute, c: Compute, computes: list[Compute]) -> bool:
+    between = {o.out for o in computes[computes.index(mm) + 1: computes.index(c)]}
+    return any(ld.buffer in between for ld in loads(c.body))

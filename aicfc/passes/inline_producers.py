@@ -1,0 +1,87 @@
+"""inline_producers: Lowered IR → Lowered IR; an element-wise producer is recomputed inside its
+consumers instead of being stored (property `rematerializable_intermediate`).
+
+Two rules, tried on every map compute in program order:
+
+- "load(map(x)) => access folding": the producer only moves data (its body is one load:
+  transpose, broadcast, copy). Its access composes with the consumer's access into one affine
+  access of the producer's source, so every consumer takes it, GEMM operands included.
+- "map(x) => recompute in consumer": the producer computes. Every consumer must accept it:
+  a tile-compatible contraction does not (its operands are staged through shared memory as
+  plain loads), and a consumer that would recompute an expensive producer many times per
+  element declines.
+
+The producer disappears when every consumer took it; a graph output or a producer read
+through a view is always stored.
+
+    %t: f32[4,8] = map add(load(%x, [i0, i1]), load(%b, [i1]))
+    %y: f32[4,8] = map max(load(%t, [i0, i1]), 0.0)
+  becomes
+    %y: f32[4,8] = map max(add(load(%x, [i0, i1]), load(%b, [i1])), 0.0)
+"""
+from __future__ import annotations
+
+from aicfc.ir.lowered import Compute, Expr, Load, Program, Rewrite, View, loads, map_loads, substitute
+from aicfc.ir.properties import reads_per_element, recompute_cost, why_not_tile_compatible
+
+FOLD_RULE = "load(map(x)) => access folding"
+REMAT_RULE = "map(x) => recompute in consumer"
+# A producer costing more than this many operations is only recomputed when each of its
+# elements is read once (recompute work then equals the work saved by not storing it).
+CHEAP_OPS = 8
+
+
+def _inline(consumer: Compute, producer: Compute) -> Compute:
+    def replace(ld: Load) -> Expr:
+        if ld.buffer != producer.out:
+            return ld
+        return substitute(producer.body, dict(zip(producer.domain_vars, ld.index)))
+    return Compute(consumer.out, consumer.type, consumer.combiner, consumer.reduce,
+                   map_loads(consumer.body, replace), tuple(dict.fromkeys(consumer.origin + producer.origin)))
+
+
+def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | None:
+    if pure_move:
+        return None
+    if why_not_tile_compatible(consumer) is None:
+        return f"consumer {consumer.out!r} is a tile-compatible contraction; its operands must be plain loads"
+    reads = reads_per_element(producer, consumer)
+    if reads > 1 and recompute_cost(producer) > CHEAP_OPS:
+        return (f"consumer {consumer.out!r} would recompute each element {reads:g} times "
+                f"and the producer costs {recompute_cost(producer)} operations")
+    return None
+
+
+def inline_producers(p: Program) -> Program:
+    ops = list(p.ops)
+    records: list[Rewrite] = list(p.rewrites)
+    k = 0
+    while k < len(ops):
+        prod = ops[k]
+        k += 1
+        if not isinstance(prod, Compute) or prod.combiner != "map":
+            continue
+        pure_move = isinstance(prod.body, Load)
+        rule = FOLD_RULE if pure_move else REMAT_RULE
+        consumers = [op for op in ops if isinstance(op, Compute) and any(ld.buffer == prod.out for ld in loads(op.body))]
+        viewers = [op for op in ops if isinstance(op, View) and op.source == prod.out]
+        reason = None
+        if prod.out in p.outputs:
+            reason = "it is a graph output, so it is stored anyway"
+        elif viewers:
+            reason = f"it is read through view {viewers[0].out!r}; a reshape is not an affine access"
+        elif not consumers:
+            reason = "it has no consumer"
+        else:
+            reason = next((r for c in consumers if (r := _why_not(prod, c, pure_move))), None)
+        if reason:
+            records.append(Rewrite(rule, prod.out, False, reason))
+            continue
+        for i, op in enumerate(ops):
+            if op in consumers:
+                ops[i] = _inline(op, prod)
+        ops.remove(prod)
+        k -= 1
+        records.append(Rewrite(rule, prod.out, True, f"inlined into {len(consumers)} consumer(s)",
+                               2 * prod.type.nbytes))
+    return p.replace(ops=tuple(ops), rewrites=tuple(records))

@@ -1,0 +1,88 @@
+"""The one ordered list of compiler stages; the CLI and the tests import it, never copy it.
+
+Each stage maps one IR level to the same or the next level. `run_pipeline` verifies after
+every stage (the verifier of the level the stage produced), and can dump the printed IR of
+every stage as `NN_<stage>.txt`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from aicfc.ir.decision import verify_plan
+from aicfc.ir.high import Graph, verify_graph
+from aicfc.ir.lowered import verify_program
+from aicfc.passes.canonicalize import canonicalize
+from aicfc.passes.dce import dce
+from aicfc.passes.fold_constants import fold_constants
+from aicfc.passes.form_kernels import form_kernels
+from aicfc.passes.inline_producers import inline_producers
+from aicfc.passes.lower import lower
+from aicfc.passes.plan_memory import plan_memory
+from aicfc.passes.plan_schedules import plan_schedules
+from aicfc.planner.hardware import Profile
+
+LEVELS = ("high", "lowered", "decision")
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str
+    profile: Profile
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    takes: str
+    gives: str
+    run: Callable[[Any, Options], Any]
+
+
+PIPELINE: tuple[Stage, ...] = (
+    Stage("canonicalize", "high", "high", lambda g, o: canonicalize(g)),
+    Stage("fold_constants", "high", "high", lambda g, o: fold_constants(g)),
+    Stage("dce", "high", "high", lambda g, o: dce(g)),
+    Stage("lower", "high", "lowered", lambda g, o: lower(g)),
+    Stage("inline_producers", "lowered", "lowered", lambda p, o: inline_producers(p)),
+    Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
+    Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile)),
+    Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p)),
+)
+
+# Ordering rules, checked at import: levels only move forward, one step at a time, and
+# canonicalize precedes lower (lowering has no rule for Gemm).
+for _a, _b in zip(PIPELINE, PIPELINE[1:]):
+    assert _a.gives == _b.takes, f"stage {_b.name} takes {_b.takes} but {_a.name} gives {_a.gives}"
+assert [s.name for s in PIPELINE].index("canonicalize") < [s.name for s in PIPELINE].index("lower")
+
+VERIFIERS: dict[str, Callable[[Any], None]] = {
+    "high": verify_graph, "lowered": verify_program, "decision": verify_plan,
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    high: Graph
+    lowered: Any
+    plan: Any
+
+
+def run_pipeline(graph: Graph, options: Options, dump_dir: str | Path | None = None,
+                 verify: bool = True, on_stage: Callable[[str], None] | None = None) -> Result:
+    last: dict[str, Any] = {"high": graph}
+    ir: Any = graph
+    if dump_dir is not None:
+        Path(dump_dir).mkdir(parents=True, exist_ok=True)
+        (Path(dump_dir) / "00_import.txt").write_text(str(graph))
+    for n, stage in enumerate(PIPELINE, start=1):
+        if on_stage:
+            on_stage(stage.name)
+        ir = stage.run(ir, options)
+        if verify:
+            VERIFIERS[stage.gives](ir)
+        last[stage.gives] = ir
+        if dump_dir is not None:
+            (Path(dump_dir) / f"{n:02d}_{stage.name}.txt").write_text(str(ir))
+    return Result(last["high"], last["lowered"], last["decision"])

@@ -1,0 +1,175 @@
+"""Build the example models and inputs: `python examples/build_examples.py [--out-dir examples]`.
+
+Writes, with a fixed seed so every run gives the same bytes:
+- `mlp.onnx`:   x[4,64] -> MatMul -> Add -> Relu -> Gemm(transB=1) -> Sigmoid -> y[4,32]
+- `block.onnx`: a single-head transformer-style block, x[16,64] -> y[16,64]
+  (attention with a scaled q·kᵀ, residual, erf-GELU FFN as torch exports it, residual, Tanh)
+- `mlp_x.npy`, `block_x.npy`: matching float32 inputs.
+Models are opset 17, IR version 8 (onnxruntime 1.16+ accepts it) and pass `onnx.checker`.
+The outputs are generated files and are git-ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8
+SEED = 20240601
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name="aicf-examples",
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _weight(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> np.ndarray:
+    """Standard normal scaled by 1/sqrt(fan_in): keeps activations O(1) layer to layer."""
+    return (rng.standard_normal(shape) / math.sqrt(fan_in)).astype(np.float32)
+
+
+def _scalar(value: float) -> np.ndarray:
+    return np.array(value, dtype=np.float32)
+
+
+def build_mlp(rng: np.random.Generator) -> onnx.ModelProto:
+    """y = Sigmoid(Gemm(Relu(x @ W1 + b1), W2, b2, transB=1)), x[4,64] -> y[4,32]."""
+    inits = {
+        "W1": _weight(rng, (64, 128), 64),
+        "b1": _weight(rng, (128,), 64),
+        "W2": _weight(rng, (32, 128), 128),  # stored [out, in]: Gemm applies transB=1
+        "b2": _weight(rng, (32,), 128),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["fc1_mm"], name="fc1_matmul"),
+        helper.make_node("Add", ["fc1_mm", "b1"], ["fc1"], name="fc1_add_bias"),
+        helper.make_node("Relu", ["fc1"], ["act1"], name="act1_relu"),
+        helper.make_node("Gemm", ["act1", "W2", "b2"], ["fc2"], name="fc2_gemm", transB=1),
+        helper.make_node("Sigmoid", ["fc2"], ["y"], name="out_sigmoid"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])],
+        [numpy_helper.from_array(a, name) for name, a in inits.items()],
+    )
+    return _model(graph)
+
+
+def build_block(rng: np.random.Generator) -> onnx.ModelProto:
+    """A single-head transformer-style block, x[16,64] -> y[16,64].
+
+    probs = Softmax((x Wq)(x Wk)ᵀ · 1/sqrt(64)); h = x + (probs (x Wv)) Wo
+    u = h W1 + b1; g = u · 0.5 · (1 + erf(u / sqrt 2)); y = Tanh(h + (g W2 + b2))
+    """
+    d, ff = 64, 256
+    inits = {
+        "Wq": _weight(rng, (d, d), d),
+        "Wk": _weight(rng, (d, d), d),
+        "Wv": _weight(rng, (d, d), d),
+        "Wo": _weight(rng, (d, d), d),
+        "W1": _weight(rng, (d, ff), d),
+        "b1": _weight(rng, (ff,), d),
+        "W2": _weight(rng, (ff, d), ff),
+        "b2": _weight(rng, (d,), ff),
+        "attn_scale": _scalar(1.0 / math.sqrt(d)),
+        "gelu_sqrt2": _scalar(math.sqrt(2.0)),
+        "gelu_one": _scalar(1.0),
+        "gelu_half": _scalar(0.5),
+    }
+    n = helper.make_node
+    nodes = [
+        # attention
+        n("MatMul", ["x", "Wq"], ["q"], name="attn_q_matmul"),
+        n("MatMul", ["x", "Wk"], ["k"], name="attn_k_matmul"),
+        n("MatMul", ["x", "Wv"], ["v"], name="attn_v_matmul"),
+        n("Transpose", ["k"], ["k_t"], name="attn_k_transpose", perm=[1, 0]),
+        n("MatMul", ["q", "k_t"], ["scores_raw"], name="attn_scores_matmul"),
+        n("Mul", ["scores_raw", "attn_scale"], ["scores"], name="attn_scale_mul"),
+        n("Softmax", ["scores"], ["probs"], name="attn_softmax", axis=-1),
+        n("MatMul", ["probs", "v"], ["attn"], name="attn_pv_matmul"),
+        n("MatMul", ["attn", "Wo"], ["o"], name="attn_out_matmul"),
+        n("Add", ["x", "o"], ["h"], name="attn_residual_add"),
+        # feed-forward with erf-GELU, node for node as torch.onnx exports nn.GELU()
+        n("MatMul", ["h", "W1"], ["ffn1_mm"], name="ffn1_matmul"),
+        n("Add", ["ffn1_mm", "b1"], ["u"], name="ffn1_add_bias"),
+        n("Div", ["u", "gelu_sqrt2"], ["gelu_div"], name="gelu_div"),
+        n("Erf", ["gelu_div"], ["gelu_erf"], name="gelu_erf"),
+        n("Add", ["gelu_erf", "gelu_one"], ["gelu_add"], name="gelu_add_one"),
+        n("Mul", ["u", "gelu_add"], ["gelu_mul"], name="gelu_mul"),
+        n("Mul", ["gelu_mul", "gelu_half"], ["g"], name="gelu_mul_half"),
+        n("MatMul", ["g", "W2"], ["ffn2_mm"], name="ffn2_matmul"),
+        n("Add", ["ffn2_mm", "b2"], ["ffn2"], name="ffn2_add_bias"),
+        n("Add", ["h", "ffn2"], ["h2"], name="ffn_residual_add"),
+        n("Tanh", ["h2"], ["y"], name="out_tanh"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, d])],
+        [numpy_helper.from_array(a, name) for name, a in inits.items()],
+    )
+    return _model(graph)
+
+
+def _sanity_run(model: onnx.ModelProto, x: np.ndarray) -> None:
+    """If onnxruntime is installed (the dev extra), check the model runs to finite outputs."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": x})
+    if not np.isfinite(y).all():
+        raise SystemExit(f"{model.graph.name}: onnxruntime produced non-finite outputs")
+
+
+# For tests: each example built on its own from a fresh generator.
+BUILDERS = {
+    "mlp": lambda: build_mlp(np.random.default_rng(SEED)),
+    "block": lambda: build_block(np.random.default_rng(SEED)),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent,
+                        help="where to write the models and inputs (default: examples/)")
+    args = parser.parse_args(argv)
+    out_dir: Path = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    rng = np.random.default_rng(SEED)
+    mlp = build_mlp(rng)
+    block = build_block(rng)
+    mlp_x = rng.standard_normal((4, 64)).astype(np.float32)
+    block_x = rng.standard_normal((16, 64)).astype(np.float32)
+    _sanity_run(mlp, mlp_x)
+    _sanity_run(block, block_x)
+
+    for name, model in (("mlp.onnx", mlp), ("block.onnx", block)):
+        path = out_dir / name
+        onnx.save(model, str(path))
+        print(f"wrote {path} ({len(model.graph.node)} nodes)")
+    for name, array in (("mlp_x.npy", mlp_x), ("block_x.npy", block_x)):
+        path = out_dir / name
+        np.save(path, array)
+        print(f"wrote {path} (float32 {list(array.shape)})")
+
+
+if __name__ == "__main__":
+    main()

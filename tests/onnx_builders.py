@@ -1,0 +1,458 @@
+"""Build ONNX models for tests, in memory and on disk.
+
+Every model here is opset 17 with `IR_VERSION` 8, which onnxruntime 1.16 and later accept.
+
+- `single_op_model` builds a one-node graph; `OP_CASES` lists (case_id, builder) pairs that
+  cover every op in `SUPPORTED_OPS` at several shapes, odd ones included (7×100×257, 1×1, 3×5,
+  33×65). A builder takes no arguments and returns a fresh `onnx.ModelProto`.
+- `random_inputs` and `run_onnxruntime` give the reference run.
+- `unsupported_op_model`, `symbolic_dim_model`, `external_data_outside_model` and
+  `write_garbage` build the bad inputs that the error-handling tests feed the CLIs.
+
+Inputs that must avoid a value range (the divisor of `Div`) are initializers, so
+`random_inputs` never needs per-case adjustment: it draws standard normal float32 for every
+graph input that is not an initializer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8
+
+# The ops the compiler supports; `OP_CASES` covers exactly this set (a test asserts it).
+SUPPORTED_OPS: frozenset[str] = frozenset({
+    "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Erf",
+    "Softmax", "Transpose", "Reshape", "Identity", "Constant",
+})
+
+Shape = tuple[int, ...]
+ModelBuilder = Callable[[], onnx.ModelProto]
+
+
+# ---------------------------------------------------------------------------------------------
+# Core helpers
+
+
+def make_model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    """Wrap a graph as an opset-17, IR-version-8 model."""
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name="aicf-tests",
+    )
+
+
+def single_op_model(
+    op_type: str,
+    input_shapes: list[Shape | None],
+    attrs: dict | None = None,
+    initializers: dict[str, np.ndarray] | None = None,
+    output_shape: Shape | None = None,
+) -> onnx.ModelProto:
+    """One node of `op_type` with inputs `in0..in{N-1}` and output `out`.
+
+    `input_shapes[i]` is the shape of float32 input `in{i}`. An initializer named `in{i}` feeds
+    that input instead of a graph input (its `input_shapes` entry may then be None; if given it
+    must match). Initializers with any other name are appended as further node inputs, in
+    insertion order, e.g. `single_op_model("Reshape", [(3, 5)], initializers={"shape": ...})`.
+    When `output_shape` is None, ONNX shape inference fills the output type; otherwise the
+    output is float32 of `output_shape`.
+    """
+    initializers = dict(initializers or {})
+    node_inputs: list[str] = []
+    graph_inputs: list[onnx.ValueInfoProto] = []
+    for i, shape in enumerate(input_shapes):
+        name = f"in{i}"
+        node_inputs.append(name)
+        if name in initializers:
+            actual = tuple(initializers[name].shape)
+            if shape is not None and tuple(shape) != actual:
+                raise ValueError(f"{name}: input_shapes says {tuple(shape)}, initializer has {actual}")
+            continue
+        if shape is None:
+            raise ValueError(f"{name}: shape is None but no initializer named {name!r}")
+        graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+    node_inputs += [name for name in initializers if name not in node_inputs]
+
+    node = helper.make_node(op_type, node_inputs, ["out"], name=f"{op_type.lower()}_0", **(attrs or {}))
+    tensors = [numpy_helper.from_array(np.asarray(a), name) for name, a in initializers.items()]
+
+    if output_shape is not None:
+        out = helper.make_tensor_value_info("out", TensorProto.FLOAT, list(output_shape))
+        return make_model(helper.make_graph([node], f"single_{op_type}", graph_inputs, [out], tensors))
+
+    untyped = make_model(helper.make_graph(
+        [node], f"single_{op_type}", graph_inputs, [onnx.ValueInfoProto(name="out")], tensors))
+    inferred = onnx.shape_inference.infer_shapes(untyped, strict_mode=True)
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(inferred.graph.output[0])
+    if not out.type.HasField("tensor_type"):
+        raise ValueError(f"shape inference could not type the output of {op_type}")
+    return make_model(helper.make_graph([node], f"single_{op_type}", graph_inputs, [out], tensors))
+
+
+def save(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Write `model` to `path` (creating parent folders) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def _as_model(model_or_path: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
+    if isinstance(model_or_path, onnx.ModelProto):
+        return model_or_path
+    return onnx.load(str(model_or_path))
+
+
+def random_inputs(model: onnx.ModelProto | str | os.PathLike, seed: int) -> dict[str, np.ndarray]:
+    """Standard normal float32 for every graph input that is not an initializer.
+
+    Raises ValueError for a non-float32 input or a symbolic dimension (fix the shape first).
+    """
+    model = _as_model(model)
+    init_names = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    inputs: dict[str, np.ndarray] = {}
+    for vi in model.graph.input:
+        if vi.name in init_names:
+            continue
+        tt = vi.type.tensor_type
+        if tt.elem_type != TensorProto.FLOAT:
+            raise ValueError(f"input {vi.name!r} is not float32")
+        shape: list[int] = []
+        for d in tt.shape.dim:
+            if not d.HasField("dim_value"):
+                raise ValueError(f"input {vi.name!r} has a symbolic dimension {d.dim_param!r}")
+            shape.append(d.dim_value)
+        inputs[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return inputs
+
+
+def run_onnxruntime(
+    model_or_path: onnx.ModelProto | str | os.PathLike, inputs: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Run the model on onnxruntime's CPU provider; returns {output name: array}."""
+    import onnxruntime as ort  # a dev dependency: import only where it is used
+
+    if isinstance(model_or_path, onnx.ModelProto):
+        source: bytes | str = model_or_path.SerializeToString()
+    else:
+        source = str(model_or_path)
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    results = session.run(names, dict(inputs))
+    return dict(zip(names, results))
+
+
+# ---------------------------------------------------------------------------------------------
+# OP_CASES
+
+_RNG_SEED = 1234
+
+
+def _weights(shape: Shape, seed: int, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def _divisor(shape: Shape, seed: int) -> np.ndarray:
+    """Values in [0.5, 2] with random sign: bounded away from zero."""
+    rng = np.random.default_rng(seed)
+    magnitude = rng.uniform(0.5, 2.0, size=shape)
+    sign = np.where(rng.random(size=shape) < 0.5, -1.0, 1.0)
+    return (magnitude * sign).astype(np.float32)
+
+
+def _dims(shape: Shape) -> str:
+    return "x".join(str(d) for d in shape) if shape else "scalar"
+
+
+def _matmul_cases() -> list[tuple[str, ModelBuilder]]:
+    pairs: list[tuple[str, Shape, Shape]] = [
+        ("2d", (3, 5), (5, 7)),
+        ("2d", (33, 65), (65, 17)),
+        ("2d", (1, 1), (1, 1)),
+        ("batched_3d", (4, 33, 65), (4, 65, 17)),
+        ("broadcast_batch", (2, 1, 5, 7), (3, 7, 9)),
+        ("3d_by_2d", (7, 100, 257), (257, 3)),
+        ("1d_2d", (5,), (5, 7)),
+        ("2d_1d", (5, 7), (7,)),
+    ]
+    cases: list[tuple[str, ModelBuilder]] = [
+        (f"matmul_{kind}_{_dims(a)}_{_dims(b)}", lambda a=a, b=b: single_op_model("MatMul", [a, b]))
+        for kind, a, b in pairs
+    ]
+    # The common weight form: the right operand is an initializer.
+    cases.append((
+        "matmul_weight_init_7x100x257_257x33",
+        lambda: single_op_model("MatMul", [(7, 100, 257), None],
+                                initializers={"in1": _weights((257, 33), _RNG_SEED, 257 ** -0.5)}),
+    ))
+    return cases
+
+
+def _gemm_cases() -> list[tuple[str, ModelBuilder]]:
+    def gemm(a: Shape, b: Shape, c: Shape | None, attrs: dict | None = None,
+             c_init: np.ndarray | None = None, b_init: bool = False) -> ModelBuilder:
+        def build() -> onnx.ModelProto:
+            inits: dict[str, np.ndarray] = {}
+            shapes: list[Shape | None] = [a, b]
+            if b_init:
+                inits["in1"] = _weights(b, _RNG_SEED + 1, max(b) ** -0.5)
+            if c_init is not None:
+                inits["in2"] = c_init
+                shapes.append(None)
+            elif c is not None:
+                shapes.append(c)
+            return single_op_model("Gemm", shapes, attrs=attrs, initializers=inits)
+        return build
+
+    return [
+        ("gemm_3x5_5x7_bias_row", gemm((3, 5), (5, 7), (7,))),
+        ("gemm_33x65_65x17_bias_1xn", gemm((33, 65), (65, 17), (1, 17))),
+        ("gemm_33x65_65x17_bias_full", gemm((33, 65), (65, 17), (33, 17))),
+        ("gemm_33x65_65x17_bias_col", gemm((33, 65), (65, 17), (33, 1))),
+        ("gemm_transa_5x3_5x7", gemm((5, 3), (5, 7), (7,), {"transA": 1})),
+        ("gemm_transb_33x65_17x65", gemm((33, 65), (17, 65), (17,), {"transB": 1})),
+        ("gemm_transb_weight_init_4x128_32x128",
+         gemm((4, 128), (32, 128), None, {"transB": 1}, c_init=_weights((32,), _RNG_SEED + 2),
+              b_init=True)),
+        ("gemm_transa_transb_alpha_beta_65x33_17x65",
+         gemm((65, 33), (17, 65), (17,), {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0})),
+        ("gemm_alpha_beta_3x5_5x7", gemm((3, 5), (5, 7), (3, 7), {"alpha": -1.5, "beta": 0.25})),
+        ("gemm_scalar_bias_3x5_5x7",
+         gemm((3, 5), (5, 7), None, c_init=np.array(0.75, dtype=np.float32))),
+        ("gemm_no_bias_33x65_65x17", gemm((33, 65), (65, 17), None)),
+        ("gemm_1x1_1x1", gemm((1, 1), (1, 1), (1,))),
+    ]
+
+
+_BINARY_SHAPES: list[tuple[Shape, Shape]] = [
+    ((3, 5), (3, 5)),
+    ((7, 100, 257), (257,)),
+    ((7, 100, 257), (7, 1, 257)),
+    ((1, 1), (1, 1)),
+    ((33, 65), (33, 1)),
+    ((33, 65), ()),
+]
+
+
+def _binary_cases() -> list[tuple[str, ModelBuilder]]:
+    cases: list[tuple[str, ModelBuilder]] = []
+    for op in ("Add", "Sub", "Mul"):
+        for a, b in _BINARY_SHAPES:
+            cases.append((f"{op.lower()}_{_dims(a)}_{_dims(b)}",
+                          lambda op=op, a=a, b=b: single_op_model(op, [a, b])))
+    # Reversed broadcast: the small operand first.
+    cases.append(("add_257_7x100x257", lambda: single_op_model("Add", [(257,), (7, 100, 257)])))
+    # Div: the divisor is an initializer bounded away from zero, so random inputs stay finite.
+    for i, (a, b) in enumerate(_BINARY_SHAPES):
+        cases.append((f"div_{_dims(a)}_{_dims(b)}",
+                      lambda a=a, b=b, i=i: single_op_model(
+                          "Div", [a, None], initializers={"in1": _divisor(b, _RNG_SEED + 10 + i)})))
+    return cases
+
+
+_UNARY_SHAPES: list[Shape] = [(7, 100, 257), (1, 1), (3, 5), (33, 65)]
+
+
+def _unary_cases() -> list[tuple[str, ModelBuilder]]:
+    return [
+        (f"{op.lower()}_{_dims(s)}", lambda op=op, s=s: single_op_model(op, [s]))
+        for op in ("Relu", "Sigmoid", "Tanh", "Erf", "Identity")
+        for s in _UNARY_SHAPES
+    ]
+
+
+def _softmax_cases() -> list[tuple[str, ModelBuilder]]:
+    specs: list[tuple[Shape, int]] = [
+        ((3, 5), -1),
+        ((33, 65), -1),
+        ((1, 1), -1),
+        ((7, 100, 257), -1),
+        ((3, 5, 7), 1),
+        ((7, 100, 257), 1),
+        ((33, 65), 0),
+    ]
+    return [
+        (f"softmax_axis{'m1' if axis < 0 else axis}_{_dims(s)}",
+         lambda s=s, axis=axis: single_op_model("Softmax", [s], attrs={"axis": axis}))
+        for s, axis in specs
+    ]
+
+
+def _transpose_cases() -> list[tuple[str, ModelBuilder]]:
+    specs: list[tuple[Shape, tuple[int, ...]]] = [
+        ((33, 65), (1, 0)),
+        ((3, 5), (1, 0)),
+        ((1, 1), (1, 0)),
+        ((7, 100, 257), (0, 2, 1)),
+        ((3, 5, 7), (2, 0, 1)),
+        ((7, 100, 257), (2, 0, 1)),
+    ]
+    return [
+        (f"transpose_{''.join(map(str, perm))}_{_dims(s)}",
+         lambda s=s, perm=perm: single_op_model("Transpose", [s], attrs={"perm": list(perm)}))
+        for s, perm in specs
+    ]
+
+
+def _reshape_cases() -> list[tuple[str, ModelBuilder]]:
+    specs: list[tuple[str, Shape, tuple[int, ...]]] = [
+        ("keep0_infer", (7, 100, 257), (0, -1)),
+        ("flatten", (33, 65), (-1,)),
+        ("explicit", (3, 5), (5, 3)),
+        ("keep0_infer_mid", (3, 5, 7), (0, -1, 5)),
+        ("unsqueeze_like", (1, 1), (1, 1, 1)),
+    ]
+    return [
+        (f"reshape_{name}_{_dims(s)}",
+         lambda s=s, target=target: single_op_model(
+             "Reshape", [s, None], initializers={"in1": np.array(target, dtype=np.int64)}))
+        for name, s, target in specs
+    ]
+
+
+def constant_add_model(input_shape: Shape, constant: np.ndarray) -> onnx.ModelProto:
+    """`out = in0 + Constant(value=constant)`: a Constant node feeding Add."""
+    nodes = [
+        helper.make_node("Constant", [], ["c"], name="constant_0",
+                         value=numpy_helper.from_array(constant.astype(np.float32), "c_value")),
+        helper.make_node("Add", ["in0", "c"], ["out"], name="add_0"),
+    ]
+    x = helper.make_tensor_value_info("in0", TensorProto.FLOAT, list(input_shape))
+    out_shape = np.broadcast_shapes(tuple(input_shape), constant.shape)
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, list(out_shape))
+    return make_model(helper.make_graph(nodes, "constant_add", [x], [out]))
+
+
+def _constant_cases() -> list[tuple[str, ModelBuilder]]:
+    return [
+        ("constant_add_3x5_5", lambda: constant_add_model((3, 5), _weights((5,), _RNG_SEED + 20))),
+        ("constant_add_7x100x257_257",
+         lambda: constant_add_model((7, 100, 257), _weights((257,), _RNG_SEED + 21))),
+        ("constant_add_1x1_scalar",
+         lambda: constant_add_model((1, 1), np.array(3.0, dtype=np.float32))),
+    ]
+
+
+OP_CASES: list[tuple[str, ModelBuilder]] = [
+    *_matmul_cases(),
+    *_gemm_cases(),
+    *_binary_cases(),
+    *_unary_cases(),
+    *_softmax_cases(),
+    *_transpose_cases(),
+    *_reshape_cases(),
+    *_constant_cases(),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad models
+
+
+def unsupported_op_model() -> onnx.ModelProto:
+    """Valid ONNX with two unsupported ops (`TopK` node `topk_0`, `NonMaxSuppression` node
+    `nms_0`) beside one supported op (`Relu` node `relu_0`)."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu_0"),
+        helper.make_node("TopK", ["r", "k"], ["values", "indices"], name="topk_0", axis=-1),
+        helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_boxes"], ["selected"],
+                         name="nms_0"),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 10]),
+        helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 6, 4]),
+        helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, 6]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("values", TensorProto.FLOAT, [4, 3]),
+        helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 3]),
+        helper.make_tensor_value_info("selected", TensorProto.INT64, ["num_selected", 3]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([3], dtype=np.int64), "k"),
+        numpy_helper.from_array(np.array([2], dtype=np.int64), "max_boxes"),
+    ]
+    return make_model(helper.make_graph(nodes, "unsupported_ops", inputs, outputs, inits))
+
+
+def symbolic_dim_model() -> onnx.ModelProto:
+    """`out = Relu(x @ W)` with `x: float32["batch", 64]`, W an initializer [64, 32].
+
+    Compiles only once the batch is fixed, e.g. `--shape x=2x64`.
+    """
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"], name="matmul_0"),
+        helper.make_node("Relu", ["h"], ["out"], name="relu_0"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 32])
+    w = numpy_helper.from_array(_weights((64, 32), _RNG_SEED + 30, 64 ** -0.5), "w")
+    return make_model(helper.make_graph(nodes, "symbolic_batch", [x], [out], [w]))
+
+
+def external_data_outside_model(tmpdir: str | os.PathLike) -> Path:
+    """Write a model whose initializer `w` points at external data `../secret.bin`.
+
+    Layout: `tmpdir/model/model.onnx` and `tmpdir/secret.bin`, so the reference escapes the
+    model's folder yet stays inside `tmpdir`, and the file really exists (a loader that follows
+    it would succeed, so only an explicit containment check refuses it). Returns the model path.
+    The model is serialized directly: `onnx.save` would try to resolve the external data.
+    """
+    tmpdir = Path(tmpdir)
+    model_dir = tmpdir / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    w = _weights((64, 32), _RNG_SEED + 40)
+    (tmpdir / "secret.bin").write_bytes(w.tobytes())
+
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(w.shape))
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", str(w.nbytes))):
+        entry = tensor.external_data.add()
+        entry.key = key
+        entry.value = value
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["out"], name="matmul_0")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 32])
+    model = make_model(helper.make_graph(nodes, "external_outside", [x], [out], [tensor]))
+    path = model_dir / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+GARBAGE_KINDS = ("text", "truncated", "empty")
+
+
+def write_garbage(path: str | os.PathLike, kind: str) -> Path:
+    """Write a corrupt "model" file and return its path.
+
+    kind: "text" (a line of prose: not protobuf), "truncated" (the first half of a valid
+    model's bytes, cut inside the graph), "empty" (zero bytes; note protobuf parses this as an
+    empty ModelProto, so only validation catches it).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "text":
+        path.write_text("not an onnx model, just some text\n")
+    elif kind == "truncated":
+        model = single_op_model("MatMul", [(4, 64), None],
+                                initializers={"in1": _weights((64, 128), _RNG_SEED + 50)})
+        data = model.SerializeToString()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    else:
+        raise ValueError(f"unknown garbage kind {kind!r}; expected one of {GARBAGE_KINDS}")
+    return path
