@@ -81,8 +81,11 @@ class Device:
             # The closers have freed every PyCUDA object in the context, so it can go: pop it
             # off this thread's stack and detach (destroy) it, so that opening and closing
             # devices repeatedly in one process does not pile up contexts.
-            self.context.pop()
-            self.context.detach()
+            try:
+                self.context.pop()
+                self.context.detach()
+            except self.driver.Error:
+                pass  # not this thread's current context any more; the driver frees it at exit
 
 
 def open_device(ordinal: int = 0) -> Device:

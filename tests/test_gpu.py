@@ -21,22 +21,37 @@ FP32_RTOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def device_arch():
-    import pycuda.driver as cuda
-    cuda.init()
-    major, minor = cuda.Device(0).compute_capability()
-    return f"sm_{major}{minor}"
+def device():
+    """One context for the whole module: an executor per case, freed after its run."""
+    from aicf_run.device import open_device
+    dev = open_device(0)
+    yield dev
+    dev.close()
+
+
+@pytest.fixture(scope="module")
+def device_arch(device):
+    return device.arch
+
+
+_DEVICE = []
+
+
+@pytest.fixture(autouse=True)
+def _current_device(device):
+    _DEVICE[:] = [device]
 
 
 def _run(payload, inputs, poison=True):
-    import aicf_run
     from aicf_run.bundle import Bundle
-    from aicf_run.device import open_device
     from aicf_run.executor import Executor
-    ex = Executor(Bundle.from_payload(payload), open_device(0))
-    if poison:
-        ex.poison()
-    return ex.run(inputs)
+    ex = Executor(Bundle.from_payload(payload), _DEVICE[0])
+    try:
+        if poison:
+            ex.poison()
+        return ex.run(inputs)
+    finally:
+        ex.close()
 
 
 @pytest.mark.parametrize("case_id,build", CASES, ids=[c for c, _ in CASES])
