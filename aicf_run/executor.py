@@ -87,13 +87,7 @@ class Executor:
         except cuda.Error as err:
             raise RunError(f"cannot copy the inputs to the GPU ({_one_line(err)}); check "
                            f"nvidia-smi") from None
-        for launch in self._launches:
-            try:
-                launch.function.prepared_call(launch.grid, launch.block, *launch.pointers,
-                                              shared_size=launch.smem_bytes)
-            except cuda.Error as err:
-                raise RunError(f"kernel {launch.index} ({launch.name}) failed to launch "
-                               f"({_one_line(err)}); {_RECOMPILE} for this GPU") from None
+        self.launch()
         try:
             self.device.context.synchronize()
         except cuda.Error as err:
@@ -112,6 +106,17 @@ class Executor:
             raise RunError(f"cannot copy the outputs from the GPU ({_one_line(err)}); check "
                            f"nvidia-smi") from None
         return outputs
+
+    def launch(self) -> None:
+        """Enqueue the launch plan once, on the current inputs in the arena (no copies, no sync)."""
+        cuda = self._cuda
+        for launch in self._launches:
+            try:
+                launch.function.prepared_call(launch.grid, launch.block, *launch.pointers,
+                                              shared_size=launch.smem_bytes)
+            except cuda.Error as err:
+                raise RunError(f"kernel {launch.index} ({launch.name}) failed to launch "
+                               f"({_one_line(err)}); {_RECOMPILE} for this GPU") from None
 
     def poison(self) -> None:
         """Fill the arena with NaN bytes (0xFF), so any output element no kernel wrote is NaN.
