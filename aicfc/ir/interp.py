@@ -14,18 +14,9 @@ from typing import Any, Callable
 import numpy as np
 
 from aicfc.ir.lowered import Call, Compute, Const, Expr, Load, Program, View
+from aicfc.ir.ops import erf as _erf, sigmoid as _sigmoid
 
 MAX_ELEMENTS = 1 << 24
-
-
-def _erf(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x)
-    return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=x.dtype)
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
 SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {

@@ -100,12 +100,12 @@ def _infer_reshape(t: list[TensorType], at: Attrs) -> TensorType:
     return TensorType(t[0].dtype, shape)
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
+def erf(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=x.dtype)
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray) -> np.ndarray:
     # exp of -|x| only: no overflow warnings on either side.
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
@@ -142,9 +142,9 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
     OpDef("Mul", (2, 2), _infer_binary, lambda x, _: x[0] * x[1]),
     OpDef("Div", (2, 2), _infer_binary, lambda x, _: x[0] / x[1]),
     OpDef("Relu", (1, 1), _infer_unary, lambda x, _: np.maximum(x[0], 0).astype(x[0].dtype)),
-    OpDef("Sigmoid", (1, 1), _infer_unary, lambda x, _: _sigmoid(x[0])),
+    OpDef("Sigmoid", (1, 1), _infer_unary, lambda x, _: sigmoid(x[0])),
     OpDef("Tanh", (1, 1), _infer_unary, lambda x, _: np.tanh(x[0])),
-    OpDef("Erf", (1, 1), _infer_unary, lambda x, _: _erf(x[0])),
+    OpDef("Erf", (1, 1), _infer_unary, lambda x, _: erf(x[0])),
     OpDef("Softmax", (1, 1), _infer_softmax, lambda x, at: _softmax(x[0], at), ("axis",)),
     OpDef("Transpose", (1, 1), _infer_transpose, lambda x, at: np.transpose(x[0], at["perm"]), ("perm",)),
     OpDef("Reshape", (1, 1), _infer_reshape, lambda x, at: x[0].reshape(at["shape"]), ("shape",)),
