@@ -32,13 +32,14 @@ from aicf_run.inputs import load_inputs, save_outputs
               help="Folder for the outputs, saved as <output-name>.npy.")
 @click.option("--check", "check_model", default=None, metavar="MODEL.onnx",
               help="Also run MODEL.onnx on onnxruntime (CPU) and compare; exit 1 on a FAIL.")
-@click.option("--rtol", default=1e-4, show_default=True, type=click.FloatRange(min=0),
-              help="--check tolerance on max|y - ref| / max|ref|.")
+@click.option("--rtol", default=None, type=click.FloatRange(min=0),
+              help="--check tolerance on max|y - ref| / max|ref| [default: by the bundle's "
+                   "precision: fp32 1e-4, tf32 1e-3, fp16/bf16 1e-2].")
 @click.option("--device", "device_ordinal", default=0, show_default=True,
               type=click.IntRange(min=0), help="The GPU to run on.")
 @click.version_option(__version__, prog_name="aicf-run")
 def main(bundle_path: str, input_specs: tuple[str, ...], output_dir: str,
-         check_model: str | None, rtol: float, device_ordinal: int) -> None:
+         check_model: str | None, rtol: float | None, device_ordinal: int) -> None:
     """Run a compiled .aicf BUNDLE on an NVIDIA GPU and save its outputs as .npy files."""
     try:
         failed = _run(bundle_path, list(input_specs), output_dir, check_model, rtol,
@@ -52,10 +53,16 @@ def main(bundle_path: str, input_specs: tuple[str, ...], output_dir: str,
         raise SystemExit(1)
 
 
+# The --check tolerance each precision policy justifies (max|y - ref| / max|ref|).
+TOLERANCE = {"fp32": 1e-4, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}
+
+
 def _run(bundle_path: str, input_specs: list[str], output_dir: str, check_model: str | None,
-         rtol: float, device_ordinal: int) -> bool:
+         rtol: float | None, device_ordinal: int) -> bool:
     """Do the work; returns True when --check found a failing output."""
     bundle = read_bundle(bundle_path)
+    if rtol is None:
+        rtol = TOLERANCE.get(bundle.payload.get("precision"), 1e-4)
     inputs = load_inputs(input_specs, bundle)
     if check_model is not None:
         if not os.path.isfile(check_model):

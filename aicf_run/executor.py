@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from aicf_run.bundle import Bundle
+from aicf_run.convert import device_array, to_device, to_host
 from aicf_run.device import Device, check_arch
 from aicf_run.errors import RunError
 from aicf_run.inputs import check_inputs
@@ -44,7 +45,8 @@ class _Transfer:
 
     name: str
     pointer: int
-    dtype: np.dtype
+    dtype: str           # on the host (the bundle's interface)
+    device_dtype: str    # in the arena; aicf_run.convert converts between them
     shape: tuple[int, ...]
 
 
@@ -70,8 +72,8 @@ class Executor:
         self._upload_weights(pointers)
         self._launches = [self._prepare(i, kernel, modules, pointers)
                           for i, kernel in enumerate(bundle.kernels)]
-        self._inputs = [_transfer(item, pointers) for item in bundle.inputs]
-        self._outputs = [_transfer(item, pointers) for item in bundle.outputs]
+        self._inputs = [_transfer(item, pointers, bundle.buffers) for item in bundle.inputs]
+        self._outputs = [_transfer(item, pointers, bundle.buffers) for item in bundle.outputs]
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on `inputs` ({name: array}); returns {output name: new array}."""
@@ -81,7 +83,7 @@ class Executor:
         cuda = self._cuda
         try:
             for transfer in self._inputs:
-                array = arrays[transfer.name]
+                array = to_device(arrays[transfer.name], transfer.device_dtype)
                 if array.nbytes:
                     cuda.memcpy_htod(transfer.pointer, array)
         except cuda.Error as err:
@@ -98,10 +100,10 @@ class Executor:
         outputs: dict[str, np.ndarray] = {}
         try:
             for transfer in self._outputs:
-                result = np.empty(transfer.shape, dtype=transfer.dtype)
-                if result.nbytes:
-                    cuda.memcpy_dtoh(result, transfer.pointer)
-                outputs[transfer.name] = result
+                raw = device_array(transfer.shape, transfer.device_dtype)
+                if raw.nbytes:
+                    cuda.memcpy_dtoh(raw, transfer.pointer)
+                outputs[transfer.name] = to_host(raw, transfer.dtype, transfer.device_dtype)
         except cuda.Error as err:
             raise RunError(f"cannot copy the outputs from the GPU ({_one_line(err)}); check "
                            f"nvidia-smi") from None
@@ -193,9 +195,9 @@ class Executor:
                        pointers=tuple(pointers[buffer_id] for buffer_id in args))
 
 
-def _transfer(item: dict, pointers: list[int]) -> _Transfer:
-    return _Transfer(name=item["name"], pointer=pointers[item["buffer"]],
-                     dtype=np.dtype(item["dtype"]), shape=tuple(item["shape"]))
+def _transfer(item: dict, pointers: list[int], buffers: list[dict]) -> _Transfer:
+    return _Transfer(name=item["name"], pointer=pointers[item["buffer"]], dtype=item["dtype"],
+                     device_dtype=buffers[item["buffer"]]["dtype"], shape=tuple(item["shape"]))
 
 
 def _one_line(err: BaseException) -> str:

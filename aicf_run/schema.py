@@ -17,6 +17,7 @@ import math
 import re
 from typing import Any, NoReturn
 
+from aicf_run.convert import CONVERSIONS
 from aicf_run.errors import RunError
 
 _RECOMPILE = "recompile the model with `aicfc compile`"
@@ -110,10 +111,11 @@ def _check_io(payload: dict, key: str, buffers: list[dict]) -> None:
         if buf["region"] != "arena":
             _fail(f"{where}.buffer", f"buffer {buffer_id} is in the weights region; "
                                      f"inputs and outputs live in the arena")
-        needed = math.prod(shape) * ITEMSIZE[dtype]
-        if buf["nbytes"] != needed:
-            _fail(where, f"{dtype} {shape} is {needed} bytes but buffer {buffer_id} "
-                         f"has {buf['nbytes']}")
+        if buf["dtype"] != dtype and (dtype, buf["dtype"]) not in CONVERSIONS:
+            _fail(f"{where}.dtype", f"is {dtype}, but buffer {buffer_id} holds {buf['dtype']} "
+                                    f"and aicf-run cannot convert between them")
+        if list(buf["shape"]) != list(shape):
+            _fail(where, f"shape {shape} differs from buffer {buffer_id}'s {buf['shape']}")
 
 
 def _check_weights(payload: dict, buffers: list[dict]) -> None:

@@ -54,32 +54,58 @@ shape_option = click.option("--shape", "shapes", multiple=True, metavar="NAME=Dx
 @shape_option
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after every pass into this folder.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated hardware profile (JSON).")
+@click.option("-j", "--jobs", type=int, metavar="N",
+              help="Parallel nvcc runs, and at most N CUDA modules [default: $AICF_JOBS or the CPU count].")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @user_errors
 def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...],
-            dump_ir: str | None, profile_path: str | None, quiet: bool) -> None:
+            dump_ir: str | None, profile_path: str | None, jobs: int | None, quiet: bool) -> None:
     """Compile MODEL (ONNX) into a bundle for aicf-run."""
     from aicfc.artifact import write_bundle
+    from aicfc.codegen.module import ModuleBuild, resolve_jobs
     from aicfc.driver import compile_model
     from aicfc.passes.pipeline import PIPELINE
 
-    stages = [s.name for s in PIPELINE] + ["codegen+nvcc"]
+    jobs = resolve_jobs(jobs)  # a bad --jobs fails before anything runs
+    stages = {s.name for s in PIPELINE}
+    modules = cached = 0
+
+    def count(done: int, total: int, module: ModuleBuild | None) -> None:
+        nonlocal modules, cached
+        if module is not None:
+            modules += 1
+            cached += module.built.cached
+
+    options: dict[str, Any] = dict(target=target, precision=precision, shapes=list(shapes),
+                                   dump_ir=dump_ir, profile_path=profile_path, jobs=jobs)
     if quiet or not sys.stderr.isatty():
         # No terminal to redraw a bar on: print nothing until there is a result or an error.
-        payload = compile_model(model, target=target, precision=precision, shapes=list(shapes),
-                                dump_ir=dump_ir, profile_path=profile_path)
+        payload = compile_model(model, **options, on_kernel=count)
     else:
-        with click.progressbar(length=len(stages), label=f"compiling {Path(model).name}", file=sys.stderr,
+        # One step per pipeline stage and one per kernel; the kernel count is known only when
+        # nvcc starts, so the bar holds one placeholder step for it until then.
+        with click.progressbar(length=len(stages) + 1, label=f"compiling {Path(model).name}", file=sys.stderr,
                                show_pos=True, item_show_func=lambda s: s or "") as bar:
-            payload = compile_model(model, target=target, precision=precision, shapes=list(shapes),
-                                    dump_ir=dump_ir, profile_path=profile_path,
-                                    on_stage=lambda name: bar.update(1, name))
+            shown = 0
+
+            def stage(name: str) -> None:
+                bar.update(1 if name in stages else 0, name)
+
+            def kernel(done: int, total: int, module: ModuleBuild | None) -> None:
+                nonlocal shown
+                count(done, total, module)
+                if module is None:
+                    bar.length = len(stages) + total
+                bar.update(done - shown, f"nvcc {done}/{total} kernels")
+                shown = done
+            payload = compile_model(model, **options, on_stage=stage, on_kernel=kernel)
     write_bundle(payload, output)
     if not quiet:
         size = Path(output).stat().st_size
         total = sum(k["predicted"]["time_us"] for k in payload["kernels"])
-        click.echo(f"wrote {output}: {len(payload['kernels'])} kernel(s) for {target}, {size} bytes, "
-                   f"predicted {total:.1f} us; run `aicfc explain {output}` for the decisions")
+        click.echo(f"wrote {output}: {len(payload['kernels'])} kernel(s) in {modules} module(s) ({cached} cached) "
+                   f"for {target}, {size} bytes, predicted {total:.1f} us; "
+                   f"run `aicfc explain {output}` for the decisions")
 
 
 @main.command()
@@ -109,13 +135,28 @@ def check(model: str, shapes: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a stable interface).")
 @click.option("--ir", type=click.Choice(["high", "lowered", "decision"]), help="Print one IR level's text instead.")
 @click.option("--source", is_flag=True, help="Print the generated CUDA source instead.")
+@click.option("--roofline", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also plot every kernel on the target's roofline into FILE (.png, .svg or .pdf).")
 @user_errors
-def explain(bundle: str, as_json: bool, ir: str | None, source: bool) -> None:
+def explain(bundle: str, as_json: bool, ir: str | None, source: bool, roofline: str | None) -> None:
     """Every decision in BUNDLE: what was chosen, why, predicted cost, what it beat."""
     from aicf_run.bundle import read_bundle
     from aicfc.explain import explain_json, explain_text
 
+    if roofline:
+        from aicfc.roofline import check_path
+        check_path(roofline)  # a bad name fails before the bundle is read
     payload = read_bundle(bundle).payload
+    if roofline:
+        from aicfc.roofline import plot_roofline, points_from_payload
+        target = payload["target"]
+        profile = target["profile"]
+        title = f"{payload['model']['name']}, predicted, on {target['arch']}: {profile.get('name') or 'custom profile'}"
+        plotted = plot_roofline(profile, points_from_payload(payload), roofline, title)
+        left_out = len(payload["kernels"]) - len(plotted)
+        note = f" ({left_out} without FLOPs, bytes or time left out)" if left_out else ""
+        # On stderr, so that --json, --ir and --source keep stdout for what they print.
+        click.echo(f"wrote {roofline}: {len(plotted)} kernel(s) on the {target['arch']} roofline{note}", err=True)
     if ir:
         click.echo(payload["ir"][ir], nl=False)
     elif source:

@@ -9,13 +9,13 @@ from typing import Any, Callable
 import onnx
 
 from aicfc.artifact.payload import build_payload
-from aicfc.codegen.module import build_module
+from aicfc.codegen.module import OnKernel, build_modules, resolve_jobs
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import import_model, load_model, parse_shape_overrides
+from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.hardware import load_profile
 
-PRECISIONS = ("fp32",)
 
 
 def load(model: Any) -> tuple[onnx.ModelProto, str, str]:
@@ -32,18 +32,24 @@ def load(model: Any) -> tuple[onnx.ModelProto, str, str]:
 def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
                   shapes: dict[str, tuple[int, ...]] | list[str] | None = None,
                   dump_ir: str | Path | None = None, profile_path: str | Path | None = None,
-                  on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
-    if precision not in PRECISIONS:
-        raise AicfError(f"--precision {precision}: this version supports {', '.join(PRECISIONS)}")
+                  on_stage: Callable[[str], None] | None = None, jobs: int | None = None,
+                  on_kernel: OnKernel | None = None, pin: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The bundle payload of `model`; `jobs` parallel nvcc runs (None: $AICF_JOBS or the CPU
+    count), `on_kernel` as in `build_modules`. --dump-ir also writes module_<i>.cu per module.
+    `pin` ({param: value}) restricts the schedule of every kernel whose space has those params."""
+    check_precision(precision)
+    jobs = resolve_jobs(jobs)
     if isinstance(shapes, (list, tuple)):
         shapes = parse_shape_overrides(shapes)
     profile = load_profile(target, profile_path)
     proto, name, digest = load(model)
     graph = import_model(proto, shapes, name=name)
-    result = run_pipeline(graph, Options(target, profile), dump_ir, on_stage=on_stage)
+    options = Options(target, profile, precision, tuple(sorted((pin or {}).items())))
+    result = run_pipeline(graph, options, dump_ir, on_stage=on_stage)
     if on_stage:
         on_stage("codegen+nvcc")
-    plan, source, built = build_module(result.plan)
+    plan, modules = build_modules(result.plan, jobs, on_kernel)
     if dump_ir is not None:
-        (Path(dump_ir) / "module.cu").write_text(source)
-    return build_payload(result, plan, source, built, profile, precision, digest)
+        for i, module in enumerate(modules):
+            (Path(dump_ir) / f"module_{i}.cu").write_text(module.source)
+    return build_payload(result, plan, modules, profile, precision, digest)

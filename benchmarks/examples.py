@@ -8,7 +8,6 @@ computation written with torch ops on the same weights (fp32, TF32 off), timed t
 """
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,23 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
 import examples.build_examples as ex  # noqa: E402
+from benchmarks.timing import median_us  # noqa: E402
 
 REPS = 200
-
-
-def _time(fn, sync, event) -> float:
-    for _ in range(20):
-        fn()
-    sync()
-    times = []
-    for _ in range(REPS):
-        start, stop = event(), event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(stop.time_since(start) if hasattr(stop, "time_since") else start.elapsed_time(stop))
-    return statistics.median(times) * 1e3
 
 
 def torch_block(w, x):
@@ -69,14 +54,15 @@ def main() -> None:
             [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
         ex_ = Executor(Bundle.from_payload(aicfc.compile(model, target=dev.arch)), dev)
         y = ex_.run({"x": x})["y"]
-        t_aicf = _time(ex_.launch, dev.context.synchronize, lambda: cuda.Event())
+        t_aicf = median_us(ex_.launch, dev.context.synchronize, lambda: cuda.Event(), REPS, 20)
         dev.context.synchronize()
         ex_.close()
         w = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()).cuda() for t in model.graph.initializer}
         xt = torch.from_numpy(x).cuda()
         yt = ref_fn(w, xt)
         err = float((torch.from_numpy(y).cuda() - yt).abs().max() / yt.abs().max())
-        t_torch = _time(lambda: ref_fn(w, xt), torch.cuda.synchronize, lambda: torch.cuda.Event(enable_timing=True))
+        t_torch = median_us(lambda: ref_fn(w, xt), torch.cuda.synchronize,
+                            lambda: torch.cuda.Event(enable_timing=True), REPS, 20)
         rows.append((name, t_aicf, t_torch, err))
     print(f"GPU: {dev.name}")
     print(f"{'model':<8}{'aicf us':>10}{'torch eager us':>16}{'torch/aicf':>12}{'rel err':>10}")

@@ -32,3 +32,25 @@ def pytest_collection_modifyitems(config, items):
 def _private_cache(tmp_path_factory):
     """Keep the cubin cache of a test run out of the user's home."""
     os.environ.setdefault("AICF_CACHE_DIR", str(tmp_path_factory.mktemp("aicf-cache")))
+
+
+@pytest.fixture(scope="session")
+def gpu_device():
+    """One CUDA context for the whole session; executors are created and freed per case."""
+    from aicf_run.device import open_device
+    dev = open_device(0)
+    yield dev
+    dev.close()
+
+
+def run_payload(payload: dict, inputs: dict, device, poison: bool = True) -> dict:
+    """Run a compiled payload once on `device` (arena poisoned with NaN first); free it after."""
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    ex = Executor(Bundle.from_payload(payload), device)
+    try:
+        if poison:
+            ex.poison()
+        return ex.run(inputs)
+    finally:
+        ex.close()

@@ -84,7 +84,7 @@ def test_dump_ir(examples: Path, tmp_path: Path):
     res = aicfc("compile", str(examples / "mlp.onnx"), "-o", str(tmp_path / "m.aicf"), "--dump-ir", str(tmp_path / "ir"), "-q")
     assert res.returncode == 0
     names = sorted(p.name for p in (tmp_path / "ir").iterdir())
-    assert "00_import.txt" in names and "08_plan_memory.txt" in names and "module.cu" in names
+    assert "00_import.txt" in names and "09_plan_memory.txt" in names and "module_0.cu" in names
 
 
 def test_check_lists_all_unsupported(tmp_path: Path):

@@ -14,6 +14,7 @@ import pytest
 
 import aicfc
 from tests import onnx_builders as B
+from tests.conftest import run_payload
 from tests.test_pipeline import CASES, rel_err
 
 pytestmark = pytest.mark.gpu
@@ -21,73 +22,49 @@ FP32_RTOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def device():
-    """One context for the whole module: an executor per case, freed after its run."""
-    from aicf_run.device import open_device
-    dev = open_device(0)
-    yield dev
-    dev.close()
+def device_arch(gpu_device):
+    return gpu_device.arch
 
 
-@pytest.fixture(scope="module")
-def device_arch(device):
-    return device.arch
-
-
-_DEVICE = []
-
-
-@pytest.fixture(autouse=True)
-def _current_device(device):
-    _DEVICE[:] = [device]
-
-
-def _run(payload, inputs, poison=True):
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
-    ex = Executor(Bundle.from_payload(payload), _DEVICE[0])
-    try:
-        if poison:
-            ex.poison()
-        return ex.run(inputs)
-    finally:
-        ex.close()
+@pytest.fixture
+def run(gpu_device):
+    return lambda payload, inputs: run_payload(payload, inputs, gpu_device)
 
 
 @pytest.mark.parametrize("case_id,build", CASES, ids=[c for c, _ in CASES])
-def test_case_matches_onnxruntime(case_id, build, device_arch):
+def test_case_matches_onnxruntime(case_id, build, device_arch, run):
     model = build()
     payload = aicfc.compile(model, target=device_arch)
     for seed in (1, 2):
         inputs = B.random_inputs(model, seed=seed + hash(case_id) % 997)
         ref = B.run_onnxruntime(model, inputs)
-        got = _run(payload, inputs)
+        got = run(payload, inputs)
         for name, r in ref.items():
             err = rel_err(got[name], r)
             assert err <= FP32_RTOL, f"{case_id}: {name} rel err {err:.2e}"
 
 
 @pytest.mark.parametrize("shape", [(7, 100, 257), (1, 1, 1), (3, 5, 33), (2, 64, 4096)])
-def test_softmax_and_pointwise_odd_shapes(shape, device_arch):
+def test_softmax_and_pointwise_odd_shapes(shape, device_arch, run):
     for model in (B.single_op_model("Softmax", [shape], {"axis": -1}),
                   B.single_op_model("Softmax", [shape], {"axis": 1}),
                   B.single_op_model("Tanh", [shape])):
         payload = aicfc.compile(model, target=device_arch)
         inputs = B.random_inputs(model, seed=7)
         ref = B.run_onnxruntime(model, inputs)
-        got = _run(payload, inputs)
+        got = run(payload, inputs)
         assert rel_err(got["out"], ref["out"]) <= FP32_RTOL
 
 
 @pytest.mark.parametrize("m,k,n", [(7, 100, 257), (1, 1, 1), (129, 65, 33), (256, 512, 384)])
-def test_matmul_odd_shapes(m, k, n, device_arch):
+def test_matmul_odd_shapes(m, k, n, device_arch, run):
     rng = np.random.default_rng(m * k * n)
     w = rng.standard_normal((k, n)).astype(np.float32)
     model = B.single_op_model("MatMul", [(3, m, k), None], initializers={"in1": w})
     payload = aicfc.compile(model, target=device_arch)
     inputs = B.random_inputs(model, seed=3)
     ref = B.run_onnxruntime(model, inputs)
-    got = _run(payload, inputs)
+    got = run(payload, inputs)
     assert rel_err(got["out"], ref["out"]) <= FP32_RTOL
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from aicfc import __version__
 from aicfc.codegen.common import kernel_args
-from aicfc.codegen.nvcc import Built
+from aicfc.codegen.module import ModuleBuild
 from aicfc.ir.decision import Plan
 from aicfc.passes.pipeline import Result
 from aicfc.passes.plan_memory import memory_summary
@@ -19,10 +19,10 @@ def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
-def _kernel(k, index: dict[str, int]) -> dict[str, Any]:
+def _kernel(k, index: dict[str, int], module: int) -> dict[str, Any]:
     s = k.schedule
     return {
-        "name": k.name, "module": 0, "symbol": k.name, "family": k.family,
+        "name": k.name, "module": module, "symbol": k.name, "family": k.family,
         "params": dict(s.params), "grid": list(s.grid), "block": list(s.block),
         "smem_bytes": s.smem_bytes, "registers": s.registers,
         "args": [index[b] for b in kernel_args(k)],
@@ -49,16 +49,19 @@ def decision_log(plan: Plan) -> list[dict[str, Any]]:
     return log
 
 
-def build_payload(result: Result, plan: Plan, source: str, built: Built, profile: Profile,
+def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profile: Profile,
                   precision: str, model_sha256: str) -> dict[str, Any]:
     buffers = [b for b in plan.buffers]
     index = {b.name: i for i, b in enumerate(buffers)}
     weights = {w.name: w for w in plan.weights}
     mem = memory_summary(plan)
     types = plan.types()
+    module_of = {name: i for i, m in enumerate(modules) for name in m.kernel_names}
+
+    host = result.high.types()   # the model's own dtypes: the interface aicf-run converts to
 
     def signature(names) -> list[dict[str, Any]]:
-        return [{"name": n, "dtype": types[n].np_dtype.name, "shape": list(types[n].shape), "buffer": index[n]}
+        return [{"name": n, "dtype": host.get(n, types[n]).bundle_name, "shape": list(types[n].shape), "buffer": index[n]}
                 for n in names]
     return {
         "format_version": FORMAT_VERSION,
@@ -69,12 +72,13 @@ def build_payload(result: Result, plan: Plan, source: str, built: Built, profile
         "inputs": signature([v.name for v in plan.inputs]),
         "outputs": signature(list(plan.outputs)),
         "buffers": [{"id": i, "name": b.name, "region": b.region, "offset": b.offset, "nbytes": b.type.nbytes,
-                     "dtype": b.type.np_dtype.name, "shape": list(b.type.shape)} for i, b in enumerate(buffers)],
+                     "dtype": b.type.bundle_name, "shape": list(b.type.shape)} for i, b in enumerate(buffers)],
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
         "weights": [{"buffer": index[n], "data": w.data, "sha256": _sha(w.data)} for n, w in weights.items()],
-        "modules": [{"name": plan.name, "arch": plan.target, "cubin": built.cubin, "cubin_sha256": _sha(built.cubin),
-                     "source_sha256": _sha(source.encode()), "source": source}],
-        "kernels": [_kernel(k, index) for k in plan.kernels],
+        "modules": [{"name": m.name, "arch": plan.target, "cubin": m.built.cubin,
+                     "cubin_sha256": _sha(m.built.cubin), "source_sha256": _sha(m.source.encode()),
+                     "source": m.source} for m in modules],
+        "kernels": [_kernel(k, index, module_of[k.name]) for k in plan.kernels],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan),
     }

@@ -1,6 +1,6 @@
 """Codegen: one module per schedule family, each with its parameter space beside its template.
 
-A family module provides `space(kernel)`, `launch(kernel, params)`, `static_smem(kernel,
+A family module provides `space(kernel, plan)`, `launch(kernel, params)`, `static_smem(kernel,
 params)` and `render_kernel(kernel, params, types, name)`.
 """
 from aicfc.codegen import gemm, pointwise, row_reduce

@@ -75,6 +75,8 @@ class Emitter:
                 return registers[e.buffer]
             off = c_affine(flat_offset(e.index, self.types[e.buffer]), names)
             code = f"__ldg({self.params[e.buffer]} + ({off}))"
+            if self.types[e.buffer].dtype != "f32":
+                code = f"static_cast<float>({code})"
         else:
             assert isinstance(e, Call)
             args = [self.emit(a, names, registers) for a in e.args]

@@ -15,6 +15,12 @@ from aicfc.ir.types import TensorType
 from aicfc.codegen.cexpr import c_affine, flat_offset
 
 
+# C element type of each IR dtype. Loads convert to float and stores convert back, so f16/bf16
+# are storage formats only: arithmetic in a kernel is fp32 (see passes/apply_precision.py).
+CTYPES = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16", "f64": "double",
+          "i64": "long long", "i32": "int", "bool": "bool"}
+
+
 @functools.cache
 def environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.PackageLoader("aicfc", "templates"),
@@ -41,8 +47,8 @@ class Signature:
 def signature(k: Kernel, types: Mapping[str, TensorType]) -> Signature:
     args = kernel_args(k)
     params = {b: f"p{i}" for i, b in enumerate(args)}
-    parts = [f"float* __restrict__ {params[b]}" if b in k.stores else f"const float* __restrict__ {params[b]}"
-             for b in args]
+    parts = [f"{CTYPES[types[b].dtype]}* __restrict__ {params[b]}" if b in k.stores
+             else f"const {CTYPES[types[b].dtype]}* __restrict__ {params[b]}" for b in args]
     biggest = max([types[b].numel for b in args] + [op.type.numel * math.prod(op.reduce) for op in k.ops])
     return Signature(params, ", ".join(parts), "int" if biggest < 2**31 - 1 else "long long")
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+from aicfc.codegen import gemm_mma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
 from aicfc.codegen.common import decompose, render, signature, store_line
-from aicfc.ir.decision import Kernel
+from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.properties import Contraction, contraction
 from aicfc.ir.types import TensorType
@@ -32,7 +33,20 @@ def dims(k: Kernel) -> tuple[Contraction, int, int, int, list[tuple[str, int]]]:
     return c, ext.get(c.m, 1) if c.m else 1, ext.get(c.n, 1) if c.n else 1, mm.reduce[0], [(v, ext[v]) for v in c.batch]
 
 
-def space(k: Kernel) -> list[dict]:
+def space(k: Kernel, plan: Plan) -> list[dict]:
+    dtype = gemm_mma.mma_type(k, plan.types(), plan.precision)
+    return simt_space() + (gemm_mma.space(dtype) if dtype else [])
+
+
+def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
+    """Candidates the precision policy rules out, with the reason (explain shows them)."""
+    if gemm_mma.mma_type(k, plan.types(), plan.precision):
+        return []
+    return [({"unit": "mma"}, f"--precision {plan.precision} does not allow tensor cores for this contraction"
+             + (" (exact fp32 semantics)" if plan.precision == "fp32" else ""))]
+
+
+def simt_space() -> list[dict]:
     out = []
     for bm in SPACE["BM"]:
         for bn in SPACE["BN"]:
@@ -40,20 +54,28 @@ def space(k: Kernel) -> list[dict]:
                 for tm in SPACE["TM"]:
                     for tn in SPACE["TN"]:
                         if bm % tm == 0 and bn % tn == 0:
-                            out.append({"BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn})
+                            out.append({"unit": "simt", "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn})
     return out
 
 
 def threads(p: Mapping) -> int:
+    if p["unit"] == "mma":
+        return gemm_mma.threads(p)
     return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
 
 
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     _, m, n, _, batch = dims(k)
-    return (math.ceil(n / p["BN"]), math.ceil(m / p["BM"]), math.prod(e for _, e in batch)), (threads(p), 1, 1), 0
+    nb = math.prod(e for _, e in batch)
+    if p["unit"] == "mma":
+        tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"])
+        return (tiles, 1, nb), (threads(p), 1, 1), gemm_mma.smem_bytes(p)
+    return (math.ceil(n / p["BN"]), math.ceil(m / p["BM"]), nb), (threads(p), 1, 1), 0
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
+    if p["unit"] == "mma":
+        return 0
     return 4 * p["BK"] * (p["BM"] + 1 + p["BN"] + 1)
 
 
@@ -86,9 +108,11 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         lines = em.take() + [store_line(epi, dict(k.binds[1]), value, sig.params, out_names)]
     else:
         lines = [store_line(mm, {v: Affine.var(v) for v in mm.domain_vars}, "accv", sig.params, out_names)]
-    return render("gemm.cu.j2", name=name, batch=math.prod(e for _, e in batch), M=m, N=n, K=kk,
-                  threads=threads(p), idx=idx, signature=sig.text, **p,
-                  decompose=decompose("batch", batch, idx),
-                  a_ptr=sig.params[c.a.buffer], b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off,
-                  a_k_fast=_k_fast(c.a, types[c.a.buffer], c.m), b_k_fast=_k_fast(c.b, types[c.b.buffer], c.n),
-                  epilogue=lines)
+    parts = dict(c=c, M=m, N=n, K=kk, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
+                 decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
+                 b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines)
+    if p["unit"] == "mma":
+        return gemm_mma.render_kernel(k, p, types, name, parts)
+    simt = {key: p[key] for key in ("BM", "BN", "BK", "TM", "TN")}
+    return render("gemm.cu.j2", name=name, threads=threads(p), **simt, **{x: parts[x] for x in parts if x != "c"},
+                  a_k_fast=_k_fast(c.a, types[c.a.buffer], c.m), b_k_fast=_k_fast(c.b, types[c.b.buffer], c.n))

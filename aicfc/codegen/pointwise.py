@@ -10,13 +10,13 @@ from typing import Mapping
 
 from aicfc.codegen.cexpr import Emitter
 from aicfc.codegen.common import decompose, render, signature, store_line
-from aicfc.ir.decision import Kernel
+from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.types import TensorType
 
 SPACE = {"threads": (64, 128, 256, 512, 1024), "items": (1, 2, 4, 8)}
 
 
-def space(k: Kernel) -> list[dict]:
+def space(k: Kernel, plan: Plan) -> list[dict]:
     return [{"threads": t, "items": i} for t in SPACE["threads"] for i in SPACE["items"]]
 
 

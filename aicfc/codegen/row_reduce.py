@@ -12,7 +12,7 @@ from typing import Mapping
 
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
 from aicfc.codegen.common import decompose, render, signature, store_line
-from aicfc.ir.decision import Kernel
+from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, substitute
 from aicfc.ir.types import TensorType
 
@@ -33,7 +33,7 @@ def geometry(k: Kernel) -> tuple[list[tuple[str, int]], str, int]:
     return rows, j, extents[j]
 
 
-def space(k: Kernel) -> list[dict]:
+def space(k: Kernel, plan: Plan) -> list[dict]:
     return [{"tpr": t, "rpb": r} for t in SPACE["tpr"] for r in SPACE["rpb"] if 32 <= t * r <= 1024]
 
 

@@ -112,6 +112,7 @@ class Plan:
     outputs: tuple[str, ...]
     buffers: tuple[Buffer, ...] = ()
     rewrites: tuple[Rewrite, ...] = ()
+    precision: str = "fp32"   # the policy of passes/apply_precision.py
 
     def replace(self, **changes: Any) -> Plan:
         new = dataclasses.replace(self, **changes)
@@ -157,7 +158,7 @@ def print_kernel(k: Kernel) -> list[str]:
 
 def print_plan(p: Plan) -> str:
     lines = print_header("decision", p)
-    lines[0] = f"decision {text.attr_value(p.name)} target={p.target} {{"
+    lines[0] = f"decision {text.attr_value(p.name)} target={p.target} precision={p.precision} {{"
     for k in p.kernels:
         lines += print_kernel(k)
     lines += [f"  {print_op(v)}" for v in p.views]
@@ -235,6 +236,7 @@ def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:
     c.expect("decision")
     name = str(c.attr_value())
     target = str(_kv(c, "target"))
+    precision = str(_kv(c, "precision"))
     c.expect("{")
     inputs: list[Value] = []
     weights: list[Weight] = []
@@ -269,7 +271,7 @@ def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:
                 raise c.fail("a view outside kernels")
             views.append(op)
     return Plan(name, target, tuple(inputs), tuple(weights), tuple(kernels), tuple(views),
-                tuple(outputs), tuple(buffers), tuple(rewrites))
+                tuple(outputs), tuple(buffers), tuple(rewrites), precision)
 
 
 # ---------------------------------------------------------------- verifier

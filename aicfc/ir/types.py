@@ -12,16 +12,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# IR dtype name -> numpy dtype. The IR spells dtypes short, as MLIR does.
+from aicf_run.convert import from_bf16_bytes, to_bf16_bytes
+
+# IR dtype name -> numpy dtype. The IR spells dtypes short, as MLIR does. bfloat16 has no
+# numpy dtype: it is evaluated as float32 (`np_dtype`) and stored as the top 16 bits of one.
 DTYPES: dict[str, np.dtype] = {
     "f32": np.dtype(np.float32),
     "f64": np.dtype(np.float64),
     "f16": np.dtype(np.float16),
+    "bf16": np.dtype(np.float32),
     "i64": np.dtype(np.int64),
     "i32": np.dtype(np.int32),
     "bool": np.dtype(np.bool_),
 }
-NUMPY_TO_IR: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
+NUMPY_TO_IR: dict[np.dtype, str] = {v: k for k, v in DTYPES.items() if k != "bf16"}
+ITEMSIZE: dict[str, int] = {k: v.itemsize for k, v in DTYPES.items()} | {"bf16": 2}
+# The dtype names the bundle uses (docs/bundle-format.md).
+BUNDLE_NAMES: dict[str, str] = {k: v.name for k, v in DTYPES.items()} | {"bf16": "bfloat16"}
+
+
+def convert(a: np.ndarray, dtype: str) -> bytes:
+    """An array's values as little-endian bytes of IR dtype `dtype`."""
+    if dtype == "bf16":
+        return to_bf16_bytes(a)
+    return np.ascontiguousarray(a, dtype=DTYPES[dtype].newbyteorder("<")).tobytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +49,15 @@ class TensorType:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPES[self.dtype].itemsize
+        return self.numel * ITEMSIZE[self.dtype]
 
     @property
     def np_dtype(self) -> np.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def bundle_name(self) -> str:
+        return BUNDLE_NAMES[self.dtype]
 
     def __str__(self) -> str:
         return f"{self.dtype}[{','.join(str(d) for d in self.shape)}]"
@@ -69,6 +87,8 @@ class Weight:
                       array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
 
     def array(self) -> np.ndarray:
+        if self.type.dtype == "bf16":
+            return from_bf16_bytes(self.data, self.type.shape)
         a = np.frombuffer(self.data, dtype=self.type.np_dtype.newbyteorder("<"))
         return a.reshape(self.type.shape)
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from aicfc.ir.decision import verify_plan
 from aicfc.ir.high import Graph, verify_graph
 from aicfc.ir.lowered import verify_program
+from aicfc.passes.apply_precision import apply_precision
 from aicfc.passes.canonicalize import canonicalize
 from aicfc.passes.dce import dce
 from aicfc.passes.fold_constants import fold_constants
@@ -30,6 +31,8 @@ LEVELS = ("high", "lowered", "decision")
 class Options:
     target: str
     profile: Profile
+    precision: str = "fp32"
+    pin: tuple[tuple[str, str], ...] = ()   # --pin KEY=VALUE: restrict schedule spaces
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("lower", "high", "lowered", lambda g, o: lower(g)),
     Stage("inline_producers", "lowered", "lowered", lambda p, o: inline_producers(p)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
-    Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile)),
+    Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
+    Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin))),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p)),
 )
 

@@ -1,9 +1,10 @@
 """plan_schedules: Decision IR → Decision IR with a schedule on every kernel.
 
-For each kernel: enumerate its family's parameter space (declared beside the template),
+For each kernel: enumerate its family's parameter space (declared beside the template, and
+shaped by the precision policy: tensor-core candidates exist only where it allows them),
 drop candidates that break a hardware constraint of the target profile (threads per block,
-static shared memory per block, estimated registers per thread, at least one resident block
-per SM), rank the rest by the analytic cost model (`planner/cost.py`) and take the cheapest.
+static and dynamic shared memory per block, estimated registers per thread, at least one
+resident block per SM), rank the rest by the analytic cost model (`planner/cost.py`) and take the cheapest.
 The decision keeps the runners-up with their predicted times and the rejected with the
 constraint they broke.
 
@@ -18,10 +19,13 @@ constraint they broke.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 from aicfc.codegen import FAMILIES
-from aicfc.ir.decision import Candidate, Plan, Schedule
-from aicfc.planner.cost import blocks_per_sm, cost, estimate_registers
+from aicfc.errors import AicfError
+from aicfc.ir.decision import Candidate, Kernel, Plan, Schedule
+from aicfc.planner.cost import Estimate, blocks_per_sm, cost, estimate_registers
 from aicfc.planner.hardware import Profile
 
 KEEP_RUNNERS_UP = 6
@@ -32,32 +36,72 @@ def _params(p: dict) -> tuple:
     return tuple(sorted(p.items()))
 
 
-def plan_schedules(plan: Plan, hw: Profile) -> Plan:
+@dataclass(frozen=True)
+class Ranked:
+    """One feasible candidate with its launch shape and predicted cost."""
+
+    params: dict[str, Any]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dyn_smem: int
+    estimate: Estimate
+
+    @property
+    def time_us(self) -> float:
+        return self.estimate.time_us
+
+
+def rank(k: Kernel, plan: Plan, hw: Profile) -> tuple[list[Ranked], list[Candidate]]:
+    """Every candidate of `k`'s space: the feasible ones cheapest first, and the rejected."""
     types = plan.types()
+    family = FAMILIES[k.family]
+    ranked, rejected = [], []
+    for why_params, why in getattr(family, "declined", lambda k, plan: [])(k, plan):
+        rejected.append(Candidate(_params(why_params), None, why))
+    for p in family.space(k, plan):
+        grid, block, dyn = family.launch(k, p)
+        threads = block[0] * block[1] * block[2]
+        static = family.static_smem(k, p)
+        smem = static + dyn
+        regs = estimate_registers(k, p)
+        why = None
+        if not 32 <= threads <= hw.max_threads_per_block:
+            why = f"{threads} threads per block outside 32..{hw.max_threads_per_block}"
+        elif static > hw.smem_per_block_static:
+            why = f"static shared memory {static} B > {hw.smem_per_block_static} B per block"
+        elif smem > hw.smem_per_block_optin:
+            why = f"shared memory {smem} B > {hw.smem_per_block_optin} B per block"
+        elif regs > hw.max_registers_per_thread:
+            why = f"estimated {regs} registers per thread > {hw.max_registers_per_thread}"
+        elif blocks_per_sm(threads, smem, regs, hw)[0] < 1:
+            why = f"no block fits on an SM ({blocks_per_sm(threads, smem, regs, hw)[1]})"
+        if why:
+            rejected.append(Candidate(_params(p), None, why))
+            continue
+        ranked.append(Ranked(p, grid, block, dyn, cost(k, p, grid, block, smem, regs, types, hw)))
+    # Ties on time go to the schedule with less exposed latency, then to a fixed order.
+    ranked.sort(key=lambda r: (round(r.time_us, 6), r.estimate.terms["t_pipeline_us"], _params(r.params)))
+    return ranked, rejected
+
+
+def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
+    return all(str(p.get(key)) == str(value) for key, value in pin.items())
+
+
+def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None) -> Plan:
+    """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys."""
     kernels = []
     for k in plan.kernels:
-        family = FAMILIES[k.family]
-        ranked, rejected = [], []
-        for p in family.space(k):
-            grid, block, dyn = family.launch(k, p)
-            threads = block[0] * block[1] * block[2]
-            smem = family.static_smem(k, p) + dyn
-            regs = estimate_registers(k, p)
-            why = None
-            if not 32 <= threads <= hw.max_threads_per_block:
-                why = f"{threads} threads per block outside 32..{hw.max_threads_per_block}"
-            elif smem > hw.smem_per_block_static:
-                why = f"shared memory {smem} B > {hw.smem_per_block_static} B per block"
-            elif regs > hw.max_registers_per_thread:
-                why = f"estimated {regs} registers per thread > {hw.max_registers_per_thread}"
-            elif blocks_per_sm(threads, smem, regs, hw)[0] < 1:
-                why = f"no block fits on an SM ({blocks_per_sm(threads, smem, regs, hw)[1]})"
-            if why:
-                rejected.append(Candidate(_params(p), None, why))
-                continue
-            est = cost(k, p, grid, block, smem, regs, types, hw)
-            ranked.append((est.time_us, _params(p), grid, block, dyn, est))
-        ranked.sort(key=lambda r: (r[0], r[1]))
+        ranked, rejected = rank(k, plan, hw)
+        if not ranked:
+            raise AicfError(f"kernel {k.name}: no candidate of the {k.family} space fits {hw.arch} "
+                            f"({rejected[0].rejected_because if rejected else 'empty space'})")
+        if pin and any(set(pin) <= set(r.params) for r in ranked):
+            pinned = [r for r in ranked if _matches(r.params, pin)]
+            if not pinned:
+                raise AicfError(f"kernel {k.name}: no feasible {k.family} candidate matches --pin "
+                                f"{' '.join(f'{a}={b}' for a, b in pin.items())}")
+            ranked = pinned + [r for r in ranked if not _matches(r.params, pin)]
         best = ranked[0]
         seen_reasons: set[str] = set()
         kept_rejected = []
@@ -66,8 +110,8 @@ def plan_schedules(plan: Plan, hw: Profile) -> Plan:
             if kind not in seen_reasons and len(kept_rejected) < KEEP_REJECTED:
                 seen_reasons.add(kind)
                 kept_rejected.append(c)
-        candidates = tuple(Candidate(r[1], round(r[0], 4)) for r in ranked[1:1 + KEEP_RUNNERS_UP])
-        schedule = Schedule(best[1], best[2], best[3], best[4], None, best[5].as_items(),
-                            candidates + tuple(kept_rejected))
+        candidates = tuple(Candidate(_params(r.params), round(r.time_us, 4)) for r in ranked[1:1 + KEEP_RUNNERS_UP])
+        schedule = Schedule(_params(best.params), best.grid, best.block, best.dyn_smem, None,
+                            best.estimate.as_items(), candidates + tuple(kept_rejected))
         kernels.append(k.replace(schedule=schedule))
     return plan.replace(kernels=tuple(kernels))

@@ -2,11 +2,14 @@
 
 Every family's cost is the same formula over family-specific counts:
 
-    t = max(max(t_dram + t_l2, t_compute) / (parallel_eff * wave_eff), t_pipeline) + launch
+    t = max(max(t_dram + t_l2, t_compute, t_smem) / (parallel_eff * wave_eff), t_pipeline) + launch
 
     t_dram       = dram_bytes / (dram_bandwidth * eff.dram)       each tensor moved once
     t_l2         = l2_bytes / l2_bandwidth                        re-reads that hit in L2
-    t_compute    = flops_issued / (peak_fp32 * eff.fp32_simt * issue_eff)
+    t_compute    = flops_issued / (peak_unit * eff.unit * issue_eff)
+                   unit: fp32_simt, or the tensor-core rate of the mma type (eff.mma_sync)
+    t_smem       = shared-memory bytes read and written / (SMs * smem_bandwidth_per_sm)
+                   (tensor-core GEMMs: fragments per warp tile, staged tiles per block)
     t_pipeline   = serialized latency the schedule cannot hide (GEMM k-steps, reduction trees)
     parallel_eff = min(1, resident warps / (SMs * eff.min_warps_per_sm))
     wave_eff     = (blocks / per_wave) / ceil(blocks / per_wave)  when more than one wave
@@ -58,20 +61,24 @@ def blocks_per_sm(threads: int, smem: int, regs: int, hw: Profile) -> tuple[int,
 
 
 def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float, pipeline: float,
-             blocks: int, threads: int, bps: int, issue_eff: float = 1.0, ilp: float = 1.0) -> Estimate:
+             blocks: int, threads: int, bps: int, issue_eff: float = 1.0, ilp: float = 1.0,
+             unit: str = "fp32_simt", smem: float = 0.0) -> Estimate:
     eff = hw.efficiency
     t_dram = dram / (hw.dram_bandwidth_gbs * 1e3 * eff["dram"])
     t_l2 = l2 / (hw.l2_bandwidth_gbs * 1e3)
-    t_compute = issued / (hw.peak_tflops["fp32_simt"] * 1e6 * eff["fp32_simt"] * issue_eff)
+    unit_eff = eff["fp32_simt"] if unit == "fp32_simt" else eff["mma_sync"]
+    t_compute = issued / (hw.peak_tflops[unit] * 1e6 * unit_eff * issue_eff)
+    t_smem = smem / (hw.sm_count * hw.smem_bandwidth_gbs_per_sm * 1e3)
     per_wave = hw.sm_count * bps
     resident = min(blocks, per_wave) * math.ceil(threads / 32) * ilp
     parallel = min(1.0, resident / (hw.sm_count * eff["min_warps_per_sm"]))
     waves = blocks / per_wave
     wave_eff = waves / math.ceil(waves) if waves > 1 else 1.0
     # Latency along a block's own critical path (pipeline) is not divided by parallelism.
-    time = max(max(t_dram + t_l2, t_compute) / (parallel * wave_eff), pipeline) + hw.launch_overhead_us
-    return Estimate(time, flops, dram + l2, {
-        "t_dram_us": t_dram, "t_l2_us": t_l2, "t_compute_us": t_compute, "t_pipeline_us": pipeline,
+    time = max(max(t_dram + t_l2, t_compute, t_smem) / (parallel * wave_eff), pipeline) + hw.launch_overhead_us
+    return Estimate(time, flops, dram, {
+        "t_dram_us": t_dram, "t_l2_us": t_l2, "t_compute_us": t_compute, "t_smem_us": t_smem,
+        "t_pipeline_us": pipeline,
         "parallel_eff": parallel, "wave_eff": wave_eff, "launch_us": hw.launch_overhead_us,
         "blocks": blocks, "blocks_per_sm": bps})
 
@@ -84,6 +91,9 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
 def estimate_registers(k: Kernel, p: Mapping) -> int:
     """A planning-time register estimate (explain labels it as one)."""
     ops = sum(count_ops(op.body) for op in k.ops)
+    if k.family == "gemm" and p["unit"] == "mma":
+        mi, ni = p["BM"] // p["WM"] // 16, p["BN"] // p["WN"] // 8
+        return 4 * mi * ni + 4 * mi + 2 * ni + 40 + min(ops, 16)
     if k.family == "gemm":
         return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 32 + min(ops, 32)
     return 24 + min(2 * ops, 64)
@@ -94,6 +104,8 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
     threads = block[0] * block[1] * block[2]
     blocks = grid[0] * grid[1] * grid[2]
     bps, _ = blocks_per_sm(threads, smem, regs, hw)
+    if k.family == "gemm" and p["unit"] == "mma":
+        return _mma_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "gemm":
         return _gemm_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "row_reduce":
@@ -137,4 +149,32 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff)
     est.terms["issue_eff"] = issue_eff
+    return est
+
+
+MMA_UNIT = {"tf32": "tf32_tc", "f16": "fp16_tc", "bf16": "bf16_tc"}
+
+
+def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
+    """Tensor-core GEMM: tile-padded MMA work at the unit's rate, shared-memory traffic of the
+    warp tiles (a small warp tile reads more operand bytes per MMA), and the k-loop latency
+    that STAGES-1 tiles in flight (and other resident blocks) hide."""
+    c, m, n, kk, batch = gemm.dims(k)
+    nb = math.prod(e for _, e in batch)
+    bm, bn, bk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
+    wtm, wtn = bm // p["WM"], bn // p["WN"]
+    esize = types[c.a.buffer].nbytes // max(1, types[c.a.buffer].numel)
+    tiles = math.ceil(m / bm) * math.ceil(n / bn)
+    ksteps = math.ceil(kk / bk)
+    flops = 2.0 * nb * m * n * kk
+    issued = 2.0 * nb * tiles * bm * bn * ksteps * bk
+    smem = nb * tiles * ksteps * bk * esize * ((bm + bn) + p["WM"] * p["WN"] * (wtm + wtn))
+    a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
+    l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
+    waves = math.ceil(blocks / (hw.sm_count * bps))
+    pipeline = waves * LOAD_LATENCY_US * (1 + ksteps / ((st - 1) * min(bps, 4)))
+    ilp = max(1.0, min(4.0, (wtm // 16) * (wtn // 8) / 8))
+    est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
+                   blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem)
+    est.terms["ilp"] = ilp
     return est

@@ -11,8 +11,8 @@ from aicfc.errors import AicfError
 
 REQUIRED = ("arch", "sm_count", "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm",
             "registers_per_sm", "max_registers_per_thread", "smem_per_sm", "smem_per_block_static",
-            "l2_bytes", "dram_bandwidth_gbs", "l2_bandwidth_gbs", "peak_tflops", "launch_overhead_us",
-            "efficiency")
+            "smem_per_block_optin", "l2_bytes", "dram_bandwidth_gbs", "l2_bandwidth_gbs",
+            "smem_bandwidth_gbs_per_sm", "peak_tflops", "launch_overhead_us", "efficiency")
 
 
 @dataclass(frozen=True)
