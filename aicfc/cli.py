@@ -1,4 +1,4 @@
-"""`aicfc`: compile, check and explain. User errors print one line and exit with code 2."""
+"""`aicfc`: compile, check, explain and tune. User errors print one line and exit with code 2."""
 from __future__ import annotations
 
 import functools
@@ -46,19 +46,33 @@ shape_option = click.option("--shape", "shapes", multiple=True, metavar="NAME=Dx
                             help="Static shape for an input with symbolic dimensions, e.g. x=2x64.")
 
 
+def _pins(pins: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in pins:
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value:
+            raise AicfError(f"--pin {item!r}: expected KEY=VALUE, e.g. --pin unit=simt")
+        out[key.strip()] = value.strip()
+    return out
+
+
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write (.aicf).")
 @click.option("--target", default="sm_90", show_default=True, help="GPU architecture (sm_80, sm_86, sm_89, sm_90).")
-@click.option("--precision", default="fp32", show_default=True, help="Numeric precision policy.")
+@click.option("--precision", default="fp32", show_default=True,
+              help="Precision policy: fp32 (exact), tf32, fp16 or bf16 (see `aicfc explain`).")
 @shape_option
+@click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
+              help="Restrict every schedule space that has KEY to VALUE (e.g. unit=simt, BM=64); "
+                   "for experiments: the cost model still ranks what is left.")
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after every pass into this folder.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated hardware profile (JSON).")
 @click.option("-j", "--jobs", type=int, metavar="N",
               help="Parallel nvcc runs, and at most N CUDA modules [default: $AICF_JOBS or the CPU count].")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @user_errors
-def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...],
+def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...], pins: tuple[str, ...],
             dump_ir: str | None, profile_path: str | None, jobs: int | None, quiet: bool) -> None:
     """Compile MODEL (ONNX) into a bundle for aicf-run."""
     from aicfc.artifact import write_bundle
@@ -77,7 +91,7 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
             cached += module.built.cached
 
     options: dict[str, Any] = dict(target=target, precision=precision, shapes=list(shapes),
-                                   dump_ir=dump_ir, profile_path=profile_path, jobs=jobs)
+                                   dump_ir=dump_ir, profile_path=profile_path, jobs=jobs, pin=_pins(pins))
     if quiet or not sys.stderr.isatty():
         # No terminal to redraw a bar on: print nothing until there is a result or an error.
         payload = compile_model(model, **options, on_kernel=count)
@@ -166,3 +180,99 @@ def explain(bundle: str, as_json: bool, ir: str | None, source: bool, roofline: 
         click.echo(json.dumps(explain_json(payload), indent=1))
     else:
         click.echo(explain_text(payload), nl=False)
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--target", help="GPU architecture to plan and build for [default: the GPU's own].")
+@click.option("--precision", default="fp32", show_default=True, help="Numeric precision policy.")
+@shape_option
+@click.option("--top", default=8, show_default=True, type=int, help="Measure the model's N cheapest candidates per kernel.")
+@click.option("--spread", default=8, show_default=True, type=int,
+              help="And N more spaced evenly through the rest of the ranking.")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Hardware profile to start from (JSON).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the fitted profile (JSON) here.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the whole report (JSON) here.")
+@user_errors
+def tune(model: str, target: str | None, precision: str, shapes: tuple[str, ...], top: int, spread: int,
+         profile_path: str | None, output: str | None, json_path: str | None) -> None:
+    """Measure MODEL's candidate schedules on this GPU; report predicted vs measured and fit the profile."""
+    from aicfc.tune import fit_profile, tune_model
+
+    for path in (output, json_path):   # fail before measuring, not after
+        if path and not Path(path).resolve().parent.is_dir():
+            raise AicfError(f"{path}: its folder does not exist")
+    options: dict[str, Any] = dict(target=target, precision=precision, shapes=list(shapes), top=top,
+                                   spread=spread, profile_path=profile_path)
+    if not sys.stderr.isatty():
+        report = tune_model(model, **options)
+    else:
+        with click.progressbar(length=1, label=f"tuning {Path(model).name}", file=sys.stderr, show_pos=True,
+                               item_show_func=lambda s: s or "") as bar:
+            shown = 0
+
+            def progress(done: int, total: int, label: str) -> None:
+                nonlocal shown
+                bar.length = total
+                bar.update(done - shown, label)
+                shown = done
+            report = tune_model(model, **options, on_progress=progress)
+    fitted, stats = fit_profile(report, report.profile)
+    click.echo(_tune_text(report, stats), nl=False)
+    if output:
+        _write_atomic(output, json.dumps(fitted, indent=2) + "\n")
+        click.echo(f"wrote {output}: fitted {report.target} profile; use it with "
+                   f"`aicfc compile --target {report.target} --profile {output}`")
+    if json_path:
+        _write_atomic(json_path, json.dumps({**report.to_json(), "fit": stats}, indent=1) + "\n")
+        click.echo(f"wrote {json_path}: the report")
+
+
+def _tune_text(report: Any, stats: dict[str, Any]) -> str:
+    """Per kernel: every measured candidate (* the model's pick, + the fastest); then a summary."""
+    def num(x: float | None, fmt: str = ".2f") -> str:
+        return "n/a" if x is None or x != x else format(x, fmt)
+
+    lines = [f"{report.model} on {report.gpu} ({report.target}, {report.precision}): "
+             f"* the model's pick, + the fastest measured"]
+    for kt in report.kernels:
+        pick, fastest = kt.pick, kt.fastest
+        ratio = kt.pick_ratio
+        lines.append("")
+        lines.append(f"{kt.name} ({kt.family}): {len(kt.measured)} of {kt.feasible} feasible candidates measured; "
+                     f"pick {num(ratio)}x the fastest; Spearman {num(kt.spearman)}")
+        lines.append(f"  {'':2} {'rank':>5}  {'params':<48} {'predicted us':>12} {'measured us':>12}")
+        for c in kt.candidates:
+            mark = ("*" if c is pick else " ") + ("+" if c is fastest else " ")
+            params = " ".join(f"{k}={v}" for k, v in c.params.items())
+            measured = num(c.measured_us) if c.measured_us is not None else f"failed: {c.failed}"
+            lines.append(f"  {mark} {c.rank:>5}  {params:<48} {c.predicted_us:>12.2f} {measured:>12}")
+    good, total = report.picks_within()
+    count = sum(len(kt.measured) for kt in report.kernels)
+    lines += ["",
+              f"Spearman rank correlation over all {count} measured candidates: {num(report.spearman, '.3f')} "
+              f"(goal >= 0.8); per-kernel mean {num(report.mean_spearman, '.3f')}",
+              f"model's pick within 10% of the fastest measured: {good} of {total} kernels",
+              f"fit: mean squared log error {num(stats['msle_before'], '.4f')} -> {num(stats['msle_after'], '.4f')}; "
+              f"Spearman {num(stats['spearman_before'], '.3f')} -> {num(stats['spearman_after'], '.3f')}; "
+              f"picks within 10% {num(stats['picks_within_10pct_before'], '.0%')} -> "
+              f"{num(stats['picks_within_10pct_after'], '.0%')}"]
+    changed = [f"{f} {old:g} -> {new:g}" for f, (old, new) in stats["fields"].items() if old != new]
+    lines.append(f"fitted: {', '.join(changed) if changed else 'no coefficient changed'}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write `path` through a temporary file in its folder, so a reader never sees half of it."""
+    import os
+    import tempfile
+    folder = Path(path).resolve().parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -40,7 +40,7 @@ def matmul_model(m: int, k: int, n: int, w: np.ndarray) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def bench_one(dev, m: int, k: int, n: int, precision: str) -> dict:
+def bench_one(dev, m: int, k: int, n: int, precision: str, pin: dict | None = None) -> dict:
     import pycuda.driver as cuda
     import torch
     from aicf_run.bundle import Bundle
@@ -48,7 +48,7 @@ def bench_one(dev, m: int, k: int, n: int, precision: str) -> dict:
     rng = np.random.default_rng(m + k + n)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
-    payload = aicfc.compile(matmul_model(m, k, n, w), target=dev.arch, precision=precision)
+    payload = aicfc.compile(matmul_model(m, k, n, w), target=dev.arch, precision=precision, pin=pin)
     (kern,) = payload["kernels"]
     ex = Executor(Bundle.from_payload(payload), dev)
     try:
@@ -77,25 +77,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--precision", action="append", choices=PRECISIONS)
     ap.add_argument("--quick", action="store_true", help="4096^3 and the BERT shapes only")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    ap.add_argument("--shape", action="append", help="MxKxN instead of the standard shapes")
+    ap.add_argument("--pin", action="append", default=[], help="KEY=VALUE passed to aicfc (experiments)")
     args = ap.parse_args(argv)
     from aicf_run.device import open_device
     dev = open_device(0)
     shapes = ([(4096,) * 3] if args.quick else SQUARE) + BERT
+    if args.shape:
+        shapes = [tuple(int(d) for d in s.split("x")) for s in args.shape]
+    pin = dict(item.split("=", 1) for item in args.pin)
     rows = []
     print(f"GPU: {dev.name} ({dev.arch})")
     print(f"{'precision':<9} {'M x K x N':<18} {'aicf us':>9} {'cuBLAS us':>10} {'aicf TF/s':>10} "
           f"{'cuBLAS TF/s':>12} {'ratio':>6} {'pred us':>8} {'err':>8}  schedule")
     for precision in args.precision or PRECISIONS:
         for m, k, n in shapes:
-            r = bench_one(dev, m, k, n, precision)
+            r = bench_one(dev, m, k, n, precision, pin)
             rows.append(r)
             sched = " ".join(f"{a}={b}" for a, b in sorted(r["params"].items()))
             print(f"{precision:<9} {f'{m}x{k}x{n}':<18} {r['aicf_us']:>9.1f} {r['torch_us']:>10.1f} "
                   f"{r['aicf_tflops']:>10.1f} {r['torch_tflops']:>12.1f} {r['ratio']:>6.2f} "
                   f"{r['predicted_us']:>8.1f} {r['aicf_err']:>8.1e}  {sched}", flush=True)
         bert = [r["ratio"] for r in rows if r["precision"] == precision and tuple(r["shape"]) in BERT]
-        print(f"{precision}: BERT-shape geometric mean aicf/cuBLAS = "
-              f"{math.exp(sum(map(math.log, bert)) / len(bert)):.2f}", flush=True)
+        if bert:
+                print(f"{precision}: BERT-shape geometric mean aicf/cuBLAS = "
+                  f"{math.exp(sum(map(math.log, bert)) / len(bert)):.2f}", flush=True)
     dev.close()
     if args.json:
         args.json.write_text(json.dumps({"gpu": dev.name, "rows": rows}, indent=1))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -49,7 +48,9 @@ def signature(k: Kernel, types: Mapping[str, TensorType]) -> Signature:
     params = {b: f"p{i}" for i, b in enumerate(args)}
     parts = [f"{CTYPES[types[b].dtype]}* __restrict__ {params[b]}" if b in k.stores
              else f"const {CTYPES[types[b].dtype]}* __restrict__ {params[b]}" for b in args]
-    biggest = max([types[b].numel for b in args] + [op.type.numel * math.prod(op.reduce) for op in k.ops])
+    # Every index a kernel forms is an element offset into one of its tensors (or a loop
+    # counter bounded by one), never the product of a reduction's extents.
+    biggest = max([types[b].numel for b in args] + [op.type.numel for op in k.ops] + [max(op.reduce, default=1) for op in k.ops])
     return Signature(params, ", ".join(parts), "int" if biggest < 2**31 - 1 else "long long")
 
 

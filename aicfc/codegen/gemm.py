@@ -85,6 +85,28 @@ def _k_fast(ld: Load, t: TensorType, var: str | None) -> bool:
     return var is None or abs(off.coeff("r0")) <= abs(off.coeff(var))
 
 
+def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
+                     n: int) -> list[str] | None:
+    """Epilogue for two adjacent columns (gn, gn+1) ending in one 2-element vector store, or
+    None when the stored tensor is not contiguous and 2-aligned along n (or N is odd)."""
+    c = dims(k)[0]
+    last = k.ops[-1]
+    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
+    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), types[last.out])
+    if c.n is None or n % 2 or off.coeff(c.n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != c.n):
+        return None
+    em = Emitter(sig.params, types, prefix="v")
+    values = []
+    for col, acc in (("gn", "accv"), ("gn1", "accv1")):
+        where = names | {c.n: col}
+        values.append(acc if len(k.ops) == 1 else em.emit(last.body, where, {k.ops[0].out: acc}))
+    vec = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2half2_rn"),
+           "bf16": ("__nv_bfloat162", "__floats2bfloat162_rn")}[types[last.out].dtype]
+    ptr = sig.params[last.out]
+    return em.take() + [f"*reinterpret_cast<{vec[0]}*>({ptr} + ({c_affine(off, names)})) = "
+                        f"{vec[1]}({values[0]}, {values[1]});"]
+
+
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     c, m, n, kk, batch = dims(k)
     sig = signature(k, types)
@@ -110,7 +132,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         lines = [store_line(mm, {v: Affine.var(v) for v in mm.domain_vars}, "accv", sig.params, out_names)]
     parts = dict(c=c, M=m, N=n, K=kk, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
-                 b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines)
+                 b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
+                 paired=_paired_epilogue(k, types, sig, out_names, n))
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)
     simt = {key: p[key] for key in ("BM", "BN", "BK", "TM", "TN")}

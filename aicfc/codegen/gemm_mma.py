@@ -142,4 +142,4 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   tiles_m=math.ceil(m / p["BM"]), tiles_n=math.ceil(n / p["BN"]), a=a, b=b,
                   idx=parts["idx"], signature=parts["signature"], decompose=parts["decompose"],
                   a_ptr=parts["a_ptr"], b_ptr=parts["b_ptr"], a_off=parts["a_off"], b_off=parts["b_off"],
-                  epilogue=parts["epilogue"])
+                  epilogue=parts["epilogue"], paired=parts["paired"])

@@ -43,8 +43,13 @@ def contraction(op: Compute) -> Contraction | None:
     va = {v for ix in a.index for v, _ in ix.terms} - {"r0"}
     vb = {v for ix in b.index for v, _ in ix.terms} - {"r0"}
     only_a, only_b = va - vb, vb - va
-    batch = tuple(v for v in op.domain_vars if v not in only_a | only_b)
-    return Contraction(a, b, next(iter(only_a), None), next(iter(only_b), None), batch)
+    # The innermost free variable of each operand is its m (n); any outer ones (a broadcast
+    # batch, e.g. [2,3,M,K] @ [K,N]) become batch variables the other operand ignores.
+    order = {v: i for i, v in enumerate(op.domain_vars)}
+    m = max(only_a, key=order.__getitem__, default=None)
+    n = max(only_b, key=order.__getitem__, default=None)
+    batch = tuple(v for v in op.domain_vars if v not in (m, n))
+    return Contraction(a, b, m, n, batch)
 
 
 def why_not_tile_compatible(op: Compute) -> str | None:
@@ -62,8 +67,6 @@ def why_not_tile_compatible(op: Compute) -> str | None:
     vb = {v for ix in b.index for v, _ in ix.terms}
     if "r0" not in va or "r0" not in vb:
         return "the reduction variable does not index both operands"
-    if len(va - vb - {"r0"}) > 1 or len(vb - va - {"r0"}) > 1:
-        return "more than one free variable per operand"
     used = va | vb
     if any(v not in used for v in op.domain_vars if op.extents()[v] > 1):
         return "an output variable indexes neither operand"

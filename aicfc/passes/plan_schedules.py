@@ -25,6 +25,7 @@ from typing import Any
 from aicfc.codegen import FAMILIES
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Candidate, Kernel, Plan, Schedule
+from aicfc.ir.lowered import Rewrite
 from aicfc.planner.cost import Estimate, blocks_per_sm, cost, estimate_registers
 from aicfc.planner.hardware import Profile
 
@@ -90,7 +91,7 @@ def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
 
 def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None) -> Plan:
     """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys."""
-    kernels = []
+    kernels, records = [], []
     for k in plan.kernels:
         ranked, rejected = rank(k, plan, hw)
         if not ranked:
@@ -101,6 +102,9 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None) -
             if not pinned:
                 raise AicfError(f"kernel {k.name}: no feasible {k.family} candidate matches --pin "
                                 f"{' '.join(f'{a}={b}' for a, b in pin.items())}")
+            records.append(Rewrite("--pin " + " ".join(f"{a}={b}" for a, b in pin.items()), k.name, True,
+                                   f"the user restricted the schedule to {len(pinned)} of {len(ranked)} feasible "
+                                   f"candidates; the unpinned best was {ranked[0].time_us:.2f} us"))
             ranked = pinned + [r for r in ranked if not _matches(r.params, pin)]
         best = ranked[0]
         seen_reasons: set[str] = set()
@@ -114,4 +118,4 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None) -
         schedule = Schedule(_params(best.params), best.grid, best.block, best.dyn_smem, None,
                             best.estimate.as_items(), candidates + tuple(kept_rejected))
         kernels.append(k.replace(schedule=schedule))
-    return plan.replace(kernels=tuple(kernels))
+    return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))

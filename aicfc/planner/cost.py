@@ -11,13 +11,16 @@ Every family's cost is the same formula over family-specific counts:
     t_smem       = shared-memory bytes read and written / (SMs * smem_bandwidth_per_sm)
                    (tensor-core GEMMs: fragments per warp tile, staged tiles per block)
     t_pipeline   = serialized latency the schedule cannot hide (GEMM k-steps, reduction trees)
-    parallel_eff = min(1, resident warps / (SMs * eff.min_warps_per_sm))
+    parallel_eff = (active SMs / SMs) * min(1, warps per active SM * ilp / eff.min_warps_per_sm)
+                   active SMs = min(blocks, SMs): a grid smaller than the machine leaves SMs idle
     wave_eff     = (blocks / per_wave) / ceil(blocks / per_wave)  when more than one wave
     per_wave     = SMs * blocks_per_sm;  blocks_per_sm from threads, shared memory, registers
 
 Coefficients (bandwidths, peaks, efficiencies, launch overhead) come from the hardware
-profile; `aicfc tune` is where they get calibrated. Register counts at planning time are an
-estimate (stated as such in `explain`); the chosen kernel's real count comes from ptxas.
+profile; `aicfc tune` is where they get calibrated. `load_latency_us` (optional, default
+LOAD_LATENCY_US) is one global-load round trip plus a barrier: the unit of a GEMM's
+t_pipeline. Register counts at planning time are an estimate (stated as such in `explain`);
+the chosen kernel's real count comes from ptxas.
 """
 from __future__ import annotations
 
@@ -70,8 +73,9 @@ def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float
     t_compute = issued / (hw.peak_tflops[unit] * 1e6 * unit_eff * issue_eff)
     t_smem = smem / (hw.sm_count * hw.smem_bandwidth_gbs_per_sm * 1e3)
     per_wave = hw.sm_count * bps
-    resident = min(blocks, per_wave) * math.ceil(threads / 32) * ilp
-    parallel = min(1.0, resident / (hw.sm_count * eff["min_warps_per_sm"]))
+    active_sms = min(blocks, hw.sm_count)
+    warps_per_sm = min(blocks, per_wave) * math.ceil(threads / 32) / active_sms
+    parallel = active_sms / hw.sm_count * min(1.0, warps_per_sm * ilp / eff["min_warps_per_sm"])
     waves = blocks / per_wave
     wave_eff = waves / math.ceil(waves) if waves > 1 else 1.0
     # Latency along a block's own critical path (pipeline) is not divided by parallelism.
@@ -93,7 +97,8 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
     ops = sum(count_ops(op.body) for op in k.ops)
     if k.family == "gemm" and p["unit"] == "mma":
         mi, ni = p["BM"] // p["WM"] // 16, p["BN"] // p["WN"] // 8
-        return 4 * mi * ni + 4 * mi + 2 * ni + 40 + min(ops, 16)
+        # accumulators + double-buffered A/B fragments + addressing and loop state
+        return 4 * mi * ni + 8 * mi + 4 * ni + 40 + min(ops, 16)
     if k.family == "gemm":
         return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 32 + min(ops, 32)
     return 24 + min(2 * ops, 64)
@@ -145,7 +150,7 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     # Shared-memory operand reads per FMA are (TM+TN)/(TM*TN); an SM issues 4 FMAs per word read.
     issue_eff = min(1.0, (tm * tn) / (tm + tn) / 2.0)
     waves = math.ceil(blocks / (hw.sm_count * bps))
-    pipeline = waves * math.ceil(kk / bk) * LOAD_LATENCY_US / max(1, min(bps, 4))
+    pipeline = waves * math.ceil(kk / bk) * hw.data.get("load_latency_us", LOAD_LATENCY_US) / max(1, min(bps, 4))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff)
     est.terms["issue_eff"] = issue_eff
@@ -172,7 +177,7 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
     waves = math.ceil(blocks / (hw.sm_count * bps))
-    pipeline = waves * LOAD_LATENCY_US * (1 + ksteps / ((st - 1) * min(bps, 4)))
+    pipeline = waves * hw.data.get("load_latency_us", LOAD_LATENCY_US) * (1 + ksteps / ((st - 1) * min(bps, 4)))
     ilp = max(1.0, min(4.0, (wtm // 16) * (wtn // 8) / 8))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem)

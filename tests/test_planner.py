@@ -1,0 +1,71 @@
+"""The planner: precision policy, tensor-core candidates, targets and --pin, all on CPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import aicfc
+from aicfc.errors import AicfError
+
+
+def matmul(m: int, k: int, n: int):
+    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+                          [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def only_kernel(payload: dict) -> dict:
+    (k,) = payload["kernels"]
+    return k
+
+
+def test_fp32_never_uses_tensor_cores_and_says_why():
+    k = only_kernel(aicfc.compile(matmul(512, 512, 512), precision="fp32"))
+    assert k["params"]["unit"] == "simt"
+    assert any("does not allow tensor cores" in c.get("rejected_because", "") for c in k["candidates"])
+
+
+@pytest.mark.parametrize("precision,dtype,storage", [("tf32", "tf32", "float32"), ("fp16", "f16", "float16"),
+                                                     ("bf16", "bf16", "bfloat16")])
+def test_precision_policy_is_recorded(precision, dtype, storage):
+    payload = aicfc.compile(matmul(1024, 1024, 1024), precision=precision)
+    k = only_kernel(payload)
+    assert payload["precision"] == precision and k["params"] == k["params"] | {"unit": "mma", "dtype": dtype}
+    assert [b["dtype"] for b in payload["buffers"]] == [storage] * 3
+    # the interface keeps the model's float32; aicf-run converts on the host
+    assert payload["inputs"][0]["dtype"] == payload["outputs"][0]["dtype"] == "float32"
+    assert any(d["rule"] == f"precision {precision}" for d in payload["decisions"] if d["kind"] == "rewrite")
+    assert f"precision={precision}" in payload["ir"]["decision"]
+
+
+def test_target_changes_costs_and_decisions():
+    """sm_80 (A100) and sm_90 (H100) differ in SM count, tensor-core rate and shared memory:
+    the same GEMM gets other predicted times and, here, another tile."""
+    picks = {}
+    for target in ("sm_80", "sm_90"):
+        k = only_kernel(aicfc.compile(matmul(4096, 768, 768), target=target, precision="fp16"))
+        picks[target] = (k["predicted"]["time_us"], k["params"])
+    (t80, p80), (t90, p90) = picks["sm_80"], picks["sm_90"]
+    assert t80 > 1.5 * t90
+    assert p80 != p90
+
+
+def test_pin_restricts_and_is_recorded():
+    payload = aicfc.compile(matmul(256, 256, 256), precision="fp16", pin={"unit": "simt", "BM": "64"})
+    k = only_kernel(payload)
+    assert k["params"]["unit"] == "simt" and k["params"]["BM"] == 64
+    assert any(d["rule"].startswith("--pin") for d in payload["decisions"] if d["kind"] == "rewrite")
+    with pytest.raises(AicfError, match="no feasible gemm candidate"):
+        aicfc.compile(matmul(256, 256, 256), precision="fp16", pin={"BM": "7"})
+
+
+def test_mma_candidates_respect_shared_memory_per_target():
+    """sm_86 allows 99 KiB per block: the 4-stage 256x128x64 tile (192 KiB) is rejected there."""
+    k = only_kernel(aicfc.compile(matmul(4096, 4096, 4096), target="sm_86", precision="fp16"))
+    reasons = [c["rejected_because"] for c in k["candidates"] if "rejected_because" in c]
+    assert any("shared memory" in r for r in reasons)
+    assert k["smem_bytes"] <= 101376
