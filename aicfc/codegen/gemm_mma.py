@@ -44,7 +44,9 @@ class Tile:
     rows_k: bool      # rows are k (the operand is contiguous along m/n), else rows are m/n
     VEC: int          # elements per cp.async (async) or 1
     async_: bool
+    edge_free: bool   # extents are multiples of the tile: no predicates, no zero-fill
     SK: int           # element stride of k in global memory
+    ROWSTRIDE: int    # element stride of the tile's row variable in global memory
     esize: int
     threads: int
 
@@ -63,6 +65,18 @@ class Tile:
     @property
     def SLOTS(self) -> int:
         return math.ceil(self.R * self.L // self.VEC / self.threads)
+
+    @property
+    def ROWSTEP(self) -> int:
+        """Tile rows between a thread's consecutive copies."""
+        return self.threads // (self.L // self.VEC)
+
+    @property
+    def uniform(self) -> bool:
+        """Every copy of a thread is its first moved by whole swizzle periods (8 rows): one
+        pointer and one shared offset per thread instead of one per copy."""
+        return (self.edge_free and self.threads % (self.L // self.VEC) == 0 and self.ROWSTEP % 8 == 0
+                and (self.R * self.L // self.VEC) % self.threads == 0)
 
     @property
     def describe(self) -> str:
@@ -125,7 +139,9 @@ def tile(name: str, ld: Load, t: TensorType, var: str | None, extent: int, p: Ma
                 break
     async_ = vec * esize >= 4
     r, length = (p["BK"], block) if rows_k else (block, p["BK"])
-    return Tile(name, r, length, rows_k, vec if async_ else 1, async_, sk, esize, threads(p))
+    edge_free = async_ and vec * esize == 16 and extent % block == 0 and K % p["BK"] == 0
+    row_stride = sk if rows_k else (off.coeff(var) if var is not None else 0)
+    return Tile(name, r, length, rows_k, vec if async_ else 1, async_, edge_free, sk, row_stride, esize, threads(p))
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:

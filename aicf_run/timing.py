@@ -1,0 +1,163 @@
+"""Time single kernels of one module on the GPU with CUDA events (for `aicfc tune`).
+
+`KernelBench` loads a module, allocates one device buffer per kernel argument from host
+arrays, and times any kernel of the module on those buffers: WARMUP launches, then
+back-to-back launches between two CUDA events, as many as make the measurement at least
+MIN_LAUNCHES launches and MIN_MS milliseconds (at most MAX_LAUNCHES); the time per launch is
+elapsed / launches, and the result the median of REPEATS such measurements.
+
+Launches go back to back, as a model's kernels do, so inputs stay in L2 between launches
+when they fit; that is also how `benchmarks/` times whole models.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from aicf_run.device import Device
+from aicf_run.errors import RunError
+
+WARMUP = 3
+MIN_LAUNCHES = 20
+MIN_MS = 2.0
+MAX_LAUNCHES = 2000
+REPEATS = 5
+# Without opting in, a kernel may use at most 48 KiB of dynamic shared memory.
+_DEFAULT_SMEM_LIMIT = 48 * 1024
+
+
+class LaunchRefused(RunError):
+    """The GPU refused to launch one kernel (resources); the context is still usable."""
+
+
+class KernelBench:
+    """A loaded module and its argument buffers; `close` (or `with`) frees them."""
+
+    def __init__(self, device: Device, cubin: bytes, arrays: Sequence[np.ndarray]) -> None:
+        self.device = device
+        self._cuda = cuda = device.driver
+        self._allocations: list[Any] = []
+        self._functions: dict[str, Any] = {}
+        try:
+            self._module = cuda.module_from_buffer(cubin)
+        except cuda.Error as err:
+            raise RunError(f"cannot load a tuning module on this {device.arch} GPU "
+                           f"({_one_line(err)}); tune with --target {device.arch}") from None
+        try:
+            for array in arrays:
+                allocation = cuda.mem_alloc(max(array.nbytes, 1))
+                self._allocations.append(allocation)
+                if array.nbytes:
+                    cuda.memcpy_htod(allocation, np.ascontiguousarray(array))
+        except (cuda.Error, MemoryError, OverflowError) as err:
+            self.close()
+            raise RunError(f"cannot allocate and fill {sum(a.nbytes for a in arrays)} bytes of GPU "
+                           f"memory for a kernel's arguments ({_one_line(err)}); free GPU "
+                           f"memory or use a larger GPU") from None
+        self._pointers = tuple(int(a) for a in self._allocations)
+
+    def __enter__(self) -> KernelBench:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._functions = {}
+        self._module = None
+        allocations, self._allocations = self._allocations, []
+        for allocation in allocations:
+            try:
+                allocation.free()
+            except self._cuda.Error:
+                pass  # a lost context frees everything when it goes
+
+    def registers(self, symbol: str) -> int | None:
+        """Registers per thread of `symbol` as the driver reports them."""
+        try:
+            return int(self._function(symbol).num_regs)
+        except (self._cuda.Error, AttributeError):
+            return None
+
+    def time_us(self, symbol: str, grid: tuple[int, int, int], block: tuple[int, int, int],
+                smem: int) -> float:
+        """Median time per launch of `symbol` in microseconds; LaunchRefused if it cannot run."""
+        cuda = self._cuda
+        function = self._function(symbol)
+        threads = block[0] * block[1] * block[2]
+        try:
+            limit = int(function.max_threads_per_block)
+        except (cuda.Error, AttributeError):
+            limit = threads
+        if threads > limit:
+            raise LaunchRefused(f"{threads} threads per block > {limit} that {symbol} can launch "
+                                f"with its registers")
+        if smem > _DEFAULT_SMEM_LIMIT:
+            try:
+                function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+            except cuda.Error as err:
+                raise LaunchRefused(f"{smem} B of dynamic shared memory refused ({_one_line(err)})") from None
+        start, stop = cuda.Event(), cuda.Event()
+
+        def launches(n: int) -> float:
+            """Milliseconds for n back-to-back launches."""
+            start.record()
+            for _ in range(n):
+                function.prepared_call(grid, block, *self._pointers, shared_size=smem)
+            stop.record()
+            stop.synchronize()
+            return stop.time_since(start)
+
+        try:
+            function.prepared_call(grid, block, *self._pointers, shared_size=smem)
+        except cuda.Error as err:
+            self._check_alive(symbol)
+            raise LaunchRefused(f"launch refused ({_one_line(err)})") from None
+        try:
+            per_launch = launches(WARMUP) / WARMUP
+            n = _count(per_launch)
+            for _ in range(8):   # the warm-up's estimate may be off; grow n until MIN_MS is met
+                elapsed = launches(n)
+                if elapsed >= MIN_MS or n >= MAX_LAUNCHES:
+                    break
+                n = min(MAX_LAUNCHES, max(n + 1, math.ceil(1.2 * n * MIN_MS / max(elapsed, 1e-6))))
+            samples = [elapsed / n] + [launches(n) / n for _ in range(REPEATS - 1)]
+        except cuda.Error as err:
+            self.device.lost = True
+            raise RunError(f"tuning candidate {symbol} failed on the GPU ({_one_line(err)}); the "
+                           f"GPU context is unusable now; this is a compiler bug, please report "
+                           f"it with the model") from None
+        return statistics.median(samples) * 1e3
+
+    def _function(self, symbol: str) -> Any:
+        if symbol not in self._functions:
+            try:
+                function = self._module.get_function(symbol)
+            except self._cuda.Error as err:
+                raise RunError(f"kernel {symbol} is not in its tuning module ({_one_line(err)}); "
+                               f"this is a compiler bug, please report it") from None
+            function.prepare("P" * len(self._pointers))
+            self._functions[symbol] = function
+        return self._functions[symbol]
+
+    def _check_alive(self, symbol: str) -> None:
+        try:
+            self.device.context.synchronize()
+        except self._cuda.Error as err:
+            self.device.lost = True
+            raise RunError(f"tuning candidate {symbol} failed on the GPU ({_one_line(err)}); the "
+                           f"GPU context is unusable now; this is a compiler bug, please report "
+                           f"it with the model") from None
+
+
+def _count(per_launch_ms: float) -> int:
+    """Launches for one measurement, from an estimate of one launch's time."""
+    return min(MAX_LAUNCHES, max(MIN_LAUNCHES, math.ceil(MIN_MS / max(per_launch_ms, 1e-6))))
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300] or type(err).__name__

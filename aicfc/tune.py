@@ -1,0 +1,291 @@
+"""`aicfc tune`: measure the cost model's candidates on a GPU, and calibrate the profile.
+
+For every kernel of a model the planner ranks the whole space, as compile does
+(`plan_schedules.rank`), and `select` keeps the model's top candidates plus a spread through
+the rest of the ranking, so that the rank correlation sees fast and slow schedules alike.
+Each kernel's candidates are rendered into one CUDA module, candidate of rank r as kernel
+`{kernel}_c{r}`; the modules are built with nvcc in parallel (nvcc caches by content), then
+every candidate is timed on the GPU with CUDA events on random arguments
+(`aicf_run.timing`). The report sets predicted against measured: how far the model's pick is
+from the fastest measured candidate, and Spearman's rank correlation per kernel and pooled.
+`fit_profile` (`planner/fit.py`) fits the profile's coefficients to the measurements; the
+fitted profile is what `aicfc compile --profile FILE` reads. Compile never needs a GPU:
+tuning only refines the model.
+"""
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from aicf_run.convert import to_device
+from aicfc import __version__
+from aicfc.codegen import FAMILIES
+from aicfc.codegen.common import kernel_args
+from aicfc.codegen.module import HEADER, resolve_jobs
+from aicfc.codegen.nvcc import Built, build, nvcc_version
+from aicfc.errors import AicfError
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.types import TensorType
+from aicfc.passes.plan_schedules import Ranked, rank
+from aicfc.planner.cost import estimate_registers
+from aicfc.planner.fit import WITHIN, fit_profile, spearman
+from aicfc.planner.hardware import Profile
+
+__all__ = ["select", "candidates", "tune_model", "fit_profile", "spearman", "TuneReport", "KernelTune", "Measured"]
+
+# on_progress(steps done, steps in all, what was just done): one step per module built and
+# one per candidate measured.
+OnProgress = Callable[[int, int, str], None]
+
+
+def select(ranked: Sequence[Any], top: int = 8, spread: int = 8) -> list[int]:
+    """Indices into `ranked` (cheapest first) to measure, in rank order: the first `top`, and
+    `spread` more evenly spaced through the rest, the last (the slowest predicted) included."""
+    n = len(ranked)
+    head = min(max(top, 0), n)
+    rest = n - head
+    chosen = set(range(head))
+    if spread > 0 and rest > 0:
+        spread = min(spread, rest)
+        # The end of each of `spread` equal segments of the rest: spaced by rest/spread >= 1.
+        chosen.update(head + ((i + 1) * rest + spread - 1) // spread - 1 for i in range(spread))
+    return sorted(chosen)
+
+
+@dataclass
+class Measured:
+    """One candidate of one kernel: what the planner predicted and what the GPU measured."""
+
+    rank: int                       # in the planner's ranking of the whole space (0: its pick)
+    params: dict[str, Any]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dyn_smem: int                   # dynamic shared memory at launch
+    smem: int                       # static + dynamic, as cost() takes it
+    regs_estimate: int              # the planner's register estimate, as cost() takes it
+    predicted_us: float
+    measured_us: float | None = None
+    registers: int | None = None    # ptxas's count, when it reported one
+    failed: str = ""                # why it could not be measured
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "params": self.params, "grid": list(self.grid), "block": list(self.block),
+                "dyn_smem_bytes": self.dyn_smem, "smem_bytes": self.smem, "registers_estimate": self.regs_estimate,
+                "registers": self.registers, "predicted_us": self.predicted_us, "measured_us": self.measured_us,
+                "failed": self.failed or None}
+
+
+@dataclass
+class KernelTune:
+    name: str
+    family: str
+    feasible: int                   # candidates in the ranking (the space less the rejected)
+    candidates: list[Measured]
+    kernel: Kernel = field(repr=False, compare=False)
+
+    @property
+    def measured(self) -> list[Measured]:
+        return [c for c in self.candidates if c.measured_us is not None]
+
+    @property
+    def pick(self) -> Measured | None:
+        """The model's pick (rank 0), if it was measured."""
+        return next((c for c in self.measured if c.rank == 0), None)
+
+    @property
+    def fastest(self) -> Measured | None:
+        return min(self.measured, key=lambda c: c.measured_us, default=None)
+
+    @property
+    def pick_ratio(self) -> float | None:
+        """Measured time of the model's pick over the fastest measured candidate's (>= 1)."""
+        pick, fastest = self.pick, self.fastest
+        return pick.measured_us / fastest.measured_us if pick and fastest else None
+
+    @property
+    def spearman(self) -> float:
+        m = self.measured
+        return spearman([c.predicted_us for c in m], [c.measured_us for c in m])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "family": self.family, "feasible": self.feasible,
+                "pick_ratio": self.pick_ratio, "spearman": _finite(self.spearman),
+                "candidates": [c.to_json() for c in self.candidates]}
+
+
+@dataclass
+class TuneReport:
+    model: str
+    target: str
+    precision: str
+    gpu: str
+    profile: dict[str, Any]         # the profile the predictions were made under
+    kernels: list[KernelTune]
+    types: dict[str, TensorType] = field(repr=False, compare=False)
+
+    @property
+    def spearman(self) -> float:
+        """Spearman's rank correlation of predicted and measured over all measured candidates."""
+        m = [c for kt in self.kernels for c in kt.measured]
+        return spearman([c.predicted_us for c in m], [c.measured_us for c in m])
+
+    @property
+    def mean_spearman(self) -> float:
+        values = [kt.spearman for kt in self.kernels if not math.isnan(kt.spearman)]
+        return float(np.mean(values)) if values else math.nan
+
+    def picks_within(self, tol: float = WITHIN) -> tuple[int, int]:
+        """(kernels whose pick measured within `tol` of the fastest, kernels with a measured pick)."""
+        ratios = [kt.pick_ratio for kt in self.kernels if kt.pick_ratio is not None]
+        return sum(r <= 1 + tol for r in ratios), len(ratios)
+
+    def to_json(self) -> dict[str, Any]:
+        good, total = self.picks_within()
+        return {"model": self.model, "target": self.target, "precision": self.precision, "gpu": self.gpu,
+                "measured": sum(len(kt.measured) for kt in self.kernels),
+                "spearman": _finite(self.spearman), "mean_spearman": _finite(self.mean_spearman),
+                "picks_within_10pct": [good, total], "kernels": [kt.to_json() for kt in self.kernels]}
+
+
+def candidates(plan: Plan, hw: Profile, top: int = 8, spread: int = 8) -> list[KernelTune]:
+    """Every kernel of `plan` with its selected candidates (nothing measured yet)."""
+    out = []
+    for k in plan.kernels:
+        ranked, _ = rank(k, plan, hw)
+        chosen = [_measured(k, i, ranked[i]) for i in select(ranked, top, spread)]
+        out.append(KernelTune(k.name, k.family, len(ranked), chosen, k))
+    return out
+
+
+def _measured(k: Kernel, i: int, r: Ranked) -> Measured:
+    smem = FAMILIES[k.family].static_smem(k, r.params) + r.dyn_smem
+    return Measured(i, dict(r.params), r.grid, r.block, r.dyn_smem, smem, estimate_registers(k, r.params), r.time_us)
+
+
+def symbol(kt: KernelTune, c: Measured) -> str:
+    return f"{kt.name}_c{c.rank}"
+
+
+def source(plan: Plan, kt: KernelTune) -> str:
+    """One CUDA module holding every candidate of one kernel."""
+    types = plan.types()
+    family = FAMILIES[kt.family]
+    header = HEADER.format(version=__version__, target=plan.target, model=plan.name, count=len(kt.candidates))
+    return "\n".join([header, *(family.render_kernel(kt.kernel, c.params, types, symbol(kt, c))
+                                for c in kt.candidates)])
+
+
+def random_argument(t: TensorType, rng: np.random.Generator) -> np.ndarray:
+    """Host bytes for a device buffer of type `t`: standard normal floats, zero integers."""
+    if t.dtype == "bf16":
+        return to_device(rng.standard_normal(t.numel, dtype=np.float32), "bfloat16")
+    if t.dtype in ("f32", "f16", "f64"):
+        return rng.standard_normal(t.numel).astype(t.np_dtype)
+    return np.zeros(t.nbytes, np.uint8)
+
+
+def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
+               shapes: dict[str, tuple[int, ...]] | list[str] | None = None, top: int = 8, spread: int = 8,
+               profile_path: str | Path | None = None, device: Any = None,
+               on_progress: OnProgress | None = None) -> TuneReport:
+    """Measure the selected candidates of every kernel of `model` on `device` (None: open GPU 0
+    and close it after). `target` None means the GPU's own architecture."""
+    from aicf_run.device import check_arch, open_device
+    from aicf_run.errors import RunError
+    from aicfc.driver import load
+    from aicfc.frontend.onnx_import import import_model, parse_shape_overrides
+    from aicfc.passes.apply_precision import check_precision
+    from aicfc.passes.pipeline import Options, run_pipeline
+    from aicfc.planner.hardware import load_profile
+
+    check_precision(precision)
+    if top < 1 or spread < 0:
+        raise AicfError(f"--top {top} --spread {spread}: expected --top >= 1 and --spread >= 0")
+    if isinstance(shapes, (list, tuple)):
+        shapes = parse_shape_overrides(shapes)
+    proto, name, _ = load(model)
+    graph = import_model(proto, shapes, name=name)
+    own = device is None
+    if own:
+        device = open_device()
+    try:
+        target = target or device.arch
+        try:
+            check_arch(target, device.arch)
+        except RunError:
+            raise AicfError(f"--target {target}: cubins for it cannot run on this {device.arch} GPU; "
+                            f"leave --target out to tune for the GPU's own architecture") from None
+        profile = load_profile(target, profile_path)
+        plan = run_pipeline(graph, Options(target, profile, precision)).plan
+        kernels = candidates(plan, profile, top, spread)
+        total = len(kernels) + sum(len(kt.candidates) for kt in kernels)
+        done = 0
+
+        def step(label: str) -> None:
+            nonlocal done
+            done += 1
+            if on_progress:
+                on_progress(done, total, label)
+
+        if on_progress:
+            on_progress(0, total, "nvcc")
+        builds = _build_all(plan, kernels, step)
+        rng = np.random.default_rng(0)
+        types = plan.types()
+        for kt, built in zip(kernels, builds):
+            _measure(device, kt, built, [random_argument(types[b], rng) for b in kernel_args(kt.kernel)], step)
+        return TuneReport(plan.name, target, precision, device.name, profile.data, kernels, types)
+    finally:
+        if own:
+            device.close()
+
+
+def _build_all(plan: Plan, kernels: list[KernelTune], step: Callable[[str], None]) -> list[Built]:
+    """One module per kernel, nvcc runs in parallel; in kernel order."""
+    sources = [source(plan, kt) for kt in kernels]
+    builds: list[Built | None] = [None] * len(kernels)
+    if not kernels:
+        return []
+    nvcc_version()  # once here rather than racing in every thread; also finds nvcc or fails
+    with ThreadPoolExecutor(max_workers=min(resolve_jobs(None), len(kernels)), thread_name_prefix="aicf-nvcc") as pool:
+        futures = {pool.submit(build, s, plan.target): i for i, s in enumerate(sources)}
+        try:
+            for future in as_completed(futures):
+                i = futures[future]
+                builds[i] = future.result()
+                step(f"nvcc {kernels[i].name} ({len(kernels[i].candidates)} candidates)")
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return [b for b in builds if b is not None]
+
+
+def _measure(device: Any, kt: KernelTune, built: Built, arrays: list[np.ndarray],
+             step: Callable[[str], None]) -> None:
+    from aicf_run.timing import KernelBench, LaunchRefused
+
+    with KernelBench(device, built.cubin, arrays) as bench:
+        for c in kt.candidates:
+            name = symbol(kt, c)
+            c.registers = built.registers.get(name)
+            try:
+                t = bench.time_us(name, c.grid, c.block, c.dyn_smem)
+            except LaunchRefused as e:
+                c.failed = str(e)
+            else:
+                if math.isfinite(t) and t > 0:
+                    c.measured_us = t
+                else:
+                    c.failed = f"timing {t} us is not a positive number"
+            if c.registers is None:
+                c.registers = bench.registers(name)
+            step(f"{kt.name} rank {c.rank}")
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
