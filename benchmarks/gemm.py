@@ -1,12 +1,18 @@
 """aicfc's GEMM against torch.matmul (cuBLAS) on the same GPU, in the same process.
 
     source .gpu/env.sh && python3 benchmarks/gemm.py [--precision fp16 ...] [--quick] [--json F]
+    source .gpu/env.sh && python3 benchmarks/gemm.py --tune [--fitted-profile F] ...
 
 For every shape and precision: an ONNX MatMul y = x @ w is compiled by aicfc (the cost model
 picks the schedule), loaded by aicf_run, and its launch timed with CUDA events (median of
 REPS after warm-up; inputs already on the device). torch.matmul runs on tensors of the same
 dtype (tf32: allow_tf32 on; fp32: off). Both outputs are checked against a float64 product.
 Printed: TFLOP/s of both and aicf/cuBLAS; the geometric mean over the BERT-base shapes.
+
+--tune: all shapes of a precision as one model of independent MatMuls, through `aicfc tune`:
+for every shape, is the cost model's pick within 10% of the fastest measured candidate, and
+Spearman's rank correlation of predicted and measured over all measured candidates; then the
+profile fitted to those measurements, and the same figures under it.
 """
 from __future__ import annotations
 
@@ -38,6 +44,41 @@ def matmul_model(m: int, k: int, n: int, w: np.ndarray) -> onnx.ModelProto:
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
                           [numpy_helper.from_array(w, "w")])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def shapes_model(shapes: list[tuple[int, int, int]]) -> onnx.ModelProto:
+    """One independent MatMul per shape, both operands inputs (no weight bytes to carry)."""
+    nodes, inputs, outputs = [], [], []
+    for i, (m, k, n) in enumerate(shapes):
+        nodes.append(helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"], name=f"mm{i}_{m}x{k}x{n}"))
+        inputs += [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, [m, k]),
+                   helper.make_tensor_value_info(f"w{i}", TensorProto.FLOAT, [k, n])]
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [m, n]))
+    g = helper.make_graph(nodes, "gemm_shapes", inputs, outputs)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def tune_shapes(dev, shapes: list[tuple[int, int, int]], precision: str, fitted: Path | None) -> None:
+    from aicfc.planner.fit import fit_profile
+    from aicfc.tune import tune_model
+    report = tune_model(shapes_model(shapes), precision=precision, device=dev)
+    print(f"{precision}: cost model vs {sum(len(kt.measured) for kt in report.kernels)} measured candidates")
+    print(f"  {'M x K x N':<18} {'measured':>8} {'pick us':>9} {'best us':>9} {'pick/best':>9} {'spearman':>9}")
+    for (m, k, n), kt in zip(shapes, report.kernels):
+        pick, best = kt.pick, kt.fastest
+        print(f"  {f'{m}x{k}x{n}':<18} {len(kt.measured):>8} {pick.measured_us if pick else float('nan'):>9.1f} "
+              f"{best.measured_us:>9.1f} {kt.pick_ratio or float('nan'):>9.2f} {kt.spearman:>9.2f}")
+    good, total = report.picks_within()
+    print(f"  picks within 10% of the best measured: {good}/{total}; Spearman over all measured "
+          f"candidates {report.spearman:.3f} (per-kernel mean {report.mean_spearman:.3f})")
+    data, stats = fit_profile(report, report.profile)
+    print(f"  fitted profile: msle {stats['msle_before']:.3f} -> {stats['msle_after']:.3f}, Spearman "
+          f"{stats['spearman_before']:.3f} -> {stats['spearman_after']:.3f}, picks within 10% "
+          f"{stats['picks_within_10pct_before']:.2f} -> {stats['picks_within_10pct_after']:.2f}")
+    print("  fields: " + ", ".join(f"{f} {a:g}->{b:g}" for f, (a, b) in stats["fields"].items() if a != b))
+    if fitted:
+        fitted.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"  wrote {fitted}")
 
 
 def bench_one(dev, m: int, k: int, n: int, precision: str, pin: dict | None = None) -> dict:
@@ -79,6 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
     ap.add_argument("--shape", action="append", help="MxKxN instead of the standard shapes")
     ap.add_argument("--pin", action="append", default=[], help="KEY=VALUE passed to aicfc (experiments)")
+    ap.add_argument("--tune", action="store_true", help="measure the cost model's candidates instead")
+    ap.add_argument("--fitted-profile", type=Path, help="with --tune: write the fitted profile here "
+                    "(one file per precision: PATH with the precision before the suffix)")
     args = ap.parse_args(argv)
     from aicf_run.device import open_device
     dev = open_device(0)
@@ -88,6 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     pin = dict(item.split("=", 1) for item in args.pin)
     rows = []
     print(f"GPU: {dev.name} ({dev.arch})")
+    if args.tune:
+        for precision in args.precision or PRECISIONS:
+            out = args.fitted_profile
+            tune_shapes(dev, shapes, precision, out.with_name(f"{out.stem}_{precision}{out.suffix}") if out else None)
+        dev.close()
+        return
     print(f"{'precision':<9} {'M x K x N':<18} {'aicf us':>9} {'cuBLAS us':>10} {'aicf TF/s':>10} "
           f"{'cuBLAS TF/s':>12} {'ratio':>6} {'pred us':>8} {'err':>8}  schedule")
     for precision in args.precision or PRECISIONS:
