@@ -26,6 +26,7 @@ from aicf_run.convert import to_device
 from aicfc import __version__
 from aicfc.codegen import FAMILIES
 from aicfc.codegen.common import kernel_args
+from aicfc.codegen.scratch import scratch
 from aicfc.codegen.module import HEADER, resolve_jobs
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
@@ -238,7 +239,7 @@ def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
         rng = np.random.default_rng(0)
         types = plan.types()
         for kt, built in zip(kernels, builds):
-            _measure(device, kt, built, [random_argument(types[b], rng) for b in kernel_args(kt.kernel)], step)
+            _measure(device, kt, built, lambda c: _arguments(kt.kernel, c.params, types, rng), step)
         return TuneReport(plan.name, target, precision, device.name, profile.data, kernels, types)
     finally:
         if own:
@@ -265,26 +266,41 @@ def _build_all(plan: Plan, kernels: list[KernelTune], step: Callable[[str], None
     return [b for b in builds if b is not None]
 
 
-def _measure(device: Any, kt: KernelTune, built: Built, arrays: list[np.ndarray],
+def _arguments(k: Kernel, params: dict[str, Any], types: dict[str, TensorType],
+               rng: np.random.Generator) -> tuple[tuple[str, ...], list[np.ndarray]]:
+    """(argument names, host bytes) for one candidate: its schedule may add scratch buffers
+    (split-k partials and zeroed tickets, `codegen/scratch.py`)."""
+    extra = {s.name: s.type for s in scratch(k, params)}
+    names = kernel_args(k, params)
+    return names, [random_argument(extra.get(b) or types[b], rng) for b in names]
+
+
+def _measure(device: Any, kt: KernelTune, built: Built,
+             arguments: Callable[[Measured], tuple[tuple[str, ...], list[np.ndarray]]],
              step: Callable[[str], None]) -> None:
     from aicf_run.timing import KernelBench, LaunchRefused
 
-    with KernelBench(device, built.cubin, arrays) as bench:
-        for c in kt.candidates:
-            name = symbol(kt, c)
-            c.registers = built.registers.get(name)
-            try:
-                t = bench.time_us(name, c.grid, c.block, c.dyn_smem)
-            except LaunchRefused as e:
-                c.failed = str(e)
-            else:
-                if math.isfinite(t) and t > 0:
-                    c.measured_us = t
+    groups: dict[tuple[str, ...], tuple[list[np.ndarray], list[Measured]]] = {}
+    for c in kt.candidates:
+        names, arrays = arguments(c)
+        groups.setdefault(names, (arrays, []))[1].append(c)
+    for arrays, members in groups.values():
+        with KernelBench(device, built.cubin, arrays) as bench:
+            for c in members:
+                name = symbol(kt, c)
+                c.registers = built.registers.get(name)
+                try:
+                    t = bench.time_us(name, c.grid, c.block, c.dyn_smem)
+                except LaunchRefused as e:
+                    c.failed = str(e)
                 else:
-                    c.failed = f"timing {t} us is not a positive number"
-            if c.registers is None:
-                c.registers = bench.registers(name)
-            step(f"{kt.name} rank {c.rank}")
+                    if math.isfinite(t) and t > 0:
+                        c.measured_us = t
+                    else:
+                        c.failed = f"timing {t} us is not a positive number"
+                if c.registers is None:
+                    c.registers = bench.registers(name)
+                step(f"{kt.name} rank {c.rank}")
 
 
 def _finite(value: float | None) -> float | None:

@@ -107,3 +107,33 @@ def test_mma_tiles(tile, precision, gpu_device):
 def test_fp32_stays_exact(shape, gpu_device):
     model = matmul(*shape, np.random.default_rng(9))
     _check(model, "fp32", {"unit": "simt"}, gpu_device, seed=10)
+
+
+SPLITS = [(matmul, (128, 3072, 768)), (gemm_transb_bias_relu, (64, 1000, 96)), (two_inputs_batched, (96, 512, 80))]
+
+
+@pytest.mark.parametrize("precision", ("fp16", "bf16", "tf32"))
+@pytest.mark.parametrize("splits", (2, 3, 4))
+@pytest.mark.parametrize("build,shape", SPLITS, ids=[f.__name__ for f, _ in SPLITS])
+def test_split_k(build, shape, splits, precision, gpu_device):
+    """Split-k: partial tiles, the last split reduces; the tickets are zero again afterwards,
+    so a second run on the same executor gives the same result."""
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    model = build(*shape, np.random.default_rng(splits))
+    pin = {"unit": "mma", "BM": 32, "BN": 32, "WM": 1, "WN": 2, "SPLITK": splits}
+    payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, pin=pin)
+    assert any(b["name"].endswith(".tickets") for b in payload["buffers"])
+    graph = import_model(model, None)
+    rng = np.random.default_rng(splits + 1)
+    inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    ref = evaluate_graph(graph, inputs, dtype=np.float64)["y"]
+    ex = Executor(Bundle.from_payload(payload), gpu_device)
+    try:
+        ex.poison()
+        first = ex.run(inputs)["y"]
+        second = ex.run(inputs)["y"]
+    finally:
+        ex.close()
+    assert rel_err(first, ref) <= RTOL[precision]
+    assert np.array_equal(first, second)

@@ -35,7 +35,8 @@ def test_precision_policy_is_recorded(precision, dtype, storage):
     payload = aicfc.compile(matmul(1024, 1024, 1024), precision=precision)
     k = only_kernel(payload)
     assert payload["precision"] == precision and k["params"] == k["params"] | {"unit": "mma", "dtype": dtype}
-    assert [b["dtype"] for b in payload["buffers"]] == [storage] * 3
+    tensors = [b for b in payload["buffers"] if b["name"] in ("x", "w", "y")]
+    assert [b["dtype"] for b in tensors] == [storage] * 3
     # the interface keeps the model's float32; aicf-run converts on the host
     assert payload["inputs"][0]["dtype"] == payload["outputs"][0]["dtype"] == "float32"
     assert any(d["rule"] == f"precision {precision}" for d in payload["decisions"] if d["kind"] == "rewrite")
@@ -69,3 +70,14 @@ def test_mma_candidates_respect_shared_memory_per_target():
     reasons = [c["rejected_because"] for c in k["candidates"] if "rejected_because" in c]
     assert any("shared memory" in r for r in reasons)
     assert k["smem_bytes"] <= 101376
+
+
+def test_split_k_only_where_tiles_cannot_fill_the_gpu():
+    small = only_kernel(aicfc.compile(matmul(128, 3072, 768), precision="fp16"))
+    big = only_kernel(aicfc.compile(matmul(4096, 4096, 4096), precision="fp16"))
+    assert small["params"]["SPLITK"] > 1 and big["params"]["SPLITK"] == 1
+    payload = aicfc.compile(matmul(128, 3072, 768), precision="fp16")
+    names = {b["name"]: b for b in payload["buffers"]}
+    assert names["k0.tickets"]["region"] == "weights" and names["k0.partials"]["region"] == "arena"
+    tickets = next(w for w in payload["weights"] if w["buffer"] == names["k0.tickets"]["id"])
+    assert set(tickets["data"]) == {0}

@@ -12,6 +12,7 @@ from aicfc.ir.lowered import Affine, Compute, loads
 from aicfc.ir.types import TensorType
 
 from aicfc.codegen.cexpr import c_affine, flat_offset
+from aicfc.codegen.scratch import scratch
 
 
 # C element type of each IR dtype. Loads convert to float and stores convert back, so f16/bf16
@@ -30,10 +31,12 @@ def render(template: str, **values) -> str:
     return environment().get_template(template).render(**values)
 
 
-def kernel_args(k: Kernel) -> tuple[str, ...]:
-    """Buffers a kernel takes, in argument order: its stores, then what it loads from outside."""
+def kernel_args(k: Kernel, params: Mapping | None = None) -> tuple[str, ...]:
+    """Buffers a kernel takes, in argument order: its stores, then what it loads from outside,
+    then the scratch buffers its schedule (`params`, default the chosen one) needs."""
     reads = dict.fromkeys(ld.buffer for op in k.ops for ld in loads(op.body) if ld.buffer not in k.outs)
-    return tuple(k.stores) + tuple(r for r in reads if r not in k.stores)
+    return (tuple(k.stores) + tuple(r for r in reads if r not in k.stores)
+            + tuple(s.name for s in scratch(k, params)))
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,13 @@ class Signature:
     index_type: str          # "int" when every offset fits, else "long long"
 
 
-def signature(k: Kernel, types: Mapping[str, TensorType]) -> Signature:
-    args = kernel_args(k)
+def signature(k: Kernel, types: Mapping[str, TensorType], params: Mapping | None = None) -> Signature:
+    extra = scratch(k, params)
+    types = {**types, **{s.name: s.type for s in extra}}
+    written = set(k.stores) | {s.name for s in extra}
+    args = kernel_args(k, params)
     params = {b: f"p{i}" for i, b in enumerate(args)}
-    parts = [f"{CTYPES[types[b].dtype]}* __restrict__ {params[b]}" if b in k.stores
+    parts = [f"{CTYPES[types[b].dtype]}* __restrict__ {params[b]}" if b in written
              else f"const {CTYPES[types[b].dtype]}* __restrict__ {params[b]}" for b in args]
     # Every index a kernel forms is an element offset into one of its tensors (or a loop
     # counter bounded by one), never the product of a reduction's extents.

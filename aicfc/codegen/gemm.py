@@ -35,7 +35,10 @@ def dims(k: Kernel) -> tuple[Contraction, int, int, int, list[tuple[str, int]]]:
 
 def space(k: Kernel, plan: Plan) -> list[dict]:
     dtype = gemm_mma.mma_type(k, plan.types(), plan.precision)
-    return simt_space() + (gemm_mma.space(dtype) if dtype else [])
+    if not dtype:
+        return simt_space()
+    _, m, n, kk, batch = dims(k)
+    return simt_space() + gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch))
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
@@ -69,7 +72,7 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
     nb = math.prod(e for _, e in batch)
     if p["unit"] == "mma":
         tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"])
-        return (tiles, 1, nb), (threads(p), 1, 1), gemm_mma.smem_bytes(p)
+        return (tiles, p["SPLITK"], nb), (threads(p), 1, 1), gemm_mma.smem_bytes(p)
     return (math.ceil(n / p["BN"]), math.ceil(m / p["BM"]), nb), (threads(p), 1, 1), 0
 
 
@@ -109,7 +112,7 @@ def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dic
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     c, m, n, kk, batch = dims(k)
-    sig = signature(k, types)
+    sig = signature(k, types, p)
     idx = sig.index_type
     names = {v: v for v, _ in batch}
     a_names = names | {"r0": "gk"} | ({c.m: "gm"} if c.m else {})
@@ -133,7 +136,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     parts = dict(c=c, M=m, N=n, K=kk, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
-                 paired=_paired_epilogue(k, types, sig, out_names, n))
+                 paired=_paired_epilogue(k, types, sig, out_names, n),
+                 partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"))
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)
     simt = {key: p[key] for key in ("BM", "BN", "BK", "TM", "TN")}

@@ -9,9 +9,13 @@ vector, narrower vectors where only those fit, and synchronous element loads oth
 M, N, K works without the caller padding anything. Shared rows are XOR-swizzled in 16-byte
 chunks so the 8 rows one `ldmatrix` phase reads fall in 8 different bank groups.
 
-Parameter space: block tile BM x BN x BK, WM x WN warps, STAGES pipeline depth. Constraints
-(besides the planner's hardware ones): warp tiles are multiples of 16 x 16 and hold at most
-128 accumulators per thread.
+Parameter space: block tile BM x BN x BK, WM x WN warps, STAGES pipeline depth, and SPLITK:
+where the output tiles alone cannot fill the GPU (M·N small, K long), the K range is split
+over SPLITK blocks per tile; each writes its fp32 partial tile to a scratch buffer and the
+last to arrive (counted with an atomic ticket) adds them up and runs the epilogue
+(`codegen/scratch.py`). Constraints (besides the planner's hardware ones): warp tiles are
+multiples of 16 x 16 and hold at most 128 accumulators per thread; every split gets at least
+two k-tiles.
 """
 from __future__ import annotations
 
@@ -29,7 +33,9 @@ CTYPE = {"f16": "__half", "bf16": "__nv_bfloat16", "tf32": "float"}
 KSTEP = {"f16": 16, "bf16": 16, "tf32": 8}
 SPACE = {"BM": (32, 64, 128, 256), "BN": (32, 64, 128, 256), "STAGES": (2, 3, 4),
          "BK": {"f16": (32, 64), "bf16": (32, 64), "tf32": (16, 32)},
-         "warps": ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (2, 4), (4, 2))}
+         "warps": ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4), (2, 4), (4, 2)),
+         "SPLITK": (1, 2, 3, 4, 6, 8)}
+SPLIT_BELOW_TILES = 132   # split k only when fewer output tiles than this (about one wave)
 GROUP = 8          # tile rows per raster group (L2 reuse between neighbouring blocks)
 MAX_ACC = 128      # fp32 accumulators per thread
 
@@ -98,7 +104,7 @@ def mma_type(k: Kernel, types: Mapping[str, TensorType], precision: str) -> str 
     return None
 
 
-def space(dtype: str) -> list[dict]:
+def space(dtype: str, m: int = 0, n: int = 0, k: int = 0, batch: int = 1) -> list[dict]:
     out = []
     for bm in SPACE["BM"]:
         for bn in SPACE["BN"]:
@@ -106,10 +112,16 @@ def space(dtype: str) -> list[dict]:
                 wtm, wtn = bm // wm, bn // wn
                 if wtm % 16 or wtn % 16 or (wtm // 16) * (wtn // 8) * 4 > MAX_ACC:
                     continue
+                tiles = math.ceil(m / bm) * math.ceil(n / bn) * batch
                 for bk in SPACE["BK"][dtype]:
+                    ktiles = math.ceil(k / bk)
                     for st in SPACE["STAGES"]:
-                        out.append({"unit": "mma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk,
-                                    "WM": wm, "WN": wn, "STAGES": st})
+                        for sk in SPACE["SPLITK"]:
+                            per = math.ceil(ktiles / sk)
+                            if sk > 1 and (tiles >= SPLIT_BELOW_TILES or per < 2 or (sk - 1) * per >= ktiles):
+                                continue
+                            out.append({"unit": "mma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk,
+                                        "WM": wm, "WN": wn, "STAGES": st, "SPLITK": sk})
     return out
 
 
@@ -158,4 +170,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   tiles_m=math.ceil(m / p["BM"]), tiles_n=math.ceil(n / p["BN"]), a=a, b=b,
                   idx=parts["idx"], signature=parts["signature"], decompose=parts["decompose"],
                   a_ptr=parts["a_ptr"], b_ptr=parts["b_ptr"], a_off=parts["a_off"], b_off=parts["b_off"],
-                  epilogue=parts["epilogue"], paired=parts["paired"])
+                  epilogue=parts["epilogue"], paired=parts["paired"], SPLITK=p.get("SPLITK", 1),
+                  KT_PER=math.ceil(math.ceil(kk / p["BK"]) / p.get("SPLITK", 1)),
+                  partials=parts["partials"], tickets=parts["tickets"])

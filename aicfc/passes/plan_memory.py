@@ -12,7 +12,9 @@ that fits. A view shares its source's bytes. Intermediates that fusion removed n
 """
 from __future__ import annotations
 
+from aicfc.codegen.scratch import scratch
 from aicfc.ir.decision import Buffer, Plan
+from aicfc.ir.types import Weight
 from aicfc.ir.lowered import loads
 
 ALIGN = 256
@@ -23,7 +25,13 @@ def _align(n: int) -> int:
 
 
 def plan_memory(plan: Plan) -> Plan:
+    # Scratch a schedule needs (codegen/scratch.py): arena scratch lives only in its kernel;
+    # zero-initialized scratch joins the weights region, uploaded once as zeros.
+    zeroed = [Weight(s.name, s.type, bytes(s.type.nbytes)) for k in plan.kernels for s in scratch(k) if s.zeroed]
+    plan = plan.replace(weights=plan.weights + tuple(w for w in zeroed if w.name not in plan.types()))
     types = plan.types()
+    arena_scratch = {s.name: (i, s.type) for i, k in enumerate(plan.kernels) for s in scratch(k) if not s.zeroed}
+    types.update({name: t for name, (_, t) in arena_scratch.items()})
     source = {v.out: v.source for v in plan.views}
 
     def base(name: str) -> str:
@@ -43,6 +51,8 @@ def plan_memory(plan: Plan) -> Plan:
                     live[b][1] = max(live[b][1], i)
     for o in plan.outputs:
         live[base(o)][1] = end
+    for name, (i, _) in arena_scratch.items():
+        live[name] = [i, i]
 
     placed: list[tuple[int, int, int, int]] = []   # (offset, size, first, last)
     offsets: dict[str, int] = {}

@@ -173,11 +173,22 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     ksteps = math.ceil(kk / bk)
     flops = 2.0 * nb * m * n * kk
     issued = 2.0 * nb * tiles * bm * bn * ksteps * bk
-    smem = nb * tiles * ksteps * bk * esize * ((bm + bn) + p["WM"] * p["WN"] * (wtm + wtn))
+    # tf32 fragments are read with scalar 4-byte shared loads, some 2-way bank conflicted:
+    # about twice the shared-memory time of an ldmatrix read of the same bytes
+    frag = 2.0 if p["dtype"] == "tf32" else 1.0
+    smem = nb * tiles * ksteps * bk * esize * ((bm + bn) + frag * p["WM"] * p["WN"] * (wtm + wtn))
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
+    splits = p.get("SPLITK", 1)
+    latency = hw.data.get("load_latency_us", LOAD_LATENCY_US)
     waves = math.ceil(blocks / (hw.sm_count * bps))
-    pipeline = waves * hw.data.get("load_latency_us", LOAD_LATENCY_US) * (1 + ksteps / ((st - 1) * min(bps, 4)))
+    pipeline = waves * latency * (1 + math.ceil(ksteps / splits) / ((st - 1) * min(bps, 4)))
+    if splits > 1:
+        # partial tiles go out and come back through L2; the last split of a tile reads the
+        # others' after a fence and an atomic (two more round trips on its critical path)
+        partial = nb * tiles * splits * bm * bn * 4.0
+        l2 += 2 * partial
+        pipeline += 2 * latency + (splits - 1) * bm * bn * 4.0 / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
     ilp = max(1.0, min(4.0, (wtm // 16) * (wtn // 8) / 8))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem)

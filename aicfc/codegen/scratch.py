@@ -1,0 +1,41 @@
+"""Kernel-private buffers a schedule needs beyond the tensors it computes.
+
+A split-k GEMM (`SPLITK > 1`) needs two:
+
+- `<kernel>.partials` (arena, f32): every split's partial accumulator tile. It is live only
+  during its kernel, so memory planning lets other tensors reuse its bytes.
+- `<kernel>.tickets` (zero-initialized, i32, one per output tile): the splits of a tile count
+  themselves in; the last one to arrive adds the others' partials, runs the epilogue and
+  resets the ticket to zero, so the buffer is zero again for the next run (and for graph
+  replay). It lives with the weights, which are uploaded once and never poisoned.
+
+Names, types and placement are a function of the kernel and its schedule parameters, so the
+compiler, the memory plan, the bundle and `aicfc tune` all agree on them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from aicfc.ir.decision import Kernel
+from aicfc.ir.types import TensorType
+
+
+@dataclass(frozen=True)
+class Scratch:
+    name: str
+    type: TensorType
+    zeroed: bool     # True: zero at load, kept zero by the kernel; False: arena, live in the kernel
+
+
+def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]:
+    p = params if params is not None else (k.schedule.param if k.schedule else {})
+    splits = int(p.get("SPLITK", 1))
+    if k.family != "gemm" or splits <= 1:
+        return []
+    from aicfc.codegen.gemm import dims
+    _, m, n, _, batch = dims(k)
+    tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"]) * math.prod(e for _, e in batch)
+    return [Scratch(f"{k.name}.partials", TensorType("f32", (tiles * splits * p["BM"] * p["BN"],)), False),
+            Scratch(f"{k.name}.tickets", TensorType("i32", (tiles,)), True)]
