@@ -280,10 +280,11 @@ def _measure(device: Any, kt: KernelTune, built: Built,
              step: Callable[[str], None]) -> None:
     from aicf_run.timing import KernelBench, LaunchRefused
 
-    groups: dict[tuple[str, ...], tuple[list[np.ndarray], list[Measured]]] = {}
+    groups: dict[tuple, tuple[list[np.ndarray], list[Measured]]] = {}
     for c in kt.candidates:
         names, arrays = arguments(c)
-        groups.setdefault(names, (arrays, []))[1].append(c)
+        # scratch sizes differ between schedules: one set of buffers per (names, sizes)
+        groups.setdefault((names, tuple(a.nbytes for a in arrays)), (arrays, []))[1].append(c)
     for arrays, members in groups.values():
         with KernelBench(device, built.cubin, arrays) as bench:
             for c in members:
