@@ -157,6 +157,7 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     return est
 
 
+SPLITK_OVERHEAD_US = 4.0   # fence, ticket and reduction of a split-k GEMM (default of the profile field)
 MMA_UNIT = {"tf32": "tf32_tc", "f16": "fp16_tc", "bf16": "bf16_tc"}
 
 
@@ -183,14 +184,17 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     latency = hw.data.get("load_latency_us", LOAD_LATENCY_US)
     waves = math.ceil(blocks / (hw.sm_count * bps))
     pipeline = waves * latency * (1 + math.ceil(ksteps / splits) / ((st - 1) * min(bps, 4)))
+    dram = _io_bytes(k, types)
     if splits > 1:
-        # partial tiles go out and come back through L2; the last split of a tile reads the
-        # others' after a fence and an atomic (two more round trips on its critical path)
+        # partial tiles are written and read back (counted as DRAM traffic); the last split of
+        # a tile waits on a fence and an atomic, then reads the others': a fixed overhead
+        # (profile: splitk_overhead_us, measured on the H200) plus its reads on its own SM
         partial = nb * tiles * splits * bm * bn * 4.0
-        l2 += 2 * partial
-        pipeline += 2 * latency + (splits - 1) * bm * bn * 4.0 / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
+        dram += 2 * partial
+        pipeline += (hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
+                     + (splits - 1) * bm * bn * 4.0 / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count))
     ilp = max(1.0, min(4.0, (wtm // 16) * (wtn // 8) / 8))
-    est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
+    est = _combine(hw, flops=flops, issued=issued, dram=dram, l2=l2, pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem)
     est.terms["ilp"] = ilp
     return est

@@ -23,14 +23,16 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from aicfc.planner.cost import LOAD_LATENCY_US, cost
+from aicfc.planner.cost import LOAD_LATENCY_US, SPLITK_OVERHEAD_US, cost
 from aicfc.planner.hardware import Profile
 
 if TYPE_CHECKING:
     from aicfc.tune import TuneReport
 
 FIELDS = ("efficiency.dram", "efficiency.fp32_simt", "efficiency.mma_sync", "efficiency.min_warps_per_sm",
-          "launch_overhead_us", "l2_bandwidth_gbs", "smem_bandwidth_gbs_per_sm", "load_latency_us")
+          "launch_overhead_us", "l2_bandwidth_gbs", "smem_bandwidth_gbs_per_sm", "load_latency_us",
+          "splitk_overhead_us")
+OPTIONAL = {"load_latency_us": LOAD_LATENCY_US, "splitk_overhead_us": SPLITK_OVERHEAD_US}   # older profiles lack them
 EFFICIENCIES = ("efficiency.dram", "efficiency.fp32_simt", "efficiency.mma_sync")
 COARSE = (0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0)
 FINE = (0.9, 0.95, 1.0, 1.05, 1.1)
@@ -60,8 +62,8 @@ def _average_ranks(a: np.ndarray) -> np.ndarray:
 
 
 def get(data: dict[str, Any], field: str) -> float:
-    if field == "load_latency_us":
-        return float(data.get(field, LOAD_LATENCY_US))
+    if field in OPTIONAL:
+        return float(data.get(field, OPTIONAL[field]))
     node: Any = data
     for key in field.split("."):
         node = node[key]
@@ -133,7 +135,8 @@ def fit_profile(report: TuneReport, profile: Profile | dict[str, Any]) -> tuple[
     import datetime
 
     base = copy.deepcopy(profile.data if isinstance(profile, Profile) else profile)
-    base.setdefault("load_latency_us", LOAD_LATENCY_US)
+    for key, default in OPTIONAL.items():
+        base.setdefault(key, default)
     meas = _measurements(report)
     count = sum(len(m) for m in meas)
     data = copy.deepcopy(base)
