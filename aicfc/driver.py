@@ -10,7 +10,6 @@ import onnx
 
 from aicfc.artifact.payload import build_payload
 from aicfc.codegen.module import OnKernel, build_modules, resolve_jobs
-from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
