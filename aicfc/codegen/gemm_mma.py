@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from aicfc.codegen.cexpr import flat_offset
-from aicfc.codegen.common import render
+from aicfc.codegen.common import CTYPES, render
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Load
 from aicfc.ir.types import ITEMSIZE, TensorType
 
-CTYPE = {"f16": "__half", "bf16": "__nv_bfloat16", "tf32": "float"}
 KSTEP = {"f16": 16, "bf16": 16, "tf32": 8}
 SPACE = {"BM": (32, 64, 128, 256), "BN": (32, 64, 128, 256), "STAGES": (2, 3, 4),
          "BK": {"f16": (32, 64), "bf16": (32, 64), "tf32": (16, 32)},
@@ -163,7 +162,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     b = tile("b", c.b, types[c.b.buffer], c.n, n, p, kk)
     dtype = p["dtype"]
     return render("gemm_mma.cu.j2", name=name, batch=parts["batch"], M=m, N=n, K=kk, dtype=dtype,
-                  shape_mnk=f"m16n8k{KSTEP[dtype]}", T=CTYPE[dtype], esize=a.esize, KSTEP=KSTEP[dtype],
+                  shape_mnk=f"m16n8k{KSTEP[dtype]}", T=CTYPES[types[c.a.buffer].dtype], esize=a.esize, KSTEP=KSTEP[dtype],
                   BM=p["BM"], BN=p["BN"], BK=p["BK"], WM=p["WM"], WN=p["WN"], STAGES=p["STAGES"],
                   WTM=p["BM"] // p["WM"], WTN=p["BN"] // p["WN"], MI=p["BM"] // p["WM"] // 16,
                   NI=p["BN"] // p["WN"] // 8, threads=threads(p), GROUP=GROUP,

@@ -28,7 +28,8 @@ def plan_memory(plan: Plan) -> Plan:
     # Scratch a schedule needs (codegen/scratch.py): arena scratch lives only in its kernel;
     # zero-initialized scratch joins the weights region, uploaded once as zeros.
     zeroed = [Weight(s.name, s.type, bytes(s.type.nbytes)) for k in plan.kernels for s in scratch(k) if s.zeroed]
-    plan = plan.replace(weights=plan.weights + tuple(w for w in zeroed if w.name not in plan.types()))
+    known = plan.types()
+    plan = plan.replace(weights=plan.weights + tuple(w for w in zeroed if w.name not in known))
     types = plan.types()
     arena_scratch = {s.name: (i, s.type) for i, k in enumerate(plan.kernels) for s in scratch(k) if not s.zeroed}
     types.update({name: t for name, (_, t) in arena_scratch.items()})

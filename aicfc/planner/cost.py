@@ -31,6 +31,7 @@ from typing import Mapping
 from aicfc.codegen import gemm, row_reduce
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import count_ops, loads
+from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
@@ -169,7 +170,7 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     nb = math.prod(e for _, e in batch)
     bm, bn, bk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
     wtm, wtn = bm // p["WM"], bn // p["WN"]
-    esize = types[c.a.buffer].nbytes // max(1, types[c.a.buffer].numel)
+    esize = ITEMSIZE[types[c.a.buffer].dtype]
     tiles = math.ceil(m / bm) * math.ceil(n / bn)
     ksteps = math.ceil(kk / bk)
     flops = 2.0 * nb * m * n * kk
