@@ -32,10 +32,12 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
                   shapes: dict[str, tuple[int, ...]] | list[str] | None = None,
                   dump_ir: str | Path | None = None, profile_path: str | Path | None = None,
                   on_stage: Callable[[str], None] | None = None, jobs: int | None = None,
-                  on_kernel: OnKernel | None = None, pin: dict[str, Any] | None = None) -> dict[str, Any]:
+                  on_kernel: OnKernel | None = None, pin: dict[str, Any] | None = None,
+                  inplace: bool = True) -> dict[str, Any]:
     """The bundle payload of `model`; `jobs` parallel nvcc runs (None: $AICF_JOBS or the CPU
     count), `on_kernel` as in `build_modules`. --dump-ir also writes module_<i>.cu per module.
-    `pin` ({param: value}) restricts the schedule of every kernel whose space has those params."""
+    `pin` ({param: value}) restricts the schedule of every kernel whose space has those params;
+    `inplace=False` gives every stored tensor bytes of its own (for debugging)."""
     check_precision(precision)
     jobs = resolve_jobs(jobs)
     if isinstance(shapes, (list, tuple)):
@@ -43,7 +45,7 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     profile = load_profile(target, profile_path)
     proto, name, digest = load(model)
     graph = import_model(proto, shapes, name=name)
-    options = Options(target, profile, precision, tuple(sorted((pin or {}).items())))
+    options = Options(target, profile, precision, tuple(sorted((pin or {}).items())), inplace)
     result = run_pipeline(graph, options, dump_ir, on_stage=on_stage)
     if on_stage:
         on_stage("codegen+nvcc")

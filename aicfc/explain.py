@@ -25,6 +25,7 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         "kernels": [{k: kern.get(k) for k in KERNEL_KEYS} | {"registers_source": "ptxas"
                     if kern.get("registers") is not None else "unknown"} for kern in payload["kernels"]],
         "memory": {k: mem[k] for k in ("arena_bytes", "weights_bytes", "intermediate_bytes", "inplace")}
+        | {"graph_intermediate_bytes": mem.get("graph_intermediate_bytes", 0)}
         | {"buffers": [{k: b[k] for k in ("name", "region", "offset", "nbytes")} for b in payload["buffers"]]},
         "rewrites": [d for d in payload["decisions"] if d.get("kind") == "rewrite"],
         "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in payload["kernels"]), 3),
@@ -41,6 +42,10 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def _share(part: int, whole: int) -> str:
+    return f" (the arena is {100 * part / whole:.0f}% of it)" if whole else ""
 
 
 def explain_text(payload: dict[str, Any]) -> str:
@@ -76,8 +81,16 @@ def explain_text(payload: dict[str, Any]) -> str:
             out += [f"      {_fmt_params(c['params'])}: {c['rejected_because']}" for c in rejected]
         out.append("")
     m = e["memory"]
-    out.append(f"memory: arena {_bytes(m['arena_bytes'])} for {_bytes(m['intermediate_bytes'])} of intermediates "
-               f"(plus inputs/outputs), weights {_bytes(m['weights_bytes'])}, in-place decisions: {len(m['inplace'])}")
+    out.append(f"memory: arena {_bytes(m['arena_bytes'])} (inputs, outputs and intermediates), "
+               f"weights {_bytes(m['weights_bytes'])}")
+    out.append(f"    one buffer per stored intermediate would take {_bytes(m['intermediate_bytes'])}"
+               f"{_share(m['arena_bytes'], m['intermediate_bytes'])}")
+    if m["graph_intermediate_bytes"]:
+        out.append(f"    one buffer per ONNX intermediate tensor would take {_bytes(m['graph_intermediate_bytes'])}"
+                   f"{_share(m['arena_bytes'], m['graph_intermediate_bytes'])}")
+    out.append(f"    in-place decisions: {len(m['inplace'])}")
+    for ip in m["inplace"]:
+        out.append(f"      {ip['kernel']}: {ip['output']} written over {ip['reuses']} ({ip['reason']})")
     for b in m["buffers"]:
         out.append(f"    {b['name']:<24} {b['region']:<8} offset {b['offset']:>10}  {_bytes(b['nbytes'])}")
     out.append("")

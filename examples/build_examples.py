@@ -4,7 +4,9 @@ Writes, with a fixed seed so every run gives the same bytes:
 - `mlp.onnx`:   x[4,64] -> MatMul -> Add -> Relu -> Gemm(transB=1) -> Sigmoid -> y[4,32]
 - `block.onnx`: a single-head transformer-style block, x[16,64] -> y[16,64]
   (attention with a scaled q·kᵀ, residual, erf-GELU FFN as torch exports it, residual, Tanh)
-- `mlp_x.npy`, `block_x.npy`: matching float32 inputs.
+- `encoder.onnx`: one BERT-style encoder layer (4 heads, LayerNorm, erf-GELU FFN) as torch
+  exports it, x[2,64,256] -> y[2,64,256] (`build_encoder(layers=24)` makes a deep stack)
+- `mlp_x.npy`, `block_x.npy`, `encoder_x.npy`: matching float32 inputs.
 Models are opset 17, IR version 8 (onnxruntime 1.16+ accepts it) and pass `onnx.checker`.
 The outputs are generated files and are git-ignored.
 """
@@ -126,6 +128,79 @@ def build_block(rng: np.random.Generator) -> onnx.ModelProto:
     return _model(graph)
 
 
+def build_encoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq: int = 64,
+                  hidden: int = 256, heads: int = 4, ffn: int = 1024, name: str = "encoder") -> onnx.ModelProto:
+    """`layers` BERT-style (post-LayerNorm) encoder layers, x[batch,seq,hidden] -> y, node for
+    node as torch.onnx exports them: per layer
+
+        q, k, v = x Wq + bq, x Wk + bk, x Wv + bv      heads split by Reshape + Transpose
+        a = Softmax(q kᵀ / sqrt(d)) v                  heads merged by Transpose + Reshape
+        h = LayerNorm(x + a Wo + bo)
+        y = LayerNorm(h + GELU(h W1 + b1) W2 + b2)     erf-GELU as five element-wise nodes
+    """
+    d = hidden // heads
+    n = helper.make_node
+    inits: dict[str, np.ndarray] = {
+        "split_shape": np.array([batch, seq, heads, d], dtype=np.int64),
+        "merge_shape": np.array([batch, seq, hidden], dtype=np.int64),
+        "attn_scale": _scalar(math.sqrt(d)),
+        "gelu_sqrt2": _scalar(math.sqrt(2.0)),
+        "gelu_one": _scalar(1.0),
+        "gelu_half": _scalar(0.5),
+    }
+    nodes = []
+    x = "x"
+    for i in range(layers):
+        p = f"l{i}_"
+        for w in ("q", "k", "v", "o"):
+            inits[f"{p}W{w}"] = _weight(rng, (hidden, hidden), hidden)
+            inits[f"{p}b{w}"] = _weight(rng, (hidden,), hidden)
+        inits[f"{p}W1"], inits[f"{p}b1"] = _weight(rng, (hidden, ffn), hidden), _weight(rng, (ffn,), hidden)
+        inits[f"{p}W2"], inits[f"{p}b2"] = _weight(rng, (ffn, hidden), ffn), _weight(rng, (hidden,), ffn)
+        for ln in ("ln1", "ln2"):
+            inits[f"{p}{ln}_g"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+            inits[f"{p}{ln}_b"] = (0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        for w, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+            nodes += [n("MatMul", [x, f"{p}W{w}"], [f"{p}{w}_mm"], name=f"{p}{w}_matmul"),
+                      n("Add", [f"{p}{w}_mm", f"{p}b{w}"], [f"{p}{w}_lin"], name=f"{p}{w}_add"),
+                      n("Reshape", [f"{p}{w}_lin", "split_shape"], [f"{p}{w}_split"], name=f"{p}{w}_reshape"),
+                      n("Transpose", [f"{p}{w}_split"], [f"{p}{w}_heads"], name=f"{p}{w}_transpose", perm=perm)]
+        nodes += [
+            n("MatMul", [f"{p}q_heads", f"{p}k_heads"], [f"{p}scores_raw"], name=f"{p}scores_matmul"),
+            n("Div", [f"{p}scores_raw", "attn_scale"], [f"{p}scores"], name=f"{p}scores_div"),
+            n("Softmax", [f"{p}scores"], [f"{p}probs"], name=f"{p}softmax", axis=-1),
+            n("MatMul", [f"{p}probs", f"{p}v_heads"], [f"{p}ctx_heads"], name=f"{p}pv_matmul"),
+            n("Transpose", [f"{p}ctx_heads"], [f"{p}ctx_t"], name=f"{p}ctx_transpose", perm=[0, 2, 1, 3]),
+            n("Reshape", [f"{p}ctx_t", "merge_shape"], [f"{p}ctx"], name=f"{p}ctx_reshape"),
+            n("MatMul", [f"{p}ctx", f"{p}Wo"], [f"{p}o_mm"], name=f"{p}o_matmul"),
+            n("Add", [f"{p}o_mm", f"{p}bo"], [f"{p}o"], name=f"{p}o_add"),
+            n("Add", [x, f"{p}o"], [f"{p}res1"], name=f"{p}residual1"),
+            n("LayerNormalization", [f"{p}res1", f"{p}ln1_g", f"{p}ln1_b"], [f"{p}h"], name=f"{p}ln1",
+              axis=-1, epsilon=1e-12),
+            n("MatMul", [f"{p}h", f"{p}W1"], [f"{p}ffn1_mm"], name=f"{p}ffn1_matmul"),
+            n("Add", [f"{p}ffn1_mm", f"{p}b1"], [f"{p}u"], name=f"{p}ffn1_add"),
+            n("Div", [f"{p}u", "gelu_sqrt2"], [f"{p}gelu_div"], name=f"{p}gelu_div"),
+            n("Erf", [f"{p}gelu_div"], [f"{p}gelu_erf"], name=f"{p}gelu_erf"),
+            n("Add", [f"{p}gelu_erf", "gelu_one"], [f"{p}gelu_add"], name=f"{p}gelu_add"),
+            n("Mul", [f"{p}u", f"{p}gelu_add"], [f"{p}gelu_mul"], name=f"{p}gelu_mul"),
+            n("Mul", [f"{p}gelu_mul", "gelu_half"], [f"{p}g"], name=f"{p}gelu_half"),
+            n("MatMul", [f"{p}g", f"{p}W2"], [f"{p}ffn2_mm"], name=f"{p}ffn2_matmul"),
+            n("Add", [f"{p}ffn2_mm", f"{p}b2"], [f"{p}ffn2"], name=f"{p}ffn2_add"),
+            n("Add", [f"{p}h", f"{p}ffn2"], [f"{p}res2"], name=f"{p}residual2"),
+        ]
+        y = "y" if i == layers - 1 else f"{p}out"
+        nodes.append(n("LayerNormalization", [f"{p}res2", f"{p}ln2_g", f"{p}ln2_b"], [y], name=f"{p}ln2",
+                       axis=-1, epsilon=1e-12))
+        x = y
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, hidden])],
+        [numpy_helper.from_array(a, k) for k, a in inits.items()],
+    )
+    return _model(graph)
+
+
 def _sanity_run(model: onnx.ModelProto, x: np.ndarray) -> None:
     """If onnxruntime is installed (the dev extra), check the model runs to finite outputs."""
     try:
@@ -156,16 +231,19 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(SEED)
     mlp = build_mlp(rng)
     block = build_block(rng)
+    encoder = build_encoder(rng)
     mlp_x = rng.standard_normal((4, 64)).astype(np.float32)
     block_x = rng.standard_normal((16, 64)).astype(np.float32)
+    encoder_x = rng.standard_normal((2, 64, 256)).astype(np.float32)
     _sanity_run(mlp, mlp_x)
     _sanity_run(block, block_x)
+    _sanity_run(encoder, encoder_x)
 
-    for name, model in (("mlp.onnx", mlp), ("block.onnx", block)):
+    for name, model in (("mlp.onnx", mlp), ("block.onnx", block), ("encoder.onnx", encoder)):
         path = out_dir / name
         onnx.save(model, str(path))
         print(f"wrote {path} ({len(model.graph.node)} nodes)")
-    for name, array in (("mlp_x.npy", mlp_x), ("block_x.npy", block_x)):
+    for name, array in (("mlp_x.npy", mlp_x), ("block_x.npy", block_x), ("encoder_x.npy", encoder_x)):
         path = out_dir / name
         np.save(path, array)
         print(f"wrote {path} (float32 {list(array.shape)})")

@@ -456,3 +456,95 @@ def write_garbage(path: str | os.PathLike, kind: str) -> Path:
     else:
         raise ValueError(f"unknown garbage kind {kind!r}; expected one of {GARBAGE_KINDS}")
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention (streaming-attention rule and family)
+
+
+def causal_mask(s: int, fill: float = -1e9) -> np.ndarray:
+    """The additive causal mask torch exports as a constant: 0 on and below the diagonal."""
+    return np.triu(np.full((s, s), fill, dtype=np.float32), k=1)
+
+
+def attention_model(b: int, h: int, s: int, d: int, causal: bool = False, mask_input: bool = False,
+                    probs_output: bool = False, scores_output: bool = False, sk: int | None = None,
+                    ) -> onnx.ModelProto:
+    """softmax(q @ kᵀ · d^-½ (+ mask)) @ v on inputs q [B,H,S,D], k and v [B,H,Sk,D].
+
+    As torch.onnx exports scaled_dot_product_attention: MatMul(q, Transpose(k)) → Mul scale →
+    Add mask → Softmax(-1) → MatMul v. `causal`: the mask is a constant [S,S] initializer;
+    `mask_input`: an additive mask input `mask` [B,1,1,Sk] (padding form). `probs_output` /
+    `scores_output` also expose the probabilities / raw scores (the rule must decline).
+    """
+    sk = s if sk is None else sk
+    n = helper.make_node
+    nodes = [n("Transpose", ["k"], ["k_t"], name="k_transpose", perm=[0, 1, 3, 2]),
+             n("MatMul", ["q", "k_t"], ["scores_raw"], name="scores_matmul"),
+             n("Mul", ["scores_raw", "scale"], ["scores"], name="scale_mul")]
+    inits = {"scale": np.array(1.0 / np.sqrt(d), dtype=np.float32)}
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [b, h, s, d]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, [b, h, sk, d]),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, [b, h, sk, d])]
+    logits = "scores"
+    if causal:
+        inits["causal_mask"] = causal_mask(s)
+        nodes.append(n("Add", ["scores", "causal_mask"], ["masked"], name="mask_add"))
+        logits = "masked"
+    elif mask_input:
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [b, 1, 1, sk]))
+        nodes.append(n("Add", ["scores", "mask"], ["masked"], name="mask_add"))
+        logits = "masked"
+    nodes += [n("Softmax", [logits], ["probs"], name="softmax", axis=-1),
+              n("MatMul", ["probs", "v"], ["y"], name="pv_matmul")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, h, s, d])]
+    if probs_output:
+        outputs.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, [b, h, s, sk]))
+    if scores_output:
+        nodes.append(n("Relu", ["scores_raw"], ["scores_relu"], name="scores_relu"))
+        outputs.append(helper.make_tensor_value_info("scores_relu", TensorProto.FLOAT, [b, h, s, sk]))
+    g = helper.make_graph(nodes, "attention", inputs, outputs,
+                          [numpy_helper.from_array(a, name) for name, a in inits.items()])
+    return make_model(g)
+
+
+def bert_attention_model(b: int, s: int, h: int, d: int, seed: int = 0, mask: bool = True) -> onnx.ModelProto:
+    """BERT self-attention as torch.onnx exports it, x [B,S,H·D] → y [B,S,H·D].
+
+    q/k/v = x Wq/k/v + b; Reshape [B,S,H,D]; q, v: Transpose [0,2,1,3]; k: Transpose [0,2,3,1];
+    scores = q @ kᵀ, Div √D, Add the extended mask (1 - attention_mask)·-10000 [B,1,1,S];
+    Softmax(-1); @ v; Transpose [0,2,1,3]; Reshape [B,S,H·D].
+    """
+    hd = h * d
+    rng = np.random.default_rng(seed)
+    n = helper.make_node
+    inits: dict[str, np.ndarray] = {
+        "shape4": np.array([b, s, h, d], dtype=np.int64), "shape3": np.array([b, s, hd], dtype=np.int64),
+        "sqrt_d": np.array(np.sqrt(d), dtype=np.float32), "one": np.array(1.0, dtype=np.float32),
+        "neg_big": np.array(-10000.0, dtype=np.float32)}
+    nodes = []
+    for name, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        inits[f"W{name}"] = (rng.standard_normal((hd, hd)) / np.sqrt(hd)).astype(np.float32)
+        inits[f"b{name}"] = (rng.standard_normal(hd) * 0.1).astype(np.float32)
+        nodes += [n("MatMul", ["x", f"W{name}"], [f"{name}_mm"], name=f"{name}_matmul"),
+                  n("Add", [f"{name}_mm", f"b{name}"], [f"{name}_lin"], name=f"{name}_bias"),
+                  n("Reshape", [f"{name}_lin", "shape4"], [f"{name}_4d"], name=f"{name}_reshape"),
+                  n("Transpose", [f"{name}_4d"], [f"{name}_heads"], name=f"{name}_transpose", perm=perm)]
+    nodes += [n("MatMul", ["q_heads", "k_heads"], ["scores_raw"], name="scores_matmul"),
+              n("Div", ["scores_raw", "sqrt_d"], ["scores"], name="scores_div")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, s, hd])]
+    logits = "scores"
+    if mask:
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.FLOAT, [b, 1, 1, s]))
+        nodes += [n("Sub", ["one", "attention_mask"], ["inv_mask"], name="mask_sub"),
+                  n("Mul", ["inv_mask", "neg_big"], ["ext_mask"], name="mask_mul"),
+                  n("Add", ["scores", "ext_mask"], ["masked"], name="mask_add")]
+        logits = "masked"
+    nodes += [n("Softmax", [logits], ["probs"], name="softmax", axis=-1),
+              n("MatMul", ["probs", "v_heads"], ["ctx"], name="pv_matmul"),
+              n("Transpose", ["ctx"], ["ctx_t"], name="ctx_transpose", perm=[0, 2, 1, 3]),
+              n("Reshape", ["ctx_t", "shape3"], ["y"], name="ctx_reshape")]
+    g = helper.make_graph(nodes, "bert_attention", inputs,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, s, hd])],
+                          [numpy_helper.from_array(a, name) for name, a in inits.items()])
+    return make_model(g)

@@ -9,6 +9,8 @@ from aicfc.codegen.common import kernel_args
 from aicfc.codegen.module import ModuleBuild
 from aicfc.ir.decision import Plan
 from aicfc.passes.pipeline import Result
+from aicfc.ir.types import ITEMSIZE
+from aicfc.passes.apply_precision import STORAGE
 from aicfc.passes.plan_memory import memory_summary
 from aicfc.planner.hardware import Profile
 
@@ -54,7 +56,11 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
     buffers = [b for b in plan.buffers]
     index = {b.name: i for i, b in enumerate(buffers)}
     weights = {w.name: w for w in plan.weights}
-    mem = memory_summary(plan)
+    storage = STORAGE[precision]
+    outputs = set(result.high.outputs)
+    graph_bytes = sum(n.type.numel * ITEMSIZE[storage if n.type.dtype == "f32" else n.type.dtype]
+                      for n in result.high.nodes if n.output not in outputs)
+    mem = memory_summary(plan, graph_bytes)
     types = plan.types()
     module_of = {name: i for i, m in enumerate(modules) for name in m.kernel_names}
 

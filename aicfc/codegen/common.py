@@ -52,8 +52,10 @@ def signature(k: Kernel, types: Mapping[str, TensorType], params: Mapping | None
     written = set(k.stores) | {s.name for s in extra}
     args = kernel_args(k, params)
     params = {b: f"p{i}" for i, b in enumerate(args)}
-    parts = [f"{CTYPES[types[b].dtype]}* __restrict__ {params[b]}" if b in written
-             else f"const {CTYPES[types[b].dtype]}* __restrict__ {params[b]}" for b in args]
+    # An in-place pair shares bytes, so neither pointer may promise __restrict__.
+    shared = {name for ip in k.inplace for name in (ip.output, ip.reuses)}
+    parts = [f"{'' if b in written else 'const '}{CTYPES[types[b].dtype]}*"
+             f"{'' if b in shared else ' __restrict__'} {params[b]}" for b in args]
     # Every index a kernel forms is an element offset into one of its tensors (or a loop
     # counter bounded by one), never the product of a reduction's extents.
     biggest = max([types[b].numel for b in args] + [op.type.numel for op in k.ops] + [max(op.reduce, default=1) for op in k.ops])

@@ -70,6 +70,15 @@ class Schedule:
 
 
 @dataclass(frozen=True, slots=True)
+class InPlace:
+    """A memory decision: the kernel writes `output` over the bytes of `reuses`, which dies there."""
+
+    output: str
+    reuses: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Kernel:
     name: str
     family: str
@@ -79,6 +88,7 @@ class Kernel:
     properties: tuple[str, ...] = ()
     rewrites: tuple[str, ...] = ()
     schedule: Schedule | None = None
+    inplace: tuple[InPlace, ...] = ()   # filled by plan_memory
 
     def replace(self, **changes: Any) -> Kernel:
         return dataclasses.replace(self, **changes)
@@ -152,6 +162,8 @@ def print_kernel(k: Kernel) -> list[str]:
             tail = (f"time_us={text.number(c.predicted_time_us)}" if c.predicted_time_us is not None
                     else f"rejected {text.attr_value(c.rejected_because)}")
             lines.append(f"    candidate {text.attrs(c.params) or '{}'} {tail}")
+    for ip in k.inplace:
+        lines.append(f"    inplace {text.name(ip.output)} reuses {text.name(ip.reuses)} {text.attr_value(ip.reason)}")
     lines.append("  }")
     return lines
 
@@ -190,6 +202,7 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
     schedule = None
     predicted: tuple = ()
     cands: list[Candidate] = []
+    inplace: list[InPlace] = []
     while not c.accept("}"):
         if c.accept("bind"):
             out = c.value()
@@ -215,6 +228,10 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
             schedule = (params, grid, block, smem, None if regs == "unknown" else regs)
         elif c.accept("predicted"):
             predicted = tuple(sorted((k, float(v)) for k, v in c.attrs().items()))
+        elif c.accept("inplace"):
+            out = c.value()
+            c.expect("reuses")
+            inplace.append(InPlace(out, c.value(), str(c.attr_value())))
         elif c.accept("candidate"):
             params = tuple(sorted(c.attrs().items()))
             if c.accept("rejected"):
@@ -228,7 +245,7 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
             ops.append(op)
     sched = Schedule(*schedule, predicted, tuple(cands)) if schedule else None
     return Kernel(name, family, tuple(ops), tuple(binds.get(op.out, ()) for op in ops), tuple(stores),
-                  props, rewrites, sched)
+                  props, rewrites, sched, tuple(inplace))
 
 
 def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:

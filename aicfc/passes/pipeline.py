@@ -33,6 +33,7 @@ class Options:
     profile: Profile
     precision: str = "fp32"
     pin: tuple[tuple[str, str], ...] = ()   # --pin KEY=VALUE: restrict schedule spaces
+    inplace: bool = True                    # --no-inplace: no in-place reuse in plan_memory
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin))),
-    Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p)),
+    Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
 # Ordering rules, checked at import: levels only move forward, one step at a time, and

@@ -6,6 +6,13 @@ start) to the last kernel that reads it (outputs: to the end), and buffers whose
 not overlap may share bytes. Placement is greedy by size, largest first, at the lowest offset
 that fits. A view shares its source's bytes. Intermediates that fusion removed never appear.
 
+In-place: a kernel may write a stored tensor y over the bytes of an intermediate x that dies
+in that kernel (no later kernel reads it, it is not a graph input or output) when x and y have
+the same type and every read of x in the kernel is at the element the same thread then writes
+in y (`why_not_inplace` checks this per family). The two then form one slot, placed once, and
+the kernel records the decision with its reason. A residual chain h1 = x + f(x), h2 = h1 +
+g(h1), ... then lives in one buffer.
+
     kernel k0 stores %a; kernel k1 reads %a, stores %b; kernel k2 reads %b, stores %y
   gives
     buffer %a arena offset=0; buffer %b arena offset=<after %a>; buffer %y arena offset=0
@@ -13,9 +20,9 @@ that fits. A view shares its source's bytes. Intermediates that fusion removed n
 from __future__ import annotations
 
 from aicfc.codegen.scratch import scratch
-from aicfc.ir.decision import Buffer, Plan
-from aicfc.ir.types import Weight
-from aicfc.ir.lowered import loads
+from aicfc.ir.decision import Buffer, InPlace, Kernel, Plan
+from aicfc.ir.lowered import Affine, Load, identity_index, loads
+from aicfc.ir.types import TensorType, Weight
 
 ALIGN = 256
 
@@ -24,7 +31,36 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan_memory(plan: Plan) -> Plan:
+def why_not_inplace(k: Kernel, x: str, y: str, types: dict[str, TensorType]) -> str | None:
+    """None when kernel `k` may write its store `y` over `x`; else the reason it may not.
+
+    Legal when each thread reads x only at the element it later writes in y: a map reads x at
+    its own index; a GEMM reads x only in its epilogue, at the accumulator's index; a row pass
+    reads x only inside the row it writes, and reduces the whole row (statistics) before it
+    writes any of it.
+    """
+    if types[x] != types[y]:
+        return f"{x!r} is {types[x]}, {y!r} is {types[y]}"
+    if k.family not in ("pointwise", "gemm", "row_reduce"):
+        return f"the {k.family} family has no in-place rule"
+    writer = next(op for op in k.ops if op.out == y)
+    rank = len(types[y].shape)
+    for op, bind in zip(k.ops, k.binds):
+        for ld in loads(op.body):
+            if ld.buffer != x:
+                continue
+            if k.family == "gemm" and op is k.ops[0]:
+                return f"{x!r} is an operand of the contraction, read by many threads"
+            index = tuple(a.substitute(dict(bind)) for a in ld.index) if k.family == "row_reduce" else ld.index
+            if index != identity_index(rank):
+                return f"{x!r} is read at other elements than the one written"
+    bind = dict(k.binds[k.ops.index(writer)])
+    if any(bind.get(v) != Affine.var(v) for v in writer.domain_vars):
+        return f"{y!r} is not written at its own loop index"
+    return None
+
+
+def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
     # Scratch a schedule needs (codegen/scratch.py): arena scratch lives only in its kernel;
     # zero-initialized scratch joins the weights region, uploaded once as zeros.
     zeroed = [Weight(s.name, s.type, bytes(s.type.nbytes)) for k in plan.kernels for s in scratch(k) if s.zeroed]
@@ -41,7 +77,9 @@ def plan_memory(plan: Plan) -> Plan:
         return name
 
     end = len(plan.kernels)
-    live: dict[str, list[int]] = {v.name: [-1, -1] for v in plan.inputs}
+    # Inputs stay live to the end: no kernel overwrites them, so replaying the plan (a CUDA
+    # graph, a benchmark loop) without copying the inputs in again gives the same outputs.
+    live: dict[str, list[int]] = {v.name: [-1, end] for v in plan.inputs}
     for i, k in enumerate(plan.kernels):
         for s in k.stores:
             live.setdefault(s, [i, i])
@@ -55,21 +93,52 @@ def plan_memory(plan: Plan) -> Plan:
     for name, (i, _) in arena_scratch.items():
         live[name] = [i, i]
 
+    # In-place: y takes x's slot when x, an intermediate, dies in the kernel that first writes y
+    # (y may be a graph output: the slot then lives to the end).
+    fixed = {v.name for v in plan.inputs} | {base(o) for o in plan.outputs}
+    slot = {name: name for name in live}
+    kernels = list(plan.kernels)
+    for i, k in enumerate(kernels if inplace else []):
+        decisions: list[InPlace] = []
+        taken: set[str] = set()
+        for y in k.stores:
+            if live[y][0] != i:
+                continue
+            reads = dict.fromkeys(ld.buffer for op in k.ops for ld in loads(op.body))
+            for x in reads:
+                if (x not in live or x in fixed or x in taken or live[x][1] != i or live[x][0] >= i
+                        or any(base(o) == x and o != x for o in reads)):
+                    continue
+                if why_not_inplace(k, x, y, types) is None:
+                    taken.add(x)
+                    slot[y] = slot[x]
+                    decisions.append(InPlace(y, x, f"{x!r} dies in {k.name}, which reads each of its "
+                                             f"elements only before writing the same element of {y!r}"))
+                    break
+        if decisions:
+            kernels[i] = k.replace(inplace=tuple(decisions))
+    plan = plan.replace(kernels=tuple(kernels))
+    span: dict[str, list[int]] = {}
+    for name, (first, last) in live.items():
+        s = span.setdefault(slot[name], [first, last])
+        s[0], s[1] = min(s[0], first), max(s[1], last)
+
     placed: list[tuple[int, int, int, int]] = []   # (offset, size, first, last)
     offsets: dict[str, int] = {}
-    for name in sorted(live, key=lambda n: (-types[n].nbytes, n)):
+    for name in sorted(span, key=lambda n: (-types[n].nbytes, n)):
         size = _align(max(1, types[name].nbytes))
-        first, last = live[name]
+        first, last = span[name]
         offset = 0
-        for o, s, f, l in sorted(placed):
-            if f <= last and first <= l and o < offset + size and offset < o + s:
-                offset = _align(o + s)
-        # re-scan until no overlap remains (placements are few; quadratic is fine)
-        while any(f <= last and first <= l and o < offset + size and offset < o + s for o, s, f, l in placed):
-            offset = _align(max(o + s for o, s, f, l in placed
-                                if f <= last and first <= l and o < offset + size and offset < o + s))
+        # Lowest offset that overlaps no placed slot whose lifetime overlaps this one.
+        while True:
+            clash = [o + s for o, s, f, l in placed
+                     if f <= last and first <= l and o < offset + size and offset < o + s]
+            if not clash:
+                break
+            offset = _align(max(clash))
         placed.append((offset, size, first, last))
         offsets[name] = offset
+    offsets = {name: offsets[slot[name]] for name in live}
 
     buffers = [Buffer(n, types[n], "arena", offsets[n]) for n in sorted(offsets, key=lambda n: (offsets[n], n))]
     woff = 0
@@ -84,8 +153,14 @@ def plan_memory(plan: Plan) -> Plan:
     return plan.replace(buffers=tuple(buffers))
 
 
-def memory_summary(plan: Plan) -> dict:
-    """Sizes `explain` reports: the arena after planning against the sum before it."""
+def memory_summary(plan: Plan, graph_intermediate_bytes: int = 0) -> dict:
+    """Sizes `explain` reports: the arena after planning against the sums before it.
+
+    `intermediate_bytes`: every intermediate a kernel stores (after fusion), one buffer each.
+    `graph_intermediate_bytes` (given by the caller, who has the High IR): every tensor the
+    model's graph names between its inputs and outputs, one buffer each, at the plan's storage
+    precision: what a runtime that runs the ONNX graph node by node would allocate.
+    """
     arena = [b for b in plan.buffers if b.region == "arena" and not b.alias_of]
     io = {v.name for v in plan.inputs} | set(plan.outputs)
     return {
@@ -93,5 +168,7 @@ def memory_summary(plan: Plan) -> dict:
         "weights_bytes": max((b.offset + _align(b.type.nbytes) for b in plan.buffers if b.region == "weights"), default=0),
         "intermediate_bytes": sum(b.type.nbytes for b in arena if b.name not in io),
         "activation_bytes": sum(b.type.nbytes for b in arena),
-        "inplace": [],
+        "graph_intermediate_bytes": graph_intermediate_bytes,
+        "inplace": [{"kernel": k.name, "output": ip.output, "reuses": ip.reuses, "reason": ip.reason}
+                    for k in plan.kernels for ip in k.inplace],
     }
