@@ -3,8 +3,10 @@
 The runtime never imports the compiler and never decides anything: it loads the bundle's
 cubins and runs its launch plan. PyCUDA is imported only when a device is opened.
 
-    executor = aicf_run.load("model.aicf")
+    executor = aicf_run.load("model.aicf")    # the launch plan captured as a CUDA graph
     outputs = executor.run({"x": x})
+    timings = executor.bench(100)             # aicf_run.bench.BenchReport
+    kernels = executor.profile()              # aicf_run.profile.ProfileReport
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load"]
 
 
-def load(path: str | os.PathLike, device: int = 0) -> Executor:
-    """Read and check the bundle at `path`, open GPU `device` and load the bundle onto it."""
+def load(path: str | os.PathLike, device: int = 0, graph: bool = True) -> Executor:
+    """Read and check the bundle at `path`, open GPU `device` and load the bundle onto it.
+
+    With `graph` (the default) the launch plan is captured once into a CUDA graph that every
+    run replays. `executor.device.close()` frees the GPU (it also happens at exit).
+    """
     from aicf_run.bundle import read_bundle
     from aicf_run.device import check_arch, open_device
     from aicf_run.executor import Executor
@@ -29,7 +35,7 @@ def load(path: str | os.PathLike, device: int = 0) -> Executor:
     gpu = open_device(device)
     try:
         check_arch(bundle.arch, gpu.arch)
-        return Executor(bundle, gpu)
+        return Executor(bundle, gpu, graph=graph)
     except BaseException:
         gpu.close()
         raise

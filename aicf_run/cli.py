@@ -1,35 +1,45 @@
-"""`aicf-run BUNDLE`: run a compiled bundle on the GPU and save its outputs.
+"""`aicf-run BUNDLE`: run a compiled bundle on the GPU and save its outputs; or time it.
 
-Everything that can be checked on the host (the bundle, the inputs, the --check model) is
-checked before the GPU is touched, so those mistakes are reported the same way, and can be
-tested, on a machine without one. Every user error prints one line,
+Everything that can be checked on the host (the flags, the bundle, the inputs, the --check
+model) is checked before the GPU is touched, so those mistakes are reported the same way, and
+can be tested, on a machine without one. Every user error prints one line,
 `aicf-run: error: <message>`, to stderr and exits 2; a failed --check exits 1.
+
+`--bench N` and `--profile` run the model once (on the --input files, or on fresh random
+inputs when none are given), then time it: aicf_run.bench and aicf_run.profile say exactly
+what is timed. With them, outputs are saved only when --output-dir is given.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from typing import NoReturn
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import click
 
 from aicf_run import __version__
-from aicf_run.bundle import read_bundle
+from aicf_run.bench import BenchReport, format_bench
+from aicf_run.bundle import Bundle, read_bundle
 from aicf_run.check import CheckRow, check_against_onnx, require_onnxruntime
 from aicf_run.device import check_arch, open_device
 from aicf_run.errors import RunError
 from aicf_run.executor import Executor
-from aicf_run.inputs import load_inputs, save_outputs
+from aicf_run.inputs import load_inputs, random_inputs, save_outputs
+from aicf_run.profile import ProfileReport, format_profile, roofline_points
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("bundle_path", metavar="BUNDLE")
 @click.option("--input", "input_specs", multiple=True, metavar="SPEC",
               help="An input: FILE.npy (single-input bundles), NAME=FILE.npy, or FILE.npz "
-                   "whose members are input names. Repeat for several.")
-@click.option("--output-dir", default=".", show_default=True, metavar="DIR",
-              help="Folder for the outputs, saved as <output-name>.npy.")
+                   "whose members are input names. Repeat for several. With --bench or "
+                   "--profile and no --input, random normal inputs are used.")
+@click.option("--output-dir", default=None, metavar="DIR",
+              help="Folder for the outputs, saved as <output-name>.npy [default: the current "
+                   "folder; with --bench or --profile, outputs are saved only when given].")
 @click.option("--check", "check_model", default=None, metavar="MODEL.onnx",
               help="Also run MODEL.onnx on onnxruntime (CPU) and compare; exit 1 on a FAIL.")
 @click.option("--rtol", default=None, type=click.FloatRange(min=0),
@@ -37,13 +47,31 @@ from aicf_run.inputs import load_inputs, save_outputs
                    "precision: fp32 1e-4, tf32 1e-3, fp16/bf16 1e-2].")
 @click.option("--device", "device_ordinal", default=0, show_default=True,
               type=click.IntRange(min=0), help="The GPU to run on.")
+@click.option("--no-graph", is_flag=True,
+              help="Launch the kernels one by one instead of replaying the plan as a CUDA graph.")
+@click.option("--bench", "bench_replays", type=int, default=None, metavar="N",
+              help="Time N whole-plan replays with CUDA events, with and without a CUDA graph; "
+                   "print the median and p90.")
+@click.option("--profile", "profile_kernels", is_flag=True,
+              help="Time every kernel alone; print it beside its predicted time, its share, "
+                   "GB/s, TFLOP/s, % of the roofline and its ONNX nodes.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the --bench/--profile report as JSON instead of tables.")
+@click.option("--roofline", default=None, metavar="FILE",
+              help="With --profile: plot measured beside predicted kernels on the target's "
+                   "roofline into FILE (.png, .svg or .pdf; needs matplotlib).")
 @click.version_option(__version__, prog_name="aicf-run")
-def main(bundle_path: str, input_specs: tuple[str, ...], output_dir: str,
-         check_model: str | None, rtol: float | None, device_ordinal: int) -> None:
+def main(bundle_path: str, input_specs: tuple[str, ...], output_dir: str | None,
+         check_model: str | None, rtol: float | None, device_ordinal: int, no_graph: bool,
+         bench_replays: int | None, profile_kernels: bool, as_json: bool,
+         roofline: str | None) -> None:
     """Run a compiled .aicf BUNDLE on an NVIDIA GPU and save its outputs as .npy files."""
+    options = _Options(input_specs=list(input_specs), output_dir=output_dir,
+                       check_model=check_model, rtol=rtol, device_ordinal=device_ordinal,
+                       graph=not no_graph, bench=bench_replays, profile=profile_kernels,
+                       as_json=as_json, roofline=roofline)
     try:
-        failed = _run(bundle_path, list(input_specs), output_dir, check_model, rtol,
-                      device_ordinal)
+        failed = _run(bundle_path, options)
     except RunError as err:
         _fail(str(err))
     except OSError as err:
@@ -57,35 +85,132 @@ def main(bundle_path: str, input_specs: tuple[str, ...], output_dir: str,
 TOLERANCE = {"fp32": 1e-4, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}
 
 
-def _run(bundle_path: str, input_specs: list[str], output_dir: str, check_model: str | None,
-         rtol: float | None, device_ordinal: int) -> bool:
+@dataclass(frozen=True)
+class _Options:
+    """The command line, as plain values."""
+
+    input_specs: list[str]
+    output_dir: str | None
+    check_model: str | None
+    rtol: float | None
+    device_ordinal: int
+    graph: bool
+    bench: int | None
+    profile: bool
+    as_json: bool
+    roofline: str | None
+
+    @property
+    def timing(self) -> bool:
+        return self.bench is not None or self.profile
+
+
+def check_flags(options: _Options) -> None:
+    """Refuse a bad combination of flags, before the bundle is read or the GPU touched."""
+    if options.bench is not None and options.bench < 1:
+        raise RunError(f"--bench N needs N >= 1 timed replays, got {options.bench}")
+    if options.as_json and not options.timing:
+        raise RunError("--json prints the --bench/--profile report; add --bench N or --profile")
+    if options.as_json and options.check_model is not None:
+        raise RunError("--json prints only the timing report; run --check in a separate call "
+                       "without --json")
+    if options.roofline is not None:
+        if not options.profile:
+            raise RunError("--roofline plots the kernels that --profile measures; add --profile")
+        from aicf_run.roofline import check_path, require_matplotlib
+        path = check_path(options.roofline)
+        if not path.parent.is_dir():
+            raise RunError(f"cannot write roofline plot {path}: folder {path.parent} does not "
+                           f"exist; create it or pick another path")
+        require_matplotlib()
+
+
+def _run(bundle_path: str, options: _Options) -> bool:
     """Do the work; returns True when --check found a failing output."""
+    check_flags(options)
     bundle = read_bundle(bundle_path)
+    if options.roofline is not None:
+        _check_roofline_profile(bundle)
+    rtol = options.rtol
     if rtol is None:
         rtol = TOLERANCE.get(bundle.payload.get("precision"), 1e-4)
-    inputs = load_inputs(input_specs, bundle)
+    generated = options.timing and not options.input_specs
+    inputs = random_inputs(bundle) if generated else load_inputs(options.input_specs, bundle)
+    check_model = options.check_model
     if check_model is not None:
         if not os.path.isfile(check_model):
             raise RunError(f"--check model {check_model} does not exist; pass the ONNX model "
                            f"the bundle was compiled from")
         require_onnxruntime()
 
-    device = open_device(device_ordinal)
+    bench: BenchReport | None = None
+    profile: ProfileReport | None = None
+    device = open_device(options.device_ordinal)
     try:
         check_arch(bundle.arch, device.arch)
-        outputs = Executor(bundle, device).run(inputs)
+        executor = Executor(bundle, device, graph=options.graph)
+        outputs = executor.run(inputs)
+        if options.bench is not None:
+            bench = executor.bench(options.bench, graph=None if options.graph else False)
+        if options.profile:
+            profile = executor.profile()
+        gpu = device.name
     finally:
         device.close()
 
-    paths = save_outputs(outputs, output_dir)
-    for name, array in outputs.items():
-        click.echo(f"{name}: {array.dtype} {list(array.shape)} -> {paths[name]}")
+    # With --json, stdout holds the report alone; everything else goes to stderr.
+    say = (lambda line: click.echo(line, err=True)) if options.as_json else click.echo
+    if not options.timing or options.output_dir is not None:
+        paths = save_outputs(outputs, options.output_dir or ".")
+        for name, array in outputs.items():
+            say(f"{name}: {array.dtype} {list(array.shape)} -> {paths[name]}")
+    if options.timing:
+        _report(bundle, gpu, generated, bench, profile, options)
     if check_model is None:
         return False
     rows = check_against_onnx(check_model, inputs, outputs, rtol)
     click.echo(f"check against {check_model} (onnxruntime CPU, rtol {rtol:g}):")
     click.echo(_table(rows))
     return not all(row.passed for row in rows)
+
+
+def _report(bundle: Bundle, gpu: str, generated: bool, bench: BenchReport | None,
+            profile: ProfileReport | None, options: _Options) -> None:
+    inputs = "random standard normal" if generated else "given with --input"
+    if options.as_json:
+        report: dict[str, Any] = {
+            "bundle": str(bundle.path), "model": bundle.payload["model"]["name"],
+            "gpu": gpu, "arch": bundle.arch, "precision": bundle.payload["precision"],
+            "graph": options.graph, "inputs": inputs}
+        if bench is not None:
+            report["bench"] = bench.as_dict()
+        if profile is not None:
+            report["profile"] = profile.as_dict()
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(f"{bundle.payload['model']['name']} on {gpu}; inputs: {inputs}")
+        if bench is not None:
+            click.echo(format_bench(bench))
+        if profile is not None:
+            click.echo(format_profile(profile))
+    if options.roofline is not None and profile is not None:
+        from aicf_run.roofline import plot_roofline
+        title = f"{bundle.payload['model']['name']} on {gpu}: measured vs predicted"
+        plotted = plot_roofline(bundle.target["profile"], roofline_points(profile),
+                                options.roofline, title)
+        kernels = len({point.label for point in plotted})
+        click.echo(f"wrote {options.roofline}: {kernels} kernel(s), measured beside predicted, "
+                   f"on the {bundle.arch} roofline", err=True)
+
+
+def _check_roofline_profile(bundle: Bundle) -> None:
+    profile = bundle.target["profile"]
+    peaks = profile.get("peak_tflops")
+    if not isinstance(profile.get("dram_bandwidth_gbs"), (int, float)) or not (
+            isinstance(peaks, dict) and peaks):
+        raise RunError(f"{bundle.path}: the target profile has no dram_bandwidth_gbs and "
+                       f"peak_tflops to draw a roofline with; recompile the model with "
+                       f"`aicfc compile`, or drop --roofline")
 
 
 def _table(rows: list[CheckRow]) -> str:

@@ -2,9 +2,15 @@
 
 The executor makes no decisions: every choice (kernels, launch shapes, memory layout) was made
 by the compiler and is in the bundle. At construction it loads the cubins, prepares every
-kernel, allocates one arena and one weights region, uploads the weights once and computes
-every kernel's pointer arguments. `run` then only copies inputs in, launches the kernels in
-order and copies outputs out; repeated runs allocate no device memory.
+kernel, allocates one arena and one weights region, uploads the weights once, computes every
+kernel's pointer arguments, allocates page-locked host buffers for the inputs and outputs, and
+captures the launch plan into a CUDA graph (aicf_run.graph). `run` then only copies the inputs
+in, replays the graph (or, with graph=False, launches the kernels one by one) and copies the
+outputs out, all on one stream; repeated runs allocate no device memory.
+
+Everything goes to one PyCUDA Stream, never to the legacy default stream, which cannot be
+captured. The stream is an ordinary (blocking) one, so work a caller puts on the default
+stream, and events it records there, are still ordered with the executor's work.
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from aicf_run import bench as _bench
+from aicf_run import profile as _profile
 from aicf_run.bundle import Bundle
 from aicf_run.convert import device_array, to_device, to_host
 from aicf_run.device import Device, check_arch
 from aicf_run.errors import RunError
+from aicf_run.graph import Graph
 from aicf_run.inputs import check_inputs
 
 # Without opting in, a kernel may use at most 48 KiB of dynamic shared memory.
@@ -28,7 +37,7 @@ _RECOMPILE = "recompile the model with `aicfc compile`"
 
 @dataclass(frozen=True)
 class _Launch:
-    """One prepared kernel launch: everything `prepared_call` needs, computed once."""
+    """One prepared kernel launch: everything `prepared_async_call` needs, computed once."""
 
     index: int
     name: str
@@ -39,25 +48,40 @@ class _Launch:
     pointers: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Transfer:
-    """Where an input or output lives on the device, and what it looks like on the host."""
+    """Where an input or output lives on the device, and what it looks like on the host.
+
+    `staging` is a page-locked host array with the device buffer's layout (None when the
+    tensor is empty): copies between page-locked memory and the GPU are truly asynchronous on
+    the stream, and it is allocated once, at load.
+    """
 
     name: str
     pointer: int
     dtype: str           # on the host (the bundle's interface)
     device_dtype: str    # in the arena; aicf_run.convert converts between them
     shape: tuple[int, ...]
+    staging: np.ndarray | None
 
 
 class Executor:
-    """A bundle loaded on a device, ready to `run` any number of times."""
+    """A bundle loaded on a device, ready to `run` any number of times.
 
-    def __init__(self, bundle: Bundle, device: Device) -> None:
+    With `graph=True` (the default) the launch plan is captured once, here, into a CUDA graph
+    and every run replays it; `graph=False` launches the kernels one by one. Both give the
+    same bits: the same kernels run on the same memory in the same order.
+    """
+
+    def __init__(self, bundle: Bundle, device: Device, graph: bool = True) -> None:
         self.bundle = bundle
         self.device = device
         self._cuda = device.driver
         self._closed = False
+        self._graph: Graph | None = None
+        self._uses_graph = graph
+        self._events: tuple[Any, Any] | None = None
+        self._pinned: list[np.ndarray] = []
         for module in bundle.modules:
             check_arch(module["arch"], device.arch)
         modules = [self._load_module(module) for module in bundle.modules]
@@ -72,53 +96,107 @@ class Executor:
         self._upload_weights(pointers)
         self._launches = [self._prepare(i, kernel, modules, pointers)
                           for i, kernel in enumerate(bundle.kernels)]
-        self._inputs = [_transfer(item, pointers, bundle.buffers) for item in bundle.inputs]
-        self._outputs = [_transfer(item, pointers, bundle.buffers) for item in bundle.outputs]
+        self._stream = self._cuda.Stream()
+        self._inputs = [self._transfer(item, pointers) for item in bundle.inputs]
+        self._outputs = [self._transfer(item, pointers) for item in bundle.outputs]
+        if graph:
+            self._graph = self._capture()
+
+    @property
+    def stream(self) -> Any:
+        """The PyCUDA Stream every copy and launch of this executor goes to."""
+        self._check_open()
+        return self._stream
+
+    @property
+    def uses_graph(self) -> bool:
+        """Whether `run` and `launch` replay a CUDA graph (graph=True at construction)."""
+        return self._uses_graph
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on `inputs` ({name: array}); returns {output name: new array}."""
         arrays = check_inputs(inputs, self.bundle)
-        if self._closed:
-            raise RunError("this executor is closed; load the bundle again")
+        self._check_open()
         cuda = self._cuda
         try:
             for transfer in self._inputs:
-                array = to_device(arrays[transfer.name], transfer.device_dtype)
-                if array.nbytes:
-                    cuda.memcpy_htod(transfer.pointer, array)
+                if transfer.staging is not None:
+                    np.copyto(transfer.staging, to_device(arrays[transfer.name],
+                                                          transfer.device_dtype))
+                    cuda.memcpy_htod_async(transfer.pointer, transfer.staging, self._stream)
         except cuda.Error as err:
             raise RunError(f"cannot copy the inputs to the GPU ({_one_line(err)}); check "
                            f"nvidia-smi") from None
         self.launch()
+        self.synchronize()
         try:
-            self.device.context.synchronize()
+            for transfer in self._outputs:
+                if transfer.staging is not None:
+                    cuda.memcpy_dtoh_async(transfer.staging, transfer.pointer, self._stream)
+            self._stream.synchronize()
         except cuda.Error as err:
+            raise RunError(f"cannot copy the outputs from the GPU ({_one_line(err)}); check "
+                           f"nvidia-smi") from None
+        outputs: dict[str, np.ndarray] = {}
+        for transfer in self._outputs:
+            # A copy: the staging buffer is overwritten by the next run.
+            raw = (device_array(transfer.shape, transfer.device_dtype)
+                   if transfer.staging is None else transfer.staging.copy())
+            outputs[transfer.name] = to_host(raw, transfer.dtype, transfer.device_dtype)
+        return outputs
+
+    def launch(self, graph: bool | None = None) -> None:
+        """Enqueue the launch plan once on the stream, on the inputs already in the arena.
+
+        No copies, no sync. `graph` None follows the executor's mode; True replays the CUDA
+        graph (captured now if this executor was built without one); False launches the
+        kernels one by one.
+        """
+        self._check_open()
+        if graph is None:
+            graph = self._uses_graph
+        if not graph:
+            for launch in self._launches:
+                self._enqueue(launch)
+            return
+        if self._graph is None:
+            self._graph = self._capture()
+        self._graph.launch(self._stream)
+
+    def launch_kernel(self, index: int) -> None:
+        """Enqueue kernel `index` of the plan alone on the stream (for profiling); no sync."""
+        self._check_open()
+        self._enqueue(self._launches[index])
+
+    def synchronize(self) -> None:
+        """Wait for the stream; a kernel fault becomes a RunError and marks the device lost."""
+        self._check_open()
+        try:
+            self._stream.synchronize()
+        except self._cuda.Error as err:
             self.device.lost = True
             raise RunError(f"a kernel failed while running ({_one_line(err)}); the GPU context "
                            f"is unusable now; rerun with CUDA_LAUNCH_BLOCKING=1 to find the "
                            f"kernel and report it with the bundle") from None
-        outputs: dict[str, np.ndarray] = {}
-        try:
-            for transfer in self._outputs:
-                raw = device_array(transfer.shape, transfer.device_dtype)
-                if raw.nbytes:
-                    cuda.memcpy_dtoh(raw, transfer.pointer)
-                outputs[transfer.name] = to_host(raw, transfer.dtype, transfer.device_dtype)
-        except cuda.Error as err:
-            raise RunError(f"cannot copy the outputs from the GPU ({_one_line(err)}); check "
-                           f"nvidia-smi") from None
-        return outputs
 
-    def launch(self) -> None:
-        """Enqueue the launch plan once, on the current inputs in the arena (no copies, no sync)."""
-        cuda = self._cuda
-        for launch in self._launches:
-            try:
-                launch.function.prepared_call(launch.grid, launch.block, *launch.pointers,
-                                              shared_size=launch.smem_bytes)
-            except cuda.Error as err:
-                raise RunError(f"kernel {launch.index} ({launch.name}) failed to launch "
-                               f"({_one_line(err)}); {_RECOMPILE} for this GPU") from None
+    def events(self) -> tuple[Any, Any]:
+        """A (start, stop) pair of CUDA events for timing, made once and freed by close().
+
+        Owned here rather than by the timing code so that they are freed while the context is
+        alive, even when a timing run ends in an exception that keeps its frames around.
+        """
+        self._check_open()
+        if self._events is None:
+            self._events = (self._cuda.Event(), self._cuda.Event())
+        return self._events
+
+    def bench(self, replays: int, graph: bool | None = None) -> _bench.BenchReport:
+        """Time `replays` whole-plan replays (see aicf_run.bench); graph None times both ways."""
+        return _bench.bench(self, replays, graph)
+
+    def profile(self) -> _profile.ProfileReport:
+        """Time every kernel alone and the whole plan (see aicf_run.profile)."""
+        return _profile.profile(self)
 
     def poison(self) -> None:
         """Fill the arena with NaN bytes (0xFF), so any output element no kernel wrote is NaN.
@@ -126,21 +204,79 @@ class Executor:
         For tests: a kernel that skips part of its output then fails a NaN-never-passes check
         instead of passing on stale values from an earlier run.
         """
-        if self._closed:
-            raise RunError("this executor is closed; load the bundle again")
+        self._check_open()
         self._cuda.memset_d8(int(self._arena), 0xFF, self.bundle.memory["arena_bytes"])
         self.device.context.synchronize()
 
     def close(self) -> None:
-        """Free the device memory now; the executor cannot run afterwards."""
+        """Free the graph, then the device memory; the executor cannot run afterwards."""
         if self._closed:
             return
         self._closed = True
+        # The graph's kernel nodes point into the arena: it goes first.
+        if self._graph is not None:
+            try:
+                self._graph.close()
+            except RunError:
+                pass  # a lost context; destroying it frees the graph
+            self._graph = None
         # Dropping the launches drops the last references to the functions and so to their
-        # modules, which PyCUDA unloads while the context is still alive.
+        # modules, which PyCUDA unloads while the context is still alive; likewise the events
+        # and the stream are destroyed here, not after the context is gone.
         self._launches = []
+        self._events = None
+        self._stream = None
+        for pinned in self._pinned:
+            free = getattr(pinned.base, "free", None)
+            if free is not None:
+                try:
+                    free()
+                except self._cuda.Error:
+                    pass  # a lost context frees everything when it goes
+        self._pinned = []
         for allocation in (self._arena, self._weights):
             allocation.free()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RunError("this executor is closed; load the bundle again")
+
+    def _enqueue(self, launch: _Launch) -> None:
+        try:
+            launch.function.prepared_async_call(launch.grid, launch.block, self._stream,
+                                                *launch.pointers,
+                                                shared_size=launch.smem_bytes)
+        except self._cuda.Error as err:
+            raise RunError(f"kernel {launch.index} ({launch.name}) failed to launch "
+                           f"({_one_line(err)}); {_RECOMPILE} for this GPU") from None
+
+    def _capture(self) -> Graph:
+        """The launch plan as a CUDA graph, uploaded so that its first replay allocates nothing."""
+        graph = Graph.capture(self._stream, lambda: self.launch(graph=False))
+        try:
+            graph.upload(self._stream)
+        except RunError:
+            graph.close()
+            raise
+        return graph
+
+    def _transfer(self, item: dict, pointers: list[int]) -> _Transfer:
+        buffer = self.bundle.buffers[item["buffer"]]
+        shape = tuple(item["shape"])
+        layout = device_array(shape, buffer["dtype"])
+        staging = None
+        if layout.nbytes:
+            try:
+                pinned = self._cuda.pagelocked_empty((layout.nbytes,), np.uint8)
+            except (self._cuda.Error, MemoryError) as err:
+                raise RunError(f"cannot allocate {layout.nbytes} bytes of page-locked host "
+                               f"memory for {item['name']!r} ({_one_line(err)}); free host "
+                               f"memory") from None
+            self._pinned.append(pinned)
+            staging = pinned.view(layout.dtype).reshape(shape)
+        return _Transfer(name=item["name"], pointer=pointers[item["buffer"]],
+                         dtype=item["dtype"], device_dtype=buffer["dtype"], shape=shape,
+                         staging=staging)
 
     def _load_module(self, module: dict) -> Any:
         try:
@@ -193,11 +329,6 @@ class Executor:
         return _Launch(index=index, name=name, function=function, grid=tuple(kernel["grid"]),
                        block=tuple(kernel["block"]), smem_bytes=smem_bytes,
                        pointers=tuple(pointers[buffer_id] for buffer_id in args))
-
-
-def _transfer(item: dict, pointers: list[int], buffers: list[dict]) -> _Transfer:
-    return _Transfer(name=item["name"], pointer=pointers[item["buffer"]], dtype=item["dtype"],
-                     device_dtype=buffers[item["buffer"]]["dtype"], shape=tuple(item["shape"]))
 
 
 def _one_line(err: BaseException) -> str:

@@ -1,4 +1,5 @@
-"""Host-side inputs and outputs: load `--input` files, check them, save outputs as .npy.
+"""Host-side inputs and outputs: load `--input` files (or make random ones for timing), check
+them, save outputs as .npy.
 
 Everything here runs before the GPU is touched, so every mistake in the inputs is reported
 (and testable) without one. Files are always loaded with allow_pickle=False: a .npy that holds
@@ -93,6 +94,23 @@ def check_inputs(inputs: Mapping[str, np.ndarray], bundle: Bundle) -> dict[str, 
         # Byte order is an encoding, not a type: a big-endian float32 is still float32.
         checked[name] = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
     return checked
+
+
+def random_inputs(bundle: Bundle, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    """Fresh inputs for timing: standard normal floats; zeros for integer and bool inputs.
+
+    Zeros because an integer input may be an index, and only 0 is a valid index of every
+    dimension; the bundles aicfc writes today take float inputs only.
+    """
+    rng = np.random.default_rng() if rng is None else rng
+    arrays: dict[str, np.ndarray] = {}
+    for item in bundle.inputs:
+        dtype, shape = np.dtype(item["dtype"]), tuple(item["shape"])
+        if dtype.kind == "f":
+            arrays[item["name"]] = np.asarray(rng.standard_normal(shape)).astype(dtype)
+        else:
+            arrays[item["name"]] = np.zeros(shape, dtype)
+    return arrays
 
 
 def save_outputs(outputs: Mapping[str, np.ndarray], out_dir: str | os.PathLike) -> dict[str, Path]:

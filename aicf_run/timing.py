@@ -1,4 +1,4 @@
-"""Time single kernels of one module on the GPU with CUDA events (for `aicfc tune`).
+"""Time single kernels on the GPU with CUDA events (`aicfc tune`, `aicf-run --profile`).
 
 `KernelBench` loads a module, allocates one device buffer per kernel argument from host
 arrays, and times any kernel of the module on those buffers: WARMUP launches, then
@@ -6,14 +6,15 @@ back-to-back launches between two CUDA events, as many as make the measurement a
 MIN_LAUNCHES launches and MIN_MS milliseconds (at most MAX_LAUNCHES); the time per launch is
 elapsed / launches, and the result the median of REPEATS such measurements.
 
-Launches go back to back, as a model's kernels do, so inputs stay in L2 between launches
-when they fit; that is also how `benchmarks/` times whole models.
+`median_per_launch_us` is that measuring loop on its own, shared with the runtime's profiler
+(aicf_run.profile). Launches go back to back, as a model's kernels do, so inputs stay in L2
+between launches when they fit; that is also how `benchmarks/` times whole models.
 """
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -118,20 +119,12 @@ class KernelBench:
             self._check_alive(symbol)
             raise LaunchRefused(f"launch refused ({_one_line(err)})") from None
         try:
-            per_launch = launches(WARMUP) / WARMUP
-            n = _count(per_launch)
-            for _ in range(8):   # the warm-up's estimate may be off; grow n until MIN_MS is met
-                elapsed = launches(n)
-                if elapsed >= MIN_MS or n >= MAX_LAUNCHES:
-                    break
-                n = min(MAX_LAUNCHES, max(n + 1, math.ceil(1.2 * n * MIN_MS / max(elapsed, 1e-6))))
-            samples = [elapsed / n] + [launches(n) / n for _ in range(REPEATS - 1)]
+            return median_per_launch_us(launches)
         except cuda.Error as err:
             self.device.lost = True
             raise RunError(f"tuning candidate {symbol} failed on the GPU ({_one_line(err)}); the "
                            f"GPU context is unusable now; this is a compiler bug, please report "
                            f"it with the model") from None
-        return statistics.median(samples) * 1e3
 
     def _function(self, symbol: str) -> Any:
         if symbol not in self._functions:
@@ -152,6 +145,23 @@ class KernelBench:
             raise RunError(f"tuning candidate {symbol} failed on the GPU ({_one_line(err)}); the "
                            f"GPU context is unusable now; this is a compiler bug, please report "
                            f"it with the model") from None
+
+
+def median_per_launch_us(launches: Callable[[int], float]) -> float:
+    """Median time per launch in microseconds, by the method of the module docstring.
+
+    `launches(n)` enqueues n back-to-back launches between two CUDA events and returns the
+    elapsed milliseconds; the runtime's profiler (aicf_run.profile) measures the same way.
+    """
+    per_launch = launches(WARMUP) / WARMUP
+    n = _count(per_launch)
+    for _ in range(8):   # the warm-up's estimate may be off; grow n until MIN_MS is met
+        elapsed = launches(n)
+        if elapsed >= MIN_MS or n >= MAX_LAUNCHES:
+            break
+        n = min(MAX_LAUNCHES, max(n + 1, math.ceil(1.2 * n * MIN_MS / max(elapsed, 1e-6))))
+    samples = [elapsed / n] + [launches(n) / n for _ in range(REPEATS - 1)]
+    return statistics.median(samples) * 1e3
 
 
 def _count(per_launch_ms: float) -> int:

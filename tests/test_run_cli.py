@@ -9,6 +9,7 @@ arithmetic and memory traffic are checked exactly as a GPU would see them.
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from click.testing import CliRunner, Result
 from onnx import TensorProto, helper, numpy_helper
 
 import aicf_run
+import aicf_run.graph
 from aicf_run.bundle import read_bundle
 from aicf_run.check import compare
 from aicf_run.cli import main
@@ -101,16 +103,138 @@ class FakeFunction:
     def set_attribute(self, attribute: int, value: int) -> None:
         self.attributes[attribute] = value
 
-    def prepared_call(self, grid: tuple, block: tuple, *args: int, shared_size: int = 0) -> None:
+    def prepared_async_call(self, grid: tuple, block: tuple, stream: FakeStream, *args: int,
+                            shared_size: int = 0) -> None:
         # PyCUDA needs tuples (it tests `isinstance(block, tuple)`) and one int per "P".
         assert isinstance(grid, tuple) and isinstance(block, tuple)
         assert self.arg_format == "P" * len(args) and all(type(a) is int for a in args)
+        assert isinstance(stream, FakeStream), "every launch goes to the executor's stream"
+        if stream.captured is not None:   # recorded into a graph, run at its replays
+            stream.captured.append(lambda: self._execute(grid, block, args, shared_size))
+            return
+        self.driver.clock += HOST_LAUNCH_US
+        self._execute(grid, block, args, shared_size)
+
+    def _execute(self, grid: tuple, block: tuple, args: tuple[int, ...], shared_size: int) -> None:
+        self.driver.clock += KERNEL_US
         self.driver.launches.append((self.symbol, grid, block, args, shared_size))
         n = grid[0] * block[0]
         total = np.zeros(n, dtype=np.float32)
         for pointer in args[:-1]:
             total += np.frombuffer(self.driver.read(pointer, 4 * n), dtype=np.float32)
         self.driver.write(args[-1], total.tobytes())
+
+
+class FakeStream:
+    def __init__(self, driver: FakeDriver) -> None:
+        self.driver = driver
+        self.handle = 0x5000 + len(driver.streams)   # a CUstream, as an int
+        self.captured: list[Any] | None = None
+        driver.streams[self.handle] = self
+
+    def synchronize(self) -> None:
+        pass
+
+
+class FakeEvent:
+    def __init__(self, driver: FakeDriver) -> None:
+        self.driver, self.t = driver, 0.0
+
+    def record(self, stream: FakeStream | None = None) -> None:
+        self.t = self.driver.clock
+
+    def synchronize(self) -> None:
+        pass
+
+    def time_since(self, start: FakeEvent) -> float:
+        return (self.t - start.t) / 1e3   # milliseconds, as PyCUDA's
+
+
+# The fake GPU's virtual clock (microseconds): a kernel runs KERNEL_US; a launch call from the
+# host costs HOST_LAUNCH_US more, a graph replay GRAPH_LAUNCH_US once for all its kernels.
+KERNEL_US = 1.0
+HOST_LAUNCH_US = 4.0
+GRAPH_LAUNCH_US = 2.0
+
+
+class FakeLibcuda:
+    """The driver calls of aicf_run.graph on the fake GPU.
+
+    Between cuStreamBeginCapture_v2 and cuStreamEndCapture a FakeStream collects the launches
+    instead of running them; cuGraphLaunch runs them. `fail` maps a call's name to the CUresult
+    it returns instead of doing its work.
+    """
+
+    NAMES = {1: "CUDA_ERROR_INVALID_VALUE", 700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+             900: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+             901: "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"}
+
+    def __init__(self, driver: FakeDriver) -> None:
+        self.driver = driver
+        self.fail: dict[str, int] = {}
+        self.calls: list[str] = []
+        self.graphs: dict[int, list[Any]] = {}
+        self.execs: dict[int, list[Any]] = {}
+        self._next = 0x100
+
+    def _result(self, name: str) -> int:
+        self.calls.append(name)
+        return self.fail.get(name, 0)
+
+    def _handle(self) -> int:
+        self._next += 1
+        return self._next
+
+    def cuGetErrorName(self, result: int, name: Any) -> int:
+        if result not in self.NAMES:
+            return 1
+        name.contents.value = self.NAMES[result].encode()
+        return 0
+
+    def cuStreamBeginCapture_v2(self, stream: ctypes.c_void_p, mode: int) -> int:
+        assert mode == 1, "THREAD_LOCAL"
+        result = self._result("cuStreamBeginCapture_v2")
+        if not result:
+            self.driver.streams[stream.value].captured = []
+        return result
+
+    def cuStreamEndCapture(self, stream: ctypes.c_void_p, graph: Any) -> int:
+        target = self.driver.streams[stream.value]
+        captured, target.captured = target.captured, None
+        assert captured is not None, "no capture to end"
+        result = self._result("cuStreamEndCapture")
+        if not result:
+            graph.contents.value = handle = self._handle()
+            self.graphs[handle] = captured
+        return result
+
+    def cuGraphInstantiateWithFlags(self, executable: Any, graph: ctypes.c_void_p,
+                                    flags: int) -> int:
+        result = self._result("cuGraphInstantiateWithFlags")
+        if not result:
+            executable.contents.value = handle = self._handle()
+            self.execs[handle] = list(self.graphs[graph.value])
+        return result
+
+    def cuGraphUpload(self, executable: ctypes.c_void_p, stream: ctypes.c_void_p) -> int:
+        assert executable.value in self.execs and stream.value in self.driver.streams
+        return self._result("cuGraphUpload")
+
+    def cuGraphLaunch(self, executable: ctypes.c_void_p, stream: ctypes.c_void_p) -> int:
+        result = self._result("cuGraphLaunch")
+        if not result:
+            self.driver.clock += GRAPH_LAUNCH_US
+            for node in self.execs[executable.value]:
+                node()
+        return result
+
+    def cuGraphExecDestroy(self, executable: ctypes.c_void_p) -> int:
+        del self.execs[executable.value]
+        return self._result("cuGraphExecDestroy")
+
+    def cuGraphDestroy(self, graph: ctypes.c_void_p) -> int:
+        del self.graphs[graph.value]
+        return self._result("cuGraphDestroy")
 
 
 class FakeModule:
@@ -132,7 +256,11 @@ class FakeDriver(types.ModuleType):
         super().__init__("pycuda.driver")
         self.memory: dict[int, bytearray] = {}
         self.allocations = 0
+        self.pinned = 0
         self.launches: list[tuple] = []
+        self.streams: dict[int, FakeStream] = {}
+        self.clock = 0.0
+        self.libcuda = FakeLibcuda(self)
         self.popped = self.detached = 0
         self.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
         driver = self
@@ -169,6 +297,16 @@ class FakeDriver(types.ModuleType):
     def init(self) -> None:
         pass
 
+    def Stream(self) -> FakeStream:
+        return FakeStream(self)
+
+    def Event(self) -> FakeEvent:
+        return FakeEvent(self)
+
+    def pagelocked_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        self.pinned += 1
+        return np.full(shape, 0xCD, dtype=dtype)
+
     def mem_alloc(self, nbytes: int) -> FakeAllocation:
         assert nbytes >= 1
         base = 0x1000_0000 * (len(self.memory) + 1)
@@ -201,15 +339,29 @@ class FakeDriver(types.ModuleType):
         view = memoryview(destination).cast("B")
         view[:] = self.read(pointer, len(view))
 
+    def memcpy_htod_async(self, pointer: int, source: np.ndarray, stream: FakeStream) -> None:
+        assert stream.captured is None, "copies stay outside the graph"
+        self.memcpy_htod(pointer, source)
 
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    driver = FakeDriver()
+    def memcpy_dtoh_async(self, destination: np.ndarray, pointer: int,
+                          stream: FakeStream) -> None:
+        assert stream.captured is None, "copies stay outside the graph"
+        self.memcpy_dtoh(destination, pointer)
+
+
+def install_fake_gpu(monkeypatch: pytest.MonkeyPatch, driver: FakeDriver) -> FakeDriver:
+    """Make `driver` pycuda.driver, and its FakeLibcuda the library aicf_run.graph calls."""
     package = types.ModuleType("pycuda")
     package.driver = driver
     monkeypatch.setitem(sys.modules, "pycuda", package)
     monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
+    monkeypatch.setattr(aicf_run.graph, "libcuda", lambda: driver.libcuda)
     return driver
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    return install_fake_gpu(monkeypatch, FakeDriver())
 
 
 @pytest.fixture
@@ -412,11 +564,7 @@ def test_check_arch(bundle_arch: str, device_arch: str, runs: bool) -> None:
 
 def test_arch_mismatch_through_the_cli(bundle_path: Path, x_npy: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    driver = FakeDriver(capability=(8, 0))
-    package = types.ModuleType("pycuda")
-    package.driver = driver
-    monkeypatch.setitem(sys.modules, "pycuda", package)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", driver)
+    driver = install_fake_gpu(monkeypatch, FakeDriver(capability=(8, 0)))
     assert_user_error(run_cli(bundle_path, "--input", x_npy),
                       "bundle was compiled for sm_90 but this GPU is sm_80")
     assert driver.allocations == 0 and driver.popped == 1
@@ -438,6 +586,41 @@ def test_run_end_to_end(bundle_path: Path, x_npy: Path, tmp_path: Path,
     assert (symbol, grid, block, smem) == ("add", (1, 1, 1), (6, 1, 1), 0)
     arena, weights = 0x1000_0000, 0x2000_0000
     assert pointers == (arena + 0, weights + 0, arena + 256)
+    # The plan was captured once into a graph and replayed; the graph went before the memory.
+    lib = fake_gpu.libcuda
+    assert lib.calls == ["cuStreamBeginCapture_v2", "cuStreamEndCapture",
+                         "cuGraphInstantiateWithFlags", "cuGraphUpload", "cuGraphLaunch",
+                         "cuGraphExecDestroy", "cuGraphDestroy"]
+    assert lib.graphs == lib.execs == {} and len(fake_gpu.launches) == 1
+
+
+def test_no_graph_launches_one_by_one(bundle_path: Path, x_npy: Path, tmp_path: Path,
+                                      fake_gpu: FakeDriver) -> None:
+    result = run_cli(bundle_path, "--input", x_npy, "--output-dir", tmp_path, "--no-graph")
+    assert result.exit_code == 0, (result.output, result.exception)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), X + WEIGHT)
+    assert fake_gpu.libcuda.calls == [] and len(fake_gpu.launches) == 1
+
+
+def test_graph_and_no_graph_give_the_same_bits(two_input_bundle: Path,
+                                               fake_gpu: FakeDriver) -> None:
+    device = open_device()
+    bundle = read_bundle(two_input_bundle)
+    inputs = {"x": X, "b": np.float32(0.1) * X}
+    with_graph = Executor(bundle, device).run(inputs)["y"]
+    without = Executor(bundle, device, graph=False).run(inputs)["y"]
+    assert with_graph.tobytes() == without.tobytes()
+    device.close()
+    assert fake_gpu.memory == {} and fake_gpu.libcuda.execs == {}
+
+
+def test_graph_failure_names_the_call(bundle_path: Path, x_npy: Path,
+                                      fake_gpu: FakeDriver) -> None:
+    fake_gpu.libcuda.fail["cuGraphInstantiateWithFlags"] = 1
+    assert_user_error(run_cli(bundle_path, "--input", x_npy),
+                      "cuGraphInstantiateWithFlags failed: CUDA_ERROR_INVALID_VALUE (1)",
+                      "--no-graph")
+    assert fake_gpu.memory == {} and fake_gpu.libcuda.graphs == {}
 
 
 def test_two_inputs_from_npz(two_input_bundle: Path, tmp_path: Path,
@@ -453,8 +636,10 @@ def test_repeated_runs_allocate_nothing(bundle_path: Path, fake_gpu: FakeDriver)
     executor = Executor(read_bundle(bundle_path), device)
     first = executor.run({"x": X})
     uploads = fake_gpu.allocations
+    pinned = fake_gpu.pinned
     second = executor.run({"x": np.asfortranarray(2 * X)})
     assert fake_gpu.allocations == uploads == 2
+    assert fake_gpu.pinned == pinned == 2   # one page-locked staging buffer for x, one for y
     assert first["y"] is not second["y"]
     np.testing.assert_array_equal(second["y"], 2 * X + WEIGHT)
     with pytest.raises(RunError, match="input 'x' has shape"):
@@ -477,11 +662,10 @@ def test_big_shared_memory_opts_in(tmp_path: Path, fake_gpu: FakeDriver) -> None
 
 def test_kernel_fault(bundle_path: Path, x_npy: Path, fake_gpu: FakeDriver,
                       monkeypatch: pytest.MonkeyPatch) -> None:
-    context_class = type(fake_gpu.Device(0).make_context())
-
     def synchronize(self: Any) -> None:
-        raise FakeCudaError("cuCtxSynchronize failed: an illegal memory access was encountered")
-    monkeypatch.setattr(context_class, "synchronize", synchronize)
+        raise FakeCudaError("cuStreamSynchronize failed: an illegal memory access was "
+                            "encountered")
+    monkeypatch.setattr(FakeStream, "synchronize", synchronize)
     assert_user_error(run_cli(bundle_path, "--input", x_npy), "a kernel failed while running",
                       "illegal memory access", "CUDA_LAUNCH_BLOCKING=1")
     assert fake_gpu.memory == {} and fake_gpu.detached == 1

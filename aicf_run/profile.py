@@ -1,0 +1,214 @@
+"""`aicf-run --profile`: each kernel timed alone, beside its predicted time and the roofline.
+
+How it is timed: each kernel of the plan is launched alone, back to back on the executor's
+stream between two CUDA events, by `aicf_run.timing.median_per_launch_us` (warm-up, then
+enough launches to last MIN_MS, the median of REPEATS measurements, per launch), as `aicfc
+tune` times candidates. From Python one launch call costs the host about 4 us, longer than a
+small kernel runs, so back-to-back launches from the host would time the host. With a graph
+(the executor's default) each kernel is therefore captured GRAPH_LAUNCHES times in a row into
+a graph of its own, and the replays of that graph are timed: the GPU runs the launches back
+to back, and the time per launch is the kernel's own. With graph=False the kernels are
+launched from the host, and the report says so. The whole plan is timed the same way
+(back-to-back replays of its graph, or of its launches), so the sum of the kernel times and
+the plan time compare like for like: their difference is what running the kernels together
+saves or costs (L2 reuse, launch gaps).
+
+The kernels run on the arena as the last run left it. A kernel that works in place reads its
+own output again when repeated; its values drift, the memory it touches does not. The next
+`run` copies its inputs in and recomputes every intermediate, so profiling changes no result.
+
+Per kernel, beside the measured time:
+- predicted: the bundle's `predicted.time_us`, the cost model's estimate (launch included);
+- GB/s and TFLOP/s: the predicted DRAM `bytes` and the `flops` over the measured time;
+- roofline: 100 · max(bytes / B, flops / peak) / measured, the share of the roofline bound
+  attained, with B the target's `dram_bandwidth_gbs` and peak its `peak_tflops` entry for the
+  kernel's arithmetic unit (`unit`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from aicf_run.errors import RunError
+from aicf_run.graph import Graph
+from aicf_run.roofline import Point
+from aicf_run.timing import REPEATS, median_per_launch_us
+
+if TYPE_CHECKING:
+    from aicf_run.executor import Executor
+
+# The peak_tflops entry of a tensor-core GEMM (params unit="mma") by its mma dtype; any other
+# kernel runs on the fp32 SIMT pipes. Mirrors MMA_UNIT in aicfc/planner/cost.py: the runtime
+# must not import the compiler.
+_MMA_UNIT = {"tf32": "tf32_tc", "f16": "fp16_tc", "bf16": "bf16_tc"}
+# Launches of one kernel per graph replay when kernels are timed through graphs.
+GRAPH_LAUNCHES = 20
+_METHODS = {"graph": f"{GRAPH_LAUNCHES} back-to-back launches per graph replay",
+            "launches": "back-to-back launches from the host"}
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """One kernel: measured against predicted, and where it sits under the roofline."""
+
+    index: int
+    name: str
+    measured_us: float
+    predicted_us: float | None
+    flops: float | None
+    bytes: float | None
+    share: float                 # of the sum of the measured kernel times, 0..1
+    gbs: float | None            # predicted DRAM bytes / measured time
+    tflops: float | None         # flops / measured time
+    unit: str | None             # the peak_tflops entry its roofline uses
+    roofline_pct: float | None   # 100 · roofline-bound time / measured time
+    onnx_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """Every kernel alone, their sum, and the whole plan timed the same way."""
+
+    kernels: tuple[KernelProfile, ...]
+    kernel_sum_us: float
+    predicted_sum_us: float | None
+    plan_us: float
+    mode: str                    # "graph" or "launches": how the kernels and the plan were run
+    repeats: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def profile(executor: Executor) -> ProfileReport:
+    """Time every kernel of `executor`'s plan alone, then the whole plan (module docstring)."""
+    times = [_kernel_us(executor, i) for i in range(len(executor.bundle.kernels))]
+    plan_us = _median_us(executor, executor.launch)
+    total = sum(times)
+    target = executor.bundle.target.get("profile", {})
+    kernels = tuple(_kernel(i, kernel, measured, total, target)
+                    for i, (kernel, measured) in enumerate(zip(executor.bundle.kernels, times)))
+    predicted = [k.predicted_us for k in kernels]
+    return ProfileReport(
+        kernels=kernels, kernel_sum_us=total,
+        predicted_sum_us=None if None in predicted else sum(p for p in predicted if p is not None),
+        plan_us=plan_us, mode="graph" if executor.uses_graph else "launches", repeats=REPEATS)
+
+
+def peak_unit(kernel: dict[str, Any]) -> str | None:
+    """The `peak_tflops` entry that bounds `kernel` (None for an mma dtype not known here)."""
+    params = kernel.get("params", {})
+    if params.get("unit") == "mma":
+        return _MMA_UNIT.get(params.get("dtype"))
+    return "fp32_simt"
+
+
+def roofline_points(report: ProfileReport) -> list[Point]:
+    """A predicted and a measured point per kernel with flops and bytes, for `plot_roofline`."""
+    points = []
+    for k in report.kernels:
+        if k.flops is None or k.bytes is None:
+            continue
+        if k.predicted_us is not None:
+            points.append(Point(k.name, k.flops, k.bytes, k.predicted_us, "predicted"))
+        points.append(Point(k.name, k.flops, k.bytes, k.measured_us, "measured"))
+    return points
+
+
+def format_profile(report: ProfileReport) -> str:
+    """The table `aicf-run --profile` prints."""
+    header = ("#", "kernel", "measured us", "predicted us", "meas/pred", "share", "GB/s",
+              "TFLOP/s", "roofline", "onnx nodes")
+    rows = [header]
+    for k in report.kernels:
+        ratio = None if not k.predicted_us else k.measured_us / k.predicted_us
+        rows.append((str(k.index), k.name, f"{k.measured_us:.2f}", _num(k.predicted_us, ".2f"),
+                     _num(ratio, ".2f"), f"{100 * k.share:.1f}%", _num(k.gbs, ".1f"),
+                     _num(k.tflops, ".3f"), _num(k.roofline_pct, ".1f", "%"),
+                     ", ".join(k.onnx_nodes)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    # Text columns (kernel) left-aligned, numbers right-aligned, the node list last and free.
+    lines = ["  " + "  ".join(cell.ljust(w) if i == 1 else cell.rjust(w)
+                              for i, (cell, w) in enumerate(zip(row, widths))) + "  " + row[-1]
+             for row in rows]
+    predicted = ("" if report.predicted_sum_us is None
+                 else f" (predicted {report.predicted_sum_us:.2f} us)")
+    return "\n".join(
+        [f"profile: {len(report.kernels)} kernels, each timed alone ({_METHODS[report.mode]}, "
+         f"between CUDA events, median of {report.repeats})"]
+        + lines
+        + [f"  sum of kernel times {report.kernel_sum_us:.2f} us{predicted}; whole plan "
+           f"({report.mode}, back-to-back replays) {report.plan_us:.2f} us"])
+
+
+def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
+            target: dict[str, Any]) -> KernelProfile:
+    predicted = kernel.get("predicted", {})
+    time_us, flops, nbytes = (_float(predicted.get(key)) for key in ("time_us", "flops", "bytes"))
+    unit = peak_unit(kernel)
+    bandwidth = _float(target.get("dram_bandwidth_gbs"))
+    peak = _float(target.get("peak_tflops", {}).get(unit)) if unit else None
+    roofline = None
+    if flops is not None and nbytes is not None and bandwidth and peak and measured > 0:
+        bound_us = max(nbytes / (bandwidth * 1e3), flops / (peak * 1e6))
+        roofline = 100 * bound_us / measured
+    return KernelProfile(
+        index=index, name=kernel["name"], measured_us=measured, predicted_us=time_us,
+        flops=flops, bytes=nbytes, share=measured / total if total > 0 else 0.0,
+        gbs=None if nbytes is None or measured <= 0 else nbytes / (measured * 1e3),
+        tflops=None if flops is None or measured <= 0 else flops / (measured * 1e6),
+        unit=unit, roofline_pct=roofline, onnx_nodes=tuple(kernel.get("onnx_nodes", ())))
+
+
+def _kernel_us(executor: Executor, index: int) -> float:
+    """Kernel `index` alone: through a graph of GRAPH_LAUNCHES launches, or from the host."""
+    if not executor.uses_graph:
+        return _median_us(executor, lambda: executor.launch_kernel(index))
+    stream = executor.stream
+
+    def launches() -> None:
+        for _ in range(GRAPH_LAUNCHES):
+            executor.launch_kernel(index)
+    graph = Graph.capture(stream, launches)
+    try:
+        graph.upload(stream)
+        return _median_us(executor, lambda: graph.launch(stream)) / GRAPH_LAUNCHES
+    finally:
+        graph.close()
+
+
+def _median_us(executor: Executor, enqueue: Callable[[], None]) -> float:
+    """Median time per `enqueue()` in microseconds, back to back on the executor's stream."""
+    cuda = executor.device.driver
+    stream = executor.stream
+    start, stop = executor.events()
+
+    def launches(n: int) -> float:
+        start.record(stream)
+        for _ in range(n):
+            enqueue()
+        stop.record(stream)
+        stop.synchronize()
+        return stop.time_since(start)
+
+    try:
+        return median_per_launch_us(launches)
+    except cuda.Error as err:
+        executor.synchronize()  # a kernel fault is reported as run() reports it
+        raise RunError(f"cannot time the kernels with CUDA events ({_one_line(err)}); check "
+                       f"nvidia-smi") from None
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _num(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300] or type(err).__name__
