@@ -31,6 +31,8 @@ IR_VERSION = 8
 SUPPORTED_OPS: frozenset[str] = frozenset({
     "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Erf",
     "Softmax", "Transpose", "Reshape", "Identity", "Constant",
+    # norms and memory-bound ops (`_norm_cases`)
+    "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "Pow", "Sqrt", "Exp", "Reciprocal", "Cast",
 })
 
 Shape = tuple[int, ...]
@@ -345,6 +347,37 @@ def _constant_cases() -> list[tuple[str, ModelBuilder]]:
     ]
 
 
+def _norm_cases() -> list[tuple[str, ModelBuilder]]:
+    """The normalization ops alone, and the norms as torch exports them (builders below)."""
+    def reduce(op: str, shape: Shape, axis: int, keepdims: int) -> ModelBuilder:
+        if op == "ReduceSum":   # axes as an input since opset 13
+            return lambda: single_op_model(op, [shape, None], {"keepdims": keepdims},
+                                           initializers={"in1": np.array([axis], dtype=np.int64)})
+        return lambda: single_op_model(op, [shape], {"axes": [axis], "keepdims": keepdims})
+    cases: list[tuple[str, ModelBuilder]] = [
+        (f"{op.lower()}_axis{'m1' if axis < 0 else axis}_keep{keep}_{_dims(s)}", reduce(op, s, axis, keep))
+        for op in ("ReduceMean", "ReduceSum", "ReduceMax")
+        for s, axis, keep in (((7, 100, 257), -1, 1), ((7, 100, 257), 1, 0), ((33, 65), 0, 1), ((3, 5), -1, 0))]
+    cases += [
+        ("layernorm_axism1_7x100x257", lambda: layer_norm_model((7, 100, 257))),
+        ("layernorm_nobias_33x65", lambda: layer_norm_model((33, 65), bias=False, eps=1e-12)),
+        ("layernorm_decomposed_7x100x257", lambda: decomposed_layer_norm_model((7, 100, 257))),
+        ("rmsnorm_7x100x257", lambda: rms_norm_model((7, 100, 257))),
+        ("rmsnorm_reciprocal_33x65", lambda: rms_norm_model((33, 65), reciprocal=True)),
+        ("exp_3x5", lambda: single_op_model("Exp", [(3, 5)])),
+        ("exp_33x65", lambda: single_op_model("Exp", [(33, 65)])),
+        ("reciprocal_3x5", lambda: unary_chain_model((3, 5), [("Reciprocal", {})])),
+        ("sqrt_of_square_plus_one_33x65", lambda: unary_chain_model((33, 65), [("Pow", {"exponent": 2.0}),
+                                                                              ("AddOne", {}), ("Sqrt", {})])),
+        ("pow_3_7x100x257", lambda: unary_chain_model((7, 100, 257), [("Pow", {"exponent": 3.0})])),
+        ("pow_half_of_square_plus_one_3x5", lambda: unary_chain_model((3, 5), [("Pow", {"exponent": 2.0}), ("AddOne", {}),
+                                                                               ("Pow", {"exponent": 0.5})])),
+        ("pow_m1_33x65", lambda: unary_chain_model((33, 65), [("Pow", {"exponent": -1.0})])),
+        ("cast_float_3x5", lambda: single_op_model("Cast", [(3, 5)], {"to": TensorProto.FLOAT})),
+    ]
+    return cases
+
+
 OP_CASES: list[tuple[str, ModelBuilder]] = [
     *_matmul_cases(),
     *_gemm_cases(),
@@ -354,6 +387,7 @@ OP_CASES: list[tuple[str, ModelBuilder]] = [
     *_transpose_cases(),
     *_reshape_cases(),
     *_constant_cases(),
+    *_norm_cases(),
 ]
 
 
@@ -462,7 +496,7 @@ def write_garbage(path: str | os.PathLike, kind: str) -> Path:
 # Attention (streaming-attention rule and family)
 
 
-def causal_mask(s: int, fill: float = -1e9) -> np.ndarray:
+def causal_mask(s: int, fill: float = -1e4) -> np.ndarray:
     """The additive causal mask torch exports as a constant: 0 on and below the diagonal."""
     return np.triu(np.full((s, s), fill, dtype=np.float32), k=1)
 
@@ -548,3 +582,172 @@ def bert_attention_model(b: int, s: int, h: int, d: int, seed: int = 0, mask: bo
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, s, hd])],
                           [numpy_helper.from_array(a, name) for name, a in inits.items()])
     return make_model(g)
+
+
+# ---------------------------------------------------------------------------------------------
+# Norms and memory-bound chains (row passes and pointwise at bandwidth)
+
+
+def _graph_model(nodes: list[onnx.NodeProto], name: str, inputs: dict[str, Shape],
+                 outputs: dict[str, Shape], inits: dict[str, np.ndarray], opset: int = OPSET) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, name,
+                          [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in inputs.items()],
+                          [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v)) for k, v in outputs.items()],
+                          [numpy_helper.from_array(np.asarray(a), k) for k, a in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION,
+                             producer_name="aicf-tests")
+
+
+def _scalar(value: float) -> np.ndarray:
+    return np.array(value, dtype=np.float32)
+
+
+def unary_chain_model(shape: Shape, ops: list[tuple[str, dict]]) -> onnx.ModelProto:
+    """in0 → op → op → ... → out. ("Pow", {"exponent": e}) takes e as a constant input;
+    ("AddOne", {}) is an Add of the constant 1 (keeps a following Sqrt or Pow 0.5 real)."""
+    nodes, inits, x = [], {}, "in0"
+    for i, (op, attrs) in enumerate(ops):
+        y = "out" if i == len(ops) - 1 else f"t{i}"
+        if op == "Pow":
+            inits[f"e{i}"] = _scalar(attrs["exponent"])
+            nodes.append(helper.make_node("Pow", [x, f"e{i}"], [y], name=f"pow_{i}"))
+        elif op == "AddOne":
+            inits[f"one{i}"] = _scalar(1.0)
+            nodes.append(helper.make_node("Add", [x, f"one{i}"], [y], name=f"add_one_{i}"))
+        else:
+            nodes.append(helper.make_node(op, [x], [y], name=f"{op.lower()}_{i}", **attrs))
+        x = y
+    return _graph_model(nodes, "unary_chain", {"in0": shape}, {"out": shape}, inits)
+
+
+def _norm_params(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return ((1 + 0.1 * rng.standard_normal(n)).astype(np.float32), (0.1 * rng.standard_normal(n)).astype(np.float32))
+
+
+def layer_norm_model(shape: Shape, axis: int = -1, eps: float = 1e-5, bias: bool = True, seed: int = 0,
+                     mean_output: bool = False) -> onnx.ModelProto:
+    """`out = LayerNormalization(in0, scale, bias)` (opset 17) over the axes from `axis` on.
+    `mean_output` also asks for the optional Mean output (which the compiler refuses)."""
+    inner = tuple(shape[axis:])
+    g, b = _norm_params(int(np.prod(inner)), seed)
+    inits = {"scale": g.reshape(inner)}
+    if bias:
+        inits["bias"] = b.reshape(inner)
+    outs = ["out", "mean"] if mean_output else ["out"]
+    node = helper.make_node("LayerNormalization", ["in0", *inits], outs, name="layernorm_0", axis=axis, epsilon=eps)
+    stat = tuple(shape[: axis % len(shape)]) + (1,) * len(inner)
+    return _graph_model([node], "layer_norm", {"in0": shape},
+                        {"out": shape, **({"mean": stat} if mean_output else {})}, inits)
+
+
+def decomposed_layer_norm_model(shape: Shape, eps: float = 1e-5, seed: int = 0, opset: int = OPSET,
+                                axis: int = -1, mean_output: bool = False) -> onnx.ModelProto:
+    """LayerNorm as torch's exporter emitted it before opset 17: ReduceMean, Sub, Pow 2,
+    ReduceMean, Add ε, Sqrt, Div, Mul scale, Add bias. Opset 18 gives ReduceMean its axes as a
+    constant input. `axis` may name a non-last axis (a norm over a strided row)."""
+    n = helper.make_node
+    g, b = _norm_params(shape[axis], seed)
+    pshape = [1] * len(shape)
+    pshape[axis] = shape[axis]
+    inits = {"two": _scalar(2.0), "eps": _scalar(eps), "w": g.reshape(pshape), "b": b.reshape(pshape)}
+    reduce_kw: dict = {"keepdims": 1}
+    if opset >= 18:
+        inits["axes"] = np.array([axis], dtype=np.int64)
+        ax = ["axes"]
+    else:
+        reduce_kw["axes"] = [axis]
+        ax = []
+    nodes = [n("ReduceMean", ["in0", *ax], ["mean"], name="ln_mean", **reduce_kw),
+             n("Sub", ["in0", "mean"], ["d"], name="ln_sub"),
+             n("Pow", ["d", "two"], ["d2"], name="ln_pow"),
+             n("ReduceMean", ["d2", *ax], ["var"], name="ln_var", **reduce_kw),
+             n("Add", ["var", "eps"], ["ve"], name="ln_add_eps"),
+             n("Sqrt", ["ve"], ["std"], name="ln_sqrt"),
+             n("Div", ["d", "std"], ["xn"], name="ln_div"),
+             n("Mul", ["xn", "w"], ["xw"], name="ln_mul"),
+             n("Add", ["xw", "b"], ["out"], name="ln_add")]
+    stat = list(shape)
+    stat[axis] = 1
+    outs = {"out": shape, **({"mean": tuple(stat)} if mean_output else {})}
+    return _graph_model(nodes, "decomposed_layer_norm", {"in0": shape}, outs, inits, opset)
+
+
+def rms_norm_model(shape: Shape, eps: float = 1e-6, seed: int = 0, reciprocal: bool = False) -> onnx.ModelProto:
+    """RMSNorm as torch exports `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w`:
+    Pow 2, ReduceMean, Add ε, Sqrt, then Div(1, ·) (rsqrt) or Reciprocal, Mul x, Mul w."""
+    n = helper.make_node
+    g, _ = _norm_params(shape[-1], seed)
+    inits = {"two": _scalar(2.0), "eps": _scalar(eps), "one": _scalar(1.0), "w": g}
+    inv = [n("Reciprocal", ["std"], ["inv"], name="rms_reciprocal")] if reciprocal else \
+        [n("Div", ["one", "std"], ["inv"], name="rms_rsqrt")]
+    if reciprocal:
+        del inits["one"]
+    nodes = [n("Pow", ["in0", "two"], ["sq"], name="rms_pow"),
+             n("ReduceMean", ["sq"], ["ms"], name="rms_mean", axes=[-1], keepdims=1),
+             n("Add", ["ms", "eps"], ["ms_eps"], name="rms_add_eps"),
+             n("Sqrt", ["ms_eps"], ["std"], name="rms_sqrt"),
+             *inv,
+             n("Mul", ["in0", "inv"], ["xn"], name="rms_mul"),
+             n("Mul", ["w", "xn"], ["out"], name="rms_weight")]
+    return _graph_model(nodes, "rms_norm", {"in0": shape}, {"out": shape}, inits)
+
+
+def residual_layer_norm_model(shape: Shape, eps: float = 1e-5, seed: int = 0,
+                              h_output: bool = False) -> onnx.ModelProto:
+    """A pre-LN residual: h = in0 + in1; out = LayerNorm(h); next = h + Relu(out). The residual
+    sum h has a consumer besides the norm (the next residual), so it is stored once, by the
+    row pass that normalizes it. `h_output`: h is a graph output instead of `next`."""
+    n = helper.make_node
+    g, b = _norm_params(shape[-1], seed)
+    nodes = [n("Add", ["in0", "in1"], ["h"], name="residual_add"),
+             n("LayerNormalization", ["h", "scale", "bias"], ["out"], name="layernorm_0", axis=-1, epsilon=eps)]
+    if h_output:
+        outs = {"out": shape, "h": shape}
+    else:
+        nodes += [n("Relu", ["out"], ["act"], name="relu_0"), n("Add", ["h", "act"], ["next"], name="residual_next")]
+        outs = {"out": shape, "next": shape}
+    return _graph_model(nodes, "residual_layer_norm", {"in0": shape, "in1": shape}, outs,
+                        {"scale": g, "bias": b})
+
+
+def decomposed_softmax_model(shape: Shape, max_output: bool = True) -> onnx.ModelProto:
+    """softmax(in0) over the last axis as ReduceMax, Sub, Exp, ReduceSum, Div; `max_output`
+    also makes the row maximum a graph output."""
+    n = helper.make_node
+    nodes = [n("ReduceMax", ["in0"], ["mx"], name="sm_max", axes=[-1], keepdims=1),
+             n("Sub", ["in0", "mx"], ["z"], name="sm_sub"),
+             n("Exp", ["z"], ["e"], name="sm_exp"),
+             n("ReduceSum", ["e", "axes"], ["s"], name="sm_sum", keepdims=1),
+             n("Div", ["e", "s"], ["out"], name="sm_div")]
+    stat = tuple(shape[:-1]) + (1,)
+    return _graph_model(nodes, "decomposed_softmax", {"in0": shape},
+                        {"out": shape, **({"mx": stat} if max_output else {})},
+                        {"axes": np.array([-1], dtype=np.int64)})
+
+
+def third_moment_model(shape: Shape) -> onnx.ModelProto:
+    """out = (x - mean) · mean((x - mean)³): the third central moment has no merge of partial
+    states the row pass knows, so the online (one streaming pass) schedule must decline."""
+    n = helper.make_node
+    nodes = [n("ReduceMean", ["in0"], ["mean"], name="m_mean", axes=[-1], keepdims=1),
+             n("Sub", ["in0", "mean"], ["d"], name="m_sub"),
+             n("Pow", ["d", "three"], ["d3"], name="m_pow"),
+             n("ReduceMean", ["d3"], ["m3"], name="m_m3", axes=[-1], keepdims=1),
+             n("Mul", ["d", "m3"], ["out"], name="m_mul")]
+    return _graph_model(nodes, "third_moment", {"in0": shape}, {"out": shape}, {"three": _scalar(3.0)})
+
+
+def gelu_bias_model(shape: Shape, seed: int = 0) -> onnx.ModelProto:
+    """u = in0 + b; out = u · (erf(u / √2) + 1) · 0.5: erf-GELU with its bias as torch exports it."""
+    n = helper.make_node
+    b = (0.1 * np.random.default_rng(seed).standard_normal(shape[-1])).astype(np.float32)
+    nodes = [n("Add", ["in0", "b"], ["u"], name="bias_add"),
+             n("Div", ["u", "sqrt2"], ["ud"], name="gelu_div"),
+             n("Erf", ["ud"], ["ue"], name="gelu_erf"),
+             n("Add", ["ue", "one"], ["ua"], name="gelu_add"),
+             n("Mul", ["u", "ua"], ["um"], name="gelu_mul"),
+             n("Mul", ["um", "half"], ["out"], name="gelu_half")]
+    return _graph_model(nodes, "gelu_bias", {"in0": shape}, {"out": shape},
+                        {"b": b, "sqrt2": _scalar(np.sqrt(2.0)), "one": _scalar(1.0), "half": _scalar(0.5)})
+

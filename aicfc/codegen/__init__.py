@@ -3,6 +3,6 @@
 A family module provides `space(kernel, plan)`, `launch(kernel, params)`, `static_smem(kernel,
 params)` and `render_kernel(kernel, params, types, name)`.
 """
-from aicfc.codegen import gemm, pointwise, row_reduce
+from aicfc.codegen import attention, gemm, pointwise, row_reduce
 
-FAMILIES = {"pointwise": pointwise, "row_reduce": row_reduce, "gemm": gemm}
+FAMILIES = {"pointwise": pointwise, "row_reduce": row_reduce, "gemm": gemm, "attention": attention}

@@ -10,7 +10,7 @@ computed on the device at run time.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Callable, Mapping
 
 from aicfc.ir.lowered import Affine, Call, Const, Expr, Load
 from aicfc.ir.types import TensorType, contiguous_strides
@@ -45,6 +45,28 @@ def flat_offset(index: tuple[Affine, ...], t: TensorType) -> Affine:
     return Affine.of(coeffs, const)
 
 
+def reciprocal_divisions(e: Expr, invariant: Callable[[Expr], bool]) -> Expr:
+    """e with every div(a, b) whose divisor is the same for all the elements a loop visits
+    (`invariant`: a literal, a row's statistics) as mul(a, 1/b): the division runs once per
+    row (the compiler keeps one 1/b for the unrolled elements) or at compile time, not once
+    per element. The product differs from the quotient by one more rounding (about an ulp)."""
+    if not isinstance(e, Call):
+        return e
+    args = tuple(reciprocal_divisions(a, invariant) for a in e.args)
+    if e.fn == "div" and invariant(args[1]) and args[0] != Const(1.0):
+        b = args[1]
+        if isinstance(b, Const):
+            if b.value == 0.0 or not math.isfinite(b.value):
+                return Call(e.fn, args)
+            return Call("mul", (args[0], Const(1.0 / b.value)))
+        return Call("mul", (args[0], Call("div", (Const(1.0), b))))
+    return Call(e.fn, args)
+
+
+def contains(e: Expr, part: Expr) -> bool:
+    return e == part or (isinstance(e, Call) and any(contains(a, part) for a in e.args))
+
+
 def c_affine(a: Affine, names: Mapping[str, str]) -> str:
     parts = [names[v] if c == 1 else f"{c} * {names[v]}" for v, c in a.terms]
     if a.const or not parts:
@@ -63,29 +85,37 @@ class Emitter:
         self.memo: dict[Expr, str] = {}
         self.count = 0
 
-    def emit(self, e: Expr, names: Mapping[str, str], registers: Mapping[str, str] = {}) -> str:
-        """C expression (a variable or literal) for `e`. `registers` maps buffers held in registers."""
-        key = (e, tuple(sorted(names.items())), tuple(sorted(registers.items())))
+    def emit(self, e: Expr, names: Mapping[str, str], registers: Mapping[str, str] = {},
+             values: Mapping[Expr, str] = {}) -> str:
+        """C expression (a variable or literal) for `e`. `registers` maps buffers held in
+        registers (a row's statistics); `values` maps subexpressions whose value a schedule
+        already holds (an element of a vector loaded, or of a row cached, before the loop)."""
+        key = (e, tuple(sorted(names.items())), tuple(sorted(registers.items())), tuple(values.items()))
         if key in self.memo:
             return self.memo[key]
+        if e in values:
+            return values[e]
         if isinstance(e, Const):
             return literal(e.value)
         if isinstance(e, Load):
             if e.buffer in registers:
                 return registers[e.buffer]
-            off = c_affine(flat_offset(e.index, self.types[e.buffer]), names)
-            code = f"__ldg({self.params[e.buffer]} + ({off}))"
-            if self.types[e.buffer].dtype != "f32":
-                code = f"static_cast<float>({code})"
+            code = self.load(e, names)
         else:
             assert isinstance(e, Call)
-            args = [self.emit(a, names, registers) for a in e.args]
+            args = [self.emit(a, names, registers, values) for a in e.args]
             code = (UNARY[e.fn] if len(args) == 1 else BINARY[e.fn]).format(*args)
         var = f"{self.prefix}{self.count}"
         self.count += 1
         self.lines.append(f"const float {var} = {code};")
         self.memo[key] = var
         return var
+
+    def load(self, e: Load, names: Mapping[str, str]) -> str:
+        """A scalar read of one access, converted to float (no statement emitted)."""
+        off = c_affine(flat_offset(e.index, self.types[e.buffer]), names)
+        code = f"__ldg({self.params[e.buffer]} + ({off}))"
+        return code if self.types[e.buffer].dtype == "f32" else f"static_cast<float>({code})"
 
     def take(self) -> list[str]:
         """The statements emitted so far; starts a fresh scope (no sharing across scopes)."""

@@ -1,28 +1,57 @@
-"""Schedule family `pointwise`: one thread per element (or `items` elements), any fused map.
+"""Schedule family `pointwise`: any fused map, `vec` consecutive elements per thread step.
 
-Parameter space: threads per block x items per thread. Consecutive threads take consecutive
-elements, so every access whose innermost index is the innermost variable is coalesced.
+Parameter space: threads per block x items (steps) per thread; `vec` is not searched: it is
+the widest vector every access allows ([Note: Vector access] in codegen/vector.py) along the
+innermost variable, narrower widths recorded as declined with the reason. A thread step covers
+`vec` consecutive output elements: contiguous accesses (the output, x[i, j], a bias b[j]) move
+as one 16-byte vector, broadcast ones (a per-row value) load once for the group, strided ones
+(a transpose) element by element. Consecutive threads take consecutive groups, so every
+contiguous access is coalesced. A division by a literal (or, in a group, by a broadcast value)
+is a product by its reciprocal (`cexpr.reciprocal_divisions`: one more rounding, about an ulp).
 """
 from __future__ import annotations
 
 import math
+import re
 from typing import Mapping
 
-from aicfc.codegen.cexpr import Emitter
+from aicfc.codegen import vector
+from aicfc.codegen.cexpr import Emitter, reciprocal_divisions
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Const, Load, identity_index, loads
 from aicfc.ir.types import TensorType
 
 SPACE = {"threads": (64, 128, 256, 512, 1024), "items": (1, 2, 4, 8)}
 
 
+def vector_width(k: Kernel, types: Mapping[str, TensorType]) -> tuple[int, str, int]:
+    """(vec, why not wider, the widest the element types allow)."""
+    (op,) = k.ops
+    if not op.domain_vars:
+        return 1, "", 1
+    inner = op.domain_vars[-1]
+    accesses = list(dict.fromkeys(loads(op.body)))
+    full = vector.full_width([types[ld.buffer].dtype for ld in accesses] + [op.type.dtype])
+    width, why = vector.widest([types[ld.buffer].dtype for ld in accesses] + [op.type.dtype], op.type.shape[-1])
+    if width > 1 and all(vector.kind(ld, types, inner, width) == vector.STRIDED for ld in accesses):
+        return 1, f"every access is strided along {inner}: nothing to move as a vector", full
+    return width, why, full
+
+
 def space(k: Kernel, plan: Plan) -> list[dict]:
-    return [{"threads": t, "items": i} for t in SPACE["threads"] for i in SPACE["items"]]
+    vec, _, _ = vector_width(k, plan.types())
+    return [{"threads": t, "items": i, "vec": vec} for t in SPACE["threads"] for i in SPACE["items"]]
+
+
+def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
+    vec, why, full = vector_width(k, plan.types())
+    return [({"vec": full}, why)] if why else []
 
 
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     numel = k.ops[-1].type.numel
-    return (math.ceil(numel / (p["threads"] * p["items"])), 1, 1), (p["threads"], 1, 1), 0
+    return (math.ceil(numel / (p["threads"] * p["items"] * p["vec"])), 1, 1), (p["threads"], 1, 1), 0
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
@@ -32,12 +61,40 @@ def static_smem(k: Kernel, p: Mapping) -> int:
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     (op,) = k.ops
     sig = signature(k, types)
+    vec = p["vec"]
     names = {v: v for v in op.domain_vars}
     em = Emitter(sig.params, types, prefix="v")
-    value = em.emit(op.body, names)
-    body = em.take()
     variables = list(zip(op.domain_vars, op.type.shape))
-    return render("pointwise.cu.j2", name=name, shape=list(op.type.shape), numel=op.type.numel,
+    if vec == 1:
+        value = em.emit(reciprocal_divisions(op.body, lambda e: isinstance(e, Const)), names)
+        body = em.take() + [store_line(op, dict(k.binds[0]), value, sig.params, names)]
+        return render("pointwise.cu.j2", name=name, shape=list(op.type.shape), numel=op.type.numel, vec=1,
+                      threads=p["threads"], items=p["items"], idx=sig.index_type, signature=sig.text,
+                      decompose=decompose("t", variables, sig.index_type), loads=[], body=body, store=None)
+    # One group of `vec` elements: `inner` runs over first .. first + vec - 1.
+    inner = op.domain_vars[-1]
+    at = {**names, inner: "first"}
+    lines: list[str] = []
+    values: dict[Load, str] = {}
+    for n, ld in enumerate(dict.fromkeys(loads(op.body))):
+        kind = vector.kind(ld, types, inner, vec)
+        if kind == vector.BROADCAST:
+            values[ld] = f"u{n}"
+            lines.append(f"const float u{n} = {em.load(ld, at)};")
+        else:
+            values[ld] = f"a{n}[v]"
+            lines += [f"float a{n}[{vec}];"] + vector.load_lines(ld, kind, vec, f"a{n}", sig.params, types, names,
+                                                                  inner, "first")
+    # a divisor the same for the whole vector (a literal, a per-row value): one division per group
+    grouped = reciprocal_divisions(op.body, lambda e: all(vector.kind(ld, types, inner, vec) == vector.BROADCAST
+                                                          for ld in loads(e)))
+    value = em.emit(grouped, names, {}, values)
+    body = em.take() + [f"o[v] = {value};"]
+    if any(re.search(rf"\b{inner}\b", x) for x in body):
+        body.insert(0, f"const {sig.index_type} {inner} = first + v;")
+    store = vector.store_line(identity_index(len(op.type.shape)), op.type, sig.params[op.out], names, inner,
+                              "first", vec, "o")
+    decomposed = decompose("t", variables[:-1] + [("first", variables[-1][1])], sig.index_type)
+    return render("pointwise.cu.j2", name=name, shape=list(op.type.shape), numel=op.type.numel, vec=vec,
                   threads=p["threads"], items=p["items"], idx=sig.index_type, signature=sig.text,
-                  decompose=decompose("t", variables, sig.index_type), body=body,
-                  stores=[store_line(op, dict(k.binds[0]), value, sig.params, names)])
+                  decompose=decomposed, loads=lines, body=body, store=store)

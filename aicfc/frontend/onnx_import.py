@@ -24,6 +24,11 @@ from aicfc.ir.types import NUMPY_TO_IR, TensorType, Value, Weight
 MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit for a single message
 # ONNX ops handled at import rather than kept as graph ops.
 IMPORT_ONLY = {"Constant"}
+# Inputs the importer turns into static attributes (they must be constants): only the first
+# `CONSTANT_INPUTS[op]` inputs stay graph inputs.
+CONSTANT_INPUTS = {"Reshape": 1, "Pow": 1, "ReduceMean": 1, "ReduceSum": 1, "ReduceMax": 1}
+# Integer exponents a Pow may have (lowered to products and a reciprocal), besides ±0.5 (sqrt).
+POW_INTEGER_RANGE = range(-4, 5)
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
@@ -78,6 +83,9 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str]]:
         if n.domain not in ("", "ai.onnx") or (n.op_type not in OPS and n.op_type not in IMPORT_ONLY):
             op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
             out.append((n.name or f"{n.op_type}_{i}", op))
+        elif n.op_type == "LayerNormalization" and any(n.output[1:]):
+            out.append((n.name or f"{n.op_type}_{i}", "LayerNormalization with its Mean/InvStdDev outputs "
+                        "(only Y is supported)"))
     return out
 
 
@@ -169,8 +177,8 @@ def import_model(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
             if x not in types:
                 raise AicfError(f"node {origin!r} ({n.op_type}) uses {x!r}, which nothing defines")
         attrs = _normalize_attrs(n.op_type, at, args, types, weights, opset, origin)
-        if n.op_type == "Reshape":
-            args = args[:1]
+        if n.op_type in CONSTANT_INPUTS:
+            args = args[:CONSTANT_INPUTS[n.op_type]]
         try:
             out_type = OPS[n.op_type].infer([types[x] for x in args], attrs)
         except OpTypeError as e:
@@ -218,4 +226,62 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
             known = math.prod(d for d in target if d != -1)
             target[target.index(-1)] = math.prod(src) // known if known else 0
         return {"shape": tuple(target)}
+    if op == "Pow":
+        return {"exponent": _pow_exponent(args, types, weights, origin)}
+    if op == "Cast":
+        if at.get("to") != onnx.TensorProto.FLOAT or types[args[0]].dtype != "f32":
+            raise AicfError(f"node {origin!r}: only a Cast of float32 to float32 is supported "
+                            f"(to={onnx.helper.tensor_dtype_to_np_dtype(at['to']) if at.get('to') else '?'})")
+        return {"to": "f32"}
+    if op in ("ReduceMean", "ReduceSum", "ReduceMax"):
+        return _reduce_attrs(op, at, args, types, weights, origin)
+    if op == "LayerNormalization":
+        axis = at.get("axis", -1)
+        return {"axis": axis + rank if axis < 0 else axis, "epsilon": float(at.get("epsilon", 1e-5))}
     return {}
+
+
+def _constant(name: str, weights: dict[str, Weight], origin: str, what: str) -> np.ndarray:
+    if name not in weights:
+        raise AicfError(f"node {origin!r}: {what} is computed at run time; only a constant is supported")
+    return weights[name].array()
+
+
+def _pow_exponent(args: list[str], types: dict[str, TensorType], weights: dict[str, Weight], origin: str) -> float:
+    """Pow's exponent as a float: a one-element constant that `lower` can state with products,
+    a reciprocal or a square root (integers -4..4 and ±0.5); anything else is refused here."""
+    if len(args) != 2:
+        raise AicfError(f"node {origin!r}: Pow needs an exponent input")
+    e = _constant(args[1], weights, origin, "the exponent of Pow")
+    if e.size != 1:
+        raise AicfError(f"node {origin!r}: Pow with an exponent tensor of shape {list(e.shape)} is not supported; "
+                        "only a single constant exponent")
+    value = float(e.reshape(-1)[0])
+    if not (value in (0.5, -0.5) or (value.is_integer() and int(value) in POW_INTEGER_RANGE)):
+        raise AicfError(f"node {origin!r}: Pow with exponent {value:g} is not supported; "
+                        f"exponents {POW_INTEGER_RANGE.start}..{POW_INTEGER_RANGE.stop - 1} and ±0.5 are")
+    return value
+
+
+def _reduce_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
+                  weights: dict[str, Weight], origin: str) -> dict:
+    """Axes from the attribute (ReduceMean/ReduceMax before opset 18, ReduceSum before 13) or the
+    constant second input (after), resolved and sorted; no axes means every axis unless
+    noop_with_empty_axes. At most one reduced axis may have more than one element: the row
+    families reduce along one variable."""
+    shape = types[args[0]].shape
+    rank = len(shape)
+    if len(args) >= 2:
+        axes = [int(a) for a in _constant(args[1], weights, origin, f"the axes of {op}").reshape(-1)]
+    else:
+        axes = [int(a) for a in at.get("axes", [])]
+    if not axes and not at.get("noop_with_empty_axes", 0):
+        axes = list(range(rank))
+    resolved = sorted({a + rank if a < 0 else a for a in axes})
+    if any(not 0 <= a < rank for a in resolved):
+        raise AicfError(f"node {origin!r}: {op} axes {axes} out of range for rank {rank}")
+    wide = [a for a in resolved if shape[a] > 1]
+    if len(wide) > 1:
+        raise AicfError(f"node {origin!r}: {op} over {len(wide)} axes with more than one element "
+                        f"(axes {wide} of shape {list(shape)}) is not supported; reduce one axis at a time")
+    return {"axes": tuple(resolved), "keepdims": int(at.get("keepdims", 1))}

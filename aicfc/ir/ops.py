@@ -100,6 +100,46 @@ def _infer_reshape(t: list[TensorType], at: Attrs) -> TensorType:
     return TensorType(t[0].dtype, shape)
 
 
+def _infer_reduce(t: list[TensorType], at: Attrs) -> TensorType:
+    shape = t[0].shape
+    axes = at["axes"]
+    if any(not 0 <= a < len(shape) for a in axes) or len(set(axes)) != len(axes):
+        raise OpTypeError(f"reduction axes {list(axes)} are not distinct axes of rank {len(shape)}")
+    if at["keepdims"]:
+        out = tuple(1 if d in axes else n for d, n in enumerate(shape))
+    else:
+        out = tuple(n for d, n in enumerate(shape) if d not in axes)
+    return TensorType(_same_float(t), out)
+
+
+def _infer_layer_norm(t: list[TensorType], at: Attrs) -> TensorType:
+    x = t[0].shape
+    if not 0 <= at["axis"] < len(x):
+        raise OpTypeError(f"LayerNormalization axis {at['axis']} out of range for rank {len(x)}")
+    inner = x[at["axis"]:]
+    for name, p in zip(("scale", "bias"), t[1:]):
+        if _broadcast(p.shape, inner) != inner:
+            raise OpTypeError(f"LayerNormalization {name} {list(p.shape)} does not broadcast to "
+                              f"the normalized dims {list(inner)}")
+    return TensorType(_same_float(t), x)
+
+
+def _reduce(fn: Callable[..., np.ndarray]) -> Callable[[list[np.ndarray], Attrs], np.ndarray]:
+    def evaluate(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+        return np.asarray(fn(x[0], axis=tuple(at["axes"]), keepdims=bool(at["keepdims"])), dtype=x[0].dtype)
+    return evaluate
+
+
+def _layer_norm(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    axes = tuple(range(at["axis"], x[0].ndim))
+    mean = x[0].mean(axis=axes, keepdims=True)
+    var = ((x[0] - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x[0] - mean) / np.sqrt(var + np.asarray(at["epsilon"], dtype=x[0].dtype)) * x[1]
+    if len(x) == 3:
+        y = y + x[2]
+    return y.astype(x[0].dtype)
+
+
 def erf(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=x.dtype)
@@ -149,4 +189,18 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
     OpDef("Transpose", (1, 1), _infer_transpose, lambda x, at: np.transpose(x[0], at["perm"]), ("perm",)),
     OpDef("Reshape", (1, 1), _infer_reshape, lambda x, at: x[0].reshape(at["shape"]), ("shape",)),
     OpDef("Identity", (1, 1), lambda t, _: t[0], lambda x, _: x[0]),
+    # Memory-bound ops of normalization layers (passes/lower.py states each as reductions and
+    # maps, so the row rule sees one structure whichever way a norm was exported).
+    OpDef("Sqrt", (1, 1), _infer_unary, lambda x, _: np.sqrt(x[0])),
+    OpDef("Exp", (1, 1), _infer_unary, lambda x, _: np.exp(x[0])),
+    OpDef("Reciprocal", (1, 1), _infer_unary, lambda x, _: (1 / x[0]).astype(x[0].dtype)),
+    # Pow's exponent is a constant, moved into the attribute by the importer.
+    OpDef("Pow", (1, 1), _infer_unary, lambda x, at: np.power(x[0], x[0].dtype.type(at["exponent"])),
+          ("exponent",)),
+    # Cast to float32 of a float32 tensor (the importer refuses any other target type).
+    OpDef("Cast", (1, 1), _infer_unary, lambda x, _: x[0], ("to",)),
+    OpDef("ReduceMean", (1, 1), _infer_reduce, _reduce(np.mean), ("axes", "keepdims")),
+    OpDef("ReduceSum", (1, 1), _infer_reduce, _reduce(np.sum), ("axes", "keepdims")),
+    OpDef("ReduceMax", (1, 1), _infer_reduce, _reduce(np.max), ("axes", "keepdims")),
+    OpDef("LayerNormalization", (2, 3), _infer_layer_norm, _layer_norm, ("axis", "epsilon")),
 ]}

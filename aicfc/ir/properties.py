@@ -3,22 +3,31 @@
 A property is a fact about how a computation touches memory that makes a rewrite legal
 (`../docs` and the user's notes call this the memory-centric IR):
 
-- `tile_compatible_compute`: a sum-reduction of a product of two loads, each indexed by a
-  disjoint subset of the output variables plus the reduction variable: partial sums over
-  K-tiles add up (associativity of +), so the loop nest tiles into on-chip blocks (GEMM).
+- `tile_compatible_compute`: a sum-reduction of a product of two loads (affine accesses with
+  positive strides), each indexed by a subset of the output variables plus the reduction
+  variable: partial sums over K-tiles add up (associativity of +), so the loop nest tiles
+  into on-chip blocks (GEMM).
 - `online_reducible_norm`: a single-axis sum or max whose partial results merge (both are
   associative and commutative), so a row's statistics can be reduced by a block of threads
-  and consumed in the same kernel.
+  and consumed in the same kernel. Statistics that read other statistics (a variance reads
+  the mean, a sum of exponentials the max) stream in one pass only where their partial states
+  merge (`online_merges`: Chan's mean/M2 merge, the rescaled sum of a running max).
 - `rematerializable_intermediate`: a map with no reduction: pure, deterministic, no side
   effects, so a consumer may recompute it from its inputs instead of loading it.
+- `weighted_streaming_reduction`: a contraction over j of a row softmax over j with values,
+  softmax(F(q@kᵀ))@v: rescaling invariance lets key tiles stream through one running max and
+  rescaled sums, so the scores are never stored (`streaming_attention`).
 
 Each check returns None when the property holds, or the reason it does not.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
-from aicfc.ir.lowered import Affine, Call, Compute, Load, count_ops, loads
+import numpy as np
+
+from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, count_ops, loads, substitute
 
 TILE = "tile_compatible_compute"
 ONLINE = "online_reducible_norm"
@@ -59,10 +68,12 @@ def why_not_tile_compatible(op: Compute) -> str | None:
     if not (isinstance(body, Call) and body.fn == "mul" and all(isinstance(x, Load) for x in body.args)):
         return "body is not a product of two loads"
     a, b = body.args
+    # Any affine access with positive strides tiles: the tile loaders address operands by their
+    # flat offsets, so a folded split view (h·D + d) or a slice (i + offset) is just strides.
     for ld in (a, b):
         for ix in ld.index:
-            if len(ix.terms) > 1 or any(c != 1 for _, c in ix.terms) or ix.const:
-                return f"access of {ld.buffer!r} is not a plain variable per dimension"
+            if ix.const < 0 or any(c <= 0 for _, c in ix.terms):
+                return f"access of {ld.buffer!r} has a negative stride or offset"
     va = {v for ix in a.index for v, _ in ix.terms}
     vb = {v for ix in b.index for v, _ in ix.terms}
     if "r0" not in va or "r0" not in vb:
@@ -111,5 +122,275 @@ def recompute_cost(op: Compute) -> int:
     return count_ops(op.body) + len(loads(op.body))
 
 
-def is_identity_access(ld: Load, rank: int) -> bool:
-    return ld.index == tuple(Affine.var(f"i{k}") for k in range(rank))
+def is_identity_access(ld: Load, shape: tuple[int, ...]) -> bool:
+    """Whether `ld` reads each element at its own index in a domain of `shape`. A dimension of
+    extent 1 has one index, so reading it at 0 (as lowering writes a broadcast) is the same."""
+    return len(ld.index) == len(shape) and all(
+        ix == Affine.var(f"i{k}") or (n == 1 and ix == Affine()) for k, (ix, n) in enumerate(zip(ld.index, shape)))
+
+
+# ---------------------------------------------------------------- online merges (online_reducible_norm)
+
+# A mean's scale must be 1/n for the (count, mean, M2) state to give it back: |c·n - 1| below this.
+MEAN_SCALE_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """How some of a row's statistics update in one streaming pass: each thread keeps a partial
+    state of the elements it read, and states of disjoint parts of the row merge, in any order
+    (the update is associative), into the state of the whole row.
+
+    - "plain": a sum or a max of an expression that reads no statistic; partials add (or max).
+    - "softmax": a max M of some a, and sums T_i whose only use of M is one factor exp(e - M):
+      state (m, t_i); merged m = max(m1, m2), t_i = t1·e^(m1 - m) + t2·e^(m2 - m). Legal by
+      rescaling invariance: Σ g·e^(e - M) = e^(m - M)·Σ g·e^(e - m) for any m, so a sum taken
+      against a running maximum is exact once rescaled to the final one.
+    - "welford": a mean M = Σ a·c with c = 1/n and one sum V = Σ (a - M)²·c2 of the same a:
+      state (count, mean, M2); merged (Chan et al.) n = n1 + n2, δ = mean2 - mean1,
+      mean = mean1 + δ·n2/n, M2 = M2₁ + M2₂ + δ²·n1·n2/n; at the end M = mean, V = M2·c2.
+    """
+
+    kind: str
+    stats: tuple[str, ...]          # the statistics it yields, the one others read first
+    operand: Expr | None = None     # welford: a, over the row's variables
+    scale: float = 1.0              # welford: c2
+
+
+def _split_scale(e: Expr) -> tuple[Expr, float] | None:
+    """(x, c) when e is x·c with c a literal (either order)."""
+    if isinstance(e, Call) and e.fn == "mul":
+        a, b = e.args
+        if isinstance(b, Const):
+            return a, b.value
+        if isinstance(a, Const):
+            return b, a.value
+    return None
+
+
+def _exp_factor(e: Expr, m: str) -> bool:
+    """e is a product whose only use of statistic `m` is one factor exp(x - m)."""
+    if isinstance(e, Call) and e.fn == "exp":
+        x = e.args[0]
+        return (isinstance(x, Call) and x.fn == "sub" and isinstance(x.args[1], Load) and x.args[1].buffer == m
+                and all(ld.buffer != m for ld in loads(x.args[0])))
+    if isinstance(e, Call) and e.fn == "mul":
+        a, b = e.args
+        uses = [any(ld.buffer == m for ld in loads(x)) for x in (a, b)]
+        return uses.count(True) == 1 and _exp_factor(a if uses[0] else b, m)
+    return False
+
+
+def _welford(mean: str, a: Expr, body: Expr) -> float | None:
+    """c2 when body is (a - mean)²·c2 (or (a - mean)², c2 = 1), the deviation of the mean's own a."""
+    split = _split_scale(body)
+    sq, c2 = split if split is not None else (body, 1.0)
+    if not (isinstance(sq, Call) and sq.fn == "mul" and sq.args[0] == sq.args[1]):
+        return None
+    d = sq.args[0]
+    ok = (isinstance(d, Call) and d.fn == "sub" and d.args[0] == a and isinstance(d.args[1], Load)
+          and d.args[1].buffer == mean)
+    return c2 if ok else None
+
+
+def online_merges(stats: list[tuple[Compute, Expr]], cols: int) -> tuple[Merge, ...] | str:
+    """The merges that compute a row's statistics in one streaming pass over its `cols`
+    elements, or why they cannot. `stats`: each reduction with its body over the row's
+    variables (the reduced one in place of r0), in program order."""
+    names = [s.out for s, _ in stats]
+    body = {s.out: b for s, b in stats}
+    combiner = {s.out: s.combiner for s, _ in stats}
+    reads = {n: [m for m in names if any(ld.buffer == m for ld in loads(body[n]))] for n in names}
+    readers = {n: [m for m in names if n in reads[m]] for n in names}
+    merges: list[Merge] = []
+    for n in names:
+        if reads[n]:
+            if len(reads[n]) > 1 or reads[reads[n][0]]:
+                return f"{n!r} reads the statistics {reads[n]}, not one statistic of the row itself"
+            continue    # merged with the statistic it reads, below
+        deps = readers[n]
+        if not deps:
+            merges.append(Merge("plain", (n,)))
+            continue
+        if any(readers[d] for d in deps):
+            return f"{readers[deps[0]][0]!r} reads {deps[0]!r}, which reads {n!r}: no merge of a statistic of a statistic"
+        if combiner[n] == "max":
+            bad = [d for d in deps if combiner[d] != "sum" or not _exp_factor(body[d], n)]
+            if bad:
+                return (f"{bad[0]!r} reads the maximum {n!r} other than as one factor exp(x - {n}) of a sum, "
+                        "the only use a rescaled running sum can merge")
+            merges.append(Merge("softmax", (n, *deps)))
+            continue
+        split = _split_scale(body[n])
+        c2 = _welford(n, split[0], body[deps[0]]) if split is not None and len(deps) == 1 else None
+        if split is None or abs(split[1] * cols - 1) > MEAN_SCALE_TOLERANCE or c2 is None or combiner[deps[0]] != "sum":
+            return (f"{deps[0]!r} reads {n!r} other than as the sum of squared deviations (a - mean)²·c of a mean "
+                    f"Σ a/{cols}: no merge of partial states is known for it")
+        merges.append(Merge("welford", (n, deps[0]), split[0], c2))
+    return tuple(merges)
+
+
+# ---------------------------------------------------------------- weighted_streaming_reduction
+
+WSR = "weighted_streaming_reduction"
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """O[b.., i, e] = sum_j P[b.., i, j] · V[b.., j, e] with P = softmax_j(F), F reading
+    S[b.., i, j] = sum_d Q[b.., i, d] · K[b.., j, d] (and other tensors: a mask) element-wise.
+
+    `to_out` renames P's (and S's) loop variables into O's: batch variables to O's, i to O's row
+    variable, j to O's reduction variable r0; S's own r0 (the head dimension d) becomes `d`.
+    Every access below is written over O's variables plus `d` (the kernel's iteration space).
+    """
+
+    scores: Compute
+    row_max: Compute
+    row_sum: Compute
+    probs: Compute
+    out: Compute
+    q: Load            # over batch, row, d
+    k: Load            # over batch, r0 (the key), d
+    v: Load            # over batch, r0, col
+    logits: Expr       # F over batch, row, r0; S itself is read as load(S, identity)
+    row: str           # O's query variable
+    col: str           # O's value-column variable
+    batch: tuple[str, ...]
+    to_out: tuple[tuple[str, Affine], ...]
+
+    @property
+    def ops(self) -> tuple[Compute, ...]:
+        return (self.scores, self.row_max, self.row_sum, self.probs, self.out)
+
+
+def _softmax_parts(p: Compute, producers: Mapping[str, Compute]) -> tuple[Compute, Compute, Expr] | None:
+    """(row max, row sum, F) when P = exp(F - max_j F) / sum_j exp(F - max_j F) over P's last
+    variable j, exactly as `lower` states Softmax; None otherwise."""
+    body = p.body
+    if not (p.combiner == "map" and isinstance(body, Call) and body.fn == "div"):
+        return None
+    num, den = body.args
+    if not (isinstance(num, Call) and num.fn == "exp" and isinstance(num.args[0], Call)
+            and num.args[0].fn == "sub" and isinstance(num.args[0].args[1], Load) and isinstance(den, Load)):
+        return None
+    f, at_max = num.args[0].args
+    mx, sm = producers.get(at_max.buffer), producers.get(den.buffer)
+    rank = len(p.type.shape)
+    stat_at = tuple(Affine.var(f"i{d}") for d in range(rank - 1)) + (Affine(),)
+    if mx is None or sm is None or at_max.index != stat_at or den.index != stat_at:
+        return None
+    along = {f"i{rank - 1}": Affine.var("r0")}
+    n = p.type.shape[-1]
+    if not (mx.combiner == "max" and mx.reduce == (n,) and mx.body == substitute(f, along)
+            and sm.combiner == "sum" and sm.reduce == (n,) and sm.body == substitute(num, along)):
+        return None
+    return mx, sm, f
+
+
+def streaming_attention(out: Compute, producers: Mapping[str, Compute]) -> Attention | str | None:
+    """The attention roles of `out`, the reason the structure is not a streamable attention,
+    or None when `out` is not a contraction with a row softmax at all.
+
+    Legality (rescaling invariance): softmax(F)·V = (Σ_j e^{F_j - m} V_j) / (Σ_j e^{F_j - m})
+    for any m, so a running maximum m and accumulators rescaled by e^{m_old - m_new} whenever
+    it grows give the exact result after any number of key tiles: the statistics max and
+    sum-of-exp merge under rescaling. That needs P to be exactly a softmax over the key
+    variable j of an expression F that reads S only at [b.., i, j], and O to sum P·V over j.
+    """
+    if why_not_tile_compatible(out) is not None:
+        return None
+    first, second = out.body.args  # type: ignore[union-attr]
+    found = None
+    for pl, vl in ((first, second), (second, first)):
+        p = producers.get(pl.buffer)
+        parts = _softmax_parts(p, producers) if p is not None else None
+        if parts is not None:
+            found = (pl, vl, p, parts)
+            break
+    if found is None:
+        return None
+    pl, vl, p, (mx, sm, f) = found
+    rank = len(p.type.shape)
+    row_p, key_p = f"i{rank - 2}", f"i{rank - 1}"
+
+    def own_element(ld: Load) -> bool:   # [i0, .., i_{rank-1}], or 0 where the extent is 1
+        return len(ld.index) == rank and all(a == Affine.var(f"i{d}") or (a == Affine() and n == 1)
+                                             for d, (a, n) in enumerate(zip(ld.index, p.type.shape)))
+    cands = {ld.buffer for ld in loads(f) if own_element(ld) and (s := producers.get(ld.buffer)) is not None
+             and why_not_tile_compatible(s) is None and s.type.shape == p.type.shape}
+    if len(cands) != 1:
+        return None
+    s = producers[cands.pop()]
+    if rank < 2:
+        return "the probabilities have no query axis"
+    if any(ld.buffer == s.out and not own_element(ld) for ld in loads(f)):
+        return "the softmax reads the scores at other positions than [.., i, j]"
+    if any(ld.buffer in (mx.out, sm.out, p.out) for ld in loads(f)):
+        return "the logits read the softmax's own statistics"
+    # P's variables in O's: a plain, distinct O variable per dimension (index 0 where the
+    # extent is 1: a broadcast batch), the key j on O's reduction variable.
+    plain = [len(a.terms) == 1 and not a.const and a.terms[0][1] == 1 for a in pl.index]
+    if (pl.index[-1] != Affine.var("r0") or not plain[-2]
+            or any(not ok and (a != Affine() or n != 1) for ok, a, n in zip(plain, pl.index, p.type.shape))):
+        return "the probabilities are read at other positions than [.., i, j] with j the summed key"
+    names = [a.terms[0][0] for ok, a in zip(plain, pl.index) if ok]
+    if len(set(names)) != len(names):
+        return "the probabilities are read with a repeated variable"
+    to_out = {f"i{d}": a for d, a in enumerate(pl.index)}
+    row = names[-2]
+    v_vars = {v for a in vl.index for v, _ in a.terms}
+    cols = [v for v in out.domain_vars if v not in names and v in v_vars]
+    if len(cols) != 1:
+        return "the weighted sum has no single value-column variable"
+    col = cols[0]
+    if row in v_vars or "r0" not in v_vars:
+        return "the values are not indexed by the key alone (they depend on the query row)"
+    q, k = s.body.args  # type: ignore[union-attr]
+    uses = [{v for a in ld.index for v, _ in a.terms} for ld in (q, k)]
+    if row_p in uses[1] and key_p in uses[0]:
+        q, k = k, q
+        uses.reverse()
+    if key_p in uses[0] or row_p in uses[1] or row_p not in uses[0] or key_p not in uses[1]:
+        return "the scores are not a product of a query row and a key row"
+    s_to_out = {**to_out, "r0": Affine.var("d")}
+    return Attention(s, mx, sm, p, out,
+                     q=Load(q.buffer, tuple(a.substitute(s_to_out) for a in q.index)),
+                     k=Load(k.buffer, tuple(a.substitute(s_to_out) for a in k.index)),
+                     v=vl, logits=substitute(f, to_out), row=row, col=col,
+                     batch=tuple(v for v in out.domain_vars if v not in (row, col)),
+                     to_out=tuple(sorted(to_out.items())))
+
+
+def causal_split(att: Attention) -> tuple[Load, Expr] | None:
+    """(M, X) when the logits are F = X + M (either order) with M a load, not of the scores,
+    whose access varies with the query row and the key only: the shape of a constant
+    additive mask. Whether M is causal depends on its values (`causal_logits`)."""
+    f = att.logits
+    if not (isinstance(f, Call) and f.fn == "add"):
+        return None
+    for m, x in ((f.args[1], f.args[0]), (f.args[0], f.args[1])):
+        if (isinstance(m, Load) and m.buffer != att.scores.out and all(ld.buffer != m.buffer for ld in loads(x))
+                and not {v for a in m.index for v, _ in a.terms} - {att.row, "r0"}):
+            return m, x
+    return None
+
+
+def causal_logits(att: Attention, weights: Mapping[str, Any]) -> Expr | None:
+    """F without its mask when F = X + M[i, j] (`causal_split`) with M a constant (`weights`
+    maps weight names to arrays) that is 0 where j <= i and <= -1e4 where j > i. Key j = 0 is
+    never masked, so each row's maximum is at least a real logit and a masked probability is
+    below e^{-1e4 + (spread of the logits)}: 0 in every float format for any logits that span
+    less than ~1e4, so skipping the keys above the diagonal changes nothing. None when the
+    mask is not causal (or there is none)."""
+    split = causal_split(att)
+    if split is None or split[0].buffer not in weights:
+        return None
+    m, x = split
+    nq, nk = att.out.extents()[att.row], att.out.reduce[0]
+    grids = {att.row: np.arange(nq).reshape(-1, 1), "r0": np.arange(nk).reshape(1, -1)}
+    idx = tuple(np.broadcast_to(a.const + sum((c * grids[v] for v, c in a.terms), np.int64(0)), (nq, nk))
+                for a in m.index)
+    mask = np.asarray(weights[m.buffer], dtype=np.float64)[idx]
+    below = grids["r0"] <= grids[att.row]
+    return x if np.all(mask[below] == 0) and np.all(mask[~below] <= -1e4) else None

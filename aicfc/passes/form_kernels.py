@@ -9,6 +9,8 @@ Groups computes into launches by their memory properties, never by op names:
   broadcast along one variable j, where each reduction runs over j's extent, is a
   `row_reduce` kernel with those reductions (rule "row stats + map => one row pass"): a
   block of threads reduces a row's statistics and writes the row without storing them;
+  rule "map + row pass => stored prologue" lets that pass also compute the stored map it reads
+  as its row (a residual sum before a norm) and store it, instead of a pointwise kernel;
 - every other reduction is a `row_reduce` kernel of its own; every other map a `pointwise`.
 
     %s.max: f32[4,1] = max[8] load(%x, [i0, r0])
@@ -24,9 +26,11 @@ from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Program, Rewrite, View, loads
 from aicfc.ir.properties import (contraction, is_identity_access, properties,
                                  why_not_online_reducible)
+from aicfc.passes.streaming_attention import attention_kernels
 
 EPILOGUE_RULE = "contraction + map => gemm epilogue"
 ROW_RULE = "row stats + map => one row pass"
+PROLOGUE_RULE = "map + row pass => stored prologue"
 
 
 def _identity_bind(op: Compute) -> tuple[tuple[str, Affine], ...]:
@@ -82,6 +86,56 @@ def _row_group(anchor: Compute, producers: dict[str, Compute], records: list[Rew
     return members
 
 
+def _prologue(anchor: Compute, stats: list[tuple[Compute, dict[str, Affine]]], computes: list[Compute],
+              taken: set[str], records: list[Rewrite]) -> Compute | None:
+    """The stored element-wise map a row pass reads as its row (h = x + attn_out before a
+    norm), to compute once inside the pass, store for its other consumers and normalize from
+    registers (rule PROLOGUE_RULE), or None with the reason recorded.
+
+    Legal when the map has the row's shape and every member reads it at the element the pass
+    is at; it reads no reduction (it is computed before any statistic); the members read none
+    of its inputs (after the map is written, nothing in the pass re-reads them, so the map may
+    even overwrite one in place); and everything the pass reads is defined before the map
+    (no kernel between them can need the map's store first).
+    """
+    group = [s for s, _ in stats] + [anchor]
+    bodies = [(s.body, b) for s, b in stats] + [(anchor.body, {v: Affine.var(v) for v in anchor.domain_vars})]
+    ident = tuple(Affine.var(v) for v in anchor.domain_vars)
+    order = {op.out: i for i, op in enumerate(computes)}
+    producers = {op.out: op for op in computes}
+    seen: list[str] = []
+    for body, bind in bodies:
+        for ld in loads(body):
+            pro = producers.get(ld.buffer)
+            if pro is None or pro in group or pro.out in seen or pro.combiner != "map" or contraction(pro):
+                continue
+            seen.append(pro.out)
+            reads = [tuple(a.substitute(b) for a in x.index) for body2, b in bodies for x in loads(body2)
+                     if x.buffer == pro.out]
+            inputs = {x.buffer for x in loads(pro.body)}
+            shared = sorted({x for x in inputs if x in producers} & {x.buffer for b2, _ in bodies for x in loads(b2)})
+            why = None
+            if pro.out in taken:
+                why = "it is computed by another kernel"
+            elif pro.type.shape != anchor.type.shape or any(r != ident for r in reads):
+                why = f"the row pass of {anchor.out!r} reads it at other elements than the one it is at"
+            elif any(producers[x].combiner != "map" for x in inputs if x in producers):
+                why = "it reads a reduction, which the row pass could only have after its statistics"
+            elif shared:
+                why = f"the row pass also reads its input(s) {shared}"
+            elif any(order[x.buffer] > order[pro.out] for body2, _ in bodies + [(pro.body, {})]
+                     for x in loads(body2) if x.buffer in order and producers[x.buffer] not in group
+                     and x.buffer != pro.out):
+                why = "the row pass reads a value computed after it"
+            if why:
+                records.append(Rewrite(PROLOGUE_RULE, pro.out, False, why))
+                continue
+            records.append(Rewrite(PROLOGUE_RULE, pro.out, True, f"computed once in the row pass of {anchor.out!r}, "
+                                   "stored for its other consumers and normalized from registers", pro.type.nbytes))
+            return pro
+    return None
+
+
 def form_kernels(p: Program, target: str) -> Plan:
     computes = [op for op in p.ops if isinstance(op, Compute)]
     producers = {op.out: op for op in computes}
@@ -94,6 +148,11 @@ def form_kernels(p: Program, target: str) -> Plan:
     taken: set[str] = set()
     groups: dict[str, Kernel] = {}   # keyed by the compute whose position launches it
 
+    # Streaming attention first (passes/streaming_attention.py): it claims scores, softmax and P·V.
+    for kern in attention_kernels(p, records):
+        groups[kern.ops[-1].out] = kern
+        taken.update(kern.outs)
+
     # Row groups first, from consumers back to producers, so a map claims its stats.
     for op in reversed(computes):
         if op.out in taken or op.combiner != "map" or contraction(op):
@@ -102,14 +161,17 @@ def form_kernels(p: Program, target: str) -> Plan:
         if not members:
             continue
         stats = sorted(members, key=lambda m: computes.index(m[0]))
-        ops = tuple(s for s, _ in stats) + (op,)
-        binds = tuple(tuple(sorted(b.items())) for _, b in stats) + (_identity_bind(op),)
+        pro = _prologue(op, stats, computes, taken, records)
+        ops = ((pro,) if pro else ()) + tuple(s for s, _ in stats) + (op,)
+        binds = (((_identity_bind(pro),) if pro else ()) + tuple(tuple(sorted(b.items())) for _, b in stats)
+                 + (_identity_bind(op),))
         stores = tuple(s.out for s, _ in stats if s.out in p.outputs or users.get(s.out, 0) > _uses_inside(s, ops))
         taken.update(o.out for o in ops)
         records.append(Rewrite(ROW_RULE, op.out, True, f"{len(stats)} reduction(s) computed per row in one pass",
                                sum(2 * s.type.nbytes for s, _ in stats if s.out not in stores)))
-        groups[op.out] = Kernel("", "row_reduce", ops, binds, stores + (op.out,),
-                                      tuple(dict.fromkeys(pr for o in ops for pr in properties(o))), (ROW_RULE,))
+        rules = (ROW_RULE,) + ((PROLOGUE_RULE,) if pro else ())
+        groups[op.out] = Kernel("", "row_reduce", ops, binds, ((pro.out,) if pro else ()) + stores + (op.out,),
+                                tuple(dict.fromkeys(pr for o in ops for pr in properties(o))), rules)
 
     for op in computes:
         if op.out in taken:
@@ -175,7 +237,7 @@ def _epilogue(mm: Compute, computes: list[Compute], users: dict[str, int], outpu
     if c.out in taken or c.combiner != "map" or c.type.shape != mm.type.shape:
         return f"consumer {c.out!r} is not an element-wise map over the same shape"
     reads = [ld for ld in loads(c.body) if ld.buffer == mm.out]
-    if not all(is_identity_access(ld, len(mm.type.shape)) for ld in reads):
+    if not all(is_identity_access(ld, mm.type.shape) for ld in reads):
         return f"consumer {c.out!r} reads the result at other positions than its own"
     if computes.index(c) != computes.index(mm) + 1 and _reads_between(mm, c, computes):
         return f"consumer {c.out!r} reads a value computed after the contraction"

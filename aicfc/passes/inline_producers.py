@@ -12,7 +12,12 @@ Two rules, tried on every map compute in program order:
   element declines.
 
 The producer disappears when every consumer took it; a graph output or a producer read
-through a view is always stored.
+through a view is always stored. So is the row of a norm that something else also needs
+(h = x + attn_out feeding a norm's statistics and the next residual h2 = h + mlp_out, which is
+itself stored or read twice): recomputing h inside every kernel that reads h2 would re-read x
+and attn_out there, and along a residual chain the recomputed sum would grow layer by layer;
+stored, h is computed once by the row pass of its norm ("map + row pass => stored prologue"
+in form_kernels).
 
     %t: f32[4,8] = map add(load(%x, [i0, i1]), load(%b, [i1]))
     %y: f32[4,8] = map max(load(%t, [i0, i1]), 0.0)
@@ -52,6 +57,31 @@ def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | Non
     return None
 
 
+def _why_keep_row(prod: Compute, consumers: list[Compute], readers: dict[str, list[Compute]],
+                  stored: set[str]) -> str | None:
+    """Why `prod` stays stored as the row of a norm (see the module docstring), or None.
+
+    It does when it feeds row statistics (reductions reading it directly or through maps read
+    once) and also a map that reads none of them and is itself stored or read more than once.
+    """
+    stats, frontier = [], [prod.out]
+    while frontier:
+        for c in readers.get(frontier.pop(), []):
+            if c.combiner != "map":
+                stats.append(c.out)
+            elif len(readers.get(c.out, [])) == 1 and c.out not in stored:
+                frontier.append(c.out)
+    if not stats:
+        return None
+    for c in consumers:
+        if (c.combiner == "map" and not any(ld.buffer in stats for ld in loads(c.body))
+                and (len(readers.get(c.out, [])) > 1 or c.out in stored)):
+            return (f"it is the row of statistic(s) {sorted(set(stats))} and also read by {c.out!r}, which is "
+                    f"stored or read more than once: computed once, by the row pass, rather than in every "
+                    f"kernel that reads {c.out!r}")
+    return None
+
+
 def inline_producers(p: Program) -> Program:
     ops = list(p.ops)
     records: list[Rewrite] = list(p.rewrites)
@@ -74,6 +104,12 @@ def inline_producers(p: Program) -> Program:
             reason = "it has no consumer"
         else:
             reason = next((r for c in consumers if (r := _why_not(prod, c, pure_move))), None)
+            if reason is None and not pure_move:
+                computes = [op for op in ops if isinstance(op, Compute)]
+                readers = {b: [op for op in computes if any(ld.buffer == b for ld in loads(op.body))]
+                           for b in {ld.buffer for op in computes for ld in loads(op.body)}}
+                stored = set(p.outputs) | {op.source for op in ops if isinstance(op, View)}
+                reason = _why_keep_row(prod, consumers, readers, stored)
         if reason:
             records.append(Rewrite(rule, prod.out, False, reason))
             continue

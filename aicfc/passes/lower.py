@@ -11,18 +11,34 @@ Preconditions: `canonicalize` ran (no Gemm, no Identity except as an output copy
                                                 %y: f32[4,8] = map div(load(%y.exp, [i0, i1]),
                                                                        load(%y.sum, [i0, 0]))
 Softmax is stated as its two reductions and two maps so that the fusion passes can see the
-online-reducible structure rather than a named softmax.
+online-reducible structure rather than a named softmax. Norms likewise: a mean is a sum of
+x·(1/n), so LayerNormalization and the decomposition torch's older exporter emits (ReduceMean,
+Sub, Pow 2, ReduceMean, Add ε, Sqrt, Div, Mul, Add) give the same computes once
+`inline_producers` has run:
+
+    %y: f32[4,8] = LayerNormalization(%x, %g, %b) {axis=1, epsilon=1e-05}
+  becomes
+    %y.mean: f32[4,1] = sum[8] mul(load(%x, [i0, r0]), 0.125)
+    %y.var: f32[4,1] = sum[8] mul(mul(sub(load(%x, [i0, r0]), load(%y.mean, [i0, 0])),
+                                      sub(load(%x, [i0, r0]), load(%y.mean, [i0, 0]))), 0.125)
+    %y: f32[4,8] = map add(mul(div(sub(load(%x, [i0, i1]), load(%y.mean, [i0, 0])),
+                                   sqrt(add(load(%y.var, [i0, 0]), 1e-05))), load(%g, [i1])), load(%b, [i1]))
+A LayerNormalization over several trailing axes normalizes a [outer, inner] view of its input.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from aicfc.errors import AicfError
 from aicfc.ir.high import Graph, Node
-from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, Op, Program, View, identity_index, loads
-from aicfc.ir.types import TensorType
+from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Load, Op, Program, Rewrite, View, identity_index,
+                              loads)
+from aicfc.ir.properties import ONLINE
+from aicfc.ir.types import TensorType, Weight
 
 ZERO = Affine()
+NORM_RULE = "LayerNormalization => mean and variance sums + normalize map"
 
 
 def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[Affine, ...]:
@@ -76,6 +92,91 @@ def _softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
     ]
 
 
+def _reduce(combiner: str, mean: bool = False) -> Callable[..., list[Op]]:
+    """ReduceSum/ReduceMax/ReduceMean over their one axis with more than one element (the
+    importer refuses more); a mean is the sum of x·(1/n). Reduced axes of one element read 0."""
+    def lower_node(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
+        src = types[n.inputs[0]].shape
+        axes, keep = n.attr["axes"], n.attr["keepdims"]
+        kept = [d for d in range(len(src)) if keep or d not in axes]
+        wide = [a for a in axes if src[a] > 1]
+        index = tuple(Affine.var("r0") if d in wide else ZERO if d in axes else Affine.var(f"i{kept.index(d)}")
+                      for d in range(len(src)))
+        body: Expr = Load(n.inputs[0], index)
+        if not wide:
+            return [Compute(n.output, n.type, "map", (), body, (n.origin,))]
+        extent = src[wide[0]]
+        if mean:
+            body = Call("mul", (body, Const(1.0 / extent)))
+        return [Compute(n.output, n.type, combiner, (extent,), body, (n.origin,))]
+    return lower_node
+
+
+def _pow(exponent: float, x: Expr) -> Expr:
+    """x**e for the exponents the importer admits: ±0.5 by a square root, integers by products."""
+    if abs(exponent) == 0.5:
+        root = Call("sqrt", (x,))
+        return root if exponent > 0 else Call("div", (Const(1.0), root))
+    k = int(exponent)
+    if k == 0:
+        return Const(1.0)
+    p = x
+    for _ in range(abs(k) - 1):
+        p = Call("mul", (p, x))
+    return p if k > 0 else Call("div", (Const(1.0), p))
+
+
+def _layer_norm(n: Node, types: dict[str, TensorType], scalars: dict[str, float]) -> list[Op]:
+    """mean = Σ x·(1/n); var = Σ (x - mean)²·(1/n); y = (x - mean) / sqrt(var + ε) · scale + bias,
+    over the last axis of x (or of its [outer, inner] view when several axes are normalized):
+    the same computes as the exported decomposition, with property `online_reducible_norm`."""
+    x, y, t, axis = n.inputs[0], n.output, n.type, n.attr["axis"]
+    origin = (n.origin,)
+    ops: list[Op] = []
+    shape = t.shape
+    if axis < len(shape) - 1:
+        # Normalizing several trailing axes: work on the [outer, inner] view. Scale and bias
+        # must then cover every normalized element (a view of them, no broadcast left).
+        shape = (math.prod(shape[:axis]), math.prod(shape[axis:]))
+        params = []
+        for p in n.inputs[1:]:
+            if types[p].numel != shape[1]:
+                raise AicfError(f"node {n.origin!r}: LayerNormalization over axes {axis}.. with "
+                                f"{'scale' if p == n.inputs[1] else 'bias'} {list(types[p].shape)} "
+                                f"broadcast inside the normalized dims is not supported")
+            params.append(View(f"{y}.{'scale' if p == n.inputs[1] else 'bias'}", TensorType(t.dtype, shape[1:]),
+                               p, origin))
+        ops += [View(f"{y}.in", TensorType(t.dtype, shape), x, origin), *params]
+        x, inputs = f"{y}.in", (f"{y}.in",) + tuple(v.out for v in params)
+        y = f"{y}.out"
+        types = {**types, **{v.out: v.type for v in ops}}
+    else:
+        inputs = n.inputs
+    rank = len(shape)
+    stat_t = TensorType(t.dtype, shape[:-1] + (1,))
+    row = tuple(Affine.var(f"i{d}") for d in range(rank - 1))
+    along, stat_at, ident = row + (Affine.var("r0"),), row + (ZERO,), identity_index(rank)
+    inv_n = Const(1.0 / shape[-1])
+    work = TensorType(t.dtype, shape)
+
+    def centered(index: tuple[Affine, ...]) -> Expr:
+        return Call("sub", (Load(x, index), Load(f"{y}.mean", stat_at)))
+    norm = Call("div", (centered(ident), Call("sqrt", (Call("add", (Load(f"{y}.var", stat_at),
+                                                                       Const(n.attr["epsilon"]))),))))
+    out: Expr = Call("mul", (norm, _load_bcast(inputs[1], types, work, scalars)))
+    if len(inputs) == 3:
+        out = Call("add", (out, _load_bcast(inputs[2], types, work, scalars)))
+    ops += [
+        Compute(f"{y}.mean", stat_t, "sum", shape[-1:], Call("mul", (Load(x, along), inv_n)), origin),
+        Compute(f"{y}.var", stat_t, "sum", shape[-1:],
+                Call("mul", (Call("mul", (centered(along), centered(along))), inv_n)), origin),
+        Compute(y, work, "map", (), out, origin),
+    ]
+    if y != n.output:
+        ops.append(View(n.output, t, y, origin))
+    return ops
+
+
 def _transpose(n: Node, types: dict[str, TensorType]) -> list[Op]:
     perm = n.attr["perm"]
     index = [ZERO] * len(perm)
@@ -109,6 +210,15 @@ LOWERINGS: dict[str, Callable[..., list[Op]]] = {
     "Sigmoid": _pointwise(_call("sigmoid")),
     "Tanh": _pointwise(_call("tanh")),
     "Erf": _pointwise(_call("erf")),
+    "Sqrt": _pointwise(_call("sqrt")),
+    "Exp": _pointwise(_call("exp")),
+    "Reciprocal": _pointwise(lambda x: Call("div", (Const(1.0), x))),
+    "Cast": _pointwise(lambda x: x),
+    "Pow": lambda n, types, scalars: _pointwise(lambda x: _pow(n.attr["exponent"], x))(n, types, scalars),
+    "ReduceMean": _reduce("sum", mean=True),
+    "ReduceSum": _reduce("sum"),
+    "ReduceMax": _reduce("max"),
+    "LayerNormalization": _layer_norm,
 }
 
 
@@ -117,14 +227,25 @@ def lower(g: Graph) -> Program:
     scalars = {w.name: float(w.array().reshape(-1)[0]) for w in g.weights
                if w.type.numel == 1 and w.type.np_dtype.kind == "f"}
     ops: list[Op] = []
+    records: list[Rewrite] = []
     for n in g.nodes:
         if n.op not in LOWERINGS:
             raise AicfError(f"internal: no lowering for {n.op} (node {n.origin!r}); canonicalize must run first")
         ops.extend(LOWERINGS[n.op](n, types, scalars))
+        if n.op == "LayerNormalization":
+            records.append(Rewrite(NORM_RULE, n.output, True, f"{ONLINE}: mean and variance are sums "
+                                   "whose partial (count, mean, M2) states merge (Chan), so one row pass suffices"))
     for o in g.outputs:
         if o not in {op.out for op in ops}:
             raise AicfError(f"graph output {o!r} is a model input or a constant; there is nothing to compute")
+    # A view of a weight (a LayerNormalization's scale over several axes) is the same bytes
+    # under another shape: a weight of its own, so no view ever starts in the weights.
+    known = g.weight_map()
+    for op in ops:
+        if isinstance(op, View) and op.source in known:
+            known[op.out] = Weight(op.out, op.type, known[op.source].data)
+    ops = [op for op in ops if not (isinstance(op, View) and op.out in known)]
     used = {ld.buffer for op in ops if isinstance(op, Compute) for ld in loads(op.body)}
     used |= {op.source for op in ops if isinstance(op, View)}
-    weights = tuple(w for w in g.weights if w.name in used)
-    return Program(g.name, g.inputs, weights, tuple(ops), g.outputs)
+    weights = tuple(w for w in known.values() if w.name in used)
+    return Program(g.name, g.inputs, weights, tuple(ops), g.outputs, tuple(records))

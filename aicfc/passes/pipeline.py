@@ -17,9 +17,11 @@ from aicfc.passes.apply_precision import apply_precision
 from aicfc.passes.canonicalize import canonicalize
 from aicfc.passes.dce import dce
 from aicfc.passes.fold_constants import fold_constants
+from aicfc.passes.fold_views import fold_views
 from aicfc.passes.form_kernels import form_kernels
 from aicfc.passes.inline_producers import inline_producers
 from aicfc.passes.lower import lower
+from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.plan_schedules import plan_schedules
 from aicfc.planner.hardware import Profile
@@ -50,6 +52,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("dce", "high", "high", lambda g, o: dce(g)),
     Stage("lower", "high", "lowered", lambda g, o: lower(g)),
     Stage("inline_producers", "lowered", "lowered", lambda p, o: inline_producers(p)),
+    Stage("fold_views", "lowered", "lowered", lambda p, o: fold_views(p)),
+    Stage("merge_contractions", "lowered", "lowered", lambda p, o: merge_contractions(p)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin))),
@@ -57,10 +61,18 @@ PIPELINE: tuple[Stage, ...] = (
 )
 
 # Ordering rules, checked at import: levels only move forward, one step at a time, and
-# canonicalize precedes lower (lowering has no rule for Gemm).
+# canonicalize precedes lower (lowering has no rule for Gemm); fold_views follows
+# inline_producers (which recomputes maps in program order: with the head-split views gone
+# first, the bias would be recomputed inside the head transpose, which then no longer folds
+# into the attention's operand access) and precedes merge_contractions (which keeps a result
+# read through a view apart); merge_contractions precedes form_kernels (which absorbs the
+# merged epilogue).
 for _a, _b in zip(PIPELINE, PIPELINE[1:]):
     assert _a.gives == _b.takes, f"stage {_b.name} takes {_b.takes} but {_a.name} gives {_a.gives}"
-assert [s.name for s in PIPELINE].index("canonicalize") < [s.name for s in PIPELINE].index("lower")
+_ORDER = [s.name for s in PIPELINE]
+assert _ORDER.index("canonicalize") < _ORDER.index("lower")
+assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("merge_contractions")
+        < _ORDER.index("form_kernels"))
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {
     "high": verify_graph, "lowered": verify_program, "decision": verify_plan,

@@ -4,8 +4,10 @@ Every family's cost is the same formula over family-specific counts:
 
     t = max(max(t_dram + t_l2, t_compute, t_smem) / (parallel_eff * wave_eff), t_pipeline) + launch
 
-    t_dram       = dram_bytes / (dram_bandwidth * eff.dram)       each tensor moved once
+    t_dram       = dram_bytes / (dram_bandwidth * eff.dram)       each tensor moved once, plus
+                                                                  re-reads that do not fit in L2
     t_l2         = l2_bytes / l2_bandwidth                        re-reads that hit in L2
+                   (row passes: `_row_cost` counts the row re-reads its schedule makes)
     t_compute    = flops_issued / (peak_unit * eff.unit * issue_eff)
                    unit: fp32_simt, or the tensor-core rate of the mma type (eff.mma_sync)
     t_smem       = shared-memory bytes read and written / (SMs * smem_bandwidth_per_sm)
@@ -13,6 +15,8 @@ Every family's cost is the same formula over family-specific counts:
     t_pipeline   = serialized latency the schedule cannot hide (GEMM k-steps, reduction trees)
     parallel_eff = (active SMs / SMs) * min(1, warps per active SM * ilp / eff.min_warps_per_sm)
                    active SMs = min(blocks, SMs): a grid smaller than the machine leaves SMs idle
+                   ilp: independent work per warp; row passes: ROW_ILP times the memory duty
+                   cycle of an SM's resident blocks (`_row_cost`)
     wave_eff     = (blocks / per_wave) / ceil(blocks / per_wave)  when more than one wave
     per_wave     = SMs * blocks_per_sm;  blocks_per_sm from threads, shared memory, registers
 
@@ -26,16 +30,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
-from aicfc.codegen import gemm, row_reduce
+from aicfc.codegen import attention, gemm, row_reduce
+from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import count_ops, loads
+from aicfc.ir.lowered import Call, Const, Expr, count_ops, loads
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
 SYNC_LATENCY_US = 0.02     # one shuffle or barrier step in a reduction tree
+# Memory requests a row-pass warp keeps in flight, relative to the profile's min_warps_per_sm
+# unit: a row pass needs about 1/ROW_ILP times as many resident warps to hide DRAM latency
+# (aicfc tune on an H200, 8192x4096 LayerNorm and softmax: 16-18 warps per SM ran 9-44%
+# slower than 32-40, which all ran within 3% of each other).
+ROW_ILP = 0.6
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,15 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
         return 4 * mi * ni + 8 * mi + 4 * ni + 40 + min(ops, 16)
     if k.family == "gemm":
         return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 32 + min(ops, 32)
-    return 24 + min(2 * ops, 64)
+    if k.family == "attention":
+        return _attention_registers(k, p, ops)
+    if k.family == "row_reduce":
+        # the row held in registers (`regs`), a step's vectors, the merged states; fitted to
+        # ptxas (CUDA 13) on 4096-wide LayerNorm rows, fp32 and fp16, 4 to 128 elements cached
+        # per thread: within 10% but at 128 (fp16: 174 for 193)
+        return (16 + min(ops, 48) + math.ceil(1.1 * row_reduce.cached_elements(k, p)) + p["vec"] // 2
+                + 2 * row_reduce.state_vars(k, p))
+    return 24 + min(2 * ops, 64) + 2 * p.get("vec", 1)
 
 
 def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
@@ -116,27 +134,82 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
         return _gemm_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "row_reduce":
         return _row_cost(k, p, blocks, threads, bps, types, hw)
+    if k.family == "attention":
+        return _attention_cost(k, p, blocks, threads, bps, types, hw)
+    return _pointwise_cost(k, p, blocks, threads, bps, types, hw)
+
+
+# fp32 instructions per scalar function as CUDA's math library expands it on sm_90 (erff
+# counted in SASS, CUDA 13: two polynomials selected per element; the others are estimates);
+# the rest cost one. A division by a literal is emitted as a product (cexpr.reciprocal_divisions).
+CALL_INSTRUCTIONS = {"erf": 24, "tanh": 16, "sigmoid": 18, "exp": 8, "log": 10, "sqrt": 5, "div": 9}
+
+
+def instructions(e: Expr, invariant: Callable[[Expr], bool] = lambda e: False) -> int:
+    """fp32 instructions one element of `e` issues (loads excluded; `invariant` subexpressions,
+    the same for every element, are computed once and cost nothing per element)."""
+    if not isinstance(e, Call) or invariant(e):
+        return 0
+    return CALL_INSTRUCTIONS.get(e.fn, 1) + sum(instructions(a, invariant) for a in e.args)
+
+
+def _pointwise_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,
+                    hw: Profile) -> Estimate:
+    """One element-wise map. Issued: two FLOPs per fp32 instruction (the peak counts an FMA as
+    two), the math library's functions at their instruction counts. A thread's arithmetic waits
+    on its own step's loads; the loads of its other `items` steps overlap it: issue efficiency
+    items / (items + 1). Memory-bound maps do not notice; one like erf-GELU at 16-bit storage
+    (about 30 instructions per 4 bytes moved) does."""
     out = k.ops[-1]
     flops = out.type.numel * max(1, count_ops(out.body))
-    return _combine(hw, flops=flops, issued=flops, dram=_io_bytes(k, types), l2=0.0, pipeline=0.0,
-                    blocks=blocks, threads=threads, bps=bps, ilp=min(p["items"], 4))
+    issued = 2.0 * out.type.numel * instructions(reciprocal_divisions(out.body, lambda e: isinstance(e, Const)))
+    est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=0.0, pipeline=0.0, blocks=blocks,
+                   threads=threads, bps=bps, issue_eff=p["items"] / (p["items"] + 1), ilp=min(p["items"], 4))
+    return est
 
 
 def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
+    """Row passes: inputs read once and outputs written once, plus the re-reads of the row the
+    schedule makes (`row_reduce.traversals`: none under `regs`, the output pass under `online`,
+    every pass after the first under `multi`; a re-read of the stored prologue counts too). A
+    re-read hits L2 while the rows in flight (resident blocks x rows per block x the row's
+    bytes) fit in half the L2, and goes to DRAM otherwise. One block reduction per statistic
+    (`online`: one for all) is the latency each wave cannot hide."""
     rows, _, cols = row_reduce.geometry(k)
     nrows = math.prod(n for _, n in rows)
-    passes = len(k.ops)
     io = _io_bytes(k, types)
-    reread = (passes - 1) * (io - sum(types[s].nbytes for s in k.stores))
-    lane_eff = cols / (math.ceil(cols / p["tpr"]) * p["tpr"])
+    seen: set[str] = set()
+    reread = 0.0
+    for bufs in row_reduce.traversals(k, p["pass"]):
+        reread += sum(types[b].nbytes for b in bufs if b in seen or b in k.stores)
+        seen |= bufs
+    row_bytes = sum(types[b].nbytes for b in seen) / nrows
+    in_flight = min(blocks, hw.sm_count * bps) * p["rpb"] * row_bytes
+    fits = in_flight <= hw.l2_bytes / 2
+    lane_eff = cols / (row_reduce.iters(k, p) * p["tpr"] * p["vec"])
     flops = sum(op.type.numel * math.prod(op.reduce) * max(1, count_ops(op.body)) for op in k.ops)
-    steps = math.log2(min(p["tpr"], 32)) + (2 if p["tpr"] > 32 else 0)
+    row = row_reduce.analyze(k)
+    issued = 2.0 * sum(op.type.numel * math.prod(op.reduce)
+                       * max(1, instructions(row_reduce.body(row, op), row_reduce.invariant(row))) for op in k.ops)
+    # A block reduction: shuffle steps, then (several warps) two barriers and a serial merge of
+    # the warps' partials through shared memory.
+    warps = p["tpr"] // 32
+    steps = math.log2(min(p["tpr"], 32)) + (2 + warps - 1 if warps > 1 else 0)
     waves = math.ceil(blocks / (hw.sm_count * bps))
-    pipeline = waves * (passes - 1) * steps * SYNC_LATENCY_US
-    est = _combine(hw, flops=flops, issued=flops / lane_eff, dram=io / lane_eff, l2=reread / lane_eff,
-                   pipeline=pipeline, blocks=blocks, threads=threads, bps=bps)
-    est.terms["lane_eff"] = lane_eff
-    est.terms["rows"] = nrows
+    reductions = 1 if p["pass"] == "online" else len(row_reduce.analyze(k).stats)
+    latency = reductions * steps * SYNC_LATENCY_US
+    pipeline = waves * latency
+    # Memory duty cycle: a block moves its rows (t_move at its SM's share of the bandwidth)
+    # and then waits on a load round trip and its reductions (t_wait); the SM's memory is busy
+    # only while one of its resident blocks moves data.
+    t_move = p["rpb"] * (io + reread) / nrows / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"] / hw.sm_count)
+    t_wait = hw.data.get("load_latency_us", LOAD_LATENCY_US) + latency
+    duty = min(1.0, bps * t_move / (t_move + t_wait))
+    dram, l2 = (io, reread) if fits else (io + reread, 0.0)
+    est = _combine(hw, flops=flops, issued=issued / lane_eff, dram=dram / lane_eff, l2=l2 / lane_eff,
+                   pipeline=pipeline, blocks=blocks, threads=threads, bps=bps, ilp=ROW_ILP * duty)
+    est.terms.update(lane_eff=lane_eff, rows=nrows, reread_bytes=reread, duty=duty,
+                     cached_per_thread=row_reduce.cached_elements(k, p))
     return est
 
 
@@ -198,4 +271,70 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     est = _combine(hw, flops=flops, issued=issued, dram=dram, l2=l2, pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem)
     est.terms["ilp"] = ilp
+    return est
+
+
+# ---------------------------------------------------------------- attention
+
+SOFTMAX_OPS = 12   # fp32 operations per score: the score expression, max, exp2 (a MUFU op costs
+                   # several FMA slots), sum, rescale and the conversion of P
+
+
+def _attention_registers(k: Kernel, p: Mapping, ops: int) -> int:
+    _, _, _, d, dv = attention.dims(k)
+    if p["unit"] == "mma":
+        mi, dp, dvp = p["BM"] // p["warps"] // 16, -(-d // 16) * 16, -(-dv // 16) * 16
+        # S and O accumulators, Q fragments, P packed, running max and sum, addressing and loop state
+        return 4 * mi * (p["BN"] // 8 + dvp // 8 + dp // 16 + 1) + 4 * mi + 48 + min(ops, 16)
+    return p["BN"] // p["TPR"] + -(-dv // p["TPR"]) + 40 + min(ops, 16)
+
+
+def _key_tiles(sq: int, sk: int, bm: int, bn: int, causal: bool) -> int:
+    """Key tiles all query tiles of one batch visit (causal: only those reaching j <= i)."""
+    kt = math.ceil(sk / bn)
+    if not causal:
+        return math.ceil(sq / bm) * kt
+    return sum(min(kt, (min(sq, (t + 1) * bm) - 1) // bn + 1) for t in range(math.ceil(sq / bm)))
+
+
+def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,
+                    hw: Profile) -> Estimate:
+    """Streaming attention. FLOPs = 2·B·H·Sq·Sk·(D + Dv), i.e. 4·B·H·S²·D, halved for causal;
+    issued: the same over the padded tiles actually visited (causal: the tiles on or below the
+    diagonal) at the tensor-core rate (mma) or the fp32 rate (simt), plus SOFTMAX_OPS fp32
+    operations per visited score, converted to the unit's time. DRAM bytes: Q + K + V + O, plus
+    the mask unless it is causal (then it is not read); every query tile after the first of a
+    batch re-reads K and V from L2. Shared memory: each K/V tile written once and read by every
+    warp (ldmatrix), Q once. Pipeline: one load latency per key tile, hidden by the double
+    buffer and by the other resident blocks. Occupancy and waves as for every family."""
+    nb, sq, sk, d, dv = attention.dims(k)
+    bm, bn, causal = p["BM"], p["BN"], bool(p["causal"])
+    visited = nb * _key_tiles(sq, sk, bm, bn, causal)
+    flops = 2.0 * nb * sq * sk * (d + dv) * (0.5 if causal else 1.0)
+    mma = p["unit"] == "mma"
+    pd, pdv = (-(-d // 16) * 16, -(-dv // 16) * 16) if mma else (d, dv)
+    scores = visited * bm * bn
+    unit = MMA_UNIT[p["dtype"]] if mma else "fp32_simt"
+    eff = hw.efficiency
+    to_unit = hw.peak_tflops[unit] * eff["mma_sync" if mma else "fp32_simt"] / (hw.peak_tflops["fp32_simt"] * eff["fp32_simt"])
+    issued = 2.0 * scores * (pd + pdv) + SOFTMAX_OPS * scores * to_unit
+    att = attention.roles(k)
+    mask = {ld.buffer for ld in loads(att.logits) if ld.buffer != att.scores.out}
+    dram = _io_bytes(k, types) - (sum(types[b].nbytes for b in mask) if causal else 0)
+    kv = types[att.k.buffer].nbytes + types[att.v.buffer].nbytes
+    tiles_m = math.ceil(sq / bm)
+    l2 = kv * (visited / max(1, nb * math.ceil(sk / bn)) - 1) if tiles_m > 1 else 0.0
+    esize = ITEMSIZE[types[att.k.buffer].dtype] if mma else 4
+    readers = p["warps"] if mma else threads // 32
+    smem = visited * bn * (pd + pdv) * esize * (1 + readers) + nb * tiles_m * bm * pd * esize * 2
+    latency = hw.data.get("load_latency_us", LOAD_LATENCY_US)
+    waves = math.ceil(blocks / (hw.sm_count * bps))
+    per_block = visited / max(1, blocks)
+    overlap = (p.get("STAGES", 2) - 1) if mma else 0
+    pipeline = waves * latency * (1 + per_block / ((1 + overlap) * min(bps, 4)))
+    ilp = max(1.0, min(4.0, (bm // p["warps"] // 16) * (bn // 8 + pdv // 8) / 8)) if mma else 1.0
+    est = _combine(hw, flops=flops, issued=issued, dram=dram, l2=l2, pipeline=pipeline, blocks=blocks,
+                   threads=threads, bps=bps, ilp=ilp, unit=unit, smem=smem)
+    est.terms["ilp"] = ilp
+    est.terms["key_tiles"] = visited
     return est

@@ -1,0 +1,228 @@
+"""Schedule family `attention`: streaming (flash) attention, property
+`weighted_streaming_reduction` (`passes/streaming_attention.py` builds the kernel).
+
+Each block owns BM query rows of one batch (all batch variables flattened: batch, heads) and
+streams the keys in tiles of BN: scores S = Q·Kᵀ for the tile, the score expression F (scale,
+mask loads) in registers, then the online softmax: running row maximum m and sum l, the
+output accumulators rescaled by e^{m_old - m_new} whenever m grows (exact by rescaling
+invariance), and O += P·V. After the last tile O / l is stored. The S×S scores never leave
+the chip. Two arithmetic units:
+
+- `mma` (fp16/bf16 policy): FlashAttention-2 on tensor cores. Warps own 16-row slices (MI of
+  them); S = Q·Kᵀ and O += P·V with mma.sync m16n8k16, Q fragments loaded once with ldmatrix
+  and kept in registers, K tiles with ldmatrix, V tiles with ldmatrix.trans, and P re-used
+  from the S accumulators as the A operand of P·V without a trip through shared memory. K/V
+  tiles are double-buffered with 16-byte cp.async. Needs every row of Q, K, V contiguous
+  along the head dimension and 16-byte aligned (any layout reached through views and folded
+  transposes qualifies: BERT's [B,S,H·D] buffers do).
+- `simt` (any policy; the only unit under fp32/tf32): exact fp32 arithmetic. TPR threads per
+  query row split the key tile's scores and the output columns; rows reduce with shuffles.
+
+Parameter space: mma: BM ∈ {64, 128} x BN ∈ {32, 64, 128} x warps ∈ {4, 8} (16 or 32 rows per
+warp), STAGES = 2; simt: BM ∈ {16, 32, 64} x BN ∈ {32, 64} x TPR ∈ {4, 8, 16, 32}. `causal`
+(0/1) is not a choice but a fact the space records: a constant mask that is 0 on and below
+the diagonal and <= -1e4 above it (`properties.causal_logits`); the kernel then skips the key
+tiles above the diagonal and never reads the mask. The rule decides it on the model's f32
+values and records it on the kernel (`CAUSAL_RULE` among its rewrites). Constraints beyond
+the planner's (shared memory, registers, threads): at most 128 fp32 accumulators per thread
+for S and O (mma).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
+from aicfc.codegen.common import CTYPES, decompose, render, signature
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Affine, Compute, Expr, loads
+from aicfc.ir.properties import Attention, causal_split, streaming_attention
+from aicfc.ir.types import ITEMSIZE, TensorType
+from aicfc.passes.streaming_attention import CAUSAL_RULE
+
+SPACE = {"mma": {"BM": (64, 128), "BN": (32, 64, 128), "warps": (4, 8), "STAGES": (2,)},
+         "simt": {"BM": (16, 32, 64), "BN": (32, 64), "TPR": (4, 8, 16, 32)}}
+MMA_TYPE = {"fp16": "f16", "bf16": "bf16"}
+MAX_ACC = 128     # fp32 S and O accumulators per thread (mma)
+PAD = 8           # elements added to every shared row: rows 16·(odd) bytes apart, so the 8
+                  # rows one ldmatrix phase reads hit 8 different 16-byte bank groups
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Extents and flat offsets of the kernel's tensors over its variables: the batch
+    variables, the query row `row`, the key `r0`, the head dimension `d`, the value column."""
+
+    att: Attention
+    batch: list[tuple[str, int]]
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    q: Affine
+    k: Affine
+    v: Affine
+    o: Affine            # offset of the stored tensor (O, or its layout map) for O's element
+    store: Compute
+
+    @property
+    def nb(self) -> int:
+        return math.prod(n for _, n in self.batch)
+
+
+def geometry(k: Kernel, types: Mapping[str, TensorType]) -> Geometry:
+    att = roles(k)
+    store = k.ops[-1]
+    bind = dict(k.binds[-1])
+    o_index = tuple(Affine.var(v).substitute(bind) for v in store.domain_vars)
+    ext = att.out.extents()
+    return Geometry(att, [(v, ext[v]) for v in att.batch], ext[att.row], att.out.reduce[0],
+                    att.scores.reduce[0], ext[att.col],
+                    flat_offset(att.q.index, types[att.q.buffer]), flat_offset(att.k.index, types[att.k.buffer]),
+                    flat_offset(att.v.index, types[att.v.buffer]), flat_offset(o_index, types[store.out]), store)
+
+
+def roles(k: Kernel) -> Attention:
+    """The attention roles of the kernel's computes (S, max, sum, P, O, [layout map])."""
+    att = streaming_attention(k.ops[4], {op.out: op for op in k.ops})
+    assert isinstance(att, Attention), f"kernel {k.name} is not a streaming attention"
+    return att
+
+
+def dims(k: Kernel) -> tuple[int, int, int, int, int]:
+    """(batch count, query rows, keys, head dimension of q·k, of v)."""
+    att = roles(k)
+    ext = att.out.extents()
+    return (math.prod(ext[v] for v in att.batch), ext[att.row], att.out.reduce[0], att.scores.reduce[0],
+            ext[att.col])
+
+
+def causal(k: Kernel) -> bool:
+    """The rule decided it on the model's own mask values (before any precision policy
+    rounded them) and recorded it on the kernel."""
+    return CAUSAL_RULE in k.rewrites
+
+
+def _split(off: Affine, inner: tuple[str, ...]) -> tuple[Affine, list[int]]:
+    """(the batch part of an offset, the strides of the `inner` variables)."""
+    return (Affine.of({v: c for v, c in off.terms if v not in inner}, off.const), [off.coeff(v) for v in inner])
+
+
+def why_not_mma(g: Geometry, types: Mapping[str, TensorType], precision: str) -> str | None:
+    dtype = MMA_TYPE.get(precision)
+    if dtype is None:
+        return f"--precision {precision}: tensor-core attention needs fp16/bf16; the SIMT kernel runs in fp32"
+    att = g.att
+    if {types[b].dtype for b in (att.q.buffer, att.k.buffer, att.v.buffer)} != {dtype}:
+        return f"q, k and v are not all {dtype}"
+    if g.d % 8 or g.dv % 8:
+        return f"head dimensions {g.d}/{g.dv} are not multiples of 8 (16-byte rows)"
+    for name, off, inner, fast in (("q", g.q, (att.row, "d"), "d"), ("k", g.k, ("r0", "d"), "d"),
+                                   ("v", g.v, ("r0", att.col), att.col)):
+        if off.coeff(fast) != 1:
+            return f"{name} is not contiguous along the head dimension"
+        if off.const % 8 or any(c % 8 for v, c in off.terms if v != fast):
+            return f"rows of {name} are not 16-byte aligned"
+    return None
+
+
+def space(k: Kernel, plan: Plan) -> list[dict]:
+    g = geometry(k, plan.types())
+    c = int(causal(k))
+    out = [{"unit": "simt", "BM": bm, "BN": bn, "TPR": tpr, "causal": c}
+           for bm in SPACE["simt"]["BM"] for bn in SPACE["simt"]["BN"] for tpr in SPACE["simt"]["TPR"]
+           if bn % tpr == 0 and 64 <= bm * tpr <= 1024]
+    if why_not_mma(g, plan.types(), plan.precision) is None:
+        dp, dvp = _ceil16(g.d), _ceil16(g.dv)
+        for bm in SPACE["mma"]["BM"]:
+            for bn in SPACE["mma"]["BN"]:
+                for w in SPACE["mma"]["warps"]:
+                    mi = bm // w // 16
+                    if bm % (16 * w) or mi * 4 * (bn // 8 + dvp // 8) > MAX_ACC or dp > 256:
+                        continue
+                    out += [{"unit": "mma", "dtype": MMA_TYPE[plan.precision], "BM": bm, "BN": bn, "warps": w,
+                             "STAGES": st, "causal": c} for st in SPACE["mma"]["STAGES"]]
+    return out
+
+
+def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
+    why = why_not_mma(geometry(k, plan.types()), plan.types(), plan.precision)
+    return [({"unit": "mma"}, why)] if why else []
+
+
+def _ceil16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def threads(p: Mapping) -> int:
+    return 32 * p["warps"] if p["unit"] == "mma" else p["BM"] * p["TPR"]
+
+
+def smem_bytes(k: Kernel, p: Mapping) -> int:
+    _, _, _, d, dv = dims(k)
+    if p["unit"] == "mma":
+        pitch, vpitch = _ceil16(d) + PAD, _ceil16(dv) + PAD
+        return (p["BM"] * pitch + p["STAGES"] * p["BN"] * (pitch + vpitch)) * ITEMSIZE[p["dtype"]]
+    return 4 * (p["BM"] * (d + 1) + p["BN"] * (d + 1) + p["BN"] * dv + p["BM"] * p["BN"])
+
+
+def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    nb, sq, _, _, _ = dims(k)
+    return (nb * math.ceil(sq / p["BM"]), 1, 1), (threads(p), 1, 1), smem_bytes(k, p)
+
+
+def static_smem(k: Kernel, p: Mapping) -> int:
+    return 0
+
+
+def _logits(g: Geometry, p: Mapping, sig, types) -> tuple[list[str], str]:
+    """C statements computing F for one score `s_raw` at (gi_c, gj_c), and the value's name."""
+    att = g.att
+    f: Expr = att.logits
+    if p["causal"]:
+        f = causal_split(att)[1]   # the mask is not read: the kernel compares j > i instead
+    em = Emitter(sig.params, types, prefix="f")
+    names = {v: v for v, _ in g.batch} | {att.row: "gi_c", "r0": "gj_c"}
+    value = em.emit(f, names, {att.scores.out: "s_raw"})
+    return em.take(), value
+
+
+def _store(g: Geometry, types, sig, names: dict[str, str]) -> dict:
+    """How the output is written: pointer, batch base, row/column strides, pair vector type."""
+    base, (s_row, s_col) = _split(g.o, (g.att.row, g.att.col))
+    dtype = types[g.store.out].dtype
+    vec = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2half2_rn"),
+           "bf16": ("__nv_bfloat162", "__floats2bfloat162_rn")}.get(dtype)
+    paired = (vec is not None and s_col == 1 and g.dv % 2 == 0 and base.const % 2 == 0
+              and all(c % 2 == 0 for _, c in base.terms) and s_row % 2 == 0)
+    return {"ptr": sig.params[g.store.out], "base": c_affine(base, names), "s_row": s_row, "s_col": s_col,
+            "T": CTYPES[dtype], "vec": vec if paired else None}
+
+
+def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
+    g = geometry(k, types)
+    att = g.att
+    sig = signature(k, types, p)
+    idx = sig.index_type
+    names = {v: v for v, _ in g.batch}
+    operands = {}
+    for key, ld, off, inner in (("q", att.q, g.q, (att.row, "d")), ("k", att.k, g.k, ("r0", "d")),
+                                ("v", att.v, g.v, ("r0", att.col))):
+        base, strides = _split(off, inner)
+        operands[key] = {"ptr": sig.params[ld.buffer], "base": c_affine(base, names), "s_row": strides[0],
+                         "s_col": strides[1], "T": CTYPES[types[ld.buffer].dtype]}
+    lines, value = _logits(g, p, sig, types)
+    tiles = math.ceil(g.sq / p["BM"])
+    common = dict(name=name, signature=sig.text, idx=idx, decompose=decompose("batch", g.batch, idx),
+                  SQ=g.sq, SK=g.sk, D=g.d, DV=g.dv, NB=g.nb, TILES=tiles, KT=math.ceil(g.sk / p["BN"]),
+                  BM=p["BM"], BN=p["BN"], causal=bool(p["causal"]), threads=threads(p),
+                  q=operands["q"], k=operands["k"], v=operands["v"], o=_store(g, types, sig, names),
+                  logit_lines=lines, logit=value, mask_reads=[ld.buffer for ld in loads(att.logits)
+                                                              if ld.buffer != att.scores.out])
+    if p["unit"] == "simt":
+        return render("attention.cu.j2", unit="simt", TPR=p["TPR"], **common)
+    dp, dvp = _ceil16(g.d), _ceil16(g.dv)
+    return render("attention.cu.j2", unit="mma", dtype=p["dtype"], T=CTYPES[p["dtype"]], warps=p["warps"],
+                  WR=p["BM"] // p["warps"], MI=p["BM"] // p["warps"] // 16, DP=dp, DVP=dvp,
+                  PITCH=dp + PAD, VPITCH=dvp + PAD, esize=ITEMSIZE[p["dtype"]], **common)

@@ -1,0 +1,70 @@
+"""Vector accesses for the memory-bound families (pointwise, row_reduce).
+
+[Note: Vector access]
+A kernel that walks a loop variable v in groups of V consecutive values (v0, ..., v0 + V - 1,
+v0 a multiple of V) reads an access `load(%b, index)` as one of:
+
+- contiguous: the access's flat offset has coefficient 1 on v, and every other coefficient and
+  the constant are multiples of V. The V elements are consecutive and the first sits at a
+  multiple of V elements from the buffer's start; every buffer starts 256-byte aligned
+  (plan_memory's ALIGN; device allocations are 256-byte aligned too), so one aligned vector
+  instruction of V·itemsize bytes (at most 16) moves all of them.
+- broadcast: coefficient 0 on v: one element serves the whole group.
+- strided: anything else, read element by element.
+
+The width is the widest power of two with V·itemsize <= 16 bytes that divides v's extent, so a
+group never straddles the end of v's range and needs no tail code.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from aicfc.codegen.cexpr import c_affine, flat_offset
+from aicfc.ir.lowered import Affine, Load
+from aicfc.ir.types import ITEMSIZE, TensorType
+
+VECTOR_BYTES = 16
+CONTIGUOUS, BROADCAST, STRIDED = "contiguous", "broadcast", "strided"
+
+
+def kind(ld: Load, types: Mapping[str, TensorType], var: str, width: int) -> str:
+    off = flat_offset(ld.index, types[ld.buffer])
+    c = off.coeff(var)
+    if c == 0:
+        return BROADCAST
+    if c == 1 and off.const % width == 0 and all(k % width == 0 for v, k in off.terms if v != var):
+        return CONTIGUOUS
+    return STRIDED
+
+
+def full_width(dtypes: list[str]) -> int:
+    """Elements of the widest of `dtypes` in one 16-byte vector."""
+    return VECTOR_BYTES // max(ITEMSIZE[d] for d in dtypes)
+
+
+def widest(dtypes: list[str], extent: int) -> tuple[int, str]:
+    """(V, why not wider): the widest vector for elements of `dtypes` along an extent."""
+    v = full = full_width(dtypes)
+    while v > 1 and extent % v:
+        v //= 2
+    why = "" if v == full else f"{extent} elements are not a multiple of {full} ({VECTOR_BYTES}-byte vectors)"
+    return v, why
+
+
+def load_lines(ld: Load, kind_: str, width: int, dest: str, params: Mapping[str, str],
+               types: Mapping[str, TensorType], names: Mapping[str, str], var: str, first: str) -> list[str]:
+    """C lines filling `dest[0..width)` with the access at `var` = first, first + 1, ... as float."""
+    ptr = params[ld.buffer]
+    off = flat_offset(ld.index, types[ld.buffer])
+    if kind_ == CONTIGUOUS:
+        return [f"aicf_vload<{width}>({ptr} + ({c_affine(off, {**names, var: first})}), {dest});"]
+    at = {**names, var: f"({first} + e)"}
+    return [f"#pragma unroll", f"for (int e = 0; e < {width}; ++e) {dest}[e] = "
+            f"aicf_float({ptr}[{c_affine(off, at)}]);"]
+
+
+def store_line(index: tuple[Affine, ...], t: TensorType, ptr: str, names: Mapping[str, str], var: str,
+               first: str, width: int, src: str) -> str:
+    """One vector store of `src[0..width)` at a contiguous access of a `t` output."""
+    off = flat_offset(index, t)
+    return f"aicf_vstore<{width}>({ptr} + ({c_affine(off, {**names, var: first})}), {src});"
