@@ -32,10 +32,14 @@ BUNDLE_NAMES: dict[str, str] = {k: v.name for k, v in DTYPES.items()} | {"bf16":
 
 
 def convert(a: np.ndarray, dtype: str) -> bytes:
-    """An array's values as little-endian bytes of IR dtype `dtype`."""
+    """An array's values as little-endian bytes of IR dtype `dtype`.
+
+    Values beyond the range of a narrower type round to ±inf, as IEEE conversion does; that is
+    what a mask constant such as -1e9 means in fp16, so it is not warned about."""
     if dtype == "bf16":
         return to_bf16_bytes(a)
-    return np.ascontiguousarray(a, dtype=DTYPES[dtype].newbyteorder("<")).tobytes()
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(a, dtype=DTYPES[dtype].newbyteorder("<")).tobytes()
 
 
 @dataclass(frozen=True, slots=True)
