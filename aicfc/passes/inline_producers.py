@@ -105,9 +105,11 @@ def inline_producers(p: Program) -> Program:
         else:
             reason = next((r for c in consumers if (r := _why_not(prod, c, pure_move))), None)
             if reason is None and not pure_move:
-                computes = [op for op in ops if isinstance(op, Compute)]
-                readers = {b: [op for op in computes if any(ld.buffer == b for ld in loads(op.body))]
-                           for b in {ld.buffer for op in computes for ld in loads(op.body)}}
+                readers: dict[str, list[Compute]] = {}
+                for op in ops:   # who reads what, in the program as it is now
+                    if isinstance(op, Compute):
+                        for b in {ld.buffer for ld in loads(op.body)}:
+                            readers.setdefault(b, []).append(op)
                 stored = set(p.outputs) | {op.source for op in ops if isinstance(op, View)}
                 reason = _why_keep_row(prod, consumers, readers, stored)
         if reason:
