@@ -2,7 +2,8 @@
 # `make test` runs the test suite (GPU tests skip without a GPU).
 PYTHON ?= python3
 
-EXAMPLES := examples/mlp.onnx examples/block.onnx examples/mlp_x.npy examples/block_x.npy
+EXAMPLES := examples/mlp.onnx examples/block.onnx examples/encoder.onnx \
+	examples/mlp_x.npy examples/block_x.npy examples/encoder_x.npy
 
 .PHONY: install examples demo test gpu-test clean
 
@@ -12,7 +13,7 @@ install:
 examples:
 	$(PYTHON) examples/build_examples.py --out-dir examples
 
-# Compile and explain both examples; run them (checked against onnxruntime) only when
+# Compile and explain the examples; run them (checked against onnxruntime) only when
 # nvidia-smi exists and works.
 demo: examples
 	mkdir -p out
@@ -20,12 +21,16 @@ demo: examples
 	$(PYTHON) -m aicfc explain out/mlp.aicf
 	$(PYTHON) -m aicfc compile examples/block.onnx -o out/block.aicf
 	$(PYTHON) -m aicfc explain out/block.aicf
+	$(PYTHON) -m aicfc compile examples/encoder.onnx -o out/encoder.aicf --precision fp16
+	$(PYTHON) -m aicfc explain out/encoder.aicf
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
 		set -e; \
 		echo "$(PYTHON) -m aicf_run out/block.aicf --input examples/block_x.npy --output-dir out/block --check examples/block.onnx"; \
 		$(PYTHON) -m aicf_run out/block.aicf --input examples/block_x.npy --output-dir out/block --check examples/block.onnx; \
 		echo "$(PYTHON) -m aicf_run out/mlp.aicf --input examples/mlp_x.npy --output-dir out/mlp --check examples/mlp.onnx"; \
 		$(PYTHON) -m aicf_run out/mlp.aicf --input examples/mlp_x.npy --output-dir out/mlp --check examples/mlp.onnx; \
+		echo "$(PYTHON) -m aicf_run out/encoder.aicf --input examples/encoder_x.npy --output-dir out/encoder --check examples/encoder.onnx --bench 100"; \
+		$(PYTHON) -m aicf_run out/encoder.aicf --input examples/encoder_x.npy --output-dir out/encoder --check examples/encoder.onnx --bench 100; \
 	else \
 		echo "no working nvidia-smi: skipping aicf_run (the bundles are in out/)"; \
 	fi

@@ -181,6 +181,9 @@ def test_batch1_encoder_keeps_seven_kernels_per_layer():
     # bias and GELU maps as reading the accumulator at its own element.
     payload = aicfc.compile(_encoder_b1())
     assert len(payload["kernels"]) == 14
+    # ... and the in-place rule too: the residual chain x1 -> h -> out -> h -> y is one buffer.
+    chain = [(d["output"], d["reuses"]) for d in payload["memory"]["inplace"]]
+    assert chain == [("l0_h", "l0_o_mm"), ("l0_out", "l0_h"), ("l1_h", "l0_out"), ("y", "l1_h")]
 
 
 @pytest.mark.gpu

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from aicfc.codegen.scratch import scratch
 from aicfc.ir.decision import Buffer, InPlace, Kernel, Plan
-from aicfc.ir.lowered import Affine, Load, identity_index, loads
+from aicfc.ir.lowered import Affine, Load, loads
+from aicfc.ir.properties import is_identity_access
 from aicfc.ir.types import TensorType, Weight
 
 ALIGN = 256
@@ -44,7 +45,6 @@ def why_not_inplace(k: Kernel, x: str, y: str, types: dict[str, TensorType]) -> 
     if k.family not in ("pointwise", "gemm", "row_reduce"):
         return f"the {k.family} family has no in-place rule"
     writer = next(op for op in k.ops if op.out == y)
-    rank = len(types[y].shape)
     for op, bind in zip(k.ops, k.binds):
         for ld in loads(op.body):
             if ld.buffer != x:
@@ -52,10 +52,10 @@ def why_not_inplace(k: Kernel, x: str, y: str, types: dict[str, TensorType]) -> 
             if k.family == "gemm" and op is k.ops[0]:
                 return f"{x!r} is an operand of the contraction, read by many threads"
             index = tuple(a.substitute(dict(bind)) for a in ld.index) if k.family == "row_reduce" else ld.index
-            if index != identity_index(rank):
+            if not is_identity_access(Load(x, index), types[y].shape):
                 return f"{x!r} is read at other elements than the one written"
     bind = dict(k.binds[k.ops.index(writer)])
-    if any(bind.get(v) != Affine.var(v) for v in writer.domain_vars):
+    if any(bind.get(v) != Affine.var(v) for v, n in zip(writer.domain_vars, writer.type.shape) if n > 1):
         return f"{y!r} is not written at its own loop index"
     return None
 
