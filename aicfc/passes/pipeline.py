@@ -15,6 +15,7 @@ from aicfc.ir.high import Graph, verify_graph
 from aicfc.ir.lowered import verify_program
 from aicfc.passes.apply_precision import apply_precision
 from aicfc.passes.canonicalize import canonicalize
+from aicfc.passes.cse import cse
 from aicfc.passes.dce import dce
 from aicfc.passes.fold_constants import fold_constants
 from aicfc.passes.fold_views import fold_views
@@ -49,6 +50,7 @@ class Stage:
 PIPELINE: tuple[Stage, ...] = (
     Stage("canonicalize", "high", "high", lambda g, o: canonicalize(g)),
     Stage("fold_constants", "high", "high", lambda g, o: fold_constants(g)),
+    Stage("cse", "high", "high", lambda g, o: cse(g)),
     Stage("dce", "high", "high", lambda g, o: dce(g)),
     Stage("lower", "high", "lowered", lambda g, o: lower(g)),
     Stage("inline_producers", "lowered", "lowered", lambda p, o: inline_producers(p)),
@@ -71,6 +73,7 @@ for _a, _b in zip(PIPELINE, PIPELINE[1:]):
     assert _a.gives == _b.takes, f"stage {_b.name} takes {_b.takes} but {_a.name} gives {_a.gives}"
 _ORDER = [s.name for s in PIPELINE]
 assert _ORDER.index("canonicalize") < _ORDER.index("lower")
+assert _ORDER.index("fold_constants") < _ORDER.index("cse") < _ORDER.index("dce")   # folding makes duplicates
 assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("merge_contractions")
         < _ORDER.index("form_kernels"))
 
