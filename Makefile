@@ -2,8 +2,8 @@
 # `make test` runs the test suite (GPU tests skip without a GPU).
 PYTHON ?= python3
 
-EXAMPLES := examples/mlp.onnx examples/block.onnx examples/encoder.onnx \
-	examples/mlp_x.npy examples/block_x.npy examples/encoder_x.npy
+EXAMPLES := examples/mlp.onnx examples/block.onnx examples/encoder.onnx examples/decoder.onnx \
+	examples/mlp_x.npy examples/block_x.npy examples/encoder_x.npy examples/decoder_x.npy
 
 .PHONY: install examples demo test gpu-test clean
 

@@ -6,7 +6,9 @@ Writes, with a fixed seed so every run gives the same bytes:
   (attention with a scaled q·kᵀ, residual, erf-GELU FFN as torch exports it, residual, Tanh)
 - `encoder.onnx`: one BERT-style encoder layer (4 heads, LayerNorm, erf-GELU FFN) as torch
   exports it, x[2,64,256] -> y[2,64,256] (`build_encoder(layers=24)` makes a deep stack)
-- `mlp_x.npy`, `block_x.npy`, `encoder_x.npy`: matching float32 inputs.
+- `decoder.onnx`: one GPT-2-style decoder layer (pre-LayerNorm, constant causal mask, tanh-GELU
+  with Pow), x[2,64,256] -> y[2,64,256]
+- `mlp_x.npy`, `block_x.npy`, `encoder_x.npy`, `decoder_x.npy`: matching float32 inputs.
 Models are opset 17, IR version 8 (onnxruntime 1.16+ accepts it) and pass `onnx.checker`.
 The outputs are generated files and are git-ignored.
 """
@@ -201,6 +203,83 @@ def build_encoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq
     return _model(graph)
 
 
+def build_decoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq: int = 64,
+                  hidden: int = 256, heads: int = 4, name: str = "decoder") -> onnx.ModelProto:
+    """`layers` GPT-2-style (pre-LayerNorm, causal) decoder layers, x[batch,seq,hidden] -> y:
+
+        a = x + Softmax(q kᵀ / sqrt(d) + causal) v Wo + bo,  q, k, v from LayerNorm(x)
+        y = a + gelu_tanh(LayerNorm(a) W1 + b1) W2 + b2       gelu_tanh with Pow(u, 3), as GPT-2
+
+    The causal mask is a constant [seq, seq] added to the scores (0 on and below the diagonal,
+    -1e9 above), as torch exports a registered causal buffer.
+    """
+    d, ffn = hidden // heads, 4 * hidden
+    n = helper.make_node
+    inits: dict[str, np.ndarray] = {
+        "split_shape": np.array([batch, seq, heads, d], dtype=np.int64),
+        "merge_shape": np.array([batch, seq, hidden], dtype=np.int64),
+        "attn_scale": _scalar(math.sqrt(d)),
+        "causal": np.triu(np.full((seq, seq), -1e9, dtype=np.float32), k=1),
+        "g_c": _scalar(math.sqrt(2.0 / math.pi)), "g_k": _scalar(0.044715), "g_three": _scalar(3.0),
+        "g_one": _scalar(1.0), "g_half": _scalar(0.5),
+    }
+    nodes = []
+    x = "x"
+    for i in range(layers):
+        p = f"l{i}_"
+        for w in ("q", "k", "v", "o"):
+            inits[f"{p}W{w}"] = _weight(rng, (hidden, hidden), hidden)
+            inits[f"{p}b{w}"] = _weight(rng, (hidden,), hidden)
+        inits[f"{p}W1"], inits[f"{p}b1"] = _weight(rng, (hidden, ffn), hidden), _weight(rng, (ffn,), hidden)
+        inits[f"{p}W2"], inits[f"{p}b2"] = _weight(rng, (ffn, hidden), ffn), _weight(rng, (hidden,), ffn)
+        for ln in ("ln1", "ln2"):
+            inits[f"{p}{ln}_g"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+            inits[f"{p}{ln}_b"] = (0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        nodes.append(n("LayerNormalization", [x, f"{p}ln1_g", f"{p}ln1_b"], [f"{p}ln1"], name=f"{p}ln1",
+                       axis=-1, epsilon=1e-5))
+        for w, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+            nodes += [n("MatMul", [f"{p}ln1", f"{p}W{w}"], [f"{p}{w}_mm"], name=f"{p}{w}_matmul"),
+                      n("Add", [f"{p}{w}_mm", f"{p}b{w}"], [f"{p}{w}_lin"], name=f"{p}{w}_add"),
+                      n("Reshape", [f"{p}{w}_lin", "split_shape"], [f"{p}{w}_split"], name=f"{p}{w}_reshape"),
+                      n("Transpose", [f"{p}{w}_split"], [f"{p}{w}_heads"], name=f"{p}{w}_transpose", perm=perm)]
+        nodes += [
+            n("MatMul", [f"{p}q_heads", f"{p}k_heads"], [f"{p}scores_raw"], name=f"{p}scores_matmul"),
+            n("Div", [f"{p}scores_raw", "attn_scale"], [f"{p}scores_scaled"], name=f"{p}scores_div"),
+            n("Add", [f"{p}scores_scaled", "causal"], [f"{p}scores"], name=f"{p}causal_mask"),
+            n("Softmax", [f"{p}scores"], [f"{p}probs"], name=f"{p}softmax", axis=-1),
+            n("MatMul", [f"{p}probs", f"{p}v_heads"], [f"{p}ctx_heads"], name=f"{p}pv_matmul"),
+            n("Transpose", [f"{p}ctx_heads"], [f"{p}ctx_t"], name=f"{p}ctx_transpose", perm=[0, 2, 1, 3]),
+            n("Reshape", [f"{p}ctx_t", "merge_shape"], [f"{p}ctx"], name=f"{p}ctx_reshape"),
+            n("MatMul", [f"{p}ctx", f"{p}Wo"], [f"{p}o_mm"], name=f"{p}o_matmul"),
+            n("Add", [f"{p}o_mm", f"{p}bo"], [f"{p}o"], name=f"{p}o_add"),
+            n("Add", [x, f"{p}o"], [f"{p}a"], name=f"{p}residual1"),
+            n("LayerNormalization", [f"{p}a", f"{p}ln2_g", f"{p}ln2_b"], [f"{p}ln2"], name=f"{p}ln2",
+              axis=-1, epsilon=1e-5),
+            n("MatMul", [f"{p}ln2", f"{p}W1"], [f"{p}fc_mm"], name=f"{p}fc_matmul"),
+            n("Add", [f"{p}fc_mm", f"{p}b1"], [f"{p}u"], name=f"{p}fc_add"),
+            n("Pow", [f"{p}u", "g_three"], [f"{p}u3"], name=f"{p}gelu_pow"),
+            n("Mul", [f"{p}u3", "g_k"], [f"{p}ku3"], name=f"{p}gelu_mul_k"),
+            n("Add", [f"{p}u", f"{p}ku3"], [f"{p}inner"], name=f"{p}gelu_add_inner"),
+            n("Mul", [f"{p}inner", "g_c"], [f"{p}scaled"], name=f"{p}gelu_mul_c"),
+            n("Tanh", [f"{p}scaled"], [f"{p}t"], name=f"{p}gelu_tanh"),
+            n("Add", [f"{p}t", "g_one"], [f"{p}t1"], name=f"{p}gelu_add_one"),
+            n("Mul", [f"{p}u", f"{p}t1"], [f"{p}ut"], name=f"{p}gelu_mul_u"),
+            n("Mul", [f"{p}ut", "g_half"], [f"{p}g"], name=f"{p}gelu_mul_half"),
+            n("MatMul", [f"{p}g", f"{p}W2"], [f"{p}proj_mm"], name=f"{p}proj_matmul"),
+            n("Add", [f"{p}proj_mm", f"{p}b2"], [f"{p}proj"], name=f"{p}proj_add"),
+        ]
+        y = "y" if i == layers - 1 else f"{p}out"
+        nodes.append(n("Add", [f"{p}a", f"{p}proj"], [y], name=f"{p}residual2"))
+        x = y
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, hidden])],
+        [numpy_helper.from_array(a, k) for k, a in inits.items()],
+    )
+    return _model(graph)
+
+
 def _sanity_run(model: onnx.ModelProto, x: np.ndarray) -> None:
     """If onnxruntime is installed (the dev extra), check the model runs to finite outputs."""
     try:
@@ -217,6 +296,8 @@ def _sanity_run(model: onnx.ModelProto, x: np.ndarray) -> None:
 BUILDERS = {
     "mlp": lambda: build_mlp(np.random.default_rng(SEED)),
     "block": lambda: build_block(np.random.default_rng(SEED)),
+    "encoder": lambda: build_encoder(np.random.default_rng(SEED)),
+    "decoder": lambda: build_decoder(np.random.default_rng(SEED)),
 }
 
 
@@ -232,18 +313,23 @@ def main(argv: list[str] | None = None) -> None:
     mlp = build_mlp(rng)
     block = build_block(rng)
     encoder = build_encoder(rng)
+    decoder = build_decoder(rng)
     mlp_x = rng.standard_normal((4, 64)).astype(np.float32)
     block_x = rng.standard_normal((16, 64)).astype(np.float32)
     encoder_x = rng.standard_normal((2, 64, 256)).astype(np.float32)
+    decoder_x = rng.standard_normal((2, 64, 256)).astype(np.float32)
     _sanity_run(mlp, mlp_x)
     _sanity_run(block, block_x)
     _sanity_run(encoder, encoder_x)
+    _sanity_run(decoder, decoder_x)
 
-    for name, model in (("mlp.onnx", mlp), ("block.onnx", block), ("encoder.onnx", encoder)):
+    for name, model in (("mlp.onnx", mlp), ("block.onnx", block), ("encoder.onnx", encoder),
+                        ("decoder.onnx", decoder)):
         path = out_dir / name
         onnx.save(model, str(path))
         print(f"wrote {path} ({len(model.graph.node)} nodes)")
-    for name, array in (("mlp_x.npy", mlp_x), ("block_x.npy", block_x), ("encoder_x.npy", encoder_x)):
+    for name, array in (("mlp_x.npy", mlp_x), ("block_x.npy", block_x), ("encoder_x.npy", encoder_x),
+                        ("decoder_x.npy", decoder_x)):
         path = out_dir / name
         np.save(path, array)
         print(f"wrote {path} (float32 {list(array.shape)})")
