@@ -16,6 +16,7 @@ graph input that is not an initializer.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -751,3 +752,205 @@ def gelu_bias_model(shape: Shape, seed: int = 0) -> onnx.ModelProto:
     return _graph_model(nodes, "gelu_bias", {"in0": shape}, {"out": shape},
                         {"b": b, "sqrt2": _scalar(np.sqrt(2.0)), "one": _scalar(1.0), "half": _scalar(0.5)})
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolutional ops (tests/test_conv.py): Conv, BatchNormalization, pools, LRN, Clip, Dropout, Sum
+
+CNN_OPS: frozenset[str] = frozenset({"Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool",
+                                     "LRN", "Clip", "Dropout", "Sum"})
+SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS
+
+
+def conv_model(x: Shape, w: Shape, bias: bool = True, seed: int = 0, bn: bool = False, act: str | None = None,
+               **attrs) -> onnx.ModelProto:
+    """in0 → Conv(w, b) [→ BatchNormalization] [→ Relu | Clip(0, 6)] → out. Weights are scaled by
+    1/sqrt(fan-in) so outputs stay O(1); `attrs` go to the Conv (strides, pads, group, ...)."""
+    rng = np.random.default_rng(seed)
+    inits = {"w": (rng.standard_normal(w) / math.sqrt(math.prod(w[1:]))).astype(np.float32)}
+    ins = ["in0", "w"]
+    if bias:
+        inits["b"] = (0.1 * rng.standard_normal(w[0])).astype(np.float32)
+        ins.append("b")
+    y = "out" if not (bn or act) else "c"
+    nodes = [helper.make_node("Conv", ins, [y], name="conv_0", **attrs)]
+    if bn:
+        inits.update({"scale": (1 + 0.1 * rng.standard_normal(w[0])).astype(np.float32),
+                      "shift": (0.1 * rng.standard_normal(w[0])).astype(np.float32),
+                      "mean": (0.1 * rng.standard_normal(w[0])).astype(np.float32),
+                      "var": rng.uniform(0.5, 1.5, w[0]).astype(np.float32)})
+        nodes.append(helper.make_node("BatchNormalization", [y, "scale", "shift", "mean", "var"],
+                                      ["n" if act else "out"], name="bn_0", epsilon=1e-5))
+        y = "n"
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", [y], ["out"], name="relu_0"))
+    elif act == "relu6":
+        inits.update({"lo": _scalar(0.0), "hi": _scalar(6.0)})
+        nodes.append(helper.make_node("Clip", [y, "lo", "hi"], ["out"], name="clip_0"))
+    model = _graph_model(nodes, "conv", {"in0": x}, {}, inits)
+    return _infer_output(model)
+
+
+def _infer_output(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model (built with no outputs) with output `out`, typed by ONNX shape inference."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    model.graph.output.append(next(v for v in inferred.graph.value_info if v.name == "out"))
+    return model
+
+
+def window_model(op: str, x: Shape, **attrs) -> onnx.ModelProto:
+    """in0 → op → out for a single-input window op (pools, LRN)."""
+    return _infer_output(_graph_model([helper.make_node(op, ["in0"], ["out"], name=f"{op.lower()}_0", **attrs)],
+                                      op.lower(), {"in0": x}, {}, {}))
+
+
+def batch_norm_model(x: Shape, seed: int = 0) -> onnx.ModelProto:
+    """A BatchNormalization with no Conv before it (a per-channel affine map)."""
+    rng = np.random.default_rng(seed)
+    c = x[1]
+    inits = {"scale": (1 + 0.1 * rng.standard_normal(c)).astype(np.float32),
+             "shift": (0.1 * rng.standard_normal(c)).astype(np.float32),
+             "mean": (0.1 * rng.standard_normal(c)).astype(np.float32),
+             "var": rng.uniform(0.5, 1.5, c).astype(np.float32)}
+    node = helper.make_node("BatchNormalization", ["in0", "scale", "shift", "mean", "var"], ["out"], name="bn_0")
+    return _graph_model([node], "bn", {"in0": x}, {"out": x}, inits)
+
+
+def cnn_block_model(seed: int = 0) -> onnx.ModelProto:
+    """A small CNN with every op kind: conv+BN+relu, max pool, a two-branch block joined by Sum,
+    dropout, LRN, average pools, global average pool, and a classifier Gemm with softmax."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / math.sqrt(math.prod(shape[1:]))).astype(np.float32)
+    inits = {"w1": w(8, 3, 3, 3), "b1": np.zeros(8, np.float32), "s1": np.ones(8, np.float32) * 1.1,
+             "t1": np.full(8, 0.1, np.float32), "m1": np.full(8, 0.05, np.float32), "v1": np.full(8, 0.9, np.float32),
+             "w2": w(8, 8, 3, 3), "w3": w(8, 1, 3, 3), "w4": w(8, 8, 1, 1), "fc": w(10, 8), "fb": np.zeros(10, np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["in0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "s1", "t1", "m1", "v1"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p1", "w3"], ["c3"], pads=[1, 1, 1, 1], group=8),
+        helper.make_node("Conv", ["p1", "w4"], ["c4"]),
+        helper.make_node("Sum", ["c2", "c3", "c4"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r2"]),
+        helper.make_node("Dropout", ["r2"], ["d"]),
+        helper.make_node("LRN", ["d"], ["l"], size=3),
+        helper.make_node("AveragePool", ["l"], ["a"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["a"], ["g"]),
+        helper.make_node("Reshape", ["g", "shape"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fb"], ["z"], transB=1),
+        helper.make_node("Softmax", ["z"], ["out"], axis=1),
+    ]
+    inits["shape"] = np.array([2, 8], np.int64)
+    for i, node in enumerate(nodes):
+        node.name = f"{node.op_type.lower()}_{i}"
+    return _graph_model(nodes, "cnn_block", {"in0": (2, 3, 15, 15)}, {"out": (2, 10)}, inits)
+
+
+def _cnn_cases() -> list[tuple[str, ModelBuilder]]:
+    return [
+        ("conv_3x3_pad1_bias_1x3x9x9", lambda: conv_model((1, 3, 9, 9), (8, 3, 3, 3), pads=[1, 1, 1, 1])),
+        ("conv_3x3_s2_pad1_2x4x11x11", lambda: conv_model((2, 4, 11, 11), (6, 4, 3, 3), bias=False, strides=[2, 2],
+                                                          pads=[1, 1, 1, 1])),
+        ("conv_1x1_1x16x7x7", lambda: conv_model((1, 16, 7, 7), (8, 16, 1, 1))),
+        ("conv_dilated_1x3x10x10", lambda: conv_model((1, 3, 10, 10), (4, 3, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2])),
+        ("conv_groups2_1x4x8x8", lambda: conv_model((1, 4, 8, 8), (6, 2, 3, 3), group=2, pads=[1, 1, 1, 1])),
+        ("conv_depthwise_s2_1x6x9x9", lambda: conv_model((1, 6, 9, 9), (6, 1, 3, 3), group=6, strides=[2, 2],
+                                                         pads=[1, 1, 1, 1])),
+        ("conv_same_upper_k4s2_1x3x9x9", lambda: conv_model((1, 3, 9, 9), (5, 3, 4, 4), strides=[2, 2],
+                                                            auto_pad="SAME_UPPER")),
+        ("conv_valid_5x3_1x2x9x8", lambda: conv_model((1, 2, 9, 8), (3, 2, 5, 3), auto_pad="VALID")),
+        ("conv_bn_relu_1x3x8x8", lambda: conv_model((1, 3, 8, 8), (4, 3, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1])),
+        ("conv_relu6_1x3x7x7", lambda: conv_model((1, 3, 7, 7), (4, 3, 3, 3), act="relu6", pads=[0, 1, 2, 1])),
+        ("batchnorm_2x5x4x3", lambda: batch_norm_model((2, 5, 4, 3))),
+        ("maxpool_3x3_s2_pad1_1x3x9x9", lambda: window_model("MaxPool", (1, 3, 9, 9), kernel_shape=[3, 3],
+                                                             strides=[2, 2], pads=[1, 1, 1, 1])),
+        ("maxpool_ceil_dilated_1x2x10x10", lambda: window_model("MaxPool", (1, 2, 10, 10), kernel_shape=[2, 2],
+                                                                strides=[2, 2], dilations=[2, 2], ceil_mode=1)),
+        ("avgpool_exclude_pad_1x3x7x7", lambda: window_model("AveragePool", (1, 3, 7, 7), kernel_shape=[3, 3],
+                                                             pads=[1, 1, 1, 1])),
+        ("avgpool_include_pad_ceil_1x2x8x8", lambda: window_model("AveragePool", (1, 2, 8, 8), kernel_shape=[3, 3],
+                                                                  strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1,
+                                                                  count_include_pad=1)),
+        ("globalavgpool_2x8x7x7", lambda: window_model("GlobalAveragePool", (2, 8, 7, 7))),
+        ("lrn_5_1x10x5x5", lambda: window_model("LRN", (1, 10, 5, 5), size=5, alpha=1e-2, beta=0.75, bias=1.0)),
+        ("cnn_block", cnn_block_model),
+    ]
+
+
+OP_CASES += _cnn_cases()
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and shape ops (issue 6): shape arithmetic folded at compile time, views, accesses, masks.
+
+DATA_OPS = frozenset({"Shape", "ConstantOfShape", "Range", "Concat", "Gather", "Unsqueeze", "Squeeze", "Flatten",
+                      "Expand", "Slice", "Split", "Where", "Equal", "Neg", "Log", "Max", "Min"})
+SUPPORTED_OPS = SUPPORTED_OPS | DATA_OPS
+
+
+def _ints(values: list[int]) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+def shape_arith_model(shape: Shape) -> onnx.ModelProto:
+    """torch's dynamic reshape: x.view(x.size(0), -1) through Shape/Gather/Unsqueeze/Concat, a
+    mask from Range/Equal/Where and an Expand to ConstantOfShape's shape: all folded."""
+    n = shape[-1]
+    nodes = [
+        helper.make_node("Shape", ["in0"], ["s"], name="shape_0"),
+        helper.make_node("Gather", ["s", "zero"], ["b"], name="gather_0", axis=0),
+        helper.make_node("Unsqueeze", ["b", "axes0"], ["b1"], name="unsqueeze_0"),
+        helper.make_node("Concat", ["b1", "minus1"], ["target"], name="concat_0", axis=0),
+        helper.make_node("Reshape", ["in0", "target"], ["flat"], name="reshape_0"),
+        helper.make_node("Range", ["zero", "count", "one"], ["r"], name="range_0"),
+        helper.make_node("Equal", ["r", "zero"], ["first"], name="equal_0"),
+        helper.make_node("ConstantOfShape", ["rows"], ["fill"], name="cos_0",
+                         value=numpy_helper.from_array(np.array([-2.0], np.float32))),
+        helper.make_node("Where", ["first", "fill", "flat"], ["masked"], name="where_0"),
+        helper.make_node("Neg", ["masked"], ["out"], name="neg_0"),
+    ]
+    total = int(np.prod(shape[1:]))
+    inits = {"zero": np.array(0, np.int64), "axes0": _ints([0]), "minus1": _ints([-1]), "one": np.array(1, np.int64),
+             "count": np.array(total, np.int64), "rows": _ints([shape[0], total])}
+    return _graph_model(nodes, "shape_arith", {"in0": shape}, {"out": (shape[0], total)}, inits)
+
+
+def data_ops_model(shape: Shape) -> onnx.ModelProto:
+    """Slice (negative step), Split, Unsqueeze/Squeeze/Flatten, Expand, constant-index Gather, Max/Min, Log."""
+    a, b, c = shape
+    nodes = [
+        helper.make_node("Slice", ["in0", "st", "en", "ax", "sp"], ["sl"], name="slice_0"),
+        helper.make_node("Split", ["sl", "halves"], ["p", "q"], name="split_0", axis=2),
+        helper.make_node("Max", ["p", "q"], ["mx"], name="max_0"),
+        helper.make_node("Min", ["p", "q", "mx"], ["mn"], name="min_0"),
+        helper.make_node("Unsqueeze", ["mn", "axes0"], ["u"], name="unsqueeze_0"),
+        helper.make_node("Squeeze", ["u", "axes0"], ["sq"], name="squeeze_0"),
+        helper.make_node("Gather", ["sq", "rows"], ["g"], name="gather_0", axis=1),
+        helper.make_node("Expand", ["g", "big"], ["e"], name="expand_0"),
+        helper.make_node("Mul", ["e", "e"], ["e2"], name="mul_0"),
+        helper.make_node("Add", ["e2", "one"], ["e3"], name="add_0"),
+        helper.make_node("Log", ["e3"], ["lg"], name="log_0"),
+        helper.make_node("Flatten", ["lg"], ["out"], name="flatten_0", axis=2),
+    ]
+    half = (c - 1) // 2
+    rows = list(range(0, b, 2))
+    inits = {"st": _ints([-1]), "en": _ints([0]), "ax": _ints([2]), "sp": _ints([-1]), "halves": _ints([half, half]),
+             "axes0": _ints([0]), "rows": _ints(rows), "big": _ints([2, a, len(rows), half]),
+             "one": np.array(1.0, np.float32)}
+    return _graph_model(nodes, "data_ops", {"in0": shape}, {"out": (2 * a, len(rows) * half)}, inits)
+
+
+def _data_cases() -> list[tuple[str, ModelBuilder]]:
+    return [
+        ("shape_arith_3x5x7", lambda: shape_arith_model((3, 5, 7))),
+        ("shape_arith_7x100x257", lambda: shape_arith_model((7, 100, 257))),
+        ("data_ops_3x5x9", lambda: data_ops_model((3, 5, 9))),
+        ("data_ops_7x100x257", lambda: data_ops_model((7, 100, 257))),
+    ]
+
+
+OP_CASES += _data_cases()

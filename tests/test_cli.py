@@ -154,7 +154,7 @@ def test_float64_model_refused(tmp_path: Path):
                           [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2])])
     path = B.save(B.make_model(g), tmp_path / "f64.onnx")
-    assert_user_error(aicfc("compile", str(path), "-o", str(tmp_path / "x.aicf")), "float32")
+    assert_user_error(aicfc("compile", str(path), "-o", str(tmp_path / "x.aicf")), "f64", "f32")
 
 
 @pytest.mark.parametrize("content", [b"", b"hello world, not a bundle at all......................................",

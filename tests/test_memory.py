@@ -197,3 +197,18 @@ def test_batch1_encoder_matches_onnxruntime(precision, rtol, gpu_device):
         y = got[name]
         assert np.isfinite(y).all()
         assert np.abs(y.astype(np.float64) - r).max() / np.abs(r).max() <= rtol
+
+
+@pytest.mark.parametrize("name", ["encoder", "decoder"])
+def test_shapes_and_scalars_never_reach_the_device(name):
+    # Meta tensors: the Reshape targets (int64 initializers), the attention scale and the GELU
+    # constants are compile-time facts. The bundle holds only fp16 weights and activations (and
+    # split-k's partial sums and tickets); every kernel argument is one of those.
+    import examples.build_examples as ex
+    payload = aicfc.compile(ex.BUILDERS[name](), precision="fp16")
+    names = {b["name"]: b for b in payload["buffers"]}
+    assert not any("shape" in n for n in names), sorted(names)
+    for b in payload["buffers"]:
+        scratch = b["name"].endswith((".tickets", ".partials"))   # split-k's own buffers
+        assert b["dtype"] == "float16" or scratch, b
+        assert np.prod(b["shape"]) > 1, b                    # no device scalars

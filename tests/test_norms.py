@@ -31,7 +31,7 @@ from aicfc.errors import AicfError
 from aicfc.explain import explain_text
 from aicfc.frontend.onnx_import import find_unsupported, import_model
 from aicfc.ir.decision import parse_plan
-from aicfc.ir.high import evaluate_graph
+from aicfc.ir.high import Graph, evaluate_graph
 from aicfc.ir.interp import evaluate_ops, evaluate_program
 from aicfc.ir.lowered import parse_program, print_op
 from aicfc.ir.properties import ONLINE
@@ -170,8 +170,8 @@ def test_unary_lowerings(op, body):
 def test_cast_to_float_is_a_copy_and_other_casts_are_refused():
     p = stages(B.single_op_model("Cast", [(3, 5)], {"to": TensorProto.FLOAT}))["lower"]
     assert "= map load(%in0, [i0, i1])" in str(p)
-    bad = B.single_op_model("Cast", [(3, 5)], {"to": TensorProto.INT32})
-    with pytest.raises(AicfError, match="only a Cast of float32 to float32"):
+    bad = B.single_op_model("Cast", [(3, 5)], {"to": TensorProto.UINT8})
+    with pytest.raises(AicfError, match="Cast to UINT8 is not supported"):
         import_model(bad)
 
 
@@ -427,7 +427,7 @@ def test_every_stage_matches_onnxruntime(case):
     inputs = B.random_inputs(model, seed=int.from_bytes(os.urandom(2), "little"))
     ref = B.run_onnxruntime(model, inputs)
     for name, ir in stages(model).items():
-        if name == "import" or name in ("canonicalize", "fold_constants", "dce"):
+        if isinstance(ir, Graph):
             got = evaluate_graph(ir, inputs)
         elif hasattr(ir, "kernels"):
             got = evaluate_plan(ir, inputs)

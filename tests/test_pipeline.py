@@ -30,6 +30,10 @@ def evaluate_plan(plan, inputs):
     env = {v.name: np.asarray(inputs[v.name], np.float32) for v in plan.inputs}
     env.update({w.name: w.array() for w in plan.weights})
     views = {v.source: v for v in plan.views}
+    for name in list(env):   # views of inputs and weights (a global pool's rows)
+        while name in views:
+            env[views[name].out] = env[name].reshape(views[name].type.shape)
+            name = views[name].out
     for k in plan.kernels:
         evaluate_ops(k.ops, env, np.float32)
         for s in k.stores:

@@ -22,7 +22,9 @@ UNARY = {
 BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
     "max": "fmaxf({0}, {1})", "min": "fminf({0}, {1})",
+    "eq": "(({0}) == ({1}) ? 1.0f : 0.0f)",
 }
+TERNARY = {"select": "(({0}) != 0.0f ? ({1}) : ({2}))"}
 
 
 def literal(x: float) -> str:
@@ -67,6 +69,13 @@ def contains(e: Expr, part: Expr) -> bool:
     return e == part or (isinstance(e, Call) and any(contains(a, part) for a in e.args))
 
 
+def guard_condition(ld: Load, t: TensorType, names: Mapping[str, str]) -> str:
+    """The C test that a guarded load's computed indices lie inside the buffer ("" when the
+    load is not guarded): one unsigned comparison per guarded dimension, a negative index
+    wrapping to a large one ([Note: Lowered IR], guarded loads)."""
+    return " && ".join(f"(unsigned)({c_affine(ld.index[d], names)}) < {t.shape[d]}u" for d in ld.guarded_dims)
+
+
 def c_affine(a: Affine, names: Mapping[str, str]) -> str:
     parts = [names[v] if c == 1 else f"{c} * {names[v]}" for v, c in a.terms]
     if a.const or not parts:
@@ -104,7 +113,7 @@ class Emitter:
         else:
             assert isinstance(e, Call)
             args = [self.emit(a, names, registers, values) for a in e.args]
-            code = (UNARY[e.fn] if len(args) == 1 else BINARY[e.fn]).format(*args)
+            code = {1: UNARY, 2: BINARY, 3: TERNARY}[len(args)][e.fn].format(*args)
         var = f"{self.prefix}{self.count}"
         self.count += 1
         self.lines.append(f"const float {var} = {code};")
@@ -115,7 +124,9 @@ class Emitter:
         """A scalar read of one access, converted to float (no statement emitted)."""
         off = c_affine(flat_offset(e.index, self.types[e.buffer]), names)
         code = f"__ldg({self.params[e.buffer]} + ({off}))"
-        return code if self.types[e.buffer].dtype == "f32" else f"static_cast<float>({code})"
+        code = code if self.types[e.buffer].dtype == "f32" else f"static_cast<float>({code})"
+        guard = guard_condition(e, self.types[e.buffer], names)
+        return f"({guard} ? {code} : {literal(e.fill)})" if guard else code
 
     def take(self) -> list[str]:
         """The statements emitted so far; starts a fresh scope (no sharing across scopes)."""

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from aicfc.errors import AicfError
 from aicfc.ir.high import Graph, Node, make_attrs, verify_graph
-from aicfc.ir.ops import OPS, OpTypeError
+from aicfc.ir.ops import FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
 from aicfc.ir.types import NUMPY_TO_IR, TensorType, Value, Weight
 
 MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit for a single message
@@ -27,6 +27,16 @@ IMPORT_ONLY = {"Constant"}
 # Inputs the importer turns into static attributes (they must be constants): only the first
 # `CONSTANT_INPUTS[op]` inputs stay graph inputs.
 CONSTANT_INPUTS = {"Reshape": 1, "Pow": 1, "ReduceMean": 1, "ReduceSum": 1, "ReduceMax": 1}
+CONSTANT_INPUTS.update({"Clip": 1, "Dropout": 1})   # convolutional ops (`_window_attrs`)
+# Ops whose outputs after the first are refused (training statistics, masks, argmax indices).
+FIRST_OUTPUT_ONLY = {"BatchNormalization": "its running statistics", "Dropout": "its mask",
+                     "MaxPool": "its Indices"}
+# Data and shape ops (issue 6): their shape-like inputs become attributes too; Split becomes
+# one Slice per output; Shape/ConstantOfShape/Range/Concat are folded (`ops.FOLD_ONLY`).
+CONSTANT_INPUTS.update({"Unsqueeze": 1, "Squeeze": 1, "Expand": 1, "Slice": 1})
+IMPORT_ONLY = IMPORT_ONLY | {"Split"}
+# Model input dtypes: floats, and integer/bool tensors (token ids, attention masks).
+INPUT_DTYPES = ("f32", "f16", "f64", "i64", "i32", "bool")
 # Integer exponents a Pow may have (lowered to products and a reciprocal), besides ±0.5 (sqrt).
 POW_INTEGER_RANGE = range(-4, 5)
 
@@ -86,6 +96,9 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str]]:
         elif n.op_type == "LayerNormalization" and any(n.output[1:]):
             out.append((n.name or f"{n.op_type}_{i}", "LayerNormalization with its Mean/InvStdDev outputs "
                         "(only Y is supported)"))
+        elif n.op_type in FIRST_OUTPUT_ONLY and set(n.output[1:]) & _consumed(model):
+            out.append((n.name or f"{n.op_type}_{i}", f"{n.op_type} with {FIRST_OUTPUT_ONLY[n.op_type]} "
+                        "as an output (only the first output is supported)"))
     return out
 
 
@@ -109,8 +122,10 @@ def _input_type(vi: onnx.ValueInfoProto, overrides: dict[str, tuple[int, ...]]) 
     if not vi.type.HasField("tensor_type"):
         raise AicfError(f"input {vi.name!r} is not a tensor; only tensor inputs are supported")
     np_dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
-    if np_dtype != np.float32:
-        raise AicfError(f"input {vi.name!r} has dtype {np_dtype}; this version compiles float32 models only")
+    dtype = NUMPY_TO_IR.get(np.dtype(np_dtype)) if np_dtype is not None else None
+    if dtype not in INPUT_DTYPES or tt.elem_type == onnx.TensorProto.BFLOAT16:
+        raise AicfError(f"input {vi.name!r} has dtype {np_dtype}; supported input dtypes are float32, "
+                        "float16, float64, int64, int32 and bool")
     if vi.name in overrides:
         shape = overrides[vi.name]
         if tt.HasField("shape") and len(tt.shape.dim) != len(shape):
@@ -118,7 +133,7 @@ def _input_type(vi: onnx.ValueInfoProto, overrides: dict[str, tuple[int, ...]]) 
         for d, n in zip(tt.shape.dim, shape):
             if d.HasField("dim_value") and d.dim_value != n:
                 raise AicfError(f"--shape {vi.name}: dimension is fixed to {d.dim_value} by the model, got {n}")
-        return TensorType("f32", shape)
+        return TensorType(dtype, shape)
     if not tt.HasField("shape"):
         raise AicfError(f"input {vi.name!r} has no shape; give one with --shape {vi.name}=2x64")
     dims = []
@@ -129,7 +144,7 @@ def _input_type(vi: onnx.ValueInfoProto, overrides: dict[str, tuple[int, ...]]) 
                             f"give a static shape with --shape {vi.name}=" + "x".join(
                                 str(x.dim_value) if x.HasField("dim_value") else "N" for x in tt.shape.dim))
         dims.append(d.dim_value)
-    return TensorType("f32", tuple(dims))
+    return TensorType(dtype, tuple(dims))
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -142,7 +157,9 @@ def _weight(name: str, array: np.ndarray) -> Weight:
         array = array.astype(np.float32)
     if array.dtype.newbyteorder("=") not in NUMPY_TO_IR:
         raise AicfError(f"constant {name!r} has unsupported dtype {array.dtype}")
-    return Weight.of(name, array)
+    w = Weight.of(name, array)
+    # Weight.of makes a 0-d array 1-d; a scalar keeps its rank (a Gather of one index drops a dim).
+    return Weight(name, TensorType(w.type.dtype, tuple(array.shape)), w.data)
 
 
 def import_model(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None,
@@ -176,15 +193,16 @@ def import_model(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
         for x in args:
             if x not in types:
                 raise AicfError(f"node {origin!r} ({n.op_type}) uses {x!r}, which nothing defines")
-        attrs = _normalize_attrs(n.op_type, at, args, types, weights, opset, origin)
-        if n.op_type in CONSTANT_INPUTS:
-            args = args[:CONSTANT_INPUTS[n.op_type]]
-        try:
-            out_type = OPS[n.op_type].infer([types[x] for x in args], attrs)
-        except OpTypeError as e:
-            raise AicfError(f"node {origin!r} ({n.op_type}): {e}") from None
-        nodes.append(Node(n.op_type, tuple(args), n.output[0], out_type, make_attrs(attrs), origin))
-        types[n.output[0]] = out_type
+        for op, ins, out, attrs in _expand_node(n, at, args, types, weights, opset, origin):
+            if _fold_at_import(op, ins, out, attrs, types, weights, origin):
+                continue
+            try:
+                out_type = OPS[op].infer([types[x] for x in ins], attrs)
+            except OpTypeError as e:
+                raise AicfError(f"node {origin!r} ({n.op_type}): {e}") from None
+            _check_runtime_dtypes(op, [types[x] for x in ins] + [out_type], origin)
+            nodes.append(Node(op, tuple(ins), out, out_type, make_attrs(attrs), origin))
+            types[out] = out_type
     outputs = tuple(o.name for o in g.output)
     for o in outputs:
         if o not in types:
@@ -228,13 +246,12 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         return {"shape": tuple(target)}
     if op == "Pow":
         return {"exponent": _pow_exponent(args, types, weights, origin)}
-    if op == "Cast":
-        if at.get("to") != onnx.TensorProto.FLOAT or types[args[0]].dtype != "f32":
-            raise AicfError(f"node {origin!r}: only a Cast of float32 to float32 is supported "
-                            f"(to={onnx.helper.tensor_dtype_to_np_dtype(at['to']) if at.get('to') else '?'})")
-        return {"to": "f32"}
+    if op in DATA_OPS:
+        return _data_attrs(op, at, args, types, weights, origin)
     if op in ("ReduceMean", "ReduceSum", "ReduceMax"):
         return _reduce_attrs(op, at, args, types, weights, origin)
+    if op in WINDOW_OPS:
+        return _window_attrs(op, at, args, types, weights, origin)
     if op == "LayerNormalization":
         axis = at.get("axis", -1)
         return {"axis": axis + rank if axis < 0 else axis, "epsilon": float(at.get("epsilon", 1e-5))}
@@ -285,3 +302,260 @@ def _reduce_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorTyp
         raise AicfError(f"node {origin!r}: {op} over {len(wide)} axes with more than one element "
                         f"(axes {wide} of shape {list(shape)}) is not supported; reduce one axis at a time")
     return {"axes": tuple(resolved), "keepdims": int(at.get("keepdims", 1))}
+
+
+# ---------------------------------------------------------------- convolutional ops
+
+WINDOW_OPS = {"Conv", "MaxPool", "AveragePool", "LRN", "BatchNormalization", "Clip", "Dropout",
+              "GlobalAveragePool", "Sum"}
+
+
+def _window_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
+                  weights: dict[str, Weight], origin: str) -> dict:
+    """Defaults filled in; `auto_pad` resolved into explicit (top, left, bottom, right) pads;
+    Clip's bounds (inputs since opset 11, attributes before) as constant attributes."""
+    if op == "BatchNormalization":
+        if at.get("training_mode", 0):
+            raise AicfError(f"node {origin!r}: BatchNormalization in training mode is not supported")
+        return {"epsilon": float(at.get("epsilon", 1e-5))}
+    if op == "LRN":
+        return {"alpha": float(at.get("alpha", 1e-4)), "beta": float(at.get("beta", 0.75)),
+                "bias": float(at.get("bias", 1.0)), "size": int(at["size"])}
+    if op == "Clip":
+        bounds = [float(at.get("min", -np.inf)), float(at.get("max", np.inf))]
+        for k, name in enumerate(args[1:3]):
+            if name:
+                bounds[k] = float(_constant(name, weights, origin, f"the {('min', 'max')[k]} of Clip").reshape(-1)[0])
+        return {"min": bounds[0], "max": bounds[1]}
+    if op in ("Dropout", "GlobalAveragePool", "Sum"):
+        return {}
+    x = types[args[0]].shape
+    if len(x) != 4:
+        raise AicfError(f"node {origin!r}: {op} of a rank-{len(x)} input; only 2-D (NCHW) inputs are supported")
+    kernel = tuple(int(k) for k in at.get("kernel_shape", types[args[1]].shape[2:] if op == "Conv" else ()))
+    if len(kernel) != 2:
+        raise AicfError(f"node {origin!r}: {op} needs a 2-D kernel_shape, got {list(kernel)}")
+    strides = tuple(int(s) for s in at.get("strides", (1, 1)))
+    dilations = tuple(int(d) for d in at.get("dilations", (1, 1)))
+    if op == "AveragePool" and dilations != (1, 1):
+        raise AicfError(f"node {origin!r}: AveragePool with dilations {list(dilations)} is not supported")
+    auto = at.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else str(auto)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0, 0, 0, 0]
+        for axis in range(2):
+            out = -(-x[2 + axis] // strides[axis])
+            total = max(0, (out - 1) * strides[axis] + (kernel[axis] - 1) * dilations[axis] + 1 - x[2 + axis])
+            begin = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            pads[axis], pads[axis + 2] = begin, total - begin
+    elif auto == "VALID":
+        pads = [0, 0, 0, 0]
+    elif auto == "NOTSET":
+        pads = [int(p) for p in at.get("pads", (0, 0, 0, 0))]
+    else:
+        raise AicfError(f"node {origin!r}: {op} auto_pad {auto!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+    out = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": tuple(pads)}
+    if op == "Conv":
+        out["group"] = int(at.get("group", 1))
+    else:
+        out["ceil_mode"] = int(at.get("ceil_mode", 0))
+    if op == "AveragePool":
+        out["count_include_pad"] = int(at.get("count_include_pad", 0))
+    if op == "MaxPool" and at.get("storage_order", 0):
+        raise AicfError(f"node {origin!r}: MaxPool with storage_order=1 is not supported")
+    return out
+
+
+# ---------------------------------------------------------------- data and shape ops (issue 6)
+
+DATA_OPS = {"Cast", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Slice", "Gather", "Concat", "ConstantOfShape",
+            "Shape"}
+
+
+def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, TensorType],
+                 weights: dict[str, Weight], opset: int, origin: str) -> list[tuple[str, list[str], str, dict]]:
+    """(op, inputs, output, attributes) of the graph nodes one ONNX node becomes: itself, or for
+    Split one Slice per output."""
+    if n.op_type != "Split":
+        # Clip's and Slice's optional inputs are told apart by position: they see the empty ones too.
+        positional = list(n.input) if n.op_type in ("Clip", "Slice") else args
+        attrs = _normalize_attrs(n.op_type, at, positional, types, weights, opset, origin)
+        keep = args[:CONSTANT_INPUTS[n.op_type]] if n.op_type in CONSTANT_INPUTS else args
+        return [(n.op_type, keep, n.output[0], attrs)]
+    shape = types[args[0]].shape
+    axis = _axis(at.get("axis", 0), len(shape), origin, "Split")
+    outs = list(n.output)
+    if len(args) >= 2:
+        sizes = _ints(args[1], weights, origin, "the split of Split")
+    elif "split" in at:
+        sizes = [int(v) for v in at["split"]]
+    else:
+        parts = int(at.get("num_outputs", len(outs)))
+        step = -(-shape[axis] // parts)
+        sizes = [min(step, shape[axis] - k * step) for k in range(parts)]
+    if len(sizes) != len(outs) or sum(sizes) != shape[axis] or any(s < 0 for s in sizes):
+        raise AicfError(f"node {origin!r}: Split sizes {sizes} do not cover dim {axis} ({shape[axis]}) "
+                        f"in {len(outs)} outputs")
+    if any(s == 0 for s in sizes):
+        raise AicfError(f"node {origin!r}: Split with an empty output is not supported (sizes {sizes})")
+    nodes, start = [], 0
+    for out, size in zip(outs, sizes):
+        starts = tuple(start if d == axis else 0 for d in range(len(shape)))
+        extent = tuple(size if d == axis else m for d, m in enumerate(shape))
+        nodes.append(("Slice", args[:1], out, {"starts": starts, "steps": (1,) * len(shape), "shape": extent}))
+        start += size
+    return nodes
+
+
+def _axis(axis: int, rank: int, origin: str, op: str) -> int:
+    if not -rank <= axis < rank:
+        raise AicfError(f"node {origin!r}: {op} axis {axis} out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def _fold_at_import(op: str, ins: list[str], out: str, attrs: dict, types: dict[str, TensorType],
+                    weights: dict[str, Weight], origin: str) -> bool:
+    """Evaluate now, as a constant, a node of shape arithmetic: a fold-only op (Shape needs only
+    its input's static type) or any op on constants that involves an integer or bool tensor.
+    Later nodes then see Reshape targets, Expand shapes and masks as constants. Float-only
+    constant subgraphs are left to the `fold_constants` pass."""
+    if op == "Shape":
+        value = np.asarray(types[ins[0]].shape, dtype=np.int64)[attrs["start"]:attrs["end"]]
+    elif all(x in weights for x in ins) and (op in FOLD_ONLY or attrs.get("to") in ("i64", "i32", "bool")
+                                            or any(types[x].dtype not in FLOATS for x in ins)):
+        try:
+            value = np.asarray(OPS[op].evaluate([weights[x].array() for x in ins], attrs))
+        except Exception as e:  # an evaluation numpy refuses is a bad model
+            raise AicfError(f"node {origin!r} ({op}): cannot evaluate its constant inputs: {e}") from None
+    elif op in FOLD_ONLY:
+        runtime = [x for x in ins if x not in weights]
+        raise AicfError(f"node {origin!r}: {op} of run-time tensor(s) {runtime} is not supported; "
+                        f"{op} is only evaluated at compile time, on constants")
+    else:
+        return False
+    if value.size == 0:
+        raise AicfError(f"node {origin!r}: {op} gives an empty tensor {list(value.shape)}; empty tensors are not supported")
+    weights[out] = _weight(out, value)
+    types[out] = weights[out].type
+    return True
+
+
+def _check_runtime_dtypes(op: str, ts: list[TensorType], origin: str) -> None:
+    """A node left for run time computes in float (Lowered IR): integer and bool tensors only
+    where `ops.RUNTIME_DTYPES` allows them (masks, indices), else only as folded constants."""
+    allowed = RUNTIME_DTYPES.get(op, ("f32", "f16") + (("bool",) if op == "Equal" else ()))
+    if op == "Gather":
+        ts = ts[:1] + ts[2:]   # the indices are integers by the type rule
+    if op == "Where":
+        ts = ts[1:]            # the condition is bool by the type rule
+    bad = sorted({t.dtype for t in ts} - set(allowed))
+    if bad:
+        raise AicfError(f"node {origin!r}: {op} on run-time {'/'.join(bad)} tensors is not supported "
+                        f"(it runs on {', '.join(allowed)}; integer shape arithmetic on constants is folded)")
+
+
+def _ints(name: str, weights: dict[str, Weight], origin: str, what: str) -> list[int]:
+    return [int(v) for v in _constant(name, weights, origin, what).reshape(-1)]
+
+
+def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
+                weights: dict[str, Weight], origin: str) -> dict:
+    shape = types[args[0]].shape if args and args[0] in types else ()
+    rank = len(shape)
+    if op == "Cast":
+        to = at.get("to", 0)
+        ir = None
+        if to != onnx.TensorProto.BFLOAT16:
+            try:
+                ir = NUMPY_TO_IR.get(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(to)))
+            except Exception:
+                ir = None
+        if ir not in INPUT_DTYPES:
+            name = onnx.TensorProto.DataType.Name(to) if to in onnx.TensorProto.DataType.values() else str(to)
+            raise AicfError(f"node {origin!r}: Cast to {name} is not supported; targets are float32, float16, "
+                            "float64, int64, int32 and bool")
+        return {"to": ir}
+    if op == "Unsqueeze":
+        axes = _ints(args[1], weights, origin, "the axes of Unsqueeze") if len(args) > 1 else list(at.get("axes", []))
+        out_rank = rank + len(axes)
+        axes = sorted(_axis(a, out_rank, origin, op) for a in axes)
+        if len(set(axes)) != len(axes):
+            raise AicfError(f"node {origin!r}: Unsqueeze axes {axes} repeat")
+        dims = iter(shape)
+        return {"shape": tuple(1 if d in axes else next(dims) for d in range(out_rank))}
+    if op == "Squeeze":
+        axes = _ints(args[1], weights, origin, "the axes of Squeeze") if len(args) > 1 else list(at.get("axes", []))
+        axes = [_axis(a, rank, origin, op) for a in axes] if axes else [d for d, m in enumerate(shape) if m == 1]
+        if any(shape[a] != 1 for a in axes):
+            raise AicfError(f"node {origin!r}: Squeeze of axes {axes} of shape {list(shape)}: not all have size 1")
+        return {"shape": tuple(m for d, m in enumerate(shape) if d not in axes)}
+    if op == "Flatten":
+        axis = at.get("axis", 1)
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis <= rank:
+            raise AicfError(f"node {origin!r}: Flatten axis {at.get('axis')} out of range for rank {rank}")
+        return {"shape": (math.prod(shape[:axis]), math.prod(shape[axis:]))}
+    if op == "Expand":
+        target = tuple(_ints(args[1], weights, origin, "the shape of Expand"))
+        try:
+            return {"shape": tuple(np.broadcast_shapes(shape, target))}
+        except ValueError:
+            raise AicfError(f"node {origin!r}: Expand of {list(shape)} to {list(target)} is not a broadcast") from None
+    if op == "Slice":
+        return _slice_attrs(args, shape, weights, origin)
+    if op == "Gather":
+        axis = _axis(at.get("axis", 0), rank, origin, op)
+        if args[0] in weights:
+            return {"axis": axis}
+        # At run time only an access: constant indices in arithmetic progression (a row, a
+        # strided selection) are the affine index start + step·(flat position in the indices).
+        ids = _constant(args[1], weights, origin, "the indices of Gather (into a run-time tensor)").reshape(-1)
+        ids = np.where(ids < 0, ids + shape[axis], ids).astype(np.int64)
+        step = int(ids[1] - ids[0]) if ids.size > 1 else 0
+        if ids.size == 0 or (ids.min() < 0 or ids.max() >= shape[axis]) or any(np.diff(ids) != step):
+            raise AicfError(f"node {origin!r}: Gather of a run-time tensor with indices {ids.tolist()[:8]} is not "
+                            "supported; only in-range constant indices in arithmetic progression are")
+        return {"axis": axis, "start": int(ids[0]), "step": step}
+    if op == "Concat":
+        return {"axis": _axis(at["axis"], rank, origin, op)}
+    if op == "Shape":
+        return {"start": at.get("start", 0), "end": at.get("end", None)}
+    if op == "ConstantOfShape":
+        value = numpy_helper.to_array(at["value"]) if "value" in at else np.zeros(1, np.float32)
+        return {"value": value}
+    raise AssertionError(op)
+
+
+def _slice_attrs(args: list[str], shape: tuple[int, ...], weights: dict[str, Weight], origin: str) -> dict:
+    """ONNX Slice (opset 10+) resolved per dimension into (start, step, extent): starts and ends
+    clamped as the spec says (negative ones count from the end), steps of either sign."""
+    rank = len(shape)
+    if len(args) < 3:
+        raise AicfError(f"node {origin!r}: Slice with starts/ends as attributes (opset < 10) is not supported")
+    starts = _ints(args[1], weights, origin, "the starts of Slice")
+    ends = _ints(args[2], weights, origin, "the ends of Slice")
+    axes = _ints(args[3], weights, origin, "the axes of Slice") if len(args) > 3 and args[3] else list(range(len(starts)))
+    steps = _ints(args[4], weights, origin, "the steps of Slice") if len(args) > 4 and args[4] else [1] * len(starts)
+    out = {"starts": [0] * rank, "steps": [1] * rank, "shape": list(shape)}
+    for s, e, a, k in zip(starts, ends, axes, steps):
+        a = _axis(a, rank, origin, "Slice")
+        n = shape[a]
+        if k == 0:
+            raise AicfError(f"node {origin!r}: Slice step 0")
+        s = s + n if s < 0 else s
+        e = e + n if e < 0 else e
+        if k > 0:
+            s, e = min(max(s, 0), n), min(max(e, 0), n)
+            m = max(0, -(-(e - s) // k))
+        else:
+            s, e = min(max(s, -1), n - 1), min(max(e, -1), n - 1)
+            m = max(0, -(-(s - e) // -k))
+        if m == 0:
+            raise AicfError(f"node {origin!r}: Slice with an empty result (dim {a}) is not supported")
+        out["starts"][a], out["steps"][a], out["shape"][a] = s, k, m
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _consumed(model: onnx.ModelProto) -> set[str]:
+    """Names some node reads or the graph outputs (an unread mask output is harmless)."""
+    return {x for n in model.graph.node for x in n.input if x} | {o.name for o in model.graph.output}

@@ -15,6 +15,7 @@ import numpy as np
 
 from aicfc.ir.lowered import Call, Compute, Const, Expr, Load, Program, View
 from aicfc.ir.ops import erf as _erf, sigmoid as _sigmoid
+from aicfc.ir.types import TensorType
 
 MAX_ELEMENTS = 1 << 24
 
@@ -23,6 +24,7 @@ SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "max": np.maximum, "min": np.minimum, "neg": np.negative, "exp": np.exp, "log": np.log,
     "sqrt": np.sqrt, "tanh": np.tanh, "erf": _erf, "sigmoid": _sigmoid,
+    "eq": np.equal, "select": lambda c, a, b: np.where(c != 0, a, b),
 }
 
 
@@ -36,7 +38,15 @@ def _eval(e: Expr, grids: dict[str, np.ndarray], env: dict[str, np.ndarray], dty
             for v, c in a.terms:
                 i = i + c * grids[v]
             idx.append(i)
-        return env[e.buffer][tuple(idx)] if idx else env[e.buffer][()]
+        buf = env[e.buffer]
+        if e.fill is None or not idx:
+            return buf[tuple(idx)] if idx else buf[()]
+        # A guarded load: out-of-range indices read `fill` (clipped only to index safely).
+        inside = np.ones((), dtype=bool)
+        for d in e.guarded_dims:
+            inside = inside & (idx[d] >= 0) & (idx[d] < buf.shape[d])
+            idx[d] = np.clip(idx[d], 0, buf.shape[d] - 1)
+        return np.where(inside, buf[tuple(idx)], np.asarray(e.fill, dtype=buf.dtype))
     assert isinstance(e, Call)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         return np.asarray(SCALAR_FNS[e.fn](*[_eval(a, grids, env, dtype) for a in e.args]), dtype=dtype)
@@ -47,6 +57,11 @@ def evaluate_compute(op: Compute, env: dict[str, np.ndarray], dtype: Any) -> np.
     extents = op.type.shape + op.reduce
     nd, rank = len(names), len(op.type.shape)
     out = np.empty(op.type.shape, dtype=dtype)
+    if op.type.np_dtype.kind not in "f":
+        # Integer and bool results are computed in float and converted once, as codegen's store does.
+        with np.errstate(invalid="ignore"):
+            return evaluate_compute(Compute(op.out, _as_float(op.type), op.combiner, op.reduce, op.body, op.origin),
+                                    env, dtype).astype(op.type.np_dtype)
     total = math.prod(extents)
     step = extents[0] if rank == 0 or total <= MAX_ELEMENTS else max(1, extents[0] * MAX_ELEMENTS // total)
     starts = range(0, extents[0], step) if rank else [0]
@@ -70,6 +85,10 @@ def evaluate_compute(op: Compute, env: dict[str, np.ndarray], dtype: Any) -> np.
     return out
 
 
+def _as_float(t: TensorType) -> TensorType:
+    return TensorType("f32", t.shape)
+
+
 def evaluate_ops(ops: tuple, env: dict[str, np.ndarray], dtype: Any) -> None:
     for op in ops:
         if isinstance(op, View):
@@ -80,7 +99,8 @@ def evaluate_ops(ops: tuple, env: dict[str, np.ndarray], dtype: Any) -> None:
 
 def evaluate_program(p: Program, inputs: dict[str, np.ndarray], dtype: Any = np.float32) -> dict[str, np.ndarray]:
     """Run the lowered program; `dtype=np.float64` gives a float64 reference."""
-    env: dict[str, np.ndarray] = {v.name: np.asarray(inputs[v.name], dtype=dtype) for v in p.inputs}
+    env: dict[str, np.ndarray] = {v.name: np.asarray(inputs[v.name], dtype=dtype if v.type.np_dtype.kind == "f"
+                                                     else v.type.np_dtype) for v in p.inputs}
     for w in p.weights:
         a = w.array()
         env[w.name] = a.astype(dtype) if a.dtype.kind == "f" else a

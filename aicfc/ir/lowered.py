@@ -11,6 +11,13 @@ variables: this is what lets passes compose accesses (transpose folding, inlinin
 codegen emit one multiply-add per variable. A `View` reinterprets a buffer with another shape
 (Reshape); it moves no data.
 
+A guarded load `load(%x, [...], fill=0.0)` reads `fill` wherever an index falls outside its
+dimension (zero padding of a convolution, -inf padding of a max pool). The guard is on the
+computed dimensions only: a dimension indexed by one plain variable or by a constant must stay
+in bounds as in any load (the verifier checks it), so codegen tests just the others. Passes
+that rewrite accesses keep the guard only where the per-dimension test survives: access
+folding through a view and inlining a producer into a guarded load are declined.
+
     %h: f32[4,128] = sum[64] mul(load(%x, [i0, r0]), load(%w1, [r0, i1])) from ["mm1"]
     %y: f32[4,128] = map max(load(%h, [i0, i1]), 0.0) from ["relu1"]
     %v: f32[512] = view %y from ["flat"]
@@ -30,6 +37,8 @@ from aicfc.ir.types import TensorType, Value, Weight
 FNS: dict[str, int] = {
     "add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2,
     "neg": 1, "exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "sigmoid": 1,
+    # Equal and Where (issue 6): eq gives 1.0 or 0.0; select(c, a, b) is a where c != 0, else b.
+    "eq": 2, "select": 3,
 }
 COMBINERS = ("map", "sum", "max")
 
@@ -84,6 +93,15 @@ class Affine:
 class Load:
     buffer: str
     index: tuple[Affine, ...]
+    fill: float | None = None   # guarded load: the value read outside the buffer (see the note)
+
+    @property
+    def guarded_dims(self) -> tuple[int, ...]:
+        """The dimensions a guarded load tests (those not a plain variable or a constant)."""
+        if self.fill is None:
+            return ()
+        return tuple(d for d, a in enumerate(self.index) if not (not a.terms or (len(a.terms) == 1 and a.terms[0][1] == 1
+                                                                                 and a.const == 0)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +205,7 @@ def map_loads(e: Expr, fn) -> Expr:
 
 def substitute(e: Expr, mapping: Mapping[str, Affine]) -> Expr:
     """Rename loop variables inside every access of `e`."""
-    return map_loads(e, lambda ld: Load(ld.buffer, tuple(a.substitute(mapping) for a in ld.index)))
+    return map_loads(e, lambda ld: Load(ld.buffer, tuple(a.substitute(mapping) for a in ld.index), ld.fill))
 
 
 def count_ops(e: Expr) -> int:
@@ -202,7 +220,8 @@ def identity_index(rank: int) -> tuple[Affine, ...]:
 
 def print_expr(e: Expr) -> str:
     if isinstance(e, Load):
-        return f"load({text.name(e.buffer)}, [{', '.join(str(a) for a in e.index)}])"
+        fill = "" if e.fill is None else f", fill={text.number(e.fill)}"
+        return f"load({text.name(e.buffer)}, [{', '.join(str(a) for a in e.index)}]{fill})"
     if isinstance(e, Const):
         return text.number(e.value)
     return f"{e.fn}({', '.join(print_expr(a) for a in e.args)})"
@@ -272,8 +291,13 @@ def parse_expr(c: text.Cursor) -> Expr:
             if not c.accept(","):
                 c.expect("]")
                 break
+        fill = None
+        if c.accept(","):
+            c.expect("fill")
+            c.expect("=")
+            fill = float(c.number())
         c.expect(")")
-        return Load(buf, tuple(index))
+        return Load(buf, tuple(index), fill)
     args: list[Expr] = []
     while not c.accept(")"):
         args.append(parse_expr(c))
@@ -373,11 +397,16 @@ def verify_expr(e: Expr, extents: Mapping[str, int], types: Mapping[str, TensorT
     shape = types[e.buffer].shape
     if len(e.index) != len(shape):
         raise AicfError(f"{where}: load of {e.buffer!r} has {len(e.index)} indices, the buffer has rank {len(shape)}")
+    guarded = e.guarded_dims
     for d, (a, n) in enumerate(zip(e.index, shape)):
         for v, _ in a.terms:
             if v not in extents:
                 raise AicfError(f"{where}: index of {e.buffer!r} uses unknown variable {v!r}")
         lo, hi = a.bounds(extents)
+        if d in guarded:
+            if hi < 0 or lo >= n:
+                raise AicfError(f"{where}: guarded load of {e.buffer!r} dim {d} ranges {lo}..{hi}, never inside 0..{n - 1}")
+            continue
         if lo < 0 or hi >= n:
             raise AicfError(f"{where}: load of {e.buffer!r} dim {d} ranges {lo}..{hi}, outside 0..{n - 1}")
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aicfc.ir.types import TensorType
+from aicfc.ir.types import DTYPES, TensorType
 
 Attrs = dict[str, Any]
 
@@ -204,3 +204,156 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
     OpDef("ReduceMax", (1, 1), _infer_reduce, _reduce(np.max), ("axes", "keepdims")),
     OpDef("LayerNormalization", (2, 3), _infer_layer_norm, _layer_norm, ("axis", "epsilon")),
 ]}
+
+# Convolutional ops (Conv, BatchNormalization, pools, LRN, Clip, Dropout, Sum): rows defined in
+# ops_cnn.py, which builds on the helpers above (so it is imported here, at the end).
+from aicfc.ir.ops_cnn import CNN_OPS  # noqa: E402
+
+OPS.update({op.name: op for op in CNN_OPS})
+
+
+# ---------------------------------------------------------------- data and shape ops (issue 6)
+# What the torch exporters emit around the compute of BERT, GPT-2 and ViT. The importer has
+# already resolved every shape-like input into attributes (`shape`, `starts`, `steps`, `axis`), so each rule here is static (Clip and Dropout are in ops_cnn.py). Integer and bool tensors appear as constants
+# (shape arithmetic, folded at compile time by `evaluate`) and, at run time, only where
+# RUNTIME_DTYPES says: the Lowered IR computes in float, so a run-time integer is exact only as
+# an index or a mask (|x| <= 2**24).
+FLOATS = ("f32", "f16", "f64")
+INTEGERS = ("i64", "i32")
+# dtypes a node may compute on at run time (not folded), per op; others only as constants.
+RUNTIME_DTYPES: dict[str, tuple[str, ...]] = {
+    "Where": FLOATS + ("bool",), "Cast": FLOATS + INTEGERS + ("bool",), "Gather": FLOATS,
+    "Unsqueeze": FLOATS, "Squeeze": FLOATS, "Flatten": FLOATS, "Expand": FLOATS, "Slice": FLOATS,
+}
+# Ops only ever evaluated at compile time: every input must be a constant (or, for Shape, the
+# input's static type); the importer folds them and they never reach the High IR graph.
+FOLD_ONLY = ("Shape", "ConstantOfShape", "Range", "Concat")
+
+
+def _same_dtype(types: list[TensorType]) -> str:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) != 1:
+        raise OpTypeError(f"mixed dtypes {sorted(dtypes)}")
+    return dtypes.pop()
+
+
+def _infer_any_binary(t: list[TensorType], _: Attrs) -> TensorType:
+    return TensorType(_same_dtype(t), _broadcast(t[0].shape, t[1].shape))
+
+
+def _infer_variadic(t: list[TensorType], _: Attrs) -> TensorType:
+    shape: tuple[int, ...] = ()
+    for x in t:
+        shape = _broadcast(shape, x.shape)
+    return TensorType(_same_float(t), shape)
+
+
+def _infer_equal(t: list[TensorType], _: Attrs) -> TensorType:
+    return TensorType("bool", _infer_any_binary(t, {}).shape)
+
+
+def _infer_where(t: list[TensorType], _: Attrs) -> TensorType:
+    if t[0].dtype != "bool":
+        raise OpTypeError(f"Where condition is {t[0].dtype}, not bool")
+    shape = _broadcast(_broadcast(t[0].shape, t[1].shape), t[2].shape)
+    return TensorType(_same_dtype(t[1:]), shape)
+
+
+def _infer_view(t: list[TensorType], at: Attrs) -> TensorType:
+    """Unsqueeze, Squeeze, Flatten: a reshape whose target the importer computed."""
+    shape = tuple(at["shape"])
+    if math.prod(shape) != t[0].numel:
+        raise OpTypeError(f"view of {list(t[0].shape)} as {list(shape)} changes the element count")
+    return TensorType(t[0].dtype, shape)
+
+
+def _infer_expand(t: list[TensorType], at: Attrs) -> TensorType:
+    shape = tuple(at["shape"])
+    if _broadcast(t[0].shape, shape) != shape:
+        raise OpTypeError(f"Expand of {list(t[0].shape)} to {list(shape)} is not a broadcast")
+    return TensorType(t[0].dtype, shape)
+
+
+def _infer_slice(t: list[TensorType], at: Attrs) -> TensorType:
+    src, starts, steps, shape = t[0].shape, at["starts"], at["steps"], tuple(at["shape"])
+    if not len(src) == len(starts) == len(steps) == len(shape):
+        raise OpTypeError("Slice needs one start, step and extent per dimension")
+    for d, (n, s, k, m) in enumerate(zip(src, starts, steps, shape)):
+        if k == 0 or m <= 0 or not (0 <= s < n and 0 <= s + k * (m - 1) < n):
+            raise OpTypeError(f"Slice dim {d}: start {s}, step {k}, {m} elements leave 0..{n - 1}")
+    return TensorType(t[0].dtype, shape)
+
+
+def _slice(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    return x[0][np.ix_(*[s + k * np.arange(m) for s, k, m in zip(at["starts"], at["steps"], at["shape"])])]
+
+
+def _infer_gather(t: list[TensorType], at: Attrs) -> TensorType:
+    data, ids, axis = t[0], t[1], at["axis"]
+    if not 0 <= axis < len(data.shape):
+        raise OpTypeError(f"Gather axis {axis} out of range for rank {len(data.shape)}")
+    if ids.dtype not in INTEGERS:
+        raise OpTypeError(f"Gather indices are {ids.dtype}, not int64/int32")
+    return TensorType(data.dtype, data.shape[:axis] + ids.shape + data.shape[axis + 1:])
+
+
+def _gather(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    n = x[0].shape[at["axis"]]
+    ids = np.clip(np.where(x[1] < 0, x[1] + n, x[1]), 0, n - 1)
+    return np.take(x[0], ids, axis=at["axis"])
+
+
+def _infer_cast(t: list[TensorType], at: Attrs) -> TensorType:
+    return TensorType(at["to"], t[0].shape)
+
+
+def _infer_folded(t: list[TensorType], at: Attrs) -> TensorType:
+    raise OpTypeError("folded at compile time; it never stays a graph node")
+
+
+def _divide(x: list[np.ndarray], _: Attrs) -> np.ndarray:
+    """ONNX Div: true division for floats, truncation toward zero for integers."""
+    a, b = x
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        q = np.abs(a) // np.abs(b)
+        return (np.sign(a) * np.sign(b) * q).astype(np.result_type(a, b))
+    return a / b
+
+
+def _range(x: list[np.ndarray], _: Attrs) -> np.ndarray:
+    start, limit, delta = (np.asarray(v).reshape(()) for v in x)
+    n = max(int(np.ceil((limit - start) / delta)), 0)
+    return (start + np.arange(n, dtype=np.float64).astype(start.dtype) * delta).astype(start.dtype)
+
+
+def _constant_of_shape(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    value = at["value"]
+    return np.full(tuple(int(d) for d in x[0].reshape(-1)), value.reshape(-1)[0], dtype=value.dtype)
+
+
+OPS.update({op.name: op for op in [
+    OpDef("Neg", (1, 1), _infer_unary, lambda x, _: np.negative(x[0])),
+    OpDef("Log", (1, 1), _infer_unary, lambda x, _: np.log(x[0])),
+    OpDef("Max", (1, 8), _infer_variadic, lambda x, _: np.asarray(np.maximum.reduce(np.broadcast_arrays(*x)))),
+    OpDef("Min", (1, 8), _infer_variadic, lambda x, _: np.asarray(np.minimum.reduce(np.broadcast_arrays(*x)))),
+    OpDef("Equal", (2, 2), _infer_equal, lambda x, _: np.equal(x[0], x[1])),
+    OpDef("Where", (3, 3), _infer_where, lambda x, _: np.where(x[0], x[1], x[2])),
+    OpDef("Unsqueeze", (1, 1), _infer_view, lambda x, at: x[0].reshape(at["shape"]), ("shape",)),
+    OpDef("Squeeze", (1, 1), _infer_view, lambda x, at: x[0].reshape(at["shape"]), ("shape",)),
+    OpDef("Flatten", (1, 1), _infer_view, lambda x, at: x[0].reshape(at["shape"]), ("shape",)),
+    OpDef("Expand", (1, 1), _infer_expand, lambda x, at: np.broadcast_to(x[0], at["shape"]).copy(), ("shape",)),
+    # steps may be negative; every (start, step, extent) stays inside its dimension.
+    OpDef("Slice", (1, 1), _infer_slice, _slice, ("shape", "starts", "steps")),
+    # indices: negative ones count from the end; out-of-range ones are clamped (never read outside).
+    # start/step: constant indices in arithmetic progression into a run-time tensor (an access).
+    OpDef("Gather", (2, 2), _infer_gather, _gather, ("axis", "start", "step")),
+    OpDef("Shape", (1, 1), _infer_folded, lambda x, _: np.asarray(x[0].shape, dtype=np.int64)),
+    OpDef("ConstantOfShape", (1, 1), _infer_folded, _constant_of_shape, ("value",)),
+    OpDef("Range", (3, 3), _infer_folded, _range),
+    OpDef("Concat", (1, 64), _infer_folded, lambda x, at: np.concatenate(x, axis=at["axis"]), ("axis",)),
+]})
+# Cast between any two of the dtypes above; arithmetic ops accept integers as constants (folded).
+OPS["Cast"] = OpDef("Cast", (1, 1), _infer_cast, lambda x, at: x[0].astype(DTYPES[at["to"]]), ("to",))
+for _name in ("Add", "Sub", "Mul"):
+    OPS[_name] = OpDef(_name, (2, 2), _infer_any_binary, OPS[_name].evaluate)
+OPS["Div"] = OpDef("Div", (2, 2), _infer_any_binary, _divide)

@@ -84,6 +84,65 @@ def why_not_tile_compatible(op: Compute) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ImplicitGemm:
+    """out[batch.., m.., n..] = sum over k.. of a[...]·b[...] with several reduction variables
+    (a convolution: m = (n, oh, ow), n = the output channel, k = (c, kh, kw)). The m (n, k)
+    variables flatten row-major into one GEMM dimension; codegen splits a flat index back by
+    division (the im2col decomposition), so the accesses need only be affine in the variables."""
+
+    a: Load                 # the operand of the m variables; the only one that may be guarded
+    b: Load                 # the operand of the n variables
+    m: tuple[str, ...]      # output variables only `a` reads, outer to inner
+    n: tuple[str, ...]      # output variables only `b` reads
+    batch: tuple[str, ...]  # the other output variables (both operands', or extent 1)
+
+
+def why_not_implicit_gemm(op: Compute) -> str | None:
+    """`tile_compatible_compute` over several reduction axes: partial sums over any K-tile of the
+    flattened (k..) range add up (associativity of +) and every access is affine, so the nest
+    tiles as a GEMM whose operand tiles are gathered from their (guarded) accesses."""
+    if op.combiner != "sum" or len(op.reduce) < 2:
+        return "not a sum over several axes"
+    body = op.body
+    if not (isinstance(body, Call) and body.fn == "mul" and all(isinstance(x, Load) for x in body.args)):
+        return "body is not a product of two loads"
+    a, b = body.args
+    if b.fill is not None:
+        a, b = b, a
+    if b.fill is not None:
+        return "both operands are guarded loads"
+    va = {v for ix in a.index for v, _ in ix.terms}
+    vb = {v for ix in b.index for v, _ in ix.terms}
+    ext = op.extents()
+    if any(v not in va | vb for v in op.domain_vars if ext[v] > 1):
+        return "an output variable indexes neither operand"
+    if not [v for v in op.domain_vars if v in va - vb and ext[v] > 1]:
+        a, b, va, vb = b, a, vb, va
+    if a.fill is None and b.fill is not None:
+        return "the guarded operand is not the one of the m variables"
+    if not [v for v in op.domain_vars if v in va - vb and ext[v] > 1] or not [v for v in op.domain_vars
+                                                                            if v in vb - va and ext[v] > 1]:
+        return "no output variable is read by one operand only on each side (a direct window, not a GEMM)"
+    return None
+
+
+def implicit_gemm(op: Compute) -> ImplicitGemm | None:
+    if why_not_implicit_gemm(op) is not None:
+        return None
+    a, b = op.body.args  # type: ignore[union-attr]
+    if b.fill is not None:
+        a, b = b, a
+    ext = op.extents()
+    va = {v for ix in a.index for v, _ in ix.terms}
+    vb = {v for ix in b.index for v, _ in ix.terms}
+    if not [v for v in op.domain_vars if v in va - vb and ext[v] > 1]:
+        a, b, va, vb = b, a, vb, va
+    m = tuple(v for v in op.domain_vars if v in va - vb and ext[v] > 1)
+    n = tuple(v for v in op.domain_vars if v in vb - va and ext[v] > 1)
+    return ImplicitGemm(a, b, m, n, tuple(v for v in op.domain_vars if v not in m + n))
+
+
 def why_not_online_reducible(op: Compute) -> str | None:
     if op.combiner not in ("sum", "max"):
         return "not a reduction"
@@ -100,7 +159,7 @@ def why_not_rematerializable(op: Compute) -> str | None:
 
 def properties(op: Compute) -> tuple[str, ...]:
     found = []
-    if why_not_tile_compatible(op) is None:
+    if why_not_tile_compatible(op) is None or implicit_gemm(op) is not None:
         found.append(TILE)
     elif why_not_online_reducible(op) is None:
         found.append(ONLINE)

@@ -2,7 +2,14 @@
 
 - `Gemm(A, B, C; alpha, beta, transA, transB)` becomes Transpose/MatMul/Mul/Add, all keeping
   the Gemm's origin, so later passes see one contraction plus pointwise work they can fuse.
-- `Identity` disappears (its uses read its input), unless it defines a graph output.
+- `Identity` disappears (its uses read its input), unless it defines a graph output; so does
+  `Dropout` (inference).
+- `BatchNormalization` of a `Conv` whose result nothing else reads, with constant weights and
+  statistics, folds into the Conv (rule BN_FOLD_RULE): W' = W·s per output channel and
+  b' = (b - mean)·s + B with s = scale / sqrt(var + ε). The folded Conv carries
+  `folded=<the norm's origin>`, which `lower` turns into the rewrite record. Any other
+  constant BatchNormalization becomes Mul and Add by per-channel constants (a map that fuses
+  into whatever produces or consumes it).
 
     %y: f32[4,8] = Gemm(%a, %b, %c) {alpha=2.0, beta=1.0, transA=0, transB=1} from "g"
   becomes
@@ -18,6 +25,8 @@ import numpy as np
 from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
+
+BN_FOLD_RULE = "Conv + BatchNormalization => Conv with folded weights"
 
 
 def canonicalize(g: Graph) -> Graph:
@@ -37,10 +46,15 @@ def canonicalize(g: Graph) -> Graph:
         types[name] = weights[-1].type
         return name
 
+    wmap = g.weight_map()
+    readers = g.users()
     for n in g.nodes:
         ins = tuple(rename.get(i, i) for i in n.inputs)
-        if n.op == "Identity" and n.output not in g.outputs:
+        if n.op in ("Identity", "Dropout") and n.output not in g.outputs:
             rename[n.output] = ins[0]
+            continue
+        if n.op == "BatchNormalization" and all(i in wmap for i in ins[1:]):
+            _batch_norm(n, ins, nodes, weights, wmap, readers, g.outputs, types)
             continue
         if n.op != "Gemm":
             nodes.append(Node(n.op, ins, n.output, n.type, n.attrs, n.origin))
@@ -67,3 +81,34 @@ def canonicalize(g: Graph) -> Graph:
             types[y] = last.type
     return g.replace(nodes=tuple(nodes), weights=tuple(weights),
                      outputs=tuple(rename.get(o, o) for o in g.outputs))
+
+
+def _batch_norm(n: Node, ins: tuple[str, ...], nodes: list[Node], weights: list[Weight], wmap: dict[str, Weight],
+                readers: dict[str, list[Node]], outputs: tuple[str, ...], types: dict) -> None:
+    """Fold a constant BatchNormalization into the Conv before it, or state it as x·s + t."""
+    scale, bias, mean, var = (wmap[i].array().astype(np.float64) for i in ins[1:])
+    s = scale / np.sqrt(var + n.attr["epsilon"])
+    t = bias - mean * s
+    dt = n.type.np_dtype
+    conv = nodes[-1] if nodes and nodes[-1].output == ins[0] and nodes[-1].op == "Conv" else None
+    if (conv is not None and len(readers.get(ins[0], [])) == 1 and ins[0] not in outputs
+            and all(i in wmap for i in conv.inputs[1:])):
+        w = wmap[conv.inputs[1]].array().astype(np.float64)
+        b = wmap[conv.inputs[2]].array().astype(np.float64) if len(conv.inputs) == 3 else np.zeros(w.shape[0])
+        new_w = Weight.of(f"{n.output}.w", (w * s.reshape(-1, 1, 1, 1)).astype(dt))
+        new_b = Weight.of(f"{n.output}.b", (b * s + t).astype(dt))
+        weights += [new_w, new_b]
+        wmap.update({new_w.name: new_w, new_b.name: new_b})
+        types.update({new_w.name: new_w.type, new_b.name: new_b.type, n.output: n.type})
+        nodes[-1] = Node("Conv", (conv.inputs[0], new_w.name, new_b.name), n.output, n.type,
+                         make_attrs({**conv.attr, "folded": n.origin or n.output}), conv.origin)
+        return
+    shape = (-1,) + (1,) * (len(n.type.shape) - 2)
+    sw = Weight.of(f"{n.output}.scale", s.reshape(shape).astype(dt))
+    tw = Weight.of(f"{n.output}.shift", t.reshape(shape).astype(dt))
+    weights += [sw, tw]
+    types.update({sw.name: sw.type, tw.name: tw.type})
+    for op, a, b, out in (("Mul", ins[0], sw.name, f"{n.output}.scaled"), ("Add", f"{n.output}.scaled", tw.name, n.output)):
+        t_out = OPS[op].infer([types[a], types[b]], {})
+        types[out] = t_out
+        nodes.append(Node(op, (a, b), out, t_out, (), n.origin))

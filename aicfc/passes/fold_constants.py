@@ -1,4 +1,5 @@
-"""fold_constants: a node whose inputs are all weights becomes a weight (evaluated with numpy).
+"""fold_constants: a node whose inputs are all weights becomes a weight (evaluated with numpy,
+by the op table's `evaluate`, for every dtype).
 
 Folding is skipped when the result would exceed FOLD_LIMIT bytes, so a broadcast of a small
 constant does not bloat the bundle.
@@ -9,6 +10,8 @@ constant does not bloat the bundle.
     weight %bt: f32[8,16]
 """
 from __future__ import annotations
+
+import numpy as np
 
 from aicfc.ir.high import Graph
 from aicfc.ir.ops import OPS
@@ -22,7 +25,9 @@ def fold_constants(g: Graph) -> Graph:
     nodes = []
     for n in g.nodes:
         if all(i in values for i in n.inputs) and n.type.nbytes <= FOLD_LIMIT:
-            result = OPS[n.op].evaluate([values[i].array() for i in n.inputs], n.attr)
+            # Any op of the table, integer and bool tensors included (shape arithmetic, masks).
+            with np.errstate(all="ignore"):
+                result = np.asarray(OPS[n.op].evaluate([values[i].array() for i in n.inputs], n.attr))
             values[n.output] = Weight.of(n.output, result.astype(n.type.np_dtype).reshape(n.type.shape))
         else:
             nodes.append(n)

@@ -143,6 +143,8 @@ def _match_fold(v: View, ctx: Context) -> Fold | None:
 
 
 def _check_fold(f: Fold, ctx: Context) -> str | None:
+    if any(ld.buffer == f.view.out and ld.fill is not None for c in f.readers for ld in loads(c.body)):
+        return "a guarded (padded) load tests each dimension of the view; the composed index could not"
     return f.groups if isinstance(f.groups, str) else None
 
 

@@ -11,6 +11,10 @@ Groups computes into launches by their memory properties, never by op names:
   block of threads reduces a row's statistics and writes the row without storing them;
   rule "map + row pass => stored prologue" lets that pass also compute the stored map it reads
   as its row (a residual sum before a norm) and store it, instead of a pointwise kernel;
+- a contraction over several reduction axes (`implicit_gemm`: a convolution) is a `conv`
+  kernel, and any other reduction over several axes or through a guarded load (a pool, a
+  depthwise conv, LRN's window sum) a `window` kernel; both absorb an element-wise consumer as
+  the gemm does (rules "contraction + map => gemm epilogue", "window + map => epilogue");
 - every other reduction is a `row_reduce` kernel of its own; every other map a `pointwise`.
 
     %s.max: f32[4,1] = max[8] load(%x, [i0, r0])
@@ -24,11 +28,12 @@ from __future__ import annotations
 
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Program, Rewrite, View, loads
-from aicfc.ir.properties import (contraction, is_identity_access, properties,
+from aicfc.ir.properties import (contraction, implicit_gemm, is_identity_access, properties,
                                  why_not_online_reducible)
 from aicfc.passes.streaming_attention import attention_kernels
 
 EPILOGUE_RULE = "contraction + map => gemm epilogue"
+WINDOW_EPILOGUE_RULE = "window + map => epilogue"
 ROW_RULE = "row stats + map => one row pass"
 PROLOGUE_RULE = "map + row pass => stored prologue"
 
@@ -71,7 +76,7 @@ def _row_group(anchor: Compute, producers: dict[str, Compute], records: list[Rew
         for ld in loads(op.body):
             stat = producers.get(ld.buffer)
             if (stat is None or stat.combiner == "map" or contraction(stat) is not None
-                    or any(m is stat for m, _ in members)):
+                    or _window_family(stat) is not None or any(m is stat for m, _ in members)):
                 continue
             index = tuple(a.substitute(bind) for a in ld.index)
             binding, why = stat_binding(space, index, stat)
@@ -177,21 +182,23 @@ def form_kernels(p: Program, target: str) -> Plan:
         if op.out in taken:
             continue
         c = contraction(op)
-        if c is None:
+        family = "gemm" if c is not None else _window_family(op)
+        if family is None:
             family = "pointwise" if op.combiner == "map" else "row_reduce"
             groups[op.out] = Kernel("", family, (op,), (_identity_bind(op),), (op.out,), properties(op))
             taken.add(op.out)
             continue
         ops, rewrites, store = (op,), (), op.out
         epi = _epilogue(op, computes, users, p.outputs, taken)
+        rule = WINDOW_EPILOGUE_RULE if family == "window" else EPILOGUE_RULE
         if isinstance(epi, Compute):
-            ops, rewrites, store = (op, epi), (EPILOGUE_RULE,), epi.out
+            ops, rewrites, store = (op, epi), (rule,), epi.out
             taken.add(epi.out)
-            records.append(Rewrite(EPILOGUE_RULE, op.out, True, f"{epi.out!r} applied to the accumulator in registers",
+            records.append(Rewrite(rule, op.out, True, f"{epi.out!r} applied to the accumulator in registers",
                                    2 * op.type.nbytes))
         elif epi:
-            records.append(Rewrite(EPILOGUE_RULE, op.out, False, epi))
-        groups[op.out] = Kernel("", "gemm", ops, tuple(_identity_bind(o) for o in ops), (store,),
+            records.append(Rewrite(rule, op.out, False, epi))
+        groups[op.out] = Kernel("", family, ops, tuple(_identity_bind(o) for o in ops), (store,),
                                 tuple(dict.fromkeys(pr for o in ops for pr in properties(o))), rewrites)
         taken.add(op.out)
 
@@ -247,3 +254,15 @@ def _epilogue(mm: Compute, computes: list[Compute], users: dict[str, int], outpu
 def _reads_between(mm: Compute, c: Compute, computes: list[Compute]) -> bool:
     between = {o.out for o in computes[computes.index(mm) + 1: computes.index(c)]}
     return any(ld.buffer in between for ld in loads(c.body))
+
+
+def _window_family(op: Compute) -> str | None:
+    """"conv" for a contraction over several axes, "window" for any other reduction over several
+    axes or through a guarded load; None for what the other families take."""
+    if op.combiner == "map":
+        return None
+    if implicit_gemm(op) is not None:
+        return "conv"
+    if len(op.reduce) > 1 or any(ld.fill is not None for ld in loads(op.body)):
+        return "window"
+    return None

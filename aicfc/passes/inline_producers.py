@@ -27,7 +27,7 @@ in form_kernels).
 from __future__ import annotations
 
 from aicfc.ir.lowered import Compute, Expr, Load, Program, Rewrite, View, loads, map_loads, substitute
-from aicfc.ir.properties import reads_per_element, recompute_cost, why_not_tile_compatible
+from aicfc.ir.properties import implicit_gemm, reads_per_element, recompute_cost, why_not_tile_compatible
 
 FOLD_RULE = "load(map(x)) => access folding"
 REMAT_RULE = "map(x) => recompute in consumer"
@@ -46,9 +46,12 @@ def _inline(consumer: Compute, producer: Compute) -> Compute:
 
 
 def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | None:
+    if any(ld.buffer == producer.out and ld.fill is not None for ld in loads(consumer.body)):
+        return (f"consumer {consumer.out!r} reads it through a guarded (padded) load, whose per-dimension "
+                "test would not survive the substitution")
     if pure_move:
         return None
-    if why_not_tile_compatible(consumer) is None:
+    if why_not_tile_compatible(consumer) is None or implicit_gemm(consumer) is not None:
         return f"consumer {consumer.out!r} is a tile-compatible contraction; its operands must be plain loads"
     reads = reads_per_element(producer, consumer)
     if reads > 1 and recompute_cost(producer) > CHEAP_OPS:

@@ -35,7 +35,9 @@ from aicfc.ir.high import Graph, Node
 from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Load, Op, Program, Rewrite, View, identity_index,
                               loads)
 from aicfc.ir.properties import ONLINE
-from aicfc.ir.types import TensorType, Weight
+from aicfc.ir.types import TensorType, Weight, contiguous_strides
+from aicfc.passes.canonicalize import BN_FOLD_RULE
+from aicfc.passes.lower_cnn import CNN_LOWERINGS
 
 ZERO = Affine()
 NORM_RULE = "LayerNormalization => mean and variance sums + normalize map"
@@ -228,19 +230,33 @@ def lower(g: Graph) -> Program:
                if w.type.numel == 1 and w.type.np_dtype.kind == "f"}
     ops: list[Op] = []
     records: list[Rewrite] = []
+    made: list[Weight] = []   # constants a CNN lowering makes (an average pool's divisors)
     for n in g.nodes:
+        if n.op in CNN_LOWERINGS:
+            ops.extend(CNN_LOWERINGS[n.op](n, types, made))
+            if n.op == "Conv" and "folded" in n.attr:
+                records.append(Rewrite(BN_FOLD_RULE, n.output, True, f"BatchNormalization {n.attr['folded']!r} "
+                                       "folded into the weights and bias at compile time", 2 * n.type.nbytes))
+            continue
         if n.op not in LOWERINGS:
             raise AicfError(f"internal: no lowering for {n.op} (node {n.origin!r}); canonicalize must run first")
         ops.extend(LOWERINGS[n.op](n, types, scalars))
         if n.op == "LayerNormalization":
             records.append(Rewrite(NORM_RULE, n.output, True, f"{ONLINE}: mean and variance are sums "
                                    "whose partial (count, mean, M2) states merge (Chan), so one row pass suffices"))
+    constants = g.weight_map()
+    for o in g.outputs:
+        if o in constants and o not in {op.out for op in ops}:
+            # An output folded to a constant (shape arithmetic, a Constant) is copied from a weight.
+            w = constants.pop(o)
+            constants[f"{o}.const"] = Weight(f"{o}.const", w.type, w.data)
+            ops.append(Compute(o, w.type, "map", (), Load(f"{o}.const", identity_index(len(w.type.shape))), ()))
     for o in g.outputs:
         if o not in {op.out for op in ops}:
             raise AicfError(f"graph output {o!r} is a model input or a constant; there is nothing to compute")
     # A view of a weight (a LayerNormalization's scale over several axes) is the same bytes
     # under another shape: a weight of its own, so no view ever starts in the weights.
-    known = g.weight_map()
+    known = constants | {w.name: w for w in made}
     for op in ops:
         if isinstance(op, View) and op.source in known:
             known[op.out] = Weight(op.out, op.type, known[op.source].data)
@@ -249,3 +265,59 @@ def lower(g: Graph) -> Program:
     used |= {op.source for op in ops if isinstance(op, View)}
     weights = tuple(w for w in known.values() if w.name in used)
     return Program(g.name, g.inputs, weights, tuple(ops), g.outputs, tuple(records))
+
+
+# ---------------------------------------------------------------- data ops (issue 6)
+# Views move no data; Expand, Slice and constant-index Gather are affine accesses (a strided
+# or broadcast load); Where and Equal are scalar functions of the Lowered IR (`select`, `eq`;
+# a bool is 0.0 or 1.0 inside a body, stored as a bool); Cast is a copy whose store converts.
+
+def _expand(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
+    return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], broadcast_index(types[n.inputs[0]].shape,
+                                                                                      n.type.shape)), (n.origin,))]
+
+
+def _slice(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
+    at = n.attr
+    index = tuple(Affine.of({f"i{d}": k}, s) for d, (s, k) in enumerate(zip(at["starts"], at["steps"])))
+    return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], index), (n.origin,))]
+
+
+def _gather(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
+    """out[a.., j.., b..] = data[a.., start + step·flat(j..), b..] for constant indices in
+    arithmetic progression (the importer refuses others into a run-time tensor)."""
+    data, ids = (types[i].shape for i in n.inputs)
+    at = n.attr
+    axis, k = at["axis"], len(types[n.inputs[1]].shape)
+    flat: dict[str, int] = {}
+    for d, stride in enumerate(contiguous_strides(ids)):
+        if ids[d] > 1:
+            flat[f"i{axis + d}"] = stride * at["step"]
+    index = [Affine.var(f"i{d}") for d in range(axis)] + [Affine.of(flat, at["start"])]
+    index += [Affine.var(f"i{d + k - 1}") for d in range(axis + 1, len(data))]
+    return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], tuple(index)), (n.origin,))]
+
+
+def _variadic(fn: str) -> Callable[..., list[Op]]:
+    def build(*args: Expr) -> Expr:
+        out = args[0]
+        for a in args[1:]:
+            out = Call(fn, (out, a))
+        return out
+    return _pointwise(build)
+
+
+LOWERINGS.update({
+    "Unsqueeze": LOWERINGS["Reshape"],
+    "Squeeze": LOWERINGS["Reshape"],
+    "Flatten": LOWERINGS["Reshape"],
+    "Expand": _expand,
+    "Slice": _slice,
+    "Gather": _gather,
+    "Neg": _pointwise(_call("neg")),
+    "Log": _pointwise(_call("log")),
+    "Max": _variadic("max"),
+    "Min": _variadic("min"),
+    "Equal": _pointwise(_call("eq")),
+    "Where": _pointwise(_call("select")),
+})

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import attention, gemm, row_reduce
+from aicfc.codegen import attention, conv, gemm, row_reduce
 from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Call, Const, Expr, count_ops, loads
@@ -106,6 +106,10 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
 def estimate_registers(k: Kernel, p: Mapping) -> int:
     """A planning-time register estimate (explain labels it as one)."""
     ops = sum(count_ops(op.body) for op in k.ops)
+    if k.family == "conv":   # a GEMM's, plus the index splitting of the gathered tiles
+        return 16 + estimate_registers(k.replace(family="gemm"), p)
+    if k.family == "window":
+        return 32 + min(2 * ops, 64)
     if k.family == "gemm" and p["unit"] == "mma":
         mi, ni = p["BM"] // p["WM"] // 16, p["BN"] // p["WN"] // 8
         # accumulators + double-buffered A/B fragments + addressing and loop state
@@ -128,6 +132,10 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
     threads = block[0] * block[1] * block[2]
     blocks = grid[0] * grid[1] * grid[2]
     bps, _ = blocks_per_sm(threads, smem, regs, hw)
+    if k.family == "conv":
+        return _conv_cost(k, p, blocks, threads, bps, types, hw)
+    if k.family == "window":
+        return _window_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "gemm" and p["unit"] == "mma":
         return _mma_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "gemm":
@@ -338,3 +346,57 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     est.terms["ilp"] = ilp
     est.terms["key_tiles"] = visited
     return est
+
+
+# ---------------------------------------------------------------- conv (implicit GEMM) and window
+
+GATHER_INSTRUCTIONS = 12   # integer instructions to split a flat (m, k) pair and test the padding
+
+
+def _conv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
+    """An implicit GEMM: the GEMM's terms over the padded tiles (tensor-core rate under mma),
+    plus the gather: every staged image element costs GATHER_INSTRUCTIONS integer instructions
+    (counted at the fp32 rate) and is a synchronous load, so the k-loop latency is hidden only
+    by other resident blocks, not by the pipeline's stages. DRAM: image, filter and output once
+    (the image's re-reads by neighbouring windows and by every column tile hit in L2)."""
+    g, m, n, kk, batch = conv.dims(k)
+    nb = math.prod(e for _, e in batch)
+    mma = p["unit"] == "mma"
+    bm, bn, bk = p["BM"], p["BN"], p["BK"]
+    tiles = math.ceil(m / bm) * math.ceil(n / bn)
+    ksteps = math.ceil(kk / bk)
+    flops = 2.0 * nb * m * n * kk
+    issued = 2.0 * nb * tiles * bm * bn * ksteps * bk
+    gathered = nb * tiles * ksteps * bk * (bm + bn)
+    unit = MMA_UNIT[p["dtype"]] if mma else "fp32_simt"
+    eff = hw.efficiency
+    to_unit = (hw.peak_tflops[unit] * eff["mma_sync" if mma else "fp32_simt"]
+               / (hw.peak_tflops["fp32_simt"] * eff["fp32_simt"]))
+    issued += 2.0 * GATHER_INSTRUCTIONS * gathered * to_unit
+    a_bytes = nb * m * kk * ITEMSIZE[types[g.a.buffer].dtype]     # the im2col matrix, as re-read
+    b_bytes = types[g.b.buffer].nbytes
+    l2 = a_bytes * math.ceil(n / bn) + b_bytes * (math.ceil(m / bm) - 1)
+    waves = math.ceil(blocks / (hw.sm_count * bps))
+    pipeline = waves * ksteps * hw.data.get("load_latency_us", LOAD_LATENCY_US) / max(1, min(bps, 4))
+    issue_eff = 1.0 if mma else min(1.0, (p["TM"] * p["TN"]) / (p["TM"] + p["TN"]) / 2.0)
+    smem = 0.0
+    if mma:
+        esize = ITEMSIZE[types[g.a.buffer].dtype]
+        smem = nb * tiles * ksteps * bk * esize * ((bm + bn) + p["WM"] * p["WN"] * (bm // p["WM"] + bn // p["WN"]))
+    est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
+                   blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff, unit=unit, smem=smem)
+    est.terms["gathered_elements"] = gathered
+    return est
+
+
+def _window_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,
+                 hw: Profile) -> Estimate:
+    """A direct window reduction: every tap is a load and the body's instructions; inputs move
+    from DRAM once (overlapping windows re-read from L1/L2, counted as L2 traffic)."""
+    red = k.ops[0]
+    taps = red.type.numel * math.prod(red.reduce)
+    per_tap = max(1, instructions(red.body)) + 2 * len(loads(red.body))
+    flops = taps * max(1, count_ops(red.body))
+    l2 = taps * sum(ITEMSIZE[types[ld.buffer].dtype] for ld in loads(red.body))
+    return _combine(hw, flops=flops, issued=2.0 * taps * per_tap, dram=_io_bytes(k, types), l2=l2, pipeline=0.0,
+                    blocks=blocks, threads=threads, bps=bps, ilp=2.0)

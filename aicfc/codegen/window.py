@@ -1,0 +1,57 @@
+"""Schedule family `window`: a reduction over several axes or through guarded loads (a max or
+average pool, a depthwise convolution, LRN's channel window), computed directly: one output
+per thread, the window's taps in nested loops, the element-wise consumer (an average's
+divisor, a bias and activation) applied to the accumulator before the store.
+
+Neighbouring threads take neighbouring outputs (the innermost variable fastest), so the taps
+they read at one loop step are neighbours too and the loads coalesce; windows overlap, so most
+re-reads hit in L1/L2 (the cost model counts each input once from DRAM).
+
+Parameter space: threads per block. Constraints: the planner's (threads, registers).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from aicfc.codegen.cexpr import Emitter
+from aicfc.codegen.common import decompose, render, signature, store_line
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Affine, loads
+from aicfc.ir.types import TensorType
+
+SPACE = {"threads": (64, 128, 256, 512)}
+
+
+def space(k: Kernel, plan: Plan) -> list[dict]:
+    return [{"threads": t} for t in SPACE["threads"]]
+
+
+def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    return (math.ceil(k.ops[0].type.numel / p["threads"]), 1, 1), (p["threads"], 1, 1), 0
+
+
+def static_smem(k: Kernel, p: Mapping) -> int:
+    return 0
+
+
+def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
+    red = k.ops[0]
+    sig = signature(k, types)
+    names = {v: v for v in red.domain_vars + red.reduce_vars}
+    em = Emitter(sig.params, types, prefix="v")
+    value = em.emit(red.body, names)
+    body = em.take() + [f"acc = {'acc + ' + value if red.combiner == 'sum' else f'fmaxf(acc, {value})'};"]
+    if len(k.ops) == 2:
+        epi = k.ops[1]
+        out = em.emit(epi.body, names, {red.out: "acc"})
+        epilogue = em.take() + [store_line(epi, dict(k.binds[1]), out, sig.params, names)]
+    else:
+        epilogue = [store_line(red, {v: Affine.var(v) for v in red.domain_vars}, "acc", sig.params, names)]
+    return render("window.cu.j2", name=name, combiner=red.combiner, reduce=list(red.reduce),
+                  shape=list(red.type.shape), threads=p["threads"], idx=sig.index_type, signature=sig.text,
+                  numel=red.type.numel, decompose=decompose("t", list(zip(red.domain_vars, red.type.shape)),
+                                                            sig.index_type),
+                  init="0.0f" if red.combiner == "sum" else "-INFINITY",
+                  loops=list(zip(red.reduce_vars, red.reduce)), body=body, epilogue=epilogue,
+                  guarded=any(ld.fill is not None for ld in loads(red.body)))

@@ -1,0 +1,174 @@
+"""Lowering rules of the convolutional ops (used by `lower`; see [Note: Lowered IR]).
+
+Every window op is a reduction over its window taps, its spatial reads guarded where the window
+reaches into the padding (zeros for sums, -inf for a max):
+
+    %y: f32[1,8,5,5] = Conv(%x, %w, %b) {pads=[1,1,1,1], strides=[2,2], kernel_shape=[3,3], group=1}
+  becomes
+    %y.acc: f32[1,8,5,5] = sum[3,3,3] mul(load(%x, [i0, r0, 2*i2+r1+-1, 2*i3+r2+-1], fill=0.0),
+                                          load(%w, [i1, r0, r1, r2]))
+    %y: f32[1,8,5,5] = map add(load(%y.acc, [i0, i1, i2, i3]), load(%b, [i1]))
+
+The conv is a contraction over (c, kh, kw): implicit GEMM with M = (n, oh, ow), N = the output
+channel, K = (c, kh, kw) (`properties.implicit_gemm`). A grouped conv whose groups hold several
+output channels computes [N, G, M/G, OH, OW] (the group a batch variable, every access affine)
+and views it as [N, M, OH, OW]; with one output channel per group (depthwise) the channel
+itself names the group. An average divides by the taps its window covers: a literal when every
+window covers the same number, else a [OH, OW] constant of reciprocals made here.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from aicfc.ir.high import Node
+from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, Op, View, identity_index
+from aicfc.ir.ops_cnn import pool_counts
+from aicfc.ir.types import TensorType, Weight
+
+ZERO = Affine()
+
+
+def _tap(out_var: str, r_var: str, axis: int, at: dict) -> Affine:
+    """Input index of an output position and a kernel tap along spatial `axis`: o·s + k·d - pad."""
+    return Affine.of({out_var: at["strides"][axis], r_var: at["dilations"][axis]}, -at["pads"][axis])
+
+
+def _guard(index: tuple[Affine, ...], extents: dict[str, int], shape: tuple[int, ...], fill: float) -> float | None:
+    """`fill` when some window reaches outside the input (the load needs a guard), else None."""
+    for a, n in zip(index, shape):
+        lo, hi = a.bounds(extents)
+        if lo < 0 or hi >= n:
+            return fill
+    return None
+
+
+def _extents(out_shape: tuple[int, ...], reduce: tuple[int, ...]) -> dict[str, int]:
+    return {**{f"i{k}": n for k, n in enumerate(out_shape)}, **{f"r{k}": n for k, n in enumerate(reduce)}}
+
+
+def conv(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    at, y, origin = n.attr, n.output, (n.origin,)
+    x, w = n.inputs[0], n.inputs[1]
+    xs, ws = types[x].shape, types[w].shape
+    g, m = at["group"], ws[0]
+    cg, mg = ws[1], m // g
+    reduce = (cg, ws[2], ws[3])
+    if g == 1 or mg == 1:
+        shape = n.type.shape
+        chan = Affine.var("r0") if g == 1 else Affine.of({"i1": cg, "r0": 1})
+        xi = (Affine.var("i0"), chan, _tap("i2", "r1", 0, at), _tap("i3", "r2", 1, at))
+        wi = (Affine.var("i1"), Affine.var("r0") if cg > 1 else ZERO, Affine.var("r1"), Affine.var("r2"))
+        bias_at: tuple[Affine, ...] = (Affine.var("i1"),)
+    else:   # [N, G, M/G, OH, OW]: i1 the group, i2 the channel inside it
+        shape = (xs[0], g, mg) + n.type.shape[2:]
+        xi = (Affine.var("i0"), Affine.of({"i1": cg, "r0": 1}), _tap("i3", "r1", 0, at), _tap("i4", "r2", 1, at))
+        wi = (Affine.of({"i1": mg, "i2": 1}), Affine.var("r0") if cg > 1 else ZERO, Affine.var("r1"), Affine.var("r2"))
+        bias_at = (Affine.of({"i1": mg, "i2": 1}),)
+    # A kernel extent of 1 is read at index 0 (as lowering writes every extent-1 access).
+    wi = wi[:2] + tuple(ZERO if e == 1 else a for a, e in zip(wi[2:], ws[2:]))
+    t = TensorType(n.type.dtype, shape)
+    fill = _guard(xi, _extents(shape, reduce), xs, 0.0)
+    body = Call("mul", (Load(x, xi, fill), Load(w, wi)))
+    result = y if shape == n.type.shape and len(n.inputs) == 2 else f"{y}.acc"
+    ops: list[Op] = [Compute(result, t, "sum", reduce, body, origin)]
+    if len(n.inputs) == 3:
+        biased = y if shape == n.type.shape else f"{y}.biased"
+        ops.append(Compute(biased, t, "map", (), Call("add", (Load(result, identity_index(len(shape))),
+                                                             Load(n.inputs[2], bias_at))), origin))
+        result = biased
+    if shape != n.type.shape:
+        ops.append(View(y, n.type, result, origin))
+    return ops
+
+
+def pool(kind: str):
+    def lower_node(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+        at, y, origin, t = n.attr, n.output, (n.origin,), n.type
+        x = n.inputs[0]
+        xs = types[x].shape
+        reduce = tuple(at["kernel_shape"])
+        xi = (Affine.var("i0"), Affine.var("i1"), _tap("i2", "r0", 0, at), _tap("i3", "r1", 1, at))
+        fill = _guard(xi, _extents(t.shape, reduce), xs, -math.inf if kind == "max" else 0.0)
+        if kind == "max":
+            return [Compute(y, t, "max", reduce, Load(x, xi, fill), origin)]
+        counts = pool_counts(xs[2:], at, t.shape[2:], bool(at["count_include_pad"]))
+        ident = identity_index(4)
+        if np.all(counts == counts.flat[0]):
+            scale: Expr = Const(1.0 / float(counts.flat[0]))
+        else:
+            inv = Weight.of(f"{y}.inv_count", (1.0 / counts).astype(t.np_dtype))
+            made.append(inv)
+            scale = Load(inv.name, (Affine.var("i2"), Affine.var("i3")))
+        return [Compute(f"{y}.sum", t, "sum", reduce, Load(x, xi, fill), origin),
+                Compute(y, t, "map", (), Call("mul", (Load(f"{y}.sum", ident), scale)), origin)]
+    return lower_node
+
+
+def global_average_pool(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    """A mean over the spatial positions: the input viewed as [N, C, H·W] rows, one sum per row."""
+    x, y, t, origin = n.inputs[0], n.output, n.type, (n.origin,)
+    xs = types[x].shape
+    hw = math.prod(xs[2:])
+    rows = TensorType(t.dtype, xs[:2] + (hw,))
+    stat = TensorType(t.dtype, xs[:2] + (1,))
+    body = Call("mul", (Load(f"{y}.rows", (Affine.var("i0"), Affine.var("i1"), Affine.var("r0"))), Const(1.0 / hw)))
+    return [View(f"{y}.rows", rows, x, origin), Compute(f"{y}.mean", stat, "sum", (hw,), body, origin),
+            View(y, t, f"{y}.mean", origin)]
+
+
+def lrn(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    """y = x / (bias + α/size · Σ_window x²)^β, the power as exp(β·log(·)) (its base is positive)."""
+    at, x, y, t, origin = n.attr, n.inputs[0], n.output, n.type, (n.origin,)
+    size = at["size"]
+    rank = len(t.shape)
+    ident = identity_index(rank)
+    xi = ident[:1] + (Affine.of({"i1": 1, "r0": 1}, -((size - 1) // 2)),) + ident[2:]
+    fill = _guard(xi, _extents(t.shape, (size,)), t.shape, 0.0)
+    sq = Load(x, xi, fill)
+    base = Call("add", (Const(at["bias"]), Call("mul", (Const(at["alpha"] / size), Load(f"{y}.sq", ident)))))
+    power = Call("exp", (Call("mul", (Const(at["beta"]), Call("log", (base,)))),))
+    return [Compute(f"{y}.sq", t, "sum", (size,), Call("mul", (sq, sq)), origin),
+            Compute(y, t, "map", (), Call("div", (Load(x, ident), power)), origin)]
+
+
+def batch_norm(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    """A BatchNormalization canonicalize could not fold (its statistics are not constants):
+    (x - mean[c]) / sqrt(var[c] + ε) · scale[c] + bias[c], one map."""
+    x, scale, bias, mean, var = n.inputs
+    t = n.type
+    ident = identity_index(len(t.shape))
+    c = (Affine.var("i1"),)
+    norm = Call("div", (Call("sub", (Load(x, ident), Load(mean, c))),
+                        Call("sqrt", (Call("add", (Load(var, c), Const(n.attr["epsilon"]))),))))
+    body = Call("add", (Call("mul", (norm, Load(scale, c))), Load(bias, c)))
+    return [Compute(n.output, t, "map", (), body, (n.origin,))]
+
+
+def clip(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    body: Expr = Load(n.inputs[0], identity_index(len(n.type.shape)))
+    if n.attr["min"] != -math.inf:
+        body = Call("max", (body, Const(n.attr["min"])))
+    if n.attr["max"] != math.inf:
+        body = Call("min", (body, Const(n.attr["max"])))
+    return [Compute(n.output, n.type, "map", (), body, (n.origin,))]
+
+
+def variadic_sum(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    from aicfc.passes.lower import broadcast_index
+    args = [Load(i, broadcast_index(types[i].shape, n.type.shape)) for i in n.inputs]
+    body: Expr = args[0]
+    for a in args[1:]:
+        body = Call("add", (body, a))
+    return [Compute(n.output, n.type, "map", (), body, (n.origin,))]
+
+
+def identity(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], identity_index(len(n.type.shape))), (n.origin,))]
+
+
+CNN_LOWERINGS = {
+    "Conv": conv, "MaxPool": pool("max"), "AveragePool": pool("avg"), "GlobalAveragePool": global_average_pool,
+    "LRN": lrn, "BatchNormalization": batch_norm, "Clip": clip, "Sum": variadic_sum, "Dropout": identity,
+}
