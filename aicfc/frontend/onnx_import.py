@@ -327,7 +327,11 @@ def _window_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorTyp
             if name:
                 bounds[k] = float(_constant(name, weights, origin, f"the {('min', 'max')[k]} of Clip").reshape(-1)[0])
         return {"min": bounds[0], "max": bounds[1]}
-    if op in ("Dropout", "GlobalAveragePool", "Sum"):
+    if op == "Dropout":
+        if len(args) > 2 and args[2] and bool(_constant(args[2], weights, origin, "Dropout's training_mode").reshape(-1)[0]):
+            raise AicfError(f"node {origin!r}: Dropout in training mode is not supported (inference only)")
+        return {}
+    if op in ("GlobalAveragePool", "Sum"):
         return {}
     x = types[args[0]].shape
     if len(x) != 4:
@@ -378,7 +382,7 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
     Split one Slice per output."""
     if n.op_type != "Split":
         # Clip's and Slice's optional inputs are told apart by position: they see the empty ones too.
-        positional = list(n.input) if n.op_type in ("Clip", "Slice") else args
+        positional = list(n.input) if n.op_type in ("Clip", "Slice", "Dropout") else args
         attrs = _normalize_attrs(n.op_type, at, positional, types, weights, opset, origin)
         keep = args[:CONSTANT_INPUTS[n.op_type]] if n.op_type in CONSTANT_INPUTS else args
         return [(n.op_type, keep, n.output[0], attrs)]
