@@ -151,6 +151,8 @@ def test_node_case_gpu(name, case, gpu_device):
     try:
         payload = aicfc.compile(model, target=gpu_device.arch)
     except AicfError as e:
+        if "nvcc failed" in str(e):     # a codegen bug, not an unsupported variant
+            raise
         pytest.skip(f"unsupported: {e}")
     got = run_payload(payload, feeds, gpu_device)
     for o, ref in zip(model.graph.output, expected):

@@ -123,8 +123,10 @@ class Emitter:
     def load(self, e: Load, names: Mapping[str, str]) -> str:
         """A scalar read of one access, converted to float (no statement emitted)."""
         off = c_affine(flat_offset(e.index, self.types[e.buffer]), names)
-        code = f"__ldg({self.params[e.buffer]} + ({off}))"
-        code = code if self.types[e.buffer].dtype == "f32" else f"static_cast<float>({code})"
+        dtype = self.types[e.buffer].dtype
+        # __ldg (the read-only cache path) has no overload for bool: a plain read there.
+        code = f"{self.params[e.buffer]}[{off}]" if dtype == "bool" else f"__ldg({self.params[e.buffer]} + ({off}))"
+        code = code if dtype == "f32" else f"static_cast<float>({code})"
         guard = guard_condition(e, self.types[e.buffer], names)
         return f"({guard} ? {code} : {literal(e.fill)})" if guard else code
 

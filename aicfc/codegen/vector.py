@@ -42,8 +42,15 @@ def full_width(dtypes: list[str]) -> int:
     return VECTOR_BYTES // max(ITEMSIZE[d] for d in dtypes)
 
 
+# The storage types aicf_vload/aicf_vstore convert (templates/vector_io.cuh.j2); integer and
+# bool tensors are moved element by element.
+VECTOR_DTYPES = ("f32", "f16", "bf16")
+
+
 def widest(dtypes: list[str], extent: int) -> tuple[int, str]:
     """(V, why not wider): the widest vector for elements of `dtypes` along an extent."""
+    if any(d not in VECTOR_DTYPES for d in dtypes):
+        return 1, f"{sorted(set(dtypes) - set(VECTOR_DTYPES))} elements are not moved as vectors"
     v = full = full_width(dtypes)
     while v > 1 and extent % v:
         v //= 2
