@@ -32,7 +32,8 @@ CONSTANT_INPUTS.update({"Clip": 1, "Dropout": 1})   # convolutional ops (`_windo
 FIRST_OUTPUT_ONLY = {"BatchNormalization": "its running statistics", "Dropout": "its mask",
                      "MaxPool": "its Indices"}
 # Data and shape ops (issue 6): their shape-like inputs become attributes too; Split becomes
-# one Slice per output; Shape/ConstantOfShape/Range/Concat are folded (`ops.FOLD_ONLY`).
+# one Slice per output; Shape/ConstantOfShape/Range are folded (`ops.FOLD_ONLY`); Concat is folded
+# on integer constants (shape arithmetic) and otherwise a graph node (lowered as one guarded map).
 CONSTANT_INPUTS.update({"Unsqueeze": 1, "Squeeze": 1, "Expand": 1, "Slice": 1})
 IMPORT_ONLY = IMPORT_ONLY | {"Split"}
 # Model input dtypes: floats, and integer/bool tensors (token ids, attention masks).
@@ -56,7 +57,9 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise AicfError(f"{p}: not an ONNX model (no graph in it); export it again")
     _load_external_data(model, p.parent.resolve())
     try:
-        onnx.checker.check_model(model)
+        # Given the path, the checker reads the file itself instead of having the whole model
+        # serialized back to bytes (seconds for a BERT-sized model).
+        onnx.checker.check_model(str(p))
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AicfError(f"{p}: the ONNX checker rejects the model: {first}") from None
@@ -509,16 +512,19 @@ def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType]
         return _slice_attrs(args, shape, weights, origin)
     if op == "Gather":
         axis = _axis(at.get("axis", 0), rank, origin, op)
-        if args[0] in weights:
-            return {"axis": axis}
-        # At run time only an access: constant indices in arithmetic progression (a row, a
-        # strided selection) are the affine index start + step·(flat position in the indices).
-        ids = _constant(args[1], weights, origin, "the indices of Gather (into a run-time tensor)").reshape(-1)
+        if args[0] in weights or args[1] not in weights:
+            return {"axis": axis}   # run-time ids: an indirect index ([Note: Indirect index])
+        # Constant indices into a run-time tensor: in arithmetic progression (a row, a strided
+        # selection) they are the affine index start + step·(flat position in the indices);
+        # any others are read as an indirect index of the constant ids.
+        ids = _constant(args[1], weights, origin, "the indices of Gather").reshape(-1)
+        if ids.size == 0 or ids.min() < -shape[axis] or ids.max() >= shape[axis]:
+            raise AicfError(f"node {origin!r}: Gather with constant indices {ids.tolist()[:8]} outside "
+                            f"{-shape[axis]}..{shape[axis] - 1} (dim {axis} of {list(shape)})")
         ids = np.where(ids < 0, ids + shape[axis], ids).astype(np.int64)
         step = int(ids[1] - ids[0]) if ids.size > 1 else 0
-        if ids.size == 0 or (ids.min() < 0 or ids.max() >= shape[axis]) or any(np.diff(ids) != step):
-            raise AicfError(f"node {origin!r}: Gather of a run-time tensor with indices {ids.tolist()[:8]} is not "
-                            "supported; only in-range constant indices in arithmetic progression are")
+        if any(np.diff(ids) != step):
+            return {"axis": axis}
         return {"axis": axis, "start": int(ids[0]), "step": step}
     if op == "Concat":
         return {"axis": _axis(at["axis"], rank, origin, op)}

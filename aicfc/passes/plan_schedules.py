@@ -6,7 +6,8 @@ drop candidates that break a hardware constraint of the target profile (threads 
 static and dynamic shared memory per block, estimated registers per thread, at least one
 resident block per SM), rank the rest by the analytic cost model (`planner/cost.py`) and take the cheapest.
 The decision keeps the runners-up with their predicted times and the rejected with the
-constraint they broke.
+constraint they broke. Kernels that differ only in the names of their tensors (the layers of
+a transformer) are the same problem: it is solved once (`structure`).
 
     kernel k0 gemm { ... }
   becomes
@@ -18,14 +19,16 @@ constraint they broke.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable, Mapping
 
 from aicfc.codegen import FAMILIES
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Candidate, Kernel, Plan, Schedule
-from aicfc.ir.lowered import Rewrite
+from aicfc.ir.lowered import Load, Rewrite, map_loads
+from aicfc.ir.types import TensorType
 from aicfc.planner.cost import Estimate, blocks_per_sm, cost, estimate_registers
 from aicfc.planner.hardware import Profile
 
@@ -85,6 +88,23 @@ def rank(k: Kernel, plan: Plan, hw: Profile) -> tuple[list[Ranked], list[Candida
     return ranked, rejected
 
 
+def structure(k: Kernel, types: Mapping[str, TensorType]) -> Hashable:
+    """What `rank` depends on: the kernel with every tensor named by its order of appearance,
+    with the types of those tensors. Equal for two kernels exactly when they pose the same
+    scheduling problem (names and origins play no part in it)."""
+    names: dict[str, str] = {}
+
+    def canon(name: str) -> str:
+        return names.setdefault(name, f"t{len(names)}")
+
+    def load(ld: Load) -> Load:
+        return dataclasses.replace(ld, buffer=canon(ld.buffer))
+    ops = tuple((canon(op.out), op.type, op.combiner, op.reduce, map_loads(op.body, load), bind)
+                for op, bind in zip(k.ops, k.binds))
+    stores = tuple(canon(s) for s in k.stores)
+    return (k.family, ops, stores, tuple(sorted((c, types[n]) for n, c in names.items() if n in types)))
+
+
 def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
     return all(str(p.get(key)) == str(value) for key, value in pin.items())
 
@@ -92,8 +112,13 @@ def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
 def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None) -> Plan:
     """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys."""
     kernels, records = [], []
+    types = plan.types()
+    solved: dict[Hashable, tuple[list[Ranked], list[Candidate]]] = {}
     for k in plan.kernels:
-        ranked, rejected = rank(k, plan, hw)
+        key = structure(k, types)
+        if key not in solved:
+            solved[key] = rank(k, plan, hw)
+        ranked, rejected = solved[key]
         if not ranked:
             raise AicfError(f"kernel {k.name}: no candidate of the {k.family} space fits {hw.arch} "
                             f"({rejected[0].rejected_because if rejected else 'empty space'})")
