@@ -130,6 +130,61 @@ def build_block(rng: np.random.Generator) -> onnx.ModelProto:
     return _model(graph)
 
 
+def _layer_weights(rng: np.random.Generator, inits: dict[str, np.ndarray], p: str, hidden: int, ffn: int) -> None:
+    """One transformer layer's weights, named with prefix `p`: the four projections, the two
+    FFN matrices with biases, and two LayerNorms' scale and bias."""
+    for w in ("q", "k", "v", "o"):
+        inits[f"{p}W{w}"] = _weight(rng, (hidden, hidden), hidden)
+        inits[f"{p}b{w}"] = _weight(rng, (hidden,), hidden)
+    inits[f"{p}W1"], inits[f"{p}b1"] = _weight(rng, (hidden, ffn), hidden), _weight(rng, (ffn,), hidden)
+    inits[f"{p}W2"], inits[f"{p}b2"] = _weight(rng, (ffn, hidden), ffn), _weight(rng, (hidden,), ffn)
+    for ln in ("ln1", "ln2"):
+        inits[f"{p}{ln}_g"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        inits[f"{p}{ln}_b"] = (0.1 * rng.standard_normal(hidden)).astype(np.float32)
+
+
+def _attention(p: str, x: str, mask: str | None = None) -> list[onnx.NodeProto]:
+    """Multi-head self-attention on `x` as torch exports it, ending in `{p}o` (projection +
+    bias): heads split by Reshape + Transpose (K transposed for q·kᵀ), scores divided by
+    sqrt(d), an optional additive `mask`, Softmax, heads merged by Transpose + Reshape."""
+    n = helper.make_node
+    nodes = []
+    for w, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [n("MatMul", [x, f"{p}W{w}"], [f"{p}{w}_mm"], name=f"{p}{w}_matmul"),
+                  n("Add", [f"{p}{w}_mm", f"{p}b{w}"], [f"{p}{w}_lin"], name=f"{p}{w}_add"),
+                  n("Reshape", [f"{p}{w}_lin", "split_shape"], [f"{p}{w}_split"], name=f"{p}{w}_reshape"),
+                  n("Transpose", [f"{p}{w}_split"], [f"{p}{w}_heads"], name=f"{p}{w}_transpose", perm=perm)]
+    scores = f"{p}scores_scaled" if mask else f"{p}scores"
+    nodes += [n("MatMul", [f"{p}q_heads", f"{p}k_heads"], [f"{p}scores_raw"], name=f"{p}scores_matmul"),
+              n("Div", [f"{p}scores_raw", "attn_scale"], [scores], name=f"{p}scores_div")]
+    if mask:
+        nodes.append(n("Add", [scores, mask], [f"{p}scores"], name=f"{p}mask_add"))
+    return nodes + [
+        n("Softmax", [f"{p}scores"], [f"{p}probs"], name=f"{p}softmax", axis=-1),
+        n("MatMul", [f"{p}probs", f"{p}v_heads"], [f"{p}ctx_heads"], name=f"{p}pv_matmul"),
+        n("Transpose", [f"{p}ctx_heads"], [f"{p}ctx_t"], name=f"{p}ctx_transpose", perm=[0, 2, 1, 3]),
+        n("Reshape", [f"{p}ctx_t", "merge_shape"], [f"{p}ctx"], name=f"{p}ctx_reshape"),
+        n("MatMul", [f"{p}ctx", f"{p}Wo"], [f"{p}o_mm"], name=f"{p}o_matmul"),
+        n("Add", [f"{p}o_mm", f"{p}bo"], [f"{p}o"], name=f"{p}o_add"),
+    ]
+
+
+def _layers_model(name: str, nodes: list, inits: dict[str, np.ndarray], shape: list[int]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        [numpy_helper.from_array(a, k) for k, a in inits.items()],
+    )
+    return _model(graph)
+
+
+def _head_shapes(batch: int, seq: int, hidden: int, heads: int) -> dict[str, np.ndarray]:
+    return {"split_shape": np.array([batch, seq, heads, hidden // heads], dtype=np.int64),
+            "merge_shape": np.array([batch, seq, hidden], dtype=np.int64),
+            "attn_scale": _scalar(math.sqrt(hidden // heads))}
+
+
 def build_encoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq: int = 64,
                   hidden: int = 256, heads: int = 4, ffn: int = 1024, name: str = "encoder") -> onnx.ModelProto:
     """`layers` BERT-style (post-LayerNorm) encoder layers, x[batch,seq,hidden] -> y, node for
@@ -140,42 +195,15 @@ def build_encoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq
         h = LayerNorm(x + a Wo + bo)
         y = LayerNorm(h + GELU(h W1 + b1) W2 + b2)     erf-GELU as five element-wise nodes
     """
-    d = hidden // heads
     n = helper.make_node
-    inits: dict[str, np.ndarray] = {
-        "split_shape": np.array([batch, seq, heads, d], dtype=np.int64),
-        "merge_shape": np.array([batch, seq, hidden], dtype=np.int64),
-        "attn_scale": _scalar(math.sqrt(d)),
-        "gelu_sqrt2": _scalar(math.sqrt(2.0)),
-        "gelu_one": _scalar(1.0),
-        "gelu_half": _scalar(0.5),
-    }
+    inits = _head_shapes(batch, seq, hidden, heads) | {
+        "gelu_sqrt2": _scalar(math.sqrt(2.0)), "gelu_one": _scalar(1.0), "gelu_half": _scalar(0.5)}
     nodes = []
     x = "x"
     for i in range(layers):
         p = f"l{i}_"
-        for w in ("q", "k", "v", "o"):
-            inits[f"{p}W{w}"] = _weight(rng, (hidden, hidden), hidden)
-            inits[f"{p}b{w}"] = _weight(rng, (hidden,), hidden)
-        inits[f"{p}W1"], inits[f"{p}b1"] = _weight(rng, (hidden, ffn), hidden), _weight(rng, (ffn,), hidden)
-        inits[f"{p}W2"], inits[f"{p}b2"] = _weight(rng, (ffn, hidden), ffn), _weight(rng, (hidden,), ffn)
-        for ln in ("ln1", "ln2"):
-            inits[f"{p}{ln}_g"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
-            inits[f"{p}{ln}_b"] = (0.1 * rng.standard_normal(hidden)).astype(np.float32)
-        for w, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
-            nodes += [n("MatMul", [x, f"{p}W{w}"], [f"{p}{w}_mm"], name=f"{p}{w}_matmul"),
-                      n("Add", [f"{p}{w}_mm", f"{p}b{w}"], [f"{p}{w}_lin"], name=f"{p}{w}_add"),
-                      n("Reshape", [f"{p}{w}_lin", "split_shape"], [f"{p}{w}_split"], name=f"{p}{w}_reshape"),
-                      n("Transpose", [f"{p}{w}_split"], [f"{p}{w}_heads"], name=f"{p}{w}_transpose", perm=perm)]
-        nodes += [
-            n("MatMul", [f"{p}q_heads", f"{p}k_heads"], [f"{p}scores_raw"], name=f"{p}scores_matmul"),
-            n("Div", [f"{p}scores_raw", "attn_scale"], [f"{p}scores"], name=f"{p}scores_div"),
-            n("Softmax", [f"{p}scores"], [f"{p}probs"], name=f"{p}softmax", axis=-1),
-            n("MatMul", [f"{p}probs", f"{p}v_heads"], [f"{p}ctx_heads"], name=f"{p}pv_matmul"),
-            n("Transpose", [f"{p}ctx_heads"], [f"{p}ctx_t"], name=f"{p}ctx_transpose", perm=[0, 2, 1, 3]),
-            n("Reshape", [f"{p}ctx_t", "merge_shape"], [f"{p}ctx"], name=f"{p}ctx_reshape"),
-            n("MatMul", [f"{p}ctx", f"{p}Wo"], [f"{p}o_mm"], name=f"{p}o_matmul"),
-            n("Add", [f"{p}o_mm", f"{p}bo"], [f"{p}o"], name=f"{p}o_add"),
+        _layer_weights(rng, inits, p, hidden, ffn)
+        nodes += _attention(p, x) + [
             n("Add", [x, f"{p}o"], [f"{p}res1"], name=f"{p}residual1"),
             n("LayerNormalization", [f"{p}res1", f"{p}ln1_g", f"{p}ln1_b"], [f"{p}h"], name=f"{p}ln1",
               axis=-1, epsilon=1e-12),
@@ -194,13 +222,7 @@ def build_encoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq
         nodes.append(n("LayerNormalization", [f"{p}res2", f"{p}ln2_g", f"{p}ln2_b"], [y], name=f"{p}ln2",
                        axis=-1, epsilon=1e-12))
         x = y
-    graph = helper.make_graph(
-        nodes, name,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, hidden])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, hidden])],
-        [numpy_helper.from_array(a, k) for k, a in inits.items()],
-    )
-    return _model(graph)
+    return _layers_model(name, nodes, inits, [batch, seq, hidden])
 
 
 def build_decoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq: int = 64,
@@ -213,45 +235,19 @@ def build_decoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq
     The causal mask is a constant [seq, seq] added to the scores (0 on and below the diagonal,
     -1e9 above), as torch exports a registered causal buffer.
     """
-    d, ffn = hidden // heads, 4 * hidden
     n = helper.make_node
-    inits: dict[str, np.ndarray] = {
-        "split_shape": np.array([batch, seq, heads, d], dtype=np.int64),
-        "merge_shape": np.array([batch, seq, hidden], dtype=np.int64),
-        "attn_scale": _scalar(math.sqrt(d)),
+    inits = _head_shapes(batch, seq, hidden, heads) | {
         "causal": np.triu(np.full((seq, seq), -1e9, dtype=np.float32), k=1),
         "g_c": _scalar(math.sqrt(2.0 / math.pi)), "g_k": _scalar(0.044715), "g_three": _scalar(3.0),
-        "g_one": _scalar(1.0), "g_half": _scalar(0.5),
-    }
+        "g_one": _scalar(1.0), "g_half": _scalar(0.5)}
     nodes = []
     x = "x"
     for i in range(layers):
         p = f"l{i}_"
-        for w in ("q", "k", "v", "o"):
-            inits[f"{p}W{w}"] = _weight(rng, (hidden, hidden), hidden)
-            inits[f"{p}b{w}"] = _weight(rng, (hidden,), hidden)
-        inits[f"{p}W1"], inits[f"{p}b1"] = _weight(rng, (hidden, ffn), hidden), _weight(rng, (ffn,), hidden)
-        inits[f"{p}W2"], inits[f"{p}b2"] = _weight(rng, (ffn, hidden), ffn), _weight(rng, (hidden,), ffn)
-        for ln in ("ln1", "ln2"):
-            inits[f"{p}{ln}_g"] = (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
-            inits[f"{p}{ln}_b"] = (0.1 * rng.standard_normal(hidden)).astype(np.float32)
+        _layer_weights(rng, inits, p, hidden, 4 * hidden)
         nodes.append(n("LayerNormalization", [x, f"{p}ln1_g", f"{p}ln1_b"], [f"{p}ln1"], name=f"{p}ln1",
                        axis=-1, epsilon=1e-5))
-        for w, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
-            nodes += [n("MatMul", [f"{p}ln1", f"{p}W{w}"], [f"{p}{w}_mm"], name=f"{p}{w}_matmul"),
-                      n("Add", [f"{p}{w}_mm", f"{p}b{w}"], [f"{p}{w}_lin"], name=f"{p}{w}_add"),
-                      n("Reshape", [f"{p}{w}_lin", "split_shape"], [f"{p}{w}_split"], name=f"{p}{w}_reshape"),
-                      n("Transpose", [f"{p}{w}_split"], [f"{p}{w}_heads"], name=f"{p}{w}_transpose", perm=perm)]
-        nodes += [
-            n("MatMul", [f"{p}q_heads", f"{p}k_heads"], [f"{p}scores_raw"], name=f"{p}scores_matmul"),
-            n("Div", [f"{p}scores_raw", "attn_scale"], [f"{p}scores_scaled"], name=f"{p}scores_div"),
-            n("Add", [f"{p}scores_scaled", "causal"], [f"{p}scores"], name=f"{p}causal_mask"),
-            n("Softmax", [f"{p}scores"], [f"{p}probs"], name=f"{p}softmax", axis=-1),
-            n("MatMul", [f"{p}probs", f"{p}v_heads"], [f"{p}ctx_heads"], name=f"{p}pv_matmul"),
-            n("Transpose", [f"{p}ctx_heads"], [f"{p}ctx_t"], name=f"{p}ctx_transpose", perm=[0, 2, 1, 3]),
-            n("Reshape", [f"{p}ctx_t", "merge_shape"], [f"{p}ctx"], name=f"{p}ctx_reshape"),
-            n("MatMul", [f"{p}ctx", f"{p}Wo"], [f"{p}o_mm"], name=f"{p}o_matmul"),
-            n("Add", [f"{p}o_mm", f"{p}bo"], [f"{p}o"], name=f"{p}o_add"),
+        nodes += _attention(p, f"{p}ln1", mask="causal") + [
             n("Add", [x, f"{p}o"], [f"{p}a"], name=f"{p}residual1"),
             n("LayerNormalization", [f"{p}a", f"{p}ln2_g", f"{p}ln2_b"], [f"{p}ln2"], name=f"{p}ln2",
               axis=-1, epsilon=1e-5),
@@ -271,13 +267,7 @@ def build_decoder(rng: np.random.Generator, layers: int = 1, batch: int = 2, seq
         y = "y" if i == layers - 1 else f"{p}out"
         nodes.append(n("Add", [f"{p}a", f"{p}proj"], [y], name=f"{p}residual2"))
         x = y
-    graph = helper.make_graph(
-        nodes, name,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, hidden])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, hidden])],
-        [numpy_helper.from_array(a, k) for k, a in inits.items()],
-    )
-    return _model(graph)
+    return _layers_model(name, nodes, inits, [batch, seq, hidden])
 
 
 def _sanity_run(model: onnx.ModelProto, x: np.ndarray) -> None:
