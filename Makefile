@@ -5,7 +5,7 @@ PYTHON ?= python3
 EXAMPLES := examples/mlp.onnx examples/block.onnx examples/encoder.onnx examples/decoder.onnx \
 	examples/mlp_x.npy examples/block_x.npy examples/encoder_x.npy examples/decoder_x.npy
 
-.PHONY: install examples demo test gpu-test clean
+.PHONY: install examples demo test gpu-test golden clean
 
 install:
 	$(PYTHON) -m pip install -e '.[dev]'
@@ -40,6 +40,10 @@ test:
 
 gpu-test:
 	$(PYTHON) -m pytest -m gpu -q
+
+# Rewrite the golden IR texts (tests/golden/) from the current compiler; review the diff.
+golden:
+	AICF_UPDATE_GOLDEN=1 $(PYTHON) -m pytest -q -k golden
 
 clean:
 	rm -rf out build dist .pytest_cache *.egg-info $(EXAMPLES)

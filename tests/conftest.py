@@ -54,3 +54,18 @@ def run_payload(payload: dict, inputs: dict, device, poison: bool = True) -> dic
         return ex.run(inputs)
     finally:
         ex.close()
+
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+def check_golden(name: str, text: str) -> None:
+    """Compare `text` with tests/golden/<name>; `make golden` (AICF_UPDATE_GOLDEN=1) rewrites it."""
+    path = os.path.join(GOLDEN, name)
+    if os.environ.get("AICF_UPDATE_GOLDEN"):
+        os.makedirs(GOLDEN, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    assert os.path.exists(path), f"{path} missing: run `make golden`"
+    with open(path) as f:
+        assert text == f.read(), f"{name} differs from the golden text (`make golden` after checking the diff)"

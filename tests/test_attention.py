@@ -12,7 +12,6 @@ max|y - ref| / max|ref|: fp16 and bf16 1e-2, fp32 1e-4.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ from aicfc.passes.pipeline import PIPELINE, Options, run_pipeline
 from aicfc.passes.streaming_attention import CAUSAL_RULE, RULE, STORE_RULE
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
-from tests.conftest import run_payload
+from tests.conftest import check_golden, run_payload
 from tests.test_pipeline import evaluate_plan, rel_err
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -168,13 +167,6 @@ def test_plan_matches_onnxruntime(case_id, build):
 # ---------------------------------------------------------------- golden text
 
 
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("AICF_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with AICF_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"{name} differs from the golden text"
 
 
 @pytest.mark.parametrize("case", ["causal", "bert"])
@@ -188,8 +180,8 @@ def test_golden_before_after(case):
         ir = stage.run(ir, opts)
     before = ir
     after = stages["form_kernels"].run(before, opts)
-    _golden(f"attention_{case}_before.txt", str(before))
-    _golden(f"attention_{case}_after.txt", str(after))
+    check_golden(f"attention_{case}_before.txt", str(before))
+    check_golden(f"attention_{case}_after.txt", str(after))
     weights = {w.name: w.data for w in before.weights}
     assert parse_program(str(before), weights) == before
     assert parse_plan(str(after), weights) == after

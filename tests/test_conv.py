@@ -8,7 +8,6 @@ fp32 1e-4, fp16 1e-2.
 """
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -19,11 +18,12 @@ import pytest
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import find_unsupported, import_model
 from aicfc.ir.decision import parse_plan
-from aicfc.ir.lowered import Affine, Call, Compute, Load, Program, parse_program, verify_program
+from aicfc.ir.lowered import Affine, Compute, Load, Program, parse_program, verify_program
 from aicfc.ir.types import TensorType, Value
 from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
+from tests.conftest import check_golden
 from tests.test_pipeline import rel_err
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -119,11 +119,7 @@ def test_golden_conv_bn_relu():
     lowered = _compile(B.conv_model((1, 3, 6, 6), (4, 3, 3, 3), bn=True, act="relu", strides=[2, 2],
                                     pads=[1, 1, 1, 1]), until="form_kernels")
     for name, text in (("conv_bn_relu_lowered.txt", str(lowered)), ("conv_bn_relu_kernels.txt", str(ir))):
-        path = GOLDEN / name
-        if os.environ.get("AICF_UPDATE_GOLDEN"):
-            path.write_text(text)
-        assert path.exists(), f"{path} missing: run with AICF_UPDATE_GOLDEN=1"
-        assert text == path.read_text(), f"{name} differs from the golden text"
+        check_golden(name, text)
     weights = {w.name: w.data for w in lowered.weights}
     assert parse_program(str(lowered), weights) == lowered
     assert parse_plan(str(ir), weights) == ir

@@ -12,7 +12,6 @@ onnxruntime; tolerance on max|y - ref| / max|ref|: fp32 1e-4, fp16 1e-2.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ from aicfc.passes import merge_contractions as MC
 from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
-from tests.conftest import run_payload
+from tests.conftest import check_golden, run_payload
 from tests.test_pipeline import evaluate_plan, rel_err
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -134,13 +133,6 @@ def program(text: str, weights: dict[str, np.ndarray]) -> Program:
 # ---------------------------------------------------------------- golden text
 
 
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("AICF_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with AICF_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"{name} differs from the golden text"
 
 
 GOLDEN_CASES = {
@@ -160,8 +152,8 @@ def test_golden_before_after(case):
     ir_before = source if isinstance(source, Program) else upto(source, before(stage))
     ir_after = PIPELINE[NAMES.index(stage)].run(ir_before, OPTS)
     assert ir_after != ir_before
-    _golden(f"{case}_before.txt", str(ir_before))
-    _golden(f"{case}_after.txt", str(ir_after))
+    check_golden(f"{case}_before.txt", str(ir_before))
+    check_golden(f"{case}_after.txt", str(ir_after))
     for ir in (ir_before, ir_after):
         verify_program(ir)
         assert parse_program(str(ir), {w.name: w.data for w in ir.weights}) == ir

@@ -21,7 +21,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -37,11 +36,11 @@ from aicfc.ir.lowered import parse_program, print_op
 from aicfc.ir.properties import ONLINE
 from aicfc.passes.form_kernels import PROLOGUE_RULE, ROW_RULE
 from aicfc.passes.lower import NORM_RULE
-from aicfc.passes.pipeline import PIPELINE, Options, run_pipeline
+from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.passes.plan_schedules import rank
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
-from tests.conftest import run_payload
+from tests.conftest import check_golden, run_payload
 from tests.test_pipeline import rel_err
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -380,13 +379,6 @@ def test_pointwise_gelu_bias_moves_16_byte_vectors():
 # ---------------------------------------------------------------- golden text and the interpreters
 
 
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("AICF_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with AICF_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"{name} differs from the golden text"
 
 
 GOLDEN_CASES = {
@@ -401,8 +393,8 @@ GOLDEN_CASES = {
 def test_golden_before_after(case):
     """lower (the High IR's norm as computes), inline_producers, then form_kernels (the rules)."""
     s = stages(GOLDEN_CASES[case]())
-    _golden(f"norm_{case}_before.txt", str(s["inline_producers"]))
-    _golden(f"norm_{case}_after.txt", str(s["form_kernels"]))
+    check_golden(f"norm_{case}_before.txt", str(s["inline_producers"]))
+    check_golden(f"norm_{case}_after.txt", str(s["form_kernels"]))
     weights = {w.name: w.data for w in s["inline_producers"].weights}
     assert parse_program(str(s["inline_producers"]), weights) == s["inline_producers"]
     assert parse_plan(str(s["form_kernels"]), weights) == s["form_kernels"]

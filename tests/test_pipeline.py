@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aicfc.frontend.onnx_import import import_model, load_model
+from aicfc.frontend.onnx_import import import_model
 from aicfc.ir.high import Graph, evaluate_graph
 from aicfc.ir.interp import evaluate_ops, evaluate_program
 from aicfc.ir.lowered import Program

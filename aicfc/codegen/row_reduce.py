@@ -41,7 +41,7 @@ from aicfc.codegen import vector
 from aicfc.codegen.cexpr import Emitter, c_affine, contains, flat_offset, literal, reciprocal_divisions
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Affine, Call, Compute, Expr, Load, loads, substitute
+from aicfc.ir.lowered import Affine, Call, Compute, Expr, Load, index_vars, loads, substitute
 from aicfc.ir.properties import Merge, online_merges
 from aicfc.ir.types import TensorType
 
@@ -83,12 +83,12 @@ class Row:
 
     def along(self, ld: Load) -> bool:
         """The access moves with j (it reads the row, not one value per row)."""
-        return any(v == self.j for a in ld.index for v, _ in a.terms)
+        return any(self.j in index_vars(a) for a in ld.index)
 
     def per_row(self, ld: Load) -> bool:
         """The access differs between rows (a row input, not a vector shared by all rows)."""
         wide = {v for v, n in self.rows if n > 1}
-        return any(v in wide for a in ld.index for v, _ in a.terms)
+        return any(index_vars(a) & wide for a in ld.index)
 
     def row_loads(self, exprs: list[Expr]) -> list[Load]:
         """Distinct accesses along j in `exprs`, in order."""
@@ -345,7 +345,7 @@ def _plain(g: _Gen, s: Compute, n: int, values: Mapping[Load, str]) -> tuple[lis
     if s.out in g.reuse:
         lines.append(f"{g.reuse[s.out]}[it * {g.vec} + v] = {value};")
     decl = [f"float {acc}[{g.vec}];", "#pragma unroll", f"for (int v = 0; v < {g.vec}; ++v) {acc}[v] = {INIT[s.combiner]};"]
-    fold = [f"float s{n} = {acc}[0];"] + ([f"#pragma unroll", f"for (int v = 1; v < {g.vec}; ++v) s{n} = "
+    fold = [f"float s{n} = {acc}[0];"] + (["#pragma unroll", f"for (int v = 1; v < {g.vec}; ++v) s{n} = "
                                           f"{COMBINE[s.combiner].format(f's{n}', f'{acc}[v]')};"] if g.vec > 1 else [])
     return decl, g.vloop(lines), fold, f"s{n}"
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from aicfc.codegen.cexpr import c_affine, flat_offset
-from aicfc.ir.lowered import Affine, Load
+from aicfc.codegen.cexpr import c_affine, c_offset, flat_offset
+from aicfc.ir.lowered import Affine, Load, index_vars, indirect_dims
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 VECTOR_BYTES = 16
@@ -28,6 +28,11 @@ CONTIGUOUS, BROADCAST, STRIDED = "contiguous", "broadcast", "strided"
 
 
 def kind(ld: Load, types: Mapping[str, TensorType], var: str, width: int) -> str:
+    if indirect_dims(ld):
+        # [Note: Indirect index]: a data-dependent row, read element by element.
+        return BROADCAST if var not in {v for a in ld.index for v in index_vars(a)} else STRIDED
+    if ld.fill is not None and not guard_is_uniform(ld, types[ld.buffer], var, width):
+        return STRIDED   # a guarded load whose test varies inside a group: element by element
     off = flat_offset(ld.index, types[ld.buffer])
     c = off.coeff(var)
     if c == 0:
@@ -62,11 +67,17 @@ def load_lines(ld: Load, kind_: str, width: int, dest: str, params: Mapping[str,
                types: Mapping[str, TensorType], names: Mapping[str, str], var: str, first: str) -> list[str]:
     """C lines filling `dest[0..width)` with the access at `var` = first, first + 1, ... as float."""
     ptr = params[ld.buffer]
+    if indirect_dims(ld):
+        at = {**names, var: f"({first} + e)"}
+        return ["#pragma unroll", f"for (int e = 0; e < {width}; ++e) {dest}[e] = "
+                f"aicf_float({ptr}[{c_offset(ld, params, types, at)}]);"]
+    if ld.fill is not None and ld.guarded_dims:
+        return guarded_load_lines(ld, kind_, width, dest, params, types, names, var, first)
     off = flat_offset(ld.index, types[ld.buffer])
     if kind_ == CONTIGUOUS:
         return [f"aicf_vload<{width}>({ptr} + ({c_affine(off, {**names, var: first})}), {dest});"]
     at = {**names, var: f"({first} + e)"}
-    return [f"#pragma unroll", f"for (int e = 0; e < {width}; ++e) {dest}[e] = "
+    return ["#pragma unroll", f"for (int e = 0; e < {width}; ++e) {dest}[e] = "
             f"aicf_float({ptr}[{c_affine(off, at)}]);"]
 
 
@@ -75,3 +86,37 @@ def store_line(index: tuple[Affine, ...], t: TensorType, ptr: str, names: Mappin
     """One vector store of `src[0..width)` at a contiguous access of a `t` output."""
     off = flat_offset(index, t)
     return f"aicf_vstore<{width}>({ptr} + ({c_affine(off, {**names, var: first})}), {src});"
+
+
+# ---------------------------------------------------------------- guarded loads (Concat, issue 6)
+
+def guard_is_uniform(ld: Load, t: TensorType, var: str, width: int) -> bool:
+    """Whether a guarded load's test ([Note: Lowered IR]) has one outcome for a whole group: no
+    guarded index moves with `var`, or each moves by 1 from a multiple of `width` in an extent
+    that is one, so the group lies wholly inside or wholly outside (a Concat along the inner
+    axis at offsets that are multiples of the width)."""
+    for d in ld.guarded_dims:
+        a = ld.index[d]
+        c = a.coeff(var)
+        if c and not (c == 1 and a.const % width == 0 and t.shape[d] % width == 0
+                      and all(k % width == 0 for v, k in a.terms if v != var)):
+            return False
+    return True
+
+
+def guarded_load_lines(ld: Load, kind_: str, width: int, dest: str, params: Mapping[str, str],
+                       types: Mapping[str, TensorType], names: Mapping[str, str], var: str,
+                       first: str) -> list[str]:
+    """`load_lines` of a guarded load: a contiguous group tested once (`kind` made sure the test
+    is the same for all of it), a strided one element by element; outside, the fill."""
+    from aicfc.codegen.cexpr import guard_condition, literal
+    ptr, t = params[ld.buffer], types[ld.buffer]
+    off = flat_offset(ld.index, t)
+    fill = literal(ld.fill if ld.fill is not None else 0.0)
+    if kind_ == CONTIGUOUS:
+        at_first = {**names, var: first}
+        return [f"if ({guard_condition(ld, t, at_first)}) aicf_vload<{width}>({ptr} + ({c_affine(off, at_first)}), {dest});",
+                f"else for (int e = 0; e < {width}; ++e) {dest}[e] = {fill};"]
+    at = {**names, var: f"({first} + e)"}
+    return ["#pragma unroll", f"for (int e = 0; e < {width}; ++e) {dest}[e] = ({guard_condition(ld, t, at)}) ? "
+            f"aicf_float({ptr}[{c_affine(off, at)}]) : {fill};"]
