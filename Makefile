@@ -5,7 +5,7 @@ PYTHON ?= python3
 EXAMPLES := examples/mlp.onnx examples/block.onnx examples/encoder.onnx examples/decoder.onnx \
 	examples/mlp_x.npy examples/block_x.npy examples/encoder_x.npy examples/decoder_x.npy
 
-.PHONY: install examples demo test gpu-test golden clean
+.PHONY: install examples demo test gpu-test golden readme-ops clean
 
 install:
 	$(PYTHON) -m pip install -e '.[dev]'
@@ -40,6 +40,10 @@ test:
 
 gpu-test:
 	$(PYTHON) -m pytest -m gpu -q
+
+# Rewrite the README's support table from aicfc/ir/support.py.
+readme-ops:
+	$(PYTHON) -c "import pathlib; from aicfc.ir.support import with_table; p = pathlib.Path('README.md'); p.write_text(with_table(p.read_text()))"
 
 # Rewrite the golden IR texts (tests/golden/) from the current compiler; review the diff.
 golden:

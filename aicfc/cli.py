@@ -126,13 +126,25 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
 
 
 @main.command()
+@click.option("--markdown", is_flag=True, help="Print the README's support table.")
+def ops(markdown: bool) -> None:
+    """List the supported ONNX ops and which variants of each work."""
+    from aicfc.ir import support
+    if markdown:
+        click.echo(support.markdown())
+        return
+    for op in support.claimed():
+        click.echo(f"{op:<20} {support.NOTES[op]}".rstrip())
+
+
+@main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @shape_option
 @user_errors
 def check(model: str, shapes: tuple[str, ...]) -> None:
     """List every op in MODEL the compiler does not support (all at once), then check shapes."""
     from aicfc.frontend.onnx_import import find_unsupported, import_model, load_model, parse_shape_overrides
-    from aicfc.ir.ops import OPS
+    from aicfc.ir.support import claimed
 
     proto = load_model(model)
     bad = find_unsupported(proto)
@@ -140,7 +152,7 @@ def check(model: str, shapes: tuple[str, ...]) -> None:
         click.echo(f"{model}: {len(bad)} unsupported node(s):")
         for node, op in bad:
             click.echo(f"  {op:<24} node {node!r}")
-        click.echo(f"supported ops: {', '.join(sorted(OPS))}, Constant")
+        click.echo(f"supported ops (`aicfc ops` says which variants): {', '.join(claimed())}")
         sys.exit(1)
     graph = import_model(proto, parse_shape_overrides(shapes))
     click.echo(f"{model}: all {len(proto.graph.node)} node(s) supported; "

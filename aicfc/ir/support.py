@@ -1,0 +1,84 @@
+"""What aicfc claims to support, op by op: the one source of `aicfc ops`, `aicfc check`'s list
+and the README's support table (between its `ops:begin`/`ops:end` markers; `make readme-ops`
+rewrites it, a test checks it).
+
+Every op the importer takes (the High IR op table plus the import-only ops) has one line of
+notes here saying which variants work and which are refused at import with a named error; a
+test keeps the two sets equal, so an op cannot be added without saying what it covers.
+"""
+from __future__ import annotations
+
+NOTES: dict[str, str] = {
+    "Add": "numpy broadcasting; integer arithmetic only on constants (folded)",
+    "AveragePool": "2-D; kernel, strides, pads, ceil_mode, count_include_pad",
+    "BatchNormalization": "inference; folded into a preceding Conv, else a per-channel affine map",
+    "Cast": "between float32, float16, float64, int64, int32 and bool",
+    "Clip": "constant min/max; fused as a GEMM/conv epilogue",
+    "Concat": "any axis, run-time or constant inputs: one element-wise map of guarded loads (folded on constants)",
+    "Constant": "any value; folded",
+    "ConstantOfShape": "folded at compile time",
+    "Conv": "2-D implicit GEMM (tensor cores at fp16/bf16): groups, depthwise, stride, dilation, pads, "
+            "auto_pad; bias and activation fused",
+    "Div": "numpy broadcasting; integer division only on constants (truncates toward zero)",
+    "Dropout": "inference (identity); training mode refused",
+    "Equal": "on constants (folded)",
+    "Erf": "",
+    "Exp": "",
+    "Expand": "constant shape; a broadcast read",
+    "Flatten": "a view",
+    "Gather": "on constants (folded); on run-time data with constant indices in arithmetic progression",
+    "Gemm": "transA, transB, alpha, beta; bias full, broadcast or absent",
+    "GlobalAveragePool": "a row reduction",
+    "Identity": "",
+    "LRN": "",
+    "LayerNormalization": "output Y only (Mean/InvStdDev outputs refused); one row pass",
+    "Log": "",
+    "MatMul": "2-D, batched, broadcast batch dimensions, 1-D operands",
+    "Max": "any number of float inputs, broadcasting",
+    "MaxPool": "2-D; kernel, strides, pads, dilations, ceil_mode; the Indices output refused",
+    "Min": "any number of float inputs, broadcasting",
+    "Mul": "numpy broadcasting",
+    "Neg": "",
+    "Pow": "constant exponent in -4..4 or ±0.5",
+    "Range": "folded at compile time",
+    "Reciprocal": "",
+    "ReduceMax": "one reduced axis (or several of extent 1); keepdims",
+    "ReduceMean": "one reduced axis (or several of extent 1); keepdims",
+    "ReduceSum": "one reduced axis (or several of extent 1); keepdims",
+    "Relu": "",
+    "Reshape": "constant target shape with 0 and -1; a view (allowzero refused)",
+    "Shape": "folded at compile time (static shapes)",
+    "Sigmoid": "",
+    "Slice": "constant starts/ends/axes/steps, negative steps; empty results refused",
+    "Softmax": "any axis; one row pass",
+    "Split": "split input (opset 13) or num_outputs (opset 18); zero-size parts refused",
+    "Sqrt": "",
+    "Squeeze": "a view",
+    "Sub": "numpy broadcasting",
+    "Sum": "any number of inputs",
+    "Tanh": "",
+    "Transpose": "any perm; folded into the reader's access",
+    "Unsqueeze": "a view",
+    "Where": "float or bool data, bool condition",
+}
+
+BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"
+
+
+def claimed() -> list[str]:
+    from aicfc.frontend.onnx_import import IMPORT_ONLY
+    from aicfc.ir.ops import OPS
+    return sorted(set(OPS) | set(IMPORT_ONLY))
+
+
+def markdown() -> str:
+    """The README's support table."""
+    lines = [BEGIN, "", "| op | notes |", "| --- | --- |"]
+    lines += [f"| `{op}` | {NOTES[op]} |" for op in claimed()]
+    return "\n".join(lines + ["", END])
+
+
+def with_table(readme: str) -> str:
+    """`readme` with the text between the markers replaced by the current table."""
+    start, end = readme.index(BEGIN), readme.index(END) + len(END)
+    return readme[:start] + markdown() + readme[end:]
