@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK"
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+# Random integer inputs (token ids) lie in [0, RANDOM_IDS): see random_inputs.
+RANDOM_IDS = 100
 
 
 def load_inputs(specs: list[str], bundle: Bundle) -> dict[str, np.ndarray]:
@@ -97,10 +99,13 @@ def check_inputs(inputs: Mapping[str, np.ndarray], bundle: Bundle) -> dict[str, 
 
 
 def random_inputs(bundle: Bundle, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
-    """Fresh inputs for timing: standard normal floats; zeros for integer and bool inputs.
+    """Fresh inputs for timing: standard normal floats; integers uniform in [0, RANDOM_IDS);
+    bools false.
 
-    Zeros because an integer input may be an index, and only 0 is a valid index of every
-    dimension; the bundles aicfc writes today take float inputs only.
+    An integer input is usually a token id (an embedding's Gather): ids below RANDOM_IDS are
+    valid in any real vocabulary and spread the reads over many rows as real text does. Any id
+    is safe: the compiled Gather wraps negative ids and clamps them into the table
+    ([Note: Indirect index] in aicfc/ir/lowered.py), so no input reads outside a buffer.
     """
     rng = np.random.default_rng() if rng is None else rng
     arrays: dict[str, np.ndarray] = {}
@@ -108,6 +113,8 @@ def random_inputs(bundle: Bundle, rng: np.random.Generator | None = None) -> dic
         dtype, shape = np.dtype(item["dtype"]), tuple(item["shape"])
         if dtype.kind == "f":
             arrays[item["name"]] = np.asarray(rng.standard_normal(shape)).astype(dtype)
+        elif dtype.kind in "iu":
+            arrays[item["name"]] = rng.integers(0, RANDOM_IDS, size=shape).astype(dtype)
         else:
             arrays[item["name"]] = np.zeros(shape, dtype)
     return arrays

@@ -145,9 +145,7 @@ def test_nvcc_builds_for_sm90(precision, tmp_path, monkeypatch):
 
 
 LIGHT_MODELS = sorted(p.name for p in LIGHT.glob("light_*.onnx")) if LIGHT.is_dir() else []
-# Channel Concat of run-time tensors is not lowered yet (the importer folds constant Concats only).
-NEEDS_RUNTIME_CONCAT = {"light_densenet121.onnx", "light_inception_v1.onnx", "light_inception_v2.onnx",
-                        "light_shufflenet.onnx", "light_squeezenet.onnx"}
+# The five light models with a Concat of run-time tensors: tests/test_concat.py.
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)

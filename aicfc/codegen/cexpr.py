@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
-from aicfc.ir.lowered import Affine, Call, Const, Expr, Load
+from aicfc.ir.lowered import Affine, Call, Const, Expr, Load, indirect_dims
 from aicfc.ir.types import TensorType, contiguous_strides
 
 UNARY = {
@@ -83,6 +83,23 @@ def c_affine(a: Affine, names: Mapping[str, str]) -> str:
     return " + ".join(parts)
 
 
+def c_offset(ld: Load, params: Mapping[str, str], types: Mapping[str, TensorType], names: Mapping[str, str]) -> str:
+    """The C element offset of an access. An indirect entry ([Note: Indirect index]) adds its
+    stride times the id read as an integer (`long long`), wrapped and clamped by `aicf_index`
+    (codegen/module.py); the affine entries give one affine form as for any load."""
+    t = types[ld.buffer]
+    dims = indirect_dims(ld)
+    if not dims:
+        return c_affine(flat_offset(ld.index, t), names)   # type: ignore[arg-type]
+    strides = contiguous_strides(t.shape)
+    parts = [c_affine(flat_offset(tuple(Affine() if d in dims else a for d, a in enumerate(ld.index)), t), names)]
+    for d in dims:
+        ids = ld.index[d].ids   # type: ignore[union-attr]
+        at = c_affine(flat_offset(ids.index, types[ids.buffer]), names)
+        parts.append(f"{strides[d]}LL * aicf_index(__ldg({params[ids.buffer]} + ({at})), {t.shape[d]}LL)")
+    return " + ".join(parts)
+
+
 class Emitter:
     """Emits statements for expressions over one kernel's loop variables."""
 
@@ -122,7 +139,7 @@ class Emitter:
 
     def load(self, e: Load, names: Mapping[str, str]) -> str:
         """A scalar read of one access, converted to float (no statement emitted)."""
-        off = c_affine(flat_offset(e.index, self.types[e.buffer]), names)
+        off = c_offset(e, self.params, self.types, names)
         dtype = self.types[e.buffer].dtype
         # __ldg (the read-only cache path) has no overload for bool: a plain read there.
         code = f"{self.params[e.buffer]}[{off}]" if dtype == "bool" else f"__ldg({self.params[e.buffer]} + ({off}))"

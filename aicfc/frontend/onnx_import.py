@@ -224,7 +224,9 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
     if op == "Softmax":
         axis = at.get("axis", -1 if opset >= 13 else 1)
         axis = axis + rank if axis < 0 else axis
-        if opset < 13 and axis != rank - 1:
+        # Before opset 13 Softmax normalizes over the flattened dims axis..: the same as over
+        # `axis` alone when every later dim has one element (SqueezeNet's [1, 1000, 1, 1]).
+        if opset < 13 and any(d != 1 for d in types[args[0]].shape[axis + 1:]):
             raise AicfError(f"node {origin!r}: Softmax before opset 13 with axis {axis} of rank {rank} "
                             "(flattening semantics) is not supported; re-export with opset >= 13")
         return {"axis": axis}

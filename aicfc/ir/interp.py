@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aicfc.ir.lowered import Call, Compute, Const, Expr, Load, Program, View
+from aicfc.ir.lowered import Call, Compute, Const, Expr, Indirect, Load, Program, View
 from aicfc.ir.ops import erf as _erf, sigmoid as _sigmoid
 from aicfc.ir.types import TensorType
 
@@ -33,7 +33,10 @@ def _eval(e: Expr, grids: dict[str, np.ndarray], env: dict[str, np.ndarray], dty
         return np.asarray(e.value, dtype=dtype)
     if isinstance(e, Load):
         idx = []
-        for a in e.index:
+        for d, a in enumerate(e.index):
+            if isinstance(a, Indirect):
+                idx.append(_indirect(a, env[e.buffer].shape[d], grids, env))
+                continue
             i = np.asarray(a.const)
             for v, c in a.terms:
                 i = i + c * grids[v]
@@ -50,6 +53,13 @@ def _eval(e: Expr, grids: dict[str, np.ndarray], env: dict[str, np.ndarray], dty
     assert isinstance(e, Call)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         return np.asarray(SCALAR_FNS[e.fn](*[_eval(a, grids, env, dtype) for a in e.args]), dtype=dtype)
+
+
+def _indirect(a: Indirect, n: int, grids: dict[str, np.ndarray], env: dict[str, np.ndarray]) -> np.ndarray:
+    """The ids an indirect index reads, wrapped (negative: from the end) and clamped into
+    0..n-1 ([Note: Indirect index])."""
+    x = np.asarray(_eval(a.ids, grids, env, np.float32)).astype(np.int64)
+    return np.clip(np.where(x < 0, x + n, x), 0, n - 1)
 
 
 def evaluate_compute(op: Compute, env: dict[str, np.ndarray], dtype: Any) -> np.ndarray:

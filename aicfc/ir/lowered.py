@@ -13,10 +13,16 @@ codegen emit one multiply-add per variable. A `View` reinterprets a buffer with 
 
 A guarded load `load(%x, [...], fill=0.0)` reads `fill` wherever an index falls outside its
 dimension (zero padding of a convolution, -inf padding of a max pool). The guard is on the
-computed dimensions only: a dimension indexed by one plain variable or by a constant must stay
-in bounds as in any load (the verifier checks it), so codegen tests just the others. Passes
-that rewrite accesses keep the guard only where the per-dimension test survives: access
-folding through a view and inlining a producer into a guarded load are declined.
+computed dimensions, and on those `guard=[d, ...]` names: a Concat along axis d reads input k
+as `load(%xk, [i0, i1+-off_k, ...], fill=0.0)` (i1+-off_k is computed) or, for the first input,
+`load(%x0, [i0, i1, ...], fill=0.0, guard=[1])`, and sums the terms: exactly one is not the fill
+at each element. Any other dimension (a plain variable or a constant) must stay in bounds as in
+any load (the verifier checks it), so codegen tests just the guarded ones, each by one unsigned
+comparison. A guarded dimension must be inside its buffer for some point of the domain.
+Substituting variables (`reindex`) keeps every guarded dimension guarded, since the test is on
+the index's value; passes that change the buffer read keep the guard only where the
+per-dimension test survives: access folding through a view and inlining a producer into a
+guarded load are declined.
 
     %h: f32[4,128] = sum[64] mul(load(%x, [i0, r0]), load(%w1, [r0, i1])) from ["mm1"]
     %y: f32[4,128] = map max(load(%h, [i0, i1]), 0.0) from ["relu1"]
@@ -92,16 +98,24 @@ class Affine:
 @dataclass(frozen=True, slots=True)
 class Load:
     buffer: str
-    index: tuple[Affine, ...]
+    index: tuple[Affine | Indirect, ...]   # an Indirect entry: [Note: Indirect index]
     fill: float | None = None   # guarded load: the value read outside the buffer (see the note)
+    # Dimensions indexed by a plain variable (or a constant) that the guard tests too: a Concat
+    # input along its axis. Sorted; only dimensions `computed_dims` does not already give.
+    guard: tuple[int, ...] = ()
+
+    @property
+    def computed_dims(self) -> tuple[int, ...]:
+        """The affine dimensions indexed by neither a plain variable nor a constant."""
+        return tuple(d for d, a in enumerate(self.index) if isinstance(a, Affine) and not (
+            not a.terms or (len(a.terms) == 1 and a.terms[0][1] == 1 and a.const == 0)))
 
     @property
     def guarded_dims(self) -> tuple[int, ...]:
-        """The dimensions a guarded load tests (those not a plain variable or a constant)."""
+        """The dimensions a guarded load tests: the computed ones and those named in `guard`."""
         if self.fill is None:
             return ()
-        return tuple(d for d, a in enumerate(self.index) if not (not a.terms or (len(a.terms) == 1 and a.terms[0][1] == 1
-                                                                                 and a.const == 0)))
+        return tuple(sorted(set(self.computed_dims) | set(self.guard)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +130,57 @@ class Call:
 
 
 Expr = Union[Load, Const, Call]
+
+
+# ---------------------------------------------------------------- indirect indices (Gather, issue 6)
+# [Note: Indirect index]
+# One index entry of a load may be read from memory instead of being affine: in
+# `load(%emb, [@load(%ids, [i0, i1]), i2])` dimension 0 is the integer ids[i0, i1] (an i64 or
+# i32 buffer, read at affine indices, unguarded, itself never indirect). This is a Gather with
+# run-time indices (an embedding lookup). The id x of a dimension of extent n is used as
+#     x + n if x < 0 (ONNX: negative indices count from the end), then clamped into 0..n-1,
+# so no id, however invalid, reads outside the buffer: an id >= n reads row n-1, an id < -n
+# reads row 0 (ONNX leaves out-of-range ids undefined; this is the defined answer). The
+# interpreter, the verifier (which skips the bounds check of such a dimension: the clamp is
+# the bound) and codegen (`aicf_index` in codegen/module.py) implement exactly this rule.
+# An indirect load is never guarded (no `fill`). Passes that reason about affine accesses
+# treat it conservatively: not tile-compatible, not composed through a view, not inlined into
+# (neither the data read through it nor the ids), strided for vectors, never in place.
+
+@dataclass(frozen=True, slots=True)
+class Indirect:
+    """An index entry read from memory: `@load(%ids, [affine, ...])` ([Note: Indirect index])."""
+
+    ids: Load
+
+    def substitute(self, mapping: Mapping[str, Affine]) -> Indirect:
+        return Indirect(Load(self.ids.buffer, tuple(a.substitute(mapping) for a in self.ids.index)))
+
+    def __str__(self) -> str:
+        return "@" + print_expr(self.ids)
+
+
+Index = Union[Affine, Indirect]
+
+
+def indirect_dims(ld: Load) -> tuple[int, ...]:
+    return tuple(d for d, a in enumerate(ld.index) if isinstance(a, Indirect))
+
+
+def index_vars(a: Index) -> set[str]:
+    """The loop variables an index entry depends on (an indirect one: those of its id's access)."""
+    if isinstance(a, Indirect):
+        return {v for b in a.ids.index for v, _ in b.terms}
+    return {v for v, _ in a.terms}
+
+
+def index_loads(e: Expr) -> list[Load]:
+    """The accesses of `e` read as indices (the ids of indirect entries), not as values."""
+    return [a.ids for ld in loads(e) for a in ld.index if isinstance(a, Indirect)]
+
+
+def has_indirect(e: Expr) -> bool:
+    return any(indirect_dims(ld) for ld in loads(e))
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,15 +252,17 @@ class Program:
 # ---------------------------------------------------------------- expression helpers
 
 def loads(e: Expr) -> list[Load]:
+    """Every access of `e`, the ids an indirect index reads included (after their load)."""
     if isinstance(e, Load):
-        return [e]
+        return [e] + [a.ids for a in e.index if isinstance(a, Indirect)]
     if isinstance(e, Call):
         return [ld for a in e.args for ld in loads(a)]
     return []
 
 
 def map_loads(e: Expr, fn) -> Expr:
-    """Rebuild `e` with every Load replaced by fn(load) (which may return any Expr)."""
+    """Rebuild `e` with every Load replaced by fn(load) (which may return any Expr). The ids of
+    an indirect index are not visited: passes decline what reads through them ([Note: Indirect index])."""
     if isinstance(e, Load):
         return fn(e)
     if isinstance(e, Call):
@@ -205,7 +272,17 @@ def map_loads(e: Expr, fn) -> Expr:
 
 def substitute(e: Expr, mapping: Mapping[str, Affine]) -> Expr:
     """Rename loop variables inside every access of `e`."""
-    return map_loads(e, lambda ld: Load(ld.buffer, tuple(a.substitute(mapping) for a in ld.index), ld.fill))
+    return map_loads(e, lambda ld: reindex(ld, tuple(a.substitute(mapping) for a in ld.index)))
+
+
+def reindex(ld: Load, index: tuple[Affine, ...]) -> Load:
+    """`ld` reading at `index` instead: every dimension it guarded stays guarded (one that became
+    a plain variable or a constant is named in `guard`), since the test is on the index's value."""
+    new = dataclasses.replace(ld, index=index, guard=())
+    if ld.fill is None:
+        return new
+    computed = set(new.computed_dims)
+    return dataclasses.replace(new, guard=tuple(d for d in ld.guarded_dims if d not in computed))
 
 
 def count_ops(e: Expr) -> int:
@@ -221,6 +298,8 @@ def identity_index(rank: int) -> tuple[Affine, ...]:
 def print_expr(e: Expr) -> str:
     if isinstance(e, Load):
         fill = "" if e.fill is None else f", fill={text.number(e.fill)}"
+        if e.guard:
+            fill += f", guard=[{', '.join(map(str, e.guard))}]"
         return f"load({text.name(e.buffer)}, [{', '.join(str(a) for a in e.index)}]{fill})"
     if isinstance(e, Const):
         return text.number(e.value)
@@ -285,9 +364,9 @@ def parse_expr(c: text.Cursor) -> Expr:
         buf = c.value()
         c.expect(",")
         c.expect("[")
-        index: list[Affine] = []
+        index: list[Index] = []
         while not c.accept("]"):
-            index.append(parse_affine(c))
+            index.append(parse_index(c))
             if not c.accept(","):
                 c.expect("]")
                 break
@@ -296,8 +375,13 @@ def parse_expr(c: text.Cursor) -> Expr:
             c.expect("fill")
             c.expect("=")
             fill = float(c.number())
+        guard: tuple[int, ...] = ()
+        if fill is not None and c.accept(","):
+            c.expect("guard")
+            c.expect("=")
+            guard = tuple(c.int_list())
         c.expect(")")
-        return Load(buf, tuple(index), fill)
+        return Load(buf, tuple(index), fill, guard)
     args: list[Expr] = []
     while not c.accept(")"):
         args.append(parse_expr(c))
@@ -397,6 +481,13 @@ def verify_expr(e: Expr, extents: Mapping[str, int], types: Mapping[str, TensorT
     shape = types[e.buffer].shape
     if len(e.index) != len(shape):
         raise AicfError(f"{where}: load of {e.buffer!r} has {len(e.index)} indices, the buffer has rank {len(shape)}")
+    if indirect_dims(e):
+        verify_indirect(e, extents, types, where)
+        return
+    if e.guard and (e.fill is None or list(e.guard) != sorted(set(e.guard) - set(e.computed_dims))
+                    or not all(0 <= d < len(shape) for d in e.guard)):
+        raise AicfError(f"{where}: load of {e.buffer!r} guard {list(e.guard)} must name sorted dimensions that "
+                        "are not computed, of a load with a fill")
     guarded = e.guarded_dims
     for d, (a, n) in enumerate(zip(e.index, shape)):
         for v, _ in a.terms:
@@ -407,6 +498,40 @@ def verify_expr(e: Expr, extents: Mapping[str, int], types: Mapping[str, TensorT
             if hi < 0 or lo >= n:
                 raise AicfError(f"{where}: guarded load of {e.buffer!r} dim {d} ranges {lo}..{hi}, never inside 0..{n - 1}")
             continue
+        if lo < 0 or hi >= n:
+            raise AicfError(f"{where}: load of {e.buffer!r} dim {d} ranges {lo}..{hi}, outside 0..{n - 1}")
+
+
+def parse_index(c: text.Cursor) -> Index:
+    """An affine index entry, or `@load(%ids, [...])` ([Note: Indirect index])."""
+    if not c.accept("@"):
+        return parse_affine(c)
+    ids = parse_expr(c)
+    if not isinstance(ids, Load):
+        raise c.fail("a load after @ (an indirect index)")
+    return Indirect(ids)
+
+
+def verify_indirect(e: Load, extents: Mapping[str, int], types: Mapping[str, TensorType], where: str) -> None:
+    """A load with indirect entries ([Note: Indirect index]): unguarded; each id an unguarded,
+    in-bounds affine read of an integer buffer (no bounds check on its dimension: the clamp
+    is the bound); every affine entry inside its dimension as in any load."""
+    if e.fill is not None or e.guard:
+        raise AicfError(f"{where}: load of {e.buffer!r} is both guarded and indirect")
+    for d, (a, n) in enumerate(zip(e.index, types[e.buffer].shape)):
+        if isinstance(a, Indirect):
+            ids = a.ids
+            if ids.buffer in types and types[ids.buffer].dtype not in ("i64", "i32"):
+                raise AicfError(f"{where}: indirect index of {e.buffer!r} dim {d} reads {ids.buffer!r} of "
+                                f"{types[ids.buffer].dtype}, not i64/i32")
+            if ids.fill is not None or indirect_dims(ids):
+                raise AicfError(f"{where}: indirect index of {e.buffer!r} dim {d} is guarded or itself indirect")
+            verify_expr(ids, extents, types, where)
+            continue
+        for v, _ in a.terms:
+            if v not in extents:
+                raise AicfError(f"{where}: index of {e.buffer!r} uses unknown variable {v!r}")
+        lo, hi = a.bounds(extents)
         if lo < 0 or hi >= n:
             raise AicfError(f"{where}: load of {e.buffer!r} dim {d} ranges {lo}..{hi}, outside 0..{n - 1}")
 

@@ -225,9 +225,11 @@ RUNTIME_DTYPES: dict[str, tuple[str, ...]] = {
     "Where": FLOATS + ("bool",), "Cast": FLOATS + INTEGERS + ("bool",), "Gather": FLOATS,
     "Unsqueeze": FLOATS, "Squeeze": FLOATS, "Flatten": FLOATS, "Expand": FLOATS, "Slice": FLOATS,
 }
+# Views move integers exactly (token ids reshaped before their Gather: [Note: Indirect index]).
+RUNTIME_DTYPES.update({op: FLOATS + INTEGERS for op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten")})
 # Ops only ever evaluated at compile time: every input must be a constant (or, for Shape, the
 # input's static type); the importer folds them and they never reach the High IR graph.
-FOLD_ONLY = ("Shape", "ConstantOfShape", "Range", "Concat")
+FOLD_ONLY = ("Shape", "ConstantOfShape", "Range")
 
 
 def _same_dtype(types: list[TensorType]) -> str:
@@ -307,6 +309,19 @@ def _infer_cast(t: list[TensorType], at: Attrs) -> TensorType:
     return TensorType(at["to"], t[0].shape)
 
 
+def _infer_concat(t: list[TensorType], at: Attrs) -> TensorType:
+    """Concat (issue 6): same dtype and rank, equal extents except along `axis`, which add up."""
+    axis, rank = at["axis"], len(t[0].shape)
+    if not 0 <= axis < rank or any(len(x.shape) != rank for x in t):
+        raise OpTypeError(f"Concat axis {axis} of inputs of ranks {[len(x.shape) for x in t]}")
+    for x in t:
+        if any(a != b for d, (a, b) in enumerate(zip(x.shape, t[0].shape)) if d != axis):
+            raise OpTypeError(f"Concat along {axis} of shapes {[list(y.shape) for y in t]}: other extents differ")
+    shape = list(t[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in t)
+    return TensorType(_same_dtype(t), tuple(shape))
+
+
 def _infer_folded(t: list[TensorType], at: Attrs) -> TensorType:
     raise OpTypeError("folded at compile time; it never stays a graph node")
 
@@ -350,7 +365,7 @@ OPS.update({op.name: op for op in [
     OpDef("Shape", (1, 1), _infer_folded, lambda x, _: np.asarray(x[0].shape, dtype=np.int64)),
     OpDef("ConstantOfShape", (1, 1), _infer_folded, _constant_of_shape, ("value",)),
     OpDef("Range", (3, 3), _infer_folded, _range),
-    OpDef("Concat", (1, 64), _infer_folded, lambda x, at: np.concatenate(x, axis=at["axis"]), ("axis",)),
+    OpDef("Concat", (1, 64), _infer_concat, lambda x, at: np.concatenate(x, axis=at["axis"]), ("axis",)),
 ]})
 # Cast between any two of the dtypes above; arithmetic ops accept integers as constants (folded).
 OPS["Cast"] = OpDef("Cast", (1, 1), _infer_cast, lambda x, at: x[0].astype(DTYPES[at["to"]]), ("to",))

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, count_ops, loads, substitute
+from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, count_ops, indirect_dims, loads, substitute
 
 TILE = "tile_compatible_compute"
 ONLINE = "online_reducible_norm"
@@ -68,6 +68,8 @@ def why_not_tile_compatible(op: Compute) -> str | None:
     if not (isinstance(body, Call) and body.fn == "mul" and all(isinstance(x, Load) for x in body.args)):
         return "body is not a product of two loads"
     a, b = body.args
+    if indirect_dims(a) or indirect_dims(b):
+        return "an operand is read through an indirect (data-dependent) index; tiles need affine accesses"
     # Any affine access with positive strides tiles: the tile loaders address operands by their
     # flat offsets, so a folded split view (h·D + d) or a slice (i + offset) is just strides.
     for ld in (a, b):
@@ -108,6 +110,8 @@ def why_not_implicit_gemm(op: Compute) -> str | None:
     if not (isinstance(body, Call) and body.fn == "mul" and all(isinstance(x, Load) for x in body.args)):
         return "body is not a product of two loads"
     a, b = body.args
+    if indirect_dims(a) or indirect_dims(b):
+        return "an operand is read through an indirect (data-dependent) index; tiles need affine accesses"
     if b.fill is not None:
         a, b = b, a
     if b.fill is not None:
@@ -429,7 +433,7 @@ def causal_split(att: Attention) -> tuple[Load, Expr] | None:
     if not (isinstance(f, Call) and f.fn == "add"):
         return None
     for m, x in ((f.args[1], f.args[0]), (f.args[0], f.args[1])):
-        if (isinstance(m, Load) and m.buffer != att.scores.out and all(ld.buffer != m.buffer for ld in loads(x))
+        if (isinstance(m, Load) and not indirect_dims(m) and m.buffer != att.scores.out and all(ld.buffer != m.buffer for ld in loads(x))
                 and not {v for a in m.index for v, _ in a.terms} - {att.row, "r0"}):
             return m, x
     return None

@@ -26,7 +26,8 @@ NOTES: dict[str, str] = {
     "Exp": "",
     "Expand": "constant shape; a broadcast read",
     "Flatten": "a view",
-    "Gather": "on constants (folded); on run-time data with constant indices in arithmetic progression",
+    "Gather": "any axis, indices of any rank from a run-time int64/int32 input or a constant (embeddings); "
+              "negative ids wrap, out-of-range ids are clamped",
     "Gemm": "transA, transB, alpha, beta; bias full, broadcast or absent",
     "GlobalAveragePool": "a row reduction",
     "Identity": "",
@@ -46,7 +47,7 @@ NOTES: dict[str, str] = {
     "ReduceMean": "one reduced axis (or several of extent 1); keepdims",
     "ReduceSum": "one reduced axis (or several of extent 1); keepdims",
     "Relu": "",
-    "Reshape": "constant target shape with 0 and -1; a view (allowzero refused)",
+    "Reshape": "constant target shape with 0 and -1; a view, integer tensors too (allowzero refused)",
     "Shape": "folded at compile time (static shapes)",
     "Sigmoid": "",
     "Slice": "constant starts/ends/axes/steps, negative steps; empty results refused",

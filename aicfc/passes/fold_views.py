@@ -36,7 +36,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from aicfc.ir.lowered import Affine, Compute, Expr, Load, Op, Program, Rewrite, View, loads, map_loads
+from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite, View, index_loads, indirect_dims,
+                              loads, map_loads)
 
 RULE = "load(view(x)) => load(x) with composed index"
 CHAIN_RULE = "view(view(x)) => view(x)"
@@ -143,6 +144,10 @@ def _match_fold(v: View, ctx: Context) -> Fold | None:
 
 
 def _check_fold(f: Fold, ctx: Context) -> str | None:
+    if any(ld.buffer == f.view.out and indirect_dims(ld) for c in f.readers for ld in loads(c.body)):
+        return "a load through an indirect (data-dependent) index has no affine index to compose"
+    if any(ld.buffer == f.view.out for c in f.readers for ld in index_loads(c.body)):
+        return "it is read as the ids of an indirect index, which stays a load of its own buffer"
     if any(ld.buffer == f.view.out and ld.fill is not None for c in f.readers for ld in loads(c.body)):
         return "a guarded (padded) load tests each dimension of the view; the composed index could not"
     return f.groups if isinstance(f.groups, str) else None

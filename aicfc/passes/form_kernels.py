@@ -27,7 +27,7 @@ Groups computes into launches by their memory properties, never by op names:
 from __future__ import annotations
 
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Affine, Compute, Program, Rewrite, View, loads
+from aicfc.ir.lowered import Affine, Compute, Indirect, Program, Rewrite, View, loads
 from aicfc.ir.properties import (contraction, implicit_gemm, is_identity_access, properties,
                                  why_not_online_reducible)
 from aicfc.passes.streaming_attention import attention_kernels
@@ -54,6 +54,8 @@ def stat_binding(space_vars: dict[str, int], index: tuple[Affine, ...], stat: Co
         return None, f"{stat.out!r} is not a single-axis reduction"
     used = set()
     for ix in index:
+        if isinstance(ix, Indirect):
+            return None, f"access of {stat.out!r} is indirect (data-dependent)"
         if ix.const or len(ix.terms) > 1 or any(c != 1 for _, c in ix.terms):
             return None, f"access of {stat.out!r} is not a plain variable per dimension"
         used.update(v for v, _ in ix.terms)

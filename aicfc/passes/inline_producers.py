@@ -11,6 +11,10 @@ Two rules, tried on every map compute in program order:
   plain loads), and a consumer that would recompute an expensive producer many times per
   element declines.
 
+A producer read through a guarded load (a padded window, a Concat's term) is never inlined
+into it; a Concat itself is inlined only into consumers reading it at its own index (its terms
+keep their guards under the substitution, see `lowered.reindex`).
+
 The producer disappears when every consumer took it; a graph output or a producer read
 through a view is always stored. So is the row of a norm that something else also needs
 (h = x + attn_out feeding a norm's statistics and the next residual h2 = h + mlp_out, which is
@@ -26,8 +30,10 @@ in form_kernels).
 """
 from __future__ import annotations
 
-from aicfc.ir.lowered import Compute, Expr, Load, Program, Rewrite, View, loads, map_loads, substitute
-from aicfc.ir.properties import implicit_gemm, reads_per_element, recompute_cost, why_not_tile_compatible
+from aicfc.ir.lowered import (Compute, Expr, Load, Program, Rewrite, View, has_indirect, index_loads,
+                              indirect_dims, loads, map_loads, substitute)
+from aicfc.ir.properties import (implicit_gemm, is_identity_access, reads_per_element, recompute_cost,
+                                 why_not_tile_compatible)
 
 FOLD_RULE = "load(map(x)) => access folding"
 REMAT_RULE = "map(x) => recompute in consumer"
@@ -46,11 +52,32 @@ def _inline(consumer: Compute, producer: Compute) -> Compute:
 
 
 def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | None:
+    if any(ld.buffer == producer.out for ld in index_loads(consumer.body)):
+        return (f"consumer {consumer.out!r} reads it as the ids of an indirect index, which must stay a load "
+                "([Note: Indirect index])")
+    if any(ld.buffer == producer.out and indirect_dims(ld) for ld in loads(consumer.body)):
+        return (f"consumer {consumer.out!r} reads it through an indirect (data-dependent) index, "
+                "which is not an affine substitution")
+    if has_indirect(producer.body) and (why_not_tile_compatible(consumer) is None
+                                        or implicit_gemm(consumer) is not None):
+        return (f"consumer {consumer.out!r} is a tile-compatible contraction; a gathered operand would make "
+                "it an indirect access, which does not tile")
     if any(ld.buffer == producer.out and ld.fill is not None for ld in loads(consumer.body)):
-        return (f"consumer {consumer.out!r} reads it through a guarded (padded) load, whose per-dimension "
-                "test would not survive the substitution")
+        # A padded window or a Concat's term reads the fill outside the guard; substituted, the
+        # producer's expression would be evaluated there on its own inputs' fills instead
+        # (relu(acc + bias) at a zero fill is relu(bias), not 0), and its other inputs need
+        # not be out of range at all. Concat inputs are mostly conv epilogues anyway: inlined,
+        # the conv would store its accumulator instead, the same bytes.
+        return (f"consumer {consumer.out!r} reads it through a guarded load (padding or a Concat term): "
+                "outside the guard it must read the fill, which the producer's expression would not give")
     if pure_move:
         return None
+    if any(ld.fill is not None for ld in loads(producer.body)) and not all(
+            is_identity_access(ld, producer.type.shape) for ld in loads(consumer.body) if ld.buffer == producer.out):
+        # A Concat's terms stay exact under any substitution (`reindex` keeps their guards), but
+        # read elsewhere than at its own index a term may fall wholly outside its input.
+        return (f"it reads through guarded loads (a Concat) and consumer {consumer.out!r} reads it at "
+                "other positions than its own")
     if why_not_tile_compatible(consumer) is None or implicit_gemm(consumer) is not None:
         return f"consumer {consumer.out!r} is a tile-compatible contraction; its operands must be plain loads"
     reads = reads_per_element(producer, consumer)

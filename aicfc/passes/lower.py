@@ -32,8 +32,8 @@ from typing import Callable
 
 from aicfc.errors import AicfError
 from aicfc.ir.high import Graph, Node
-from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Load, Op, Program, Rewrite, View, identity_index,
-                              loads)
+from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Indirect, Load, Op, Program, Rewrite, View,
+                              identity_index, loads)
 from aicfc.ir.properties import ONLINE
 from aicfc.ir.types import TensorType, Weight, contiguous_strides
 from aicfc.passes.canonicalize import BN_FOLD_RULE
@@ -285,10 +285,17 @@ def _slice(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[O
 
 def _gather(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
     """out[a.., j.., b..] = data[a.., start + step·flat(j..), b..] for constant indices in
-    arithmetic progression (the importer refuses others into a run-time tensor)."""
+    arithmetic progression; data[a.., @ids[j..], b..] (an indirect index, [Note: Indirect
+    index]) for any other indices: an embedding lookup is a map reading one row per id."""
     data, ids = (types[i].shape for i in n.inputs)
     at = n.attr
     axis, k = at["axis"], len(types[n.inputs[1]].shape)
+    if "start" not in at:
+        at_ids = tuple(Affine.var(f"i{axis + d}") if m > 1 else ZERO for d, m in enumerate(ids))
+        entries: list[Affine | Indirect] = [Affine.var(f"i{d}") for d in range(axis)]
+        entries += [Indirect(Load(n.inputs[1], at_ids))]
+        entries += [Affine.var(f"i{d + k - 1}") for d in range(axis + 1, len(data))]
+        return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], tuple(entries)), (n.origin,))]
     flat: dict[str, int] = {}
     for d, stride in enumerate(contiguous_strides(ids)):
         if ids[d] > 1:

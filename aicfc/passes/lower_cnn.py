@@ -168,7 +168,35 @@ def identity(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[
     return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], identity_index(len(n.type.shape))), (n.origin,))]
 
 
+def concat(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    """Concat along any axis as one map over the output: y[.., i, ..] = Σ_k x_k[.., i - off_k, ..],
+    each term a load guarded along the axis, so exactly one term reads its input and the others
+    read the fill. The fill is -0.0, the identity of +: x + (-0.0) is x for every x, -0.0 and
+    NaN included, so the sum is an exact copy. Codegen gives each term one unsigned comparison
+    and a predicated read; no select needs the index as a value.
+
+        %y: f32[1,6,4,4] = Concat(%a, %b) {axis=1}     (a: 2 channels, b: 4)
+      becomes
+        %y: f32[1,6,4,4] = map add(load(%a, [i0, i1, i2, i3], fill=-0.0, guard=[1]),
+                                   load(%b, [i0, i1+-2, i2, i3], fill=-0.0))
+    """
+    axis = n.attr["axis"]
+    ident = identity_index(len(n.type.shape))
+    if len(n.inputs) == 1:
+        return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], ident), (n.origin,))]
+    body: Expr | None = None
+    offset = 0
+    for x in n.inputs:
+        index = ident[:axis] + (Affine.of({f"i{axis}": 1}, -offset),) + ident[axis + 1:]
+        term = Load(x, index, -0.0, (axis,) if offset == 0 else ())
+        body = term if body is None else Call("add", (body, term))
+        offset += types[x].shape[axis]
+    assert body is not None
+    return [Compute(n.output, n.type, "map", (), body, (n.origin,))]
+
+
 CNN_LOWERINGS = {
     "Conv": conv, "MaxPool": pool("max"), "AveragePool": pool("avg"), "GlobalAveragePool": global_average_pool,
     "LRN": lrn, "BatchNormalization": batch_norm, "Clip": clip, "Sum": variadic_sum, "Dropout": identity,
+    "Concat": concat,
 }

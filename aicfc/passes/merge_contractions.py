@@ -49,7 +49,8 @@ from typing import Callable
 
 import numpy as np
 
-from aicfc.ir.lowered import Affine, Compute, Expr, Load, Op, Program, Rewrite, View, loads, map_loads
+from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite, View, has_indirect,
+                              indirect_dims, loads, map_loads)
 from aicfc.ir.properties import contraction
 from aicfc.ir.types import TensorType, Weight, convert
 
@@ -147,9 +148,13 @@ def _epilogue(mm: Compute, n_var: str, ctx: Context,
     readers = [op for op in ctx.producers.values() if any(ld.buffer == mm.out for ld in loads(op.body))]
     if ctx.views.get(mm.out):
         return f"its result is read through view {ctx.views[mm.out][0]!r}, which keeps its own layout"
+    if any(indirect_dims(ld) for op in readers for ld in loads(op.body) if ld.buffer == mm.out):
+        return "its result is read through an indirect (data-dependent) index, which a slice offset cannot shift"
     if len(readers) != 1:
         return None, None, ()
     (c,) = readers
+    if has_indirect(c.body):
+        return None, None, ()    # [Note: Indirect index]: not absorbed; it reads the slice as any reader
     if (c.combiner != "map" or c.type.shape != mm.type.shape
             or not all(_own_element(ld, mm.type.shape) for ld in loads(c.body) if ld.buffer == mm.out)
             or any(ld.buffer in siblings - {mm.out} for ld in loads(c.body))):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from aicfc.codegen.scratch import scratch
 from aicfc.ir.decision import Buffer, InPlace, Kernel, Plan
-from aicfc.ir.lowered import Affine, Load, loads
+from aicfc.ir.lowered import Affine, Load, index_loads, indirect_dims, loads
 from aicfc.ir.properties import is_identity_access
 from aicfc.ir.types import TensorType, Weight
 
@@ -49,6 +49,8 @@ def why_not_inplace(k: Kernel, x: str, y: str, types: dict[str, TensorType]) -> 
         for ld in loads(op.body):
             if ld.buffer != x:
                 continue
+            if indirect_dims(ld) or any(ld is ids for ids in index_loads(op.body)):
+                return f"{x!r} is read through or as an indirect (data-dependent) index"
             if k.family == "gemm" and op is k.ops[0]:
                 return f"{x!r} is an operand of the contraction, read by many threads"
             index = tuple(a.substitute(dict(bind)) for a in ld.index) if k.family == "row_reduce" else ld.index

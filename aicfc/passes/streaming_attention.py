@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Affine, Compute, Load, Program, Rewrite, loads
+from aicfc.ir.lowered import Affine, Compute, Load, Program, Rewrite, indirect_dims, loads
 from aicfc.ir.properties import WSR, Attention, causal_logits, properties, streaming_attention
 
 RULE = "softmax(q@kᵀ·s)@v => streaming_attention"
@@ -82,7 +82,7 @@ def _layout_map(att: Attention, ctx: Context) -> Compute | None:
     ld = c.body
     if c.combiner != "map" or not isinstance(ld, Load) or ld.buffer != o.out:
         return None
-    if any(len(a.terms) != 1 or a.const or a.terms[0][1] != 1 for a in ld.index):
+    if indirect_dims(ld) or any(len(a.terms) != 1 or a.const or a.terms[0][1] != 1 for a in ld.index):
         return None
     if sorted(a.terms[0][0] for a in ld.index) != sorted(c.domain_vars):
         return None
