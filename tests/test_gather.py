@@ -59,7 +59,7 @@ def runtime_gather_model(data: tuple, ids: tuple, axis: int):
 def bert_embeddings_model(v: int = 100, h: int = 64, b: int = 2, s: int = 8, types: int = 2, token_type_input: bool = True):
     """BERT's embeddings: word + position (constant positions) + token-type embeddings, LayerNorm."""
     rng = np.random.default_rng(3)
-    inits = {"word": _weights((v, h), 1), "pos": _weights((32, h), 2), "tt": _weights((types, h), 4),
+    inits = {"word": _weights((v, h), 1), "pos": _weights((max(32, s), h), 2), "tt": _weights((types, h), 4),
              "positions": np.arange(s, dtype=np.int64).reshape(1, s),
              "gamma": (1 + 0.1 * rng.standard_normal(h)).astype(np.float32),
              "beta": (0.1 * rng.standard_normal(h)).astype(np.float32)}

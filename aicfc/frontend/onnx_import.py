@@ -514,15 +514,19 @@ def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType]
         return _slice_attrs(args, shape, weights, origin)
     if op == "Gather":
         axis = _axis(at.get("axis", 0), rank, origin, op)
-        if args[0] in weights or args[1] not in weights:
+        if args[1] not in weights:
             return {"axis": axis}   # run-time ids: an indirect index ([Note: Indirect index])
-        # Constant indices into a run-time tensor: in arithmetic progression (a row, a strided
-        # selection) they are the affine index start + step·(flat position in the indices);
-        # any others are read as an indirect index of the constant ids.
+        # Constant indices out of range are an error of the model (ONNX), found here rather
+        # than clamped at run time, whether the data is constant (folded) or not.
         ids = _constant(args[1], weights, origin, "the indices of Gather").reshape(-1)
         if ids.size == 0 or ids.min() < -shape[axis] or ids.max() >= shape[axis]:
             raise AicfError(f"node {origin!r}: Gather with constant indices {ids.tolist()[:8]} outside "
                             f"{-shape[axis]}..{shape[axis] - 1} (dim {axis} of {list(shape)})")
+        if args[0] in weights:
+            return {"axis": axis}   # folded
+        # Constant indices into a run-time tensor: in arithmetic progression (a row, a strided
+        # selection) they are the affine index start + step·(flat position in the indices);
+        # any others are read as an indirect index of the constant ids.
         ids = np.where(ids < 0, ids + shape[axis], ids).astype(np.int64)
         step = int(ids[1] - ids[0]) if ids.size > 1 else 0
         if any(np.diff(ids) != step):
