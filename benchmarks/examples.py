@@ -2,7 +2,7 @@
 
     source .gpu/env.sh && python3 benchmarks/examples.py
 
-aicf: the bundle's launch plan replayed (plain launches, no CUDA graph yet), timed with CUDA
+aicf: the bundle's launch plan replayed (`Executor.launch()`: its CUDA graph), timed with CUDA
 events over 200 repetitions after warm-up; the median per run is reported. torch: the same
 computation written with torch ops on the same weights (fp32, TF32 off), timed the same way.
 """
