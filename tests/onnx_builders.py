@@ -899,7 +899,6 @@ def _ints(values: list[int]) -> np.ndarray:
 def shape_arith_model(shape: Shape) -> onnx.ModelProto:
     """torch's dynamic reshape: x.view(x.size(0), -1) through Shape/Gather/Unsqueeze/Concat, a
     mask from Range/Equal/Where and an Expand to ConstantOfShape's shape: all folded."""
-    n = shape[-1]
     nodes = [
         helper.make_node("Shape", ["in0"], ["s"], name="shape_0"),
         helper.make_node("Gather", ["s", "zero"], ["b"], name="gather_0", axis=0),

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import import_model
@@ -24,6 +24,7 @@ from aicfc.ir.types import TensorType, Value
 from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
+from tests.test_conv import _compile
 from tests.conftest import check_golden
 from tests.test_pipeline import rel_err
 
@@ -52,14 +53,6 @@ def concat_model(shapes: list[tuple[int, ...]], axis: int, pre: str | None = Non
     return B._graph_model(nodes, "concat", inputs, {"y": tuple(out)}, inits)
 
 
-def _compile(model: onnx.ModelProto, precision: str = "fp32", until: str | None = None):
-    ir = import_model(model)
-    opts = Options("sm_90", load_profile("sm_90"), precision=precision)
-    for stage in PIPELINE:
-        if stage.name == until:
-            break
-        ir = stage.run(ir, opts)
-    return ir
 
 
 def _programs(model: onnx.ModelProto) -> list[Program]:

@@ -23,12 +23,10 @@ import pytest
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import IMPORT_ONLY, import_model
-from aicfc.ir.high import Graph, evaluate_graph
-from aicfc.ir.interp import evaluate_program
-from aicfc.ir.lowered import Program
 from aicfc.ir.ops import OPS
 from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
+from tests.test_pipeline import evaluate_ir
 
 # Ops the compiler claims: the op table plus the ops the importer handles itself.
 CLAIMED = frozenset(OPS) | frozenset(IMPORT_ONLY)
@@ -83,13 +81,7 @@ def run_case(case) -> tuple[str, str]:
         for stage in [None] + list(PIPELINE):
             if stage is not None:
                 ir = stage.run(ir, opts)
-            if isinstance(ir, Graph):
-                got = evaluate_graph(ir, feeds)
-            elif isinstance(ir, Program):
-                got = evaluate_program(ir, feeds)
-            else:
-                from tests.test_pipeline import evaluate_plan
-                got = evaluate_plan(ir, feeds)
+            got = evaluate_ir(ir, feeds)
             for name, ref in zip(names, expected):
                 why = compare(got[name], np.asarray(ref), case)
                 if why:

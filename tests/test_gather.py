@@ -15,14 +15,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import import_model
-from aicfc.ir.high import Graph, evaluate_graph
 from aicfc.ir.interp import evaluate_program
 from aicfc.ir.lowered import Indirect, Load, Program, parse_program, verify_program
-from aicfc.ir.types import TensorType, Value, Weight
+from aicfc.ir.types import TensorType, Value
 from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
 from tests.onnx_builders import IR_VERSION, OPSET, run_onnxruntime
-from tests.test_pipeline import evaluate_plan
+from tests.test_pipeline import evaluate_ir, evaluate_plan
 
 HW = load_profile("sm_90")
 ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
@@ -167,12 +166,7 @@ def test_gather_every_stage_matches_onnxruntime(name, build, feeds):
     inputs = {k: f() for k, f in feeds.items()}
     ref = run_onnxruntime(model, inputs)["out"]
     for stage, ir in stages(model).items():
-        if isinstance(ir, Graph):
-            got = evaluate_graph(ir, inputs)["out"]
-        elif isinstance(ir, Program):
-            got = evaluate_program(ir, inputs)["out"]
-        else:
-            got = evaluate_plan(ir, inputs)["out"]
+        got = evaluate_ir(ir, inputs)["out"]
         np.testing.assert_array_equal(np.asarray(got, np.float32), ref, err_msg=f"after {stage}")
 
 

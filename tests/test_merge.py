@@ -21,7 +21,6 @@ from onnx import TensorProto, helper, numpy_helper
 import aicfc
 from aicfc.explain import explain_text
 from aicfc.frontend.onnx_import import import_model
-from aicfc.ir.high import Graph, evaluate_graph
 from aicfc.ir.interp import evaluate_program
 from aicfc.ir.lowered import Affine, Load, Program, loads, parse_program, verify_program
 from aicfc.ir.types import Weight
@@ -31,7 +30,7 @@ from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
 from tests.conftest import check_golden, run_payload
-from tests.test_pipeline import evaluate_plan, rel_err
+from tests.test_pipeline import evaluate_ir, rel_err
 
 GOLDEN = Path(__file__).parent / "golden"
 RTOL = {"fp32": 1e-4, "fp16": 1e-2}
@@ -406,12 +405,7 @@ def test_every_stage_matches_onnxruntime(case_id, build):
     ir = import_model(model)
     for stage in PIPELINE:
         ir = stage.run(ir, OPTS)
-        if isinstance(ir, Graph):
-            got = evaluate_graph(ir, inputs)
-        elif isinstance(ir, Program):
-            got = evaluate_program(ir, inputs)
-        else:
-            got = evaluate_plan(ir, inputs)
+        got = evaluate_ir(ir, inputs)
         for name, r in ref.items():
             err = rel_err(got[name], r)
             assert err <= RTOL["fp32"], f"after {stage.name}: {name} rel err {err:.2e}"

@@ -30,8 +30,8 @@ from aicfc.errors import AicfError
 from aicfc.explain import explain_text
 from aicfc.frontend.onnx_import import find_unsupported, import_model
 from aicfc.ir.decision import parse_plan
-from aicfc.ir.high import Graph, evaluate_graph
-from aicfc.ir.interp import evaluate_ops, evaluate_program
+from aicfc.ir.high import evaluate_graph
+from aicfc.ir.interp import evaluate_program
 from aicfc.ir.lowered import parse_program, print_op
 from aicfc.ir.properties import ONLINE
 from aicfc.passes.form_kernels import PROLOGUE_RULE, ROW_RULE
@@ -41,7 +41,7 @@ from aicfc.passes.plan_schedules import rank
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
 from tests.conftest import check_golden, run_payload
-from tests.test_pipeline import rel_err
+from tests.test_pipeline import evaluate_ir, evaluate_plan, rel_err
 
 GOLDEN = Path(__file__).parent / "golden"
 RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
@@ -61,23 +61,6 @@ def stages(model, precision: str = "fp32", pin: dict | None = None) -> dict:
 
 def plan_of(model, precision: str = "fp32", pin: dict | None = None):
     return stages(model, precision, pin)["plan_memory"]
-
-
-def evaluate_plan(plan, inputs: dict) -> dict:
-    """The plan's computes in launch order (float32), views of inputs and weights included."""
-    env = {v.name: np.asarray(inputs[v.name], np.float32) for v in plan.inputs}
-    env.update({w.name: w.array() for w in plan.weights})
-    views = list(plan.views)
-
-    def settle() -> None:
-        for v in views:
-            if v.source in env and v.out not in env:
-                env[v.out] = env[v.source].reshape(v.type.shape)
-    settle()
-    for k in plan.kernels:
-        evaluate_ops(k.ops, env, np.float32)
-        settle()
-    return {o: env[o] for o in plan.outputs}
 
 
 def row_kernels(plan):
@@ -419,12 +402,7 @@ def test_every_stage_matches_onnxruntime(case):
     inputs = B.random_inputs(model, seed=int.from_bytes(os.urandom(2), "little"))
     ref = B.run_onnxruntime(model, inputs)
     for name, ir in stages(model).items():
-        if isinstance(ir, Graph):
-            got = evaluate_graph(ir, inputs)
-        elif hasattr(ir, "kernels"):
-            got = evaluate_plan(ir, inputs)
-        else:
-            got = evaluate_program(ir, inputs)
+        got = evaluate_ir(ir, inputs)
         for out, r in ref.items():
             assert rel_err(got[out], r) <= 1e-4, f"{case} after {name}: {out}"
 

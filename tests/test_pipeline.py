@@ -26,25 +26,31 @@ def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(y.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def evaluate_plan(plan, inputs):
-    env = {v.name: np.asarray(inputs[v.name], np.float32) for v in plan.inputs}
+def evaluate_plan(plan, inputs: dict) -> dict:
+    """The plan's computes in launch order (float32; integer inputs keep their type), with the
+    views of inputs, weights and stored tensors as they become available."""
+    env = {v.name: np.asarray(inputs[v.name], np.float32 if v.type.np_dtype.kind == "f" else v.type.np_dtype)
+           for v in plan.inputs}
     env.update({w.name: w.array() for w in plan.weights})
-    views = {v.source: v for v in plan.views}
-    for name in list(env):   # views of inputs and weights (a global pool's rows)
-        while name in views:
-            env[views[name].out] = env[name].reshape(views[name].type.shape)
-            name = views[name].out
+
+    def settle() -> None:
+        for v in plan.views:
+            if v.source in env and v.out not in env:
+                env[v.out] = env[v.source].reshape(v.type.shape)
+    settle()
     for k in plan.kernels:
         evaluate_ops(k.ops, env, np.float32)
-        for s in k.stores:
-            while s in views:
-                env[views[s].out] = env[s].reshape(views[s].type.shape)
-                s = views[s].out
-    for name in list(env):
-        while name in views:
-            env[views[name].out] = env[name].reshape(views[name].type.shape)
-            name = views[name].out
+        settle()
     return {o: env[o] for o in plan.outputs}
+
+
+def evaluate_ir(ir, inputs: dict) -> dict:
+    """The outputs of any IR level (High, Lowered, Decision) on `inputs`, by its interpreter."""
+    if isinstance(ir, Graph):
+        return evaluate_graph(ir, inputs)
+    if isinstance(ir, Program):
+        return evaluate_program(ir, inputs)
+    return evaluate_plan(ir, inputs)
 
 
 CASES = B.OP_CASES + example_models()
@@ -60,12 +66,7 @@ def test_every_stage_matches_onnxruntime(case_id, build):
     for stage in [None] + list(PIPELINE):
         if stage is not None:
             ir = stage.run(ir, opts)
-        if isinstance(ir, Graph):
-            got = evaluate_graph(ir, inputs)
-        elif isinstance(ir, Program):
-            got = evaluate_program(ir, inputs)
-        else:
-            got = evaluate_plan(ir, inputs)
+        got = evaluate_ir(ir, inputs)
         for name, r in ref.items():
             err = rel_err(got[name], r)
             assert err <= FP32_RTOL, f"after {stage.name if stage else 'import'}: {name} rel err {err:.2e}"

@@ -61,15 +61,24 @@ def contraction(op: Compute) -> Contraction | None:
     return Contraction(a, b, m, n, batch)
 
 
-def why_not_tile_compatible(op: Compute) -> str | None:
-    if op.combiner != "sum" or len(op.reduce) != 1:
-        return "not a single-axis sum reduction"
+def _two_affine_loads(op: Compute) -> tuple[Load, Load] | str:
+    """The operands of a body that multiplies two loads with affine indices, or why it is not one."""
     body = op.body
     if not (isinstance(body, Call) and body.fn == "mul" and all(isinstance(x, Load) for x in body.args)):
         return "body is not a product of two loads"
     a, b = body.args
     if indirect_dims(a) or indirect_dims(b):
         return "an operand is read through an indirect (data-dependent) index; tiles need affine accesses"
+    return a, b
+
+
+def why_not_tile_compatible(op: Compute) -> str | None:
+    if op.combiner != "sum" or len(op.reduce) != 1:
+        return "not a single-axis sum reduction"
+    operands = _two_affine_loads(op)
+    if isinstance(operands, str):
+        return operands
+    a, b = operands
     # Any affine access with positive strides tiles: the tile loaders address operands by their
     # flat offsets, so a folded split view (h·D + d) or a slice (i + offset) is just strides.
     for ld in (a, b):
@@ -106,12 +115,10 @@ def why_not_implicit_gemm(op: Compute) -> str | None:
     tiles as a GEMM whose operand tiles are gathered from their (guarded) accesses."""
     if op.combiner != "sum" or len(op.reduce) < 2:
         return "not a sum over several axes"
-    body = op.body
-    if not (isinstance(body, Call) and body.fn == "mul" and all(isinstance(x, Load) for x in body.args)):
-        return "body is not a product of two loads"
-    a, b = body.args
-    if indirect_dims(a) or indirect_dims(b):
-        return "an operand is read through an indirect (data-dependent) index; tiles need affine accesses"
+    operands = _two_affine_loads(op)
+    if isinstance(operands, str):
+        return operands
+    a, b = operands
     if b.fill is not None:
         a, b = b, a
     if b.fill is not None:
