@@ -1,9 +1,9 @@
 """plan_memory: Decision IR → Decision IR with a byte offset for every stored tensor.
 
 Weights get their own region, packed in order. Activations (inputs, outputs, intermediates that
-a kernel stores) share one arena: each is live from the kernel that writes it (inputs: from the
-start) to the last kernel that reads it (outputs: to the end), and buffers whose lifetimes do
-not overlap may share bytes. Placement is greedy by size, largest first, at the lowest offset
+a kernel stores) share one arena: each is live from the kernel that writes it to the last kernel
+that reads it (inputs: the whole run, so they are never overwritten; outputs: to the end), and
+buffers whose lifetimes do not overlap may share bytes. Placement is greedy by size, largest first, at the lowest offset
 that fits. A view shares its source's bytes. Intermediates that fusion removed never appear.
 
 In-place: a kernel may write a stored tensor y over the bytes of an intermediate x that dies
