@@ -10,7 +10,7 @@ import onnx
 
 from aicfc.artifact.payload import build_payload
 from aicfc.codegen.module import OnKernel, build_modules, resolve_jobs
-from aicfc.frontend.onnx_import import import_model, load_model, parse_shape_overrides
+from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.hardware import load_profile
@@ -24,8 +24,9 @@ def load(model: Any) -> tuple[onnx.ModelProto, str, str]:
         data = model.SerializeToString()
         return model, model.graph.name or "model", hashlib.sha256(data).hexdigest()
     path = Path(os.fspath(model))
-    proto = load_model(path)
-    return proto, path.stem, hashlib.sha256(path.read_bytes()).hexdigest()
+    data = path.read_bytes() if path.is_file() and path.stat().st_size <= MAX_MODEL_BYTES else None
+    proto = load_model(path, data)   # checks the path and size itself when data is None
+    return proto, path.stem, hashlib.sha256(data if data is not None else path.read_bytes()).hexdigest()
 
 
 def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",

@@ -80,7 +80,7 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "buffers": [{"id": i, "name": b.name, "region": b.region, "offset": b.offset, "nbytes": b.type.nbytes,
                      "dtype": b.type.bundle_name, "shape": list(b.type.shape)} for i, b in enumerate(buffers)],
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
-        "weights": [{"buffer": index[n], "data": w.data, "sha256": _sha(w.data)} for n, w in weights.items()],
+        "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
         "modules": [{"name": m.name, "arch": plan.target, "cubin": m.built.cubin,
                      "cubin_sha256": _sha(m.built.cubin), "source_sha256": _sha(m.source.encode()),
                      "source": m.source} for m in modules],

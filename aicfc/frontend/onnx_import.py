@@ -42,7 +42,8 @@ INPUT_DTYPES = ("f32", "f16", "f64", "i64", "i32", "bool")
 POW_INTEGER_RANGE = range(-4, 5)
 
 
-def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+def load_model(path: str | os.PathLike, data: bytes | None = None) -> onnx.ModelProto:
+    """The checked model at `path` (`data`: the file's bytes, when the caller has read them)."""
     p = Path(path)
     if not p.is_file():
         raise AicfError(f"{p}: no such model file; pass the path of an .onnx file")
@@ -50,7 +51,8 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     if size == 0 or size > MAX_MODEL_BYTES:
         raise AicfError(f"{p}: {size} bytes is not a plausible ONNX model (empty or over 2 GiB)")
     try:
-        model = onnx.load(str(p), load_external_data=False)
+        model = (onnx.load_model_from_string(data) if data is not None
+                 else onnx.load(str(p), load_external_data=False))
     except Exception as e:  # protobuf raises DecodeError, and others on garbage
         raise AicfError(f"{p}: not a readable ONNX model ({type(e).__name__}); export it again") from None
     if not model.graph.node and not model.graph.output:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,6 +82,9 @@ class Weight:
     name: str
     type: TensorType
     data: bytes
+    # The digest of `data`, computed on first use: every IR printer names a weight by it, so a
+    # BERT-sized model would otherwise hash its half gigabyte several times per compile.
+    _digest: str | None = field(default=None, init=False, compare=False, repr=False)
 
     @staticmethod
     def of(name: str, array: np.ndarray) -> Weight:
@@ -98,7 +101,9 @@ class Weight:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
+        if self._digest is None:
+            object.__setattr__(self, "_digest", hashlib.sha256(self.data).hexdigest())
+        return self._digest
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
