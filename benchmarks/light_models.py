@@ -7,8 +7,9 @@
 The light models make every weight with a ConstantOfShape of one value (0.02), which turns
 every layer into a near-constant map and the softmax output into 1/1000 everywhere. Each model
 is therefore `randomized` first: every such weight becomes a seeded random initializer of the
-same shape (He-scaled normals for >= 2-D weights, uniform 0.5..1.5 for 1-D ones, so BatchNorm
-variances stay positive), and the input of a final Softmax becomes a second graph output
+same shape (He-scaled normals for >= 2-D weights; for BatchNorm, scales in 0.3..0.7 and
+variances in 0.5..1.5; small normals for every other 1-D constant: activations stay O(1) through
+50 layers, inside fp16's range), and the input of a final Softmax becomes a second graph output
 (`<name>:logits`), a much stronger check than the probabilities. The reference is onnxruntime
 on CPU at fp32 on the same randomized model and input.
 
@@ -48,6 +49,9 @@ def randomized(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     g = m.graph
     inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
     rng = np.random.default_rng(seed)
+    # What each 1-D constant feeds: BatchNormalization's (scale, bias, mean, var) or a bias.
+    role = {x: ("scale", "bias", "mean", "var")[i - 1] for n in g.node if n.op_type == "BatchNormalization"
+            for i, x in enumerate(n.input) if i >= 1}
     nodes, made = [], {}
     for n in g.node:
         if n.op_type == "ConstantOfShape" and n.input[0] in inits:
@@ -55,8 +59,12 @@ def randomized(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
             if len(shape) >= 2:
                 fan_in = max(1, math.prod(shape[1:]))
                 value = rng.standard_normal(shape) * math.sqrt(2.0 / fan_in)
+            elif role.get(n.output[0]) in ("scale", "var"):
+                # Scales below 1 keep residual sums from growing layer by layer (the logits of
+                # a 50-layer ResNet stay O(10), inside fp16's range); variances stay positive.
+                value = rng.uniform(0.3, 0.7, shape) if role[n.output[0]] == "scale" else rng.uniform(0.5, 1.5, shape)
             else:
-                value = rng.uniform(0.5, 1.5, shape)
+                value = 0.1 * rng.standard_normal(shape)
             made[n.output[0]] = value.astype(np.float32)
             continue
         nodes.append(n)
