@@ -629,7 +629,7 @@ def _norm_params(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def layer_norm_model(shape: Shape, axis: int = -1, eps: float = 1e-5, bias: bool = True, seed: int = 0,
                      mean_output: bool = False) -> onnx.ModelProto:
     """`out = LayerNormalization(in0, scale, bias)` (opset 17) over the axes from `axis` on.
-    `mean_output` also asks for the optional Mean output (which the compiler refuses)."""
+    `mean_output` also asks for the optional Mean output, as a graph output."""
     inner = tuple(shape[axis:])
     g, b = _norm_params(int(np.prod(inner)), seed)
     inits = {"scale": g.reshape(inner)}

@@ -98,9 +98,6 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str]]:
         if n.domain not in ("", "ai.onnx") or (n.op_type not in OPS and n.op_type not in IMPORT_ONLY):
             op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
             out.append((n.name or f"{n.op_type}_{i}", op))
-        elif n.op_type == "LayerNormalization" and any(n.output[1:]):
-            out.append((n.name or f"{n.op_type}_{i}", "LayerNormalization with its Mean/InvStdDev outputs "
-                        "(only Y is supported)"))
         elif n.op_type in FIRST_OUTPUT_ONLY and set(n.output[1:]) & _consumed(model):
             out.append((n.name or f"{n.op_type}_{i}", f"{n.op_type} with {FIRST_OUTPUT_ONLY[n.op_type]} "
                         "as an output (only the first output is supported)"))
@@ -386,7 +383,10 @@ DATA_OPS = {"Cast", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Slice", "Gathe
 def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, TensorType],
                  weights: dict[str, Weight], opset: int, origin: str) -> list[tuple[str, list[str], str, dict]]:
     """(op, inputs, output, attributes) of the graph nodes one ONNX node becomes: itself, or for
-    Split one Slice per output."""
+    Split one Slice per output, or for a LayerNormalization with its Mean/InvStdDev outputs
+    itself plus those statistics spelled out (`_layer_norm_stats`)."""
+    if n.op_type == "LayerNormalization" and any(n.output[1:]):
+        return _layer_norm_stats(n, at, args, types, weights, opset, origin)
     if n.op_type != "Split":
         # Clip's and Slice's optional inputs are told apart by position: they see the empty ones too.
         positional = list(n.input) if n.op_type in ("Clip", "Slice", "Dropout") else args
@@ -415,6 +415,37 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
         extent = tuple(size if d == axis else m for d, m in enumerate(shape))
         nodes.append(("Slice", args[:1], out, {"starts": starts, "steps": (1,) * len(shape), "shape": extent}))
         start += size
+    return nodes
+
+
+def _layer_norm_stats(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, TensorType],
+                      weights: dict[str, Weight], opset: int, origin: str) -> list[tuple[str, list[str], str, dict]]:
+    """Y as a LayerNormalization node, and its Mean and InvStdDev outputs (shape: the input's with
+    the normalized axes set to 1) as ReduceMean/Sub/Mul/Add/Sqrt/Reciprocal over an [outer,
+    inner] view of the input, as the ONNX function defines them. The statistics are computed a
+    second time rather than taken from Y's row pass (which keeps them in registers)."""
+    attrs = _normalize_attrs("LayerNormalization", at, args, types, weights, opset, origin)
+    shape, axis = types[args[0]].shape, attrs["axis"]
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])
+    stat = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
+    y, mean, inv = (list(n.output) + ["", ""])[:3]
+    tmp = f"{origin}.stats"
+    weights[f"{tmp}.eps"] = _weight(f"{tmp}.eps", np.array(attrs["epsilon"], np.float32))
+    types[f"{tmp}.eps"] = weights[f"{tmp}.eps"].type
+    row_mean = {"axes": (1,), "keepdims": 1}
+    nodes = [(n.op_type, args, y, attrs)] if y else []
+    nodes += [("Reshape", args[:1], f"{tmp}.x", {"shape": (outer, inner)}),
+              ("ReduceMean", [f"{tmp}.x"], f"{tmp}.mean", row_mean)]
+    if mean:
+        nodes.append(("Reshape", [f"{tmp}.mean"], mean, {"shape": stat}))
+    if inv:
+        nodes += [("Sub", [f"{tmp}.x", f"{tmp}.mean"], f"{tmp}.d", {}),
+                  ("Mul", [f"{tmp}.d", f"{tmp}.d"], f"{tmp}.d2", {}),
+                  ("ReduceMean", [f"{tmp}.d2"], f"{tmp}.var", row_mean),
+                  ("Add", [f"{tmp}.var", f"{tmp}.eps"], f"{tmp}.vare", {}),
+                  ("Sqrt", [f"{tmp}.vare"], f"{tmp}.sd", {}),
+                  ("Reciprocal", [f"{tmp}.sd"], f"{tmp}.inv", {}),
+                  ("Reshape", [f"{tmp}.inv"], inv, {"shape": stat})]
     return nodes
 
 

@@ -32,7 +32,7 @@ NOTES: dict[str, str] = {
     "GlobalAveragePool": "a row reduction",
     "Identity": "",
     "LRN": "",
-    "LayerNormalization": "output Y only (Mean/InvStdDev outputs refused); one row pass",
+    "LayerNormalization": "any axis; Y in one row pass; the Mean/InvStdDev outputs too (computed apart)",
     "Log": "",
     "MatMul": "2-D, batched, broadcast batch dimensions, 1-D operands",
     "Max": "any number of float inputs, broadcasting",
