@@ -34,6 +34,21 @@ def _private_cache(tmp_path_factory):
     os.environ.setdefault("AICF_CACHE_DIR", str(tmp_path_factory.mktemp("aicf-cache")))
 
 
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A fake PyCUDA and libcuda (tests/test_run_cli.py) with a virtual clock: no GPU needed."""
+    from tests.test_run_cli import FakeDriver, install_fake_gpu
+    return install_fake_gpu(monkeypatch, FakeDriver())
+
+
+@pytest.fixture
+def no_pycuda(monkeypatch) -> None:
+    # None in sys.modules makes `import pycuda.driver` raise ModuleNotFoundError.
+    import sys
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+
+
 @pytest.fixture(scope="session")
 def gpu_device():
     """One CUDA context for the whole session; executors are created and freed per case."""

@@ -18,10 +18,9 @@ from aicfc.frontend.onnx_import import import_model
 from aicfc.ir.interp import evaluate_program
 from aicfc.ir.lowered import Indirect, Load, Program, parse_program, verify_program
 from aicfc.ir.types import TensorType, Value
-from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
 from tests.onnx_builders import IR_VERSION, OPSET, run_onnxruntime
-from tests.test_pipeline import evaluate_ir, evaluate_plan
+from tests.test_pipeline import evaluate_ir, evaluate_plan, stages
 
 HW = load_profile("sm_90")
 ONNX_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
@@ -75,16 +74,6 @@ def bert_embeddings_model(v: int = 100, h: int = 64, b: int = 2, s: int = 8, typ
              helper.make_node("LayerNormalization", ["s2", "gamma", "beta"], ["out"], name="ln", axis=-1,
                               epsilon=1e-12)]
     return _model(nodes, inputs, {"out": (b, s, h)}, inits)
-
-
-def stages(model, precision: str = "fp32") -> dict:
-    opts = Options("sm_90", HW, precision)
-    ir = import_model(model)
-    out = {"import": ir}
-    for stage in PIPELINE:
-        ir = stage.run(ir, opts)
-        out[stage.name] = ir
-    return out
 
 
 def ids_of(shape, n: int, seed: int, negative: bool = False) -> np.ndarray:

@@ -36,27 +36,15 @@ from aicfc.ir.lowered import parse_program, print_op
 from aicfc.ir.properties import ONLINE
 from aicfc.passes.form_kernels import PROLOGUE_RULE, ROW_RULE
 from aicfc.passes.lower import NORM_RULE
-from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.passes.plan_schedules import rank
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
 from tests.conftest import check_golden, run_payload
-from tests.test_pipeline import evaluate_ir, evaluate_plan, rel_err
+from tests.test_pipeline import evaluate_ir, evaluate_plan, rel_err, stages
 
 GOLDEN = Path(__file__).parent / "golden"
 RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
 HW = load_profile("sm_90")
-
-
-def stages(model, precision: str = "fp32", pin: dict | None = None) -> dict:
-    """Every stage's IR by stage name ("import" first)."""
-    opts = Options("sm_90", HW, precision, tuple(sorted((pin or {}).items())))
-    ir = import_model(model)
-    out = {"import": ir}
-    for stage in PIPELINE:
-        ir = stage.run(ir, opts)
-        out[stage.name] = ir
-    return out
 
 
 def plan_of(model, precision: str = "fp32", pin: dict | None = None):

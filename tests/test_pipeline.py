@@ -26,6 +26,17 @@ def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(y.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
+def stages(model, precision: str = "fp32", pin: dict | None = None) -> dict:
+    """Every stage's IR by stage name ("import" first)."""
+    opts = Options("sm_90", load_profile("sm_90"), precision, tuple(sorted((pin or {}).items())))
+    ir = import_model(model)
+    out = {"import": ir}
+    for stage in PIPELINE:
+        ir = stage.run(ir, opts)
+        out[stage.name] = ir
+    return out
+
+
 def evaluate_plan(plan, inputs: dict) -> dict:
     """The plan's computes in launch order (float32; integer inputs keep their type), with the
     views of inputs, weights and stored tensors as they become available."""

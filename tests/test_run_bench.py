@@ -27,25 +27,13 @@ from aicf_run.profile import GRAPH_LAUNCHES
 from aicfc.artifact import write_bundle
 from tests.test_bundle_format import WEIGHT, make_payload
 from tests.test_run_cli import (GRAPH_LAUNCH_US, HOST_LAUNCH_US, KERNEL_US, X, FakeDriver,
-                                assert_user_error, install_fake_gpu, run_cli)
+                                assert_user_error, run_cli)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLAIN_US = HOST_LAUNCH_US + KERNEL_US     # one kernel launched by the host, on the fake clock
 GRAPH_US = GRAPH_LAUNCH_US + KERNEL_US    # the one-kernel plan replayed as a graph
 # --profile: a kernel alone, per launch, in a graph of GRAPH_LAUNCHES launches of it.
 ALONE_US = (GRAPH_LAUNCH_US + GRAPH_LAUNCHES * KERNEL_US) / GRAPH_LAUNCHES
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    return install_fake_gpu(monkeypatch, FakeDriver())
-
-
-@pytest.fixture
-def no_pycuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    # None in sys.modules makes `import pycuda.driver` raise ModuleNotFoundError.
-    monkeypatch.setitem(sys.modules, "pycuda", None)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
 
 
 @pytest.fixture

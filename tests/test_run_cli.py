@@ -359,18 +359,6 @@ def install_fake_gpu(monkeypatch: pytest.MonkeyPatch, driver: FakeDriver) -> Fak
     return driver
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    return install_fake_gpu(monkeypatch, FakeDriver())
-
-
-@pytest.fixture
-def no_pycuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    # None in sys.modules makes `import pycuda.driver` raise ModuleNotFoundError.
-    monkeypatch.setitem(sys.modules, "pycuda", None)
-    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
-
-
 # --- bad bundle files ---
 
 
