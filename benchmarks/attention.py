@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
-from benchmarks.timing import median_us  # noqa: E402
+from benchmarks.timing import median_us, run_and_time  # noqa: E402
 
 # (B, H, S, D, causal)
 SHAPES = [(8, 12, 512, 64, False), (4, 16, 2048, 128, False), (4, 16, 2048, 128, True), (2, 3, 45, 40, False)]
@@ -59,21 +59,14 @@ def attention_model(b: int, h: int, s: int, d: int, causal: bool) -> onnx.ModelP
 
 
 def bench_one(dev, b: int, h: int, s: int, d: int, causal: bool, precision: str, pin: dict | None = None) -> dict:
-    import pycuda.driver as cuda
     import torch
     import torch.nn.functional as F
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
     rng = np.random.default_rng(b * h + s + d)
     q, k, v = (rng.standard_normal((b, h, s, d)).astype(np.float32) for _ in range(3))
     payload = aicfc.compile(attention_model(b, h, s, d, causal), target=dev.arch, precision=precision, pin=pin)
     kern = [x for x in payload["kernels"] if x["family"] == "attention"]
-    ex = Executor(Bundle.from_payload(payload), dev)
-    try:
-        y = ex.run({"q": q, "k": k, "v": v})["y"]
-        t_aicf = median_us(ex.launch, dev.context.synchronize, cuda.Event, REPS)
-    finally:
-        ex.close()
+    outputs, t_aicf = run_and_time(payload, dev, {"q": q, "k": k, "v": v}, REPS)
+    y = outputs["y"]
     dt = getattr(torch, TORCH_DTYPE[precision])
     q32, k32, v32 = (torch.from_numpy(x).cuda() for x in (q, k, v))
     qt, kt, vt = (x.to(dt) for x in (q32, k32, v32))

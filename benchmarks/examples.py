@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
 import examples.build_examples as ex  # noqa: E402
-from benchmarks.timing import median_us  # noqa: E402
+from benchmarks.timing import median_us, run_and_time  # noqa: E402
 
 REPS = 200
 
@@ -40,11 +40,8 @@ def torch_mlp(w, x):
 
 
 def main() -> None:
-    import pycuda.driver as cuda
     import torch
-    from aicf_run.bundle import Bundle
     from aicf_run.device import open_device
-    from aicf_run.executor import Executor
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = open_device(0)
     rows = []
@@ -52,11 +49,8 @@ def main() -> None:
         model = ex.BUILDERS[name]()
         x = np.random.default_rng(0).standard_normal(
             [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
-        ex_ = Executor(Bundle.from_payload(aicfc.compile(model, target=dev.arch)), dev)
-        y = ex_.run({"x": x})["y"]
-        t_aicf = median_us(ex_.launch, dev.context.synchronize, lambda: cuda.Event(), REPS, 20)
-        dev.context.synchronize()
-        ex_.close()
+        outputs, t_aicf = run_and_time(aicfc.compile(model, target=dev.arch), dev, {"x": x}, REPS, 20)
+        y = outputs["y"]
         w = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()).cuda() for t in model.graph.initializer}
         xt = torch.from_numpy(x).cuda()
         yt = ref_fn(w, xt)

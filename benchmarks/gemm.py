@@ -29,7 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
-from benchmarks.timing import median_us  # noqa: E402
+from benchmarks.timing import median_us, run_and_time  # noqa: E402
 
 SQUARE = [(n, n, n) for n in (1024, 2048, 4096, 8192)]
 BERT = [(m, k, n) for m in (128, 4096) for k, n in ((768, 768), (768, 3072), (3072, 768))]
@@ -82,21 +82,14 @@ def tune_shapes(dev, shapes: list[tuple[int, int, int]], precision: str, fitted:
 
 
 def bench_one(dev, m: int, k: int, n: int, precision: str, pin: dict | None = None) -> dict:
-    import pycuda.driver as cuda
     import torch
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
     rng = np.random.default_rng(m + k + n)
     x = rng.standard_normal((m, k)).astype(np.float32)
     w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
     payload = aicfc.compile(matmul_model(m, k, n, w), target=dev.arch, precision=precision, pin=pin)
     (kern,) = payload["kernels"]
-    ex = Executor(Bundle.from_payload(payload), dev)
-    try:
-        y = ex.run({"x": x})["y"]
-        t_aicf = median_us(ex.launch, dev.context.synchronize, cuda.Event, REPS)
-    finally:
-        ex.close()
+    outputs, t_aicf = run_and_time(payload, dev, {"x": x}, REPS)
+    y = outputs["y"]
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     dt = getattr(torch, TORCH_DTYPE[precision])
     xt, wt = torch.from_numpy(x).cuda().to(dt), torch.from_numpy(w).cuda().to(dt)

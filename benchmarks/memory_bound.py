@@ -38,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
-from benchmarks.timing import median_us  # noqa: E402
+from benchmarks.timing import median_us, run_and_time  # noqa: E402
 
 SHAPE, QUICK_SHAPE = (65536, 4096), (8192, 4096)
 CASES = ("layernorm", "softmax", "gelu_bias")
@@ -108,20 +108,13 @@ def copy_bandwidth(warmup_s: float = 0.0) -> float:
 
 
 def bench_one(dev, case: str, precision: str, m: int, n: int, pin: dict) -> dict:
-    import pycuda.driver as cuda
     import torch
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
     rng = np.random.default_rng(sum(map(ord, case)))
     model, consts = build(case, m, n, rng)
     payload = aicfc.compile(model, target=dev.arch, precision=precision, pin=pin or None)
     x = rng.standard_normal((m, n), dtype=np.float32)
-    ex = Executor(Bundle.from_payload(payload), dev)
-    try:
-        y = ex.run({"x": x})["y"]
-        t_aicf = median_us(ex.launch, dev.context.synchronize, cuda.Event, REPS)
-    finally:
-        ex.close()
+    outputs, t_aicf = run_and_time(payload, dev, {"x": x}, REPS)
+    y = outputs["y"]
     dtype = getattr(torch, TORCH_DTYPE[precision])
     xt = torch.from_numpy(x).cuda()
     fn = torch_fn(case, consts, dtype)
