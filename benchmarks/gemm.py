@@ -58,10 +58,13 @@ def shapes_model(shapes: list[tuple[int, int, int]]) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def tune_shapes(dev, shapes: list[tuple[int, int, int]], precision: str, fitted: Path | None) -> None:
+def tune_shapes(dev, shapes: list[tuple[int, int, int]], precision: str, fitted: Path | None,
+                top: int = 8, spread: int = 8, report_json: Path | None = None) -> None:
     from aicfc.planner.fit import fit_profile
     from aicfc.tune import tune_model
-    report = tune_model(shapes_model(shapes), precision=precision, device=dev)
+    report = tune_model(shapes_model(shapes), precision=precision, device=dev, top=top, spread=spread)
+    if report_json:
+        report_json.write_text(json.dumps(report.to_json(), indent=1))
     print(f"{precision}: cost model vs {sum(len(kt.measured) for kt in report.kernels)} measured candidates")
     print(f"  {'M x K x N':<18} {'measured':>8} {'pick us':>9} {'best us':>9} {'pick/best':>9} {'spearman':>9}")
     for (m, k, n), kt in zip(shapes, report.kernels):
@@ -116,6 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tune", action="store_true", help="measure the cost model's candidates instead")
     ap.add_argument("--fitted-profile", type=Path, help="with --tune: write the fitted profile here "
                     "(one file per precision: PATH with the precision before the suffix)")
+    ap.add_argument("--top", type=int, default=8, help="with --tune: measure the model's first TOP candidates")
+    ap.add_argument("--spread", type=int, default=8, help="with --tune: and SPREAD more through the ranking")
+    ap.add_argument("--report-json", type=Path, help="with --tune: write every measured candidate here "
+                    "(one file per precision, named as --fitted-profile)")
     args = ap.parse_args(argv)
     from aicf_run.device import open_device
     dev = open_device(0)
@@ -127,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"GPU: {dev.name} ({dev.arch})")
     if args.tune:
         for precision in args.precision or PRECISIONS:
-            out = args.fitted_profile
-            tune_shapes(dev, shapes, precision, out.with_name(f"{out.stem}_{precision}{out.suffix}") if out else None)
+            out, rep = args.fitted_profile, args.report_json
+            tune_shapes(dev, shapes, precision, out.with_name(f"{out.stem}_{precision}{out.suffix}") if out else None,
+                        args.top, args.spread, rep.with_name(f"{rep.stem}_{precision}{rep.suffix}") if rep else None)
         dev.close()
         return
     print(f"{'precision':<9} {'M x K x N':<18} {'aicf us':>9} {'cuBLAS us':>10} {'aicf TF/s':>10} "

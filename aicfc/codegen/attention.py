@@ -218,7 +218,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   SQ=g.sq, SK=g.sk, D=g.d, DV=g.dv, NB=g.nb, TILES=tiles, KT=math.ceil(g.sk / p["BN"]),
                   BM=p["BM"], BN=p["BN"], causal=bool(p["causal"]), threads=threads(p),
                   q=operands["q"], k=operands["k"], v=operands["v"], o=_store(g, types, sig, names),
-                  logit_lines=lines, logit=value, mask_reads=[ld.buffer for ld in loads(att.logits)
+                  logit_lines=lines, logit=value, empty_rows_zero=att.empty_rows_zero, mask_reads=[ld.buffer for ld in loads(att.logits)
                                                               if ld.buffer != att.scores.out])
     if p["unit"] == "simt":
         return render("attention.cu.j2", unit="simt", TPR=p["TPR"], **common)

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from aicfc.errors import AicfError
 from aicfc.ir.high import Graph, Node, make_attrs, verify_graph
-from aicfc.ir.ops import FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
+from aicfc.ir.ops import COMPARISONS, FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
 from aicfc.ir.types import NUMPY_TO_IR, TensorType, Value, Weight
 
 MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit for a single message
@@ -242,6 +242,9 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         src = types[args[0]].shape
         if not at.get("allowzero", 0):
             target = [src[i] if d == 0 else d for i, d in enumerate(target)]
+        elif 0 in target:
+            raise AicfError(f"node {origin!r}: Reshape with allowzero=1 to {target} gives an empty tensor; "
+                            "empty tensors are not supported")
         if target.count(-1) > 1:
             raise AicfError(f"node {origin!r}: Reshape shape {target} has more than one -1")
         if -1 in target:
@@ -256,6 +259,10 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         return _reduce_attrs(op, at, args, types, weights, origin)
     if op in WINDOW_OPS:
         return _window_attrs(op, at, args, types, weights, origin)
+    if op == "GatherElements":
+        return {"axis": _axis(at.get("axis", 0), rank, origin, op)}
+    if op == "GatherND":
+        return {"batch_dims": int(at.get("batch_dims", 0))}
     if op == "LayerNormalization":
         axis = at.get("axis", -1)
         return {"axis": axis + rank if axis < 0 else axis, "epsilon": float(at.get("epsilon", 1e-5))}
@@ -486,10 +493,12 @@ def _check_runtime_dtypes(op: str, ts: list[TensorType], origin: str) -> None:
     """A node left for run time computes in float (Lowered IR): integer and bool tensors only
     where `ops.RUNTIME_DTYPES` allows them (masks, indices), else only as folded constants."""
     allowed = RUNTIME_DTYPES.get(op, ("f32", "f16") + (("bool",) if op == "Equal" else ()))
-    if op == "Gather":
+    if op in ("Gather", "GatherElements", "GatherND"):
         ts = ts[:1] + ts[2:]   # the indices are integers by the type rule
     if op == "Where":
         ts = ts[1:]            # the condition is bool by the type rule
+    if op == "IsNaN" or op in COMPARISONS:
+        ts = ts[:-1]           # the result is bool by the type rule
     bad = sorted({t.dtype for t in ts} - set(allowed))
     if bad:
         raise AicfError(f"node {origin!r}: {op} on run-time {'/'.join(bad)} tensors is not supported "

@@ -25,6 +25,9 @@ SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {
     "max": np.maximum, "min": np.minimum, "neg": np.negative, "exp": np.exp, "log": np.log,
     "sqrt": np.sqrt, "tanh": np.tanh, "erf": _erf, "sigmoid": _sigmoid,
     "eq": np.equal, "select": lambda c, a, b: np.where(c != 0, a, b),
+    "gt": np.greater, "lt": np.less, "ge": np.greater_equal, "le": np.less_equal,
+    "and": lambda a, b: (a != 0) & (b != 0), "or": lambda a, b: (a != 0) | (b != 0),
+    "xor": lambda a, b: (a != 0) ^ (b != 0), "not": lambda a: a == 0, "isnan": np.isnan,
 }
 
 

@@ -45,6 +45,8 @@ FNS: dict[str, int] = {
     "neg": 1, "exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "sigmoid": 1,
     # Equal and Where (issue 6): eq gives 1.0 or 0.0; select(c, a, b) is a where c != 0, else b.
     "eq": 2, "select": 3,
+    # Comparisons, logic and IsNaN (masks): 1.0 or 0.0, a logic input is true where != 0.
+    "gt": 2, "lt": 2, "ge": 2, "le": 2, "and": 2, "or": 2, "xor": 2, "not": 1, "isnan": 1,
 }
 COMBINERS = ("map", "sum", "max")
 

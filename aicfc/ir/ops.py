@@ -367,6 +367,80 @@ OPS.update({op.name: op for op in [
     OpDef("Range", (3, 3), _infer_folded, _range),
     OpDef("Concat", (1, 64), _infer_concat, lambda x, at: np.concatenate(x, axis=at["axis"]), ("axis",)),
 ]})
+
+
+# Comparisons and logic (masks): bool results, 1.0/0.0 inside a Lowered IR body.
+def _infer_logic(t: list[TensorType], _: Attrs) -> TensorType:
+    if any(x.dtype != "bool" for x in t):
+        raise OpTypeError(f"logic op on {sorted({x.dtype for x in t})}, not bool")
+    shape: tuple[int, ...] = ()
+    for x in t:
+        shape = _broadcast(shape, x.shape)
+    return TensorType("bool", shape)
+
+
+def _infer_isnan(t: list[TensorType], _: Attrs) -> TensorType:
+    return TensorType("bool", t[0].shape)
+
+
+def _infer_gather_elements(t: list[TensorType], at: Attrs) -> TensorType:
+    data, ids, axis = t[0], t[1], at["axis"]
+    if not 0 <= axis < len(data.shape) or len(ids.shape) != len(data.shape):
+        raise OpTypeError(f"GatherElements axis {axis}: data rank {len(data.shape)}, indices rank {len(ids.shape)}")
+    return TensorType(data.dtype, ids.shape)
+
+
+def _gather_elements(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    n = x[0].shape[at["axis"]]
+    ids = x[1].astype(np.int64)
+    if ((ids < -n) | (ids >= n)).any():
+        raise ValueError(f"GatherElements indices outside -{n}..{n - 1}")
+    return np.take_along_axis(x[0], np.where(ids < 0, ids + n, ids), axis=at["axis"])
+
+
+def _infer_gather_nd(t: list[TensorType], at: Attrs) -> TensorType:
+    data, ids, b = t[0], t[1], at["batch_dims"]
+    k = ids.shape[-1] if ids.shape else 0
+    if ids.dtype not in INTEGERS or not ids.shape or not 1 <= k <= len(data.shape) - b or data.shape[:b] != ids.shape[:b]:
+        raise OpTypeError(f"GatherND of {list(data.shape)} by indices {list(ids.shape)} ({ids.dtype}), batch_dims {b}")
+    return TensorType(data.dtype, data.shape[:b] + ids.shape[b:-1] + data.shape[b + k:])
+
+
+def _gather_nd(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    data, ids, b = x[0], x[1].astype(np.int64), at["batch_dims"]
+    k = ids.shape[-1]
+    lead = data.shape[:b]
+    flat_data = data.reshape((-1,) + data.shape[b:])
+    flat_ids = ids.reshape((flat_data.shape[0], -1, k))
+    dims = np.asarray(data.shape[b:b + k])
+    if ((flat_ids < -dims) | (flat_ids >= dims)).any():
+        raise ValueError("GatherND indices out of range")
+    flat_ids = np.where(flat_ids < 0, flat_ids + dims, flat_ids)
+    out = np.stack([flat_data[i][tuple(flat_ids[i].T)] for i in range(flat_data.shape[0])])
+    return out.reshape(lead + ids.shape[b:-1] + data.shape[b + k:])
+
+
+OPS.update({op.name: op for op in [
+    OpDef("Greater", (2, 2), _infer_equal, lambda x, _: np.greater(x[0], x[1])),
+    OpDef("Less", (2, 2), _infer_equal, lambda x, _: np.less(x[0], x[1])),
+    OpDef("GreaterOrEqual", (2, 2), _infer_equal, lambda x, _: np.greater_equal(x[0], x[1])),
+    OpDef("LessOrEqual", (2, 2), _infer_equal, lambda x, _: np.less_equal(x[0], x[1])),
+    OpDef("And", (2, 2), _infer_logic, lambda x, _: np.logical_and(x[0], x[1])),
+    OpDef("Or", (2, 2), _infer_logic, lambda x, _: np.logical_or(x[0], x[1])),
+    OpDef("Xor", (2, 2), _infer_logic, lambda x, _: np.logical_xor(x[0], x[1])),
+    OpDef("Not", (1, 1), _infer_logic, lambda x, _: np.logical_not(x[0])),
+    OpDef("IsNaN", (1, 1), _infer_isnan, lambda x, _: np.isnan(x[0])),
+    # Indices at run time: an indirect index per gathered dimension (lower.py).
+    OpDef("GatherElements", (2, 2), _infer_gather_elements, _gather_elements, ("axis",)),
+    OpDef("GatherND", (2, 2), _infer_gather_nd, _gather_nd, ("batch_dims",)),
+]})
+COMPARISONS = ("Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual")
+LOGIC = ("And", "Or", "Xor", "Not")
+RUNTIME_DTYPES.update({op: ("f32", "f16", "bool") for op in COMPARISONS})
+RUNTIME_DTYPES.update({op: ("bool",) for op in LOGIC})
+RUNTIME_DTYPES["IsNaN"] = ("f32", "f16")
+RUNTIME_DTYPES.update({"GatherElements": FLOATS, "GatherND": FLOATS})
+
 # Cast between any two of the dtypes above; arithmetic ops accept integers as constants (folded).
 OPS["Cast"] = OpDef("Cast", (1, 1), _infer_cast, lambda x, at: x[0].astype(DTYPES[at["to"]]), ("to",))
 for _name in ("Add", "Sub", "Mul"):

@@ -328,16 +328,33 @@ class Attention:
     col: str           # O's value-column variable
     batch: tuple[str, ...]
     to_out: tuple[tuple[str, Affine], ...]
+    empty_rows_zero: bool = False   # P's NaNs are zeroed: a row with every logit -inf gives 0, not NaN
 
     @property
     def ops(self) -> tuple[Compute, ...]:
         return (self.scores, self.row_max, self.row_sum, self.probs, self.out)
 
 
-def _softmax_parts(p: Compute, producers: Mapping[str, Compute]) -> tuple[Compute, Compute, Expr] | None:
-    """(row max, row sum, F) when P = exp(F - max_j F) / sum_j exp(F - max_j F) over P's last
-    variable j, exactly as `lower` states Softmax; None otherwise."""
-    body = p.body
+def _nan_to_zero(body: Expr) -> Expr | None:
+    """E when `body` is select(isnan(E), 0, E): torch's exported scaled_dot_product_attention
+    zeroes the NaN probabilities of a row whose logits are all -inf (a fully masked row)."""
+    if (isinstance(body, Call) and body.fn == "select" and isinstance(body.args[0], Call)
+            and body.args[0].fn == "isnan" and body.args[1] == Const(0.0) and body.args[0].args[0] == body.args[2]):
+        return body.args[2]
+    return None
+
+
+def _softmax_parts(p: Compute, producers: Mapping[str, Compute]) -> tuple[Compute, Compute, Expr, bool] | None:
+    """(row max, row sum, F, masked rows zero) when P = exp(F - max_j F) / sum_j exp(F - max_j F)
+    over P's last variable j, exactly as `lower` states Softmax, or that softmax with its NaNs
+    replaced by 0 (`_nan_to_zero`: then a row whose logits are all -inf is 0); None otherwise."""
+    rank = len(p.type.shape)
+    # An extent-1 dimension may be read at its variable or at 0 (lowering writes either).
+    ones = {f"i{d}": Affine() for d, n in enumerate(p.type.shape) if n == 1}
+    body = substitute(p.body, ones)
+    unwrapped = _nan_to_zero(body)
+    if unwrapped is not None:
+        body = unwrapped
     if not (p.combiner == "map" and isinstance(body, Call) and body.fn == "div"):
         return None
     num, den = body.args
@@ -346,16 +363,15 @@ def _softmax_parts(p: Compute, producers: Mapping[str, Compute]) -> tuple[Comput
         return None
     f, at_max = num.args[0].args
     mx, sm = producers.get(at_max.buffer), producers.get(den.buffer)
-    rank = len(p.type.shape)
-    stat_at = tuple(Affine.var(f"i{d}") for d in range(rank - 1)) + (Affine(),)
+    stat_at = tuple(ones.get(f"i{d}", Affine.var(f"i{d}")) for d in range(rank - 1)) + (Affine(),)
     if mx is None or sm is None or at_max.index != stat_at or den.index != stat_at:
         return None
     along = {f"i{rank - 1}": Affine.var("r0")}
     n = p.type.shape[-1]
-    if not (mx.combiner == "max" and mx.reduce == (n,) and mx.body == substitute(f, along)
-            and sm.combiner == "sum" and sm.reduce == (n,) and sm.body == substitute(num, along)):
+    if not (mx.combiner == "max" and mx.reduce == (n,) and substitute(mx.body, ones) == substitute(f, along)
+            and sm.combiner == "sum" and sm.reduce == (n,) and substitute(sm.body, ones) == substitute(num, along)):
         return None
-    return mx, sm, f
+    return mx, sm, f, unwrapped is not None
 
 
 def streaming_attention(out: Compute, producers: Mapping[str, Compute]) -> Attention | str | None:
@@ -380,7 +396,7 @@ def streaming_attention(out: Compute, producers: Mapping[str, Compute]) -> Atten
             break
     if found is None:
         return None
-    pl, vl, p, (mx, sm, f) = found
+    pl, vl, p, (mx, sm, f, empty_rows_zero) = found
     rank = len(p.type.shape)
     row_p, key_p = f"i{rank - 2}", f"i{rank - 1}"
 
@@ -429,26 +445,28 @@ def streaming_attention(out: Compute, producers: Mapping[str, Compute]) -> Atten
                      k=Load(k.buffer, tuple(a.substitute(s_to_out) for a in k.index)),
                      v=vl, logits=substitute(f, to_out), row=row, col=col,
                      batch=tuple(v for v in out.domain_vars if v not in (row, col)),
-                     to_out=tuple(sorted(to_out.items())))
+                     to_out=tuple(sorted(to_out.items())), empty_rows_zero=empty_rows_zero)
 
 
 def causal_split(att: Attention) -> tuple[Load, Expr] | None:
     """(M, X) when the logits are F = X + M (either order) with M a load, not of the scores,
-    whose access varies with the query row and the key only: the shape of a constant
-    additive mask. Whether M is causal depends on its values (`causal_logits`)."""
+    whose access varies with the query row, the key and batch variables only: the shape of an
+    additive mask (transformers builds one per batch row). Whether M is causal depends on its
+    values (`causal_logits`)."""
     f = att.logits
     if not (isinstance(f, Call) and f.fn == "add"):
         return None
     for m, x in ((f.args[1], f.args[0]), (f.args[0], f.args[1])):
         if (isinstance(m, Load) and not indirect_dims(m) and m.buffer != att.scores.out and all(ld.buffer != m.buffer for ld in loads(x))
-                and not {v for a in m.index for v, _ in a.terms} - {att.row, "r0"}):
+                and not {v for a in m.index for v, _ in a.terms} - {att.row, "r0", *att.batch}):
             return m, x
     return None
 
 
 def causal_logits(att: Attention, weights: Mapping[str, Any]) -> Expr | None:
     """F without its mask when F = X + M[i, j] (`causal_split`) with M a constant (`weights`
-    maps weight names to arrays) that is 0 where j <= i and <= -1e4 where j > i. Key j = 0 is
+    maps weight names to arrays) that is 0 where j <= i and <= -1e4 where j > i, in every batch
+    row it varies over. Key j = 0 is
     never masked, so each row's maximum is at least a real logit and a masked probability is
     below e^{-1e4 + (spread of the logits)}: 0 in every float format for any logits that span
     less than ~1e4, so skipping the keys above the diagonal changes nothing. None when the
@@ -457,10 +475,15 @@ def causal_logits(att: Attention, weights: Mapping[str, Any]) -> Expr | None:
     if split is None or split[0].buffer not in weights:
         return None
     m, x = split
-    nq, nk = att.out.extents()[att.row], att.out.reduce[0]
-    grids = {att.row: np.arange(nq).reshape(-1, 1), "r0": np.arange(nk).reshape(1, -1)}
-    idx = tuple(np.broadcast_to(a.const + sum((c * grids[v] for v, c in a.terms), np.int64(0)), (nq, nk))
+    extents = att.out.extents()
+    nq, nk = extents[att.row], att.out.reduce[0]
+    used = [v for v in att.batch if any(v == u for a in m.index for u, _ in a.terms)]
+    shape = tuple(extents[v] for v in used) + (nq, nk)
+    axes = used + [att.row, "r0"]
+    grids = {v: np.arange(n).reshape([n if k == d else 1 for k in range(len(shape))])
+             for d, (v, n) in enumerate(zip(axes, shape))}
+    idx = tuple(np.broadcast_to(a.const + sum((c * grids[v] for v, c in a.terms), np.int64(0)), shape)
                 for a in m.index)
     mask = np.asarray(weights[m.buffer], dtype=np.float64)[idx]
-    below = grids["r0"] <= grids[att.row]
+    below = np.broadcast_to(grids["r0"] <= grids[att.row], shape)
     return x if np.all(mask[below] == 0) and np.all(mask[~below] <= -1e4) else None

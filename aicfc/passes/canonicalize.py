@@ -25,8 +25,10 @@ import numpy as np
 from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
+from aicfc.passes.cancel_views import cancel_views
 
 BN_FOLD_RULE = "Conv + BatchNormalization => Conv with folded weights"
+SCALE_RULE = "MatMul(x·c, y) => MatMul(x, y)·c"
 
 
 def canonicalize(g: Graph) -> Graph:
@@ -56,6 +58,8 @@ def canonicalize(g: Graph) -> Graph:
         if n.op == "BatchNormalization" and all(i in wmap for i in ins[1:]):
             _batch_norm(n, ins, nodes, weights, wmap, readers, g.outputs, types)
             continue
+        if n.op == "MatMul" and _hoist_scales(n, ins, nodes, weights, wmap, readers, g.outputs, types):
+            continue
         if n.op != "Gemm":
             nodes.append(Node(n.op, ins, n.output, n.type, n.attrs, n.origin))
             continue
@@ -79,8 +83,8 @@ def canonicalize(g: Graph) -> Graph:
             last = nodes.pop()
             nodes.append(Node(last.op, last.inputs, y, last.type, last.attrs, last.origin))
             types[y] = last.type
-    return g.replace(nodes=tuple(nodes), weights=tuple(weights),
-                     outputs=tuple(rename.get(o, o) for o in g.outputs))
+    return cancel_views(g.replace(nodes=tuple(nodes), weights=tuple(weights),
+                                  outputs=tuple(rename.get(o, o) for o in g.outputs)))
 
 
 def _batch_norm(n: Node, ins: tuple[str, ...], nodes: list[Node], weights: list[Weight], wmap: dict[str, Weight],
@@ -112,3 +116,53 @@ def _batch_norm(n: Node, ins: tuple[str, ...], nodes: list[Node], weights: list[
         t_out = OPS[op].infer([types[a], types[b]], {})
         types[out] = t_out
         nodes.append(Node(op, (a, b), out, t_out, (), n.origin))
+
+
+def _scalar_scale(name: str, nodes: list[Node], wmap: dict[str, Weight], readers: dict[str, list[Node]],
+                  outputs: tuple[str, ...]) -> tuple[str, float] | None:
+    """(x, c) when `name` is Mul(x, c) (either order) of a one-element float constant c that only
+    the MatMul at hand reads."""
+    mul = next((m for m in reversed(nodes) if m.output == name), None)
+    if mul is None or mul.op != "Mul" or len(readers.get(name, [])) != 1 or name in outputs:
+        return None
+    for x, c in (mul.inputs, mul.inputs[::-1]):
+        w = wmap.get(c)
+        if w is not None and x not in wmap and w.type.numel == 1 and w.type.dtype in ("f32", "f16", "f64"):
+            return x, float(w.array().reshape(-1)[0])
+    return None
+
+
+def _feeds_softmax(name: str, readers: dict[str, list[Node]], steps: int = 3) -> bool:
+    """Whether `name` reaches a Softmax through a chain of single-reader Add/Sub/Mul/Div/Where
+    (the scores' scale and mask)."""
+    for _ in range(steps + 1):
+        users = readers.get(name, [])
+        if len(users) != 1:
+            return False
+        if users[0].op == "Softmax":
+            return True
+        if users[0].op not in ("Add", "Sub", "Mul", "Div", "Where"):
+            return False
+        name = users[0].output
+    return False
+
+
+def _hoist_scales(n: Node, ins: tuple[str, ...], nodes: list[Node], weights: list[Weight], wmap: dict[str, Weight],
+                  readers: dict[str, list[Node]], outputs: tuple[str, ...], types: dict) -> bool:
+    """SCALE_RULE: MatMul(x·a, y·b) as MatMul(x, y)·(a·b); False when neither operand is scaled."""
+    found = [_scalar_scale(i, nodes, wmap, readers, outputs) for i in ins]
+    if not any(found) or any(types[i].shape != types[f[0]].shape for i, f in zip(ins, found) if f):
+        return False
+    if not all(found) and not _feeds_softmax(n.output, readers):
+        return False   # one scaled operand elsewhere (a GELU's 0.5 before FFN2) is as good where it is
+    operands = tuple(f[0] if f else i for i, f in zip(ins, found))
+    scale = float(np.prod([f[1] for f in found if f]))
+    mm = f"{n.output}.unscaled"
+    types[mm] = n.type
+    c = Weight.of(f"{n.output}.scale", np.asarray(scale, dtype=n.type.np_dtype))
+    weights.append(c)
+    wmap[c.name] = c
+    types[c.name] = c.type
+    nodes.append(Node("MatMul", operands, mm, n.type, n.attrs, n.origin))
+    nodes.append(Node("Mul", (mm, c.name), n.output, n.type, make_attrs({"rule": SCALE_RULE}), n.origin))
+    return True

@@ -112,7 +112,13 @@ def _why_keep_row(prod: Compute, consumers: list[Compute], readers: dict[str, li
     return None
 
 
-def inline_producers(p: Program) -> Program:
+def inline_producers(p: Program, again: bool = False) -> Program:
+    """Both rules in program order. `again`: the second run, access folding alone, after
+    fold_views has taken the views that split dimensions out from between producers and
+    consumers (a Split's slice read through the head-split reshape folds into the attention's
+    operand then). Recomputing maps there too would recompute biases inside head transposes,
+    which then no longer fold into an attention operand. It only adds what it applies: its
+    declines repeat the first run's."""
     ops = list(p.ops)
     records: list[Rewrite] = list(p.rewrites)
     k = 0
@@ -123,6 +129,8 @@ def inline_producers(p: Program) -> Program:
             continue
         pure_move = isinstance(prod.body, Load)
         rule = FOLD_RULE if pure_move else REMAT_RULE
+        if again and not pure_move:
+            continue
         consumers = [op for op in ops if isinstance(op, Compute) and any(ld.buffer == prod.out for ld in loads(op.body))]
         viewers = [op for op in ops if isinstance(op, View) and op.source == prod.out]
         reason = None
@@ -143,8 +151,11 @@ def inline_producers(p: Program) -> Program:
                 stored = set(p.outputs) | {op.source for op in ops if isinstance(op, View)}
                 reason = _why_keep_row(prod, consumers, readers, stored)
         if reason:
-            records.append(Rewrite(rule, prod.out, False, reason))
+            if not again:
+                records.append(Rewrite(rule, prod.out, False, reason))
             continue
+        if again:   # the first run's "declined" record for it no longer holds
+            records = [r for r in records if (r.rule, r.target, r.applied) != (rule, prod.out, False)]
         for i, op in enumerate(ops):
             if op in consumers:
                 ops[i] = _inline(op, prod)

@@ -305,6 +305,27 @@ def _gather(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[
     return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], tuple(index)), (n.origin,))]
 
 
+def _gather_elements(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
+    """out[i..] = data[i.. with dim `axis` replaced by @ids[i..]]: one indirect index."""
+    axis, rank = n.attr["axis"], len(n.type.shape)
+    ids = Load(n.inputs[1], tuple(Affine.var(f"i{d}") for d in range(rank)))
+    index = tuple(Indirect(ids) if d == axis else Affine.var(f"i{d}") for d in range(rank))
+    return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], index), (n.origin,))]
+
+
+def _gather_nd(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
+    """out[b.., j.., t..] = data[b.., @ids[b.., j.., 0], .., @ids[b.., j.., k-1], t..]: one
+    indirect index per gathered dimension of data."""
+    data, ids = (types[i].shape for i in n.inputs)
+    b, k = n.attr["batch_dims"], ids[-1]
+    mid = len(ids) - 1 - b   # the j.. variables
+    def at(c: int) -> Load:
+        return Load(n.inputs[1], tuple(Affine.var(f"i{d}") for d in range(b + mid)) + (Affine.of({}, c),))
+    index = [Affine.var(f"i{d}") for d in range(b)] + [Indirect(at(c)) for c in range(k)]
+    index += [Affine.var(f"i{b + mid + d}") for d in range(len(data) - b - k)]
+    return [Compute(n.output, n.type, "map", (), Load(n.inputs[0], tuple(index)), (n.origin,))]
+
+
 def _variadic(fn: str) -> Callable[..., list[Op]]:
     def build(*args: Expr) -> Expr:
         out = args[0]
@@ -327,4 +348,15 @@ LOWERINGS.update({
     "Min": _variadic("min"),
     "Equal": _pointwise(_call("eq")),
     "Where": _pointwise(_call("select")),
+    "Greater": _pointwise(_call("gt")),
+    "Less": _pointwise(_call("lt")),
+    "GreaterOrEqual": _pointwise(_call("ge")),
+    "LessOrEqual": _pointwise(_call("le")),
+    "And": _pointwise(_call("and")),
+    "Or": _pointwise(_call("or")),
+    "Xor": _pointwise(_call("xor")),
+    "Not": _pointwise(_call("not")),
+    "IsNaN": _pointwise(_call("isnan")),
+    "GatherElements": _gather_elements,
+    "GatherND": _gather_nd,
 })

@@ -55,6 +55,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("lower", "high", "lowered", lambda g, o: lower(g)),
     Stage("inline_producers", "lowered", "lowered", lambda p, o: inline_producers(p)),
     Stage("fold_views", "lowered", "lowered", lambda p, o: fold_views(p)),
+    Stage("inline_again", "lowered", "lowered", lambda p, o: inline_producers(p, again=True)),
     Stage("merge_contractions", "lowered", "lowered", lambda p, o: merge_contractions(p)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
@@ -67,14 +68,16 @@ PIPELINE: tuple[Stage, ...] = (
 # inline_producers (which recomputes maps in program order: with the head-split views gone
 # first, the bias would be recomputed inside the head transpose, which then no longer folds
 # into the attention's operand access) and precedes merge_contractions (which keeps a result
-# read through a view apart); merge_contractions precedes form_kernels (which absorbs the
-# merged epilogue).
+# read through a view apart); inline_again (inline_producers once more) follows
+# fold_views, which has taken the splitting views out from between producers and consumers; merge_contractions precedes form_kernels (which absorbs the merged
+# epilogue).
 for _a, _b in zip(PIPELINE, PIPELINE[1:]):
     assert _a.gives == _b.takes, f"stage {_b.name} takes {_b.takes} but {_a.name} gives {_a.gives}"
 _ORDER = [s.name for s in PIPELINE]
 assert _ORDER.index("canonicalize") < _ORDER.index("lower")
 assert _ORDER.index("fold_constants") < _ORDER.index("cse") < _ORDER.index("dce")   # folding makes duplicates
-assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("merge_contractions")
+assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("inline_again")
+        < _ORDER.index("merge_contractions")
         < _ORDER.index("form_kernels"))
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {

@@ -1,0 +1,122 @@
+"""Real torch exports of transformers models (tests/fixtures/hf, written by make_hf.py): both
+exporters, BERT, GPT-2 and ViT, 2 layers each, random parameters.
+
+What torch's exported scaled_dot_product_attention brings (q and kᵀ each scaled by √scale,
+kᵀ transposed on a merged [B·H] batch, NaN probabilities zeroed by Where(IsNaN)) must still
+become one streaming attention kernel per layer; BERT stays at 7 kernels a layer. Every model
+matches onnxruntime through the interpreter (CPU) and on the GPU at fp32 (1e-4 of the output's
+max) and fp16 (1e-2).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import aicfc
+from tests.conftest import run_payload
+from tests.test_pipeline import evaluate_ir, rel_err, stages
+
+HF = Path(__file__).resolve().parent / "fixtures" / "hf"
+MODELS = sorted(p.stem for p in HF.glob("*.onnx"))
+LAYERS = 2
+ATTENTION_RULE = "softmax(q@kᵀ·s)@v => streaming_attention"
+
+
+def load(stem: str) -> onnx.ModelProto:
+    return onnx.load(str(HF / f"{stem}.onnx"))
+
+
+def feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in model.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+            out[i.name] = rng.integers(0, 100, shape).astype(np.int64)
+        else:
+            out[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def onnxruntime(model: onnx.ModelProto, inputs: dict) -> np.ndarray:
+    import onnxruntime as ort
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(["y"], inputs)[0]
+
+
+def test_fixtures_present():
+    assert len(MODELS) == 5, MODELS
+
+
+@pytest.mark.parametrize("stem", MODELS)
+def test_one_attention_kernel_per_layer(stem):
+    payload = aicfc.compile(load(stem), precision="fp16")
+    kernels = payload["kernels"]
+    att = [k for k in kernels if k["family"] == "attention"]
+    assert len(att) == LAYERS
+    for k in att:
+        assert "weighted_streaming_reduction" in k["properties"] and ATTENTION_RULE in k["rewrites"]
+        assert k["params"]["unit"] == "mma"                # kᵀ folded: k is read along the head dim
+    if stem.startswith("gpt2"):
+        assert all(k["params"]["causal"] for k in att)     # transformers' per-batch causal mask
+    if stem.startswith("bert"):
+        assert len(kernels) <= 7 * LAYERS + 1              # + the embeddings' LayerNorm
+    # every kernel names the property that let it fuse what it covers
+    assert all(k["properties"] for k in kernels if len(k["onnx_nodes"]) > 1)
+
+
+@pytest.mark.parametrize("stem", MODELS)
+def test_interpreter_matches_onnxruntime(stem):
+    model = load(stem)
+    inputs = feeds(model)
+    ref = onnxruntime(model, inputs)
+    ir = stages(model)
+    got = evaluate_ir(ir["plan_memory"], inputs)["y"]
+    assert rel_err(got, ref.astype(np.float64)) <= 1e-5
+
+
+def test_sdpa_rewrites_are_recorded():
+    """The scale hoisted out of the MatMul and the kᵀ reshape/transpose chain cancelled."""
+    ir = stages(load("bert_sdpa_dynamo_b2"))
+    canon = ir["canonicalize"]
+    assert not any(n.op == "Mul" and n.output.startswith("val_") for n in canon.nodes
+                   if any(m.op == "MatMul" and n.output in m.inputs for m in canon.nodes))
+    kinds = [n.op for n in canon.nodes]
+    # the merged-batch transpose became a 4-D one of the source; no [B·H, D, S] copy remains
+    assert all(len(n.type.shape) == 4 for n in canon.nodes if n.op == "Transpose")
+    assert "IsNaN" in kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision,tol", [("fp32", 1e-4), ("fp16", 1e-2)])
+@pytest.mark.parametrize("stem", MODELS)
+def test_gpu_matches_onnxruntime(stem, precision, tol, gpu_device):
+    model = load(stem)
+    inputs = feeds(model, seed=1)
+    ref = onnxruntime(model, inputs).astype(np.float64)
+    got = run_payload(aicfc.compile(model, target=gpu_device.arch, precision=precision), inputs, gpu_device)["y"]
+    assert rel_err(got, ref) <= tol
+
+
+def test_merge_groups():
+    from aicfc.passes.cancel_views import merge_groups
+    assert merge_groups((2, 4, 16, 8), (8, 16, 8)) == [[0, 1], [2], [3]]
+    assert merge_groups((1, 4, 16, 8), (4, 16, 8)) == [[0, 1], [2], [3]]
+    assert merge_groups((2, 4, 16), (2, 4, 16)) == [[0], [1], [2]]
+    assert merge_groups((2, 4, 16), (4, 2, 16)) is None      # not a merge of runs
+    assert merge_groups((8, 16), (2, 4, 16)) is None          # a split
+
+
+def test_scale_stays_before_a_matmul_that_feeds_no_softmax():
+    """SCALE_RULE moves one scaled operand's scale only towards a softmax (the scores)."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.ones((8, 8), np.float32), "w")
+    half = numpy_helper.from_array(np.asarray(0.5, np.float32), "half")
+    g = helper.make_graph([helper.make_node("Mul", ["x", "half"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [w, half])
+    canon = stages(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))["canonicalize"]
+    assert [n.op for n in canon.nodes] == ["Mul", "MatMul"]
