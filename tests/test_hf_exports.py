@@ -120,3 +120,18 @@ def test_scale_stays_before_a_matmul_that_feeds_no_softmax():
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [w, half])
     canon = stages(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))["canonicalize"]
     assert [n.op for n in canon.nodes] == ["Mul", "MatMul"]
+
+
+@pytest.mark.parametrize("axes,keep", [([2, 3], 1), ([1, 2, 3], 0), ([-2, -1], 0)])
+def test_reduce_over_consecutive_axes(axes, keep):
+    """torch exports ResNet's global average pool as ReduceMean over [2, 3]: merged into one axis."""
+    from onnx import TensorProto, helper, numpy_helper
+    x = np.random.default_rng(0).standard_normal((2, 8, 7, 7)).astype(np.float32)
+    ref = x.astype(np.float64).mean(axis=tuple(axes), keepdims=bool(keep))
+    g = helper.make_graph([helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=keep)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(ref.shape))],
+                          [numpy_helper.from_array(np.array(axes, np.int64), "axes")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    assert rel_err(evaluate_ir(stages(model)["plan_memory"], {"x": x})["y"], ref) <= 1e-6
+    assert len(aicfc.compile(model)["kernels"]) == 1

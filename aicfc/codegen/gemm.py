@@ -10,6 +10,8 @@ Parameter space: block tile BM x BN, K step BK, per-thread tile TM x TN; threads
 """
 from __future__ import annotations
 
+import functools
+
 import math
 from typing import Mapping
 
@@ -24,6 +26,7 @@ from aicfc.ir.types import TensorType
 SPACE = {"BM": (16, 32, 64, 128), "BN": (16, 32, 64, 128), "BK": (8, 16, 32), "TM": (1, 2, 4, 8), "TN": (1, 2, 4, 8)}
 
 
+@functools.lru_cache(maxsize=1024)   # asked once per candidate while ranking; kernels are immutable
 def dims(k: Kernel) -> tuple[Contraction, int, int, int, list[tuple[str, int]]]:
     """(contraction, M, N, K, batch variables with extents)."""
     mm = k.ops[0]

@@ -309,9 +309,9 @@ def _reduce_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorTyp
     if any(not 0 <= a < rank for a in resolved):
         raise AicfError(f"node {origin!r}: {op} axes {axes} out of range for rank {rank}")
     wide = [a for a in resolved if shape[a] > 1]
-    if len(wide) > 1:
-        raise AicfError(f"node {origin!r}: {op} over {len(wide)} axes with more than one element "
-                        f"(axes {wide} of shape {list(shape)}) is not supported; reduce one axis at a time")
+    if len(wide) > 1:   # a run of consecutive axes was merged into one (`_merged_reduce`)
+        raise AicfError(f"node {origin!r}: {op} over {len(wide)} axes with more than one element that are not "
+                        f"consecutive (axes {wide} of shape {list(shape)}) is not supported; reduce one axis at a time")
     return {"axes": tuple(resolved), "keepdims": int(at.get("keepdims", 1))}
 
 
@@ -394,6 +394,10 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
     itself plus those statistics spelled out (`_layer_norm_stats`)."""
     if n.op_type == "LayerNormalization" and any(n.output[1:]):
         return _layer_norm_stats(n, at, args, types, weights, opset, origin)
+    if n.op_type in ("ReduceMean", "ReduceSum", "ReduceMax"):
+        merged = _merged_reduce(n, at, args, types, weights, origin)
+        if merged:
+            return merged
     if n.op_type != "Split":
         # Clip's and Slice's optional inputs are told apart by position: they see the empty ones too.
         positional = list(n.input) if n.op_type in ("Clip", "Slice", "Dropout") else args
@@ -423,6 +427,33 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
         nodes.append(("Slice", args[:1], out, {"starts": starts, "steps": (1,) * len(shape), "shape": extent}))
         start += size
     return nodes
+
+
+def _merged_reduce(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, TensorType],
+                   weights: dict[str, Weight], origin: str) -> list[tuple[str, list[str], str, dict]]:
+    """A reduction over a run of consecutive axes (torch's global average pool: ReduceMean over
+    [2, 3]) as Reshape (merging the run) → the reduction over one axis → Reshape to the result's
+    shape; [] when the axes are not such a run of two or more wide axes."""
+    shape = types[args[0]].shape
+    rank = len(shape)
+    if len(args) >= 2 and args[1] in weights:
+        axes = [int(a) for a in weights[args[1]].array().reshape(-1)]
+    elif len(args) >= 2:
+        return []
+    else:
+        axes = [int(a) for a in at.get("axes", [])] or ([] if at.get("noop_with_empty_axes", 0) else list(range(rank)))
+    run = sorted({a + rank if a < 0 else a for a in axes})
+    if (len([a for a in run if 0 <= a < rank and shape[a] > 1]) < 2 or any(not 0 <= a < rank for a in run)
+            or run != list(range(run[0], run[-1] + 1))):
+        return []
+    keep = int(at.get("keepdims", 1))
+    lo, hi = run[0], run[-1] + 1
+    flat = tuple(shape[:lo]) + (math.prod(shape[lo:hi]),) + tuple(shape[hi:])
+    final = tuple(1 if lo <= d < hi else m for d, m in enumerate(shape)) if keep else tuple(shape[:lo] + shape[hi:])
+    tmp = f"{origin}.merged"
+    return [("Reshape", args[:1], f"{tmp}.x", {"shape": flat}),
+            (n.op_type, [f"{tmp}.x"], f"{tmp}.r", {"axes": (lo,), "keepdims": 1}),
+            ("Reshape", [f"{tmp}.r"], n.output[0], {"shape": final})]
 
 
 def _layer_norm_stats(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, TensorType],

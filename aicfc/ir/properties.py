@@ -22,6 +22,7 @@ Each check returns None when the property holds, or the reason it does not.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -45,6 +46,7 @@ class Contraction:
     batch: tuple[str, ...]
 
 
+@functools.lru_cache(maxsize=8192)   # the planner asks once per candidate; ops are immutable
 def contraction(op: Compute) -> Contraction | None:
     if why_not_tile_compatible(op) is not None:
         return None
@@ -72,6 +74,7 @@ def _two_affine_loads(op: Compute) -> tuple[Load, Load] | str:
     return a, b
 
 
+@functools.lru_cache(maxsize=8192)
 def why_not_tile_compatible(op: Compute) -> str | None:
     if op.combiner != "sum" or len(op.reduce) != 1:
         return "not a single-axis sum reduction"

@@ -30,6 +30,8 @@ in form_kernels).
 """
 from __future__ import annotations
 
+import functools
+
 from aicfc.ir.lowered import (Compute, Expr, Load, Program, Rewrite, View, has_indirect, index_loads,
                               indirect_dims, loads, map_loads, substitute)
 from aicfc.ir.properties import (implicit_gemm, is_identity_access, reads_per_element, recompute_cost,
@@ -40,6 +42,11 @@ REMAT_RULE = "map(x) => recompute in consumer"
 # A producer costing more than this many operations is only recomputed when each of its
 # elements is read once (recompute work then equals the work saved by not storing it).
 CHEAP_OPS = 8
+
+
+@functools.lru_cache(maxsize=65536)   # each op's reads, once: ops are immutable, the scan is per producer
+def _reads(op: Compute) -> frozenset[str]:
+    return frozenset(ld.buffer for ld in loads(op.body))
 
 
 def _inline(consumer: Compute, producer: Compute) -> Compute:
@@ -131,7 +138,7 @@ def inline_producers(p: Program, again: bool = False) -> Program:
         rule = FOLD_RULE if pure_move else REMAT_RULE
         if again and not pure_move:
             continue
-        consumers = [op for op in ops if isinstance(op, Compute) and any(ld.buffer == prod.out for ld in loads(op.body))]
+        consumers = [op for op in ops if isinstance(op, Compute) and prod.out in _reads(op)]
         viewers = [op for op in ops if isinstance(op, View) and op.source == prod.out]
         reason = None
         if prod.out in p.outputs:
@@ -146,7 +153,7 @@ def inline_producers(p: Program, again: bool = False) -> Program:
                 readers: dict[str, list[Compute]] = {}
                 for op in ops:   # who reads what, in the program as it is now
                     if isinstance(op, Compute):
-                        for b in {ld.buffer for ld in loads(op.body)}:
+                        for b in _reads(op):
                             readers.setdefault(b, []).append(op)
                 stored = set(p.outputs) | {op.source for op in ops if isinstance(op, View)}
                 reason = _why_keep_row(prod, consumers, readers, stored)
