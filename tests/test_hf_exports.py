@@ -88,6 +88,8 @@ def test_sdpa_rewrites_are_recorded():
     # the merged-batch transpose became a 4-D one of the source; no [B·H, D, S] copy remains
     assert all(len(n.type.shape) == 4 for n in canon.nodes if n.op == "Transpose")
     assert "IsNaN" in kinds
+    applied = {r.rule for r in ir["lower"].rewrites if r.applied}
+    assert {"MatMul(x·c, y) => MatMul(x, y)·c", "Transpose(merge) => merge(Transpose)"} <= applied
 
 
 @pytest.mark.gpu

@@ -25,6 +25,8 @@ from __future__ import annotations
 from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.types import TensorType
 
+VIEW_RULE = "Transpose(merge) => merge(Transpose)"
+
 
 def merge_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[list[int]] | None:
     """For each dimension of `dst`, the run of `src` dimensions it merges (extent-1 dimensions
@@ -65,7 +67,8 @@ def cancel_views(g: Graph) -> Graph:
                 tname = f"{n.output}.t"
                 t = TensorType(n.type.dtype, t_shape)
                 types[tname] = t
-                nodes.append(Node("Transpose", (x,), tname, t, make_attrs({"perm": tuple(perm)}), n.origin))
+                nodes.append(Node("Transpose", (x,), tname, t, make_attrs({"perm": tuple(perm), "rule": VIEW_RULE}),
+                                  n.origin))
                 n = Node("Reshape", (tname,), n.output, n.type, make_attrs({"shape": n.type.shape}), n.origin)
                 producer[tname] = nodes[-1]
         if n.op == "Reshape":

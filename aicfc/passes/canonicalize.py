@@ -25,10 +25,17 @@ import numpy as np
 from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
-from aicfc.passes.cancel_views import cancel_views
+from aicfc.passes.cancel_views import VIEW_RULE, cancel_views
 
 BN_FOLD_RULE = "Conv + BatchNormalization => Conv with folded weights"
 SCALE_RULE = "MatMul(x·c, y) => MatMul(x, y)·c"
+# Why each rewrite that marks its node with attribute `rule` was legal (`lower` records it).
+CANON_REASONS = {
+    SCALE_RULE: "a scalar commutes with the contraction: the scale is applied to the product, which is then a "
+                "plain product of the operands (up to rounding)",
+    VIEW_RULE: "the reshape only merged runs of dimensions, which the transpose permuted whole: it is a transpose "
+               "of the source (a pure access) followed by the merge",
+}
 
 
 def canonicalize(g: Graph) -> Graph:

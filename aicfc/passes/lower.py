@@ -36,7 +36,7 @@ from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Indirect, Load
                               identity_index, loads)
 from aicfc.ir.properties import ONLINE
 from aicfc.ir.types import TensorType, Weight, contiguous_strides
-from aicfc.passes.canonicalize import BN_FOLD_RULE
+from aicfc.passes.canonicalize import BN_FOLD_RULE, CANON_REASONS
 from aicfc.passes.lower_cnn import CNN_LOWERINGS
 
 ZERO = Affine()
@@ -241,6 +241,8 @@ def lower(g: Graph) -> Program:
         if n.op not in LOWERINGS:
             raise AicfError(f"internal: no lowering for {n.op} (node {n.origin!r}); canonicalize must run first")
         ops.extend(LOWERINGS[n.op](n, types, scalars))
+        if "rule" in n.attr:   # a canonicalize rewrite (SCALE_RULE, VIEW_RULE) made this node
+            records.append(Rewrite(n.attr["rule"], n.output, True, CANON_REASONS[n.attr["rule"]]))
         if n.op == "LayerNormalization":
             records.append(Rewrite(NORM_RULE, n.output, True, f"{ONLINE}: mean and variance are sums "
                                    "whose partial (count, mean, M2) states merge (Chan), so one row pass suffices"))
