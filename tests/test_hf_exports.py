@@ -1,5 +1,6 @@
 """Real torch exports of transformers models (tests/fixtures/hf, written by make_hf.py): both
-exporters, BERT, GPT-2 and ViT, 2 layers each, random parameters.
+exporters, BERT, GPT-2 and ViT, 2 layers each, random parameters; two with a run-time
+attention_mask input (a padded sequence).
 
 What torch's exported scaled_dot_product_attention brings (q and kᵀ each scaled by √scale,
 kᵀ transposed on a merged [B·H] batch, NaN probabilities zeroed by Where(IsNaN)) must still
@@ -34,7 +35,10 @@ def feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     out = {}
     for i in model.graph.input:
         shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        if i.type.tensor_type.elem_type == onnx.TensorProto.INT64:
+        if i.name == "attention_mask":   # the last sequence's second half is padding
+            out[i.name] = np.ones(shape, np.int64)
+            out[i.name][-1, shape[1] // 2:] = 0
+        elif i.type.tensor_type.elem_type == onnx.TensorProto.INT64:
             out[i.name] = rng.integers(0, 100, shape).astype(np.int64)
         else:
             out[i.name] = rng.standard_normal(shape).astype(np.float32)
@@ -48,7 +52,7 @@ def onnxruntime(model: onnx.ModelProto, inputs: dict) -> np.ndarray:
 
 
 def test_fixtures_present():
-    assert len(MODELS) == 5, MODELS
+    assert len(MODELS) == 7, MODELS
 
 
 @pytest.mark.parametrize("stem", MODELS)
@@ -60,10 +64,11 @@ def test_one_attention_kernel_per_layer(stem):
     for k in att:
         assert "weighted_streaming_reduction" in k["properties"] and ATTENTION_RULE in k["rewrites"]
         assert k["params"]["unit"] == "mma"                # kᵀ folded: k is read along the head dim
-    if stem.startswith("gpt2"):
+    masked = "mask" in stem                                # a run-time attention_mask input
+    if stem.startswith("gpt2") and not masked:
         assert all(k["params"]["causal"] for k in att)     # transformers' per-batch causal mask
     if stem.startswith("bert"):
-        assert len(kernels) <= 7 * LAYERS + 1              # + the embeddings' LayerNorm
+        assert len(kernels) <= 7 * LAYERS + 1 + masked     # + the embeddings' LayerNorm (+ the mask's map)
     # every kernel names the property that let it fuse what it covers
     assert all(k["properties"] for k in kernels if len(k["onnx_nodes"]) > 1)
 

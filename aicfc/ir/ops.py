@@ -439,7 +439,10 @@ LOGIC = ("And", "Or", "Xor", "Not")
 RUNTIME_DTYPES.update({op: ("f32", "f16", "bool") for op in COMPARISONS})
 RUNTIME_DTYPES.update({op: ("bool",) for op in LOGIC})
 RUNTIME_DTYPES["IsNaN"] = ("f32", "f16")
-RUNTIME_DTYPES.update({"GatherElements": FLOATS, "GatherND": FLOATS})
+# Masks move as bool through views, broadcasts, slices and gathers (0.0/1.0 in a body: exact).
+RUNTIME_DTYPES.update({"GatherElements": FLOATS + ("bool",), "GatherND": FLOATS + ("bool",)})
+for _op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand", "Slice", "Gather"):
+    RUNTIME_DTYPES[_op] = RUNTIME_DTYPES[_op] + ("bool",)
 
 # Cast between any two of the dtypes above; arithmetic ops accept integers as constants (folded).
 OPS["Cast"] = OpDef("Cast", (1, 1), _infer_cast, lambda x, at: x[0].astype(DTYPES[at["to"]]), ("to",))
