@@ -469,11 +469,10 @@ def causal_split(att: Attention) -> tuple[Load, Expr] | None:
 def causal_logits(att: Attention, weights: Mapping[str, Any]) -> Expr | None:
     """F without its mask when F = X + M[i, j] (`causal_split`) with M a constant (`weights`
     maps weight names to arrays) that is 0 where j <= i and <= -1e4 where j > i, in every batch
-    row it varies over. Key j = 0 is
-    never masked, so each row's maximum is at least a real logit and a masked probability is
-    below e^{-1e4 + (spread of the logits)}: 0 in every float format for any logits that span
-    less than ~1e4, so skipping the keys above the diagonal changes nothing. None when the
-    mask is not causal (or there is none)."""
+    row it varies over. Key j = 0 is never masked, so each row's maximum is at least a real
+    logit and a masked probability is below e^{-1e4 + (spread of the logits)}: 0 in every float
+    format for any logits that span less than ~1e4, so skipping the keys above the diagonal
+    changes nothing. None when the mask is not causal (or there is none)."""
     split = causal_split(att)
     if split is None or split[0].buffer not in weights:
         return None
