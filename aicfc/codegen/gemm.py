@@ -10,7 +10,6 @@ Parameter space: block tile BM x BN, K step BK, per-thread tile TM x TN; threads
 """
 from __future__ import annotations
 
-import functools
 
 import math
 from typing import Mapping
@@ -19,6 +18,7 @@ from aicfc.codegen import gemm_mma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.memo import by_identity
 from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.properties import Contraction, contraction
 from aicfc.ir.types import TensorType
@@ -26,7 +26,7 @@ from aicfc.ir.types import TensorType
 SPACE = {"BM": (16, 32, 64, 128), "BN": (16, 32, 64, 128), "BK": (8, 16, 32), "TM": (1, 2, 4, 8), "TN": (1, 2, 4, 8)}
 
 
-@functools.lru_cache(maxsize=1024)   # asked once per candidate while ranking; kernels are immutable
+@by_identity   # asked once per candidate while ranking
 def dims(k: Kernel) -> tuple[Contraction, int, int, int, list[tuple[str, int]]]:
     """(contraction, M, N, K, batch variables with extents)."""
     mm = k.ops[0]

@@ -22,12 +22,12 @@ Each check returns None when the property holds, or the reason it does not.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
+from aicfc.ir.memo import by_identity
 from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, count_ops, indirect_dims, loads, substitute
 
 TILE = "tile_compatible_compute"
@@ -46,7 +46,7 @@ class Contraction:
     batch: tuple[str, ...]
 
 
-@functools.lru_cache(maxsize=8192)   # the planner asks once per candidate; ops are immutable
+@by_identity   # the planner asks once per candidate about the same few ops
 def contraction(op: Compute) -> Contraction | None:
     if why_not_tile_compatible(op) is not None:
         return None
@@ -74,7 +74,7 @@ def _two_affine_loads(op: Compute) -> tuple[Load, Load] | str:
     return a, b
 
 
-@functools.lru_cache(maxsize=8192)
+@by_identity
 def why_not_tile_compatible(op: Compute) -> str | None:
     if op.combiner != "sum" or len(op.reduce) != 1:
         return "not a single-axis sum reduction"

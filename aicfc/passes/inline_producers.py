@@ -30,8 +30,7 @@ in form_kernels).
 """
 from __future__ import annotations
 
-import functools
-
+from aicfc.ir.memo import by_identity
 from aicfc.ir.lowered import (Compute, Expr, Load, Program, Rewrite, View, has_indirect, index_loads,
                               indirect_dims, loads, map_loads, substitute)
 from aicfc.ir.properties import (implicit_gemm, is_identity_access, reads_per_element, recompute_cost,
@@ -44,7 +43,7 @@ REMAT_RULE = "map(x) => recompute in consumer"
 CHEAP_OPS = 8
 
 
-@functools.lru_cache(maxsize=65536)   # each op's reads, once: ops are immutable, the scan is per producer
+@by_identity   # each op's reads once: the scan for consumers runs per producer
 def _reads(op: Compute) -> frozenset[str]:
     return frozenset(ld.buffer for ld in loads(op.body))
 
