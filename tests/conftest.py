@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -84,3 +86,21 @@ def check_golden(name: str, text: str) -> None:
     assert os.path.exists(path), f"{path} missing: run `make golden`"
     with open(path) as f:
         assert text == f.read(), f"{name} differs from the golden text (`make golden` after checking the diff)"
+
+
+@pytest.fixture
+def bundle_path(tmp_path: Path) -> Path:
+    """The fake bundle of tests/test_run_cli.py: y = x + w by one "add" kernel."""
+    from aicfc.artifact import write_bundle
+    from tests.test_bundle_format import make_payload
+    path = tmp_path / "model.aicf"
+    write_bundle(make_payload(), path)
+    return path
+
+
+@pytest.fixture
+def x_npy(tmp_path: Path) -> Path:
+    """That bundle's input, tests.test_run_cli.X, as an .npy file."""
+    from tests.test_run_cli import X
+    np.save(tmp_path / "x.npy", X)
+    return tmp_path / "x.npy"

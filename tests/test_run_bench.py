@@ -37,20 +37,6 @@ ALONE_US = (GRAPH_LAUNCH_US + GRAPH_LAUNCHES * KERNEL_US) / GRAPH_LAUNCHES
 
 
 @pytest.fixture
-def bundle_path(tmp_path: Path) -> Path:
-    """The fake bundle of tests/test_run_cli.py: y = x + w by one "add" kernel."""
-    path = tmp_path / "model.aicf"
-    write_bundle(make_payload(), path)
-    return path
-
-
-@pytest.fixture
-def x_npy(tmp_path: Path) -> Path:
-    np.save(tmp_path / "x.npy", X)
-    return tmp_path / "x.npy"
-
-
-@pytest.fixture
 def roofline_bundle(tmp_path: Path) -> Path:
     """The fake bundle with a target profile that a roofline can be drawn from."""
     payload = make_payload()

@@ -54,23 +54,10 @@ def assert_user_error(result: Result, *fragments: str) -> str:
 
 
 @pytest.fixture
-def bundle_path(tmp_path: Path) -> Path:
-    path = tmp_path / "model.aicf"
-    write_bundle(make_payload(), path)
-    return path
-
-
-@pytest.fixture
 def two_input_bundle(tmp_path: Path) -> Path:
     path = tmp_path / "two.aicf"
     write_bundle(make_payload(two_inputs=True), path)
     return path
-
-
-@pytest.fixture
-def x_npy(tmp_path: Path) -> Path:
-    np.save(tmp_path / "x.npy", X)
-    return tmp_path / "x.npy"
 
 
 # --- a CPU stand-in for pycuda.driver ---
