@@ -291,13 +291,11 @@ def _pow_exponent(args: list[str], types: dict[str, TensorType], weights: dict[s
     return value
 
 
-def _reduce_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
-                  weights: dict[str, Weight], origin: str) -> dict:
-    """Axes from the attribute (ReduceMean/ReduceMax before opset 18, ReduceSum before 13) or the
-    constant second input (after), resolved and sorted; no axes means every axis unless
-    noop_with_empty_axes. At most one reduced axis may have more than one element: the row
-    families reduce along one variable."""
-    shape = types[args[0]].shape
+def _reduce_axes(op: str, at: dict, args: list[str], shape: tuple[int, ...], weights: dict[str, Weight],
+                 origin: str) -> list[int]:
+    """The reduced axes, resolved and sorted: from the attribute (ReduceMean/ReduceMax before
+    opset 18, ReduceSum before 13) or the constant second input (after); no axes means every
+    axis unless noop_with_empty_axes."""
     rank = len(shape)
     if len(args) >= 2:
         axes = [int(a) for a in _constant(args[1], weights, origin, f"the axes of {op}").reshape(-1)]
@@ -308,6 +306,16 @@ def _reduce_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorTyp
     resolved = sorted({a + rank if a < 0 else a for a in axes})
     if any(not 0 <= a < rank for a in resolved):
         raise AicfError(f"node {origin!r}: {op} axes {axes} out of range for rank {rank}")
+    return resolved
+
+
+def _reduce_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
+                  weights: dict[str, Weight], origin: str) -> dict:
+    """Axes (`_reduce_axes`) and keepdims. At most one reduced axis may have more than one
+    element: the row families reduce along one variable (`_merged_reduce` has merged a run of
+    consecutive ones before)."""
+    shape = types[args[0]].shape
+    resolved = _reduce_axes(op, at, args, shape, weights, origin)
     wide = [a for a in resolved if shape[a] > 1]
     if len(wide) > 1:   # a run of consecutive axes was merged into one (`_merged_reduce`)
         raise AicfError(f"node {origin!r}: {op} over {len(wide)} axes with more than one element that are not "
@@ -435,16 +443,8 @@ def _merged_reduce(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str
     [2, 3]) as Reshape (merging the run) → the reduction over one axis → Reshape to the result's
     shape; [] when the axes are not such a run of two or more wide axes."""
     shape = types[args[0]].shape
-    rank = len(shape)
-    if len(args) >= 2 and args[1] in weights:
-        axes = [int(a) for a in weights[args[1]].array().reshape(-1)]
-    elif len(args) >= 2:
-        return []
-    else:
-        axes = [int(a) for a in at.get("axes", [])] or ([] if at.get("noop_with_empty_axes", 0) else list(range(rank)))
-    run = sorted({a + rank if a < 0 else a for a in axes})
-    if (len([a for a in run if 0 <= a < rank and shape[a] > 1]) < 2 or any(not 0 <= a < rank for a in run)
-            or run != list(range(run[0], run[-1] + 1))):
+    run = _reduce_axes(n.op_type, at, args, shape, weights, origin)
+    if len([a for a in run if shape[a] > 1]) < 2 or run != list(range(run[0], run[-1] + 1)):
         return []
     keep = int(at.get("keepdims", 1))
     lo, hi = run[0], run[-1] + 1
