@@ -17,6 +17,7 @@ import onnx
 import pytest
 
 import aicfc
+from benchmarks.light_models import onnxruntime_reference
 from tests.conftest import run_payload
 from tests.test_pipeline import evaluate_ir, rel_err, stages
 
@@ -46,9 +47,7 @@ def feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def onnxruntime(model: onnx.ModelProto, inputs: dict) -> np.ndarray:
-    import onnxruntime as ort
-    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return s.run(["y"], inputs)[0]
+    return onnxruntime_reference(model, inputs)["y"]
 
 
 def test_fixtures_present():
