@@ -13,13 +13,24 @@ import numpy as np
 CONVERSIONS = {("float32", "float16"), ("float32", "bfloat16")}
 
 
-def to_bf16_bytes(a: np.ndarray) -> bytes:
-    """float32 values → bfloat16 little-endian bytes (round to nearest even; NaN stays NaN)."""
+def to_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 values → bfloat16 bit patterns as little-endian uint16, same shape (round to
+    nearest even; NaN stays NaN). In uint32: only a NaN's pattern can wrap, and NaNs are
+    overwritten."""
     f = np.ascontiguousarray(a, dtype="<f4")
-    bits = f.view("<u4").astype(np.uint64)
-    out = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").ravel()
-    out[np.isnan(f).ravel()] = 0x7FC0
-    return out.tobytes()
+    bits = f.view("<u4")
+    rounded = (bits >> 16) & 1
+    rounded += bits
+    rounded += 0x7FFF
+    rounded >>= 16
+    out = rounded.astype("<u2")
+    out[np.isnan(f)] = 0x7FC0
+    return out
+
+
+def to_bf16_bytes(a: np.ndarray) -> bytes:
+    """float32 values → bfloat16 little-endian bytes (see `to_bf16`)."""
+    return to_bf16(a).tobytes()
 
 
 def from_bf16_bytes(data: bytes, shape: tuple[int, ...]) -> np.ndarray:
@@ -32,7 +43,7 @@ def to_device(array: np.ndarray, device_dtype: str) -> np.ndarray:
     if array.dtype.name == device_dtype:
         return array
     if device_dtype == "bfloat16":
-        return np.frombuffer(to_bf16_bytes(array), dtype="<u2").reshape(array.shape)
+        return to_bf16(array)
     return np.ascontiguousarray(array, dtype=device_dtype)
 
 

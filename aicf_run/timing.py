@@ -3,8 +3,9 @@
 `KernelBench` loads a module, allocates one device buffer per kernel argument from host
 arrays, and times any kernel of the module on those buffers: WARMUP launches, then
 back-to-back launches between two CUDA events, as many as make the measurement at least
-MIN_LAUNCHES launches and MIN_MS milliseconds (at most MAX_LAUNCHES); the time per launch is
-elapsed / launches, and the result the median of REPEATS such measurements.
+MIN_MS milliseconds and MIN_LAUNCHES launches (at most MAX_LAUNCHES; a kernel so slow that
+MIN_LAUNCHES of it would pass LONG_MS gets as few as reach LONG_MS, one at least); the time
+per launch is elapsed / launches, and the result the median of REPEATS such measurements.
 
 `median_per_launch_us` is that measuring loop on its own, shared with the runtime's profiler
 (aicf_run.profile). Launches go back to back, as a model's kernels do, so inputs stay in L2
@@ -25,6 +26,7 @@ from aicf_run.errors import RunError
 WARMUP = 3
 MIN_LAUNCHES = 20
 MIN_MS = 2.0
+LONG_MS = 50.0
 MAX_LAUNCHES = 2000
 REPEATS = 5
 # Without opting in, a kernel may use at most 48 KiB of dynamic shared memory.
@@ -165,8 +167,11 @@ def median_per_launch_us(launches: Callable[[int], float]) -> float:
 
 
 def _count(per_launch_ms: float) -> int:
-    """Launches for one measurement, from an estimate of one launch's time."""
-    return min(MAX_LAUNCHES, max(MIN_LAUNCHES, math.ceil(MIN_MS / max(per_launch_ms, 1e-6))))
+    """Launches for one measurement, from an estimate of one launch's time: a slow candidate
+    (a SIMT fp32 GEMM of 8192^3 takes 60 ms or more) is not launched MIN_LAUNCHES times."""
+    per_launch_ms = max(per_launch_ms, 1e-6)
+    floor = min(MIN_LAUNCHES, max(1, math.ceil(LONG_MS / per_launch_ms)))
+    return min(MAX_LAUNCHES, max(floor, math.ceil(MIN_MS / per_launch_ms)))
 
 
 def _one_line(err: BaseException) -> str:

@@ -185,8 +185,10 @@ def random_argument(t: TensorType, rng: np.random.Generator) -> np.ndarray:
     """Host bytes for a device buffer of type `t`: standard normal floats, zero integers."""
     if t.dtype == "bf16":
         return to_device(rng.standard_normal(t.numel, dtype=np.float32), "bfloat16")
-    if t.dtype in ("f32", "f16", "f64"):
-        return rng.standard_normal(t.numel).astype(t.np_dtype)
+    if t.dtype in ("f32", "f16"):
+        return rng.standard_normal(t.numel, dtype=np.float32).astype(t.np_dtype, copy=False)
+    if t.dtype == "f64":
+        return rng.standard_normal(t.numel)
     return np.zeros(t.nbytes, np.uint8)
 
 
@@ -239,7 +241,7 @@ def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
         rng = np.random.default_rng(0)
         types = plan.types()
         for kt, built in zip(kernels, builds):
-            _measure(device, kt, built, lambda c: _arguments(kt.kernel, c.params, types, rng), step)
+            _measure(device, kt, built, lambda c: _argument_types(kt.kernel, c.params, types), rng, step)
         return TuneReport(plan.name, target, precision, device.name, profile.data, kernels, types)
     finally:
         if own:
@@ -266,26 +268,26 @@ def _build_all(plan: Plan, kernels: list[KernelTune], step: Callable[[str], None
     return [b for b in builds if b is not None]
 
 
-def _arguments(k: Kernel, params: dict[str, Any], types: dict[str, TensorType],
-               rng: np.random.Generator) -> tuple[tuple[str, ...], list[np.ndarray]]:
-    """(argument names, host bytes) for one candidate: its schedule may add scratch buffers
+def _argument_types(k: Kernel, params: dict[str, Any],
+                    types: dict[str, TensorType]) -> tuple[TensorType, ...]:
+    """The types of one candidate's arguments, in order: its schedule may add scratch buffers
     (split-k partials and zeroed tickets, `codegen/scratch.py`)."""
     extra = {s.name: s.type for s in scratch(k, params)}
-    names = kernel_args(k, params)
-    return names, [random_argument(extra.get(b) or types[b], rng) for b in names]
+    return tuple(extra.get(b) or types[b] for b in kernel_args(k, params))
 
 
 def _measure(device: Any, kt: KernelTune, built: Built,
-             arguments: Callable[[Measured], tuple[tuple[str, ...], list[np.ndarray]]],
+             argument_types: Callable[[Measured], tuple[TensorType, ...]], rng: np.random.Generator,
              step: Callable[[str], None]) -> None:
     from aicf_run.timing import KernelBench, LaunchRefused
 
-    groups: dict[tuple, tuple[list[np.ndarray], list[Measured]]] = {}
+    # Scratch sizes differ between schedules: one set of buffers per list of argument types,
+    # filled once (random normal data for 65536 x 4096 takes seconds to draw).
+    groups: dict[tuple[TensorType, ...], list[Measured]] = {}
     for c in kt.candidates:
-        names, arrays = arguments(c)
-        # scratch sizes differ between schedules: one set of buffers per (names, sizes)
-        groups.setdefault((names, tuple(a.nbytes for a in arrays)), (arrays, []))[1].append(c)
-    for arrays, members in groups.values():
+        groups.setdefault(argument_types(c), []).append(c)
+    for arg_types, members in groups.items():
+        arrays = [random_argument(t, rng) for t in arg_types]
         with KernelBench(device, built.cubin, arrays) as bench:
             for c in members:
                 name = symbol(kt, c)

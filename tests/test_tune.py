@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from aicf_run.device import Device
-from aicf_run.timing import MIN_LAUNCHES, MIN_MS, REPEATS
+from aicf_run.timing import LONG_MS, MIN_LAUNCHES, MIN_MS, REPEATS, median_per_launch_us
 from aicfc.cli import main
 from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.pipeline import Options, run_pipeline
@@ -252,6 +252,23 @@ def test_tune_model_measures_every_selected_candidate():
     data = report.to_json()
     json.dumps(data, allow_nan=False)
     assert data["picks_within_10pct"] == [2, 2] and data["measured"] == total - len(report.kernels) - 1
+
+
+@pytest.mark.parametrize("per_launch_ms", [0.001, 0.5, 10.0, 120.0])
+def test_launch_counts_bound_the_time_of_slow_kernels(per_launch_ms):
+    counts: list[int] = []
+
+    def launches(n: int) -> float:
+        counts.append(n)
+        return n * per_launch_ms
+
+    assert median_per_launch_us(launches) == pytest.approx(per_launch_ms * 1e3)
+    measured = counts[1:]   # after the warm-up
+    assert all(n * per_launch_ms >= MIN_MS for n in measured)
+    if MIN_LAUNCHES * per_launch_ms <= LONG_MS:
+        assert min(measured) >= MIN_LAUNCHES
+    else:   # slow: as few launches as reach LONG_MS, so 8192^3 fp32 candidates take seconds, not minutes
+        assert max(measured) <= max(1, -(-LONG_MS // per_launch_ms)) and sum(measured) * per_launch_ms < 10 * LONG_MS + 5 * per_launch_ms
 
 
 def test_cli_tune_prints_the_table_and_writes_the_fitted_profile(tmp_path: Path, monkeypatch):

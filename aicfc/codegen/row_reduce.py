@@ -41,7 +41,7 @@ from aicfc.codegen import vector
 from aicfc.codegen.cexpr import Emitter, c_affine, contains, flat_offset, literal, reciprocal_divisions
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Affine, Call, Compute, Expr, Load, index_vars, loads, substitute
+from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, index_vars, loads, substitute
 from aicfc.ir.properties import Merge, online_merges
 from aicfc.ir.types import TensorType
 
@@ -202,11 +202,32 @@ def iters(k: Kernel, p: Mapping) -> int:
 
 
 def cached_elements(k: Kernel, p: Mapping) -> int:
-    """Row elements a thread holds in registers under `regs` (the prologue's value included)."""
+    """Row elements a thread holds in registers at once under `regs` (the prologue's value
+    included). A reused value (softmax's exp(x - max)) is computed from the cached inputs
+    element by element; a cached input the output no longer reads dies as its reused value is
+    made, so the two are not held together (ptxas reuses the registers: the loops are unrolled)."""
     if p["pass"] != "regs":
         return 0
     row = analyze(k)
-    return (len(row.cached()) + (row.prologue is not None) + len(reused(k))) * iters(k, p) * p["vec"]
+    held = len(row.cached()) + (row.prologue is not None)
+    kept = reused(k)
+    if kept:
+        out = body(row, row.anchor)
+        for s in kept:
+            out = _replace(out, body(row, s))
+        still_read = {ld.buffer for ld in row.row_loads([out])}
+        late = sum(ld.buffer in still_read for ld in row.cached()) + (row.prologue is not None)
+        held = max(held, late + len(kept))
+    return held * iters(k, p) * p["vec"]
+
+
+def _replace(e: Expr, sub: Expr) -> Expr:
+    """`e` with every occurrence of `sub` replaced by a constant."""
+    if e == sub:
+        return Const(0.0)
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(_replace(a, sub) for a in e.args))
+    return e
 
 
 def state_vars(k: Kernel, p: Mapping) -> int:

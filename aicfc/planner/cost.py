@@ -230,7 +230,7 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
     # Shared-memory operand reads per FMA are (TM+TN)/(TM*TN); an SM issues 4 FMAs per word read.
-    issue_eff = min(1.0, (tm * tn) / (tm + tn) / 2.0)
+    issue_eff = min(1.0, (tm * tn) / (tm + tn) / 4.0)
     waves = math.ceil(blocks / (hw.sm_count * bps))
     pipeline = waves * math.ceil(kk / bk) * hw.data.get("load_latency_us", LOAD_LATENCY_US) / max(1, min(bps, 4))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,

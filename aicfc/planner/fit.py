@@ -8,10 +8,10 @@ profile, and its measured time:
     msle = mean over candidates of (ln predicted - ln measured)^2
 
 A log error weighs a 2x miss on a 3 us kernel the same as on a 3 ms one, which is what
-ranking needs. It is minimized by coordinate descent over multiplicative steps: each sweep
-tries every field times every factor of COARSE (then, in the last sweeps, FINE), keeping the
-best value of each field before moving to the next; a value changes only on a strict
-improvement, so a field the measurements do not exercise (mma_sync in an fp32 model) stays.
+ranking needs. It is minimized by greedy descent over multiplicative steps: each sweep tries
+every field times every factor of COARSE (then, in the last sweeps, FINE), applies the single
+best move, and repeats with the fields not yet moved in the sweep; a value changes only on a
+strict improvement, so a field the measurements do not exercise (mma_sync in an fp32 model) stays.
 Efficiencies are clamped to [0.05, 1], min_warps_per_sm to [1, max warps per SM].
 Fitted values are rounded to 4 significant digits before the final statistics.
 """
@@ -143,18 +143,29 @@ def fit_profile(report: TuneReport, profile: Profile | dict[str, Any]) -> tuple[
     if count:
         best = _msle(predictions(report, data), meas)
         for factors in SWEEPS:
-            for field in FIELDS:
-                start = get(data, field)
-                chosen = start
-                for factor in factors:
-                    value = _clamp(data, field, start * factor)
-                    if value == chosen:
+            # One sweep: the single best move (field x factor) first, repeatedly, each field
+            # moving at most once; a fixed field order would let an early field absorb an
+            # error that belongs to a later one (dram efficiency for launch overhead).
+            moved: set[str] = set()
+            while len(moved) < len(FIELDS):
+                move = None
+                for field in FIELDS:
+                    if field in moved:
                         continue
-                    _set(data, field, value)
-                    error = _msle(predictions(report, data), meas)
-                    if error < best * (1 - 1e-9):
-                        best, chosen = error, value
-                _set(data, field, chosen)
+                    start = get(data, field)
+                    for factor in factors:
+                        value = _clamp(data, field, start * factor)
+                        if value == start:
+                            continue
+                        _set(data, field, value)
+                        error = _msle(predictions(report, data), meas)
+                        if error < best * (1 - 1e-9):
+                            best, move = error, (field, value)
+                    _set(data, field, start)
+                if move is None:
+                    break
+                _set(data, *move)
+                moved.add(move[0])
         for field in FIELDS:
             _set(data, field, float(f"{get(data, field):.4g}"))
     before, after = _stats(report, base), _stats(report, data)
