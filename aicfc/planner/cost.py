@@ -40,7 +40,8 @@ from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
-SYNC_LATENCY_US = 0.02     # one shuffle or barrier step in a reduction tree
+SYNC_LATENCY_US = 0.04     # one shuffle or barrier step in a reduction tree (fitted: LayerNorm rows of 4096 fp16
+                           # with 16 warps per row measured 22% slower than with 8 on an H100)
 # Memory requests a row-pass warp keeps in flight, relative to the profile's min_warps_per_sm
 # unit: a row pass needs about 1/ROW_ILP times as many resident warps to hide DRAM latency
 # (aicfc tune on an H200, 8192x4096 LayerNorm and softmax: 16-18 warps per SM ran 9-44%
@@ -214,8 +215,10 @@ def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     t_wait = hw.data.get("load_latency_us", LOAD_LATENCY_US) + latency
     duty = min(1.0, bps * t_move / (t_move + t_wait))
     dram, l2 = (io, reread) if fits else (io + reread, 0.0)
-    est = _combine(hw, flops=flops, issued=issued / lane_eff, dram=dram / lane_eff, l2=l2 / lane_eff,
-                   pipeline=pipeline, blocks=blocks, threads=threads, bps=bps, ilp=ROW_ILP * duty)
+    # The duty cycle caps the DRAM rate an SM reaches however many warps it holds (a barrier
+    # stalls all of a block's warps at once); ROW_ILP scales the warps needed to hide latency.
+    est = _combine(hw, flops=flops, issued=issued / lane_eff, dram=dram / lane_eff / duty, l2=l2 / lane_eff,
+                   pipeline=pipeline, blocks=blocks, threads=threads, bps=bps, ilp=ROW_ILP)
     est.terms.update(lane_eff=lane_eff, rows=nrows, reread_bytes=reread, duty=duty,
                      cached_per_thread=row_reduce.cached_elements(k, p))
     return est
@@ -229,8 +232,11 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     issued = 2.0 * nb * math.ceil(m / bm) * bm * math.ceil(n / bn) * bn * math.ceil(kk / bk) * bk
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
-    # Shared-memory operand reads per FMA are (TM+TN)/(TM*TN); an SM issues 4 FMAs per word read.
-    issue_eff = min(1.0, (tm * tn) / (tm + tn) / 4.0)
+    # Shared-memory operand reads per FMA are (TM+TN)/(TM*TN). An SM issues 4 FMAs per word its
+    # banks deliver, but these reads are broadcasts (2 to 16 distinct words a warp), so the
+    # kernel stops gaining at 2 FMAs per read: measured (aicfc tune, H100, fp32 GEMM shapes of
+    # benchmarks/gemm.py) a divisor of 4 picked 2/10 schedules within 10% of the best, 2 picked 4/10.
+    issue_eff = min(1.0, (tm * tn) / (tm + tn) / 2.0)
     waves = math.ceil(blocks / (hw.sm_count * bps))
     pipeline = waves * math.ceil(kk / bk) * hw.data.get("load_latency_us", LOAD_LATENCY_US) / max(1, min(bps, 4))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
