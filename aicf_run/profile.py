@@ -99,7 +99,7 @@ def profile(executor: Executor) -> ProfileReport:
 def peak_unit(kernel: dict[str, Any]) -> str | None:
     """The `peak_tflops` entry that bounds `kernel` (None for an mma dtype not known here)."""
     params = kernel.get("params", {})
-    if params.get("unit") == "mma":
+    if params.get("unit") in ("mma", "wgmma"):
         return _MMA_UNIT.get(params.get("dtype"))
     return "fp32_simt"
 

@@ -6,7 +6,7 @@ streams the keys in tiles of BN: scores S = Q·Kᵀ for the tile, the score expr
 mask loads) in registers, then the online softmax: running row maximum m and sum l, the
 output accumulators rescaled by e^{m_old - m_new} whenever m grows (exact by rescaling
 invariance), and O += P·V. After the last tile O / l is stored. The S×S scores never leave
-the chip. Two arithmetic units:
+the chip. Three arithmetic units:
 
 - `mma` (fp16/bf16 policy): FlashAttention-2 on tensor cores. Warps own 16-row slices (MI of
   them); S = Q·Kᵀ and O += P·V with mma.sync m16n8k16, Q fragments loaded once with ldmatrix
@@ -15,17 +15,28 @@ the chip. Two arithmetic units:
   tiles are double-buffered with 16-byte cp.async. Needs every row of Q, K, V contiguous
   along the head dimension and 16-byte aligned (any layout reached through views and folded
   transposes qualifies: BERT's [B,S,H·D] buffers do).
+- `wgmma` (fp16/bf16 policy, sm_90 only: `attention_wgmma.cu.j2`, built for sm_90a): Hopper
+  warpgroup MMA. NWG warpgroups of 128 threads own 64 query rows each; S = Q·Kᵀ reads Q and K
+  from shared memory through matrix descriptors (wgmma.mma_async m64n{BN}k16), O += P·V takes
+  P from the S accumulators as its register A operand and V from shared memory (m64n{Dv}k16,
+  V transposed). Tiles are stored in the 128-byte swizzle, K/V double-buffered by 16-byte
+  cp.async from all threads. OVERLAP = 1: a warpgroup issues S_j and P_{j-1}·V_{j-1} together
+  and runs tile j's softmax while P·V occupies the tensor cores (V one tile behind K); 0: S,
+  softmax, P·V in turn. Needs what `mma` needs, plus head dimensions that are multiples of 64
+  (one swizzled 128-byte row) and at most 256 (wgmma's N).
 - `simt` (any policy; the only unit under fp32/tf32): exact fp32 arithmetic. TPR threads per
   query row split the key tile's scores and the output columns; rows reduce with shuffles.
 
 Parameter space: mma: BM ∈ {64, 128} x BN ∈ {32, 64, 128} x warps ∈ {4, 8} (16 or 32 rows per
-warp), STAGES = 2; simt: BM ∈ {16, 32, 64} x BN ∈ {32, 64} x TPR ∈ {4, 8, 16, 32}. `causal`
+warp), STAGES = 2; wgmma: NWG ∈ {1, 2, 3} (BM = 64·NWG) x BN ∈ {64, 128} x OVERLAP ∈ {0, 1},
+STAGES = 2; simt: BM ∈ {16, 32, 64} x BN ∈ {32, 64} x TPR ∈ {4, 8, 16, 32}. `causal`
 (0/1) is not a choice but a fact the space records: a constant mask that is 0 on and below
 the diagonal and <= -1e4 above it (`properties.causal_logits`); the kernel then skips the key
 tiles above the diagonal and never reads the mask. The rule decides it on the model's f32
 values and records it on the kernel (`CAUSAL_RULE` among its rewrites). Constraints beyond
 the planner's (shared memory, registers, threads): at most 128 fp32 accumulators per thread
-for S and O (mma).
+for S and O (mma); wgmma keeps out of the space only what its instructions cannot do, the
+register estimate (`planner/cost.py`) rejects the tiles that would spill.
 """
 from __future__ import annotations
 
@@ -42,8 +53,11 @@ from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.passes.streaming_attention import CAUSAL_RULE
 
 SPACE = {"mma": {"BM": (64, 128), "BN": (32, 64, 128), "warps": (4, 8), "STAGES": (2,)},
+         "wgmma": {"NWG": (1, 2, 3), "BN": (64, 128), "STAGES": (2,), "OVERLAP": (0, 1)},
          "simt": {"BM": (16, 32, 64), "BN": (32, 64), "TPR": (4, 8, 16, 32)}}
 MMA_TYPE = {"fp16": "f16", "bf16": "bf16"}
+WGMMA_TARGET = "sm_90"   # wgmma.mma_async is an sm_90a feature: Hopper only, not its successors
+WG_ROWS = 64             # query rows per warpgroup: the M of every wgmma shape
 MAX_ACC = 128     # fp32 S and O accumulators per thread (mma)
 PAD = 8           # elements added to every shared row: rows 16·(odd) bytes apart, so the 8
                   # rows one ldmatrix phase reads hit 8 different 16-byte bank groups
@@ -127,6 +141,19 @@ def why_not_mma(g: Geometry, types: Mapping[str, TensorType], precision: str) ->
     return None
 
 
+def why_not_wgmma(g: Geometry, types: Mapping[str, TensorType], precision: str, target: str) -> str | None:
+    if target != WGMMA_TARGET:
+        return f"--target {target}: warpgroup MMA (wgmma) exists on {WGMMA_TARGET} only"
+    why = why_not_mma(g, types, precision)
+    if why:
+        return why
+    if g.d % 64 or g.dv % 64:
+        return f"head dimensions {g.d}/{g.dv} are not multiples of 64 (one 128-byte swizzled row)"
+    if g.dv > 256 or g.d > 256:
+        return f"head dimensions {g.d}/{g.dv} above 256 (wgmma's N, and shared memory)"
+    return None
+
+
 def space(k: Kernel, plan: Plan) -> list[dict]:
     g = geometry(k, plan.types())
     c = int(causal(k))
@@ -143,24 +170,47 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
                         continue
                     out += [{"unit": "mma", "dtype": MMA_TYPE[plan.precision], "BM": bm, "BN": bn, "warps": w,
                              "STAGES": st, "causal": c} for st in SPACE["mma"]["STAGES"]]
+    if why_not_wgmma(g, plan.types(), plan.precision, plan.target) is None:
+        wg = SPACE["wgmma"]
+        out += [{"unit": "wgmma", "dtype": MMA_TYPE[plan.precision], "BM": WG_ROWS * nwg, "BN": bn, "NWG": nwg,
+                 "STAGES": st, "OVERLAP": ov, "causal": c}
+                for nwg in wg["NWG"] for bn in wg["BN"] for st in wg["STAGES"] for ov in wg["OVERLAP"]]
     return out
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
-    why = why_not_mma(geometry(k, plan.types()), plan.types(), plan.precision)
-    return [({"unit": "mma"}, why)] if why else []
+    g, types = geometry(k, plan.types()), plan.types()
+    why = why_not_mma(g, types, plan.precision)
+    why_wg = why_not_wgmma(g, types, plan.precision, plan.target)
+    return [({"unit": unit}, reason) for unit, reason in (("mma", why), ("wgmma", why_wg)) if reason]
 
 
 def _ceil16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
+def copy_lanes(threads: int, cols: int) -> int:
+    """wgmma tiles are copied by `threads` in steps of whole rows: L threads per row (L a
+    multiple of 8 dividing the row's cols / 8 chunks, 128-byte runs per 8 threads), each
+    keeping its chunks c0 + L·j, with threads / L a multiple of 8 rows per step so that the
+    128-byte swizzle (period 8 rows) puts a thread's chunks at one place in every row. The
+    widest such L; 8 always qualifies (threads a multiple of 128, cols of 64)."""
+    chunks = cols // 8
+    return max(lanes for lanes in range(8, chunks + 1, 8)
+               if chunks % lanes == 0 and threads % lanes == 0 and (threads // lanes) % 8 == 0)
+
+
 def threads(p: Mapping) -> int:
+    if p["unit"] == "wgmma":
+        return 128 * p["NWG"]
     return 32 * p["warps"] if p["unit"] == "mma" else p["BM"] * p["TPR"]
 
 
 def smem_bytes(k: Kernel, p: Mapping) -> int:
     _, _, _, d, dv = dims(k)
+    if p["unit"] == "wgmma":   # + 1024: the kernel rounds its base up to the swizzle's 1024-byte period;
+        # + 16: OVERLAP's scheduling anchor (attention_wgmma.cu.j2)
+        return (p["BM"] * d + p["STAGES"] * p["BN"] * (d + dv)) * ITEMSIZE[p["dtype"]] + 1024 + 16 * p["OVERLAP"]
     if p["unit"] == "mma":
         pitch, vpitch = _ceil16(d) + PAD, _ceil16(dv) + PAD
         return (p["BM"] * pitch + p["STAGES"] * p["BN"] * (pitch + vpitch)) * ITEMSIZE[p["dtype"]]
@@ -222,6 +272,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                                                               if ld.buffer != att.scores.out])
     if p["unit"] == "simt":
         return render("attention.cu.j2", unit="simt", TPR=p["TPR"], **common)
+    if p["unit"] == "wgmma":
+        return render("attention_wgmma.cu.j2", dtype=p["dtype"], T=CTYPES[p["dtype"]], NWG=p["NWG"],
+                      OVERLAP=bool(p["OVERLAP"]), copy_lanes=copy_lanes, **common)
     dp, dvp = _ceil16(g.d), _ceil16(g.dv)
     return render("attention.cu.j2", unit="mma", dtype=p["dtype"], T=CTYPES[p["dtype"]], warps=p["warps"],
                   WR=p["BM"] // p["warps"], MI=p["BM"] // p["warps"] // 16, DP=dp, DVP=dvp,

@@ -3,6 +3,11 @@
 The cache key is the SHA-256 of the source, the target, the flags and nvcc's version, so an
 unchanged model recompiles without running nvcc. Register counts come from ptxas's own
 resource report (`-Xptxas -v`) and are cached with the cubin.
+
+A kernel that uses an architecture-specific feature (Hopper's wgmma needs `sm_90a`) says so in
+a line `// aicf: needs sm_90a` of its source; a module holding one is built for that target
+when it is the plain target's own (sm_90 -> sm_90a), and such a cubin runs on that GPU only.
+Modules without the line build for the plain target, as before.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from pathlib import Path
 from aicfc.errors import AicfError
 
 FLAGS = ("-O3", "-std=c++17", "-Xptxas", "-v")
+NEEDS = re.compile(r"^// aicf: needs (sm_\d+a)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,14 @@ def _resources(log: str) -> tuple[dict[str, int], dict[str, int]]:
     return regs, spills
 
 
+def effective_arch(source: str, arch: str) -> str:
+    """`arch`, or its architecture-specific variant (sm_90 -> sm_90a) where the source needs it."""
+    needed = set(NEEDS.findall(source))
+    return f"{arch}a" if f"{arch}a" in needed else arch
+
+
 def build(source: str, arch: str) -> Built:
+    arch = effective_arch(source, arch)
     key = hashlib.sha256("\0".join([source, arch, nvcc_version(), *FLAGS]).encode()).hexdigest()
     folder = cache_dir()
     cubin_path, meta_path = folder / f"{key}.cubin", folder / f"{key}.json"

@@ -300,6 +300,17 @@ def _attention_registers(k: Kernel, p: Mapping, ops: int) -> int:
         mi, dp, dvp = p["BM"] // p["warps"] // 16, -(-d // 16) * 16, -(-dv // 16) * 16
         # S and O accumulators, Q fragments, P packed, running max and sum, addressing and loop state
         return 4 * mi * (p["BN"] // 8 + dvp // 8 + dp // 16 + 1) + 4 * mi + 48 + min(ops, 16)
+    if p["unit"] == "wgmma":
+        # S and O accumulators (OVERLAP: and P packed, all live while P·V runs under the softmax),
+        # D/8 for the k-steps' addressing, BN/8 per mask value read (ptxas prefetches a tile's),
+        # and the rest. Fitted to ptxas (CUDA 13) under the 168 registers of NWG = 3, where it
+        # separates the tiles that fit from those that spill (D = 64: BN = 128 fits; D = 128:
+        # BN = 128 fits serial only, and with a mask not at all; D = 192 spills); ptxas with 255
+        # registers to spend takes up to 40 more than this (NWG = 1), without spilling at D <= 256
+        att = attention.roles(k)
+        reads = 0 if p["causal"] else len({ld.buffer for ld in loads(att.logits)} - {att.scores.out})
+        acc = p["BN"] // 2 + dv // 2 + (p["BN"] // 4 if p["OVERLAP"] else 0)
+        return acc + d // 8 + p["BN"] // 8 * reads + 16 + min(ops, 16)
     return p["BN"] // p["TPR"] + -(-dv // p["TPR"]) + 40 + min(ops, 16)
 
 
@@ -320,18 +331,32 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     the mask unless it is causal (then it is not read); every query tile after the first of a
     batch re-reads K and V from L2. Shared memory: each K/V tile written once and read by every
     warp (ldmatrix), Q once. Pipeline: one load latency per key tile, hidden by the double
-    buffer and by the other resident blocks. Occupancy and waves as for every family."""
+    buffer and by the other resident blocks. Occupancy and waves as for every family.
+
+    wgmma: the tensor-core work at eff.wgmma (default eff.mma_sync) instead of eff.mma_sync,
+    i.e. issued_tc = 2·scores·(D + Dv)·eff.mma_sync / eff.wgmma in the unit `_combine` divides
+    by. OVERLAP = 1 runs a tile's softmax while its warpgroup's P·V is on the tensor cores:
+    only max(0, t_softmax - t_pv) of it is exposed, t_pv = t_tc·Dv / (D + Dv). Shared memory:
+    each K/V tile written once and read once per warpgroup (the descriptors' operands), Q
+    written once and read once per key tile (it stays in shared memory, not in registers)."""
     nb, sq, sk, d, dv = attention.dims(k)
     bm, bn, causal = p["BM"], p["BN"], bool(p["causal"])
     visited = nb * _key_tiles(sq, sk, bm, bn, causal)
     flops = 2.0 * nb * sq * sk * (d + dv) * (0.5 if causal else 1.0)
-    mma = p["unit"] == "mma"
+    wg = p["unit"] == "wgmma"
+    mma = p["unit"] == "mma" or wg
     pd, pdv = (-(-d // 16) * 16, -(-dv // 16) * 16) if mma else (d, dv)
     scores = visited * bm * bn
     unit = MMA_UNIT[p["dtype"]] if mma else "fp32_simt"
     eff = hw.efficiency
     to_unit = hw.peak_tflops[unit] * eff["mma_sync" if mma else "fp32_simt"] / (hw.peak_tflops["fp32_simt"] * eff["fp32_simt"])
-    issued = 2.0 * scores * (pd + pdv) + SOFTMAX_OPS * scores * to_unit
+    tensor = 2.0 * scores * (pd + pdv)
+    softmax = SOFTMAX_OPS * scores * to_unit
+    if wg:
+        tensor *= eff["mma_sync"] / eff.get("wgmma", eff["mma_sync"])
+        if p["OVERLAP"]:
+            softmax = max(0.0, softmax - tensor * pdv / (pd + pdv))
+    issued = tensor + softmax
     att = attention.roles(k)
     mask = {ld.buffer for ld in loads(att.logits) if ld.buffer != att.scores.out}
     dram = _io_bytes(k, types) - (sum(types[b].nbytes for b in mask) if causal else 0)
@@ -339,14 +364,17 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     tiles_m = math.ceil(sq / bm)
     l2 = kv * (visited / max(1, nb * math.ceil(sk / bn)) - 1) if tiles_m > 1 else 0.0
     esize = ITEMSIZE[types[att.k.buffer].dtype] if mma else 4
-    readers = p["warps"] if mma else threads // 32
+    readers = p["NWG"] if wg else p["warps"] if mma else threads // 32
     smem = visited * bn * (pd + pdv) * esize * (1 + readers) + nb * tiles_m * bm * pd * esize * 2
+    if wg:
+        smem += visited * bm * pd * esize
     latency = hw.data.get("load_latency_us", LOAD_LATENCY_US)
     waves = math.ceil(blocks / (hw.sm_count * bps))
     per_block = visited / max(1, blocks)
     overlap = (p.get("STAGES", 2) - 1) if mma else 0
     pipeline = waves * latency * (1 + per_block / ((1 + overlap) * min(bps, 4)))
-    ilp = max(1.0, min(4.0, (bm // p["warps"] // 16) * (bn // 8 + pdv // 8) / 8)) if mma else 1.0
+    rows = 16 if wg else bm // p["warps"] if mma else 0   # a warp's accumulator rows (wgmma: 16 of 64)
+    ilp = max(1.0, min(4.0, (rows // 16) * (bn // 8 + pdv // 8) / 8)) if mma else 1.0
     est = _combine(hw, flops=flops, issued=issued, dram=dram, l2=l2, pipeline=pipeline, blocks=blocks,
                    threads=threads, bps=bps, ilp=ilp, unit=unit, smem=smem)
     est.terms["ilp"] = ilp

@@ -29,11 +29,11 @@ from aicfc.planner.hardware import Profile
 if TYPE_CHECKING:
     from aicfc.tune import TuneReport
 
-FIELDS = ("efficiency.dram", "efficiency.fp32_simt", "efficiency.mma_sync", "efficiency.min_warps_per_sm",
+FIELDS = ("efficiency.dram", "efficiency.fp32_simt", "efficiency.mma_sync", "efficiency.wgmma", "efficiency.min_warps_per_sm",
           "launch_overhead_us", "l2_bandwidth_gbs", "smem_bandwidth_gbs_per_sm", "load_latency_us",
           "splitk_overhead_us")
 OPTIONAL = {"load_latency_us": LOAD_LATENCY_US, "splitk_overhead_us": SPLITK_OVERHEAD_US}   # older profiles lack them
-EFFICIENCIES = ("efficiency.dram", "efficiency.fp32_simt", "efficiency.mma_sync")
+EFFICIENCIES = ("efficiency.dram", "efficiency.fp32_simt", "efficiency.mma_sync", "efficiency.wgmma")
 COARSE = (0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0)
 FINE = (0.9, 0.95, 1.0, 1.05, 1.1)
 SWEEPS = (COARSE, COARSE, COARSE, FINE, FINE)
@@ -59,6 +59,18 @@ def _average_ranks(a: np.ndarray) -> np.ndarray:
     values, inverse, counts = np.unique(a, return_inverse=True, return_counts=True)
     first = np.cumsum(counts) - counts          # 0-based rank of each value's first copy
     return (first + (counts + 1) / 2.0)[inverse]
+
+
+def fields(data: dict[str, Any]) -> tuple[str, ...]:
+    """The FIELDS `data` has: an efficiency a profile lacks (wgmma off Hopper) is not fitted."""
+    def has(field: str) -> bool:
+        node: Any = data
+        for key in field.split("."):
+            if not isinstance(node, dict) or key not in node:
+                return field in OPTIONAL
+            node = node[key]
+        return True
+    return tuple(f for f in FIELDS if has(f))
 
 
 def get(data: dict[str, Any], field: str) -> float:
@@ -140,6 +152,7 @@ def fit_profile(report: TuneReport, profile: Profile | dict[str, Any]) -> tuple[
     meas = _measurements(report)
     count = sum(len(m) for m in meas)
     data = copy.deepcopy(base)
+    fitted = fields(base)
     if count:
         best = _msle(predictions(report, data), meas)
         for factors in SWEEPS:
@@ -147,9 +160,9 @@ def fit_profile(report: TuneReport, profile: Profile | dict[str, Any]) -> tuple[
             # moving at most once; a fixed field order would let an early field absorb an
             # error that belongs to a later one (dram efficiency for launch overhead).
             moved: set[str] = set()
-            while len(moved) < len(FIELDS):
+            while len(moved) < len(fitted):
                 move = None
-                for field in FIELDS:
+                for field in fitted:
                     if field in moved:
                         continue
                     start = get(data, field)
@@ -166,7 +179,7 @@ def fit_profile(report: TuneReport, profile: Profile | dict[str, Any]) -> tuple[
                     break
                 _set(data, *move)
                 moved.add(move[0])
-        for field in FIELDS:
+        for field in fitted:
             _set(data, field, float(f"{get(data, field):.4g}"))
     before, after = _stats(report, base), _stats(report, data)
     stats: dict[str, Any] = {
@@ -174,7 +187,7 @@ def fit_profile(report: TuneReport, profile: Profile | dict[str, Any]) -> tuple[
         "kernels": sum(1 for m in meas if len(m)),
         **{f"{key}_before": _clean(value) for key, value in before.items()},
         **{f"{key}_after": _clean(value) for key, value in after.items()},
-        "fields": {field: [get(base, field), get(data, field)] for field in FIELDS},
+        "fields": {field: [get(base, field), get(data, field)] for field in fitted},
     }
     data["calibration"] = {
         "gpu": report.gpu, "date": datetime.date.today().isoformat(), "model": report.model,
