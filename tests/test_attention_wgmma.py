@@ -155,7 +155,8 @@ def test_only_wgmma_modules_carry_the_mark():
     assert MARK in wg.splitlines() and MARK not in mma
 
 
-TILES = [{"NWG": n, "BN": bn, "OVERLAP": ov} for n in (1, 2, 3) for bn in (64, 128) for ov in (0, 1)]
+TILES = [{"NWG": n, "BN": bn, "OVERLAP": ov, "STAGES": st} for n in (1, 2, 3) for bn in (64, 128)
+         for ov, st in ((0, 2), (1, 2), (1, 3))]
 BUILD_SHAPES = [(1, 2, 130, 64, False, False, "fp16"), (2, 3, 45, 128, True, False, "bf16"),
                 (2, 2, 300, 128, False, True, "fp16")]
 
