@@ -15,8 +15,8 @@ Every family's cost is the same formula over family-specific counts:
     t_pipeline   = serialized latency the schedule cannot hide (GEMM k-steps, reduction trees)
     parallel_eff = (active SMs / SMs) * min(1, warps per active SM * ilp / eff.min_warps_per_sm)
                    active SMs = min(blocks, SMs): a grid smaller than the machine leaves SMs idle
-                   ilp: independent work per warp; row passes: ROW_ILP times the memory duty
-                   cycle of an SM's resident blocks (`_row_cost`)
+                   ilp: independent work per warp; row passes: ROW_ILP, and their DRAM time
+                   divided by the memory duty cycle of an SM's resident blocks (`_row_cost`)
     wave_eff     = (blocks / per_wave) / ceil(blocks / per_wave)  when more than one wave
     per_wave     = SMs * blocks_per_sm;  blocks_per_sm from threads, shared memory, registers
 
@@ -183,7 +183,9 @@ def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     every pass after the first under `multi`; a re-read of the stored prologue counts too). A
     re-read hits L2 while the rows in flight (resident blocks x rows per block x the row's
     bytes) fit in half the L2, and goes to DRAM otherwise. One block reduction per statistic
-    (`online`: one for all) is the latency each wave cannot hide."""
+    (`online`: one for all) is the latency each wave cannot hide. The DRAM time is divided by
+    the memory duty cycle, duty = min(1, bps·t_move / (t_move + t_wait)): t_move a block's rows
+    at its SM's share of the bandwidth, t_wait a load round trip plus its reductions."""
     rows, _, cols = row_reduce.geometry(k)
     nrows = math.prod(n for _, n in rows)
     io = _io_bytes(k, types)
