@@ -38,6 +38,17 @@ REPS = 50
 TOL = 1e-2
 
 
+def randomize(module, scale: float, seed: int = 0) -> None:
+    """Every parameter of `module` drawn at random, as a trained checkpoint has them: N(0,
+    scale²), 1-D weights (norm scales) around 1. No zero biases or unit norm scales, which the
+    exporter would deduplicate into one shared constant (a graph unlike a real model's)."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * scale + (1.0 if p.dim() == 1 and "weight" in name else 0.0))
+
+
 def build(name: str, tiny: bool):
     """The torch module (fp32, eval) returning one tensor."""
     import torch
@@ -53,12 +64,7 @@ def build(name: str, tiny: bool):
         cfg = tf.GPT2Config(**(dict(n_embd=64, n_layer=2, n_head=4) if tiny else {}))
         inner = tf.GPT2Model(cfg)
 
-    # As a trained checkpoint has them: no zero biases or unit norm scales, which the exporter
-    # would deduplicate into one shared constant (a graph unlike a real model's).
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for pname, p in inner.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.02 + (1.0 if p.dim() == 1 and "weight" in pname else 0.0))
+    randomize(inner, 0.02)
 
     class LastHidden(torch.nn.Module):
         def __init__(self, m):
