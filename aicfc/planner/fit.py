@@ -62,15 +62,16 @@ def _average_ranks(a: np.ndarray) -> np.ndarray:
 
 
 def fields(data: dict[str, Any]) -> tuple[str, ...]:
-    """The FIELDS `data` has: an efficiency a profile lacks (wgmma off Hopper) is not fitted."""
-    def has(field: str) -> bool:
-        node: Any = data
-        for key in field.split("."):
-            if not isinstance(node, dict) or key not in node:
-                return field in OPTIONAL
-            node = node[key]
-        return True
-    return tuple(f for f in FIELDS if has(f))
+    """The FIELDS `data` has (`get` finds them): an efficiency a profile lacks (wgmma off
+    Hopper) is not fitted."""
+    found = []
+    for field in FIELDS:
+        try:
+            get(data, field)
+        except KeyError:
+            continue
+        found.append(field)
+    return tuple(found)
 
 
 def get(data: dict[str, Any], field: str) -> float:
