@@ -103,6 +103,21 @@ def test_mma_tiles(tile, precision, gpu_device):
         _check(model, precision, {"unit": "mma", **tile}, gpu_device, seed=6)
 
 
+# SIMT tiles: vector widths 1, 2 and 4 on both operands, a tile fetched by fewer threads than it
+# has elements per K step (ragged prefetch), one warp, 1024 threads.
+SIMT_TILES = [{"BM": 16, "BN": 16, "BK": 8, "TM": 1, "TN": 1}, {"BM": 16, "BN": 64, "BK": 8, "TM": 1, "TN": 2},
+              {"BM": 32, "BN": 64, "BK": 8, "TM": 2, "TN": 4}, {"BM": 64, "BN": 32, "BK": 16, "TM": 8, "TN": 2},
+              {"BM": 128, "BN": 128, "BK": 8, "TM": 8, "TN": 8}, {"BM": 128, "BN": 64, "BK": 16, "TM": 8, "TN": 4},
+              {"BM": 32, "BN": 32, "BK": 32, "TM": 1, "TN": 1}, {"BM": 32, "BN": 32, "BK": 8, "TM": 4, "TN": 8}]
+
+
+@pytest.mark.parametrize("tile", SIMT_TILES, ids=lambda t: "BM{BM}BN{BN}BK{BK}T{TM}x{TN}".format(**t))
+def test_simt_tiles(tile, gpu_device):
+    for build in (matmul, a_transposed, b_transposed_input, gemm_transb_bias_relu, two_inputs_batched):
+        model = build(77, 129, 65, np.random.default_rng(7))
+        _check(model, "fp32", {"unit": "simt", **tile}, gpu_device, seed=8)
+
+
 @pytest.mark.parametrize("shape", [(77, 129, 65), (128, 768, 768)])
 def test_fp32_stays_exact(shape, gpu_device):
     model = matmul(*shape, np.random.default_rng(9))

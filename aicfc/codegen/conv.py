@@ -61,10 +61,10 @@ def mma_type(k: Kernel, types: Mapping[str, TensorType], precision: str) -> str 
 def space(k: Kernel, plan: Plan) -> list[dict]:
     dtype = mma_type(k, plan.types(), plan.precision)
     if not dtype:
-        return gemm.simt_space()
+        return gemm.simt_space(prefetched=False)
     _, m, n, kk, batch = dims(k)
     mma = [p for p in gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch)) if p["SPLITK"] == 1]
-    return gemm.simt_space() + mma
+    return gemm.simt_space(prefetched=False) + mma
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
@@ -84,7 +84,9 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
-    return gemm.static_smem(k, p)
+    if p["unit"] == "mma":
+        return 0
+    return 4 * p["BK"] * (p["BM"] + 1 + p["BN"] + 1)
 
 
 def _split(k: Kernel, flat: str, variables: tuple[str, ...], idx: str) -> list[str]:

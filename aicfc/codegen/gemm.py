@@ -5,8 +5,11 @@ lowered IR as affine maps, so transposed or broadcast operands are just other st
 tile loader walks whichever of m/k (n/k) is contiguous fastest, to keep loads coalesced.
 
 Parameter space: block tile BM x BN, K step BK, per-thread tile TM x TN; threads =
-(BM/TM)(BN/TN). Constraints: 32 <= threads <= 1024, static shared memory
-4*BK*(BM+BN+2) <= the profile's per-block limit.
+(BM/TM)(BN/TN). A thread's TM rows are TM/VM runs of VM = min(TM, 4) adjacent rows (VN likewise
+for columns), read from shared memory as one VM-wide vector each. Constraints: 32 <= threads <=
+1024, static shared memory 2*4*BK*(BM+VM+BN+VN) (double-buffered, rows padded by the vector
+width) <= the profile's per-block limit, and at most PREFETCH_MAX elements of the next K step
+staged in each thread's registers.
 """
 from __future__ import annotations
 
@@ -24,6 +27,48 @@ from aicfc.ir.properties import Contraction, contraction
 from aicfc.ir.types import TensorType
 
 SPACE = {"BM": (16, 32, 64, 128), "BN": (16, 32, 64, 128), "BK": (8, 16, 32), "TM": (1, 2, 4, 8), "TN": (1, 2, 4, 8)}
+PREFETCH_MAX = 16   # registers a thread may hold of the next K step's tiles
+
+
+def vectors(p: Mapping) -> tuple[int, int]:
+    """(VM, VN): the widths of a thread's shared-memory reads of its A and B fragments."""
+    return min(p["TM"], 4), min(p["TN"], 4)
+
+
+def _wavefronts(words: list[list[int]]) -> int:
+    """Shared-memory wavefronts of one warp access: each lane's 4-byte word addresses; a
+    wavefront serves one distinct word per bank (equal words are broadcast)."""
+    banks: dict[int, set[int]] = {}
+    for lane in words:
+        for w in lane:
+            banks.setdefault(w % 32, set()).add(w)
+    return max(len(v) for v in banks.values())
+
+
+def smem_traffic(p: Mapping, a_k_fast: bool, b_k_fast: bool) -> tuple[float, float]:
+    """(read, write) shared-memory wavefronts per warp and K step of the SIMT kernel, from the
+    template's addressing (the first warp; rows padded by the vector width): the fragment reads
+    of every k (A then B) and the stores of the next step's tiles."""
+    t = threads(p)
+    bm, bn, bk, tm, tn = p["BM"], p["BN"], p["BK"], p["TM"], p["TN"]
+    vm, vn = vectors(p)
+    lanes = range(min(32, t))
+    cols = bn // tn
+    a = _wavefronts([[(l // cols) * vm + r for r in range(vm)] for l in lanes])
+    b = _wavefronts([[(l % cols) * vn + r for r in range(vn)] for l in lanes])
+    read = bk * ((tm // vm) * a + (tn // vn) * b)
+
+    def stores(rows: int, k_fast: bool, pad: int, count: int) -> float:
+        at = (lambda e: (e % bk) * (rows + pad) + e // bk) if k_fast else (lambda e: (e // rows) * (rows + pad) + e % rows)
+        return count * _wavefronts([[at(l)] for l in lanes])
+    la, lb = prefetch(p)
+    return read, stores(bm, a_k_fast, vm, la) + stores(bn, b_k_fast, vn, lb)
+
+
+def prefetch(p: Mapping) -> tuple[int, int]:
+    """(LA, LB): elements of the next A and B tiles each thread fetches into registers."""
+    t = threads(p)
+    return -(-p["BM"] * p["BK"] // t), -(-p["BN"] * p["BK"] // t)
 
 
 @by_identity   # asked once per candidate while ranking
@@ -52,15 +97,18 @@ def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
              + (" (exact fp32 semantics)" if plan.precision == "fp32" else ""))]
 
 
-def simt_space() -> list[dict]:
+def simt_space(prefetched: bool = True) -> list[dict]:
+    """The SIMT tiles; `prefetched`: the schedule stages the next K step in registers (this
+    family's kernel; the implicit GEMM's does not), so its size is bounded by PREFETCH_MAX."""
     out = []
     for bm in SPACE["BM"]:
         for bn in SPACE["BN"]:
             for bk in SPACE["BK"]:
                 for tm in SPACE["TM"]:
                     for tn in SPACE["TN"]:
-                        if bm % tm == 0 and bn % tn == 0:
-                            out.append({"unit": "simt", "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn})
+                        p = {"unit": "simt", "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
+                        if bm % tm == 0 and bn % tn == 0 and (not prefetched or sum(prefetch(p)) <= PREFETCH_MAX):
+                            out.append(p)
     return out
 
 
@@ -82,7 +130,14 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 def static_smem(k: Kernel, p: Mapping) -> int:
     if p["unit"] == "mma":
         return 0
-    return 4 * p["BK"] * (p["BM"] + 1 + p["BN"] + 1)
+    vm, vn = vectors(p)
+    return 2 * 4 * p["BK"] * (p["BM"] + vm + p["BN"] + vn)
+
+
+def operand_k_fast(k: Kernel, types: Mapping[str, TensorType]) -> tuple[bool, bool]:
+    """Whether A and B are contiguous along k (their tiles are then stored transposed)."""
+    c = dims(k)[0]
+    return _k_fast(c.a, types[c.a.buffer], c.m), _k_fast(c.b, types[c.b.buffer], c.n)
 
 
 def _k_fast(ld: Load, t: TensorType, var: str | None) -> bool:
@@ -144,5 +199,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)
     simt = {key: p[key] for key in ("BM", "BN", "BK", "TM", "TN")}
-    return render("gemm.cu.j2", name=name, threads=threads(p), **simt, **{x: parts[x] for x in parts if x != "c"},
-                  a_k_fast=_k_fast(c.a, types[c.a.buffer], c.m), b_k_fast=_k_fast(c.b, types[c.b.buffer], c.n))
+    t = threads(p)
+    vm, vn = vectors(p)
+    la, lb = prefetch(p)
+    return render("gemm.cu.j2", name=name, threads=t, **simt, **{x: parts[x] for x in parts if x != "c"},
+                  VM=vm, VN=vn, PA=vm, PB=vn, LA=la, LB=lb, a_ragged=p["BM"] * p["BK"] % t != 0,
+                  b_ragged=p["BN"] * p["BK"] % t != 0, **dict(zip(("a_k_fast", "b_k_fast"), operand_k_fast(k, types))))

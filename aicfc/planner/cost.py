@@ -2,7 +2,8 @@
 
 Every family's cost is the same formula over family-specific counts:
 
-    t = max(max(t_dram + t_l2, t_compute, t_smem) / (parallel_eff * wave_eff), t_pipeline) + launch
+    t = max(max((t_dram + t_l2) / mem_eff, t_compute / parallel_eff, t_smem / smem_eff) / wave_eff,
+            t_pipeline) + launch
 
     t_dram       = dram_bytes / (dram_bandwidth * eff.dram)       each tensor moved once, plus
                                                                   re-reads that do not fit in L2
@@ -13,10 +14,18 @@ Every family's cost is the same formula over family-specific counts:
     t_smem       = shared-memory bytes read and written / (SMs * smem_bandwidth_per_sm)
                    (tensor-core GEMMs: fragments per warp tile, staged tiles per block)
     t_pipeline   = serialized latency the schedule cannot hide (GEMM k-steps, reduction trees)
-    parallel_eff = (active SMs / SMs) * min(1, warps per active SM * ilp / eff.min_warps_per_sm)
+    parallel_eff = (active SMs / SMs) * (u / SUBPARTITIONS)
+                   * min(1, (w / u) * min(ilp, WARP_ILP_MAX) * SUBPARTITIONS / eff.min_warps_per_sm)
+                   w = warps per active SM, u = min(w, SUBPARTITIONS) schedulers in use
                    active SMs = min(blocks, SMs): a grid smaller than the machine leaves SMs idle
                    ilp: independent work per warp; row passes: ROW_ILP, and their DRAM time
                    divided by the memory duty cycle of an SM's resident blocks (`_row_cost`)
+    mem_eff      = parallel_eff, or where the family states the bytes each block keeps in
+                   flight (GEMMs: the tiles staged ahead), Little's law:
+                   (active SMs / SMs) * min(1, bytes in flight per SM / (DRAM bandwidth per SM
+                   * load_latency_us))
+    smem_eff     = parallel_eff, or for tensor-core GEMMs, Little's law on the fragment bytes a
+                   warp has in flight against SMEM_LATENCY_US
     wave_eff     = (blocks / per_wave) / ceil(blocks / per_wave)  when more than one wave
     per_wave     = SMs * blocks_per_sm;  blocks_per_sm from threads, shared memory, registers
 
@@ -47,6 +56,13 @@ SYNC_LATENCY_US = 0.04     # one shuffle or barrier step in a reduction tree (fi
 # (aicfc tune on an H200, 8192x4096 LayerNorm and softmax: 16-18 warps per SM ran 9-44%
 # slower than 32-40, which all ran within 3% of each other).
 ROW_ILP = 0.6
+LOAD_INSTRUCTIONS = 4      # a SIMT GEMM's fetch of one tile element: index, guard, load, store
+STEP_INSTRUCTIONS = 16     # a SIMT GEMM's K step: loop, buffer switch and barrier
+SUBPARTITIONS = 4          # warp schedulers per SM (sm_70 to sm_90), each with its share of the units
+WARP_ILP_MAX = 2.0         # independent work a warp's own ILP stands in for (measured: aicfc tune, H100, GEMM
+                           # shapes of benchmarks/gemm.py: 2 warps of 64x64 mma tiles ran 1.4-1.7x slower than 4
+                           # of 64x32 at 1024^3; caps of 1.5, 2.5 and 3 picked fewer schedules within 10%)
+SMEM_LATENCY_US = 0.02     # a shared-memory load's round trip (about 30 cycles)
 
 
 @dataclass(frozen=True)
@@ -77,7 +93,8 @@ def blocks_per_sm(threads: int, smem: int, regs: int, hw: Profile) -> tuple[int,
 
 def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float, pipeline: float,
              blocks: int, threads: int, bps: int, issue_eff: float = 1.0, ilp: float = 1.0,
-             unit: str = "fp32_simt", smem: float = 0.0) -> Estimate:
+             unit: str = "fp32_simt", smem: float = 0.0, inflight: float = 0.0,
+             smem_inflight: float = 0.0) -> Estimate:
     eff = hw.efficiency
     t_dram = dram / (hw.dram_bandwidth_gbs * 1e3 * eff["dram"])
     t_l2 = l2 / (hw.l2_bandwidth_gbs * 1e3)
@@ -87,15 +104,30 @@ def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float
     per_wave = hw.sm_count * bps
     active_sms = min(blocks, hw.sm_count)
     warps_per_sm = min(blocks, per_wave) * math.ceil(threads / 32) / active_sms
-    parallel = active_sms / hw.sm_count * min(1.0, warps_per_sm * ilp / eff["min_warps_per_sm"])
+    # Warps run on the SM's SUBPARTITIONS schedulers: fewer warps leave some idle, and each
+    # scheduler needs min_warps_per_sm / SUBPARTITIONS warps' worth of independent work, a warp
+    # counting for at most WARP_ILP_MAX of it however much ILP it has.
+    used = min(warps_per_sm, SUBPARTITIONS)
+    parallel = active_sms / hw.sm_count * used / SUBPARTITIONS * min(
+        1.0, warps_per_sm / used * min(ilp, WARP_ILP_MAX) * SUBPARTITIONS / eff["min_warps_per_sm"])
+    mem_parallel = parallel
+    if inflight:
+        need = hw.dram_bandwidth_gbs * 1e3 / hw.sm_count * hw.data.get("load_latency_us", LOAD_LATENCY_US)
+        mem_parallel = active_sms / hw.sm_count * min(1.0, min(blocks, per_wave) / active_sms * inflight / need)
+    smem_parallel = parallel
+    if smem_inflight:
+        need = hw.smem_bandwidth_gbs_per_sm * 1e3 * SMEM_LATENCY_US
+        smem_parallel = active_sms / hw.sm_count * min(1.0, warps_per_sm * smem_inflight / need)
     waves = blocks / per_wave
     wave_eff = waves / math.ceil(waves) if waves > 1 else 1.0
     # Latency along a block's own critical path (pipeline) is not divided by parallelism.
-    time = max(max(t_dram + t_l2, t_compute, t_smem) / (parallel * wave_eff), pipeline) + hw.launch_overhead_us
+    time = max((t_dram + t_l2) / mem_parallel, t_compute / parallel, t_smem / smem_parallel) / wave_eff
+    time = max(time, pipeline) + hw.launch_overhead_us
     return Estimate(time, flops, dram, {
         "t_dram_us": t_dram, "t_l2_us": t_l2, "t_compute_us": t_compute, "t_smem_us": t_smem,
         "t_pipeline_us": pipeline,
-        "parallel_eff": parallel, "wave_eff": wave_eff, "launch_us": hw.launch_overhead_us,
+        "parallel_eff": parallel, "mem_parallel_eff": mem_parallel, "smem_parallel_eff": smem_parallel,
+        "wave_eff": wave_eff, "launch_us": hw.launch_overhead_us,
         "blocks": blocks, "blocks_per_sm": bps})
 
 
@@ -107,8 +139,10 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
 def estimate_registers(k: Kernel, p: Mapping) -> int:
     """A planning-time register estimate (explain labels it as one)."""
     ops = sum(count_ops(op.body) for op in k.ops)
-    if k.family == "conv":   # a GEMM's, plus the index splitting of the gathered tiles
+    if k.family == "conv" and p["unit"] == "mma":   # a GEMM's, plus the index splitting of the gathered tiles
         return 16 + estimate_registers(k.replace(family="gemm"), p)
+    if k.family == "conv":   # accumulators, fragments, the gather's index splitting
+        return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 48 + min(ops, 32)
     if k.family == "window":
         return 32 + min(2 * ops, 64)
     if k.family == "gemm" and p["unit"] == "mma":
@@ -116,7 +150,10 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
         # accumulators + double-buffered A/B fragments + addressing and loop state
         return 4 * mi * ni + 8 * mi + 4 * ni + 40 + min(ops, 16)
     if k.family == "gemm":
-        return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 32 + min(ops, 32)
+        # accumulators, fragments, the next step's elements with their addresses: fitted to
+        # ptxas (CUDA 13) over 80 random tiles of a 2048^3 fp32 GEMM, mean error 11%
+        return (12 + math.ceil(0.85 * p["TM"] * p["TN"]) + 3 * (p["TM"] + p["TN"]) + 4 * sum(gemm.prefetch(p))
+                + min(ops, 32))
     if k.family == "attention":
         return _attention_registers(k, p, ops)
     if k.family == "row_reduce":
@@ -227,23 +264,40 @@ def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
 
 
 def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
+    """fp32 SIMT GEMM (the `gemm` template). Per thread and K step: TM·TN·BK FMAs, BK·(TM/VM +
+    TN/VN) vector shared loads, LOAD_INSTRUCTIONS per element of the next step it fetches and
+    stores, and STEP_INSTRUCTIONS of loop and barrier; an SM issues one instruction per FMA
+    slot, so issue_eff = FMAs / all of them. Shared memory: the wavefronts of the template's
+    fragment reads and tile stores (`gemm.smem_traffic`, bank conflicts included) at one
+    128-byte wavefront per clock. The next step's tiles are in flight while this one is
+    multiplied: one step ahead (t_pipeline as a two-stage tensor-core GEMM's), and DRAM sees
+    (BM+BN)·BK·4 bytes in flight per resident block."""
     c, m, n, kk, batch = gemm.dims(k)
     nb = math.prod(e for _, e in batch)
     bm, bn, bk, tm, tn = p["BM"], p["BN"], p["BK"], p["TM"], p["TN"]
+    vm, vn = gemm.vectors(p)
+    la, lb = gemm.prefetch(p)
+    ksteps = math.ceil(kk / bk)
     flops = 2.0 * nb * m * n * kk
-    issued = 2.0 * nb * math.ceil(m / bm) * bm * math.ceil(n / bn) * bn * math.ceil(kk / bk) * bk
+    issued = 2.0 * nb * math.ceil(m / bm) * bm * math.ceil(n / bn) * bn * ksteps * bk
+    fmas = tm * tn * bk
+    issue_eff = fmas / (fmas + bk * (tm // vm + tn // vn) + LOAD_INSTRUCTIONS * (la + lb) + STEP_INSTRUCTIONS)
+    read, write = gemm.smem_traffic(p, *gemm.operand_k_fast(k, types))
+    warp_steps = nb * math.ceil(m / bm) * math.ceil(n / bn) * ksteps * math.ceil(threads / 32)
+    smem = warp_steps * (read + write) * 128.0
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
-    # Shared-memory operand reads per FMA are (TM+TN)/(TM*TN). An SM issues 4 FMAs per word its
-    # banks deliver, but these reads are broadcasts (2 to 16 distinct words a warp), so the
-    # kernel stops gaining at 2 FMAs per read: measured (aicfc tune, H100, fp32 GEMM shapes of
-    # benchmarks/gemm.py) a divisor of 4 picked 2/10 schedules within 10% of the best, 2 picked 4/10.
-    issue_eff = min(1.0, (tm * tn) / (tm + tn) / 2.0)
     waves = math.ceil(blocks / (hw.sm_count * bps))
-    pipeline = waves * math.ceil(kk / bk) * hw.data.get("load_latency_us", LOAD_LATENCY_US) / max(1, min(bps, 4))
+    # A block's K step: its multiply at the SM's rate, then the wait for the tiles fetched at its
+    # start; other resident blocks fill that wait, a lone block (bps = 1) cannot.
+    step = 2.0 * bm * bn * bk / (hw.peak_tflops["fp32_simt"] * 1e6 / hw.sm_count * hw.efficiency["fp32_simt"] * issue_eff)
+    pipeline = waves * ksteps * max(step + hw.data.get("load_latency_us", LOAD_LATENCY_US), bps * step) / bps
+    ilp = max(1.0, min(4.0, tm * tn / 8))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
-                   blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff)
+                   blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff, ilp=ilp, smem=smem,
+                   inflight=(bm + bn) * bk * 4.0)
     est.terms["issue_eff"] = issue_eff
+    est.terms["ilp"] = ilp
     return est
 
 
@@ -284,8 +338,11 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
         pipeline += (hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
                      + (splits - 1) * bm * bn * 4.0 / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count))
     ilp = max(1.0, min(4.0, (wtm // 16) * (wtn // 8) / 8))
+    inflight = (st - 1) * (bm + bn) * bk * esize
+    frag = (wtm + wtn) * (8 if p["dtype"] == "tf32" else 16) * esize
     est = _combine(hw, flops=flops, issued=issued, dram=dram, l2=l2, pipeline=pipeline,
-                   blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem)
+                   blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem,
+                   inflight=inflight, smem_inflight=frag)
     est.terms["ilp"] = ilp
     return est
 
