@@ -27,7 +27,7 @@ from aicfc.ir.properties import Contraction, contraction
 from aicfc.ir.types import TensorType
 
 SPACE = {"BM": (16, 32, 64, 128), "BN": (16, 32, 64, 128), "BK": (8, 16, 32), "TM": (1, 2, 4, 8), "TN": (1, 2, 4, 8)}
-PREFETCH_MAX = 16   # registers a thread may hold of the next K step's tiles
+PREFETCH_MAX = 16   # elements of the next K step's tiles a thread may hold in registers
 
 
 def vectors(p: Mapping) -> tuple[int, int]:
@@ -59,7 +59,8 @@ def smem_traffic(p: Mapping, a_k_fast: bool, b_k_fast: bool) -> tuple[float, flo
     read = bk * ((tm // vm) * a + (tn // vn) * b)
 
     def stores(rows: int, k_fast: bool, pad: int, count: int) -> float:
-        at = (lambda e: (e % bk) * (rows + pad) + e // bk) if k_fast else (lambda e: (e // rows) * (rows + pad) + e % rows)
+        def at(e: int) -> int:   # element e of the tile, stored [k][row] in rows of rows + pad words
+            return (e % bk) * (rows + pad) + e // bk if k_fast else (e // rows) * (rows + pad) + e % rows
         return count * _wavefronts([[at(l)] for l in lanes])
     la, lb = prefetch(p)
     return read, stores(bm, a_k_fast, vm, la) + stores(bn, b_k_fast, vn, lb)

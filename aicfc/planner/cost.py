@@ -290,7 +290,8 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     waves = math.ceil(blocks / (hw.sm_count * bps))
     # A block's K step: its multiply at the SM's rate, then the wait for the tiles fetched at its
     # start; other resident blocks fill that wait, a lone block (bps = 1) cannot.
-    step = 2.0 * bm * bn * bk / (hw.peak_tflops["fp32_simt"] * 1e6 / hw.sm_count * hw.efficiency["fp32_simt"] * issue_eff)
+    sm_rate = hw.peak_tflops["fp32_simt"] * 1e6 / hw.sm_count * hw.efficiency["fp32_simt"] * issue_eff
+    step = 2.0 * bm * bn * bk / sm_rate
     pipeline = waves * ksteps * max(step + hw.data.get("load_latency_us", LOAD_LATENCY_US), bps * step) / bps
     ilp = max(1.0, min(4.0, tm * tn / 8))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
