@@ -77,6 +77,11 @@ class Estimate:
         return tuple(sorted((k, round(float(v), 6)) for k, v in items.items()))
 
 
+def load_latency(hw: Profile) -> float:
+    """The profile's `load_latency_us`, LOAD_LATENCY_US where it has none."""
+    return hw.data.get("load_latency_us", LOAD_LATENCY_US)
+
+
 def blocks_per_sm(threads: int, smem: int, regs: int, hw: Profile) -> tuple[int, str]:
     """Resident blocks per SM and the resource that limits it."""
     warps = math.ceil(threads / 32)
@@ -112,7 +117,7 @@ def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float
         1.0, warps_per_sm / used * min(ilp, WARP_ILP_MAX) * SUBPARTITIONS / eff["min_warps_per_sm"])
     mem_parallel = parallel
     if inflight:
-        need = hw.dram_bandwidth_gbs * 1e3 / hw.sm_count * hw.data.get("load_latency_us", LOAD_LATENCY_US)
+        need = hw.dram_bandwidth_gbs * 1e3 / hw.sm_count * load_latency(hw)
         mem_parallel = active_sms / hw.sm_count * min(1.0, min(blocks, per_wave) / active_sms * inflight / need)
     smem_parallel = parallel
     if smem_inflight:
@@ -251,7 +256,7 @@ def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     # and then waits on a load round trip and its reductions (t_wait); the SM's memory is busy
     # only while one of its resident blocks moves data.
     t_move = p["rpb"] * (io + reread) / nrows / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"] / hw.sm_count)
-    t_wait = hw.data.get("load_latency_us", LOAD_LATENCY_US) + latency
+    t_wait = load_latency(hw) + latency
     duty = min(1.0, bps * t_move / (t_move + t_wait))
     dram, l2 = (io, reread) if fits else (io + reread, 0.0)
     # The duty cycle caps the DRAM rate an SM reaches however many warps it holds (a barrier
@@ -292,7 +297,7 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     # start; other resident blocks fill that wait, a lone block (bps = 1) cannot.
     sm_rate = hw.peak_tflops["fp32_simt"] * 1e6 / hw.sm_count * hw.efficiency["fp32_simt"] * issue_eff
     step = 2.0 * bm * bn * bk / sm_rate
-    pipeline = waves * ksteps * max(step + hw.data.get("load_latency_us", LOAD_LATENCY_US), bps * step) / bps
+    pipeline = waves * ksteps * max(step + load_latency(hw), bps * step) / bps
     ilp = max(1.0, min(4.0, tm * tn / 8))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff, ilp=ilp, smem=smem,
@@ -326,7 +331,7 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
     splits = p.get("SPLITK", 1)
-    latency = hw.data.get("load_latency_us", LOAD_LATENCY_US)
+    latency = load_latency(hw)
     waves = math.ceil(blocks / (hw.sm_count * bps))
     pipeline = waves * latency * (1 + math.ceil(ksteps / splits) / ((st - 1) * min(bps, 4)))
     dram = _io_bytes(k, types)
@@ -340,10 +345,10 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
                      + (splits - 1) * bm * bn * 4.0 / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count))
     ilp = max(1.0, min(4.0, (wtm // 16) * (wtn // 8) / 8))
     inflight = (st - 1) * (bm + bn) * bk * esize
-    frag = (wtm + wtn) * (8 if p["dtype"] == "tf32" else 16) * esize
+    frag_bytes = (wtm + wtn) * (8 if p["dtype"] == "tf32" else 16) * esize   # one MMA k-step's fragments
     est = _combine(hw, flops=flops, issued=issued, dram=dram, l2=l2, pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem,
-                   inflight=inflight, smem_inflight=frag)
+                   inflight=inflight, smem_inflight=frag_bytes)
     est.terms["ilp"] = ilp
     return est
 
@@ -428,7 +433,7 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     smem = visited * bn * (pd + pdv) * esize * (1 + readers) + nb * tiles_m * bm * pd * esize * 2
     if wg:
         smem += visited * bm * pd * esize
-    latency = hw.data.get("load_latency_us", LOAD_LATENCY_US)
+    latency = load_latency(hw)
     waves = math.ceil(blocks / (hw.sm_count * bps))
     per_block = visited / max(1, blocks)
     overlap = (p.get("STAGES", 2) - 1) if mma else 0
@@ -471,7 +476,7 @@ def _conv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     b_bytes = types[g.b.buffer].nbytes
     l2 = a_bytes * math.ceil(n / bn) + b_bytes * (math.ceil(m / bm) - 1)
     waves = math.ceil(blocks / (hw.sm_count * bps))
-    pipeline = waves * ksteps * hw.data.get("load_latency_us", LOAD_LATENCY_US) / max(1, min(bps, 4))
+    pipeline = waves * ksteps * load_latency(hw) / max(1, min(bps, 4))
     issue_eff = 1.0 if mma else min(1.0, (p["TM"] * p["TN"]) / (p["TM"] + p["TN"]) / 2.0)
     smem = 0.0
     if mma:
