@@ -197,12 +197,16 @@ def fold_views(p: Program) -> Program:
             _replace(ops, new)
             found.append(record)
         records += sorted(found, key=lambda r: position[r.target])     # recorded in program order
-    # A view nothing reads any more is gone (repeat: dropping one may free its source view).
+    return p.replace(ops=tuple(drop_unread_views(ops, p.outputs)), rewrites=tuple(records))
+
+
+def drop_unread_views(ops: list[Op], outputs: tuple[str, ...]) -> list[Op]:
+    """`ops` without the views nothing reads (no load, no other view, not a graph output);
+    repeated, since dropping one may free its source view."""
     while True:
-        used = set(p.outputs) | {op.source for op in ops if isinstance(op, View)}
+        used = set(outputs) | {op.source for op in ops if isinstance(op, View)}
         used |= {ld.buffer for op in ops if isinstance(op, Compute) for ld in loads(op.body)}
         dead = {op.out for op in ops if isinstance(op, View) and op.out not in used}
         if not dead:
-            break
+            return ops
         ops = [op for op in ops if op.out not in dead]
-    return p.replace(ops=tuple(ops), rewrites=tuple(records))

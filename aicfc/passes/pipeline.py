@@ -25,6 +25,7 @@ from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.plan_schedules import plan_schedules
+from aicfc.passes.sink_views import sink_views
 from aicfc.planner.hardware import Profile
 
 LEVELS = ("high", "lowered", "decision")
@@ -53,6 +54,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("cse", "high", "high", lambda g, o: cse(g)),
     Stage("dce", "high", "high", lambda g, o: dce(g)),
     Stage("lower", "high", "lowered", lambda g, o: lower(g)),
+    Stage("sink_views", "lowered", "lowered", lambda p, o: sink_views(p)),
     Stage("inline_producers", "lowered", "lowered", lambda p, o: inline_producers(p)),
     Stage("fold_views", "lowered", "lowered", lambda p, o: fold_views(p)),
     Stage("inline_again", "lowered", "lowered", lambda p, o: inline_producers(p, again=True)),
@@ -64,17 +66,21 @@ PIPELINE: tuple[Stage, ...] = (
 )
 
 # Ordering rules, checked at import: levels only move forward, one step at a time, and
-# canonicalize precedes lower (lowering has no rule for Gemm); fold_views follows
+# canonicalize precedes lower (lowering has no rule for Gemm); sink_views precedes
+# inline_producers (it moves a split view from between a GEMM's bias map and the element-wise
+# maps reading it, HF Conv1D's view back to [B,S,N] before the GELU, to after those maps: the
+# bias is then recomputed inside them, and form_kernels absorbs them as the GEMM's epilogue;
+# after inline_producers the bias would already be stored); fold_views follows
 # inline_producers (which recomputes maps in program order: with the head-split views gone
 # first, the bias would be recomputed inside the head transpose, which then no longer folds
 # into the attention's operand access) and precedes merge_contractions (which keeps a result
-# read through a view apart); inline_again (inline_producers once more) follows
-# fold_views, which has taken the splitting views out from between producers and consumers; merge_contractions precedes form_kernels (which absorbs the merged
-# epilogue).
+# read through a view apart); inline_again (inline_producers once more) follows fold_views,
+# which has taken the splitting views out from between producers and consumers;
+# merge_contractions precedes form_kernels (which absorbs the merged epilogue).
 for _a, _b in zip(PIPELINE, PIPELINE[1:]):
     assert _a.gives == _b.takes, f"stage {_b.name} takes {_b.takes} but {_a.name} gives {_a.gives}"
 _ORDER = [s.name for s in PIPELINE]
-assert _ORDER.index("canonicalize") < _ORDER.index("lower")
+assert _ORDER.index("canonicalize") < _ORDER.index("lower") < _ORDER.index("sink_views") < _ORDER.index("inline_producers")
 assert _ORDER.index("fold_constants") < _ORDER.index("cse") < _ORDER.index("dce")   # folding makes duplicates
 assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("inline_again")
         < _ORDER.index("merge_contractions")
