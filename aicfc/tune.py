@@ -23,11 +23,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from aicf_run.convert import to_device
-from aicfc import __version__
 from aicfc.codegen import FAMILIES
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.scratch import scratch
-from aicfc.codegen.module import HEADER, resolve_jobs
+from aicfc.codegen.module import module_header, resolve_jobs
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
@@ -176,8 +175,7 @@ def source(plan: Plan, kt: KernelTune) -> str:
     """One CUDA module holding every candidate of one kernel."""
     types = plan.types()
     family = FAMILIES[kt.family]
-    header = HEADER.format(version=__version__, target=plan.target, model=plan.name, count=len(kt.candidates))
-    return "\n".join([header, *(family.render_kernel(kt.kernel, c.params, types, symbol(kt, c))
+    return "\n".join([module_header(plan, len(kt.candidates)), *(family.render_kernel(kt.kernel, c.params, types, symbol(kt, c))
                                 for c in kt.candidates)])
 
 

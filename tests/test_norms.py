@@ -412,7 +412,7 @@ BUILD_CASES = [("layernorm", B.layer_norm_model, (3, 1000)), ("layernorm", B.lay
 
 @pytest.mark.parametrize("case,build,shape", BUILD_CASES, ids=[f"{c}-{'x'.join(map(str, s))}" for c, _, s in BUILD_CASES])
 def test_every_pass_builds_without_spills(case, build, shape, tmp_path):
-    from aicfc.codegen.module import HEADER
+    from aicfc.codegen.module import module_header
     from aicfc.codegen.nvcc import build as nvcc_build
     for precision in ("fp32", "fp16", "bf16"):
         plan = stages(build(shape), precision)["plan_schedules"]
@@ -425,8 +425,7 @@ def test_every_pass_builds_without_spills(case, build, shape, tmp_path):
         for k in plan.kernels:
             if k.family == "pointwise":
                 sources.append(pointwise.render_kernel(k, k.schedule.param, plan.types(), f"{k.name}_pw"))
-        built = nvcc_build(HEADER.format(version="test", target="sm_90", model=case, count=len(sources))
-                           + "\n".join(sources), "sm_90")
+        built = nvcc_build(module_header(plan, len(sources)) + "\n".join(sources), "sm_90")
         names = {re.search(r"void __launch_bounds__\(\d+\) (\w+)\(", s).group(1) for s in sources}
         assert set(built.registers) >= names
         assert not any(built.spills.get(n) for n in names), built.spills

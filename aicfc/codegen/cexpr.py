@@ -16,8 +16,8 @@ from aicfc.ir.lowered import Affine, Call, Const, Expr, Load, indirect_dims
 from aicfc.ir.types import TensorType, contiguous_strides
 
 UNARY = {
-    "neg": "(-{0})", "exp": "expf({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
-    "tanh": "tanhf({0})", "erf": "erff({0})", "sigmoid": "(1.0f / (1.0f + expf(-{0})))",
+    "neg": "(-{0})", "exp": "aicf_exp({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
+    "tanh": "tanhf({0})", "erf": "aicf_erf({0})", "sigmoid": "(1.0f / (1.0f + aicf_exp(-{0})))",
     "not": "(({0}) == 0.0f ? 1.0f : 0.0f)", "isnan": "(isnan({0}) ? 1.0f : 0.0f)",
 }
 BINARY = {

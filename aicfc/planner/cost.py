@@ -194,14 +194,24 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
 # counted in SASS, CUDA 13: two polynomials selected per element; the others are estimates);
 # the rest cost one. A division by a literal is emitted as a product (cexpr.reciprocal_divisions).
 CALL_INSTRUCTIONS = {"erf": 24, "tanh": 16, "sigmoid": 18, "exp": 8, "log": 10, "sqrt": 5, "div": 9}
+# Under fp16/bf16 (apply_precision.FAST_MATH) exp and erf are templates/math.cuh.j2's
+# approximations (counted in SASS, CUDA 13).
+FAST_CALL_INSTRUCTIONS = {**CALL_INSTRUCTIONS, "erf": 18, "sigmoid": 12, "exp": 2}
 
 
-def instructions(e: Expr, invariant: Callable[[Expr], bool] = lambda e: False) -> int:
+def fast_math(k: Kernel, types: Mapping) -> bool:
+    """Whether `k` runs under a policy that approximates exp and erf: its stored floating-point
+    results are 16-bit (fp16 and bf16 store every floating-point tensor so, fp32 and tf32 none)."""
+    return any(types[b].dtype in ("f16", "bf16") for b in k.stores)
+
+
+def instructions(e: Expr, invariant: Callable[[Expr], bool] = lambda e: False, fast: bool = False) -> int:
     """fp32 instructions one element of `e` issues (loads excluded; `invariant` subexpressions,
     the same for every element, are computed once and cost nothing per element)."""
     if not isinstance(e, Call) or invariant(e):
         return 0
-    return CALL_INSTRUCTIONS.get(e.fn, 1) + sum(instructions(a, invariant) for a in e.args)
+    table = FAST_CALL_INSTRUCTIONS if fast else CALL_INSTRUCTIONS
+    return table.get(e.fn, 1) + sum(instructions(a, invariant, fast) for a in e.args)
 
 
 def _pointwise_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,
@@ -213,7 +223,8 @@ def _pointwise_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     (about 30 instructions per 4 bytes moved) does."""
     out = k.ops[-1]
     flops = out.type.numel * max(1, count_ops(out.body))
-    issued = 2.0 * out.type.numel * instructions(reciprocal_divisions(out.body, lambda e: isinstance(e, Const)))
+    issued = 2.0 * out.type.numel * instructions(reciprocal_divisions(out.body, lambda e: isinstance(e, Const)),
+                                                 fast=fast_math(k, types))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=0.0, pipeline=0.0, blocks=blocks,
                    threads=threads, bps=bps, issue_eff=p["items"] / (p["items"] + 1), ilp=min(p["items"], 4))
     return est
@@ -243,7 +254,8 @@ def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     flops = sum(op.type.numel * math.prod(op.reduce) * max(1, count_ops(op.body)) for op in k.ops)
     row = row_reduce.analyze(k)
     issued = 2.0 * sum(op.type.numel * math.prod(op.reduce)
-                       * max(1, instructions(row_reduce.body(row, op), row_reduce.invariant(row))) for op in k.ops)
+                       * max(1, instructions(row_reduce.body(row, op), row_reduce.invariant(row), fast_math(k, types)))
+                       for op in k.ops)
     # A block reduction: shuffle steps, then (several warps) two barriers and a serial merge of
     # the warps' partials through shared memory.
     warps = p["tpr"] // 32
