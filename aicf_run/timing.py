@@ -10,11 +10,20 @@ per launch is elapsed / launches, and the result the median of REPEATS such meas
 `median_per_launch_us` is that measuring loop on its own, shared with the runtime's profiler
 (aicf_run.profile). Launches go back to back, as a model's kernels do, so inputs stay in L2
 between launches when they fit; that is also how `benchmarks/` times whole models.
+
+A kernel shorter than the host's cost of one launch (a few microseconds through PyCUDA) would
+otherwise be timed at the host's launch rate, the GPU idle between launches. When the module
+holds SPIN_SYMBOL (`aicfc tune` adds it, SPIN_SOURCE), each measurement first launches it to
+hold the stream for longer than the host takes to enqueue the timed launches (twice the
+previous measurement's enqueue time, at first ENQUEUE_US each), so those run back to back on
+the GPU whatever the host's rate; at most SPIN_LAUNCHES are timed at once then, so the pending
+launches stay within the driver's queue.
 """
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +38,18 @@ MIN_MS = 2.0
 LONG_MS = 50.0
 MAX_LAUNCHES = 2000
 REPEATS = 5
+SPIN_SYMBOL = "aicf_spin"
+SPIN_SOURCE = """
+// Holds the stream for `ns` nanoseconds of the GPU's global timer (aicf_run/timing.py).
+extern "C" __global__ void aicf_spin(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+ENQUEUE_US = 20.0
+SPIN_LAUNCHES = 500
+SPIN_MAX_MS = 50.0
 # Without opting in, a kernel may use at most 48 KiB of dynamic shared memory.
 _DEFAULT_SMEM_LIMIT = 48 * 1024
 
@@ -79,6 +100,15 @@ class KernelBench:
             except self._cuda.Error:
                 pass  # a lost context frees everything when it goes
 
+    def _spin(self) -> Any:
+        """The module's SPIN_SYMBOL kernel, prepared, or None when it has none."""
+        try:
+            function = self._module.get_function(SPIN_SYMBOL)
+        except self._cuda.Error:
+            return None
+        function.prepare("Q")
+        return function
+
     def registers(self, symbol: str) -> int | None:
         """Registers per thread of `symbol` as the driver reports them."""
         try:
@@ -105,12 +135,19 @@ class KernelBench:
             except cuda.Error as err:
                 raise LaunchRefused(f"{smem} B of dynamic shared memory refused ({_one_line(err)})") from None
         start, stop = cuda.Event(), cuda.Event()
+        spin = self._spin()
+        enqueue_s = [ENQUEUE_US * 1e-6]   # the host's time per launch, last measured
 
         def launches(n: int) -> float:
             """Milliseconds for n back-to-back launches."""
+            if spin is not None:
+                hold_ms = min(SPIN_MAX_MS, 2e3 * n * enqueue_s[0] + 0.05)
+                spin.prepared_call((1, 1, 1), (1, 1, 1), np.uint64(hold_ms * 1e6))
             start.record()
+            t0 = time.perf_counter()
             for _ in range(n):
                 function.prepared_call(grid, block, *self._pointers, shared_size=smem)
+            enqueue_s[0] = (time.perf_counter() - t0) / n
             stop.record()
             stop.synchronize()
             return stop.time_since(start)
@@ -121,7 +158,7 @@ class KernelBench:
             self._check_alive(symbol)
             raise LaunchRefused(f"launch refused ({_one_line(err)})") from None
         try:
-            return median_per_launch_us(launches)
+            return median_per_launch_us(launches, SPIN_LAUNCHES if spin is not None else MAX_LAUNCHES)
         except cuda.Error as err:
             self.device.lost = True
             raise RunError(f"tuning candidate {symbol} failed on the GPU ({_one_line(err)}); the "
@@ -149,29 +186,30 @@ class KernelBench:
                            f"it with the model") from None
 
 
-def median_per_launch_us(launches: Callable[[int], float]) -> float:
+def median_per_launch_us(launches: Callable[[int], float], most: int = MAX_LAUNCHES) -> float:
     """Median time per launch in microseconds, by the method of the module docstring.
 
     `launches(n)` enqueues n back-to-back launches between two CUDA events and returns the
     elapsed milliseconds; the runtime's profiler (aicf_run.profile) measures the same way.
+    `most` bounds n.
     """
     per_launch = launches(WARMUP) / WARMUP
-    n = _count(per_launch)
+    n = _count(per_launch, most)
     for _ in range(8):   # the warm-up's estimate may be off; grow n until MIN_MS is met
         elapsed = launches(n)
-        if elapsed >= MIN_MS or n >= MAX_LAUNCHES:
+        if elapsed >= MIN_MS or n >= most:
             break
-        n = min(MAX_LAUNCHES, max(n + 1, math.ceil(1.2 * n * MIN_MS / max(elapsed, 1e-6))))
+        n = min(most, max(n + 1, math.ceil(1.2 * n * MIN_MS / max(elapsed, 1e-6))))
     samples = [elapsed / n] + [launches(n) / n for _ in range(REPEATS - 1)]
     return statistics.median(samples) * 1e3
 
 
-def _count(per_launch_ms: float) -> int:
+def _count(per_launch_ms: float, most: int = MAX_LAUNCHES) -> int:
     """Launches for one measurement, from an estimate of one launch's time: a slow candidate
     (a SIMT fp32 GEMM of 8192^3 takes 60 ms or more) is not launched MIN_LAUNCHES times."""
     per_launch_ms = max(per_launch_ms, 1e-6)
     floor = min(MIN_LAUNCHES, max(1, math.ceil(LONG_MS / per_launch_ms)))
-    return min(MAX_LAUNCHES, max(floor, math.ceil(MIN_MS / per_launch_ms)))
+    return min(most, max(floor, math.ceil(MIN_MS / per_launch_ms)))
 
 
 def _one_line(err: BaseException) -> str:

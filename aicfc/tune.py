@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from aicf_run.convert import to_device
+from aicf_run.timing import SPIN_SOURCE
 from aicfc.codegen import FAMILIES
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.scratch import scratch
@@ -172,11 +173,11 @@ def symbol(kt: KernelTune, c: Measured) -> str:
 
 
 def source(plan: Plan, kt: KernelTune) -> str:
-    """One CUDA module holding every candidate of one kernel."""
+    """One CUDA module holding every candidate of one kernel, and the timer's spin kernel."""
     types = plan.types()
     family = FAMILIES[kt.family]
-    return "\n".join([module_header(plan, len(kt.candidates)), *(family.render_kernel(kt.kernel, c.params, types, symbol(kt, c))
-                                for c in kt.candidates)])
+    kernels = [family.render_kernel(kt.kernel, c.params, types, symbol(kt, c)) for c in kt.candidates]
+    return "\n".join([module_header(plan, len(kt.candidates)), SPIN_SOURCE, *kernels])
 
 
 def random_argument(t: TensorType, rng: np.random.Generator) -> np.ndarray:

@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from aicf_run.device import Device
-from aicf_run.timing import LONG_MS, MIN_LAUNCHES, MIN_MS, REPEATS, median_per_launch_us
+from aicf_run.timing import (LONG_MS, MIN_LAUNCHES, MIN_MS, REPEATS, SPIN_LAUNCHES, SPIN_SYMBOL,
+                             median_per_launch_us)
 from aicfc.cli import main
 from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.pipeline import Options, run_pipeline
@@ -165,6 +166,7 @@ class FakeDriver:
         self.clock = 0.0
         self.refuse = refuse
         self.launches: dict[str, int] = {}
+        self.spins: list[float] = []   # microseconds each spin launch held the stream
         self.live = 0
 
     def module_from_buffer(self, cubin: bytes):
@@ -206,7 +208,7 @@ class FakeFunction:
 
     def __init__(self, driver: FakeDriver, name: str) -> None:
         self.driver, self.name = driver, name
-        self.rank = int(name.rsplit("_c", 1)[1])
+        self.rank = None if name == SPIN_SYMBOL else int(name.rsplit("_c", 1)[1])
 
     def prepare(self, arg_types: str) -> None:
         self.arg_types = arg_types
@@ -216,6 +218,10 @@ class FakeFunction:
 
     def prepared_call(self, grid, block, *pointers, shared_size=0) -> None:
         assert len(pointers) == len(self.arg_types)
+        if self.rank is None:   # the spin kernel holds the stream for its argument's nanoseconds
+            self.driver.spins.append(float(pointers[0]) / 1e3)
+            self.driver.clock += float(pointers[0]) / 1e3
+            return
         if self.name in self.driver.refuse:
             raise FakeDriver.Error("cuLaunchKernel failed: too many resources requested for launch")
         self.driver.clock += 3.0 + 0.5 * self.rank
@@ -243,9 +249,11 @@ def test_tune_model_measures_every_selected_candidate():
                 continue
             assert c.measured_us == pytest.approx(3.0 + 0.5 * c.rank)
             n = driver.launches[f"{kt.name}_c{c.rank}"]
-            assert n >= REPEATS * max(MIN_LAUNCHES, MIN_MS * 1e3 / c.measured_us)
+            assert n >= REPEATS * min(SPIN_LAUNCHES, max(MIN_LAUNCHES, MIN_MS * 1e3 / c.measured_us))
         assert kt.pick_ratio == pytest.approx(1.0) and kt.spearman > 0.8
     assert driver.live == 0, "every buffer is freed"
+    # every measurement waited behind the spin kernel, which is not in any timing
+    assert len(driver.spins) >= sum(driver.launches.values()) / SPIN_LAUNCHES and min(driver.spins) >= 50.0
     total = len(report.kernels) + sum(len(kt.candidates) for kt in report.kernels)
     assert steps[0][:2] == (0, total) and [s[0] for s in steps] == list(range(total + 1))
     assert sum(s[2].startswith("nvcc") for s in steps) == 1 + len(report.kernels)
