@@ -115,9 +115,16 @@ def test_planner_picks_wgmma_on_sm90(b, h, s, d, causal, precision):
 
 @pytest.mark.parametrize("b,h,s,d,causal", PICK_SHAPES[:2], ids=["4x16x2048x128", "4x16x2048x128c"])
 def test_planner_overlap_ranks_first(b, h, s, d, causal):
-    """Softmax hidden under P·V (OVERLAP = 1) is predicted faster than the serial schedule."""
+    """The ping-pong schedule (OVERLAP = 2: each warpgroup's softmax under the other's products)
+    ranks first; softmax under its own P·V (OVERLAP = 1) is predicted no slower than the serial
+    schedule, which leaves it all exposed."""
     plan = plan_of(B.attention_model(b, h, s, d, causal=causal), "fp16")
-    assert the_kernel(plan).schedule.param["OVERLAP"] == 1
+    k = the_kernel(plan)
+    assert k.schedule.param["OVERLAP"] == 2 and k.schedule.param["NWG"] == 2
+    ranked, _ = rank(k, plan, load_profile("sm_90"))
+    time = {(r.params["NWG"], r.params["BN"], r.params["STAGES"], r.params["OVERLAP"]): r.estimate.terms["t_compute_us"]
+            for r in ranked if r.params["unit"] == "wgmma"}
+    assert time[(2, 128, 3, 2)] < time[(2, 128, 3, 1)] < time[(2, 128, 2, 0)]
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89"])
@@ -156,7 +163,7 @@ def test_only_wgmma_modules_carry_the_mark():
 
 
 TILES = [{"NWG": n, "BN": bn, "OVERLAP": ov, "STAGES": st} for n in (1, 2, 3) for bn in (64, 128)
-         for ov, st in ((0, 2), (1, 2), (1, 3))]
+         for ov, st in ((0, 2), (1, 2), (1, 3), (2, 3))]   # OVERLAP = 2 (ping-pong): NWG = 2 only
 BUILD_SHAPES = [(1, 2, 130, 64, False, False, "fp16"), (2, 3, 45, 128, True, False, "bf16"),
                 (2, 2, 300, 128, False, True, "fp16")]
 
@@ -237,10 +244,10 @@ def test_gpu_wgmma_tiles(tile, precision, gpu_device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("overlap", [0, 1])
+@pytest.mark.parametrize("overlap", [0, 1, 2])
 def test_gpu_wgmma_masks_and_cross(overlap, precision, gpu_device):
     _on_sm90(gpu_device)
-    pin = {"unit": "wgmma", "OVERLAP": overlap}
+    pin = {"unit": "wgmma", "OVERLAP": overlap, **({"NWG": 2} if overlap == 2 else {})}
     _check(B.attention_model(2, 3, 45, 64, mask_input=True), precision, gpu_device, seed=11, pin=pin)
     _check(B.attention_model(2, 2, 300, 128, mask_input=True), precision, gpu_device, seed=13, pin=pin)
     _check(B.attention_model(2, 2, 45, 64, sk=130), precision, gpu_device, seed=12, pin=pin)

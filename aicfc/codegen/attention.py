@@ -22,15 +22,19 @@ the chip. Three arithmetic units:
   V transposed). Tiles are stored in the 128-byte swizzle, K/V in STAGES buffers filled by
   16-byte cp.async from all threads. OVERLAP = 1: a warpgroup issues S_j and P_{j-1}·V_{j-1}
   together and runs tile j's softmax while P·V occupies the tensor cores (V one tile behind K),
-  with the loads STAGES - 1 tiles ahead; 0: S, softmax, P·V in turn, double-buffered. Needs
+  with the loads STAGES - 1 tiles ahead; 0: S, softmax, P·V in turn, double-buffered; 2
+  (ping-pong, NWG = 2, STAGES = 3): warpgroup 0 copies K and warpgroup 1 V, and the two run half
+  an iteration apart, so each one's softmax runs while the other's products are on the tensor
+  cores (one named barrier per key tile). Needs
   what `mma` needs, plus head dimensions that are multiples of 64 (one swizzled 128-byte row)
   and at most 256 (wgmma's N).
 - `simt` (any policy; the only unit under fp32/tf32): exact fp32 arithmetic. TPR threads per
   query row split the key tile's scores and the output columns; rows reduce with shuffles.
 
 Parameter space: mma: BM ∈ {64, 128} x BN ∈ {32, 64, 128} x warps ∈ {4, 8} (16 or 32 rows per
-warp), STAGES = 2; wgmma: NWG ∈ {1, 2, 3} (BM = 64·NWG) x BN ∈ {64, 128} x OVERLAP ∈ {0, 1}
-x STAGES ∈ {2, 3} (3 with OVERLAP only; shared memory bounds it); simt: BM ∈ {16, 32, 64} x
+warp), STAGES = 2; wgmma: NWG ∈ {1, 2, 3} (BM = 64·NWG) x BN ∈ {64, 128} x OVERLAP ∈ {0, 1, 2}
+x STAGES ∈ {2, 3} (3 with OVERLAP only, 2 with NWG = 2 and STAGES = 3 only; shared memory bounds
+it); simt: BM ∈ {16, 32, 64} x
 BN ∈ {32, 64} x TPR ∈ {4, 8, 16, 32}. `causal` (0/1) is not a choice but a fact the space records: a constant mask that is 0 on and below
 the diagonal and <= -1e4 above it (`properties.causal_logits`); the kernel then skips the key
 tiles above the diagonal and never reads the mask. The rule decides it on the model's f32
@@ -54,7 +58,7 @@ from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.passes.streaming_attention import CAUSAL_RULE
 
 SPACE = {"mma": {"BM": (64, 128), "BN": (32, 64, 128), "warps": (4, 8), "STAGES": (2,)},
-         "wgmma": {"NWG": (1, 2, 3), "BN": (64, 128), "STAGES": (2, 3), "OVERLAP": (0, 1)},
+         "wgmma": {"NWG": (1, 2, 3), "BN": (64, 128), "STAGES": (2, 3), "OVERLAP": (0, 1, 2)},
          "simt": {"BM": (16, 32, 64), "BN": (32, 64), "TPR": (4, 8, 16, 32)}}
 MMA_TYPE = {"fp16": "f16", "bf16": "bf16"}
 WGMMA_TARGET = "sm_90"   # wgmma.mma_async is an sm_90a feature: Hopper only, not its successors
@@ -176,7 +180,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
         out += [{"unit": "wgmma", "dtype": MMA_TYPE[plan.precision], "BM": WG_ROWS * nwg, "BN": bn, "NWG": nwg,
                  "STAGES": st, "OVERLAP": ov, "causal": c}
                 for nwg in wg["NWG"] for bn in wg["BN"] for ov in wg["OVERLAP"] for st in wg["STAGES"]
-                if ov or st == 2]   # the serial schedule is double-buffered only
+                if (ov or st == 2) and (ov != 2 or (nwg == 2 and st == 3))]
+    # the serial schedule is double-buffered only; ping-pong pairs two warpgroups over three stages
     return out
 
 
@@ -276,7 +281,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         return render("attention.cu.j2", unit="simt", TPR=p["TPR"], **common)
     if p["unit"] == "wgmma":
         return render("attention_wgmma.cu.j2", dtype=p["dtype"], T=CTYPES[p["dtype"]], NWG=p["NWG"], STAGES=p["STAGES"],
-                      OVERLAP=bool(p["OVERLAP"]), copy_lanes=copy_lanes, **common)
+                      OVERLAP=bool(p["OVERLAP"]), PINGPONG=p["OVERLAP"] == 2, copy_lanes=copy_lanes, **common)
     dp, dvp = _ceil16(g.d), _ceil16(g.dv)
     return render("attention.cu.j2", unit="mma", dtype=p["dtype"], T=CTYPES[p["dtype"]], warps=p["warps"],
                   WR=p["BM"] // p["warps"], MI=p["BM"] // p["warps"] // 16, DP=dp, DVP=dvp,

@@ -83,8 +83,10 @@ def rank(k: Kernel, plan: Plan, hw: Profile) -> tuple[list[Ranked], list[Candida
             rejected.append(Candidate(_params(p), None, why))
             continue
         ranked.append(Ranked(p, grid, block, dyn, cost(k, p, grid, block, smem, regs, types, hw)))
-    # Ties on time go to the schedule with less exposed latency, then to a fixed order.
-    ranked.sort(key=lambda r: (round(r.time_us, 6), r.estimate.terms["t_pipeline_us"], _params(r.params)))
+    # Ties on time (one bound, the same for both) go to the schedule with less exposed latency,
+    # then to the one that issues less (its other bound has more slack), then to a fixed order.
+    ranked.sort(key=lambda r: (round(r.time_us, 6), r.estimate.terms["t_pipeline_us"],
+                               round(r.estimate.terms["t_compute_us"], 6), _params(r.params)))
     return ranked, rejected
 
 

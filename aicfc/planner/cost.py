@@ -413,7 +413,10 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     wgmma: the tensor-core work at eff.wgmma (default eff.mma_sync) instead of eff.mma_sync,
     i.e. issued_tc = 2·scores·(D + Dv)·eff.mma_sync / eff.wgmma in the unit `_combine` divides
     by. OVERLAP = 1 runs a tile's softmax while its warpgroup's P·V is on the tensor cores:
-    only max(0, t_softmax - t_pv) of it is exposed, t_pv = t_tc·Dv / (D + Dv). Shared memory:
+    only max(0, t_softmax - t_tail - t_pv) + t_tail of it is exposed, t_pv = t_tc·Dv / (D + Dv),
+    t_tail the O rescale and P conversion that wait for P·V (Dv/BN + 1/2 operation a score);
+    OVERLAP = 2 (ping-pong) runs all of it while the other warpgroup's S and P·V are on the
+    tensor cores: max(0, t_softmax - t_tc). Shared memory:
     each K/V tile written once and read once per warpgroup (the descriptors' operands), Q
     written once and read once per key tile (it stays in shared memory, not in registers)."""
     nb, sq, sk, d, dv = attention.dims(k)
@@ -431,8 +434,13 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     softmax = SOFTMAX_OPS * scores * to_unit
     if wg:
         tensor *= eff["mma_sync"] / eff.get("wgmma", eff["mma_sync"])
-        if p["OVERLAP"]:
-            softmax = max(0.0, softmax - tensor * pdv / (pd + pdv))
+        # the O rescale and the P conversion (Dv / BN and 1/2 operation a score) wait for the
+        # tile's P·V and hold up the next products
+        tail = (pdv / bn + 0.5) * scores * to_unit
+        if p["OVERLAP"] == 2:   # ping-pong: the other warpgroup's S and P·V hide all of it
+            softmax = max(0.0, softmax - tensor)
+        elif p["OVERLAP"]:
+            softmax = max(0.0, softmax - tail - tensor * pdv / (pd + pdv)) + tail
     issued = tensor + softmax
     att = attention.roles(k)
     mask = {ld.buffer for ld in loads(att.logits) if ld.buffer != att.scores.out}
