@@ -60,6 +60,12 @@ def gpu_device():
     dev.close()
 
 
+def gpu_alone() -> bool:
+    """Whether this process has the GPU to itself, so that the device-wide free memory measures
+    only its own allocations; not so under `pytest -n`, where other workers allocate too."""
+    return not os.environ.get("PYTEST_XDIST_WORKER")
+
+
 def run_payload(payload: dict, inputs: dict, device, poison: bool = True) -> dict:
     """Run a compiled payload once on `device` (arena poisoned with NaN first); free it after."""
     from aicf_run.bundle import Bundle

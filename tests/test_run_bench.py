@@ -25,6 +25,7 @@ from aicf_run.errors import RunError
 from aicf_run.executor import Executor
 from aicf_run.profile import GRAPH_LAUNCHES
 from aicfc.artifact import write_bundle
+from tests.conftest import gpu_alone
 from tests.test_bundle_format import WEIGHT, make_payload
 from tests.test_run_cli import (GRAPH_LAUNCH_US, HOST_LAUNCH_US, KERNEL_US, X, FakeDriver,
                                 assert_user_error, run_cli)
@@ -283,7 +284,8 @@ def test_repeated_runs_allocate_no_device_memory(payloads: dict, gpu_device: Any
     finally:
         executor.close()
     assert calls == [], "run() allocates nothing"
-    assert free_after == free_before
+    if gpu_alone():   # the free memory is the whole device's: other pytest -n workers move it
+        assert free_after == free_before
 
 
 @pytest.mark.gpu

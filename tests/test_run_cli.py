@@ -34,6 +34,7 @@ from aicf_run.errors import RunError
 from aicf_run.executor import Executor
 from aicf_run.inputs import save_outputs
 from aicfc.artifact import write_bundle
+from tests.conftest import gpu_alone
 from tests.test_bundle_format import WEIGHT, make_payload, raw_bundle, sha
 
 X = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
@@ -789,7 +790,8 @@ def test_real_gpu(tmp_path: Path, x_npy: Path, symbol: str, smem_bytes: int) -> 
     for scale in (1.0, 2.0, -3.0):
         outputs = executor.run({"x": scale * X})
         np.testing.assert_allclose(outputs["y"], scale * X + WEIGHT, rtol=1e-6)
-    assert cuda.mem_get_info()[0] == free_before
+    if gpu_alone():   # the free memory is the whole device's: other pytest -n workers move it
+        assert cuda.mem_get_info()[0] == free_before
     executor.device.close()
 
 
