@@ -4,7 +4,7 @@ consumers: form_kernels can absorb the producer's map as a GEMM epilogue or a ro
 input, and merge_contractions can turn the producer into a slice of a merged result (BERT's
 q, k, v read by the attention through the head-split reshape).
 
-Two rules, as data (`Rule(name, match, check, build)`, as in streaming_attention):
+Two rules, as data (`Rule(name, match, check, build)`, passes/rule.py):
 
 - "view(view(x)) => view(x)": a reshape of a reshape is one reshape of the first source
   (both are row-major reinterpretations of the same elements).
@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
 
 from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite, View, index_loads, indirect_dims,
                               loads, map_loads)
+from aicfc.passes.rule import Rule
 
 RULE = "load(view(x)) => load(x) with composed index"
 CHAIN_RULE = "view(view(x)) => view(x)"
@@ -48,17 +48,6 @@ class Context:
     program: Program
     ops: list[Op]                      # the program's ops as rewritten so far
     views: dict[str, View]
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rewrite as data: `match` finds the roles (None: no pattern here), `check` gives the
-    reason it is not legal (None: legal), `build` returns the new ops and its record."""
-
-    name: str
-    match: Callable[[View, Context], Any]
-    check: Callable[[Any, Context], str | None]
-    build: Callable[[Any, Context], tuple[list[Op], Rewrite]]
 
 
 # ---------------------------------------------------------------- split geometry

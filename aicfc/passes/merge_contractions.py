@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -53,6 +52,7 @@ from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite,
                               indirect_dims, loads, map_loads)
 from aicfc.ir.properties import contraction
 from aicfc.ir.types import TensorType, Weight, convert
+from aicfc.passes.rule import Rule
 
 RULE = "sibling contractions on one operand => one contraction"
 ALIGN = 8                      # elements: 16 bytes at fp16/bf16, where vector and tensor-core loads need it
@@ -99,17 +99,6 @@ class Candidates:
     a: Load
     groups: tuple[tuple[tuple[Sibling, ...], str], ...]    # (class, why its members are apart from the others)
     refused: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rewrite as data: `match` finds the roles (None: no pattern), `check` gives the reason
-    a group may not merge (None: legal and worth it), `build` the rewritten program and record."""
-
-    name: str
-    match: Callable[[Load, Context], Candidates | None]
-    check: Callable[[tuple[tuple[Sibling, ...], str], Context], str | None]
-    build: Callable[[tuple[Sibling, ...], Context], tuple[Program, Rewrite]]
 
 
 # ---------------------------------------------------------------- match

@@ -4,7 +4,7 @@ under its own name, so nothing that reads it changes. The view then stands after
 instead of between a producer and them: inline_producers can recompute the producer (a GEMM's
 bias) inside the maps, and form_kernels absorbs them as the GEMM's epilogue.
 
-One rule, as data (`Rule(name, match, check, build)`, as in fold_views):
+One rule, as data (`Rule(name, match, check, build)`, passes/rule.py):
 
 - "map(view(x)) => view(map(x))": a map reading views V of sources S (each V a pure split of
   its S: `split_groups`, all the S of one shape) at V's own index is the same map over S's
@@ -41,13 +41,13 @@ inline_producers (the ordering note in pipeline.py says why).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
 
 from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite, View, identity_index,
                               indirect_dims, loads, map_loads, reindex)
 from aicfc.ir.properties import is_identity_access, why_not_tile_compatible
 from aicfc.ir.types import TensorType
 from aicfc.passes.fold_views import drop_unread_views, split_groups
+from aicfc.passes.rule import Rule
 
 RULE = "map(view(x)) => view(map(x))"
 
@@ -61,17 +61,6 @@ class Context:
     # Maps rebuilt (or still assumed to be) -> their new shape, None until they are checked.
     sinking: dict[str, tuple[int, ...] | None]
     rebuilt: dict[str, str]            # maps rebuilt so far -> the name of the rebuilt compute
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rewrite as data: `match` finds the roles (None: no pattern here), `check` gives the
-    reason it is not legal (None: legal), `build` returns the new ops and its record."""
-
-    name: str
-    match: Callable[[Compute, Context], Any]
-    check: Callable[[Any, Context], str | None]
-    build: Callable[[Any, Context], tuple[list[Op], Rewrite]]
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ is recorded as such: codegen skips the key tiles above the diagonal and never re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
 
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Affine, Compute, Load, Program, Rewrite, indirect_dims, loads
 from aicfc.ir.properties import WSR, Attention, causal_logits, properties, streaming_attention
+from aicfc.passes.rule import Rule
 
 RULE = "softmax(q@kᵀ·s)@v => streaming_attention"
 CAUSAL_RULE = "causal constant mask => skip key tiles above the diagonal"
@@ -41,18 +41,6 @@ class Context:
     program: Program
     producers: dict[str, Compute]
     readers: dict[str, list[str]]     # buffer -> the ops (computes and views) that read it
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rewrite as data: `match` finds the pattern's roles (or says why the structure is not
-    legal, or None when there is no pattern), `check` is the legality in the graph, `build`
-    the rewrite with its records."""
-
-    name: str
-    match: Callable[[Compute, Context], Any]
-    check: Callable[[Any, Context], str | None]
-    build: Callable[[Any, Context], tuple[Kernel, list[Rewrite]]]
 
 
 def _check(att: Attention | str, ctx: Context) -> str | None:
