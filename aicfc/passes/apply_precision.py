@@ -11,14 +11,14 @@ use; the planner then chooses, per kernel, among the schedules the policy allows
           contractions may run on f16/bf16 tensor cores with fp32 accumulation.
 
 Inputs and outputs keep their f32 type at the bundle's interface: aicf-run converts on the
-host.
+host. The policy is one recorded rewrite on the plan; each kernel's choice of arithmetic unit
+is a schedule parameter (`unit=mma|simt`) that explain shows with what it beat.
 
 Under fp16 and bf16 every floating-point result is rounded to 11 or 8 significant bits when it
 is stored, so `exp` and `erf` need not be libm's (about 2 ulp of fp32, 8 and 24 instructions):
 kernels use an ex2.approx exponential and a one-reciprocal, one-exponential erf whose errors
 ((2 + 1.2|x|) fp32 ulp; absolute 5e-7) are over 100x below that rounding
-(templates/math.cuh.j2). A second recorded rewrite says so; fp32 and tf32 keep libm. The policy is one recorded rewrite on the plan; each kernel's choice of arithmetic
-unit is a schedule parameter (`unit=mma|simt`) that explain shows with what it beat.
+(templates/math.cuh.j2). A second recorded rewrite says so; fp32 and tf32 keep libm.
 
     decision m target=sm_90 precision=fp32 { input %x: f32[4,64] ... }
   --precision fp16 gives
