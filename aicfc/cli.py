@@ -68,6 +68,9 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
                    "for experiments: the cost model still ranks what is left.")
 @click.option("--no-inplace", is_flag=True,
               help="Give every stored tensor bytes of its own (no in-place reuse); for debugging.")
+@click.option("--no-register-check", is_flag=True,
+              help="Rank schedules on estimated registers alone: no ptxas runs while planning (faster, "
+                   "blind to the occupancy ptxas's real counts give).")
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after every pass into this folder.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated hardware profile (JSON).")
 @click.option("-j", "--jobs", type=int, metavar="N",
@@ -75,7 +78,8 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @user_errors
 def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...], pins: tuple[str, ...],
-            no_inplace: bool, dump_ir: str | None, profile_path: str | None, jobs: int | None, quiet: bool) -> None:
+            no_inplace: bool, no_register_check: bool, dump_ir: str | None, profile_path: str | None,
+            jobs: int | None, quiet: bool) -> None:
     """Compile MODEL (ONNX) into a bundle for aicf-run."""
     from aicfc.artifact import write_bundle
     from aicfc.codegen.module import ModuleBuild, resolve_jobs
@@ -94,7 +98,7 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
 
     options: dict[str, Any] = dict(target=target, precision=precision, shapes=list(shapes),
                                    dump_ir=dump_ir, profile_path=profile_path, jobs=jobs, pin=_pins(pins),
-                                   inplace=not no_inplace)
+                                   inplace=not no_inplace, check_registers=not no_register_check)
     if quiet or not sys.stderr.isatty():
         # No terminal to redraw a bar on: print nothing until there is a result or an error.
         payload = compile_model(model, **options, on_kernel=count)

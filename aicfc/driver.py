@@ -1,6 +1,7 @@
 """compile_model: the whole compile path, ONNX in, bundle payload out. No GPU needed."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any, Callable
 import onnx
 
 from aicfc.artifact.payload import build_payload
-from aicfc.codegen.module import OnKernel, build_modules, resolve_jobs
+from aicfc.codegen.module import OnKernel, build_modules, count_registers, resolve_jobs
 from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
@@ -34,11 +35,12 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
                   dump_ir: str | Path | None = None, profile_path: str | Path | None = None,
                   on_stage: Callable[[str], None] | None = None, jobs: int | None = None,
                   on_kernel: OnKernel | None = None, pin: dict[str, Any] | None = None,
-                  inplace: bool = True) -> dict[str, Any]:
+                  inplace: bool = True, check_registers: bool = True) -> dict[str, Any]:
     """The bundle payload of `model`; `jobs` parallel nvcc runs (None: $AICF_JOBS or the CPU
     count), `on_kernel` as in `build_modules`. --dump-ir also writes module_<i>.cu per module.
     `pin` ({param: value}) restricts the schedule of every kernel whose space has those params;
-    `inplace=False` gives every stored tensor bytes of its own (for debugging)."""
+    `inplace=False` gives every stored tensor bytes of its own (for debugging);
+    `check_registers=False` ranks on estimated registers alone (no ptxas runs while planning)."""
     check_precision(precision)
     jobs = resolve_jobs(jobs)
     if isinstance(shapes, (list, tuple)):
@@ -46,7 +48,8 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     profile = load_profile(target, profile_path)
     proto, name, digest = load(model)
     graph = import_model(proto, shapes, name=name)
-    options = Options(target, profile, precision, tuple(sorted((pin or {}).items())), inplace)
+    check = functools.partial(count_registers, jobs=jobs) if check_registers else None
+    options = Options(target, profile, precision, tuple(sorted((pin or {}).items())), inplace, check)
     result = run_pipeline(graph, options, dump_ir, on_stage=on_stage)
     if on_stage:
         on_stage("codegen+nvcc")

@@ -74,7 +74,8 @@ def explain_text(payload: dict[str, Any]) -> str:
         beaten = [c for c in k["candidates"] if "predicted_time_us" in c]
         rejected = [c for c in k["candidates"] if "rejected_because" in c]
         if beaten:
-            out.append("    why: lowest predicted time; it beat:")
+            checked = " (the leaders re-costed with ptxas's register counts)" if "registers_ptxas" in p else ""
+            out.append(f"    why: lowest predicted time{checked}; it beat:")
             out += [f"      {_fmt_params(c['params'])}: {c['predicted_time_us']:.2f} us" for c in beaten]
         if rejected:
             out.append("    rejected by constraints:")

@@ -27,12 +27,12 @@ from aicf_run.timing import SPIN_SOURCE
 from aicfc.codegen import FAMILIES
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.scratch import scratch
-from aicfc.codegen.module import module_header, resolve_jobs
+from aicfc.codegen.module import count_registers, module_header, resolve_jobs
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.types import TensorType
-from aicfc.passes.plan_schedules import Ranked, rank
+from aicfc.passes.plan_schedules import Ranked, RegisterCheck, check_leaders, rank
 from aicfc.planner.cost import estimate_registers
 from aicfc.planner.fit import WITHIN, fit_profile, spearman
 from aicfc.planner.hardware import Profile
@@ -68,7 +68,7 @@ class Measured:
     block: tuple[int, int, int]
     dyn_smem: int                   # dynamic shared memory at launch
     smem: int                       # static + dynamic, as cost() takes it
-    regs_estimate: int              # the planner's register estimate, as cost() takes it
+    regs_planned: int               # the registers cost() was given: ptxas's for a checked leader, else the estimate
     predicted_us: float
     measured_us: float | None = None
     registers: int | None = None    # ptxas's count, when it reported one
@@ -76,7 +76,7 @@ class Measured:
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "params": self.params, "grid": list(self.grid), "block": list(self.block),
-                "dyn_smem_bytes": self.dyn_smem, "smem_bytes": self.smem, "registers_estimate": self.regs_estimate,
+                "dyn_smem_bytes": self.dyn_smem, "smem_bytes": self.smem, "registers_planned": self.regs_planned,
                 "registers": self.registers, "predicted_us": self.predicted_us, "measured_us": self.measured_us,
                 "failed": self.failed or None}
 
@@ -153,11 +153,16 @@ class TuneReport:
                 "picks_within_10pct": [good, total], "kernels": [kt.to_json() for kt in self.kernels]}
 
 
-def candidates(plan: Plan, hw: Profile, top: int = 8, spread: int = 8) -> list[KernelTune]:
-    """Every kernel of `plan` with its selected candidates (nothing measured yet)."""
+def candidates(plan: Plan, hw: Profile, top: int = 8, spread: int = 8,
+               check: RegisterCheck | None = None) -> list[KernelTune]:
+    """Every kernel of `plan` with its selected candidates (nothing measured yet), ranked as
+    compile ranks them (`check`: with ptxas's registers for the leaders)."""
+    problems = [(k, *rank(k, plan, hw)) for k in plan.kernels]
+    if check:
+        again = iter(check_leaders(plan, hw, [p for p in problems if p[1]], check))
+        problems = [(k, next(again) if ranked else ranked, rejected) for k, ranked, rejected in problems]
     out = []
-    for k in plan.kernels:
-        ranked, _ = rank(k, plan, hw)
+    for k, ranked, _ in problems:
         chosen = [_measured(k, i, ranked[i]) for i in select(ranked, top, spread)]
         out.append(KernelTune(k.name, k.family, len(ranked), chosen, k))
     return out
@@ -165,7 +170,8 @@ def candidates(plan: Plan, hw: Profile, top: int = 8, spread: int = 8) -> list[K
 
 def _measured(k: Kernel, i: int, r: Ranked) -> Measured:
     smem = FAMILIES[k.family].static_smem(k, r.params) + r.dyn_smem
-    return Measured(i, dict(r.params), r.grid, r.block, r.dyn_smem, smem, estimate_registers(k, r.params), r.time_us)
+    planned = r.registers or estimate_registers(k, r.params)
+    return Measured(i, dict(r.params), r.grid, r.block, r.dyn_smem, smem, planned, r.time_us, registers=r.registers)
 
 
 def symbol(kt: KernelTune, c: Measured) -> str:
@@ -194,7 +200,7 @@ def random_argument(t: TensorType, rng: np.random.Generator) -> np.ndarray:
 def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
                shapes: dict[str, tuple[int, ...]] | list[str] | None = None, top: int = 8, spread: int = 8,
                profile_path: str | Path | None = None, device: Any = None,
-               on_progress: OnProgress | None = None) -> TuneReport:
+               on_progress: OnProgress | None = None, check_registers: bool = True) -> TuneReport:
     """Measure the selected candidates of every kernel of `model` on `device` (None: open GPU 0
     and close it after). `target` None means the GPU's own architecture."""
     from aicf_run.device import check_arch, open_device
@@ -223,8 +229,9 @@ def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
             raise AicfError(f"--target {target}: cubins for it cannot run on this {device.arch} GPU; "
                             f"leave --target out to tune for the GPU's own architecture") from None
         profile = load_profile(target, profile_path)
-        plan = run_pipeline(graph, Options(target, profile, precision)).plan
-        kernels = candidates(plan, profile, top, spread)
+        check = count_registers if check_registers else None
+        plan = run_pipeline(graph, Options(target, profile, precision, check=check)).plan
+        kernels = candidates(plan, profile, top, spread, check)
         total = len(kernels) + sum(len(kt.candidates) for kt in kernels)
         done = 0
 

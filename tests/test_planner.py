@@ -81,3 +81,40 @@ def test_split_k_only_where_tiles_cannot_fill_the_gpu():
     assert names["k0.tickets"]["region"] == "weights" and names["k0.partials"]["region"] == "arena"
     tickets = next(w for w in payload["weights"] if w["buffer"] == names["k0.tickets"]["id"])
     assert set(tickets["data"]) == {0}
+
+
+def test_leaders_are_ranked_with_ptxas_registers():
+    """The check's counts replace the estimate: a leader given registers that cost it its
+    second resident block falls behind; one that spills is rejected, with ptxas named."""
+    from aicfc.passes.pipeline import Options, run_pipeline
+    from aicfc.passes.plan_schedules import CHECK_MAX, check_leaders, rank
+    from aicfc.frontend.onnx_import import import_model
+    from aicfc.planner.hardware import load_profile
+
+    hw = load_profile("sm_90", None)
+    plan = run_pipeline(import_model(matmul(4096, 768, 768), None, name="mm"), Options("sm_90", hw, "fp32")).plan
+    (k,) = plan.kernels
+    ranked, rejected = rank(k, plan, hw)
+    asked = []
+
+    def check(plan, problems):
+        (kernel, params), = problems
+        asked.extend(params)
+        # the leader at 255 registers (one block of its threads per SM), the second spilling
+        return [[(255, 0), (64, 128)] + [(64, 0)] * (len(params) - 2)]
+    (again,) = check_leaders(plan, hw, [(k, ranked, rejected)], check)
+    assert 2 <= len(asked) <= CHECK_MAX and asked[0] == ranked[0].params
+    first = next(r for r in again if r.params == ranked[0].params)
+    assert first.registers == 255 and first.time_us > ranked[0].time_us
+    assert again[0].params != ranked[0].params
+    assert all(r.params != ranked[1].params for r in again)
+    assert any(c.params == tuple(sorted(ranked[1].params.items())) and "spills 128 B" in c.rejected_because
+               and "(ptxas)" in c.rejected_because for c in rejected)
+
+
+def test_compile_checks_registers_with_ptxas_unless_told_not_to(tmp_path, monkeypatch):
+    monkeypatch.setenv("AICF_CACHE_DIR", str(tmp_path))
+    checked = only_kernel(aicfc.compile(matmul(256, 512, 512), precision="fp32"))
+    assert checked["predicted"]["registers_ptxas"] == checked["registers"]
+    blind = only_kernel(aicfc.compile(matmul(256, 512, 512), precision="fp32", check_registers=False))
+    assert "registers_ptxas" not in blind["predicted"]

@@ -11,7 +11,7 @@ import dataclasses
 import os
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from aicfc import __version__
 from aicfc.codegen import FAMILIES
@@ -170,3 +170,22 @@ def build_modules(plan: Plan, jobs: int | None = None,
 
 def _with_registers(s: Schedule, registers: int | None) -> Schedule:
     return dataclasses.replace(s, registers=registers)
+
+
+def count_registers(plan: Plan, problems: Sequence[tuple[Kernel, Sequence[dict]]],
+                    jobs: int | None = None) -> list[list[tuple[int, int]]]:
+    """(registers, spill store bytes) of each candidate schedule, as ptxas reports them: a
+    problem's candidates are rendered as kernels `<kernel>_r<i>` of one module, the modules
+    built in parallel (and cached like any module). A `RegisterCheck` for plan_schedules."""
+    types = plan.types()
+    sources = []
+    for k, params in problems:
+        bodies = [FAMILIES[k.family].render_kernel(k, p, types, f"{k.name}_r{i}") for i, p in enumerate(params)]
+        sources.append("\n".join([module_header(plan, len(bodies)), *bodies]))
+    if not sources:
+        return []
+    nvcc_version()  # once here rather than racing in every thread; also finds nvcc or fails
+    with ThreadPoolExecutor(max_workers=min(resolve_jobs(jobs), len(sources)), thread_name_prefix="aicf-ptxas") as pool:
+        builds = list(pool.map(lambda s: build(s, plan.target), sources))
+    return [[(b.registers[f"{k.name}_r{i}"], b.spills.get(f"{k.name}_r{i}", 0)) for i in range(len(params))]
+            for (k, params), b in zip(problems, builds)]

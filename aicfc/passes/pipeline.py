@@ -24,7 +24,7 @@ from aicfc.passes.inline_producers import inline_producers
 from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.plan_memory import plan_memory
-from aicfc.passes.plan_schedules import plan_schedules
+from aicfc.passes.plan_schedules import RegisterCheck, plan_schedules
 from aicfc.passes.sink_views import sink_views
 from aicfc.planner.hardware import Profile
 
@@ -38,6 +38,7 @@ class Options:
     precision: str = "fp32"
     pin: tuple[tuple[str, str], ...] = ()   # --pin KEY=VALUE: restrict schedule spaces
     inplace: bool = True                    # --no-inplace: no in-place reuse in plan_memory
+    check: RegisterCheck | None = None      # ptxas's registers for the leading candidates
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("merge_contractions", "lowered", "lowered", lambda p, o: merge_contractions(p)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
-    Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin))),
+    Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 

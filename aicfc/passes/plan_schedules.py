@@ -5,6 +5,10 @@ shaped by the precision policy: tensor-core candidates exist only where it allow
 drop candidates that break a hardware constraint of the target profile (threads per block,
 static and dynamic shared memory per block, estimated registers per thread, at least one
 resident block per SM), rank the rest by the analytic cost model (`planner/cost.py`) and take the cheapest.
+Registers are an estimate until ptxas has seen the kernel: where the pipeline is given a
+`RegisterCheck` (compile and tune give one), the leading candidates (at most CHECK_MAX, within
+CHECK_MARGIN of the best) are rendered and built, and ranked again with ptxas's counts; one
+that spills to local memory is rejected as breaking the register limit.
 The decision keeps the runners-up with their predicted times and the rejected with the
 constraint they broke. Kernels that differ only in the names of their tensors (the layers of
 a transformer) are the same problem: it is solved once (`structure`).
@@ -22,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from aicfc.codegen import FAMILIES
 from aicfc.errors import AicfError
@@ -34,6 +38,11 @@ from aicfc.planner.hardware import Profile
 
 KEEP_RUNNERS_UP = 6
 KEEP_REJECTED = 6
+CHECK_MAX = 6        # leading candidates whose registers ptxas counts
+CHECK_MARGIN = 0.15  # ... among those predicted within this fraction of the best
+
+# [(kernel, candidates' params)] -> [(registers, spill store bytes) per candidate], from ptxas
+RegisterCheck = Callable[[Plan, Sequence[tuple[Kernel, Sequence[dict[str, Any]]]]], list[list[tuple[int, int]]]]
 
 
 def _params(p: dict) -> tuple:
@@ -49,6 +58,7 @@ class Ranked:
     block: tuple[int, int, int]
     dyn_smem: int
     estimate: Estimate
+    registers: int | None = None   # ptxas's count, where the candidate was checked
 
     @property
     def time_us(self) -> float:
@@ -83,11 +93,46 @@ def rank(k: Kernel, plan: Plan, hw: Profile) -> tuple[list[Ranked], list[Candida
             rejected.append(Candidate(_params(p), None, why))
             continue
         ranked.append(Ranked(p, grid, block, dyn, cost(k, p, grid, block, smem, regs, types, hw)))
-    # Ties on time (one bound, the same for both) go to the schedule with less exposed latency,
-    # then to the one that issues less (its other bound has more slack), then to a fixed order.
-    ranked.sort(key=lambda r: (round(r.time_us, 6), r.estimate.terms["t_pipeline_us"],
-                               round(r.estimate.terms["t_compute_us"], 6), _params(r.params)))
+    ranked.sort(key=_order)
     return ranked, rejected
+
+
+def _order(r: Ranked) -> tuple:
+    """Ties on time (one bound, the same for both) go to the schedule with less exposed latency,
+    then to the one that issues less, then to the one that moves fewer bytes through shared
+    memory (its other bounds have more slack), then to a fixed order."""
+    t = r.estimate.terms
+    return (round(r.time_us, 6), t["t_pipeline_us"], round(t["t_compute_us"], 6), round(t["t_smem_us"], 6),
+            _params(r.params))
+
+
+def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list[Ranked], list[Candidate]]],
+                  check: RegisterCheck) -> list[list[Ranked]]:
+    """Each problem's ranking with its leaders re-costed from ptxas's register counts (occupancy
+    follows them) and sorted again; a leader that spills is moved to the problem's rejected.
+    Where every leader spills, they stay, at their re-costed times: a spilling kernel still runs.
+    One `check` call for all the problems, so their builds can run in parallel."""
+    types = plan.types()
+    leaders = [[r for r in ranked[:CHECK_MAX] if r.time_us <= ranked[0].time_us * (1 + CHECK_MARGIN)]
+               for _, ranked, _ in problems]
+    counts = check(plan, [(k, [r.params for r in lead]) for (k, _, _), lead in zip(problems, leaders)])
+    out = []
+    for (k, ranked, rejected), lead, found in zip(problems, leaders, counts):
+        family = FAMILIES[k.family]
+        checked, spilled = [], []
+        for r, (regs, spill) in zip(lead, found):
+            smem = family.static_smem(k, r.params) + r.dyn_smem
+            again = Ranked(r.params, r.grid, r.block, r.dyn_smem,
+                           cost(k, r.params, r.grid, r.block, smem, regs, types, hw), regs)
+            again.estimate.terms["registers_ptxas"] = regs
+            (spilled if spill else checked).append((again, spill))
+        if not checked:
+            checked, spilled = spilled, []
+        for r, spill in spilled:
+            rejected.append(Candidate(_params(r.params), None,
+                                      f"spills {spill} B to local memory at {r.registers} registers (ptxas)"))
+        out.append(sorted([r for r, _ in checked] + ranked[len(lead):], key=_order))
+    return out
 
 
 def structure(k: Kernel, types: Mapping[str, TensorType]) -> Hashable:
@@ -111,16 +156,23 @@ def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
     return all(str(p.get(key)) == str(value) for key, value in pin.items())
 
 
-def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None) -> Plan:
-    """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys."""
+def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
+                   check: RegisterCheck | None = None) -> Plan:
+    """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys;
+    `check` counts the leading candidates' registers (`check_leaders`)."""
     kernels, records = [], []
     types = plan.types()
-    solved: dict[Hashable, tuple[list[Ranked], list[Candidate]]] = {}
+    solved: dict[Hashable, tuple[Kernel, list[Ranked], list[Candidate]]] = {}
     for k in plan.kernels:
         key = structure(k, types)
         if key not in solved:
-            solved[key] = rank(k, plan, hw)
-        ranked, rejected = solved[key]
+            solved[key] = (k, *rank(k, plan, hw))
+    if check:
+        problems = [v for v in solved.values() if v[1]]
+        for (k, _, rejected), ranked in zip(problems, check_leaders(plan, hw, problems, check)):
+            solved[structure(k, types)] = (k, ranked, rejected)
+    for k in plan.kernels:
+        _, ranked, rejected = solved[structure(k, types)]
         if not ranked:
             raise AicfError(f"kernel {k.name}: no candidate of the {k.family} space fits {hw.arch} "
                             f"({rejected[0].rejected_because if rejected else 'empty space'})")

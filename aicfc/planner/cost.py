@@ -32,8 +32,9 @@ Every family's cost is the same formula over family-specific counts:
 Coefficients (bandwidths, peaks, efficiencies, launch overhead) come from the hardware
 profile; `aicfc tune` is where they get calibrated. `load_latency_us` (optional, default
 LOAD_LATENCY_US) is one global-load round trip plus a barrier: the unit of a GEMM's
-t_pipeline. Register counts at planning time are an estimate (stated as such in `explain`);
-the chosen kernel's real count comes from ptxas.
+t_pipeline. Register counts at planning time are an estimate (`estimate_registers`); compile
+re-costs the leading candidates with ptxas's counts (`plan_schedules.check_leaders`), and the
+chosen kernel's count in the bundle is always ptxas's.
 """
 from __future__ import annotations
 
@@ -63,6 +64,17 @@ WARP_ILP_MAX = 2.0         # independent work a warp's own ILP stands in for (me
                            # shapes of benchmarks/gemm.py: 2 warps of 64x64 mma tiles ran 1.4-1.7x slower than 4
                            # of 64x32 at 1024^3; caps of 1.5, 2.5 and 3 picked fewer schedules within 10%)
 SMEM_LATENCY_US = 0.02     # a shared-memory load's round trip (about 30 cycles)
+# A SIMT GEMM thread's TM·TN accumulators are independent FMA chains: FMA_CHAINS_PER_WARP of
+# them count as one warp's worth of the independent work a scheduler needs, and a warp counts
+# for at most SIMT_ILP_MAX of the min_warps_per_sm / SUBPARTITIONS (4 on sm_90) it needs: a
+# lone warp per scheduler leaves some of its shared-memory latency and barriers exposed.
+# Measured (aicfc tune, H200, fp32): 128x768x768 ran 17.8 us on 4 warps per SM of 4x2 thread
+# tiles and 19.4 us on 16 warps of 2x1 (WARP_ILP_MAX and 8 chains a warp's worth had predicted
+# the first 1.8x slower); 1024^3 ran 80.1 us on 4 warps per SM of 8x8 tiles and 72.8 on 8 warps
+# of 8x4. Over the three fp32 tune runs kept (two H200, one H100), 2 chains and a cap of 3 picked
+# 24 of 30 shapes within 10%, a cap of 4 22, of 2 (WARP_ILP_MAX) 18.
+FMA_CHAINS_PER_WARP = 2
+SIMT_ILP_MAX = 3.0
 
 
 @dataclass(frozen=True)
@@ -99,7 +111,7 @@ def blocks_per_sm(threads: int, smem: int, regs: int, hw: Profile) -> tuple[int,
 def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float, pipeline: float,
              blocks: int, threads: int, bps: int, issue_eff: float = 1.0, ilp: float = 1.0,
              unit: str = "fp32_simt", smem: float = 0.0, inflight: float = 0.0,
-             smem_inflight: float = 0.0) -> Estimate:
+             smem_inflight: float = 0.0, ilp_max: float = WARP_ILP_MAX) -> Estimate:
     eff = hw.efficiency
     t_dram = dram / (hw.dram_bandwidth_gbs * 1e3 * eff["dram"])
     t_l2 = l2 / (hw.l2_bandwidth_gbs * 1e3)
@@ -111,10 +123,10 @@ def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float
     warps_per_sm = min(blocks, per_wave) * math.ceil(threads / 32) / active_sms
     # Warps run on the SM's SUBPARTITIONS schedulers: fewer warps leave some idle, and each
     # scheduler needs min_warps_per_sm / SUBPARTITIONS warps' worth of independent work, a warp
-    # counting for at most WARP_ILP_MAX of it however much ILP it has.
+    # counting for at most `ilp_max` (WARP_ILP_MAX unless the family says) however much ILP it has.
     used = min(warps_per_sm, SUBPARTITIONS)
     parallel = active_sms / hw.sm_count * used / SUBPARTITIONS * min(
-        1.0, warps_per_sm / used * min(ilp, WARP_ILP_MAX) * SUBPARTITIONS / eff["min_warps_per_sm"])
+        1.0, warps_per_sm / used * min(ilp, ilp_max) * SUBPARTITIONS / eff["min_warps_per_sm"])
     mem_parallel = parallel
     if inflight:
         need = hw.dram_bandwidth_gbs * 1e3 / hw.sm_count * load_latency(hw)
@@ -310,10 +322,10 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     sm_rate = hw.peak_tflops["fp32_simt"] * 1e6 / hw.sm_count * hw.efficiency["fp32_simt"] * issue_eff
     step = 2.0 * bm * bn * bk / sm_rate
     pipeline = waves * ksteps * max(step + load_latency(hw), bps * step) / bps
-    ilp = max(1.0, min(4.0, tm * tn / 8))
+    ilp = max(1.0, tm * tn / FMA_CHAINS_PER_WARP)
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
-                   blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff, ilp=ilp, smem=smem,
-                   inflight=(bm + bn) * bk * 4.0)
+                   blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff, ilp=ilp, ilp_max=SIMT_ILP_MAX,
+                   smem=smem, inflight=(bm + bn) * bk * 4.0)
     est.terms["issue_eff"] = issue_eff
     est.terms["ilp"] = ilp
     return est

@@ -102,7 +102,7 @@ def _clamp(data: dict[str, Any], field: str, value: float) -> float:
 def predictions(report: TuneReport, data: dict[str, Any]) -> list[np.ndarray]:
     """Predicted microseconds of every measured candidate under profile `data`, per kernel."""
     hw = Profile(data)
-    return [np.array([cost(kt.kernel, c.params, c.grid, c.block, c.smem, c.regs_estimate, report.types,
+    return [np.array([cost(kt.kernel, c.params, c.grid, c.block, c.smem, c.regs_planned, report.types,
                            hw).time_us for c in kt.measured]) for kt in report.kernels]
 
 
