@@ -229,9 +229,9 @@ def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
             raise AicfError(f"--target {target}: cubins for it cannot run on this {device.arch} GPU; "
                             f"leave --target out to tune for the GPU's own architecture") from None
         profile = load_profile(target, profile_path)
-        check = count_registers if check_registers else None
-        plan = run_pipeline(graph, Options(target, profile, precision, check=check)).plan
-        kernels = candidates(plan, profile, top, spread, check)
+        # the plan's own schedules go unused here: `candidates` ranks (and checks) every kernel
+        plan = run_pipeline(graph, Options(target, profile, precision)).plan
+        kernels = candidates(plan, profile, top, spread, count_registers if check_registers else None)
         total = len(kernels) + sum(len(kt.candidates) for kt in kernels)
         done = 0
 
