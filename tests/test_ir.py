@@ -12,20 +12,14 @@ from aicfc.ir.types import TensorType
 from aicfc.passes.pipeline import PIPELINE, Options, run_pipeline
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
-from tests.test_pipeline import example_models
+from tests.test_pipeline import example_models, stages
 
 CASES = [(cid, build) for cid, build in B.OP_CASES][::3] + example_models()
 
 
 def _stages(model):
-    graph = import_model(model)
-    seen = [("import", graph)]
-    ir = graph
-    opts = Options("sm_90", load_profile("sm_90"))
-    for stage in PIPELINE:
-        ir = stage.run(ir, opts)
-        seen.append((stage.name, ir))
-    return graph, seen
+    seen = list(stages(model).items())
+    return seen[0][1], seen
 
 
 @pytest.mark.parametrize("case_id,build", CASES, ids=[c for c, _ in CASES])

@@ -30,7 +30,7 @@ from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
 from tests.conftest import check_golden, run_payload
-from tests.test_pipeline import evaluate_ir, rel_err
+from tests.test_pipeline import evaluate_ir, rel_err, stages
 
 GOLDEN = Path(__file__).parent / "golden"
 RTOL = {"fp32": 1e-4, "fp16": 1e-2}
@@ -51,11 +51,7 @@ def before(stage: str) -> str:
 
 
 def plan_of(model, precision: str = "fp32"):
-    ir = import_model(model)
-    opts = Options("sm_90", load_profile("sm_90"), precision)
-    for s in PIPELINE:
-        ir = s.run(ir, opts)
-    return ir
+    return stages(model, precision)[PIPELINE[-1].name]
 
 
 def records(ir, rule: str):
@@ -402,13 +398,11 @@ def test_every_stage_matches_onnxruntime(case_id, build):
     model = build()
     inputs = B.random_inputs(model, seed=np.random.default_rng().integers(1 << 30))
     ref = B.run_onnxruntime(model, inputs)
-    ir = import_model(model)
-    for stage in PIPELINE:
-        ir = stage.run(ir, OPTS)
+    for stage, ir in list(stages(model).items())[1:]:
         got = evaluate_ir(ir, inputs)
         for name, r in ref.items():
             err = rel_err(got[name], r)
-            assert err <= RTOL["fp32"], f"after {stage.name}: {name} rel err {err:.2e}"
+            assert err <= RTOL["fp32"], f"after {stage}: {name} rel err {err:.2e}"
 
 
 # ---------------------------------------------------------------- kernel counts
