@@ -3,10 +3,11 @@
 The executor makes no decisions: every choice (kernels, launch shapes, memory layout) was made
 by the compiler and is in the bundle. At construction it loads the cubins, prepares every
 kernel, allocates one arena and one weights region, uploads the weights once, computes every
-kernel's pointer arguments, allocates page-locked host buffers for the inputs and outputs, and
-captures the launch plan into a CUDA graph (aicf_run.graph). `run` then only copies the inputs
-in, replays the graph (or, with graph=False, launches the kernels one by one) and copies the
-outputs out, all on one stream; repeated runs allocate no device memory.
+kernel's pointer arguments and encodes its TMA tensor maps (aicf_run.tensormap), allocates
+page-locked host buffers for the inputs and outputs, and captures the launch plan into a CUDA
+graph (aicf_run.graph). `run` then only copies the inputs in, replays the graph (or, with
+graph=False, launches the kernels one by one) and copies the outputs out, all on one stream;
+repeated runs allocate no device memory.
 
 Everything goes to one PyCUDA Stream, never to the legacy default stream, which cannot be
 captured. The stream is an ordinary (blocking) one, so work a caller puts on the default
@@ -15,6 +16,7 @@ stream, and events it records there, are still ordered with the executor's work.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,7 @@ import numpy as np
 
 from aicf_run import bench as _bench
 from aicf_run import profile as _profile
+from aicf_run import tensormap
 from aicf_run.bundle import Bundle
 from aicf_run.convert import device_array, to_device, to_host
 from aicf_run.device import Device, check_arch
@@ -37,7 +40,12 @@ _RECOMPILE = "recompile the model with `aicfc compile`"
 
 @dataclass(frozen=True)
 class _Launch:
-    """One prepared kernel launch: everything `prepared_async_call` needs, computed once."""
+    """One prepared kernel launch: everything `prepared_async_call` needs, computed once.
+
+    `maps` are the kernel's encoded TMA tensor maps (aicf_run.tensormap); they hold device
+    addresses, so they are encoded once, at load, like the pointers, uploaded to one device
+    region, and their address is the kernel's first pointer argument.
+    """
 
     index: int
     name: str
@@ -46,6 +54,7 @@ class _Launch:
     block: tuple[int, int, int]
     smem_bytes: int
     pointers: tuple[int, ...]
+    maps: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,6 +87,7 @@ class Executor:
         self.device = device
         self._cuda = device.driver
         self._closed = False
+        self._maps: Any = None   # the tensor maps' device region (aicf_run.tensormap.upload)
         self._graph: Graph | None = None
         self._uses_graph = graph
         self._events: tuple[Any, Any] | None = None
@@ -94,8 +104,10 @@ class Executor:
         bases = {"arena": int(self._arena), "weights": int(self._weights)}
         pointers = [bases[buf["region"]] + buf["offset"] for buf in bundle.buffers]
         self._upload_weights(pointers)
-        self._launches = [self._prepare(i, kernel, modules, pointers)
-                          for i, kernel in enumerate(bundle.kernels)]
+        launches = [self._prepare(i, kernel, modules, pointers) for i, kernel in enumerate(bundle.kernels)]
+        self._maps, tables = tensormap.upload(self._cuda, [launch.maps for launch in launches], "the bundle")
+        self._launches = [dataclasses.replace(launch, pointers=(table, *launch.pointers)) if launch.maps else launch
+                          for launch, table in zip(launches, tables)]
         self._stream = self._cuda.Stream()
         self._inputs = [self._transfer(item, pointers) for item in bundle.inputs]
         self._outputs = [self._transfer(item, pointers) for item in bundle.outputs]
@@ -234,8 +246,9 @@ class Executor:
                 except self._cuda.Error:
                     pass  # a lost context frees everything when it goes
         self._pinned = []
-        for allocation in (self._arena, self._weights):
-            allocation.free()
+        for allocation in (self._arena, self._weights, self._maps):
+            if allocation is not None:
+                allocation.free()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -315,7 +328,12 @@ class Executor:
                            f"module {kernel['module']} ({_one_line(err)}); the bundle is "
                            f"inconsistent, {_RECOMPILE}") from None
         args = kernel["args"]
-        function.prepare("P" * len(args))
+        # Optional in the bundle: kernels of bundles from before TMA take no maps.
+        maps = tuple(
+            tensormap.encode(record, pointers[record["buffer"]],
+                             name=f"kernel {index} ({name}) tensor_maps[{i}]")
+            for i, record in enumerate(kernel.get("tensor_maps", ())))
+        function.prepare(tensormap.arg_format(len(maps), len(args)))
         smem_bytes = kernel["smem_bytes"]
         if smem_bytes > _DEFAULT_SMEM_LIMIT:
             try:
@@ -328,7 +346,7 @@ class Executor:
                                f"{self.device.arch}") from None
         return _Launch(index=index, name=name, function=function, grid=tuple(kernel["grid"]),
                        block=tuple(kernel["block"]), smem_bytes=smem_bytes,
-                       pointers=tuple(pointers[buffer_id] for buffer_id in args))
+                       pointers=tuple(pointers[buffer_id] for buffer_id in args), maps=maps)
 
 
 def _one_line(err: BaseException) -> str:

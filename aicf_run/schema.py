@@ -17,6 +17,7 @@ import math
 import re
 from typing import Any, NoReturn
 
+from aicf_run import tensormap
 from aicf_run.convert import CONVERSIONS
 from aicf_run.errors import RunError
 
@@ -66,7 +67,7 @@ def check_payload(payload: Any, version: int) -> None:
     _check_io(payload, "outputs", buffers)
     _check_weights(payload, buffers)
     module_count = _check_modules(payload)
-    _check_kernels(payload, module_count, len(buffers))
+    _check_kernels(payload, module_count, buffers)
 
     ir = _map(payload, "ir", "")
     for key in ("high", "lowered", "decision"):
@@ -153,7 +154,8 @@ def _check_modules(payload: dict) -> int:
     return count
 
 
-def _check_kernels(payload: dict, module_count: int, buffer_count: int) -> None:
+def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> None:
+    buffer_count = len(buffers)
     for where, kernel in _records(payload, "kernels", ""):
         _str(kernel, "name", where)
         module = _int(kernel, "module", where, minimum=0)
@@ -184,6 +186,50 @@ def _check_kernels(payload: dict, module_count: int, buffer_count: int) -> None:
                     _fail(f"{where}.{key}[{i}]", f"must be a str, got {_describe(text)}")
         _map(kernel, "predicted", where)
         _records(kernel, "candidates", where)
+        if "tensor_maps" in kernel:   # optional: bundles from before TMA kernels have none
+            for map_where, record in _records(kernel, "tensor_maps", where):
+                _check_tensor_map(record, map_where, buffers)
+
+
+def _check_tensor_map(record: dict, where: str, buffers: list[dict]) -> None:
+    """One [Note: TMA record] (aicfc/codegen/tma.py): the driver's rules for
+    cuTensorMapEncodeTiled, and every element the map spans inside its buffer."""
+    extra = sorted(str(key) for key in record if key not in tensormap.KEYS)
+    if extra:
+        _fail(where, f"has unknown keys {extra}; a tensor map has exactly "
+                     f"{', '.join(tensormap.KEYS)}")
+    buffer_id = _buffer_ref(record, "buffer", where, len(buffers))
+    buf = buffers[buffer_id]
+    dtype = _str(record, "dtype", where)
+    if dtype not in tensormap.DATA_TYPES:
+        _fail(f"{where}.dtype", f"{dtype!r} is not one of {', '.join(tensormap.DATA_TYPES)}")
+    if buf["dtype"] != tensormap.BUFFER_DTYPES[dtype]:
+        _fail(f"{where}.dtype", f"is {dtype}, but buffer {buffer_id} holds {buf['dtype']}")
+    esize = tensormap.DATA_TYPES[dtype][1]
+    offset = _int(record, "offset", where, minimum=0)
+    dims = _int_list(record, "dims", where, 1, tensormap.MAX_DIM, range(1, tensormap.MAX_RANK + 1))
+    box = _int_list(record, "box", where, 1, tensormap.MAX_BOX, (len(dims),))
+    strides = _int_list(record, "strides", where, 1, tensormap.MAX_STRIDE - 1, (len(dims) - 1,))
+    for i, stride in enumerate(strides):
+        if stride % 16:
+            _fail(f"{where}.strides[{i}]", f"is {stride} bytes, not a multiple of 16 (TMA)")
+    swizzle = _int(record, "swizzle", where)
+    if swizzle not in tensormap.SWIZZLES:
+        _fail(f"{where}.swizzle", f"is {swizzle}, not one of "
+                                  f"{', '.join(map(str, tensormap.SWIZZLES))} (bytes)")
+    inner = box[0] * esize
+    if inner % 16 or (swizzle and inner > swizzle):
+        _fail(f"{where}.box", f"inner box of {inner} bytes must be a multiple of 16"
+                              + (f" and at most the {swizzle}-byte swizzle" if swizzle else ""))
+    start = buf["offset"] + offset * esize   # region bases are 256-byte aligned
+    if start % tensormap.ADDRESS_ALIGN:
+        _fail(f"{where}.offset", f"element {offset} of buffer {buffer_id} is at byte {start} of "
+                                 f"the {buf['region']}, not {tensormap.ADDRESS_ALIGN}-byte aligned")
+    # The last element the map spans, (dims[0]-1, ..., dims[r-1]-1), must end inside the buffer.
+    end = (offset + dims[0]) * esize + sum((d - 1) * s for d, s in zip(dims[1:], strides))
+    if end > buf["nbytes"]:
+        _fail(where, f"spans bytes up to {end} of buffer {buffer_id}, which has "
+                     f"{buf['nbytes']} (dims {dims}, strides {strides}, offset {offset})")
 
 
 # --- field helpers: each returns the checked value or raises naming `where.key` ---
@@ -287,6 +333,20 @@ def _buffer_ref(obj: dict, key: str, where: str, buffer_count: int) -> int:
     if not 0 <= buffer_id < buffer_count:
         _fail(_path(where, key), f"{buffer_id} is not a buffer id (0..{buffer_count - 1})")
     return buffer_id
+
+
+def _int_list(obj: dict, key: str, where: str, low: int, high: int,
+              lengths: range | tuple[int, ...]) -> list[int]:
+    values = list(_list(obj, key, where))
+    if len(values) not in lengths:
+        expected = (f"{lengths[0]}..{lengths[-1]}" if isinstance(lengths, range)
+                    else str(lengths[0]))
+        _fail(_path(where, key), f"has {len(values)} entries, expected {expected}")
+    for i, value in enumerate(values):
+        if not _is_int(value) or not low <= value <= high:
+            _fail(f"{_path(where, key)}[{i}]", f"{_describe(value)} is not an int in "
+                                              f"{low}..{high}")
+    return values
 
 
 def _dims(obj: dict, key: str, where: str, maximum: tuple[int, int, int]) -> list[int]:

@@ -18,17 +18,22 @@ hold the stream for longer than the host takes to enqueue the timed launches (tw
 previous measurement's enqueue time, at first ENQUEUE_US each), so those run back to back on
 the GPU whatever the host's rate; at most SPIN_LAUNCHES are timed at once then, so the pending
 launches stay within the driver's queue.
+
+A candidate that loads tiles with the TMA takes a pointer to its tensor maps before the
+pointers (aicf_run.tensormap); `time_us` encodes them against the bench's own argument buffers,
+each record naming its buffer by argument index, and uploads them for the timing.
 """
 from __future__ import annotations
 
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from aicf_run import tensormap
 from aicf_run.device import Device
 from aicf_run.errors import RunError
 
@@ -117,10 +122,25 @@ class KernelBench:
             return None
 
     def time_us(self, symbol: str, grid: tuple[int, int, int], block: tuple[int, int, int],
-                smem: int) -> float:
-        """Median time per launch of `symbol` in microseconds; LaunchRefused if it cannot run."""
+                smem: int, tensor_maps: Sequence[Mapping[str, Any]] = ()) -> float:
+        """Median time per launch of `symbol` in microseconds; LaunchRefused if it cannot run.
+
+        `tensor_maps`: the kernel's TMA records ([Note: TMA record]) in argument order, each
+        with `buffer` the index of the argument (of the bench's arrays) the map reads.
+        """
         cuda = self._cuda
         function = self._function(symbol)
+        maps, (table,) = tensormap.upload(cuda, [self._encode(symbol, tensor_maps)], symbol)
+        try:
+            return self._time(symbol, function, grid, block, smem, (table, *self._pointers) if maps else self._pointers)
+        finally:
+            if maps is not None:
+                maps.free()
+
+    def _time(self, symbol: str, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+              args: tuple[int, ...]) -> float:
+        cuda = self._cuda
+        function.prepare("P" * len(args))
         threads = block[0] * block[1] * block[2]
         try:
             limit = int(function.max_threads_per_block)
@@ -146,14 +166,14 @@ class KernelBench:
             start.record()
             t0 = time.perf_counter()
             for _ in range(n):
-                function.prepared_call(grid, block, *self._pointers, shared_size=smem)
+                function.prepared_call(grid, block, *args, shared_size=smem)
             enqueue_s[0] = (time.perf_counter() - t0) / n
             stop.record()
             stop.synchronize()
             return stop.time_since(start)
 
         try:
-            function.prepared_call(grid, block, *self._pointers, shared_size=smem)
+            function.prepared_call(grid, block, *args, shared_size=smem)
         except cuda.Error as err:
             self._check_alive(symbol)
             raise LaunchRefused(f"launch refused ({_one_line(err)})") from None
@@ -172,9 +192,24 @@ class KernelBench:
             except self._cuda.Error as err:
                 raise RunError(f"kernel {symbol} is not in its tuning module ({_one_line(err)}); "
                                f"this is a compiler bug, please report it") from None
-            function.prepare("P" * len(self._pointers))
             self._functions[symbol] = function
         return self._functions[symbol]
+
+    def _encode(self, symbol: str, records: Sequence[Mapping[str, Any]]) -> list[bytes]:
+        """The candidate's tensor maps over the bench's buffers; a map the driver refuses
+        refuses the candidate (the context stays usable)."""
+        maps = []
+        for i, record in enumerate(records):
+            argument = record.get("buffer") if isinstance(record, Mapping) else None
+            if not (isinstance(argument, int) and 0 <= argument < len(self._pointers)):
+                raise LaunchRefused(f"tensor map {i} names argument {argument!r} of "
+                                    f"{len(self._pointers)}")
+            try:
+                maps.append(tensormap.encode(record, self._pointers[argument],
+                                             name=f"{symbol} tensor map {i}"))
+            except RunError as err:
+                raise LaunchRefused(str(err)) from None
+        return maps
 
     def _check_alive(self, symbol: str) -> None:
         try:

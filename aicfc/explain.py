@@ -48,6 +48,19 @@ def _share(part: int, whole: int) -> str:
     return f" (the arena is {100 * part / whole:.0f}% of it)" if whole else ""
 
 
+def _formula(p: dict[str, Any]) -> str:
+    """The cost model's formula with this kernel's terms (planner/cost.py, planner/cost_wgmma.py)."""
+    if "tiles_per_sm" in p:   # the persistent Hopper engine: per-SM tiles of k-blocks, each its slowest rate
+        return (f"fill {p['t_pipeline_us']:.2f} + max(the busiest SM's {p['tiles_per_sm']:.0f} tiles: k-blocks at "
+                f"max(tensor {p['t_compute_us']:.2f}, smem {p['t_smem_us']:.2f}, TMA {p['t_l2_us']:.2f}) + epilogues "
+                f"{p['t_epilogue_us']:.2f}, dram {p['t_dram_us']:.2f}) + launch {p['launch_us']:.2f}; "
+                f"waves {p['wave_eff']:.2f}, n_eff {p['n_eff']:.2f}")
+    return (f"max(dram {p.get('t_dram_us', 0):.2f} + l2 {p.get('t_l2_us', 0):.2f}, "
+            f"compute {p.get('t_compute_us', 0):.2f}, pipeline {p.get('t_pipeline_us', 0):.2f}) "
+            f"/ (parallel {p.get('parallel_eff', 1):.2f} x waves {p.get('wave_eff', 1):.2f}) "
+            f"+ launch {p.get('launch_us', 0):.2f}")
+
+
 def explain_text(payload: dict[str, Any]) -> str:
     e = explain_json(payload)
     sig = lambda vs: ", ".join(f"{v['name']}: {v['dtype']}{v['shape']}" for v in vs)  # noqa: E731
@@ -67,10 +80,7 @@ def explain_text(payload: dict[str, Any]) -> str:
                    f"; rewrites: {', '.join(k['rewrites']) or 'none'}")
         out.append(f"    schedule {_fmt_params(k['params'])}  grid={k['grid']} block={k['block']} "
                    f"smem={k['smem_bytes']} B  {regs}")
-        out.append(f"    predicted {p['time_us']:.2f} us = max(dram {p.get('t_dram_us', 0):.2f} + l2 {p.get('t_l2_us', 0):.2f}, "
-                   f"compute {p.get('t_compute_us', 0):.2f}, pipeline {p.get('t_pipeline_us', 0):.2f}) "
-                   f"/ (parallel {p.get('parallel_eff', 1):.2f} x waves {p.get('wave_eff', 1):.2f}) "
-                   f"+ launch {p.get('launch_us', 0):.2f};  {p['flops']:.3g} FLOP, {_bytes(p['bytes'])}")
+        out.append(f"    predicted {p['time_us']:.2f} us = {_formula(p)};  {p['flops']:.3g} FLOP, {_bytes(p['bytes'])}")
         beaten = [c for c in k["candidates"] if "predicted_time_us" in c]
         rejected = [c for c in k["candidates"] if "rejected_because" in c]
         if beaten:

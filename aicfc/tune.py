@@ -6,7 +6,8 @@ the rest of the ranking, so that the rank correlation sees fast and slow schedul
 Each kernel's candidates are rendered into one CUDA module, candidate of rank r as kernel
 `{kernel}_c{r}`; the modules are built with nvcc in parallel (nvcc caches by content), then
 every candidate is timed on the GPU with CUDA events on random arguments
-(`aicf_run.timing`). The report sets predicted against measured: how far the model's pick is
+(`aicf_run.timing`; a candidate that loads with the TMA gets its tensor maps encoded over
+those arguments). The report sets predicted against measured: how far the model's pick is
 from the fastest measured candidate, and Spearman's rank correlation per kernel and pooled.
 `fit_profile` (`planner/fit.py`) fits the profile's coefficients to the measurements; the
 fitted profile is what `aicfc compile --profile FILE` reads. Compile never needs a GPU:
@@ -27,6 +28,7 @@ from aicf_run.timing import SPIN_SOURCE
 from aicfc.codegen import FAMILIES
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.scratch import scratch
+from aicfc.codegen.tma import tensor_maps
 from aicfc.codegen.module import count_registers, module_header, resolve_jobs
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
@@ -247,7 +249,8 @@ def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
         rng = np.random.default_rng(0)
         types = plan.types()
         for kt, built in zip(kernels, builds):
-            _measure(device, kt, built, lambda c: _argument_types(kt.kernel, c.params, types), rng, step)
+            _measure(device, kt, built, lambda c: _argument_types(kt.kernel, c.params, types), rng, step,
+                     lambda c: _tensor_map_records(kt.kernel, c.params, types))
         return TuneReport(plan.name, target, precision, device.name, profile.data, kernels, types)
     finally:
         if own:
@@ -282,9 +285,24 @@ def _argument_types(k: Kernel, params: dict[str, Any],
     return tuple(extra.get(b) or types[b] for b in kernel_args(k, params))
 
 
+def _tensor_map_records(k: Kernel, params: dict[str, Any],
+                        types: dict[str, TensorType]) -> list[dict[str, Any]]:
+    """One candidate's TMA tensor maps ([Note: TMA record]) with each buffer named by its
+    position in the candidate's arguments: the bench encodes them against the device buffers it
+    allocated for those arguments (`aicf_run.timing.KernelBench.time_us`)."""
+    maps = tensor_maps(k, params, types)
+    if not maps:
+        return []
+    position = {b: i for i, b in enumerate(kernel_args(k, params))}
+    missing = [m.buffer for m in maps if m.buffer not in position]
+    assert not missing, f"{k.name}: tensor maps over {missing}, which are not arguments of the kernel"
+    return [m.record(position) for m in maps]
+
+
 def _measure(device: Any, kt: KernelTune, built: Built,
              argument_types: Callable[[Measured], tuple[TensorType, ...]], rng: np.random.Generator,
-             step: Callable[[str], None]) -> None:
+             step: Callable[[str], None],
+             map_records: Callable[[Measured], list[dict[str, Any]]] = lambda c: []) -> None:
     from aicf_run.timing import KernelBench, LaunchRefused
 
     # Scratch sizes differ between schedules: one set of buffers per list of argument types,
@@ -299,7 +317,7 @@ def _measure(device: Any, kt: KernelTune, built: Built,
                 name = symbol(kt, c)
                 c.registers = built.registers.get(name)
                 try:
-                    t = bench.time_us(name, c.grid, c.block, c.dyn_smem)
+                    t = bench.time_us(name, c.grid, c.block, c.dyn_smem, map_records(c))
                 except LaunchRefused as e:
                     c.failed = str(e)
                 else:

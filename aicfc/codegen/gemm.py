@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from aicfc.codegen import gemm_mma
+from aicfc.codegen import gemm_mma, gemm_wgmma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
@@ -25,6 +25,7 @@ from aicfc.ir.memo import by_identity
 from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.properties import Contraction, contraction
 from aicfc.ir.types import TensorType
+from aicfc.planner.hardware import load_profile
 
 SPACE = {"BM": (16, 32, 64, 128), "BN": (16, 32, 64, 128), "BK": (8, 16, 32), "TM": (1, 2, 4, 8), "TN": (1, 2, 4, 8)}
 PREFETCH_MAX = 16   # elements of the next K step's tiles a thread may hold in registers
@@ -98,15 +99,26 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     if not dtype:
         return simt_space()
     _, m, n, kk, batch = dims(k)
-    return simt_space() + gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch))
+    out = simt_space() + gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch))
+    if gemm_wgmma.why_not(k, plan, dtype) is None:
+        hw = load_profile(plan.target)
+        out += gemm_wgmma.space(k, plan, dtype, hw.sm_count, hw.smem_per_block_optin)
+    return out
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
     """Candidates the precision policy rules out, with the reason (explain shows them)."""
-    if gemm_mma.mma_type(k, plan.types(), plan.precision):
-        return []
+    dtype = gemm_mma.mma_type(k, plan.types(), plan.precision)
+    if dtype:
+        why = gemm_wgmma.why_not(k, plan, dtype)
+        return [({"unit": "wgmma"}, why)] if why else []
     return [({"unit": "mma"}, f"--precision {plan.precision} does not allow tensor cores for this contraction"
              + (" (exact fp32 semantics)" if plan.precision == "fp32" else ""))]
+
+
+def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list:
+    """The TMA descriptors the schedule takes (codegen/tma.py): the Hopper engine's two operands."""
+    return gemm_wgmma.tensor_maps(k, p, types)
 
 
 def simt_space(prefetched: bool = True) -> list[dict]:
@@ -125,6 +137,8 @@ def simt_space(prefetched: bool = True) -> list[dict]:
 
 
 def threads(p: Mapping) -> int:
+    if p["unit"] == "wgmma":
+        return gemm_wgmma.threads(p)
     if p["unit"] == "mma":
         return gemm_mma.threads(p)
     return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
@@ -133,6 +147,8 @@ def threads(p: Mapping) -> int:
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     _, m, n, _, batch = dims(k)
     nb = math.prod(e for _, e in batch)
+    if p["unit"] == "wgmma":
+        return (p["CTAS"], 1, 1), (threads(p), 1, 1), gemm_wgmma.smem_bytes(p)
     if p["unit"] == "mma":
         tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"])
         return (tiles, p["SPLITK"], nb), (threads(p), 1, 1), gemm_mma.smem_bytes(p)
@@ -140,6 +156,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
+    if p["unit"] == "wgmma":
+        return gemm_wgmma.static_smem(p)
     if p["unit"] == "mma":
         return 0
     vm, vn = vectors(p)
@@ -210,6 +228,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"))
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)
+    if p["unit"] == "wgmma":
+        return gemm_wgmma.render_kernel(k, p, types, name, parts)
     simt = {key: p[key] for key in ("BM", "BN", "BK", "TM", "TN")}
     t = threads(p)
     vm, vn = vectors(p)

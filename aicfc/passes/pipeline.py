@@ -25,6 +25,7 @@ from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.plan_schedules import RegisterCheck, plan_schedules
+from aicfc.passes.relayout_weights import relayout_weights
 from aicfc.passes.sink_views import sink_views
 from aicfc.planner.hardware import Profile
 
@@ -62,6 +63,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("merge_contractions", "lowered", "lowered", lambda p, o: merge_contractions(p)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
+    Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
@@ -83,6 +85,7 @@ for _a, _b in zip(PIPELINE, PIPELINE[1:]):
 _ORDER = [s.name for s in PIPELINE]
 assert _ORDER.index("canonicalize") < _ORDER.index("lower") < _ORDER.index("sink_views") < _ORDER.index("inline_producers")
 assert _ORDER.index("fold_constants") < _ORDER.index("cse") < _ORDER.index("dce")   # folding makes duplicates
+assert _ORDER.index("apply_precision") < _ORDER.index("relayout_weights") < _ORDER.index("plan_schedules")
 assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("inline_again")
         < _ORDER.index("merge_contractions")
         < _ORDER.index("form_kernels"))

@@ -48,6 +48,7 @@ from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Call, Const, Expr, count_ops, loads
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
+from aicfc.planner.cost_wgmma import wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
 SYNC_LATENCY_US = 0.04     # one shuffle or barrier step in a reduction tree (fitted: LayerNorm rows of 4096 fp16
@@ -162,6 +163,9 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
         return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 48 + min(ops, 32)
     if k.family == "window":
         return 32 + min(2 * ops, 64)
+    if k.family == "gemm" and p["unit"] == "wgmma":
+        # a consumer thread's accumulators, descriptors, tile coordinates and loop state
+        return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 48 + min(ops, 16))
     if k.family == "gemm" and p["unit"] == "mma":
         mi, ni = p["BM"] // p["WM"] // 16, p["BN"] // p["WN"] // 8
         # accumulators + double-buffered A/B fragments + addressing and loop state
@@ -193,6 +197,8 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
         return _window_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "gemm" and p["unit"] == "mma":
         return _mma_cost(k, p, blocks, threads, bps, types, hw)
+    if k.family == "gemm" and p["unit"] == "wgmma":
+        return _wgmma_cost(k, p, types, hw)
     if k.family == "gemm":
         return _gemm_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "row_reduce":
@@ -375,6 +381,21 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
                    inflight=inflight, smem_inflight=frag_bytes)
     est.terms["ilp"] = ilp
     return est
+
+
+def hw_max_registers(p: Mapping) -> int:
+    """Registers per thread under `__launch_bounds__(threads, 1)`: the SM's file over the block."""
+    return min(255, 65536 // (128 * (p["NWG"] + 1)) // 8 * 8)
+
+
+def _wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
+    """The Hopper engine: `planner/cost_wgmma.py` documents the formula."""
+    c, m, n, kk, batch = gemm.dims(k)
+    t = wgmma_terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
+    flops = 2.0 * math.prod(e for _, e in batch) * m * n * kk
+    time, dram = t.pop("time_us"), t.pop("dram")
+    t.pop("issued")
+    return Estimate(time, flops, dram, t)
 
 
 # ---------------------------------------------------------------- attention

@@ -1,0 +1,259 @@
+"""The Hopper engine of the `gemm` family (sm_90a): warp-specialized `wgmma` fed by the TMA.
+
+One producer warpgroup (a single thread of it issues every copy) brings the operand tiles in
+with `cp.async.bulk.tensor` (128-byte swizzle) into a ring of STAGES shared-memory stages;
+each stage has a `full` mbarrier (the copies' bytes landed: mbarrier transaction counts) and
+an `empty` one (lane 0 of every consumer warp, past its wgmma wait for the stage). NWG consumer warpgroups issue
+`wgmma.mma_async` m64nBNk16 (k8 for tf32) on descriptors of those tiles, keep one group in
+flight, and write the epilogue straight from their accumulators. `setmaxnreg` moves registers
+from the producer (PRODUCER_REGS) to the consumers (CONSUMER_REGS). Blocks are persistent:
+CTAS blocks (at most one per SM) walk the output tiles in a raster of GROUP tile rows, and the
+producer fetches the next tile's k-blocks while the consumers run the current epilogue.
+
+Operand layouts come from the lowered access maps, as for `mma`: an operand contiguous along k
+is loaded as K-major boxes (rows x 128 bytes); one contiguous along m (n) as MN-major boxes (BK
+k-rows x 64 elements) read with wgmma's transpose bit (fp16/bf16 only: tf32 wgmma reads
+K-major operands alone). Every other variable of the access is one more tensor-map dimension
+(batch variables; broadcast ones have none). TMA zero-fills what lies outside the tensor, so
+any M, N, K works without predicates or padding; what it needs is 16-byte strides and a
+16-byte aligned start (`TensorMap.problems`), else the candidate is declined with the reason.
+
+Parameter space: NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (BM = 64·NWG·MI),
+BN in {64, 128, 192, 256}, STAGES from 2 while the ring fits the shared memory; BK is one
+128-byte swizzle row (64 fp16/bf16, 32 tf32). SPLITK: where the output tiles cannot fill the
+SMs (fewer tiles than SMs, K long), a work unit is (tile, k-split); each split publishes its
+fp32 partial tile to scratch and the last to take the tile's ticket adds them in split order
+and runs the epilogue (the scratch buffers of `codegen/scratch.py`, as for `mma`). At most MAX_ACC fp32 accumulators per consumer
+thread (MI·BN/2). CTAS = min(tiles, SMs).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from aicfc.codegen.cexpr import flat_offset
+from aicfc.codegen.common import render
+from aicfc.codegen.tma import TensorMap
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Load
+from aicfc.ir.types import ITEMSIZE, TensorType
+
+TARGET = "sm_90"          # wgmma and setmaxnreg are sm_90a features: Hopper only
+SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 192, 256), "STAGES": (2, 3, 4, 5, 6, 7, 8),
+         "SPLITK": (1, 2, 3, 4, 6, 8)}
+KSTEP = {"f16": 16, "bf16": 16, "tf32": 8}
+ROW_BYTES = 128           # one swizzle row: BK·itemsize
+GROUP = 8                 # tile rows per raster group
+MAX_ACC = 128             # fp32 accumulators per consumer thread
+PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg with NWG = 2: 128·40 + 256·232 <= 65536
+SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in the kernel
+
+
+def bk(dtype: str) -> int:
+    return ROW_BYTES // ITEMSIZE["f32" if dtype == "tf32" else dtype]
+
+
+def threads(p: Mapping) -> int:
+    return 128 * (p["NWG"] + 1)
+
+
+def block_m(p: Mapping) -> int:
+    return 64 * p["NWG"] * p["MI"]
+
+
+def stage_bytes(p: Mapping) -> int:
+    return (block_m(p) + p["BN"]) * ROW_BYTES
+
+
+def smem_bytes(p: Mapping) -> int:
+    return p["STAGES"] * stage_bytes(p) + SMEM_SLACK
+
+
+def static_smem(p: Mapping) -> int:
+    return 16 * p["STAGES"]
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How one operand's tiles are loaded and described to wgmma.
+
+    `dims` are the tensor-map dimensions innermost first as (variable, extent, stride in
+    elements); dims[0] is contiguous and is k (K-major) or the operand's m/n variable."""
+
+    name: str                              # "a" or "b"
+    var: str | None                        # m (a) or n (b) variable; None when its extent is 1
+    rows: int                              # BM or BN
+    k_major: bool
+    dims: tuple[tuple[str, int, int], ...]
+    offset: int                            # elements to element (0, ..., 0)
+    esize: int
+    BK: int
+    KSTEP: int
+    smem_at: int = 0                       # byte offset of this operand's tile in a stage
+
+    @property
+    def map(self) -> str:
+        return f"tma_{self.name}"
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def boxes(self) -> int:
+        return 1 if self.k_major else self.rows // 64
+
+    @property
+    def box(self) -> tuple[int, ...]:
+        inner = (self.BK, self.rows) if self.k_major else (64, self.BK)
+        return inner + (1,) * (self.rank - 2)
+
+    @property
+    def box_bytes(self) -> int:
+        return self.box[0] * self.box[1] * self.esize
+
+    @property
+    def lbo(self) -> int:
+        """Leading byte offset: unused by K-major tiles (1 unit), the next 64 columns otherwise."""
+        return 16 if self.k_major else self.BK * ROW_BYTES
+
+    def block_at(self, i: str) -> str:
+        """Byte offset of m64 block `i` (A only): 64 rows of 128 B, or the i-th 64-column box."""
+        return f"({i}) * {64 * ROW_BYTES if self.k_major else self.BK * ROW_BYTES}"
+
+    def kstep(self, kk: str) -> str:
+        """Byte offset of k-step `kk`: 32 bytes along a K-major row, KSTEP rows of an MN-major box."""
+        return f"({kk}) * {self.KSTEP * self.esize if self.k_major else self.KSTEP * ROW_BYTES}"
+
+    def coords(self, k0: str, mn0: str, j: int) -> str:
+        first = (k0, mn0) if self.k_major else (f"{mn0} + {64 * j}" if j else mn0, k0)
+        return ", ".join(first + tuple(f"(int){v}" for v, _, _ in self.dims[2:]))
+
+    @property
+    def describe(self) -> str:
+        lay = "K-major" if self.k_major else "MN-major (transposed in wgmma)"
+        return f"{lay}, {self.boxes} TMA box(es) of {'x'.join(map(str, self.box[:2]))} per stage, rank-{self.rank} map"
+
+    def tensor_map(self, buffer: str, dtype: str) -> TensorMap:
+        strides = tuple(s * self.esize for _, _, s in self.dims[1:])
+        return TensorMap(buffer, dtype, self.offset, tuple(e for _, e, _ in self.dims), strides, self.box, ROW_BYTES)
+
+
+def operand(name: str, ld: Load, t: TensorType, var: str | None, extents: Mapping[str, int], K: int,
+            batch: list[str], rows: int, dtype: str) -> Operand | str:
+    """The operand's staging, or why TMA cannot load it."""
+    off = flat_offset(ld.index, t)
+    esize = ITEMSIZE[t.dtype]
+    k_major = off.coeff("r0") == 1
+    if not k_major and (var is None or off.coeff(var) != 1):
+        return f"operand {name.upper()} is contiguous along neither k nor {'m' if name == 'a' else 'n'}"
+    if not k_major and dtype == "tf32":
+        return f"operand {name.upper()} is {'M' if name == 'a' else 'N'}-major; tf32 wgmma reads K-major operands only"
+    known = {"r0", *batch} | ({var} if var else set())
+    if any(v not in known for v, _ in off.terms):
+        return f"operand {name.upper()} is indexed by a variable outside m, n, k and the batch"
+    ext = dict(extents) | {"r0": K}
+    mn = (var, ext[var], off.coeff(var)) if var else ("_", 1, 0)
+    kd = ("r0", K, off.coeff("r0"))
+    first = (kd, mn) if k_major else (mn, kd)
+    if first[1][2] == 0:   # an extent-1 m/n: any legal stride (it is never stepped)
+        first = (first[0], (first[1][0], 1, -(-first[0][1] * esize // 16) * 16 // esize))
+    rest = tuple((v, ext[v], off.coeff(v)) for v in batch if off.coeff(v) and ext[v] > 1)
+    dims = first + rest
+    if len(dims) > 5:
+        return f"operand {name.upper()} needs a rank-{len(dims)} tensor map (TMA: at most 5)"
+    mapdt = "f32" if dtype == "tf32" else dtype
+    op = Operand(name, var, rows, k_major, dims, off.const, esize, bk(dtype), KSTEP[dtype])
+    why = op.tensor_map("x", mapdt).problems()
+    return f"operand {name.upper()}: {why}" if why else op
+
+
+def operands(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> tuple[Operand | str, Operand | str]:
+    from aicfc.codegen.gemm import dims
+    c, m, n, kk, batch = dims(k)
+    ext = k.ops[0].extents()
+    names = [v for v, _ in batch]
+    a = operand("a", c.a, types[c.a.buffer], c.m, ext, kk, names, block_m(p), p["dtype"])
+    b = operand("b", c.b, types[c.b.buffer], c.n, ext, kk, names, p["BN"], p["dtype"])
+    if isinstance(a, Operand) and isinstance(b, Operand):
+        b = dataclasses.replace(b, smem_at=block_m(p) * ROW_BYTES)
+    return a, b
+
+
+def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
+    """Why the Hopper engine cannot run this contraction (None when it can)."""
+    if plan.target != TARGET:
+        return f"wgmma and TMA are sm_90a features; the target is {plan.target}"
+    if dtype is None:
+        return None   # the precision policy's own reason is given for the tensor-core units
+    a, b = operands(k, {"dtype": dtype, "NWG": 1, "MI": 1, "BN": 64}, plan.types())
+    for o in (a, b):
+        if isinstance(o, str):
+            return o
+    return None
+
+
+def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> list[dict]:
+    from aicfc.codegen.gemm import dims
+    _, m, n, kk, batch = dims(k)
+    nb = math.prod(e for _, e in batch)
+    out = []
+    for nwg in SPACE["NWG"]:
+        for mi in SPACE["MI"]:
+            for bn in SPACE["BN"]:
+                if mi * bn // 2 > MAX_ACC:
+                    continue
+                bm = 64 * nwg * mi
+                tiles = math.ceil(m / bm) * math.ceil(n / bn) * nb
+                ktiles = math.ceil(kk / bk(dtype))
+                for sk in SPACE["SPLITK"]:
+                    per = math.ceil(ktiles / sk)
+                    if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
+                        continue
+                    for st in SPACE["STAGES"]:
+                        p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "MI": mi,
+                             "STAGES": st, "SPLITK": sk, "CTAS": min(tiles * sk, hw_sms)}
+                        if smem_bytes(p) + static_smem(p) <= smem_limit:
+                            out.append(p)
+    return out
+
+
+def tiles(k: Kernel, p: Mapping) -> tuple[int, int, int]:
+    """(tiles along m, along n, all tiles with the batch)."""
+    from aicfc.codegen.gemm import dims
+    _, m, n, _, batch = dims(k)
+    tm, tn = math.ceil(m / p["BM"]), math.ceil(n / p["BN"])
+    return tm, tn, tm * tn * math.prod(e for _, e in batch)
+
+
+def kt_per(p: Mapping, K: int) -> int:
+    """k-blocks per split."""
+    return math.ceil(math.ceil(K / p["BK"]) / p.get("SPLITK", 1))
+
+
+def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[TensorMap]:
+    if p.get("unit") != "wgmma":
+        return []
+    from aicfc.codegen.gemm import dims
+    c = dims(k)[0]
+    a, b = operands(k, p, types)
+    assert isinstance(a, Operand) and isinstance(b, Operand), (a, b)
+    mapdt = "f32" if p["dtype"] == "tf32" else p["dtype"]
+    return [a.tensor_map(c.a.buffer, mapdt), b.tensor_map(c.b.buffer, mapdt)]
+
+
+def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
+    a, b = operands(k, p, types)
+    assert isinstance(a, Operand) and isinstance(b, Operand), (a, b)
+    tm, tn, total = tiles(k, p)
+    dtype = p["dtype"]
+    return render("gemm_wgmma.cu.j2", name=name, batch=parts["batch"], M=parts["M"], N=parts["N"], K=parts["K"],
+                  dtype=dtype, KSTEP=KSTEP[dtype], BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"],
+                  STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm, TILES_N=tn, GROUP=GROUP,
+                  KT=math.ceil(parts["K"] / p["BK"]), STAGE_BYTES=stage_bytes(p), threads=threads(p),
+                  TA=int(not a.k_major), TB=int(not b.k_major), a=a, b=b, idx=parts["idx"],
+                  signature=parts["signature"], decompose=parts["decompose"], epilogue=parts["epilogue"],
+                  paired=parts["paired"], SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
+                  partials=parts["partials"], tickets=parts["tickets"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS)

@@ -1,0 +1,79 @@
+"""Tensor Memory Accelerator descriptors: what the compiler decides about each one.
+
+A kernel that loads tiles with `cp.async.bulk.tensor` takes, as its first argument, a pointer
+to its 128-byte `CUtensorMap`s in global memory (one per operand, in order, 128 bytes apart).
+A tensor map holds a device address, which only exists at run time, so the compiler records
+everything else (the tensor's element type, its extents and strides, the box one copy moves,
+the shared-memory swizzle) and `aicf_run` encodes the maps at load with the driver's
+`cuTensorMapEncodeTiled` (`aicf_run/tensormap.py`) and uploads them once. The executor
+computes nothing: the global address is the buffer's base plus `offset` elements.
+(Not `__grid_constant__` parameters: PyCUDA launches with a packed parameter buffer, and on
+the H200 with driver 580 a kernel with a grid-constant parameter read that buffer wrongly.)
+
+[Note: TMA record]
+  buffer    the tensor the map reads (a buffer name here, its id in the bundle)
+  dtype     "f16" | "bf16" | "f32" (the map's element type; tf32 operands are f32 in memory)
+  offset    elements from the buffer's start to element (0, ..., 0) of the map
+  dims      extents, innermost first (dims[0] is the contiguous one: stride 1 element)
+  strides   byte strides of dims[1:], each a multiple of 16 and below 2^40
+  box       elements one copy moves along each dim, innermost first; box[0]·itemsize <= swizzle
+  swizzle   0, 32, 64 or 128 (bytes of the swizzle pattern)
+Out-of-bounds elements of a box are filled with zeros (the map's OOB fill NONE), which is what
+lets a GEMM tile hang over the tensor's edge without predicates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from aicfc.ir.types import ITEMSIZE
+
+MAX_RANK = 5
+MAX_BOX = 256
+SWIZZLES = (0, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    buffer: str
+    dtype: str
+    offset: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int
+
+    def problems(self) -> str | None:
+        """Why the driver would refuse this map (None when it would not)."""
+        esize = ITEMSIZE[self.dtype]
+        if not 1 <= len(self.dims) <= MAX_RANK:
+            return f"rank {len(self.dims)} outside 1..{MAX_RANK}"
+        if len(self.strides) != len(self.dims) - 1 or len(self.box) != len(self.dims):
+            return "strides/box do not match the rank"
+        if (self.offset * esize) % 16:
+            return f"start {self.offset * esize} B into the tensor is not 16-byte aligned"
+        for s in self.strides:
+            if s % 16 or not 0 < s < 2**40:
+                return f"stride {s} B is not a positive multiple of 16 (TMA)"
+        if any(not 1 <= b <= MAX_BOX for b in self.box) or any(d < 1 for d in self.dims):
+            return f"box {self.box} outside 1..{MAX_BOX}"
+        if self.swizzle not in SWIZZLES or (self.swizzle and self.box[0] * esize > self.swizzle):
+            return f"inner box {self.box[0] * esize} B exceeds the {self.swizzle}-byte swizzle"
+        if (self.box[0] * esize) % 16:
+            return f"inner box {self.box[0] * esize} B is not a multiple of 16"
+        return None
+
+    def record(self, index: Mapping[str, int]) -> dict[str, Any]:
+        """The bundle's form (docs/bundle-format.md): the buffer as its id."""
+        return {"buffer": index[self.buffer], "dtype": self.dtype, "offset": self.offset,
+                "dims": list(self.dims), "strides": list(self.strides), "box": list(self.box),
+                "swizzle": self.swizzle}
+
+
+def tensor_maps(k: Any, params: Mapping | None, types: Mapping) -> list[TensorMap]:
+    """The tensor maps kernel `k` takes under schedule `params` (default: its chosen one), in
+    argument order; [] for a kernel that uses none."""
+    from aicfc.codegen import FAMILIES
+    p = params if params is not None else (dict(k.schedule.params) if k.schedule else {})
+    fn = getattr(FAMILIES[k.family], "tensor_maps", None)
+    return list(fn(k, p, types)) if fn else []

@@ -1,0 +1,98 @@
+"""Cost terms of the Hopper GEMM engine (`codegen/gemm_wgmma.py`, `templates/gemm_wgmma.cu.j2`).
+
+A persistent block per SM walks its share of the output tiles; the busiest SM takes
+ceil(tiles·SPLITK / CTAS) work units, so that is the wave quantization. Within a block the producer's
+TMA copies run STAGES - 1 k-blocks ahead of the consumers, so a k-block costs the slowest of
+three rates, and a tile adds its epilogue, which the consumers run while the producer already
+fetches the next tile:
+
+    t_kblock   = max(t_mma, t_smem, t_load, tma_latency / (STAGES - 1))
+    t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
+    t_smem     = 128·(BM + NWG·MI·BN) / smem_bandwidth_per_sm     every m64 wgmma reads its A and B
+    t_load     = 128·(BM + BN) / (l2_bandwidth / SMs)              the k-block's two TMA boxes
+    t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
+                 + EPILOGUE_US                                     register-direct stores
+                 + split-k (SPLITK > 1): the partial tile written, and 1/SPLITK of the last split's
+                 reads of all of them and splitk_overhead_us
+    t_fill     = load_latency · (1 + k-blocks the ring cannot cover)   first tile of each block
+    t          = launch + t_fill + max(ceil(tiles / CTAS) · (KT · t_kblock + t_epilogue), t_dram)
+    t_dram     = (every operand once + the output) / (dram_bandwidth · eff.dram)
+                 + re-reads of A (B) past L2 when the raster's working set does not fit
+
+n_eff(BN): wgmma issues one m64nBNk16 instruction per 64 x BN x 16 block; the instruction's
+fixed issue cost is a larger share of a narrow one (WGMMA_ISSUE_CYCLES against BN/2 cycles of
+tensor work per SM sub-partition). Coefficients come from the profile (`eff.wgmma_gemm`,
+`wgmma_epilogue_us`, default EPILOGUE_US); `aicfc tune` measures them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from aicfc.codegen import gemm, gemm_wgmma
+from aicfc.ir.types import ITEMSIZE
+
+SPLITK_OVERHEAD_US = 4.0   # the last split's fence, ticket and reduction start (profile: splitk_overhead_us)
+EPILOGUE_US = 0.3          # fixed cost of a tile's epilogue: the wait, address arithmetic, store issue
+WGMMA_ISSUE_CYCLES = 8     # tensor-pipe cycles an m64nNk16 loses to its issue, against N/2 of work
+TMA_LATENCY_US = 1.0      # a TMA box's round trip from DRAM under load (profile: tma_latency_us)
+EFF_DEFAULT = 0.85         # eff.wgmma_gemm when the profile has none
+
+
+def n_eff(bn: int) -> float:
+    return (bn / 2) / (bn / 2 + WGMMA_ISSUE_CYCLES)
+
+
+def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
+    c, m, n, kk, batch = gemm.dims(k)
+    nb = math.prod(e for _, e in batch)
+    bm, bn, bkk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
+    sms = hw.sm_count
+    unit = {"f16": "fp16_tc", "bf16": "bf16_tc", "tf32": "tf32_tc"}[p["dtype"]]
+    eff = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
+    sm_rate = hw.peak_tflops[unit] * 1e6 / sms * eff                       # flops per us per SM
+    l2_sm = hw.l2_bandwidth_gbs * 1e3 / sms                                 # bytes per us per SM
+    row = gemm_wgmma.ROW_BYTES
+    t_mma = 2.0 * bm * bn * bkk / sm_rate
+    t_smem = row * (bm + p["NWG"] * p["MI"] * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+    t_load = row * (bm + bn) / l2_sm
+    # STAGES - 1 k-blocks in flight must cover one TMA round trip
+    t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
+    t_kblock = max(t_mma, t_smem, t_load, t_latency)
+    sk = p.get("SPLITK", 1)
+    ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
+    out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
+    extra = sum(ITEMSIZE[types[b].dtype] for b in gemm_extra_reads(k, c) if 2 * types[b].numel >= m * n * nb)
+    t_epi = bm * bn * (out_bytes + extra) / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
+    if sk > 1:
+        # every split writes its fp32 partial tile; the last also reads all of them back, after a fence and a ticket
+        t_epi += bm * bn * 4.0 / l2_sm + (bm * bn * 4.0 * sk / l2_sm
+                                          + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)) / sk
+    tiles_m, tiles_n, tiles = gemm_wgmma.tiles(k, p)
+    per_sm = math.ceil(tiles * sk / p["CTAS"])
+    t_fill = latency * (1 + max(0.0, math.ceil(t_load * ktiles / max(t_kblock * ktiles, 1e-9)) - 1))
+    # DRAM: each operand once; past L2, B is read again by every group of GROUP tile rows (A once)
+    a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
+    groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
+    rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes else 0.0
+    t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
+    t_tiles = per_sm * (ktiles * t_kblock + t_epi)
+    time = hw.launch_overhead_us + t_fill + max(t_tiles, t_dram)
+    issued = 2.0 * tiles * bm * bn * ktiles * bkk
+    return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
+            "t_compute_us": per_sm * ktiles * t_mma, "t_smem_us": per_sm * ktiles * t_smem,
+            "t_l2_us": per_sm * ktiles * t_load, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
+            "t_pipeline_us": t_fill, "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]),
+            "n_eff": n_eff(bn), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
+            "parallel_eff": min(tiles, sms) / sms, "stages": st}
+
+
+def gemm_extra_reads(k, c) -> list[str]:
+    """Tensors the epilogue reads per output element (bias rows are tiny; residuals are not)."""
+    from aicfc.ir.lowered import loads
+    out = []
+    if len(k.ops) == 2:
+        for ld in loads(k.ops[1].body):
+            if ld.buffer != k.ops[0].out and ld.buffer not in (c.a.buffer, c.b.buffer):
+                out.append(ld.buffer)
+    return [b for b in dict.fromkeys(out)]

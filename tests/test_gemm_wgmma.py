@@ -1,0 +1,173 @@
+"""The Hopper engine of the gemm family (`unit=wgmma`): legality, space, tensor maps, and on the
+GPU the numbers against a float64 reference.
+
+Tolerance on max|y - ref| / max|ref|: tf32 1e-3, fp16 and bf16 1e-2. Shapes cover edges in M,
+N and K (TMA zero-fills past them), M = 1, K-major and MN-major operands (wgmma's transpose
+bit), batches with and without a broadcast operand, an epilogue, and every tile family point.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aicfc
+from aicfc.codegen import gemm, gemm_wgmma
+from aicfc.codegen.tma import tensor_maps
+from aicfc.errors import AicfError
+from aicfc.frontend.onnx_import import import_model
+from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.passes.relayout_weights import RULE
+from aicfc.planner.hardware import load_profile
+from tests.test_gemm_gpu import (_check, a_transposed, b_transposed_input, broadcast_batch, gemm_transb_bias_relu,
+                                 matmul, two_inputs_batched)
+
+
+def _plan(model, precision="fp16", target="sm_90", pin=None):
+    graph = import_model(model, None)
+    return run_pipeline(graph, Options(target, load_profile(target), precision, pin=tuple((pin or {}).items()))).plan
+
+
+def _gemm_kernel(plan):
+    return next(k for k in plan.kernels if k.family == "gemm")
+
+
+def test_space_only_on_sm90_and_tensor_core_policies():
+    model = matmul(128, 256, 192, np.random.default_rng(0))
+    for target, precision, expect in (("sm_90", "fp16", True), ("sm_80", "fp16", False), ("sm_90", "fp32", False)):
+        plan = _plan(model, precision, target)
+        k = _gemm_kernel(plan)
+        units = {p["unit"] for p in gemm.space(k, plan)}
+        assert ("wgmma" in units) == expect, (target, precision, units)
+
+
+def test_misaligned_strides_are_declined_with_the_reason():
+    plan = _plan(matmul(7, 100, 257, np.random.default_rng(0)))
+    k = _gemm_kernel(plan)
+    reasons = dict((p["unit"], why) for p, why in gemm.declined(k, plan))
+    assert "wgmma" in reasons and "multiple of 16" in reasons["wgmma"]
+    assert all(p["unit"] != "wgmma" for p in gemm.space(k, plan))
+    with pytest.raises(AicfError, match="--pin"):
+        _plan(matmul(7, 100, 257, np.random.default_rng(0)), pin={"unit": "wgmma"})
+
+
+def test_tf32_needs_k_major_operands():
+    """An activation read N-major keeps tf32 off wgmma; a weight is re-laid out K-major instead."""
+    plan = _plan(two_inputs_batched(128, 256, 192, np.random.default_rng(0)), "tf32")
+    reasons = dict((p["unit"], why) for p, why in gemm.declined(_gemm_kernel(plan), plan))
+    assert "K-major" in reasons["wgmma"]
+    for build in (matmul, gemm_transb_bias_relu):
+        plan = _plan(build(128, 256, 192, np.random.default_rng(0)), "tf32", pin={"unit": "wgmma"})
+        k = _gemm_kernel(plan)
+        assert k.schedule.param["unit"] == "wgmma" and RULE in k.rewrites
+        w = next(w for w in plan.weights if w.type.shape == (192, 256))
+        assert any(r.rule == RULE and r.applied for r in plan.rewrites) and w.type.dtype == "f32"
+
+
+def test_relayout_keeps_the_function():
+    """The interpreter gives the same numbers before and after the weight's relayout."""
+    from tests.test_pipeline import evaluate_plan as run_plan
+    model = matmul(6, 40, 24, np.random.default_rng(1))
+    x = np.random.default_rng(2).standard_normal((6, 40)).astype(np.float32)
+    before = _plan(model, "tf32", target="sm_80")
+    after = _plan(model, "tf32")
+    assert any(r.rule == RULE for r in after.rewrites) and not any(r.rule == RULE for r in before.rewrites)
+    np.testing.assert_allclose(run_plan(after, {"x": x})["y"], run_plan(before, {"x": x})["y"], rtol=1e-6)
+
+
+def test_space_respects_accumulators_and_shared_memory():
+    plan = _plan(matmul(4096, 4096, 4096, np.random.default_rng(0)))
+    hw = load_profile("sm_90")
+    pts = gemm_wgmma.space(_gemm_kernel(plan), plan, "f16", hw.sm_count, hw.smem_per_block_optin)
+    assert pts and all(p["MI"] * p["BN"] // 2 <= gemm_wgmma.MAX_ACC for p in pts)
+    assert all(gemm_wgmma.smem_bytes(p) + gemm_wgmma.static_smem(p) <= hw.smem_per_block_optin for p in pts)
+    assert {p["BM"] for p in pts} == {64, 128, 256} and all(p["CTAS"] == hw.sm_count for p in pts)
+
+
+def test_tensor_maps_follow_the_operand_layouts():
+    plan = _plan(matmul(300, 256, 192, np.random.default_rng(0)), pin={"unit": "wgmma", "BN": 128, "MI": 1, "NWG": 2})
+    k = _gemm_kernel(plan)
+    a, b = tensor_maps(k, None, plan.types())
+    # A [300, 256] K-major: dims (k, m), one box of 64 k x 128 rows; B [256, 192] N-major: (n, k), boxes 64 x 64
+    assert (a.dims, a.strides, a.box, a.swizzle, a.dtype) == ((256, 300), (512,), (64, 128), 128, "f16")
+    assert (b.dims, b.strides, b.box) == ((192, 256), (384,), (64, 64))
+    assert a.problems() is None and b.problems() is None
+
+
+def test_batched_operands_get_one_dimension_per_batch_variable():
+    plan = _plan(broadcast_batch(64, 128, 64, np.random.default_rng(0)), pin={"unit": "wgmma"})
+    a, b = tensor_maps(_gemm_kernel(plan), None, plan.types())
+    assert len(a.dims) == 4 and len(b.dims) == 2     # x [2, 3, m, k]; w broadcast over the batch
+
+
+def test_the_template_builds_for_sm90a():
+    """nvcc (no GPU needed) accepts every (NWG, MI, BN) point with both operand layouts."""
+    model = b_transposed_input(128, 256, 192, np.random.default_rng(0))
+    payload = aicfc.compile(model, target="sm_90", precision="bf16", pin={"unit": "wgmma"})
+    k = payload["kernels"][0]
+    assert k["params"]["unit"] == "wgmma" and k["registers"] and k["smem_bytes"] > 0
+
+
+# ------------------------------------------------------------------ on the GPU
+
+SHAPES = [(64, 64, 64), (128, 768, 768), (77, 136, 72), (1, 4096, 1024), (300, 520, 392)]
+LAYOUTS = [(f, s) for f in (gemm_transb_bias_relu, broadcast_batch, two_inputs_batched, a_transposed, b_transposed_input)
+           for s in ((72, 136, 88), (128, 256, 192))]   # TMA: every stride a multiple of 16 bytes
+TILES = [{"NWG": nwg, "MI": mi, "BN": bn} for nwg in (1, 2) for mi in (1, 2) for bn in (64, 128, 192, 256) if mi * bn <= 256]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp16", "bf16"))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_wgmma_matmul(shape, precision, gpu_device):
+    model = matmul(*shape, np.random.default_rng(sum(shape)))
+    _check(model, precision, {"unit": "wgmma"}, gpu_device, seed=sum(shape) + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp16", "bf16"))
+@pytest.mark.parametrize("build,shape", LAYOUTS, ids=[f"{f.__name__}-{'x'.join(map(str, s))}" for f, s in LAYOUTS])
+def test_wgmma_layouts(build, shape, precision, gpu_device):
+    model = build(*shape, np.random.default_rng(sum(shape)))
+    _check(model, precision, {"unit": "wgmma"}, gpu_device, seed=sum(shape) + 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build,shape", [(gemm_transb_bias_relu, (77, 136, 72)), (gemm_transb_bias_relu, (256, 512, 384)),
+                                         (b_transposed_input, (128, 256, 192))],
+                         ids=["transb-77x136x72", "transb-256x512x384", "b_transposed-128x256x192"])
+def test_wgmma_tf32(build, shape, gpu_device):
+    _check(build(*shape, np.random.default_rng(7)), "tf32", {"unit": "wgmma"}, gpu_device, seed=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages", (2, 4))
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "NWG{NWG}MI{MI}BN{BN}".format(**t))
+def test_wgmma_tiles(tile, stages, gpu_device):
+    """Every point of the family on a shape with edges in M and N and several tiles per block."""
+    model = matmul(700, 512, 1000, np.random.default_rng(3))
+    _check(model, "fp16", {"unit": "wgmma", "STAGES": stages, **tile}, gpu_device, seed=4)
+
+
+def test_split_k_space_only_where_tiles_cannot_fill_the_gpu():
+    plan = _plan(matmul(128, 3072, 768, np.random.default_rng(0)))
+    hw = load_profile("sm_90")
+    pts = gemm_wgmma.space(_gemm_kernel(plan), plan, "f16", hw.sm_count, hw.smem_per_block_optin)
+    assert any(p["SPLITK"] > 1 for p in pts)
+    big = _plan(matmul(4096, 1024, 4096, np.random.default_rng(0)))
+    assert all(p["SPLITK"] == 1 for p in gemm_wgmma.space(_gemm_kernel(big), big, "f16", hw.sm_count,
+                                                          hw.smem_per_block_optin))
+    payload = aicfc.compile(matmul(128, 3072, 768, np.random.default_rng(0)), target="sm_90", precision="fp16",
+                            pin={"unit": "wgmma", "SPLITK": 3})
+    assert payload["kernels"][0]["params"]["SPLITK"] == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
+@pytest.mark.parametrize("splits", (2, 3, 4))
+@pytest.mark.parametrize("build,shape", [(gemm_transb_bias_relu, (128, 3072, 768)), (gemm_transb_bias_relu, (77, 1000, 72))],
+                         ids=["128x3072x768", "77x1000x72"])
+def test_wgmma_split_k(build, shape, splits, precision, gpu_device):
+    """Split-k on two sets of fresh inputs, each compiled and run anew."""
+    model = build(*shape, np.random.default_rng(5))
+    for seed in (6, 7):
+        _check(model, precision, {"unit": "wgmma", "SPLITK": splits}, gpu_device, seed=seed)
