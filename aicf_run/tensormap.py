@@ -151,10 +151,16 @@ def upload(cuda: Any, tables: Sequence[Sequence[bytes]], what: str) -> tuple[Any
     blob = b"".join(b"".join(t) for t in tables)
     if not blob:
         return None, [0] * len(tables)
+    allocation = None
     try:
         allocation = cuda.mem_alloc(len(blob))
         cuda.memcpy_htod(allocation, blob)
     except (cuda.Error, MemoryError) as err:
+        if allocation is not None:
+            try:
+                allocation.free()
+            except cuda.Error:
+                pass  # a lost context frees everything when it goes
         raise RunError(f"cannot place the tensor maps of {what} in GPU memory ({_one_line(err)}); "
                        f"free GPU memory") from None
     base, addresses = int(allocation), []

@@ -1,13 +1,31 @@
-"""aicfc's GEMM against torch.matmul (cuBLAS) on the same GPU, in the same process.
+"""aicfc's GEMM against torch.matmul (cuBLAS) on the same GPU, in the same process, timed alike.
 
     source .gpu/env.sh && python3 benchmarks/gemm.py [--precision fp16 ...] [--quick] [--json F]
+    source .gpu/env.sh && python3 benchmarks/gemm.py --edge            # 7x100x257, 1x4096x50257
+    source .gpu/env.sh && python3 benchmarks/gemm.py --compare-units   # planner's pick and unit=mma
+    source .gpu/env.sh && python3 benchmarks/gemm.py --pin unit=wgmma  # any aicfc --pin KEY=VALUE
     source .gpu/env.sh && python3 benchmarks/gemm.py --tune [--fitted-profile F] ...
 
-For every shape and precision: an ONNX MatMul y = x @ w is compiled by aicfc (the cost model
-picks the schedule), loaded by aicf_run, and its launch timed with CUDA events (median of
-REPS after warm-up; inputs already on the device). torch.matmul runs on tensors of the same
-dtype (tf32: allow_tf32 on; fp32: off). Both outputs are checked against a float64 product.
-Printed: TFLOP/s of both and aicf/cuBLAS; the geometric mean over the BERT-base shapes.
+For every shape (M x K x N) and precision: an ONNX MatMul y = x @ w is compiled by aicfc (the
+cost model picks the schedule, restricted by --pin), loaded by aicf_run; torch.matmul runs on
+tensors of the same dtype (tf32: allow_tf32 on; fp32: off). Both sides are timed the same way,
+so that small shapes compare kernels, not host launch rates:
+  - cuBLAS: PER back-to-back `torch.matmul(a, b, out=c)` (preallocated c) captured into one
+    torch.cuda.CUDAGraph; each replay timed between CUDA events, divided by PER;
+  - aicf: PER back-to-back runs of the compiled plan (`Executor.launch(graph=False)`, its
+    kernels one by one) captured into one CUDA graph on the executor's stream; each replay
+    timed between CUDA events on that stream, divided by PER;
+the median of REPS replays each (after warm-up), inputs already on the device. PER is 20 (at
+most --per-replay), fewer for calls that take longer than 100 us so one replay stays near 2 ms;
+both sides use the same PER. Also printed, as `launch us`: PER back-to-back `Executor.launch()`
+calls from the host (each one replay of the plan's own graph) between events on its stream,
+what a caller looping on launch() sees; at small shapes that is the host's launch rate.
+
+Checked: both outputs against a float64 product of the same (rounded) operands, max|y - ref| /
+max|ref| <= RTOL (fp32 1e-5, tf32 1e-3, fp16 and bf16 1e-2; NaN never passes); a failure is
+marked FAIL and the script exits 1 (cuBLAS's own error is printed beside aicf's; only aicf's
+fails a row). Printed: TFLOP/s of both and cuBLAS/aicf time (ratio > 1:
+aicf faster); the geometric mean over the BERT-base shapes.
 
 --tune: all shapes of a precision as one model of independent MatMuls, through `aicfc tune`:
 for every shape, is the cost model's pick within 10% of the fastest measured candidate, and
@@ -29,13 +47,17 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
-from benchmarks.timing import median_us, run_and_time  # noqa: E402
+from benchmarks.timing import (aicf_graph_us, aicf_launches_us, median_us, replays_for,  # noqa: E402
+                               torch_graph_us)
 
 SQUARE = [(n, n, n) for n in (1024, 2048, 4096, 8192)]
 BERT = [(m, k, n) for m in (128, 4096) for k, n in ((768, 768), (768, 3072), (3072, 768))]
+EDGE = [(7, 100, 257), (1, 4096, 50257)]   # odd sizes; a GEMV with GPT-2's vocabulary
 PRECISIONS = ("fp16", "bf16", "tf32", "fp32")
+RTOL = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-2, "bf16": 1e-2}   # as tests/test_gemm_gpu.py
 TORCH_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "tf32": "float32", "fp32": "float32"}
 REPS = 50
+PER_REPLAY = 20
 
 
 def matmul_model(m: int, k: int, n: int, w: np.ndarray) -> onnx.ModelProto:
@@ -84,38 +106,165 @@ def tune_shapes(dev, shapes: list[tuple[int, int, int]], precision: str, fitted:
         print(f"  wrote {fitted}")
 
 
-def bench_one(dev, m: int, k: int, n: int, precision: str, pin: dict | None = None) -> dict:
-    import torch
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'MxKxN' -> (M, K, N); ValueError unless three positive integers."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape {text!r}: expected MxKxN, e.g. 7x100x257")
+    m, k, n = (int(p) for p in parts)
+    return m, k, n
+
+
+def parse_pins(items: list[str]) -> dict[str, str]:
+    """['KEY=VALUE', ...] -> {KEY: VALUE}, as `aicfc compile --pin` takes them."""
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"--pin {item!r}: expected KEY=VALUE, e.g. --pin unit=mma")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def variants(pin: dict[str, str], compare_units: bool, precision: str) -> list[tuple[str, dict[str, str]]]:
+    """The aicf schedules to run for one shape: (label, pin). The planner's pick under `pin`;
+    with `compare_units` also unit=mma (tensor-core mma.sync) under the same pin, unless the
+    first already is, or the precision has no tensor-core GEMM (fp32)."""
+    label = " ".join(f"{a}={b}" for a, b in sorted(pin.items())) or "planner"
+    out = [(label, dict(pin))]
+    if compare_units and precision != "fp32" and pin.get("unit") != "mma":
+        out.append(("unit=mma", {**pin, "unit": "mma"}))
+    return out
+
+
+def rel_err(y, ref) -> float:
+    """max|y - ref| / max|ref| in float64; NaN if y has a NaN (and so never passes)."""
+    ref = np.asarray(ref, dtype=np.float64)
+    diff = np.abs(np.asarray(y, dtype=np.float64) - ref)
+    if diff.size == 0:
+        return 0.0
+    if np.isnan(diff).any():
+        return float("nan")
+    scale = float(np.abs(ref).max())
+    return float(diff.max() / scale) if scale > 0 else float(diff.max())
+
+
+def passes(err: float, precision: str) -> bool:
+    return bool(err <= RTOL[precision])   # False for NaN
+
+
+def operands(m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(m + k + n)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    w = (rng.standard_normal((k, n)) / math.sqrt(k)).astype(np.float32)
-    payload = aicfc.compile(matmul_model(m, k, n, w), target=dev.arch, precision=precision, pin=pin)
-    (kern,) = payload["kernels"]
-    outputs, t_aicf = run_and_time(payload, dev, {"x": x}, REPS)
-    y = outputs["y"]
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    w = (rng.standard_normal((k, n), dtype=np.float32) / np.float32(math.sqrt(k))).astype(np.float32)
+    return x, w
+
+
+def torch_side(m: int, k: int, n: int, precision: str, x: np.ndarray, w: np.ndarray,
+               per_max: int, reps: int) -> dict:
+    """cuBLAS: the float64 reference, torch's own error, a rough single-call time, and the
+    graph-of-PER time; PER is returned for the aicf side to use too."""
+    import torch
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     dt = getattr(torch, TORCH_DTYPE[precision])
     xt, wt = torch.from_numpy(x).cuda().to(dt), torch.from_numpy(w).cuda().to(dt)
-    yt = torch.matmul(xt, wt)
-    t_torch = median_us(lambda: torch.matmul(xt, wt), torch.cuda.synchronize,
-                        lambda: torch.cuda.Event(enable_timing=True), REPS)
     ref = torch.matmul(xt.double(), wt.double()).cpu().numpy()
-    scale = np.abs(ref).max()
+    yt = torch.matmul(xt, wt).float().cpu().numpy()
+    rough = median_us(lambda: torch.matmul(xt, wt), torch.cuda.synchronize,
+                      lambda: torch.cuda.Event(enable_timing=True), reps=5, warmup=2)
+    per = replays_for(rough, per_max)
+    c = torch.empty((m, n), dtype=dt, device="cuda")
+    t = torch_graph_us(lambda: torch.matmul(xt, wt, out=c), per, reps)
+    err_graph = rel_err(c.float().cpu().numpy(), ref)   # the graph's output, for what it is worth
+    return {"ref": ref, "torch_us": t, "torch_err": rel_err(yt, ref), "torch_graph_err": err_graph,
+            "per": per, "torch_single_us": rough}
+
+
+def aicf_side(dev, payload: dict, x: np.ndarray, per: int, reps: int) -> tuple[np.ndarray, float, float]:
+    """aicf: (output of one run, graph-of-PER time, host-launched launch() time)."""
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    ex = Executor(Bundle.from_payload(payload), dev)
+    try:
+        y = ex.run({"x": x})["y"]
+        return y, aicf_graph_us(ex, per, reps), aicf_launches_us(ex, per, reps)
+    finally:
+        ex.close()
+
+
+def bench_shape(dev, m: int, k: int, n: int, precision: str, pin: dict, compare_units: bool,
+                per_max: int = PER_REPLAY, reps: int = REPS) -> list[dict]:
+    """One row per aicf variant (see `variants`), against the same cuBLAS timing."""
+    x, w = operands(m, k, n)
+    import torch
+    tside = torch_side(m, k, n, precision, x, w, per_max, reps)
+    torch.cuda.empty_cache()   # torch_side's tensors are gone; the aicf side gets the memory
+    ref, per = tside.pop("ref"), tside["per"]
     flops = 2.0 * m * n * k
-    return {"shape": [m, k, n], "precision": precision, "aicf_us": t_aicf, "torch_us": t_torch,
-            "aicf_tflops": flops / t_aicf / 1e6, "torch_tflops": flops / t_torch / 1e6,
-            "ratio": t_torch / t_aicf, "aicf_err": float(np.abs(y - ref).max() / scale),
-            "torch_err": float(np.abs(yt.float().cpu().numpy() - ref).max() / scale),
-            "predicted_us": kern["predicted"]["time_us"], "params": kern["params"]}
+    rows = []
+    for label, vpin in variants(pin, compare_units, precision):
+        row = {"shape": [m, k, n], "precision": precision, "variant": label, "pin": vpin,
+               "per_replay": per, "reps": reps, **tside,
+               "torch_tflops": flops / tside["torch_us"] / 1e6, "rtol": RTOL[precision]}
+        try:
+            payload = aicfc.compile(matmul_model(m, k, n, w), target=dev.arch, precision=precision,
+                                    pin=vpin or None)
+            kerns = payload["kernels"]
+            y, t_aicf, t_launch = aicf_side(dev, payload, x, per, reps)
+        except Exception as e:   # one variant's failure is a row, not the end
+            row.update(error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", ok=False)
+            rows.append(row)
+            continue
+        err = rel_err(y, ref)
+        row.update({"aicf_us": t_aicf, "aicf_launch_us": t_launch, "aicf_tflops": flops / t_aicf / 1e6,
+                    "ratio": tside["torch_us"] / t_aicf, "aicf_err": err,
+                    "ok": passes(err, precision), "torch_ok": passes(tside["torch_err"], precision),
+                    "kernels": len(kerns),
+                    "predicted_us": sum(kk["predicted"]["time_us"] for kk in kerns),
+                    "params": kerns[0]["params"] if len(kerns) == 1 else [kk["params"] for kk in kerns]})
+        rows.append(row)
+    return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+HEADER = (f"{'precision':<9} {'M x K x N':<16} {'aicf':<12} {'aicf us':>9} {'launch us':>9} {'cuBLAS us':>9} "
+          f"{'aicf TF/s':>9} {'cuBLAS TF/s':>11} {'ratio':>6} {'pred us':>8} {'err':>8} {'cuBLAS err':>10} "
+          f"{'per':>3}  schedule")
+
+
+def format_row(r: dict) -> str:
+    m, k, n = r["shape"]
+    head = f"{r['precision']:<9} {f'{m}x{k}x{n}':<16} {r['variant'][:12]:<12}"
+    if "error" in r:
+        return f"{head} FAILED {r['error']}"
+    params = r["params"] if isinstance(r["params"], dict) else r["params"][0]
+    sched = " ".join(f"{a}={b}" for a, b in sorted(params.items()))
+    if r["kernels"] > 1:
+        sched += f" (+{r['kernels'] - 1} more kernels)"
+    return (f"{head} {r['aicf_us']:>9.2f} {r['aicf_launch_us']:>9.2f} {r['torch_us']:>9.2f} "
+            f"{r['aicf_tflops']:>9.1f} {r['torch_tflops']:>11.1f} {r['ratio']:>6.2f} "
+            f"{r['predicted_us']:>8.1f} {r['aicf_err']:>8.1e} {r['torch_err']:>10.1e} {r['per_replay']:>3}  "
+            f"{sched}{'' if r['ok'] else '  FAIL'}")
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precision", action="append", choices=PRECISIONS)
     ap.add_argument("--quick", action="store_true", help="4096^3 and the BERT shapes only")
+    ap.add_argument("--edge", action="store_true", help="the edge shapes " +
+                    ", ".join(f"{m}x{k}x{n}" for m, k, n in EDGE) + " instead")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
-    ap.add_argument("--shape", action="append", help="MxKxN instead of the standard shapes")
-    ap.add_argument("--pin", action="append", default=[], help="KEY=VALUE passed to aicfc (experiments)")
+    ap.add_argument("--shape", action="append", help="MxKxN instead of the standard shapes (repeatable)")
+    ap.add_argument("--pin", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed to aicfc as `aicfc compile --pin` (repeatable), e.g. unit=mma, unit=wgmma")
+    ap.add_argument("--compare-units", action="store_true",
+                    help="run every shape both as the planner picks (under --pin) and pinned to unit=mma")
+    ap.add_argument("--reps", type=int, default=REPS, help=f"graph replays timed per side (median; {REPS})")
+    ap.add_argument("--per-replay", type=int, default=PER_REPLAY,
+                    help=f"most back-to-back calls captured per graph ({PER_REPLAY})")
     ap.add_argument("--tune", action="store_true", help="measure the cost model's candidates instead")
     ap.add_argument("--fitted-profile", type=Path, help="with --tune: write the fitted profile here "
                     "(one file per precision: PATH with the precision before the suffix)")
@@ -123,14 +272,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--spread", type=int, default=8, help="with --tune: and SPREAD more through the ranking")
     ap.add_argument("--report-json", type=Path, help="with --tune: write every measured candidate here "
                     "(one file per precision, named as --fitted-profile)")
+    return ap
+
+
+def select_shapes(args) -> list[tuple[int, int, int]]:
+    if args.shape:
+        return [parse_shape(s) for s in args.shape]
+    if args.edge:
+        return list(EDGE)
+    return ([(4096,) * 3] if args.quick else SQUARE) + BERT
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
+    try:
+        shapes = select_shapes(args)
+        pin = parse_pins(args.pin)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.reps < 1 or args.per_replay < 1:
+        ap.error("--reps and --per-replay must be >= 1")
     from aicf_run.device import open_device
     dev = open_device(0)
-    shapes = ([(4096,) * 3] if args.quick else SQUARE) + BERT
-    if args.shape:
-        shapes = [tuple(int(d) for d in s.split("x")) for s in args.shape]
-    pin = dict(item.split("=", 1) for item in args.pin)
-    rows = []
+    gpu = dev.name
     print(f"GPU: {dev.name} ({dev.arch})")
     if args.tune:
         for precision in args.precision or PRECISIONS:
@@ -138,25 +303,47 @@ def main(argv: list[str] | None = None) -> None:
             tune_shapes(dev, shapes, precision, out.with_name(f"{out.stem}_{precision}{out.suffix}") if out else None,
                         args.top, args.spread, rep.with_name(f"{rep.stem}_{precision}{rep.suffix}") if rep else None)
         dev.close()
-        return
-    print(f"{'precision':<9} {'M x K x N':<18} {'aicf us':>9} {'cuBLAS us':>10} {'aicf TF/s':>10} "
-          f"{'cuBLAS TF/s':>12} {'ratio':>6} {'pred us':>8} {'err':>8}  schedule")
+        return 0
+    import torch
+    print(f"torch {torch.__version__}; both sides: back-to-back calls in one CUDA graph, CUDA events per replay, "
+          f"median of {args.reps}; `per` calls per replay; ratio = cuBLAS us / aicf us"
+          + (f"; pin {pin}" if pin else ""))
+    print(HEADER, flush=True)
+    rows: list[dict] = []
     for precision in args.precision or PRECISIONS:
         for m, k, n in shapes:
-            r = bench_one(dev, m, k, n, precision, pin)
-            rows.append(r)
-            sched = " ".join(f"{a}={b}" for a, b in sorted(r["params"].items()))
-            print(f"{precision:<9} {f'{m}x{k}x{n}':<18} {r['aicf_us']:>9.1f} {r['torch_us']:>10.1f} "
-                  f"{r['aicf_tflops']:>10.1f} {r['torch_tflops']:>12.1f} {r['ratio']:>6.2f} "
-                  f"{r['predicted_us']:>8.1f} {r['aicf_err']:>8.1e}  {sched}", flush=True)
-        bert = [r["ratio"] for r in rows if r["precision"] == precision and tuple(r["shape"]) in BERT]
-        if bert:
-                print(f"{precision}: BERT-shape geometric mean aicf/cuBLAS = "
-                  f"{math.exp(sum(map(math.log, bert)) / len(bert)):.2f}", flush=True)
+            try:
+                new = bench_shape(dev, m, k, n, precision, pin, args.compare_units, args.per_replay, args.reps)
+            except Exception as e:   # the torch side failed: a row, not the end
+                new = [{"shape": [m, k, n], "precision": precision, "variant": "-", "ok": False,
+                        "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}]
+            for r in new:
+                print(format_row(r), flush=True)
+            rows += new
+            if args.json:   # after every shape: a crash keeps what was measured
+                write_json(args.json, gpu, rows, args)
+        for label in dict.fromkeys(r["variant"] for r in rows if r["precision"] == precision):
+            bert = [r["ratio"] for r in rows if r["precision"] == precision and r["variant"] == label
+                    and "ratio" in r and tuple(r["shape"]) in BERT]
+            if bert:
+                print(f"{precision} {label}: BERT-shape geometric mean cuBLAS/aicf = {geomean(bert):.2f}", flush=True)
     dev.close()
     if args.json:
-        args.json.write_text(json.dumps({"gpu": dev.name, "rows": rows}, indent=1))
+        write_json(args.json, gpu, rows, args)
+    bad = [r for r in rows if not r.get("ok")]
+    if bad:
+        print(f"FAILURES: {len(bad)} of {len(rows)} rows (errors over RTOL, NaN, or a run that failed)")
+        return 1
+    return 0
+
+
+def write_json(path: Path, gpu: str, rows: list[dict], args) -> None:
+    import torch
+    path.write_text(json.dumps({"gpu": gpu, "torch": torch.__version__, "rtol": RTOL, "reps": args.reps,
+                                "timing": "graph of `per_replay` back-to-back calls, CUDA events per replay, "
+                                          "median of `reps`, / per_replay (both sides)",
+                                "rows": rows}, indent=1, default=str))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -33,3 +33,105 @@ def run_and_time(payload: dict, dev, inputs: dict, reps: int, warmup: int = 10) 
         return outputs, median_us(ex.launch, dev.context.synchronize, cuda.Event, reps, warmup)
     finally:
         ex.close()
+
+
+def events_median_us(enqueue, start, stop, reps: int = 50, warmup: int = 5, per: int = 1,
+                     stream=None) -> float:
+    """Median over `reps` of the time between `start` and `stop` recorded around one
+    `enqueue()`, divided by `per` (the calls `enqueue` makes back to back), in us.
+
+    `start`/`stop` are a CUDA event pair of either library (PyCUDA: `time_since`; torch:
+    `elapsed_time`), recorded on `stream` (None: the library's current/default stream);
+    `enqueue` must put its work on that same stream. No host synchronisation happens between
+    the two records, so when `enqueue` is one graph replay the GPU runs its calls back to back.
+    """
+    def record(event):
+        if stream is None:
+            event.record()
+        else:
+            event.record(stream)
+
+    for _ in range(warmup):
+        enqueue()
+    times = []
+    for _ in range(reps):
+        record(start)
+        enqueue()
+        record(stop)
+        stop.synchronize()
+        ms = stop.time_since(start) if hasattr(stop, "time_since") else start.elapsed_time(stop)
+        times.append(ms / per)
+    return statistics.median(times) * 1e3
+
+
+def replays_for(one_call_us: float, most: int = 20, budget_us: float = 2000.0) -> int:
+    """Calls to capture per graph: `most` for short calls (so the replay is long next to the
+    event and launch overheads), fewer for long ones (a 60 ms fp32 GEMM needs no company), at
+    least 1. `one_call_us` is a rough single-call time (NaN or <= 0: `most`)."""
+    if not one_call_us > 0:   # also NaN
+        return most
+    return max(1, min(most, int(budget_us // one_call_us)))
+
+
+def aicf_graph_us(ex, per: int = 20, reps: int = 50, warmup: int = 5) -> float:
+    """An aicf Executor's plan timed as torch's side is: `per` back-to-back runs of the plan
+    (its kernels launched one by one, `launch(graph=False)`) captured into one CUDA graph on
+    the executor's stream; replays timed between CUDA events on that stream, / `per`; median
+    of `reps`. The GPU runs the plans back to back, so a small kernel is timed, not the host's
+    launch rate."""
+    from aicf_run.graph import Graph
+    stream = ex.stream
+
+    def plans() -> None:
+        for _ in range(per):
+            ex.launch(graph=False)
+    graph = Graph.capture(stream, plans)
+    try:
+        graph.upload(stream)
+        start, stop = ex.events()
+        t = events_median_us(lambda: graph.launch(stream), start, stop, reps, warmup, per, stream)
+        ex.synchronize()
+        return t
+    finally:
+        graph.close()
+
+
+def aicf_launches_us(ex, per: int = 20, reps: int = 50, warmup: int = 5) -> float:
+    """`per` back-to-back `Executor.launch()` calls (each one replay of the plan's own graph)
+    from the host, between CUDA events on the executor's stream, / `per`; median of `reps`.
+    What a caller looping on launch() gets: bounded below by the host's launch rate (a few us
+    per call through PyCUDA)."""
+    stream = ex.stream
+    start, stop = ex.events()
+
+    def launches() -> None:
+        for _ in range(per):
+            ex.launch()
+    t = events_median_us(launches, start, stop, reps, warmup, per, stream)
+    ex.synchronize()
+    return t
+
+
+def torch_graph_us(fn, per: int = 20, reps: int = 50, warmup: int = 5) -> float:
+    """`per` back-to-back `fn()` calls captured into one torch.cuda.CUDAGraph (after warm-up on
+    a side stream, as torch requires for cuBLAS), replays timed between CUDA events on the
+    current stream, / `per`; median of `reps`. `fn` must write preallocated outputs (e.g.
+    `torch.matmul(a, b, out=c)`) and allocate nothing."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per):
+            fn()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        return events_median_us(graph.replay, start, stop, reps, warmup, per)
+    finally:
+        torch.cuda.synchronize()
+        del graph

@@ -84,7 +84,7 @@ def test_space_respects_accumulators_and_shared_memory():
 
 
 def test_tensor_maps_follow_the_operand_layouts():
-    plan = _plan(matmul(300, 256, 192, np.random.default_rng(0)), pin={"unit": "wgmma", "BN": 128, "MI": 1, "NWG": 2})
+    plan = _plan(matmul(300, 256, 192, np.random.default_rng(0)), pin={"unit": "wgmma", "BN": 128, "MI": 1, "NWG": 2, "PP": 0})
     k = _gemm_kernel(plan)
     a, b = tensor_maps(k, None, plan.types())
     # A [300, 256] K-major: dims (k, m), one box of 64 k x 128 rows; B [256, 192] N-major: (n, k), boxes 64 x 64
@@ -112,7 +112,8 @@ def test_the_template_builds_for_sm90a():
 SHAPES = [(64, 64, 64), (128, 768, 768), (77, 136, 72), (1, 4096, 1024), (300, 520, 392)]
 LAYOUTS = [(f, s) for f in (gemm_transb_bias_relu, broadcast_batch, two_inputs_batched, a_transposed, b_transposed_input)
            for s in ((72, 136, 88), (128, 256, 192))]   # TMA: every stride a multiple of 16 bytes
-TILES = [{"NWG": nwg, "MI": mi, "BN": bn} for nwg in (1, 2) for mi in (1, 2) for bn in (64, 128, 192, 256) if mi * bn <= 256]
+TILES = [{"NWG": nwg, "PP": pp, "MI": mi, "BN": bn} for nwg, pp in ((1, 0), (2, 0), (2, 1)) for mi in (1, 2)
+         for bn in (64, 128, 192, 256) if mi * bn <= 256]
 
 
 @pytest.mark.gpu
@@ -141,7 +142,7 @@ def test_wgmma_tf32(build, shape, gpu_device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stages", (2, 4))
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: "NWG{NWG}MI{MI}BN{BN}".format(**t))
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: "NWG{NWG}PP{PP}MI{MI}BN{BN}".format(**t))
 def test_wgmma_tiles(tile, stages, gpu_device):
     """Every point of the family on a shape with edges in M and N and several tiles per block."""
     model = matmul(700, 512, 1000, np.random.default_rng(3))
@@ -170,4 +171,4 @@ def test_wgmma_split_k(build, shape, splits, precision, gpu_device):
     """Split-k on two sets of fresh inputs, each compiled and run anew."""
     model = build(*shape, np.random.default_rng(5))
     for seed in (6, 7):
-        _check(model, precision, {"unit": "wgmma", "SPLITK": splits}, gpu_device, seed=seed)
+        _check(model, precision, {"unit": "wgmma", "SPLITK": splits, "PP": seed % 2}, gpu_device, seed=seed)

@@ -18,7 +18,10 @@ K-major operands alone). Every other variable of the access is one more tensor-m
 any M, N, K works without predicates or padding; what it needs is 16-byte strides and a
 16-byte aligned start (`TensorMap.problems`), else the candidate is declined with the reason.
 
-Parameter space: NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (BM = 64·NWG·MI),
+Parameter space: NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (BM = 64·NWG·MI);
+PP = 1 (ping-pong, NWG = 2): each warpgroup owns whole tiles of BM = 64·MI rows and the two take
+a block's work units in turn, so one's epilogue runs under the other's k-blocks (the ring is
+shared in unit order);
 BN in {64, 128, 192, 256}, STAGES from 2 while the ring fits the shared memory; BK is one
 128-byte swizzle row (64 fp16/bf16, 32 tf32). SPLITK: where the output tiles cannot fill the
 SMs (fewer tiles than SMs, K long), a work unit is (tile, k-split); each split publishes its
@@ -41,7 +44,7 @@ from aicfc.ir.lowered import Load
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = "sm_90"          # wgmma and setmaxnreg are sm_90a features: Hopper only
-SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 192, 256), "STAGES": (2, 3, 4, 5, 6, 7, 8),
+SPACE = {"NWG": (1, 2), "PP": (0, 1), "MI": (1, 2), "BN": (64, 128, 192, 256), "STAGES": (2, 3, 4, 5, 6, 7, 8),
          "SPLITK": (1, 2, 3, 4, 6, 8)}
 KSTEP = {"f16": 16, "bf16": 16, "tf32": 8}
 ROW_BYTES = 128           # one swizzle row: BK·itemsize
@@ -60,7 +63,8 @@ def threads(p: Mapping) -> int:
 
 
 def block_m(p: Mapping) -> int:
-    return 64 * p["NWG"] * p["MI"]
+    """A tile's rows: every consumer warpgroup's MI m64 blocks, or one warpgroup's (ping-pong)."""
+    return 64 * p["MI"] * (1 if p.get("PP") else p["NWG"])
 
 
 def stage_bytes(p: Mapping) -> int:
@@ -188,7 +192,7 @@ def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
         return f"wgmma and TMA are sm_90a features; the target is {plan.target}"
     if dtype is None:
         return None   # the precision policy's own reason is given for the tensor-core units
-    a, b = operands(k, {"dtype": dtype, "NWG": 1, "MI": 1, "BN": 64}, plan.types())
+    a, b = operands(k, {"dtype": dtype, "NWG": 1, "PP": 0, "MI": 1, "BN": 64}, plan.types())
     for o in (a, b):
         if isinstance(o, str):
             return o
@@ -200,12 +204,12 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
     _, m, n, kk, batch = dims(k)
     nb = math.prod(e for _, e in batch)
     out = []
-    for nwg in SPACE["NWG"]:
+    for nwg, pp in ((n, pp) for n in SPACE["NWG"] for pp in SPACE["PP"] if n > 1 or not pp):
         for mi in SPACE["MI"]:
             for bn in SPACE["BN"]:
                 if mi * bn // 2 > MAX_ACC:
                     continue
-                bm = 64 * nwg * mi
+                bm = 64 * mi * (1 if pp else nwg)
                 tiles = math.ceil(m / bm) * math.ceil(n / bn) * nb
                 ktiles = math.ceil(kk / bk(dtype))
                 for sk in SPACE["SPLITK"]:
@@ -213,8 +217,8 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                     if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
                         continue
                     for st in SPACE["STAGES"]:
-                        p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "MI": mi,
-                             "STAGES": st, "SPLITK": sk, "CTAS": min(tiles * sk, hw_sms)}
+                        p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
+                             "MI": mi, "STAGES": st, "SPLITK": sk, "CTAS": min(tiles * sk, hw_sms)}
                         if smem_bytes(p) + static_smem(p) <= smem_limit:
                             out.append(p)
     return out
@@ -251,6 +255,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     dtype = p["dtype"]
     return render("gemm_wgmma.cu.j2", name=name, batch=parts["batch"], M=parts["M"], N=parts["N"], K=parts["K"],
                   dtype=dtype, KSTEP=KSTEP[dtype], BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"],
+                  PP=p.get("PP", 0), CT=128 if p.get("PP") else 128 * p["NWG"],
                   STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm, TILES_N=tn, GROUP=GROUP,
                   KT=math.ceil(parts["K"] / p["BK"]), STAGE_BYTES=stage_bytes(p), threads=threads(p),
                   TA=int(not a.k_major), TB=int(not b.k_major), a=a, b=b, idx=parts["idx"],

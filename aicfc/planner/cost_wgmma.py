@@ -8,14 +8,16 @@ fetches the next tile:
 
     t_kblock   = max(t_mma, t_smem, t_load, tma_latency / (STAGES - 1))
     t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
-    t_smem     = 128·(BM + NWG·MI·BN) / smem_bandwidth_per_sm     every m64 wgmma reads its A and B
+    t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm      every m64 wgmma reads its A and B
     t_load     = 128·(BM + BN) / (l2_bandwidth / SMs)              the k-block's two TMA boxes
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
                  + EPILOGUE_US                                     register-direct stores
                  + split-k (SPLITK > 1): the partial tile written, and 1/SPLITK of the last split's
                  reads of all of them and splitk_overhead_us
     t_fill     = load_latency · (1 + k-blocks the ring cannot cover)   first tile of each block
-    t          = launch + t_fill + max(ceil(tiles / CTAS) · (KT · t_kblock + t_epilogue), t_dram)
+    t          = launch + t_fill + max(t_tiles, t_dram)
+    t_tiles    = ceil(tiles / CTAS) · (KT · t_kblock + t_epilogue)
+                 ping-pong (PP): ceil(tiles / CTAS) · max(KT · t_kblock, t_epilogue) + t_epilogue
     t_dram     = (every operand once + the output) / (dram_bandwidth · eff.dram)
                  + re-reads of A (B) past L2 when the raster's working set does not fit
 
@@ -54,7 +56,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     l2_sm = hw.l2_bandwidth_gbs * 1e3 / sms                                 # bytes per us per SM
     row = gemm_wgmma.ROW_BYTES
     t_mma = 2.0 * bm * bn * bkk / sm_rate
-    t_smem = row * (bm + p["NWG"] * p["MI"] * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+    t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     t_load = row * (bm + bn) / l2_sm
     # STAGES - 1 k-blocks in flight must cover one TMA round trip
     t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
@@ -76,7 +78,11 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
     rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
-    t_tiles = per_sm * (ktiles * t_kblock + t_epi)
+    if p.get("PP"):
+        # ping-pong: a warpgroup's epilogue runs under the other's k-blocks; the last one stays exposed
+        t_tiles = per_sm * max(ktiles * t_kblock, t_epi) + t_epi
+    else:
+        t_tiles = per_sm * (ktiles * t_kblock + t_epi)
     time = hw.launch_overhead_us + t_fill + max(t_tiles, t_dram)
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
