@@ -15,16 +15,17 @@ from __future__ import annotations
 
 
 import math
+from dataclasses import dataclass
 from typing import Mapping
 
 from aicfc.codegen import gemm_mma, gemm_wgmma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
-from aicfc.codegen.common import decompose, render, signature, store_line
+from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity
 from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.properties import Contraction, contraction
-from aicfc.ir.types import TensorType
+from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.planner.hardware import load_profile
 
 SPACE = {"BM": (16, 32, 64, 128), "BN": (16, 32, 64, 128), "BK": (8, 16, 32), "TM": (1, 2, 4, 8), "TN": (1, 2, 4, 8)}
@@ -198,6 +199,60 @@ def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dic
                         f"{vec[1]}({values[0]}, {values[1]});"]
 
 
+@dataclass(frozen=True)
+class Staged:
+    """An epilogue split at its store, for kernels that stage the output tile in shared memory:
+    `lines` compute `sv0`, `sv1` (the values of columns gn, gn1 of row gm, as float), `vec` packs
+    two of them into `vec_t` (two of the stored type `T`), and a VE-element chunk starting at (gm, gn) is stored at
+    `ptr + (off)` (the tensor is contiguous along n and every chunk 16-byte aligned)."""
+
+    lines: tuple[str, ...]
+    T: str
+    vec_t: str
+    vec: str
+    ptr: str
+    off: str
+    esize: int
+
+    @property
+    def VE(self) -> int:
+        return 16 // self.esize
+
+
+def staged_layout(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[Affine, str] | None:
+    """(offset of the stored element, its dtype) where the epilogue can be staged: one stored
+    tensor, contiguous along n, every 16-byte chunk of a row aligned and inside N or outside it."""
+    c = dims(k)[0]
+    last = k.ops[-1]
+    if c.n is None or len(k.stores) != 1 or k.stores[0] != last.out:
+        return None
+    dt = types[last.out].dtype
+    ve = 16 // ITEMSIZE[dt]
+    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
+    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), types[last.out])
+    if n % ve or off.coeff(c.n) != 1 or off.const % ve or any(x % ve for v, x in off.terms if v != c.n):
+        return None
+    return off, dt
+
+
+def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str], n: int) -> Staged | None:
+    """The epilogue as values plus one 16-byte store per chunk of columns (`staged_layout`)."""
+    layout = staged_layout(k, types, n)
+    if layout is None:
+        return None
+    off, dt = layout
+    c, last = dims(k)[0], k.ops[-1]
+    em = Emitter(sig.params, types, prefix="v")
+    values = []
+    for col, acc in (("gn", "accv"), ("gn1", "accv1")):
+        where = names | {c.n: col}
+        values.append(acc if len(k.ops) == 1 else em.emit(last.body, where, {k.ops[0].out: acc}))
+    vec = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2half2_rn"),
+           "bf16": ("__nv_bfloat162", "__floats2bfloat162_rn")}[dt]
+    lines = tuple(em.take()) + (f"const float sv0 = {values[0]};", f"const float sv1 = {values[1]};")
+    return Staged(lines, CTYPES[dt], vec[0], vec[1], sig.params[last.out], c_affine(off, names), ITEMSIZE[dt])
+
+
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     c, m, n, kk, batch = dims(k)
     sig = signature(k, types, p)
@@ -225,6 +280,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
                  paired=_paired_epilogue(k, types, sig, out_names, n),
+                 staged=staged_epilogue(k, types, sig, out_names, n) if p["unit"] == "wgmma" else None,
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"))
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)

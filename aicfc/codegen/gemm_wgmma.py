@@ -19,6 +19,9 @@ any M, N, K works without predicates or padding; what it needs is 16-byte stride
 16-byte aligned start (`TensorMap.problems`), else the candidate is declined with the reason.
 
 Parameter space: NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (BM = 64·NWG·MI);
+OUT (not a choice: the itemsize of the stored tensor where its rows can be written in 16-byte
+chunks, else 0): the consumers stage the output tile in shared memory of their own and store
+whole sectors (`gemm.staged_layout`), instead of each thread's two-column pieces from registers.
 PP = 1 (ping-pong, NWG = 2): each warpgroup owns whole tiles of BM = 64·MI rows and the two take
 a block's work units in turn, so one's epilogue runs under the other's k-blocks (the ring is
 shared in unit order);
@@ -71,8 +74,13 @@ def stage_bytes(p: Mapping) -> int:
     return (block_m(p) + p["BN"]) * ROW_BYTES
 
 
+def out_wg_bytes(p: Mapping) -> int:
+    """A consumer warpgroup's staging region for the output tile (0: stores from registers)."""
+    return 64 * p["MI"] * (p["BN"] * p["OUT"] + 16) if p.get("OUT") else 0
+
+
 def smem_bytes(p: Mapping) -> int:
-    return p["STAGES"] * stage_bytes(p) + SMEM_SLACK
+    return p["STAGES"] * stage_bytes(p) + p["NWG"] * out_wg_bytes(p) + SMEM_SLACK
 
 
 def static_smem(p: Mapping) -> int:
@@ -200,10 +208,12 @@ def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
 
 
 def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> list[dict]:
-    from aicfc.codegen.gemm import dims
+    from aicfc.codegen.gemm import dims, staged_layout
     _, m, n, kk, batch = dims(k)
+    layout = staged_layout(k, plan.types(), n)
+    out = ITEMSIZE[layout[1]] if layout else 0   # bytes per staged output element; 0: no staging
     nb = math.prod(e for _, e in batch)
-    out = []
+    points = []
     for nwg, pp in ((n, pp) for n in SPACE["NWG"] for pp in SPACE["PP"] if n > 1 or not pp):
         for mi in SPACE["MI"]:
             for bn in SPACE["BN"]:
@@ -218,10 +228,10 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                         continue
                     for st in SPACE["STAGES"]:
                         p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
-                             "MI": mi, "STAGES": st, "SPLITK": sk, "CTAS": min(tiles * sk, hw_sms)}
+                             "MI": mi, "OUT": out, "STAGES": st, "SPLITK": sk, "CTAS": min(tiles * sk, hw_sms)}
                         if smem_bytes(p) + static_smem(p) <= smem_limit:
-                            out.append(p)
-    return out
+                            points.append(p)
+    return points
 
 
 def tiles(k: Kernel, p: Mapping) -> tuple[int, int, int]:
@@ -256,9 +266,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     return render("gemm_wgmma.cu.j2", name=name, batch=parts["batch"], M=parts["M"], N=parts["N"], K=parts["K"],
                   dtype=dtype, KSTEP=KSTEP[dtype], BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"],
                   PP=p.get("PP", 0), CT=128 if p.get("PP") else 128 * p["NWG"],
+                  OUT_WG_BYTES=out_wg_bytes(p), LDS=p["BN"] + 16 // max(p.get("OUT", 0), 1),
                   STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm, TILES_N=tn, GROUP=GROUP,
                   KT=math.ceil(parts["K"] / p["BK"]), STAGE_BYTES=stage_bytes(p), threads=threads(p),
                   TA=int(not a.k_major), TB=int(not b.k_major), a=a, b=b, idx=parts["idx"],
                   signature=parts["signature"], decompose=parts["decompose"], epilogue=parts["epilogue"],
-                  paired=parts["paired"], SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
+                  paired=parts["paired"], staged=parts["staged"] if p.get("OUT") else None, SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
                   partials=parts["partials"], tickets=parts["tickets"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS)

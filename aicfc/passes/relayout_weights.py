@@ -5,8 +5,10 @@ A weight is a constant: its layout is the compiler's to choose, and the model's 
 not see it. Storing W[..., k, n] as W'[..., n, k] and swapping the last two index entries of
 every load of it is an identity (each load reads the same element). The rule applies where
 it makes a schedule legal that was not: tf32 `wgmma` reads K-major operands only
-(`codegen/gemm_wgmma.py`), and exported MatMul/Gemm weights are [K, N] (N-major). fp16/bf16
-wgmma reads either layout (its transpose bit), so their weights keep the layout ONNX gave.
+(`codegen/gemm_wgmma.py`), and exported MatMul/Gemm weights are [K, N] (N-major); and the TMA
+needs 16-byte strides, which a row of N = 50257 fp16 elements (a vocabulary projection) is not
+while a row of K = 768 is. Otherwise fp16/bf16 wgmma reads either layout (its transpose bit),
+and their weights keep the layout ONNX gave.
 
 Preconditions: after apply_precision (the weight's bytes are final), before plan_schedules.
 Declined, with the reason: a weight that a view aliases (the view would read the old layout),
@@ -26,20 +28,30 @@ from aicfc.codegen import gemm, gemm_wgmma
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Load, Rewrite, loads, map_loads
-from aicfc.ir.types import Weight
+from aicfc.ir.types import ITEMSIZE, Weight
 
-RULE = "weight[.., k, n] => weight[.., n, k] (K-major for tf32 wgmma)"
+RULE = "weight[.., k, n] => weight[.., n, k] (K-major for wgmma)"
 
 
-def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight]) -> str | None:
-    """The weight this tf32 GEMM reads N-major as its B operand, if any."""
-    if k.family != "gemm" or plan.precision != "tf32" or plan.target != gemm_wgmma.TARGET:
+def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight]) -> tuple[str, str] | None:
+    """(the weight this GEMM reads N-major as its B operand, why it should be K-major), if any:
+    tf32 wgmma reads K-major operands only; a row of N elements that is not a multiple of 16
+    bytes (vocabulary projections: N = 50257) is no TMA stride, a row of K elements may be."""
+    if k.family != "gemm" or plan.target != gemm_wgmma.TARGET or plan.precision not in ("tf32", "fp16", "bf16"):
         return None
     c = gemm.dims(k)[0]
     if c.b.buffer not in weights or c.n is None:
         return None
-    off = flat_offset(c.b.index, plan.types()[c.b.buffer])
-    return c.b.buffer if off.coeff("r0") != 1 and off.coeff(c.n) == 1 else None
+    t = plan.types()[c.b.buffer]
+    off = flat_offset(c.b.index, t)
+    if off.coeff("r0") == 1 or off.coeff(c.n) != 1 or len(t.shape) < 2 or t.shape[-1] != gemm.dims(k)[2]:
+        return None
+    esize = ITEMSIZE[t.dtype]
+    if plan.precision == "tf32":
+        return c.b.buffer, "tf32 wgmma reads K-major operands only"
+    if (t.shape[-1] * esize) % 16 and (t.shape[-2] * esize) % 16 == 0:
+        return c.b.buffer, f"a row of {t.shape[-1]} elements is no TMA stride (16-byte multiples), one of {t.shape[-2]} is"
+    return None
 
 
 def _swap(ld: Load) -> Load:
@@ -48,12 +60,12 @@ def _swap(ld: Load) -> Load:
 
 def relayout_weights(plan: Plan) -> Plan:
     weights = {w.name: w for w in plan.weights}
-    wanted = dict.fromkeys(name for k in plan.kernels if (name := _wanted(k, plan, weights)))
+    wanted = dict(w for k in plan.kernels if (w := _wanted(k, plan, weights)))
     if not wanted:
         return plan
     records, done = [], set()
     aliased = {v.source for v in plan.views}
-    for name in wanted:
+    for name, why in wanted.items():
         w = weights[name]
         readers = [ld for k in plan.kernels for op in k.ops for ld in loads(op.body) if ld.buffer == name]
         if name in aliased:
@@ -63,14 +75,16 @@ def relayout_weights(plan: Plan) -> Plan:
             records.append(Rewrite(RULE, name, False, "a load of it is guarded or the weight is not a matrix"))
             continue
         done.add(name)
-        records.append(Rewrite(RULE, name, True, f"tf32 wgmma reads K-major operands only; stored as "
+        records.append(Rewrite(RULE, name, True, f"{why}; stored as "
                                                  f"[{', '.join(map(str, w.type.shape[:-2] + w.type.shape[::-1][:2]))}]"))
     if not done:
         return plan.replace(rewrites=plan.rewrites + tuple(records))
     new_weights = []
     for w in plan.weights:
         if w.name in done:
-            arr = np.ascontiguousarray(np.swapaxes(w.array(), -1, -2))
+            # moved as raw elements of their storage size (bf16 has no numpy type of its own)
+            raw = np.frombuffer(w.data, dtype=f"<u{ITEMSIZE[w.type.dtype]}").reshape(w.type.shape)
+            arr = np.ascontiguousarray(np.swapaxes(raw, -1, -2))
             w = Weight(w.name, dataclasses.replace(w.type, shape=tuple(arr.shape)), arr.tobytes())
         new_weights.append(w)
 

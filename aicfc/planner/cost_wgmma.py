@@ -11,7 +11,8 @@ fetches the next tile:
     t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm      every m64 wgmma reads its A and B
     t_load     = 128·(BM + BN) / (l2_bandwidth / SMs)              the k-block's two TMA boxes
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
-                 + EPILOGUE_US                                     register-direct stores
+                 + EPILOGUE_US        stores from registers count twice their bytes (half sectors);
+                                      staged through shared memory (OUT > 0), once
                  + split-k (SPLITK > 1): the partial tile written, and 1/SPLITK of the last split's
                  reads of all of them and splitk_overhead_us
     t_fill     = load_latency · (1 + k-blocks the ring cannot cover)   first tile of each block
@@ -65,7 +66,8 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
     extra = sum(ITEMSIZE[types[b].dtype] for b in gemm_extra_reads(k, c) if 2 * types[b].numel >= m * n * nb)
-    t_epi = bm * bn * (out_bytes + extra) / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
+    # stores from registers write half sectors (16 of 32 bytes per row and store); staged ones whole sectors
+    t_epi = bm * bn * (out_bytes * (1 if p.get("OUT") else 2) + extra) / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
     if sk > 1:
         # every split writes its fp32 partial tile; the last also reads all of them back, after a fence and a ticket
         t_epi += bm * bn * 4.0 / l2_sm + (bm * bn * 4.0 * sk / l2_sm
