@@ -13,10 +13,12 @@ fetches the next tile:
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
                  + EPILOGUE_US        stores from registers count twice their bytes (half sectors);
                                       staged through shared memory (OUT > 0), once
-                 + split-k (SPLITK > 1): the partial tile written, and 1/SPLITK of the last split's
-                 reads of all of them and splitk_overhead_us
+                 + BM·BN·(epilogue instructions + STORE_OPS) / issue rate of the tile's consumer warps
+                                      (GELU's erf is ~20 instructions an element: exposed unless PP)
+                 + split-k (SPLITK > 1): the partial tile written; the last split's reads of all
+                 of them and splitk_overhead_us are added once (t_reduce, its critical path)
     t_fill     = load_latency · (1 + k-blocks the ring cannot cover)   first tile of each block
-    t          = launch + t_fill + max(t_tiles, t_dram)
+    t          = launch + t_fill + max(t_tiles + t_reduce, t_dram)
     t_tiles    = ceil(tiles / CTAS) · (KT · t_kblock + t_epilogue)
                  ping-pong (PP): ceil(tiles / CTAS) · max(KT · t_kblock, t_epilogue) + t_epilogue
     t_dram     = (every operand once + the output) / (dram_bandwidth · eff.dram)
@@ -36,6 +38,8 @@ from aicfc.codegen import gemm, gemm_wgmma
 from aicfc.ir.types import ITEMSIZE
 
 SPLITK_OVERHEAD_US = 4.0   # the last split's fence, ticket and reduction start (profile: splitk_overhead_us)
+SUBPARTITIONS = 4          # warp schedulers per SM
+STORE_OPS = 3              # per output element: the conversion, the shared store, the address
 EPILOGUE_US = 0.3          # fixed cost of a tile's epilogue: the wait, address arithmetic, store issue
 WGMMA_ISSUE_CYCLES = 8     # tensor-pipe cycles an m64nNk16 loses to its issue, against N/2 of work
 TMA_LATENCY_US = 1.0      # a TMA box's round trip from DRAM under load (profile: tma_latency_us)
@@ -68,10 +72,18 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     extra = sum(ITEMSIZE[types[b].dtype] for b in gemm_extra_reads(k, c) if 2 * types[b].numel >= m * n * nb)
     # stores from registers write half sectors (16 of 32 bytes per row and store); staged ones whole sectors
     t_epi = bm * bn * (out_bytes * (1 if p.get("OUT") else 2) + extra) / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
+    # the epilogue's arithmetic on the tile's consumer warps: one instruction per clock per scheduler
+    # in use, at half that with a single warp per scheduler (its dependent chains stay exposed)
+    warps = 4 * (1 if p.get("PP") else p["NWG"])
+    issue = hw.peak_tflops["fp32_simt"] * 1e6 / sms / 2 * min(warps, SUBPARTITIONS) / SUBPARTITIONS \
+        * (1.0 if warps > SUBPARTITIONS else 0.5)
+    t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
+    t_reduce = 0.0
     if sk > 1:
-        # every split writes its fp32 partial tile; the last also reads all of them back, after a fence and a ticket
-        t_epi += bm * bn * 4.0 / l2_sm + (bm * bn * 4.0 * sk / l2_sm
-                                          + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)) / sk
+        # every split writes its fp32 partial tile; the last to arrive reads all of them back after a fence
+        # and a ticket: on the critical path once per tile, not shared among the splits
+        t_epi += bm * bn * 4.0 / l2_sm
+        t_reduce = bm * bn * 4.0 * sk / l2_sm + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
     tiles_m, tiles_n, tiles = gemm_wgmma.tiles(k, p)
     per_sm = math.ceil(tiles * sk / p["CTAS"])
     t_fill = latency * (1 + max(0.0, math.ceil(t_load * ktiles / max(t_kblock * ktiles, 1e-9)) - 1))
@@ -85,7 +97,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         t_tiles = per_sm * max(ktiles * t_kblock, t_epi) + t_epi
     else:
         t_tiles = per_sm * (ktiles * t_kblock + t_epi)
-    time = hw.launch_overhead_us + t_fill + max(t_tiles, t_dram)
+    time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram)
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
             "t_compute_us": per_sm * ktiles * t_mma, "t_smem_us": per_sm * ktiles * t_smem,
@@ -93,6 +105,15 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
             "t_pipeline_us": t_fill, "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]),
             "n_eff": n_eff(bn), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, sms) / sms, "stages": st}
+
+
+def epilogue_ops(k, types: Mapping) -> int:
+    """Instructions of the absorbed epilogue per output element (`cost.instructions`, fast math
+    where the policy has it); 0 for a bare contraction."""
+    if len(k.ops) < 2:
+        return 0
+    from aicfc.planner.cost import fast_math, instructions
+    return instructions(k.ops[1].body, fast=fast_math(k, types))
 
 
 def gemm_extra_reads(k, c) -> list[str]:
