@@ -48,7 +48,7 @@ from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Call, Const, Expr, count_ops, loads
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
-from aicfc.planner.cost_wgmma import wgmma_terms
+from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
 SYNC_LATENCY_US = 0.04     # one shuffle or barrier step in a reduction tree (fitted: LayerNorm rows of 4096 fp16
@@ -344,7 +344,8 @@ MMA_UNIT = {"tf32": "tf32_tc", "f16": "fp16_tc", "bf16": "bf16_tc"}
 def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
     """Tensor-core GEMM: tile-padded MMA work at the unit's rate, shared-memory traffic of the
     warp tiles (a small warp tile reads more operand bytes per MMA), and the k-loop latency
-    that STAGES-1 tiles in flight (and other resident blocks) hide."""
+    that STAGES-1 tiles in flight (and other resident blocks) hide; plus the epilogue's
+    arithmetic, per wave, at the rate `cost_wgmma` measured (half hidden with two blocks per SM)."""
     c, m, n, kk, batch = gemm.dims(k)
     nb = math.prod(e for _, e in batch)
     bm, bn, bk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
@@ -380,7 +381,13 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
                    blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem,
                    inflight=inflight, smem_inflight=frag_bytes)
     est.terms["ilp"] = ilp
-    return est
+    # The epilogue's arithmetic after each block's k-loop, at the Hopper engine's measured rate
+    # (planner/cost_wgmma.py); a second resident block's k-loop hides half of it.
+    epi = bm * bn * (epilogue_ops(k, types) + STORE_OPS) / (
+        hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(threads / 128))
+    t_epi = waves * bps * epi / min(bps, 2) / max(1, math.ceil(splits / 2))
+    est.terms["t_epilogue_us"] = t_epi
+    return Estimate(est.time_us + t_epi, est.flops, est.bytes, est.terms)
 
 
 def hw_max_registers(p: Mapping) -> int:

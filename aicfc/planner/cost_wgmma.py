@@ -13,8 +13,8 @@ fetches the next tile:
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
                  + EPILOGUE_US        stores from registers count twice their bytes (half sectors);
                                       staged through shared memory (OUT > 0), once
-                 + BM·BN·(epilogue instructions + STORE_OPS) / issue rate of the tile's consumer warps
-                                      (GELU's erf is ~20 instructions an element: exposed unless PP)
+                 + BM·BN·(epilogue instructions + STORE_OPS) / (EPILOGUE_RATE · sqrt(warpgroups))
+                                      (an erf-GELU is 32 instructions an element: exposed unless PP)
                  + split-k (SPLITK > 1): the partial tile written; the last split's reads of all
                  of them and splitk_overhead_us are added once (t_reduce, its critical path)
     t_fill     = load_latency · (1 + k-blocks the ring cannot cover)   first tile of each block
@@ -38,7 +38,11 @@ from aicfc.codegen import gemm, gemm_wgmma
 from aicfc.ir.types import ITEMSIZE
 
 SPLITK_OVERHEAD_US = 4.0   # the last split's fence, ticket and reduction start (profile: splitk_overhead_us)
-SUBPARTITIONS = 4          # warp schedulers per SM
+# Thread-instructions of epilogue a warpgroup retires per us per SM: measured on the H200 with erf-GELU
+# epilogues (35 instructions an element): a ping-pong 128x128 tile's took about 9.5 us (60e3/us), a
+# cooperative 128x256 tile's on two warpgroups about 13 us (88e3/us). Far below the issue rate: the
+# epilogue's loads and conversions leave its few warps waiting. Profile: wgmma_epilogue_rate.
+EPILOGUE_RATE = 60e3
 STORE_OPS = 3              # per output element: the conversion, the shared store, the address
 EPILOGUE_US = 0.3          # fixed cost of a tile's epilogue: the wait, address arithmetic, store issue
 WGMMA_ISSUE_CYCLES = 8     # tensor-pipe cycles an m64nNk16 loses to its issue, against N/2 of work
@@ -72,11 +76,10 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     extra = sum(ITEMSIZE[types[b].dtype] for b in gemm_extra_reads(k, c) if 2 * types[b].numel >= m * n * nb)
     # stores from registers write half sectors (16 of 32 bytes per row and store); staged ones whole sectors
     t_epi = bm * bn * (out_bytes * (1 if p.get("OUT") else 2) + extra) / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
-    # the epilogue's arithmetic on the tile's consumer warps: one instruction per clock per scheduler
-    # in use, at half that with a single warp per scheduler (its dependent chains stay exposed)
+    # the epilogue's arithmetic on the tile's consumer warps, at EPILOGUE_RATE thread-instructions per us
+    # per SM for one warpgroup, times sqrt(warpgroups) for more
     warps = 4 * (1 if p.get("PP") else p["NWG"])
-    issue = hw.peak_tflops["fp32_simt"] * 1e6 / sms / 2 * min(warps, SUBPARTITIONS) / SUBPARTITIONS \
-        * (1.0 if warps > SUBPARTITIONS else 0.5)
+    issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(warps / 4)
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
     t_reduce = 0.0
     if sk > 1:
