@@ -345,7 +345,7 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     """Tensor-core GEMM: tile-padded MMA work at the unit's rate, shared-memory traffic of the
     warp tiles (a small warp tile reads more operand bytes per MMA), and the k-loop latency
     that STAGES-1 tiles in flight (and other resident blocks) hide; plus the epilogue's
-    arithmetic, per wave, at the rate `cost_wgmma` measured (half hidden with two blocks per SM)."""
+    arithmetic, once per wave, at the rate `cost_wgmma` measured."""
     c, m, n, kk, batch = gemm.dims(k)
     nb = math.prod(e for _, e in batch)
     bm, bn, bk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
@@ -382,10 +382,9 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
                    inflight=inflight, smem_inflight=frag_bytes)
     est.terms["ilp"] = ilp
     # The epilogue's arithmetic after each block's k-loop, at the Hopper engine's measured rate
-    # (planner/cost_wgmma.py); a second resident block's k-loop hides half of it.
-    epi = bm * bn * (epilogue_ops(k, types) + STORE_OPS) / (
-        hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(threads / 128))
-    t_epi = waves * bps * epi / min(bps, 2) / max(1, math.ceil(splits / 2))
+    # (planner/cost_wgmma.py), once per wave (a wave's blocks run theirs side by side).
+    epi = bm * bn * (epilogue_ops(k, types) + STORE_OPS) / hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE)
+    t_epi = waves * epi
     est.terms["t_epilogue_us"] = t_epi
     return Estimate(est.time_us + t_epi, est.flops, est.bytes, est.terms)
 
