@@ -345,7 +345,7 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     """Tensor-core GEMM: tile-padded MMA work at the unit's rate, shared-memory traffic of the
     warp tiles (a small warp tile reads more operand bytes per MMA), and the k-loop latency
     that STAGES-1 tiles in flight (and other resident blocks) hide; plus the epilogue's
-    arithmetic, once per wave, at the rate `cost_wgmma` measured."""
+    arithmetic, every block's on its SM, at the rate `cost_wgmma` measured."""
     c, m, n, kk, batch = gemm.dims(k)
     nb = math.prod(e for _, e in batch)
     bm, bn, bk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
@@ -381,10 +381,11 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
                    blocks=blocks, threads=threads, bps=bps, ilp=ilp, unit=MMA_UNIT[p["dtype"]], smem=smem,
                    inflight=inflight, smem_inflight=frag_bytes)
     est.terms["ilp"] = ilp
-    # The epilogue's arithmetic after each block's k-loop, at the Hopper engine's measured rate
-    # (planner/cost_wgmma.py), once per wave (a wave's blocks run theirs side by side).
+    # The epilogue's arithmetic after each block's k-loop at the Hopper engine's measured rate per SM
+    # (planner/cost_wgmma.py): an SM runs the epilogues of all the blocks it gets, and with a second
+    # resident block half of that hides under its k-loop.
     epi = bm * bn * (epilogue_ops(k, types) + STORE_OPS) / hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE)
-    t_epi = waves * epi
+    t_epi = math.ceil(blocks / hw.sm_count) * epi / min(bps, 2)
     est.terms["t_epilogue_us"] = t_epi
     return Estimate(est.time_us + t_epi, est.flops, est.bytes, est.terms)
 
