@@ -187,16 +187,27 @@ def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dic
     off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), types[last.out])
     if c.n is None or n % 2 or off.coeff(c.n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != c.n):
         return None
+    lines, values = _pair_values(k, types, sig, names)
+    vec_t, vec = PAIR_TYPES[types[last.out].dtype]
+    ptr = sig.params[last.out]
+    return lines + [f"*reinterpret_cast<{vec_t}*>({ptr} + ({c_affine(off, names)})) = {vec}({values[0]}, {values[1]});"]
+
+
+# the vector of two elements of each stored type, and what packs two floats into it
+PAIR_TYPES = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2half2_rn"),
+              "bf16": ("__nv_bfloat162", "__floats2bfloat162_rn")}
+
+
+def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(lines, [value of column gn, value of column gn1]): the epilogue of the accumulators
+    `accv`, `accv1` (the contraction itself when the kernel has no epilogue)."""
+    c, last = dims(k)[0], k.ops[-1]
     em = Emitter(sig.params, types, prefix="v")
     values = []
     for col, acc in (("gn", "accv"), ("gn1", "accv1")):
         where = names | {c.n: col}
         values.append(acc if len(k.ops) == 1 else em.emit(last.body, where, {k.ops[0].out: acc}))
-    vec = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2half2_rn"),
-           "bf16": ("__nv_bfloat162", "__floats2bfloat162_rn")}[types[last.out].dtype]
-    ptr = sig.params[last.out]
-    return em.take() + [f"*reinterpret_cast<{vec[0]}*>({ptr} + ({c_affine(off, names)})) = "
-                        f"{vec[1]}({values[0]}, {values[1]});"]
+    return em.take(), values
 
 
 @dataclass(frozen=True)
@@ -241,16 +252,10 @@ def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict
     if layout is None:
         return None
     off, dt = layout
-    c, last = dims(k)[0], k.ops[-1]
-    em = Emitter(sig.params, types, prefix="v")
-    values = []
-    for col, acc in (("gn", "accv"), ("gn1", "accv1")):
-        where = names | {c.n: col}
-        values.append(acc if len(k.ops) == 1 else em.emit(last.body, where, {k.ops[0].out: acc}))
-    vec = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2half2_rn"),
-           "bf16": ("__nv_bfloat162", "__floats2bfloat162_rn")}[dt]
-    lines = tuple(em.take()) + (f"const float sv0 = {values[0]};", f"const float sv1 = {values[1]};")
-    return Staged(lines, CTYPES[dt], vec[0], vec[1], sig.params[last.out], c_affine(off, names), ITEMSIZE[dt])
+    body, values = _pair_values(k, types, sig, names)
+    lines = tuple(body) + (f"const float sv0 = {values[0]};", f"const float sv1 = {values[1]};")
+    vec_t, vec = PAIR_TYPES[dt]
+    return Staged(lines, CTYPES[dt], vec_t, vec, sig.params[k.ops[-1].out], c_affine(off, names), ITEMSIZE[dt])
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
