@@ -36,7 +36,30 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineGroup(click.Group):
+    """click's usage errors (a folder where a file is expected, an unknown option) as one line
+    and exit code 2, like every other user error, instead of click's usage block."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Exit as e:
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            hint = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            first = e.format_message().splitlines()[0] if e.format_message() else ""
+            if first.startswith("Usage:"):   # no command at all: click's message is the help text
+                first = f"no command given; choose one of {', '.join(sorted(self.commands))}"
+            _fail(first + hint)
+        except click.ClickException as e:
+            _fail(e.format_message().splitlines()[0])
+        except click.Abort:
+            _fail("interrupted; nothing was written")
+        sys.exit(rv if type(rv) is int else 0)
+
+
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="aicfc")
 def main() -> None:
     """AICF: an ahead-of-time compiler from ONNX to CUDA that explains every decision."""

@@ -179,3 +179,36 @@ def test_output_not_half_written_on_error(tmp_path: Path):
     out = tmp_path / "x.aicf"
     aicfc("compile", str(path), "-o", str(out))
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_opset_newer_than_known_is_refused(tmp_path: Path):
+    import onnx
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "op99.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 99)]), path)
+    newest = str(onnx.defs.onnx_opset_version())
+    for cmd in (("compile", str(path), "-o", str(tmp_path / "x.aicf")), ("check", str(path))):
+        assert_user_error(aicfc(*cmd), "opset 99", newest)
+    assert not (tmp_path / "x.aicf").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("compile", "{dir}", "-o", "{dir}/x.aicf"), "is a directory"),
+    (("compile", "{model}", "-o", "{dir}"), "is a directory"),
+    (("explain", "{dir}"), "is a directory"),
+    (("compile", "--no-such-flag"), "No such option"),
+    ((), "no command given"),
+])
+def test_click_usage_errors_are_one_line(examples: Path, tmp_path: Path, args, needle):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    filled = [a.format(dir=folder, model=examples / "mlp.onnx") for a in args]
+    assert_user_error(aicfc(*filled), needle)
+
+
+def test_help_and_version_still_exit_zero():
+    assert aicfc("--help").returncode == 0 and aicfc("compile", "--help").returncode == 0
+    assert aicfc("--version").returncode == 0

@@ -173,6 +173,10 @@ def import_model(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
         listed = ", ".join(f"{op} ({node})" for node, op in bad)
         raise AicfError(f"{len(bad)} unsupported op(s): {listed}; run `aicfc check` for the list")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:   # its ops' meaning is unknown to us (and to the onnx package we read it with)
+        raise AicfError(f"the model declares opset {opset}, newer than opset {newest}, the newest aicfc knows; "
+                        f"re-export it with opset {newest} or older")
     g = model.graph
     weights: dict[str, Weight] = {t.name: _weight(t.name, numpy_helper.to_array(t)) for t in g.initializer}
     names = [vi.name for vi in g.input if vi.name not in weights]
