@@ -212,3 +212,24 @@ def test_click_usage_errors_are_one_line(examples: Path, tmp_path: Path, args, n
 def test_help_and_version_still_exit_zero():
     assert aicfc("--help").returncode == 0 and aicfc("compile", "--help").returncode == 0
     assert aicfc("--version").returncode == 0
+
+
+def test_huge_symbolic_extent_compiles_or_is_refused_in_one_line(tmp_path: Path):
+    """A valid model with a huge extent: the planner keeps only grids within CUDA's launch limits,
+    and refuses in one line when no schedule has one."""
+    import onnx
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])])
+    path = tmp_path / "sym.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    out = tmp_path / "big.aicf"
+    res = aicfc("compile", str(path), "--shape", "x=99999999999x3", "-o", str(out), "-q")
+    assert res.returncode == 0, res.stderr
+    grid = json.loads(aicfc("explain", str(out), "--json").stdout)["kernels"][0]["grid"]
+    assert grid[0] <= 2**31 - 1 and grid[1] <= 65535 and grid[2] <= 65535
+    too_big = tmp_path / "too_big.aicf"
+    assert_user_error(aicfc("compile", str(path), "--shape", "x=999999999999999x3", "-o", str(too_big)),
+                      "launch limits", "too large")
+    assert not too_big.exists()

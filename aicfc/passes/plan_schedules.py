@@ -36,6 +36,7 @@ from aicfc.ir.types import TensorType
 from aicfc.planner.cost import Estimate, blocks_per_sm, cost, estimate_registers
 from aicfc.planner.hardware import Profile
 
+MAX_GRID = (2**31 - 1, 65535, 65535)   # blocks per launch along x, y, z (every sm_30+ GPU)
 KEEP_RUNNERS_UP = 6
 KEEP_REJECTED = 6
 CHECK_MAX = 6        # leading candidates whose registers ptxas counts
@@ -79,7 +80,9 @@ def rank(k: Kernel, plan: Plan, hw: Profile) -> tuple[list[Ranked], list[Candida
         smem = static + dyn
         regs = estimate_registers(k, p)
         why = None
-        if not 32 <= threads <= hw.max_threads_per_block:
+        if any(g > limit for g, limit in zip(grid, MAX_GRID)):
+            why = f"grid {list(grid)} exceeds CUDA's launch limits {list(MAX_GRID)}"
+        elif not 32 <= threads <= hw.max_threads_per_block:
             why = f"{threads} threads per block outside 32..{hw.max_threads_per_block}"
         elif static > hw.smem_per_block_static:
             why = f"static shared memory {static} B > {hw.smem_per_block_static} B per block"
@@ -174,8 +177,11 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
     for k in plan.kernels:
         _, ranked, rejected = solved[structure(k, types)]
         if not ranked:
-            raise AicfError(f"kernel {k.name}: no candidate of the {k.family} space fits {hw.arch} "
-                            f"({rejected[0].rejected_because if rejected else 'empty space'})")
+            # the launch limits bind every candidate when they bind one: the reason worth naming
+            grid = next((c.rejected_because for c in rejected if c.rejected_because.startswith("grid ")), None)
+            why = grid or (rejected[0].rejected_because if rejected else "empty space")
+            tail = "; the tensors are too large for one launch" if grid else ""
+            raise AicfError(f"kernel {k.name}: no candidate of the {k.family} space fits {hw.arch} ({why}){tail}")
         if pin and any(set(pin) <= set(r.params) for r in ranked):
             pinned = [r for r in ranked if _matches(r.params, pin)]
             if not pinned:
