@@ -28,7 +28,7 @@ from aicf_run.timing import SPIN_SOURCE
 from aicfc.codegen import FAMILIES
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.scratch import scratch
-from aicfc.codegen.tma import tensor_maps
+from aicfc.codegen.tma import records
 from aicfc.codegen.module import count_registers, module_header, resolve_jobs
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
@@ -290,13 +290,8 @@ def _tensor_map_records(k: Kernel, params: dict[str, Any],
     """One candidate's TMA tensor maps ([Note: TMA record]) with each buffer named by its
     position in the candidate's arguments: the bench encodes them against the device buffers it
     allocated for those arguments (`aicf_run.timing.KernelBench.time_us`)."""
-    maps = tensor_maps(k, params, types)
-    if not maps:
-        return []
     position = {b: i for i, b in enumerate(kernel_args(k, params))}
-    missing = [m.buffer for m in maps if m.buffer not in position]
-    assert not missing, f"{k.name}: tensor maps over {missing}, which are not arguments of the kernel"
-    return [m.record(position) for m in maps]
+    return records(k, params, types, position, "arguments of the kernel")
 
 
 def _measure(device: Any, kt: KernelTune, built: Built,

@@ -727,17 +727,16 @@ def _operand_map(k: Any) -> Any:
 def test_payload_records_maps_with_buffer_ids(matmul_plan: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import aicfc.artifact.payload as payload_module
+    import aicfc.codegen.tma as tma
     k = matmul_plan.kernels[0]
     tm = _operand_map(k)
-    monkeypatch.setattr(payload_module, "tensor_maps",
-                        lambda kernel, params, types_: [tm] if kernel is k else [])
+    monkeypatch.setattr(tma, "tensor_maps", lambda kernel, params, types_: [tm] if kernel is k else [])
     index = {b.name: i for i, b in enumerate(matmul_plan.buffers)}
     record_ = payload_module._kernel(k, index, 0, matmul_plan.types())["tensor_maps"]
     assert record_ == [{"buffer": index[tm.buffer], "dtype": "f32", "offset": 0,
                         "dims": [64, 64], "strides": [256], "box": [32, 64], "swizzle": 128}]
     with pytest.raises(AssertionError, match="not bundle buffers"):
-        payload_module._tensor_maps(k, {n: i for n, i in index.items() if n != tm.buffer},
-                                    matmul_plan.types())
+        tma.records(k, None, matmul_plan.types(), {n: i for n, i in index.items() if n != tm.buffer})
 
 
 def test_tune_hands_the_bench_maps_by_argument_position(matmul_plan: Any,
@@ -748,7 +747,8 @@ def test_tune_hands_the_bench_maps_by_argument_position(matmul_plan: Any,
     from aicfc.planner.hardware import load_profile
     kt = tune.candidates(matmul_plan, load_profile("sm_90"), top=2, spread=0)[0]
     tm = _operand_map(kt.kernel)
-    monkeypatch.setattr(tune, "tensor_maps", lambda kernel, params, types_: [tm])
+    import aicfc.codegen.tma as tma
+    monkeypatch.setattr(tma, "tensor_maps", lambda kernel, params, types_: [tm])
     types_ = matmul_plan.types()
     timed: list[tuple[str, list]] = []
 

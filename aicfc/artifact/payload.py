@@ -7,7 +7,7 @@ from typing import Any
 from aicfc import __version__
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.module import ModuleBuild
-from aicfc.codegen.tma import tensor_maps
+from aicfc.codegen.tma import records
 from aicfc.ir.decision import Plan
 from aicfc.passes.pipeline import Result
 from aicfc.ir.types import ITEMSIZE
@@ -22,14 +22,6 @@ def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
-def _tensor_maps(k, index: dict[str, int], types) -> list[dict[str, Any]]:
-    """The kernel's TMA records ([Note: TMA record]), each buffer as its bundle id."""
-    maps = tensor_maps(k, None, types)
-    missing = [tm.buffer for tm in maps if tm.buffer not in index]
-    assert not missing, f"{k.name}: tensor maps over {missing}, which are not bundle buffers"
-    return [tm.record(index) for tm in maps]
-
-
 def _kernel(k, index: dict[str, int], module: int, types) -> dict[str, Any]:
     s = k.schedule
     return {
@@ -37,7 +29,7 @@ def _kernel(k, index: dict[str, int], module: int, types) -> dict[str, Any]:
         "params": dict(s.params), "grid": list(s.grid), "block": list(s.block),
         "smem_bytes": s.smem_bytes, "registers": s.registers,
         "args": [index[b] for b in kernel_args(k)],
-        "tensor_maps": _tensor_maps(k, index, types),
+        "tensor_maps": records(k, None, types, index),
         "onnx_nodes": list(k.origins), "properties": list(k.properties), "rewrites": list(k.rewrites),
         "stores": list(k.stores),
         "predicted": dict(s.predicted),

@@ -77,3 +77,13 @@ def tensor_maps(k: Any, params: Mapping | None, types: Mapping) -> list[TensorMa
     p = params if params is not None else (dict(k.schedule.params) if k.schedule else {})
     fn = getattr(FAMILIES[k.family], "tensor_maps", None)
     return list(fn(k, p, types)) if fn else []
+
+
+def records(k: Any, params: Mapping | None, types: Mapping, index: Mapping[str, int],
+            what: str = "bundle buffers") -> list[dict[str, Any]]:
+    """`tensor_maps` in the bundle's form, each buffer named by `index` (bundle ids, or the
+    positions of a tuning candidate's arguments); a map over a buffer `index` lacks is a compiler bug."""
+    maps = tensor_maps(k, params, types)
+    missing = [m.buffer for m in maps if m.buffer not in index]
+    assert not missing, f"{k.name}: tensor maps over {missing}, which are not {what}"
+    return [m.record(index) for m in maps]

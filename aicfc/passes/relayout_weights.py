@@ -12,7 +12,8 @@ and their weights keep the layout ONNX gave.
 
 Preconditions: after apply_precision (the weight's bytes are final), before plan_schedules.
 Declined, with the reason: a weight that a view aliases (the view would read the old layout),
-one read by a load whose index is not a plain variable in its last two positions.
+one read by a guarded or filled load, one of rank below 2. (Swapping the last two index
+entries is an identity whatever those entries are.)
 
     kernel k0 gemm { y[i0, i1] = sum_r0 x[i0, r0] * w[r0, i1] }     w: f32[768, 3072]
   becomes
@@ -21,6 +22,7 @@ one read by a load whose index is not a plain variable in its last two positions
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import numpy as np
 
@@ -28,12 +30,12 @@ from aicfc.codegen import gemm, gemm_wgmma
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Load, Rewrite, loads, map_loads
-from aicfc.ir.types import ITEMSIZE, Weight
+from aicfc.ir.types import ITEMSIZE, TensorType, Weight
 
 RULE = "weight[.., k, n] => weight[.., n, k] (K-major for wgmma)"
 
 
-def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight]) -> tuple[str, str] | None:
+def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight], types: Mapping[str, TensorType]) -> tuple[str, str] | None:
     """(the weight this GEMM reads N-major as its B operand, why it should be K-major), if any:
     tf32 wgmma reads K-major operands only; a row of N elements that is not a multiple of 16
     bytes (vocabulary projections: N = 50257) is no TMA stride, a row of K elements may be."""
@@ -42,7 +44,7 @@ def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight]) -> tuple[str, str
     c = gemm.dims(k)[0]
     if c.b.buffer not in weights or c.n is None:
         return None
-    t = plan.types()[c.b.buffer]
+    t = types[c.b.buffer]
     off = flat_offset(c.b.index, t)
     if off.coeff("r0") == 1 or off.coeff(c.n) != 1 or len(t.shape) < 2 or t.shape[-1] != gemm.dims(k)[2]:
         return None
@@ -60,7 +62,8 @@ def _swap(ld: Load) -> Load:
 
 def relayout_weights(plan: Plan) -> Plan:
     weights = {w.name: w for w in plan.weights}
-    wanted = dict(w for k in plan.kernels if (w := _wanted(k, plan, weights)))
+    types = plan.types()
+    wanted = dict(w for k in plan.kernels if (w := _wanted(k, plan, weights, types)))
     if not wanted:
         return plan
     records, done = [], set()
