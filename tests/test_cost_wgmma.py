@@ -80,3 +80,25 @@ def test_split_k_reduction_is_on_the_critical_path():
     predicted, _ = _predicted(matmul(128, 3072, 768, np.random.default_rng(0)),
                               {"unit": "wgmma", "SPLITK": 8, "NWG": 2, "MI": 1, "BN": 64, "PP": 0, "STAGES": 5})
     assert 1 / 1.5 <= 10.2 / predicted <= 1.5, predicted
+
+
+# mma at M=128 (aicfc tune's timing: back to back behind a spin kernel; benchmarks/results/
+# gemm_tune_h200_b1.txt): the same 32x64 tile on 48 blocks and on 144, where 12 SMs hold two
+# blocks and their shared-memory work sets the time (cost._combine's busiest-SM factor).
+MMA_MEASURED = [
+    ((128, 768, 768), {"unit": "mma", "BM": 32, "BN": 64, "BK": 64, "WM": 2, "WN": 4, "STAGES": 4, "SPLITK": 1}, 4.78),
+    ((128, 768, 2304), {"unit": "mma", "BM": 32, "BN": 64, "BK": 64, "WM": 2, "WN": 4, "STAGES": 4, "SPLITK": 1}, 7.60),
+    ((128, 768, 2304), {"unit": "mma", "BM": 32, "BN": 64, "BK": 64, "WM": 2, "WN": 4, "STAGES": 3, "SPLITK": 1}, 7.66),
+    ((128, 3072, 768), {"unit": "mma", "BM": 32, "BN": 64, "BK": 64, "WM": 1, "WN": 4, "STAGES": 4, "SPLITK": 4}, 9.09),
+    ((128, 768, 768), {"unit": "mma", "BM": 32, "BN": 32, "BK": 64, "WM": 2, "WN": 2, "STAGES": 4, "SPLITK": 1}, 3.97),
+]
+
+
+@pytest.mark.parametrize("shape,pin,measured", MMA_MEASURED,
+                         ids=[f"{'x'.join(map(str, s))}-{p['BM']}x{p['BN']}-s{p['STAGES']}-k{p['SPLITK']}"
+                              for s, p, _ in MMA_MEASURED])
+def test_mma_small_m_within_band_of_the_h200(shape, pin, measured):
+    m, k, n = shape
+    predicted, params = _predicted(matmul(m, k, n, np.random.default_rng(0)), pin)
+    assert all(params[key] == value for key, value in pin.items())
+    assert 0.8 <= measured / predicted <= 1.25, f"measured {measured} us, predicted {predicted:.1f} us"

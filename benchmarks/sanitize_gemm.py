@@ -1,0 +1,62 @@
+"""The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
+random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles),
+its output checked finite. Run it under the sanitizer on a GPU machine:
+
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_gemm.py
+    compute-sanitizer --tool racecheck --racecheck-report analysis python3 benchmarks/sanitize_gemm.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from onnx import helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aicfc  # noqa: E402
+from benchmarks.gemm import matmul_model  # noqa: E402
+
+
+def gelu_model(m: int, k: int, n: int, rng: np.random.Generator):
+    """MatMul + bias + erf-GELU, as BERT's FFN1 exports it."""
+    from tests.test_gemm_gpu import _model
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["h"]),
+             helper.make_node("Div", ["h", "s2"], ["hd"]), helper.make_node("Erf", ["hd"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h", "e1"], ["he"]),
+             helper.make_node("Mul", ["he", "half"], ["y"])]
+    return _model(nodes, [("x", [m, k])], [m, n],
+                  {"w": rng.standard_normal((k, n)).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32),
+                   "s2": np.array(1.4142135, np.float32), "one": np.array(1.0, np.float32),
+                   "half": np.array(0.5, np.float32)})
+
+
+def main() -> int:
+    from aicf_run.bundle import Bundle
+    from aicf_run.device import open_device
+    from aicf_run.executor import Executor
+    rng = np.random.default_rng(0)
+    dev = open_device()
+    cases = [("gelu 512x768x3072 ping-pong", gelu_model(512, 768, 3072, rng), {"unit": "wgmma", "PP": 1}),
+             ("gelu 512x768x3072 cooperative", gelu_model(512, 768, 3072, rng), {"unit": "wgmma", "PP": 0}),
+             ("split-k 128x3072x768", matmul_model(128, 3072, 768, rng.standard_normal((3072, 768)).astype(np.float32)),
+              {"unit": "wgmma", "SPLITK": 4}),
+             ("edges 300x520x392 ping-pong", matmul_model(300, 520, 392, rng.standard_normal((520, 392)).astype(np.float32)),
+              {"unit": "wgmma", "PP": 1})]
+    bad = 0
+    for name, model, pin in cases:
+        payload = aicfc.compile(model, target="sm_90", precision="fp16", pin=pin)
+        ex = Executor(Bundle.from_payload(payload), dev, graph=False)
+        feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(np.float32) for i in payload["inputs"]}
+        y = list(ex.run(feeds).values())[0]
+        ex.close()
+        finite = bool(np.isfinite(y).all())
+        bad += not finite
+        print(f"{name}: {payload['kernels'][0]['params']} finite {finite}", flush=True)
+    dev.close()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
