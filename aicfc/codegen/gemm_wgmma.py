@@ -19,9 +19,13 @@ any M, N, K works without predicates or padding; what it needs is 16-byte stride
 16-byte aligned start (`TensorMap.problems`), else the candidate is declined with the reason.
 
 Parameter space: NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (BM = 64·NWG·MI);
-OUT (not a choice: the itemsize of the stored tensor where its rows can be written in 16-byte
-chunks, else 0): the consumers stage the output tile in shared memory of their own and store
-whole sectors (`gemm.staged_layout`), instead of each thread's two-column pieces from registers.
+OUT (the itemsize of the stored tensor where its rows can be written in 16-byte chunks, or 0):
+the consumers stage the output tile in shared memory of their own and store whole sectors
+(`gemm.staged_layout`), instead of each thread's two-column pieces from registers. Both are
+candidates where staging is possible: a staged fp32 tile costs as much shared memory as the
+ring (128x256 tf32 does not fit beside 3 stages), and a quad of threads' fp32 pairs already
+fills a 32-byte sector, so the cost model charges register stores of 16-bit outputs alone the
+half-sector penalty.
 PP = 1 (ping-pong, NWG = 2): each warpgroup owns whole tiles of BM = 64·MI rows and the two take
 a block's work units in turn, so one's epilogue runs under the other's k-blocks (the ring is
 shared in unit order);
@@ -226,9 +230,9 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                     per = math.ceil(ktiles / sk)
                     if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
                         continue
-                    for st in SPACE["STAGES"]:
+                    for st, o in ((st, o) for st in SPACE["STAGES"] for o in dict.fromkeys((out, 0))):
                         p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
-                             "MI": mi, "OUT": out, "STAGES": st, "SPLITK": sk, "CTAS": min(tiles * sk, hw_sms)}
+                             "MI": mi, "OUT": o, "STAGES": st, "SPLITK": sk, "CTAS": min(tiles * sk, hw_sms)}
                         if smem_bytes(p) + static_smem(p) <= smem_limit:
                             points.append(p)
     return points

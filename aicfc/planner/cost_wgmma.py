@@ -11,8 +11,8 @@ fetches the next tile:
     t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm      every m64 wgmma reads its A and B
     t_load     = 128·(BM + BN) / (l2_bandwidth / SMs)              the k-block's two TMA boxes
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
-                 + EPILOGUE_US        stores from registers count twice their bytes (half sectors);
-                                      staged through shared memory (OUT > 0), once
+                 + EPILOGUE_US        16-bit stores from registers count twice their bytes (half
+                                      sectors); fp32 ones, and staged ones (OUT > 0), once
                  + BM·BN·(epilogue instructions + STORE_OPS) / (EPILOGUE_RATE · sqrt(warpgroups))
                                       (an erf-GELU is 32 instructions an element: exposed unless PP)
                  + split-k (SPLITK > 1): the partial tile written; the last split's reads of all
@@ -74,8 +74,11 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
     extra = sum(ITEMSIZE[types[b].dtype] for b in gemm_extra_reads(k, c) if 2 * types[b].numel >= m * n * nb)
-    # stores from registers write half sectors (16 of 32 bytes per row and store); staged ones whole sectors
-    t_epi = bm * bn * (out_bytes * (1 if p.get("OUT") else 2) + extra) / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
+    # a quad of threads stores 4 column pairs of a row from registers: 16 bytes of a 32-byte sector for
+    # 16-bit outputs (each sector written twice), a whole one for fp32; staged stores write whole sectors
+    half = not p.get("OUT") and any(ITEMSIZE[types[s].dtype] < 4 for s in k.stores)
+    t_epi = bm * bn * out_bytes * (2 if half else 1) / l2_sm + bm * bn * extra / l2_sm \
+        + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
     # the epilogue's arithmetic on the tile's consumer warps, at EPILOGUE_RATE thread-instructions per us
     # per SM for one warpgroup, times sqrt(warpgroups) for more
     warps = 4 * (1 if p.get("PP") else p["NWG"])
