@@ -177,29 +177,41 @@ def torch_side(m: int, k: int, n: int, precision: str, x: np.ndarray, w: np.ndar
     t = torch_graph_us(lambda: torch.matmul(xt, wt, out=c), per, reps)
     err_graph = rel_err(c.float().cpu().numpy(), ref)   # the graph's output, for what it is worth
     return {"ref": ref, "torch_us": t, "torch_err": rel_err(yt, ref), "torch_graph_err": err_graph,
-            "per": per, "torch_single_us": rough}
+            "per": per, "torch_single_us": rough,
+            "again": lambda: torch_graph_us(lambda: torch.matmul(xt, wt, out=c), per, reps)}
 
 
-def aicf_side(dev, payload: dict, x: np.ndarray, per: int, reps: int) -> tuple[np.ndarray, float, float]:
-    """aicf: (output of one run, graph-of-PER time, host-launched launch() time)."""
+def aicf_side(dev, payload: dict, x: np.ndarray, per: int, reps: int,
+              torch_again=None, rounds: int = 1) -> tuple[np.ndarray, list[float], float, list[float]]:
+    """aicf: (output of one run, graph-of-PER times, host-launched launch() time, cuBLAS times).
+    With `rounds` > 1 the two sides' graph timings alternate (aicf, cuBLAS, aicf, ...), so that
+    clock and temperature drift reach both alike (4096^3 fp16 moved 0.85-0.97x between runs)."""
     from aicf_run.bundle import Bundle
     from aicf_run.executor import Executor
     ex = Executor(Bundle.from_payload(payload), dev)
     try:
         y = ex.run({"x": x})["y"]
-        return y, aicf_graph_us(ex, per, reps), aicf_launches_us(ex, per, reps)
+        ours, theirs = [aicf_graph_us(ex, per, reps)], []
+        for _ in range(rounds - 1):
+            theirs.append(torch_again())
+            ours.append(aicf_graph_us(ex, per, reps))
+        return y, ours, aicf_launches_us(ex, per, reps), theirs
     finally:
         ex.close()
 
 
 def bench_shape(dev, m: int, k: int, n: int, precision: str, pin: dict, compare_units: bool,
-                per_max: int = PER_REPLAY, reps: int = REPS) -> list[dict]:
-    """One row per aicf variant (see `variants`), against the same cuBLAS timing."""
+                per_max: int = PER_REPLAY, reps: int = REPS, rounds: int = 1) -> list[dict]:
+    """One row per aicf variant (see `variants`), against the same cuBLAS timing; with `rounds` > 1,
+    both sides timed `rounds` times alternately, the medians compared (`ratio_lo`/`ratio_hi`: the
+    rounds' extremes of cuBLAS / aicf, each round against the cuBLAS timing just before it)."""
     x, w = operands(m, k, n)
     import torch
     tside = torch_side(m, k, n, precision, x, w, per_max, reps)
-    torch.cuda.empty_cache()   # torch_side's tensors are gone; the aicf side gets the memory
-    ref, per = tside.pop("ref"), tside["per"]
+    ref, per, again = tside.pop("ref"), tside["per"], tside.pop("again")
+    if rounds == 1:
+        again = None
+        torch.cuda.empty_cache()   # torch_side's tensors are gone; the aicf side gets the memory
     flops = 2.0 * m * n * k
     rows = []
     for label, vpin in variants(pin, compare_units, precision):
@@ -210,14 +222,20 @@ def bench_shape(dev, m: int, k: int, n: int, precision: str, pin: dict, compare_
             payload = aicfc.compile(matmul_model(m, k, n, w), target=dev.arch, precision=precision,
                                     pin=vpin or None)
             kerns = payload["kernels"]
-            y, t_aicf, t_launch = aicf_side(dev, payload, x, per, reps)
+            y, ours, t_launch, theirs = aicf_side(dev, payload, x, per, reps, again, rounds)
         except Exception as e:   # one variant's failure is a row, not the end
             row.update(error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", ok=False)
             rows.append(row)
             continue
         err = rel_err(y, ref)
+        t_aicf = float(np.median(ours))
+        if theirs:
+            ratios = [tside["torch_us"] / ours[0]] + [t / o for t, o in zip(theirs, ours[1:])]
+            row.update(torch_us=float(np.median([tside["torch_us"]] + theirs)), rounds=rounds,
+                       ratio_lo=min(ratios), ratio_hi=max(ratios))
+            row["torch_tflops"] = flops / row["torch_us"] / 1e6
         row.update({"aicf_us": t_aicf, "aicf_launch_us": t_launch, "aicf_tflops": flops / t_aicf / 1e6,
-                    "ratio": tside["torch_us"] / t_aicf, "aicf_err": err,
+                    "ratio": row["torch_us"] / t_aicf, "aicf_err": err,
                     "ok": passes(err, precision), "torch_ok": passes(tside["torch_err"], precision),
                     "kernels": len(kerns),
                     "predicted_us": sum(kk["predicted"]["time_us"] for kk in kerns),
@@ -243,7 +261,8 @@ def format_row(r: dict) -> str:
     return (f"{head} {r['aicf_us']:>9.2f} {r['aicf_launch_us']:>9.2f} {r['torch_us']:>9.2f} "
             f"{r['aicf_tflops']:>9.1f} {r['torch_tflops']:>11.1f} {r['ratio']:>6.2f} "
             f"{r['predicted_us']:>8.1f} {r['aicf_err']:>8.1e} {r['torch_err']:>10.1e} {r['per_replay']:>3}  "
-            f"{sched}{'' if r['ok'] else '  FAIL'}")
+            f"{sched}{'' if r['ok'] else '  FAIL'}"
+            + (f"  [{r['rounds']} rounds: {r['ratio_lo']:.2f}-{r['ratio_hi']:.2f}]" if "rounds" in r else ""))
 
 
 def geomean(values: list[float]) -> float:
@@ -262,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="passed to aicfc as `aicfc compile --pin` (repeatable), e.g. unit=mma, unit=wgmma")
     ap.add_argument("--compare-units", action="store_true",
                     help="run every shape both as the planner picks (under --pin) and pinned to unit=mma")
+    ap.add_argument("--rounds", type=int, default=1, help="time both sides this many times, alternating "
+                    "(clock drift reaches both alike); medians compared, the rounds' range printed")
     ap.add_argument("--reps", type=int, default=REPS, help=f"graph replays timed per side (median; {REPS})")
     ap.add_argument("--per-replay", type=int, default=PER_REPLAY,
                     help=f"most back-to-back calls captured per graph ({PER_REPLAY})")
@@ -291,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         pin = parse_pins(args.pin)
     except ValueError as e:
         ap.error(str(e))
-    if args.reps < 1 or args.per_replay < 1:
-        ap.error("--reps and --per-replay must be >= 1")
+    if args.reps < 1 or args.per_replay < 1 or args.rounds < 1:
+        ap.error("--reps, --per-replay and --rounds must be >= 1")
     from aicf_run.device import open_device
     dev = open_device(0)
     gpu = dev.name
@@ -313,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     for precision in args.precision or PRECISIONS:
         for m, k, n in shapes:
             try:
-                new = bench_shape(dev, m, k, n, precision, pin, args.compare_units, args.per_replay, args.reps)
+                new = bench_shape(dev, m, k, n, precision, pin, args.compare_units, args.per_replay, args.reps,
+                                  args.rounds)
             except Exception as e:   # the torch side failed: a row, not the end
                 new = [{"shape": [m, k, n], "precision": precision, "variant": "-", "ok": False,
                         "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}]
