@@ -132,6 +132,43 @@ def test_bias_and_extent_one_dimensions_are_reindexed():
     same_values(p, q, {"x": np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)})
 
 
+def test_a_residual_of_the_views_shape_is_read_through_its_merge_view():
+    """A tensor of the map's shape read at its own index (a residual) is the same row-major
+    bytes under the source's shape: read through a merge view, at the new own index."""
+    p = program("""lowered "t" {
+  input %x: f32[8,4]
+  input %r: f32[2,4,4]
+  %v: f32[2,4,4] = view %x
+  %y: f32[2,4,4] = map add(load(%v, [i0, i1, i2]), load(%r, [i0, i1, i2]))
+  output %y
+}""", {})
+    q = SV.sink_views(p)
+    verify_program(q)
+    assert [print_op(op) for op in q.ops] == ["%r.merged_view: f32[8,4] = view %r",
+                                              "%y.merged: f32[8,4] = map add(load(%x, [i0, i1]), load(%r.merged_view, [i0, i1]))",
+                                              "%y: f32[2,4,4] = view %y.merged"]
+    rng = np.random.default_rng()
+    same_values(p, q, {"x": rng.standard_normal((8, 4)).astype(np.float32),
+                       "r": rng.standard_normal((2, 4, 4)).astype(np.float32)})
+
+
+def test_a_reader_through_guarded_loads_or_a_convolution_does_not_keep_a_map_in_place():
+    """A padded convolution reads the map through guarded loads (inline_producers never
+    recomputes into those): the map still runs over the view's source, read back through the view."""
+    p = program("""lowered "t" {
+  input %x: f32[8,4]
+  %v: f32[2,4,4] = view %x
+  %a: f32[2,4,4] = map exp(load(%v, [i0, i1, i2]))
+  %y: f32[2,4,4] = sum[3] load(%a, [i0, i1, i2+r0+-1], fill=0.0)
+  output %y
+}""", {})
+    q = SV.sink_views(p)
+    verify_program(q)
+    assert [print_op(op) for op in q.ops][:2] == ["%a.merged: f32[8,4] = map exp(load(%x, [i0, i1]))",
+                                                  "%a: f32[2,4,4] = view %a.merged"]
+    same_values(p, q, {"x": np.random.default_rng().standard_normal((8, 4)).astype(np.float32)})
+
+
 def test_chain_moves_as_a_whole_and_view_chains_collapse():
     """map → map over a split view: both rebuilt; the merging view after them is then a view of
     a view, which fold_views collapses and folds into the reader."""
@@ -163,11 +200,11 @@ def test_chain_moves_as_a_whole_and_view_chains_collapse():
 DECLINES = [
     ("merged_variable", """lowered "t" {
   input %x: f32[8,4]
-  input %r: f32[2,4,4]
+  input %r: f32[4,2,4]
   %v: f32[2,4,4] = view %x
-  %y: f32[2,4,4] = map add(load(%v, [i0, i1, i2]), load(%r, [i0, i1, i2]))
+  %y: f32[2,4,4] = map add(load(%v, [i0, i1, i2]), load(%r, [i1, i0, i2]))
   output %y
-}""", {}, "y", "it reads 'r' at [i0, i1, i2], which uses merged variable(s) ['i0', 'i1']: over [8, 4] they "
+}""", {}, "y", "it reads 'r' at [i1, i0, i2], which uses merged variable(s) ['i0', 'i1']: over [8, 4] they "
      "have no variable of their own"),
     ("view_elsewhere", """lowered "t" {
   input %x: f32[8,4]
@@ -217,14 +254,15 @@ def test_declines(case, text, weights, target, reason):
 
 
 def test_a_declined_reader_keeps_its_producer_in_place():
-    """c reads a residual at merged variables, so c stays; then a (read by c at its own
-    index) stays too: rebuilt, c would read it through the view back."""
+    """c reads a residual at merged variables (permuted: no merge view reads it so), so c
+    stays; then a (read by c at its own index) stays too: rebuilt, c would read it through the
+    view back."""
     p = program("""lowered "t" {
   input %x: f32[8,4]
-  input %r: f32[2,4,4]
+  input %r: f32[4,2,4]
   %v: f32[2,4,4] = view %x
   %a: f32[2,4,4] = map tanh(load(%v, [i0, i1, i2]))
-  %c: f32[2,4,4] = map add(load(%a, [i0, i1, i2]), load(%r, [i0, i1, i2]))
+  %c: f32[2,4,4] = map add(load(%a, [i0, i1, i2]), load(%r, [i1, i0, i2]))
   output %c
 }""", {})
     q = SV.sink_views(p)

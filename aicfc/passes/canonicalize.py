@@ -10,6 +10,8 @@
   `folded=<the norm's origin>`, which `lower` turns into the rewrite record. Any other
   constant BatchNormalization becomes Mul and Add by per-channel constants (a map that fuses
   into whatever produces or consumes it).
+- A pointwise `Conv` (1x1, unit strides, no padding, one group), once its BatchNormalization is
+  folded, becomes Reshape/MatMul/Add/Reshape (`conv_as_matmul`), a GEMM with its epilogue.
 
     %y: f32[4,8] = Gemm(%a, %b, %c) {alpha=2.0, beta=1.0, transA=0, transB=1} from "g"
   becomes
@@ -26,6 +28,7 @@ from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
 from aicfc.passes.cancel_views import VIEW_RULE, cancel_views
+from aicfc.passes import conv_as_matmul
 
 BN_FOLD_RULE = "Conv + BatchNormalization => Conv with folded weights"
 SCALE_RULE = "MatMul(x·c, y) => MatMul(x, y)·c"
@@ -35,6 +38,7 @@ CANON_REASONS = {
                 "plain product of the operands (up to rounding)",
     VIEW_RULE: "the reshape only merged runs of dimensions, which the transpose permuted whole: it is a transpose "
                "of the source (a pure access) followed by the merge",
+    conv_as_matmul.POINTWISE_CONV_RULE: conv_as_matmul.POINTWISE_CONV_REASON,
 }
 
 
@@ -90,7 +94,18 @@ def canonicalize(g: Graph) -> Graph:
             last = nodes.pop()
             nodes.append(Node(last.op, last.inputs, y, last.type, last.attrs, last.origin))
             types[y] = last.type
-    return cancel_views(g.replace(nodes=tuple(nodes), weights=tuple(weights),
+    # After BatchNormalization folding (which rewrites the Conv before it): pointwise convolutions
+    # become batched MatMuls (passes/conv_as_matmul.py).
+    wmap = {w.name: w for w in weights}
+    out_nodes: list[Node] = []
+    for n in nodes:
+        if conv_as_matmul.is_pointwise(n, types, wmap):
+            made, new_weights = conv_as_matmul.rewrite(n, types, wmap)
+            out_nodes += made
+            weights += new_weights
+        else:
+            out_nodes.append(n)
+    return cancel_views(g.replace(nodes=tuple(out_nodes), weights=tuple(weights),
                                   outputs=tuple(rename.get(o, o) for o in g.outputs)))
 
 

@@ -241,6 +241,9 @@ def lower(g: Graph) -> Program:
         if n.op not in LOWERINGS:
             raise AicfError(f"internal: no lowering for {n.op} (node {n.origin!r}); canonicalize must run first")
         ops.extend(LOWERINGS[n.op](n, types, scalars))
+        if n.op == "MatMul" and "folded" in n.attr:   # a pointwise Conv's, folded before it became a MatMul
+            records.append(Rewrite(BN_FOLD_RULE, n.output, True, f"BatchNormalization {n.attr['folded']!r} "
+                                   "folded into the weights and bias at compile time", 2 * n.type.nbytes))
         if "rule" in n.attr:   # a canonicalize rewrite (SCALE_RULE, VIEW_RULE) made this node
             records.append(Rewrite(n.attr["rule"], n.output, True, CANON_REASONS[n.attr["rule"]]))
         if n.op == "LayerNormalization":

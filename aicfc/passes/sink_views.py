@@ -12,15 +12,20 @@ One rule, as data (`Rule(name, match, check, build)`, passes/rule.py):
   bijection of indices that the element-wise map commutes with. Every other index the map
   uses must survive the change of domain: it may use only the variables that map one-to-one
   onto a dimension of S (alone in their split group; a bias read at [i2]) and the extent-1
-  ones (always 0). A merged variable (i0, i1 of [2,8,·] from [16,·]) has no variable of its
-  own over S; reading it any other way, through an indirect or a guarded load, or from a
-  source that is not a pure split, is declined with the reason.
+  ones (always 0). A tensor of V's shape read at the map's own index (a residual) is read
+  through a merge view of it to S's shape at the new own index: the same row-major bytes. A
+  merged variable (i0, i1 of [2,8,·] from [16,·]) has no variable of its own over S; reading
+  it any other way, through an indirect or a guarded load, or from a source that is not a pure
+  split, is declined with the reason.
 
 Maps rebuilt this way are views themselves for the maps reading them, so a chain of maps
 (tanh-GELU's eight) moves as a whole. A map is rebuilt only when every compute reading it is a
 map rebuilt with it that reads it at its own index (it then reads the rebuilt map directly) or
-a tile-compatible contraction (which stores its operands anyway): any other reader would read
-it through the view back, and inline_producers recomputes no producer read through a view.
+a contraction, tile-compatible or an implicit GEMM (whose operands inline_producers keeps
+plain loads: it reads them stored anyway), or reads it only through guarded
+loads (a padded convolution, into which inline_producers recomputes nothing): any other reader
+would read it through the view back, and inline_producers recomputes no producer read through a
+view.
 Whether a map is rebuilt thus depends on its readers and theirs on it: the maps rebuilt are
 the largest set in which every member passes the check (found by dropping failures until none
 fails). Views that nothing reads any more are dropped.
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 
 from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite, View, identity_index,
                               indirect_dims, loads, map_loads, reindex)
-from aicfc.ir.properties import is_identity_access, why_not_tile_compatible
+from aicfc.ir.properties import implicit_gemm, is_identity_access, why_not_tile_compatible
 from aicfc.ir.types import TensorType
 from aicfc.passes.fold_views import drop_unread_views, split_groups
 from aicfc.passes.rule import Rule
@@ -123,6 +128,8 @@ def _check(m: Sink, ctx: Context) -> str | None:
     for ld in loads(op.body):
         if _viewed(ld.buffer, ctx) and _own_index(ld, op, ctx) and _source(ld.buffer, ctx)[1] == shape:
             continue
+        if _own_index(ld, op, ctx):   # any other tensor of the map's shape: read through its merge view
+            continue
         used = sorted({v for a in ld.index for v, _ in a.terms} & merged)
         if used:
             return (f"it reads {ld.buffer!r} at [{', '.join(map(str, ld.index))}], which uses merged "
@@ -130,8 +137,13 @@ def _check(m: Sink, ctx: Context) -> str | None:
     for c in ctx.readers.get(op.out, []):
         if not isinstance(c, Compute):
             continue
-        rebuilt_too = c.out in ctx.sinking and all(_own_index(ld, c, ctx) for ld in loads(c.body) if ld.buffer == op.out)
-        if not rebuilt_too and why_not_tile_compatible(c) is not None:
+        reads = [ld for ld in loads(c.body) if ld.buffer == op.out]
+        rebuilt_too = c.out in ctx.sinking and all(_own_index(ld, c, ctx) for ld in reads)
+        # a reader whose every load is guarded (a padded convolution's) never recomputes the map
+        # (inline_producers declines guarded reads): the map is stored either way
+        guarded = all(ld.fill is not None for ld in reads)
+        contraction = why_not_tile_compatible(c) is None or implicit_gemm(c) is not None
+        if not rebuilt_too and not guarded and not contraction:
             return (f"its reader {c.out!r} is not rebuilt with it and is no contraction: it would read it through "
                     "the view back, and a producer read through a view is stored, no longer recomputed there")
     return None
@@ -147,16 +159,30 @@ def _build(m: Sink, ctx: Context) -> tuple[list[Op], Rewrite]:
     rename = {f"i{t}": Affine() for t, n in enumerate(op.type.shape) if n == 1}
     rename |= {f"i{g[0]}": Affine.var(f"i{j}") for j, g in enumerate(groups) if len(g) == 1}
 
+    merges: dict[str, View] = {}
+
+    def fresh(name: str) -> str:
+        while name in ctx.types:
+            name += "'"
+        return name
+
     def move(ld: Load) -> Expr:
         if _viewed(ld.buffer, ctx) and _own_index(ld, op, ctx) and _source(ld.buffer, ctx)[1] == shape:
             return Load(_source(ld.buffer, ctx)[0], identity_index(len(shape)))
+        if _own_index(ld, op, ctx):
+            # a tensor of the map's shape read at the map's own index (a residual): the same row-major
+            # bytes under the merged shape, read at the new own index
+            if ld.buffer not in merges:
+                t = ctx.types[ld.buffer]
+                v = View(fresh(f"{ld.buffer}.merged_view"), TensorType(t.dtype, shape), ld.buffer, op.origin)
+                ctx.types[v.out] = v.type
+                merges[ld.buffer] = v
+            return Load(merges[ld.buffer].out, identity_index(len(shape)))
         return reindex(ld, tuple(a.substitute(rename) for a in ld.index))
-    name = f"{op.out}.merged"
-    while name in ctx.types:
-        name += "'"
+    name = fresh(f"{op.out}.merged")
     new = Compute(name, TensorType(op.type.dtype, shape), "map", (), map_loads(op.body, move), op.origin)
     sources = [_source(b, ctx)[0] for b in m.viewed]
-    return [new, View(op.out, op.type, name, op.origin)], Rewrite(
+    return [*merges.values(), new, View(op.out, op.type, name, op.origin)], Rewrite(
         RULE, op.out, True, f"runs over {list(shape)} as {name!r}, reading {sources} at its own index; "
         f"{op.out!r} is its view as {list(op.type.shape)}")
 
@@ -209,8 +235,9 @@ def sink_views(p: Program) -> Program:
     for op in ops:
         if isinstance(op, Compute) and op.out in members:
             built, record = SINK.build(SINK.match(op, ctx), ctx)
-            ctx.rebuilt[op.out] = built[0].out        # its readers read the rebuilt compute
-            ctx.types[built[0].out] = built[0].type
+            compute = next(b for b in built if isinstance(b, Compute))
+            ctx.rebuilt[op.out] = compute.out         # its readers read the rebuilt compute
+            ctx.types[compute.out] = compute.type
             new_ops += built
             records.append(record)
             continue

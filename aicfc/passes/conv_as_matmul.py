@@ -1,0 +1,76 @@
+"""conv_as_matmul: a pointwise convolution is a batched matrix product (part of canonicalize).
+
+A Conv whose kernel is 1x1, with unit strides, no padding and one group, reads input channel c
+at the output's own spatial position: y[n, m, p] = sum_c w[m, c] · x[n, c, p] over the
+flattened positions p = h·W + w. That is MatMul(w[M, C], x[N, C, H·W]) with the weight
+broadcast over the batch, so the GEMM families (and on sm_90 the Hopper engine) take it, with
+the bias, the folded BatchNormalization, the activation and the residual add as its epilogue
+exactly as for a transformer's projections. The property is `pointwise_window` (every window
+is one tap at the output's position); the rewrite is recorded as rule POINTWISE_CONV_RULE.
+
+    %y: f32[2,64,56,56] = Conv(%x, %w, %b) {kernel_shape=[1,1], strides=[1,1], pads=[0,0,0,0], group=1}
+  becomes
+    %y.x: f32[2,256,3136] = Reshape(%x) {shape=[2, 256, 3136]}
+    %y.mm: f32[2,64,3136] = MatMul(%y.matrix, %y.x) {rule=...}     %y.matrix: the weight as [64, 256]
+    %y.biased: f32[2,64,3136] = Add(%y.mm, %y.column)             %y.column: the bias as [64, 1]
+    %y: f32[2,64,56,56] = Reshape(%y.b) {shape=[2, 64, 56, 56]}
+
+Strided 1x1 convolutions (a downsampling projection) stay convolutions: their input rows are
+not one matrix. Channel-last layouts are the layout decision's to make, not this rewrite's.
+"""
+from __future__ import annotations
+
+from aicfc.ir.high import Node, make_attrs
+from aicfc.ir.ops import OPS
+from aicfc.ir.types import Weight
+
+POINTWISE_CONV_RULE = "Conv 1x1 (unit strides, no padding, one group) => MatMul"
+POINTWISE_CONV_REASON = ("pointwise_window: every output reads one tap at its own position, so the convolution is "
+                         "a matrix product of the [M, C] weight with the input's [C, H*W] positions, per image")
+
+
+def is_pointwise(n: Node, types: dict, constants: dict[str, Weight]) -> bool:
+    """A 2-D Conv that is a batched matrix product (see the module docstring)."""
+    if n.op != "Conv" or len(types[n.inputs[0]].shape) != 4 or n.inputs[1] not in constants:
+        return False
+    at = n.attr
+    w = types[n.inputs[1]].shape
+    return (tuple(w[2:]) == (1, 1) and at.get("group", 1) == 1 and all(s == 1 for s in at["strides"])
+            and not any(at["pads"]) and (len(n.inputs) < 3 or n.inputs[2] in constants))
+
+
+def rewrite(n: Node, types: dict, constants: dict[str, Weight]) -> tuple[list[Node], list[Weight]]:
+    """The nodes and weights that replace pointwise Conv `n` (`is_pointwise` holds)."""
+    x, y = n.inputs[0], n.output
+    bn, c, h, wd = types[x].shape
+    m = types[n.inputs[1]].shape[0]
+    origin = n.origin
+    attrs = {"rule": POINTWISE_CONV_RULE}
+    if "folded" in n.attr:
+        attrs["folded"] = n.attr["folded"]
+
+    def fresh(name: str) -> str:
+        while name in types or name in constants:
+            name += "'"
+        return name
+
+    weights = [Weight.of(fresh(f"{y}.matrix"), constants[n.inputs[1]].array().reshape(m, c))]
+    types[weights[0].name] = weights[0].type
+    if len(n.inputs) == 3:
+        weights.append(Weight.of(fresh(f"{y}.column"), constants[n.inputs[2]].array().reshape(m, 1)))
+        types[weights[1].name] = weights[1].type
+    nodes: list[Node] = []
+
+    def emit(op: str, inputs: tuple[str, ...], out: str, at: dict) -> str:
+        out = out if out == y else fresh(out)
+        t = OPS[op].infer([types[i] for i in inputs], at)
+        types[out] = t
+        nodes.append(Node(op, inputs, out, t, make_attrs(at), origin))
+        return out
+
+    flat = emit("Reshape", (x,), f"{y}.x", {"shape": (bn, c, h * wd)})
+    out = emit("MatMul", (weights[0].name, flat), f"{y}.mm", attrs)
+    if len(weights) == 2:
+        out = emit("Add", (out, weights[1].name), f"{y}.biased", {})
+    emit("Reshape", (out,), y, {"shape": (bn, m, h, wd)})
+    return nodes, weights
