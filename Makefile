@@ -5,7 +5,7 @@ PYTHON ?= python3
 EXAMPLES := examples/mlp.onnx examples/block.onnx examples/encoder.onnx examples/decoder.onnx \
 	examples/mlp_x.npy examples/block_x.npy examples/encoder_x.npy examples/decoder_x.npy
 
-.PHONY: install examples demo test gpu-test golden readme-ops clean
+.PHONY: install examples demo test gpu-test fuzz golden readme-ops clean
 
 install:
 	$(PYTHON) -m pip install -e '.[dev]'
@@ -41,6 +41,13 @@ test:
 gpu-test:
 	$(PYTHON) -m pytest -m gpu -q
 
+# Fuzz the bundle and ONNX readers for FUZZ_SECONDS per target (tests/fuzz_harness.py);
+# prints executions and distinct failures per target, reproducers in fuzz-out/. `make test`
+# runs the same targets briefly.
+FUZZ_SECONDS ?= 600
+fuzz:
+	$(PYTHON) -m tests.fuzz_harness --seconds $(FUZZ_SECONDS) --out fuzz-out
+
 # Rewrite the README's support table from aicfc/ir/support.py.
 readme-ops:
 	$(PYTHON) -c "import pathlib; from aicfc.ir.support import with_table; p = pathlib.Path('README.md'); p.write_text(with_table(p.read_text()))"
@@ -50,5 +57,5 @@ golden:
 	AICF_UPDATE_GOLDEN=1 $(PYTHON) -m pytest -q -k golden
 
 clean:
-	rm -rf out build dist .pytest_cache *.egg-info $(EXAMPLES)
+	rm -rf out build dist .pytest_cache *.egg-info fuzz-out $(EXAMPLES)
 	find . -name __pycache__ -type d -not -path './.venv/*' -prune -exec rm -rf {} +

@@ -17,6 +17,7 @@ stream, and events it records there, are still ordered with the executor's work.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,7 @@ class Executor:
         self.device = device
         self._cuda = device.driver
         self._closed = False
+        self._thread = threading.get_ident()   # [Note: executor threads]
         self._maps: Any = None   # the tensor maps' device region (aicf_run.tensormap.upload)
         self._graph: Graph | None = None
         self._uses_graph = graph
@@ -253,6 +255,17 @@ class Executor:
     def _check_open(self) -> None:
         if self._closed:
             raise RunError("this executor is closed; load the bundle again")
+        if threading.get_ident() != self._thread:   # [Note: executor threads]
+            raise RunError("this executor was loaded on another thread and its CUDA context is "
+                           "current only there; call it from that thread, or load the bundle "
+                           "once per thread")
+        # PyCUDA's Context.get_current() makes a new wrapper each call: compare driver handles.
+        current = getattr(getattr(self._cuda, "Context", None), "get_current", None)
+        mine = getattr(self.device.context, "handle", None)
+        if current is not None and mine is not None and getattr(current(), "handle", None) != mine:
+            raise RunError("another CUDA context is current on this thread (a later "
+                           "aicf_run.load or open_device); close it first, or share one device "
+                           "between executors: Executor(bundle, device)")
 
     def _enqueue(self, launch: _Launch) -> None:
         try:

@@ -5,31 +5,108 @@ people: per kernel, what it covers, the schedule and why it won, and what it bea
 """
 from __future__ import annotations
 
+from numbers import Real
 from typing import Any
+
+from aicfc.errors import AicfError
 
 KERNEL_KEYS = ("name", "onnx_nodes", "family", "params", "grid", "block", "smem_bytes", "registers",
                "properties", "rewrites", "predicted", "candidates", "stores")
+# The keys of the decision records explain passes on; a record's other keys (free-form in the
+# format) are left out, so that the JSON view holds only what check_explainable checked.
+CANDIDATE_KEYS = ("params", "predicted_time_us", "rejected_because")
+INPLACE_KEYS = ("kernel", "output", "reuses", "reason")
+REWRITE_KEYS = ("kind", "rule", "target", "applied", "reason", "bytes_saved")
+
+
+def _only(record: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: record[k] for k in keys if k in record}
 
 
 def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
+    """The stable JSON view of a bundle's payload (one that `aicf_run.bundle` validated)."""
+    check_explainable(payload)
     mem = payload["memory"]
     return {
         "format_version": payload["format_version"],
-        "compiler": payload["compiler"],
+        "compiler": {k: payload["compiler"][k] for k in ("name", "version")},
         "target": payload["target"]["arch"],
         "target_name": payload["target"]["profile"].get("name", ""),
         "precision": payload["precision"],
-        "model": payload["model"],
+        "model": {k: payload["model"][k] for k in ("name", "source_sha256")},
         "inputs": [{k: v[k] for k in ("name", "dtype", "shape")} for v in payload["inputs"]],
         "outputs": [{k: v[k] for k in ("name", "dtype", "shape")} for v in payload["outputs"]],
-        "kernels": [{k: kern.get(k) for k in KERNEL_KEYS} | {"registers_source": "ptxas"
+        "kernels": [{k: kern.get(k) for k in KERNEL_KEYS} | {"stores": kern.get("stores", []),
+                                                             "candidates": [_only(c, CANDIDATE_KEYS) for c in kern["candidates"]],
+                                                             "registers_source": "ptxas"
                     if kern.get("registers") is not None else "unknown"} for kern in payload["kernels"]],
         "memory": {k: mem[k] for k in ("arena_bytes", "weights_bytes", "intermediate_bytes", "inplace")}
         | {"graph_intermediate_bytes": mem.get("graph_intermediate_bytes", 0)}
-        | {"buffers": [{k: b[k] for k in ("name", "region", "offset", "nbytes")} for b in payload["buffers"]]},
-        "rewrites": [d for d in payload["decisions"] if d.get("kind") == "rewrite"],
+        | {"buffers": [{k: b[k] for k in ("name", "region", "offset", "nbytes")} for b in payload["buffers"]]}
+        | {"inplace": [_only(r, INPLACE_KEYS) for r in mem["inplace"]]},
+        "rewrites": [_only(d, REWRITE_KEYS) for d in payload["decisions"] if d.get("kind") == "rewrite"],
         "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in payload["kernels"]), 3),
     }
+
+
+def check_explainable(payload: dict[str, Any]) -> None:
+    """Raise AicfError naming the first field explain needs that the bundle lacks or mistypes.
+
+    The runtime's schema (aicf_run/schema.py) checks what running needs; the decision records
+    it leaves free-form (predicted costs, candidates, the decision log, in-place decisions) are
+    checked here, so a damaged or foreign bundle gets one line instead of a KeyError.
+    """
+    name = payload["target"]["profile"].get("name", "")
+    _want(isinstance(name, str), "target.profile.name", "a str", name)
+    for i, kernel in enumerate(payload["kernels"]):
+        where = f"kernels[{i}]"
+        stores = kernel.get("stores", [])
+        _want(isinstance(stores, list) and all(isinstance(s, str) for s in stores),
+              f"{where}.stores", "a list of str", stores)
+        for key, value in kernel["predicted"].items():
+            _want(isinstance(key, str) and _number(value), f"{where}.predicted", "a map of str to numbers",
+                  {key: value})
+        for key in ("time_us", "flops", "bytes"):
+            _want(key in kernel["predicted"], f"{where}.predicted.{key}", "a number", None)
+        if "tiles_per_sm" in kernel["predicted"]:
+            for key in ("t_pipeline_us", "t_compute_us", "t_smem_us", "t_l2_us", "t_epilogue_us",
+                        "t_dram_us", "launch_us", "wave_eff", "n_eff"):
+                _want(key in kernel["predicted"], f"{where}.predicted.{key}", "a number", None)
+        for j, c in enumerate(kernel["candidates"]):
+            params = c.get("params")
+            _want(isinstance(params, dict) and all(isinstance(k, str) and isinstance(v, (int, str))
+                                                    for k, v in params.items()),
+                  f"{where}.candidates[{j}].params", "a map of str to int or str", params)
+            if "predicted_time_us" in c:
+                _want(_number(c["predicted_time_us"]), f"{where}.candidates[{j}].predicted_time_us",
+                      "a number", c["predicted_time_us"])
+            if "rejected_because" in c:
+                _want(isinstance(c["rejected_because"], str), f"{where}.candidates[{j}].rejected_because",
+                      "a str", c["rejected_because"])
+    _want(_number(payload["memory"].get("graph_intermediate_bytes", 0)), "memory.graph_intermediate_bytes",
+          "a number", payload["memory"].get("graph_intermediate_bytes"))
+    for i, record in enumerate(payload["memory"]["inplace"]):
+        for key in ("kernel", "output", "reuses", "reason"):
+            _want(isinstance(record.get(key), str), f"memory.inplace[{i}].{key}", "a str", record.get(key))
+    for i, record in enumerate(payload["decisions"]):
+        if record.get("kind") != "rewrite":
+            continue
+        for key in ("rule", "target", "reason"):
+            _want(isinstance(record.get(key), str), f"decisions[{i}].{key}", "a str", record.get(key))
+        _want(isinstance(record.get("applied"), bool), f"decisions[{i}].applied", "a bool", record.get("applied"))
+        _want(_number(record.get("bytes_saved", 0)), f"decisions[{i}].bytes_saved", "a number",
+              record.get("bytes_saved"))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _want(ok: bool, field: str, noun: str, value: Any) -> None:
+    if not ok:
+        shown = "it is missing" if value is None else f"got {type(value).__name__} {str(value)[:40]!r}"
+        raise AicfError(f"bad bundle field {field}: must be {noun}, {shown}; recompile the model "
+                        f"with `aicfc compile`")
 
 
 def _fmt_params(p: dict[str, Any]) -> str:
@@ -108,6 +185,6 @@ def explain_text(payload: dict[str, Any]) -> str:
     out.append("rewrites considered:")
     for r in e["rewrites"]:
         verdict = "applied " if r["applied"] else "declined"
-        saved = f" (saves {_bytes(r['bytes_saved'])} of traffic)" if r["applied"] and r["bytes_saved"] else ""
+        saved = f" (saves {_bytes(r['bytes_saved'])} of traffic)" if r["applied"] and r.get("bytes_saved") else ""
         out.append(f"    {verdict} {r['rule']!r} on {r['target']}: {r['reason']}{saved}")
     return "\n".join(out) + "\n"

@@ -4,6 +4,15 @@ The cache key is the SHA-256 of the source, the target, the flags and nvcc's ver
 unchanged model recompiles without running nvcc. Register counts come from ptxas's own
 resource report (`-Xptxas -v`) and are cached with the cubin.
 
+[Note: cubin cache entry] One file per key, `<key>.entry`: a 4-byte little-endian length, a
+JSON header {registers, spills, size, sha256} and the cubin. Several `aicfc compile`
+processes may share the cache, and any may be killed at any point, so an entry is written to
+a temporary file of a unique name in the cache folder and renamed over `<key>.entry`
+(os.replace, atomic within a filesystem): a reader sees no entry or a whole one. A reader
+still verifies the cubin's size and SHA-256 against the header (a disk error, or a hand-edited
+file) and rebuilds an entry that fails, never loading it. Two processes building the same key
+both run nvcc; the last rename wins, and either entry is whole.
+
 A kernel that uses an architecture-specific feature (Hopper's wgmma needs `sm_90a`) says so in
 a line `// aicf: needs sm_90a` of its source; a module holding one is built for that target
 when it is the plain target's own (sm_90 -> sm_90a), and such a cubin runs on that GPU only.
@@ -16,7 +25,9 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -84,13 +95,10 @@ def build(source: str, arch: str) -> Built:
     arch = effective_arch(source, arch)
     key = hashlib.sha256("\0".join([source, arch, nvcc_version(), *FLAGS]).encode()).hexdigest()
     folder = cache_dir()
-    cubin_path, meta_path = folder / f"{key}.cubin", folder / f"{key}.json"
-    if cubin_path.is_file() and meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-            return Built(cubin_path.read_bytes(), meta["registers"], meta["spills"], True)
-        except (OSError, ValueError, KeyError):
-            pass  # a damaged cache entry is rebuilt
+    entry = folder / f"{key}.entry"
+    cached = read_entry(entry)
+    if cached is not None:
+        return cached
     with tempfile.TemporaryDirectory(prefix="aicf-nvcc-") as tmp:
         src, out = Path(tmp) / "module.cu", Path(tmp) / "module.cubin"
         src.write_text(source)
@@ -104,12 +112,45 @@ def build(source: str, arch: str) -> Built:
             raise AicfError(f"nvcc failed on the generated module (a compiler bug; please report it): {first}")
         cubin = out.read_bytes()
     regs, spills = _resources(proc.stderr)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp_path = cubin_path.with_suffix(".tmp")
-        tmp_path.write_bytes(cubin)
-        os.replace(tmp_path, cubin_path)
-        meta_path.write_text(json.dumps({"registers": regs, "spills": spills}))
-    except OSError:
-        pass  # caching is an optimization; a read-only home still compiles
+    write_entry(entry, cubin, regs, spills)
     return Built(cubin, regs, spills, False)
+
+
+_LENGTH = struct.Struct("<I")
+
+
+def read_entry(path: Path) -> Built | None:
+    """The cached build at `path`, or None when it is missing or fails verification
+    ([Note: cubin cache entry])."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        (n,) = _LENGTH.unpack_from(data)
+        header = json.loads(data[_LENGTH.size:_LENGTH.size + n])
+        cubin = data[_LENGTH.size + n:]
+        if (len(cubin) != header["size"] or hashlib.sha256(cubin).hexdigest() != header["sha256"]
+                or not isinstance(header["registers"], dict) or not isinstance(header["spills"], dict)):
+            return None
+        return Built(cubin, header["registers"], header["spills"], True)
+    except (struct.error, ValueError, TypeError, KeyError):
+        return None
+
+
+def write_entry(path: Path, cubin: bytes, regs: dict[str, int], spills: dict[str, int]) -> None:
+    """Store a build at `path` atomically ([Note: cubin cache entry]); best effort, since
+    caching is an optimization (a read-only cache folder still compiles)."""
+    header = json.dumps({"registers": regs, "spills": spills, "size": len(cubin),
+                         "sha256": hashlib.sha256(cubin).hexdigest()}).encode()
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(temp, "xb") as f:
+            f.write(_LENGTH.pack(len(header)) + header + cubin)
+        os.replace(temp, path)
+    except OSError:
+        temp.unlink(missing_ok=True)
+    except BaseException:   # interrupted (Ctrl-C): leave no temporary file behind
+        temp.unlink(missing_ok=True)
+        raise

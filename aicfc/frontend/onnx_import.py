@@ -75,14 +75,18 @@ def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in t.external_data}
-        where = (folder / info.get("location", "")).resolve()
-        if folder not in where.parents:
+        try:
+            where = (folder / info.get("location", "")).resolve()
+            inside, present = folder in where.parents, where.is_file()
+        except (OSError, ValueError) as e:   # a NUL byte, a name too long, a loop of links
+            raise AicfError(f"initializer {t.name!r}: external data location {info.get('location', '')[:80]!r} "
+                            f"is not a usable path ({type(e).__name__}); export the model again") from None
+        if not inside:
             raise AicfError(f"initializer {t.name!r} points to external data {info.get('location')!r} "
                             "outside the model's folder; move the data next to the model")
-        if not where.is_file():
+        if not present:
             raise AicfError(f"initializer {t.name!r}: external data file {where.name!r} is missing")
-        length = int(info.get("length", 0) or 0)
-        offset = int(info.get("offset", 0) or 0)
+        length, offset = (_external_int(t.name, info, key) for key in ("length", "offset"))
         if offset + length > where.stat().st_size:
             raise AicfError(f"initializer {t.name!r}: external data {where.name!r} is shorter than it claims")
     try:
@@ -123,7 +127,8 @@ def _input_type(vi: onnx.ValueInfoProto, overrides: dict[str, tuple[int, ...]]) 
     tt = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
         raise AicfError(f"input {vi.name!r} is not a tensor; only tensor inputs are supported")
-    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
+    known = tt.elem_type in onnx.TensorProto.DataType.values()
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type and known else None
     dtype = NUMPY_TO_IR.get(np.dtype(np_dtype)) if np_dtype is not None else None
     if dtype not in INPUT_DTYPES or tt.elem_type == onnx.TensorProto.BFLOAT16:
         raise AicfError(f"input {vi.name!r} has dtype {np_dtype}; supported input dtypes are float32, "
@@ -149,8 +154,34 @@ def _input_type(vi: onnx.ValueInfoProto, overrides: dict[str, tuple[int, ...]]) 
     return TensorType(dtype, tuple(dims))
 
 
+def _external_int(name: str, info: dict[str, str], key: str) -> int:
+    """The external-data `key` (offset or length) of initializer `name`: a non-negative int."""
+    text = info.get(key, "") or "0"
+    if not text.isascii() or not text.isdigit():
+        raise AicfError(f"initializer {name!r}: external data {key} {text[:40]!r} is not a non-negative "
+                        f"integer; export the model again")
+    return int(text)
+
+
 def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    try:
+        return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    except ValueError as e:   # e.g. a reference attribute (ref_attr_name) outside a function
+        raise AicfError(f"node {node.name or node.op_type!r}: an attribute cannot be read "
+                        f"({' '.join(str(e).split())[:120]}); export the model again") from None
+
+
+def _array(tensor: onnx.TensorProto, what: str) -> np.ndarray:
+    """The tensor's values; a tensor whose data disagrees with its dims or type is refused.
+
+    The ONNX checker does not compare raw_data's length with the dims, nor reject an unknown
+    data_type, so numpy_helper raises ValueError or KeyError on such a model.
+    """
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, KeyError, TypeError, OverflowError) as e:
+        detail = " ".join(str(e).split())[:120] or type(e).__name__
+        raise AicfError(f"{what} {tensor.name!r} is malformed ({detail}); export the model again") from None
 
 
 def _weight(name: str, array: np.ndarray) -> Weight:
@@ -178,7 +209,7 @@ def import_model(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
         raise AicfError(f"the model declares opset {opset}, newer than opset {newest}, the newest aicfc knows; "
                         f"re-export it with opset {newest} or older")
     g = model.graph
-    weights: dict[str, Weight] = {t.name: _weight(t.name, numpy_helper.to_array(t)) for t in g.initializer}
+    weights: dict[str, Weight] = {t.name: _weight(t.name, _array(t, "initializer")) for t in g.initializer}
     names = [vi.name for vi in g.input if vi.name not in weights]
     unknown = set(shapes) - set(names)
     if unknown:
@@ -192,7 +223,7 @@ def import_model(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
         if n.op_type == "Constant":
             if "value" not in at:
                 raise AicfError(f"Constant node {origin!r}: only the 'value' form is supported")
-            weights[n.output[0]] = _weight(n.output[0], numpy_helper.to_array(at["value"]))
+            weights[n.output[0]] = _weight(n.output[0], _array(at["value"], "Constant value"))
             types[n.output[0]] = weights[n.output[0]].type
             continue
         args = [x for x in n.input if x]
@@ -614,7 +645,7 @@ def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType]
     if op == "Shape":
         return {"start": at.get("start", 0), "end": at.get("end", None)}
     if op == "ConstantOfShape":
-        value = numpy_helper.to_array(at["value"]) if "value" in at else np.zeros(1, np.float32)
+        value = _array(at["value"], "ConstantOfShape value") if "value" in at else np.zeros(1, np.float32)
         return {"value": value}
     raise AssertionError(op)
 

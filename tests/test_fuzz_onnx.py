@@ -1,0 +1,118 @@
+"""Fuzzed ONNX models (tests/fuzz_harness.py): a short derandomized run of each model target,
+and one regression test per failure class the fuzzers found, through `aicfc compile` (exit 2,
+one line, no output file). `make fuzz` runs the same targets for minutes each."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import helper, numpy_helper
+
+from tests import fuzz_harness as F
+from tests import onnx_builders as B
+from tests.test_cli import aicfc, assert_user_error
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, onnx.ModelProto]:
+    return F.seed_models()
+
+
+def _fuzz(strategy: Any, examples: int, folder: Path) -> None:
+    @settings(max_examples=examples, derandomize=True, **F.FUZZ_SETTINGS)
+    @given(st.data())
+    def one(data: st.DataObject) -> None:
+        F.check_model_bytes(data.draw(strategy), folder)
+    one()
+
+
+def test_fuzz_onnx_bytes(models: dict[str, onnx.ModelProto], tmp_path: Path) -> None:
+    _fuzz(F._model_bytes_strategy(models), 150, tmp_path)
+
+
+def test_fuzz_onnx_tree(models: dict[str, onnx.ModelProto], tmp_path: Path) -> None:
+    _fuzz(F._model_tree_strategy(models), 150, tmp_path)
+
+
+def test_seeds_are_valid(models: dict[str, onnx.ModelProto], tmp_path: Path) -> None:
+    from aicfc.frontend.onnx_import import import_model, load_model
+    for name, model in models.items():
+        path = B.save(model, tmp_path / f"{name}.onnx")
+        assert import_model(load_model(path), {}).nodes
+
+
+# --- regressions: what the fuzzers found, each exit 2 with one line and no bundle ---
+
+
+def _compile(tmp_path: Path, model: onnx.ModelProto, *needles: str) -> None:
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())   # onnx.save would refuse some of these
+    out = tmp_path / "out.aicf"
+    assert_user_error(aicfc("compile", str(path), "-o", str(out)), *needles)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]   # no bundle, no temp file
+
+
+def _add_model(weight: onnx.TensorProto) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"], name="add")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4])], [weight])
+    return B.make_model(graph)
+
+
+def _weight() -> onnx.TensorProto:
+    return numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")
+
+
+def test_initializer_data_longer_than_dims(tmp_path: Path) -> None:
+    # Was: ValueError "cannot reshape array of size 32 into shape (5,)" (the checker passes it).
+    w = _weight()
+    w.dims[0] = 3   # 16 bytes of data for 3 floats: the checker only refuses too few
+    _compile(tmp_path, _add_model(w), "initializer 'w' is malformed")
+
+
+def test_initializer_unknown_data_type(tmp_path: Path) -> None:
+    # Was: KeyError from onnx.helper.tensor_dtype_to_np_dtype.
+    model = _add_model(_weight())
+    model.graph.initializer[0].data_type = 33
+    _compile(tmp_path, model)
+
+
+def test_input_unknown_elem_type(tmp_path: Path) -> None:
+    # Was: KeyError in _input_type.
+    model = _add_model(_weight())
+    model.graph.input[0].type.tensor_type.elem_type = 6641434
+    _compile(tmp_path, model)
+
+
+def test_reference_attribute_outside_a_function(tmp_path: Path) -> None:
+    # Was: ValueError "Cannot get value of reference attribute".
+    model = B.single_op_model("Softmax", [(2, 3)], {"axis": -1})
+    model.graph.node[0].attribute[0].ref_attr_name = "axis"
+    _compile(tmp_path, model)
+
+
+@pytest.mark.parametrize("location, offset, needle", [
+    ("weights.bin", "x", "offset 'x' is not a non-negative integer"),        # was ValueError
+    ("weights.bin", "-8", "offset '-8' is not a non-negative integer"),
+    ("weights.bin\0x", "0", "is not a usable path"),                          # was ValueError
+    ("a" * 300, "0", "is not a usable path"),                                  # was OSError
+])
+def test_external_data_fields(tmp_path: Path, location: str, offset: str, needle: str) -> None:
+    (tmp_path / "weights.bin").write_bytes(bytes(64))
+    w = _weight()
+    w.ClearField("raw_data")
+    w.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in [("location", location), ("offset", offset), ("length", "16")]:
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    path = tmp_path / "model.onnx"
+    path.write_bytes(_add_model(w).SerializeToString())
+    out = aicfc("compile", str(path), "-o", str(tmp_path / "out.aicf"))
+    assert_user_error(out, needle)
+    assert not (tmp_path / "out.aicf").exists()
