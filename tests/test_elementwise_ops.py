@@ -208,3 +208,117 @@ def test_cuda_functions_on_the_host_match_the_interpreter(tmp_path):
         fin = np.isfinite(ref)
         assert np.array_equal(np.isnan(got[:, 4]), np.isnan(ref)) and np.array_equal(got[~fin, 4], ref[~fin], equal_nan=True)
         assert (np.abs(got[fin, 4] - ref[fin]) <= 4 * np.spacing(np.abs(ref[fin]).astype(np.float32))).all()
+
+
+# ---------------------------------------------------------------- epilogues
+
+def conv_act_model(act: str, attrs: dict | None = None) -> onnx.ModelProto:
+    """in0 [2, 8, 14, 14] → Conv 3x3 (16 channels, bias, pad 1) → `act` → out, opset 22."""
+    rng = np.random.default_rng()
+    w = (rng.standard_normal((16, 8, 3, 3)) / math.sqrt(72)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(16)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["in0", "w", "b"], ["c"], name="conv_0", pads=[1, 1, 1, 1]),
+             helper.make_node(act, ["c"], ["out"], name="act_0", **(attrs or {}))]
+    return _two_node_model(nodes, (2, 8, 14, 14), {"w": w, "b": b})
+
+
+def matmul_act_model(act: str, attrs: dict | None = None) -> onnx.ModelProto:
+    """in0 [4, 64, 96] @ w [96, 160] + b → `act` → out, opset 22."""
+    rng = np.random.default_rng()
+    w = (rng.standard_normal((96, 160)) / math.sqrt(96)).astype(np.float32)
+    b = (0.1 * rng.standard_normal(160)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["in0", "w"], ["m"], name="matmul_0"),
+             helper.make_node("Add", ["m", "b"], ["c"], name="bias_0"),
+             helper.make_node(act, ["c"], ["out"], name="act_0", **(attrs or {}))]
+    return _two_node_model(nodes, (4, 64, 96), {"w": w, "b": b})
+
+
+def _two_node_model(nodes, shape, inits) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "act", [helper.make_tensor_value_info("in0", TensorProto.FLOAT, list(shape))],
+                              [onnx.ValueInfoProto(name="out")],
+                              [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    model.graph.output[0].CopyFrom(inferred.graph.output[0])
+    return model
+
+
+EPILOGUES = [("conv", "HardSwish", {}), ("conv", "HardSigmoid", {"alpha": 0.25, "beta": 0.4}), ("conv", "Mish", {}),
+             ("matmul", "Gelu", {}), ("matmul", "Gelu", {"approximate": "tanh"}), ("matmul", "HardSwish", {}),
+             ("matmul", "Softplus", {})]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("base,act,attrs", EPILOGUES, ids=[f"{b}_{a}_{'_'.join(map(str, at.values()))}" for b, a, at in EPILOGUES])
+def test_activation_is_the_contraction_epilogue(base, act, attrs, precision):
+    model = (conv_act_model if base == "conv" else matmul_act_model)(act, attrs)
+    plan = stages(model, precision)["plan_memory"]
+    assert len(plan.kernels) == 1, [k.family for k in plan.kernels]
+    (k,) = plan.kernels
+    assert k.family == ("conv" if base == "conv" else "gemm") and EPILOGUE_RULE in k.rewrites
+    assert {"act_0"} <= set(o for op in k.ops for o in op.origin)
+    inputs = B.random_inputs(model, seed=int(np.random.default_rng().integers(1 << 30)))
+    if precision == "fp16":
+        inputs = {n: v.astype(np.float16).astype(np.float32) for n, v in inputs.items()}
+    ref = B.run_onnxruntime(model, inputs)["out"]
+    got = evaluate_plan_stored(plan, inputs)["out"]
+    assert rel_err(got, ref) <= (FP32_RTOL if precision == "fp32" else FP16_RTOL)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("model", [lambda: conv_act_model("HardSwish"), lambda: matmul_act_model("Gelu")],
+                         ids=["conv_hardswish", "matmul_gelu"])
+def test_one_kernel_builds_with_nvcc(model):
+    import aicfc
+    payload = aicfc.compile(model(), precision="fp16")
+    assert len(payload["kernels"]) == 1 and all(len(m["cubin"]) > 0 for m in payload["modules"])
+
+
+# ---------------------------------------------------------------- folding and refusals
+
+def test_trilu_of_a_constant_folds():
+    """GPT-2's TorchScript export (sdpa, transformers 5.24) makes its causal mask as Trilu of a
+    constant: folded at import (integer/bool) or by fold_constants (float), never a kernel."""
+    from pathlib import Path
+    gpt2 = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "hf" / "gpt2_sdpa_ts_b1.onnx"))
+    assert any(n.op_type == "Trilu" for n in gpt2.graph.node)
+    assert not any(n.op == "Trilu" for n in stages(gpt2)["fold_constants"].nodes)
+    ones = np.random.default_rng().uniform(0.5, 1.5, (9, 9)).astype(np.float32)
+    nodes = [helper.make_node("Trilu", ["c", "k"], ["t"], name="trilu_0", upper=0),
+             helper.make_node("Mul", ["in0", "t"], ["out"], name="mul_0")]
+    model = _two_node_model(nodes, (2, 9, 9), {"c": ones, "k": np.array(1, np.int64)})
+    st = stages(model)
+    assert any(n.op == "Trilu" for n in st["import"].nodes) and not any(n.op == "Trilu" for n in st["fold_constants"].nodes)
+    inputs = B.random_inputs(model, seed=int(np.random.default_rng().integers(1 << 30)))
+    ref = B.run_onnxruntime(model, inputs)["out"]
+    assert rel_err(evaluate_ir(st["plan_memory"], inputs)["out"], ref) <= FP32_RTOL
+
+
+def test_trilu_on_run_time_masks_and_integers():
+    """bool and int64 tensors at run time (int64 exact to 2**24: it moves through float32)."""
+    rng = np.random.default_rng()
+    for dtype, np_dtype in ((TensorProto.BOOL, np.bool_), (TensorProto.INT64, np.int64)):
+        model = model_of("Trilu", [(2, 6, 11)], {"upper": 0}, inits={"k": np.array(2, np.int64)}, dtype=dtype)
+        x = {"in0": (rng.integers(-(1 << 24), 1 << 24, (2, 6, 11)) if np_dtype is np.int64
+                     else rng.random((2, 6, 11)) < 0.5).astype(np_dtype)}
+        ref = np.tril(x["in0"], 2)
+        for name, ir in stages(model).items():
+            got = evaluate_ir(ir, x)["out"]
+            assert got.dtype == np_dtype and np.array_equal(got, ref), name
+
+
+REFUSED = [
+    (lambda: model_of("Gelu", [(4, 8)], {"approximate": "erf"}), "Gelu approximate='erf' is not one of"),
+    (lambda: model_of("Mod", [(4, 8), (4, 8)], {"fmod": 0}, opset=22), "fmod=0 on floats is undefined before opset 28"),
+    (lambda: model_of("Mod", [(4, 8), (4, 8)], {"fmod": 0}, dtype=TensorProto.INT64, opset=28),
+     "Mod on run-time i64 tensors is not supported"),
+    (lambda: model_of("Trilu", [(4, 8), ()], dtype=TensorProto.INT64), "Trilu's k is computed at run time"),
+    (lambda: model_of("Abs", [(4, 8)], dtype=TensorProto.INT32), "(Abs): dtype i32 is not a float type"),
+]
+
+
+@pytest.mark.parametrize("make,message", REFUSED, ids=[m for _, m in REFUSED])
+def test_refused_in_one_line(make, message):
+    with pytest.raises(AicfError) as e:
+        import_model(make())
+    assert message in str(e.value) and "\n" not in str(e.value)
