@@ -112,11 +112,18 @@ def evaluate_plan_stored(plan, inputs: dict) -> dict:
     stores it (fp16 under --precision fp16); values inside a kernel stay float32."""
     env = {v.name: np.asarray(inputs[v.name]).astype(v.type.np_dtype).astype(np.float32) for v in plan.inputs}
     env.update({w.name: w.array() for w in plan.weights})
+
+    def settle() -> None:   # views of what is available so far (as tests/test_pipeline.evaluate_plan)
+        for v in plan.views:
+            if v.source in env and v.out not in env:
+                env[v.out] = env[v.source].reshape(v.type.shape)
+    settle()
     for k in plan.kernels:
         evaluate_ops(k.ops, env, np.float32)
         for op in k.ops:
             if op.out in k.stores:
                 env[op.out] = env[op.out].astype(op.type.np_dtype).astype(np.float32)
+        settle()
     return {o: env[o] for o in plan.outputs}
 
 
@@ -322,3 +329,8 @@ def test_refused_in_one_line(make, message):
     with pytest.raises(AicfError) as e:
         import_model(make())
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_softplus_under_fp16_records_the_approximate_exp():
+    plan = stages(model_of("Softplus", [(4, 64)]), "fp16")["plan_memory"]
+    assert any(r.rule == "exp, erf => approximate" and r.applied for r in plan.rewrites)
