@@ -34,6 +34,7 @@ CLAIMED = frozenset(OPS) | frozenset(IMPORT_ONLY)
 FROZEN_INPUTS = {"Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Split": (1,), "Unsqueeze": (1,),
                  "Squeeze": (1,), "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "Clip": (1, 2),
                  "Pow": (1,), "Dropout": (1, 2), "ConstantOfShape": (0,), "Range": (0, 1, 2)}
+FROZEN_INPUTS["Trilu"] = (1,)   # its k
 
 
 @functools.cache

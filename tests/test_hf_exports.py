@@ -52,7 +52,7 @@ def onnxruntime(model: onnx.ModelProto, inputs: dict) -> np.ndarray:
 
 
 def test_fixtures_present():
-    assert len(MODELS) == 7, MODELS
+    assert len(MODELS) == 8, MODELS
 
 
 @pytest.mark.parametrize("stem", MODELS)

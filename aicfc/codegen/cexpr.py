@@ -28,7 +28,11 @@ BINARY = {
     "ge": "(({0}) >= ({1}) ? 1.0f : 0.0f)", "le": "(({0}) <= ({1}) ? 1.0f : 0.0f)",
     "and": "(({0}) != 0.0f && ({1}) != 0.0f ? 1.0f : 0.0f)", "or": "(({0}) != 0.0f || ({1}) != 0.0f ? 1.0f : 0.0f)",
     "xor": "((({0}) != 0.0f) != (({1}) != 0.0f) ? 1.0f : 0.0f)",
+    "fmod": "fmodf({0}, {1})", "mod": "aicf_mod({0}, {1})",
 }
+# Issue 18's element-wise functions (rintf rounds half to even in the default rounding mode).
+UNARY.update({"abs": "fabsf({0})", "floor": "floorf({0})", "ceil": "ceilf({0})", "round": "rintf({0})",
+              "softplus": "aicf_softplus({0})"})
 TERNARY = {"select": "(({0}) != 0.0f ? ({1}) : ({2}))"}
 
 

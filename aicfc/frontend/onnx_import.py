@@ -17,6 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from aicfc.errors import AicfError
+from aicfc.frontend.onnx_elementwise import ELEMENTWISE_ATTR_OPS, elementwise_attrs
 from aicfc.ir.high import Graph, Node, make_attrs, verify_graph
 from aicfc.ir.ops import COMPARISONS, FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
 from aicfc.ir.types import NUMPY_TO_IR, TensorType, Value, Weight
@@ -28,6 +29,7 @@ IMPORT_ONLY = {"Constant"}
 # `CONSTANT_INPUTS[op]` inputs stay graph inputs.
 CONSTANT_INPUTS = {"Reshape": 1, "Pow": 1, "ReduceMean": 1, "ReduceSum": 1, "ReduceMax": 1}
 CONSTANT_INPUTS.update({"Clip": 1, "Dropout": 1})   # convolutional ops (`_window_attrs`)
+CONSTANT_INPUTS["Trilu"] = 1   # its k (frontend/onnx_elementwise.py)
 # Ops whose outputs after the first are refused (training statistics, masks, argmax indices).
 FIRST_OUTPUT_ONLY = {"BatchNormalization": "its running statistics", "Dropout": "its mask",
                      "MaxPool": "its Indices"}
@@ -298,6 +300,8 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         return {"axis": _axis(at.get("axis", 0), rank, origin, op)}
     if op == "GatherND":
         return {"batch_dims": int(at.get("batch_dims", 0))}
+    if op in ELEMENTWISE_ATTR_OPS:
+        return elementwise_attrs(op, at, args, types, weights, opset, origin)
     if op == "LayerNormalization":
         axis = at.get("axis", -1)
         return {"axis": axis + rank if axis < 0 else axis, "epsilon": float(at.get("epsilon", 1e-5))}

@@ -15,6 +15,7 @@ import numpy as np
 
 from aicfc.ir.lowered import Call, Compute, Const, Expr, Indirect, Load, Program, View
 from aicfc.ir.ops import erf as _erf, sigmoid as _sigmoid
+from aicfc.ir.ops_elementwise import floored_mod as _floored_mod, softplus as _softplus
 from aicfc.ir.types import TensorType
 
 MAX_ELEMENTS = 1 << 24
@@ -28,6 +29,8 @@ SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {
     "gt": np.greater, "lt": np.less, "ge": np.greater_equal, "le": np.less_equal,
     "and": lambda a, b: (a != 0) & (b != 0), "or": lambda a, b: (a != 0) | (b != 0),
     "xor": lambda a, b: (a != 0) ^ (b != 0), "not": lambda a: a == 0, "isnan": np.isnan,
+    "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "round": np.round, "softplus": _softplus,
+    "fmod": np.fmod, "mod": _floored_mod,
 }
 
 

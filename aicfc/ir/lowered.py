@@ -47,6 +47,9 @@ FNS: dict[str, int] = {
     "eq": 2, "select": 3,
     # Comparisons, logic and IsNaN (masks): 1.0 or 0.0, a logic input is true where != 0.
     "gt": 2, "lt": 2, "ge": 2, "le": 2, "and": 2, "or": 2, "xor": 2, "not": 1, "isnan": 1,
+    # Issue 18's element-wise ops: round is half to even; softplus is log(1 + exp(x)) without
+    # overflow; fmod is C's fmodf (the sign of a), mod the floored remainder (the sign of b).
+    "abs": 1, "floor": 1, "ceil": 1, "round": 1, "softplus": 1, "fmod": 2, "mod": 2,
 }
 COMBINERS = ("map", "sum", "max")
 

@@ -449,3 +449,10 @@ OPS["Cast"] = OpDef("Cast", (1, 1), _infer_cast, lambda x, at: x[0].astype(DTYPE
 for _name in ("Add", "Sub", "Mul"):
     OPS[_name] = OpDef(_name, (2, 2), _infer_any_binary, OPS[_name].evaluate)
 OPS["Div"] = OpDef("Div", (2, 2), _infer_any_binary, _divide)
+
+# Element-wise ops of current exports (issue 18): rows in ops_elementwise.py. Trilu moves float,
+# bool and integer tensors at run time (through float32 in a body: integers exact to 2**24).
+from aicfc.ir.ops_elementwise import ELEMENTWISE_OPS  # noqa: E402
+
+OPS.update({op.name: op for op in ELEMENTWISE_OPS})
+RUNTIME_DTYPES["Trilu"] = FLOATS + INTEGERS + ("bool",)

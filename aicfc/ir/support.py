@@ -72,6 +72,18 @@ NOTES: dict[str, str] = {
     "IsNaN": "float input; `Where(IsNaN(Softmax(x)), 0, ·)` (torch's exported SDPA) is absorbed by streaming attention",
     "GatherElements": "run-time or constant int64/int32 indices (an indirect index; negative ones wrap, out-of-range ones are clamped); float data",
     "GatherND": "batch_dims; run-time or constant indices (one indirect index per gathered dimension); float data",
+    "HardSigmoid": "alpha, beta; fused as a GEMM/conv epilogue",
+    "HardSwish": "fused as a GEMM/conv epilogue",
+    "Mish": "x·tanh(softplus(x)); fused as a GEMM/conv epilogue",
+    "Softplus": "stated as max(x, 0) + log1p(exp(-|x|)) (never overflows); fused as a GEMM/conv epilogue",
+    "Gelu": "opset 20; approximate none (erf) and tanh; fused as a GEMM/conv epilogue",
+    "Abs": "float at run time; integers on constants (folded)",
+    "Floor": "",
+    "Ceil": "",
+    "Round": "half to even",
+    "Mod": "floats at run time: fmod=1 (C fmod), fmod=0 (floored, opset 28; refused on floats before it); integers on constants (folded)",
+    "Mean": "any number of float inputs, broadcasting",
+    "Trilu": "upper and lower, constant k; at run time a map with an index condition (float, bool; integers exact to 2^24), on constants folded",
 }
 
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"

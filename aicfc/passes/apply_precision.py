@@ -73,7 +73,7 @@ def apply_precision(plan: Plan, precision: str) -> Plan:
                                                      op.origin) for op in k.ops)) for k in plan.kernels)
     views = tuple(v.__class__(v.out, retype(v.type), v.source, v.origin) for v in plan.views)
     records = (Rewrite(f"precision {precision}", "all floating-point tensors", True, _WHY[precision], saved),)
-    if precision in FAST_MATH and any(_calls(op.body, ("exp", "erf", "sigmoid")) for k in kernels for op in k.ops):
+    if precision in FAST_MATH and any(_calls(op.body, ("exp", "erf", "sigmoid", "softplus")) for k in kernels for op in k.ops):
         records += (Rewrite("exp, erf => approximate", "every kernel", True,
                             _FAST_WHY.format(precision=precision, bits=SIGNIFICANT_BITS[precision])),)
     return plan.replace(inputs=tuple(Value(v.name, retype(v.type)) for v in plan.inputs), weights=weights,

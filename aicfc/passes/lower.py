@@ -38,6 +38,7 @@ from aicfc.ir.properties import ONLINE
 from aicfc.ir.types import TensorType, Weight, contiguous_strides
 from aicfc.passes.canonicalize import BN_FOLD_RULE, CANON_REASONS
 from aicfc.passes.lower_cnn import CNN_LOWERINGS
+from aicfc.passes.lower_elementwise import ELEMENTWISE_LOWERINGS
 
 ZERO = Affine()
 NORM_RULE = "LayerNormalization => mean and variance sums + normalize map"
@@ -224,6 +225,10 @@ LOWERINGS: dict[str, Callable[..., list[Op]]] = {
 }
 
 
+# Lowerings that may make constants of their own (an average pool's divisors, Trilu's band).
+MAKING_CONSTANTS = CNN_LOWERINGS | ELEMENTWISE_LOWERINGS
+
+
 def lower(g: Graph) -> Program:
     types = g.types()
     scalars = {w.name: float(w.array().reshape(-1)[0]) for w in g.weights
@@ -232,8 +237,8 @@ def lower(g: Graph) -> Program:
     records: list[Rewrite] = []
     made: list[Weight] = []   # constants a CNN lowering makes (an average pool's divisors)
     for n in g.nodes:
-        if n.op in CNN_LOWERINGS:
-            ops.extend(CNN_LOWERINGS[n.op](n, types, made))
+        if n.op in MAKING_CONSTANTS:
+            ops.extend(MAKING_CONSTANTS[n.op](n, types, made))
             if n.op == "Conv" and "folded" in n.attr:
                 records.append(Rewrite(BN_FOLD_RULE, n.output, True, f"BatchNormalization {n.attr['folded']!r} "
                                        "folded into the weights and bias at compile time", 2 * n.type.nbytes))

@@ -219,6 +219,10 @@ CALL_INSTRUCTIONS = {"erf": 24, "tanh": 16, "sigmoid": 18, "exp": 8, "log": 10, 
 # Under fp16/bf16 (apply_precision.FAST_MATH) exp and erf are templates/math.cuh.j2's
 # approximations (counted in SASS, CUDA 13).
 FAST_CALL_INSTRUCTIONS = {**CALL_INSTRUCTIONS, "erf": 18, "sigmoid": 12, "exp": 2}
+# Issue 18's functions (estimates): softplus is an exp and a log1p; fmodf's exact remainder
+# loops over the exponent gap (a few steps for operands of like magnitude); mod adds its fix-up.
+CALL_INSTRUCTIONS.update({"softplus": 22, "fmod": 20, "mod": 26})
+FAST_CALL_INSTRUCTIONS.update({"softplus": 16, "fmod": 20, "mod": 26})
 
 
 def fast_math(k: Kernel, types: Mapping) -> bool:

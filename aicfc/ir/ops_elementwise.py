@@ -1,0 +1,87 @@
+"""High IR rows of the element-wise ops of current exports (issue 18): MobileNetV3's HardSigmoid
+and HardSwish, Mish, Softplus, the opset-20 Gelu, Abs, Floor, Ceil, Round, Mod, Mean, Trilu.
+
+`aicfc.ir.ops` appends these rows to its table (import it, not this module, first). The
+importer (frontend/onnx_elementwise.py) has normalized the attributes: HardSigmoid's `alpha`
+and `beta`, Gelu's `approximate` ("none" or "tanh"), Mod's `fmod` (0 or 1), Trilu's `upper`
+and its constant `k`. The numpy meanings below follow the ONNX specification and are the
+reference the lowered programs are checked against; they compute in the input's dtype, so a
+float64 input gives a float64 reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from aicfc.ir.ops import (Attrs, OpDef, OpTypeError, TensorType, _infer_any_binary, _infer_unary, _infer_variadic,
+                          erf)
+
+SQRT_2_OVER_PI = 0.7978845608028654   # Gelu's tanh form: sqrt(2/pi)
+GELU_CUBIC = 0.044715
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|))."""
+    return np.logaddexp(np.zeros((), x.dtype), x).astype(x.dtype)
+
+
+def hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    t = x.dtype.type
+    return np.maximum(np.minimum(t(alpha) * x + t(beta), t(1)), t(0)).astype(x.dtype)
+
+
+def gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    t = x.dtype.type
+    if approximate == "tanh":
+        inner = t(SQRT_2_OVER_PI) * (x + t(GELU_CUBIC) * x * x * x)
+        return (t(0.5) * x * (t(1) + np.tanh(inner))).astype(x.dtype)
+    return (t(0.5) * x * (t(1) + erf(x / t(np.sqrt(2.0))))).astype(x.dtype)
+
+
+def floored_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ONNX Mod with fmod=0 (opset 28): a - floor(a / b)·b, the sign of b. For floats the
+    truncated remainder is moved into b's sign by adding b; a zero takes b's sign; x = ±inf or
+    b = 0 give NaN (fmod does), b = ±inf with x of the other sign gives b."""
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return np.mod(a, b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.fmod(a, b)
+        r = np.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+        return np.where(r == 0, np.copysign(np.zeros_like(r), b), r).astype(np.result_type(a, b))
+
+
+def _mod(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    a, b = x
+    if at["fmod"]:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.fmod(a, b)
+    return floored_mod(a, b)
+
+
+def _infer_trilu(t: list[TensorType], at: Attrs) -> TensorType:
+    if len(t[0].shape) < 2:
+        raise OpTypeError(f"Trilu needs a rank >= 2 input, got rank {len(t[0].shape)}")
+    return t[0]
+
+
+def _trilu(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    return (np.triu if at["upper"] else np.tril)(x[0], at["k"])
+
+
+ELEMENTWISE_OPS = [
+    OpDef("HardSigmoid", (1, 1), _infer_unary, lambda x, at: hard_sigmoid(x[0], at["alpha"], at["beta"]),
+          ("alpha", "beta")),
+    OpDef("HardSwish", (1, 1), _infer_unary, lambda x, _: (x[0] * hard_sigmoid(x[0], 1 / 6, 0.5)).astype(x[0].dtype)),
+    OpDef("Softplus", (1, 1), _infer_unary, lambda x, _: softplus(x[0])),
+    OpDef("Mish", (1, 1), _infer_unary, lambda x, _: (x[0] * np.tanh(softplus(x[0]))).astype(x[0].dtype)),
+    OpDef("Gelu", (1, 1), _infer_unary, lambda x, at: gelu(x[0], at["approximate"]), ("approximate",)),
+    OpDef("Abs", (1, 1), _infer_unary, lambda x, _: np.abs(x[0])),
+    OpDef("Floor", (1, 1), _infer_unary, lambda x, _: np.floor(x[0])),
+    OpDef("Ceil", (1, 1), _infer_unary, lambda x, _: np.ceil(x[0])),
+    # numpy's round is half to even, as ONNX says.
+    OpDef("Round", (1, 1), _infer_unary, lambda x, _: np.round(x[0])),
+    # Integers too, on constants (folded): shape arithmetic.
+    OpDef("Mod", (2, 2), _infer_any_binary, _mod, ("fmod",)),
+    OpDef("Mean", (1, 1 << 16), _infer_variadic,
+          lambda x, _: (np.asarray(sum(x[1:], x[0])) / x[0].dtype.type(len(x))).astype(x[0].dtype)),
+    OpDef("Trilu", (1, 1), _infer_trilu, _trilu, ("k", "upper")),
+]
