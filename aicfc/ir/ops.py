@@ -449,3 +449,11 @@ OPS["Cast"] = OpDef("Cast", (1, 1), _infer_cast, lambda x, at: x[0].astype(DTYPE
 for _name in ("Add", "Sub", "Mul"):
     OPS[_name] = OpDef(_name, (2, 2), _infer_any_binary, OPS[_name].evaluate)
 OPS["Div"] = OpDef("Div", (2, 2), _infer_any_binary, _divide)
+
+# Pad, CumSum, ReduceMin/Prod/L2, ArgMax/ArgMin, TopK (issue 18): rows in ops_data.py.
+from aicfc.ir.ops_data import DATA_OPS  # noqa: E402
+
+OPS.update({op.name: op for op in DATA_OPS})
+# Their int64 results (indices) are exact: sums and picks of 0/1 and of indices below 2**24
+# (lower_data.py); the type rules keep their data inputs float.
+RUNTIME_DTYPES.update({op: ("f32", "f16", "i64") for op in ("ArgMax", "ArgMin", "TopK")})

@@ -72,6 +72,22 @@ NOTES: dict[str, str] = {
     "IsNaN": "float input; `Where(IsNaN(Softmax(x)), 0, ·)` (torch's exported SDPA) is absorbed by streaming attention",
     "GatherElements": "run-time or constant int64/int32 indices (an indirect index; negative ones wrap, out-of-range ones are clamped); float data",
     "GatherND": "batch_dims; run-time or constant indices (one indirect index per gathered dimension); float data",
+    # issue 18: data movement, reductions, selection, contractions
+    "Tile": "constant repeats; a reshape, a broadcast (Expand) and a reshape, read in place by the consumer",
+    "Pad": "constant mode, constant pads (negative ones crop), value and axes: one guarded read; edge/reflect/wrap refused",
+    "DepthToSpace": "DCR and CRD, 4-D: a reshape, a transpose and a reshape (folded into the reader's access)",
+    "SpaceToDepth": "DCR and CRD, 4-D: a reshape, a transpose and a reshape (folded into the reader's access)",
+    "CumSum": "any constant axis, exclusive, reverse; float32/16 (a sum over a guarded window: quadratic in the "
+              "axis's extent); run-time integers and float64 refused",
+    "ReduceMin": "one reduced axis (or several of extent 1); keepdims",
+    "ReduceProd": "one reduced axis (or several of extent 1); keepdims",
+    "ReduceL2": "one reduced axis (or several of extent 1); keepdims; sqrt of a sum of squares",
+    "ArgMax": "any axis, keepdims, select_last_index; float input (NaNs ignored); axis under 2**24",
+    "ArgMin": "any axis, keepdims, select_last_index; float input (NaNs ignored); axis under 2**24",
+    "TopK": "constant k, any axis, largest/smallest, values and indices (sorted; ties to the lower index); "
+            "float input without NaNs; quadratic in the axis's extent",
+    "Einsum": "one or two operands, sums, transposes and contractions (batched, ellipsis, implicit output) as "
+              "Transpose/Reshape/MatMul (the GEMM family); diagonals and three or more operands refused",
 }
 
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"

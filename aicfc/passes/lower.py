@@ -38,6 +38,7 @@ from aicfc.ir.properties import ONLINE
 from aicfc.ir.types import TensorType, Weight, contiguous_strides
 from aicfc.passes.canonicalize import BN_FOLD_RULE, CANON_REASONS
 from aicfc.passes.lower_cnn import CNN_LOWERINGS
+from aicfc.passes.lower_data import DATA_LOWERINGS
 
 ZERO = Affine()
 NORM_RULE = "LayerNormalization => mean and variance sums + normalize map"
@@ -94,9 +95,10 @@ def _softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
     ]
 
 
-def _reduce(combiner: str, mean: bool = False) -> Callable[..., list[Op]]:
-    """ReduceSum/ReduceMax/ReduceMean over their one axis with more than one element (the
-    importer refuses more); a mean is the sum of x·(1/n). Reduced axes of one element read 0."""
+def _reduce(combiner: str, mean: bool = False, l2: bool = False) -> Callable[..., list[Op]]:
+    """ReduceSum/Max/Min/Prod/Mean/L2 over their one axis with more than one element (the
+    importer refuses more); a mean is the sum of x·(1/n), an L2 norm the square root of the
+    sum of x·x (a reduction and a map). Reduced axes of one element read 0."""
     def lower_node(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
         src = types[n.inputs[0]].shape
         axes, keep = n.attr["axes"], n.attr["keepdims"]
@@ -105,11 +107,18 @@ def _reduce(combiner: str, mean: bool = False) -> Callable[..., list[Op]]:
         index = tuple(Affine.var("r0") if d in wide else ZERO if d in axes else Affine.var(f"i{kept.index(d)}")
                       for d in range(len(src)))
         body: Expr = Load(n.inputs[0], index)
+        if l2:
+            body = Call("mul", (body, body))
         if not wide:
-            return [Compute(n.output, n.type, "map", (), body, (n.origin,))]
+            return [Compute(n.output, n.type, "map", (), Call("sqrt", (body,)) if l2 else body, (n.origin,))]
         extent = src[wide[0]]
         if mean:
             body = Call("mul", (body, Const(1.0 / extent)))
+        if l2:
+            sq = f"{n.output}.sumsq"
+            return [Compute(sq, n.type, "sum", (extent,), body, (n.origin,)),
+                    Compute(n.output, n.type, "map", (), Call("sqrt", (Load(sq, identity_index(len(n.type.shape))),)),
+                            (n.origin,))]
         return [Compute(n.output, n.type, combiner, (extent,), body, (n.origin,))]
     return lower_node
 
@@ -238,6 +247,9 @@ def lower(g: Graph) -> Program:
                 records.append(Rewrite(BN_FOLD_RULE, n.output, True, f"BatchNormalization {n.attr['folded']!r} "
                                        "folded into the weights and bias at compile time", 2 * n.type.nbytes))
             continue
+        if n.op in DATA_LOWERINGS:   # Pad, CumSum, ArgMax/ArgMin, TopK (may make constants)
+            ops.extend(DATA_LOWERINGS[n.op](n, types, made))
+            continue
         if n.op not in LOWERINGS:
             raise AicfError(f"internal: no lowering for {n.op} (node {n.origin!r}); canonicalize must run first")
         ops.extend(LOWERINGS[n.op](n, types, scalars))
@@ -362,3 +374,6 @@ LOWERINGS.update({
     "GatherElements": _gather_elements,
     "GatherND": _gather_nd,
 })
+
+# Reductions of issue 18 (ReduceMin and ReduceProd reduce with the `min` and `prod` combiners).
+LOWERINGS.update({"ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"), "ReduceL2": _reduce("sum", l2=True)})
