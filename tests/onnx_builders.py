@@ -397,11 +397,11 @@ OP_CASES: list[tuple[str, ModelBuilder]] = [
 
 
 def unsupported_op_model() -> onnx.ModelProto:
-    """Valid ONNX with two unsupported ops (`TopK` node `topk_0`, `NonMaxSuppression` node
+    """Valid ONNX with two unsupported ops (`Hardmax` node `hardmax_0`, `NonMaxSuppression` node
     `nms_0`) beside one supported op (`Relu` node `relu_0`)."""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"], name="relu_0"),
-        helper.make_node("TopK", ["r", "k"], ["values", "indices"], name="topk_0", axis=-1),
+        helper.make_node("Hardmax", ["r"], ["hard"], name="hardmax_0", axis=-1),
         helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_boxes"], ["selected"],
                          name="nms_0"),
     ]
@@ -411,12 +411,10 @@ def unsupported_op_model() -> onnx.ModelProto:
         helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, 6]),
     ]
     outputs = [
-        helper.make_tensor_value_info("values", TensorProto.FLOAT, [4, 3]),
-        helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 3]),
+        helper.make_tensor_value_info("hard", TensorProto.FLOAT, [4, 10]),
         helper.make_tensor_value_info("selected", TensorProto.INT64, ["num_selected", 3]),
     ]
     inits = [
-        numpy_helper.from_array(np.array([3], dtype=np.int64), "k"),
         numpy_helper.from_array(np.array([2], dtype=np.int64), "max_boxes"),
     ]
     return make_model(helper.make_graph(nodes, "unsupported_ops", inputs, outputs, inits))

@@ -47,8 +47,8 @@ from aicfc.ir.types import TensorType
 
 SPACE = {"tpr": (8, 16, 32, 64, 128, 256, 512, 1024), "rpb": (1, 2, 4, 8, 16, 32),
          "pass": ("regs", "online", "multi")}
-INIT = {"sum": "0.0f", "max": "(-INFINITY)"}
-COMBINE = {"sum": "({0} + {1})", "max": "fmaxf({0}, {1})"}
+INIT = {"sum": "0.0f", "max": "(-INFINITY)", "min": "INFINITY", "prod": "1.0f"}
+COMBINE = {"sum": "({0} + {1})", "max": "fmaxf({0}, {1})", "min": "fminf({0}, {1})", "prod": "({0} * {1})"}
 STREAM_UNROLL = 4          # steps of a streaming pass unrolled (loads in flight per thread)
 COSTLY = {"exp", "log", "tanh", "erf", "sigmoid", "sqrt", "div"}   # worth a register to reuse
 

@@ -74,7 +74,7 @@ def load_lines(ld: Load, kind_: str, width: int, dest: str, params: Mapping[str,
     if ld.fill is not None and ld.guarded_dims:
         return guarded_load_lines(ld, kind_, width, dest, params, types, names, var, first)
     off = flat_offset(ld.index, types[ld.buffer])
-    if kind_ == CONTIGUOUS:
+    if kind_ == CONTIGUOUS and types[ld.buffer].dtype in VECTOR_DTYPES:   # integers: element by element
         return [f"aicf_vload<{width}>({ptr} + ({c_affine(off, {**names, var: first})}), {dest});"]
     at = {**names, var: f"({first} + e)"}
     return ["#pragma unroll", f"for (int e = 0; e < {width}; ++e) {dest}[e] = "

@@ -16,6 +16,7 @@ from typing import Mapping
 
 from aicfc.codegen.cexpr import Emitter
 from aicfc.codegen.common import decompose, render, signature, store_line
+from aicfc.codegen.row_reduce import COMBINE, INIT
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, loads
 from aicfc.ir.types import TensorType
@@ -41,7 +42,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     names = {v: v for v in red.domain_vars + red.reduce_vars}
     em = Emitter(sig.params, types, prefix="v")
     value = em.emit(red.body, names)
-    body = em.take() + [f"acc = {'acc + ' + value if red.combiner == 'sum' else f'fmaxf(acc, {value})'};"]
+    body = em.take() + [f"acc = {COMBINE[red.combiner].format('acc', value)};"]
     if len(k.ops) == 2:
         epi = k.ops[1]
         out = em.emit(epi.body, names, {red.out: "acc"})
@@ -52,6 +53,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   shape=list(red.type.shape), threads=p["threads"], idx=sig.index_type, signature=sig.text,
                   numel=red.type.numel, decompose=decompose("t", list(zip(red.domain_vars, red.type.shape)),
                                                             sig.index_type),
-                  init="0.0f" if red.combiner == "sum" else "-INFINITY",
+                  init=INIT[red.combiner],
                   loops=list(zip(red.reduce_vars, red.reduce)), body=body, epilogue=epilogue,
                   guarded=any(ld.fill is not None for ld in loads(red.body)))

@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_elementwise import ELEMENTWISE_ATTR_OPS, elementwise_attrs
+from aicfc.frontend import import_rewrites
 from aicfc.ir.high import Graph, Node, make_attrs, verify_graph
 from aicfc.ir.ops import COMPARISONS, FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
 from aicfc.ir.types import NUMPY_TO_IR, TensorType, Value, Weight
@@ -292,10 +293,12 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         return {"exponent": _pow_exponent(args, types, weights, origin)}
     if op in DATA_OPS:
         return _data_attrs(op, at, args, types, weights, origin)
-    if op in ("ReduceMean", "ReduceSum", "ReduceMax"):
+    if op in import_rewrites.REDUCES:
         return _reduce_attrs(op, at, args, types, weights, origin)
     if op in WINDOW_OPS:
         return _window_attrs(op, at, args, types, weights, origin)
+    if op in ("Pad", "CumSum", "ArgMax", "ArgMin"):
+        return import_rewrites.data_attrs(op, at, args, types, weights, origin)
     if op == "GatherElements":
         return {"axis": _axis(at.get("axis", 0), rank, origin, op)}
     if op == "GatherND":
@@ -441,13 +444,16 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
     itself plus those statistics spelled out (`_layer_norm_stats`)."""
     if n.op_type == "LayerNormalization" and any(n.output[1:]):
         return _layer_norm_stats(n, at, args, types, weights, opset, origin)
-    if n.op_type in ("ReduceMean", "ReduceSum", "ReduceMax"):
+    steps = import_rewrites.expand(n, at, args, types, weights, origin)
+    if steps is not None:
+        return steps
+    if n.op_type in import_rewrites.REDUCES:
         merged = _merged_reduce(n, at, args, types, weights, origin)
         if merged:
             return merged
     if n.op_type != "Split":
         # Clip's and Slice's optional inputs are told apart by position: they see the empty ones too.
-        positional = list(n.input) if n.op_type in ("Clip", "Slice", "Dropout") else args
+        positional = list(n.input) if n.op_type in ("Clip", "Slice", "Dropout", "Pad") else args
         attrs = _normalize_attrs(n.op_type, at, positional, types, weights, opset, origin)
         keep = args[:CONSTANT_INPUTS[n.op_type]] if n.op_type in CONSTANT_INPUTS else args
         return [(n.op_type, keep, n.output[0], attrs)]
@@ -687,3 +693,10 @@ def _slice_attrs(args: list[str], shape: tuple[int, ...], weights: dict[str, Wei
 def _consumed(model: onnx.ModelProto) -> set[str]:
     """Names some node reads or the graph outputs (an unread mask output is harmless)."""
     return {x for n in model.graph.node for x in n.input if x} | {o.name for o in model.graph.output}
+
+
+# ---------------------------------------------------------------- issue 18 data ops
+# Tile, DepthToSpace, SpaceToDepth and Einsum are rewritten at import (`import_rewrites`);
+# Pad, CumSum, TopK and the new reductions keep only their data input.
+IMPORT_ONLY = IMPORT_ONLY | import_rewrites.REWRITTEN
+CONSTANT_INPUTS.update({op: 1 for op in ("Pad", "CumSum", "TopK", "ReduceMin", "ReduceProd", "ReduceL2")})

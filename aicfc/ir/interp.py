@@ -79,7 +79,7 @@ def evaluate_compute(op: Compute, env: dict[str, np.ndarray], dtype: Any) -> np.
             return evaluate_compute(Compute(op.out, _as_float(op.type), op.combiner, op.reduce, op.body, op.origin),
                                     env, dtype).astype(op.type.np_dtype)
     total = math.prod(extents)
-    step = extents[0] if rank == 0 or total <= MAX_ELEMENTS else max(1, extents[0] * MAX_ELEMENTS // total)
+    step = 1 if rank == 0 else extents[0] if total <= MAX_ELEMENTS else max(1, extents[0] * MAX_ELEMENTS // total)
     starts = range(0, extents[0], step) if rank else [0]
     for start in starts:
         stop = min(start + step, extents[0]) if rank else 0
@@ -94,6 +94,10 @@ def evaluate_compute(op: Compute, env: dict[str, np.ndarray], dtype: Any) -> np.
             val = val.sum(axis=axes, dtype=dtype)
         elif op.combiner == "max":
             val = val.max(axis=axes)
+        elif op.combiner == "min":
+            val = val.min(axis=axes)
+        elif op.combiner == "prod":
+            val = val.prod(axis=axes, dtype=dtype)
         if rank:
             out[start:stop] = val
         else:

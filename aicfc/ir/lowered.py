@@ -3,7 +3,7 @@
 [Note: Lowered IR]
 A `Compute` defines one tensor element-wise over its own shape. Its iteration domain is the
 output shape, with one loop variable per dimension named i0, i1, ...; reductions add r0, r1,
-... over `reduce` extents, combined with `sum` or `max`. The `body` is a scalar expression whose
+... over `reduce` extents, combined with `sum`, `max`, `min` or `prod`. The `body` is a scalar expression whose
 only memory reads are `load(%buf, [affine, ...])`, one affine index per dimension of the buffer
 (an integer combination of loop variables plus a constant). Size-1 broadcast dimensions read
 index 0. Every buffer is dense row-major, so an access is a linear function of the loop
@@ -51,7 +51,7 @@ FNS: dict[str, int] = {
     # overflow; fmod is C's fmodf (the sign of a), mod the floored remainder (the sign of b).
     "abs": 1, "floor": 1, "ceil": 1, "round": 1, "softplus": 1, "fmod": 2, "mod": 2,
 }
-COMBINERS = ("map", "sum", "max")
+COMBINERS = ("map", "sum", "max", "min", "prod")
 
 
 @dataclass(frozen=True, slots=True)

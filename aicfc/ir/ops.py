@@ -456,3 +456,10 @@ from aicfc.ir.ops_elementwise import ELEMENTWISE_OPS  # noqa: E402
 
 OPS.update({op.name: op for op in ELEMENTWISE_OPS})
 RUNTIME_DTYPES["Trilu"] = FLOATS + INTEGERS + ("bool",)
+# Pad, CumSum, ReduceMin/Prod/L2, ArgMax/ArgMin, TopK (issue 18): rows in ops_data.py.
+from aicfc.ir.ops_data import DATA_OPS  # noqa: E402
+
+OPS.update({op.name: op for op in DATA_OPS})
+# Their int64 results (indices) are exact: sums and picks of 0/1 and of indices below 2**24
+# (lower_data.py); the type rules keep their data inputs float.
+RUNTIME_DTYPES.update({op: ("f32", "f16", "i64") for op in ("ArgMax", "ArgMin", "TopK")})

@@ -84,6 +84,22 @@ NOTES: dict[str, str] = {
     "Mod": "floats at run time: fmod=1 (C fmod), fmod=0 (floored, opset 28; refused on floats before it); integers on constants (folded)",
     "Mean": "any number of float inputs, broadcasting",
     "Trilu": "upper and lower, constant k; at run time a map with an index condition (float, bool; integers exact to 2^24), on constants folded",
+    # issue 18: data movement, reductions, selection, contractions
+    "Tile": "constant repeats; a reshape, a broadcast (Expand) and a reshape, read in place by the consumer",
+    "Pad": "constant mode, constant pads (negative ones crop), value and axes: one guarded read; edge/reflect/wrap refused",
+    "DepthToSpace": "DCR and CRD, 4-D: a reshape, a transpose and a reshape (folded into the reader's access)",
+    "SpaceToDepth": "DCR and CRD, 4-D: a reshape, a transpose and a reshape (folded into the reader's access)",
+    "CumSum": "any constant axis, exclusive, reverse; float32/16 (a sum over a guarded window: quadratic in the "
+              "axis's extent); run-time integers and float64 refused",
+    "ReduceMin": "one reduced axis (or several of extent 1); keepdims",
+    "ReduceProd": "one reduced axis (or several of extent 1); keepdims",
+    "ReduceL2": "one reduced axis (or several of extent 1); keepdims; sqrt of a sum of squares",
+    "ArgMax": "any axis, keepdims, select_last_index; float input (NaNs ignored); axis under 2**24",
+    "ArgMin": "any axis, keepdims, select_last_index; float input (NaNs ignored); axis under 2**24",
+    "TopK": "constant k, any axis, largest/smallest, values and indices (sorted; ties to the lower index); "
+            "float input without NaNs; quadratic in the axis's extent",
+    "Einsum": "one or two operands, sums, transposes and contractions (batched, ellipsis, implicit output) as "
+              "Transpose/Reshape/MatMul (the GEMM family); diagonals and three or more operands refused",
 }
 
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"

@@ -39,6 +39,7 @@ from aicfc.ir.types import TensorType, Weight, contiguous_strides
 from aicfc.passes.canonicalize import BN_FOLD_RULE, CANON_REASONS
 from aicfc.passes.lower_cnn import CNN_LOWERINGS
 from aicfc.passes.lower_elementwise import ELEMENTWISE_LOWERINGS
+from aicfc.passes.lower_data import DATA_LOWERINGS
 
 ZERO = Affine()
 NORM_RULE = "LayerNormalization => mean and variance sums + normalize map"
@@ -95,9 +96,10 @@ def _softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
     ]
 
 
-def _reduce(combiner: str, mean: bool = False) -> Callable[..., list[Op]]:
-    """ReduceSum/ReduceMax/ReduceMean over their one axis with more than one element (the
-    importer refuses more); a mean is the sum of x·(1/n). Reduced axes of one element read 0."""
+def _reduce(combiner: str, mean: bool = False, l2: bool = False) -> Callable[..., list[Op]]:
+    """ReduceSum/Max/Min/Prod/Mean/L2 over their one axis with more than one element (the
+    importer refuses more); a mean is the sum of x·(1/n), an L2 norm the square root of the
+    sum of x·x (a reduction and a map). Reduced axes of one element read 0."""
     def lower_node(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
         src = types[n.inputs[0]].shape
         axes, keep = n.attr["axes"], n.attr["keepdims"]
@@ -106,11 +108,18 @@ def _reduce(combiner: str, mean: bool = False) -> Callable[..., list[Op]]:
         index = tuple(Affine.var("r0") if d in wide else ZERO if d in axes else Affine.var(f"i{kept.index(d)}")
                       for d in range(len(src)))
         body: Expr = Load(n.inputs[0], index)
+        if l2:
+            body = Call("mul", (body, body))
         if not wide:
-            return [Compute(n.output, n.type, "map", (), body, (n.origin,))]
+            return [Compute(n.output, n.type, "map", (), Call("sqrt", (body,)) if l2 else body, (n.origin,))]
         extent = src[wide[0]]
         if mean:
             body = Call("mul", (body, Const(1.0 / extent)))
+        if l2:
+            sq = f"{n.output}.sumsq"
+            return [Compute(sq, n.type, "sum", (extent,), body, (n.origin,)),
+                    Compute(n.output, n.type, "map", (), Call("sqrt", (Load(sq, identity_index(len(n.type.shape))),)),
+                            (n.origin,))]
         return [Compute(n.output, n.type, combiner, (extent,), body, (n.origin,))]
     return lower_node
 
@@ -225,8 +234,9 @@ LOWERINGS: dict[str, Callable[..., list[Op]]] = {
 }
 
 
-# Lowerings that may make constants of their own (an average pool's divisors, Trilu's band).
-MAKING_CONSTANTS = CNN_LOWERINGS | ELEMENTWISE_LOWERINGS
+# Lowerings that may make constants of their own (an average pool's divisors, Trilu's band,
+# ArgMax's and TopK's index iotas).
+MAKING_CONSTANTS = CNN_LOWERINGS | ELEMENTWISE_LOWERINGS | DATA_LOWERINGS
 
 
 def lower(g: Graph) -> Program:
@@ -370,3 +380,6 @@ LOWERINGS.update({
     "GatherElements": _gather_elements,
     "GatherND": _gather_nd,
 })
+
+# Reductions of issue 18 (ReduceMin and ReduceProd reduce with the `min` and `prod` combiners).
+LOWERINGS.update({"ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"), "ReduceL2": _reduce("sum", l2=True)})
