@@ -28,6 +28,7 @@ SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {
     "gt": np.greater, "lt": np.less, "ge": np.greater_equal, "le": np.less_equal,
     "and": lambda a, b: (a != 0) & (b != 0), "or": lambda a, b: (a != 0) | (b != 0),
     "xor": lambda a, b: (a != 0) ^ (b != 0), "not": lambda a: a == 0, "isnan": np.isnan,
+    "cos": np.cos, "sin": np.sin,
 }
 
 

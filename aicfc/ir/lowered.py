@@ -47,6 +47,7 @@ FNS: dict[str, int] = {
     "eq": 2, "select": 3,
     # Comparisons, logic and IsNaN (masks): 1.0 or 0.0, a logic input is true where != 0.
     "gt": 2, "lt": 2, "ge": 2, "le": 2, "and": 2, "or": 2, "xor": 2, "not": 1, "isnan": 1,
+    "cos": 1, "sin": 1,
 }
 COMBINERS = ("map", "sum", "max")
 

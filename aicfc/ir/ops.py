@@ -449,3 +449,10 @@ OPS["Cast"] = OpDef("Cast", (1, 1), _infer_cast, lambda x, at: x[0].astype(DTYPE
 for _name in ("Add", "Sub", "Mul"):
     OPS[_name] = OpDef(_name, (2, 2), _infer_any_binary, OPS[_name].evaluate)
 OPS["Div"] = OpDef("Div", (2, 2), _infer_any_binary, _divide)
+
+# Rotary position embeddings (issue 18): the exporter leaves cos/sin of the static positions'
+# angles as ops on constants (folded at compile time); at run time they are maps.
+OPS.update({op.name: op for op in [
+    OpDef("Cos", (1, 1), _infer_unary, lambda x, _: np.cos(x[0])),
+    OpDef("Sin", (1, 1), _infer_unary, lambda x, _: np.sin(x[0])),
+]})

@@ -72,6 +72,8 @@ NOTES: dict[str, str] = {
     "IsNaN": "float input; `Where(IsNaN(Softmax(x)), 0, ·)` (torch's exported SDPA) is absorbed by streaming attention",
     "GatherElements": "run-time or constant int64/int32 indices (an indirect index; negative ones wrap, out-of-range ones are clamped); float data",
     "GatherND": "batch_dims; run-time or constant indices (one indirect index per gathered dimension); float data",
+    "Cos": "float; on constants (rotary tables of static positions) folded at compile time",
+    "Sin": "float; on constants (rotary tables of static positions) folded at compile time",
 }
 
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"

@@ -222,6 +222,7 @@ LOWERINGS: dict[str, Callable[..., list[Op]]] = {
     "ReduceMax": _reduce("max"),
     "LayerNormalization": _layer_norm,
 }
+LOWERINGS.update({"Cos": _pointwise(_call("cos")), "Sin": _pointwise(_call("sin"))})
 
 
 def lower(g: Graph) -> Program:
