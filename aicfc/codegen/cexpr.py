@@ -19,6 +19,7 @@ UNARY = {
     "neg": "(-{0})", "exp": "aicf_exp({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
     "tanh": "tanhf({0})", "erf": "aicf_erf({0})", "sigmoid": "(1.0f / (1.0f + aicf_exp(-{0})))",
     "not": "(({0}) == 0.0f ? 1.0f : 0.0f)", "isnan": "(isnan({0}) ? 1.0f : 0.0f)",
+    "cos": "cosf({0})", "sin": "sinf({0})",
 }
 BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",

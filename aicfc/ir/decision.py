@@ -297,15 +297,16 @@ def verify_plan(p: Plan) -> None:
     """Kernels read only what earlier kernels stored; stores exist; buffers do not collide."""
     types: dict[str, TensorType] = {v.name: v.type for v in p.inputs}
     types.update({w.name: w.type for w in p.weights})
-    views = {v.source: v for v in p.views}
+    views: dict[str, list] = {}   # a source may have several views (of different shapes)
+    for v in p.views:
+        views.setdefault(v.source, []).append(v)
     stored = set(types)
 
     def add_views(name: str) -> None:
-        while name in views:
-            v = views[name]
+        for v in views.get(name, ()):
             types[v.out] = v.type
             stored.add(v.out)
-            name = v.out
+            add_views(v.out)
     for name in list(types):
         add_views(name)
     for k in p.kernels:

@@ -31,6 +31,7 @@ SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {
     "xor": lambda a, b: (a != 0) ^ (b != 0), "not": lambda a: a == 0, "isnan": np.isnan,
     "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "round": np.round, "softplus": _softplus,
     "fmod": np.fmod, "mod": _floored_mod,
+    "cos": np.cos, "sin": np.sin,
 }
 
 

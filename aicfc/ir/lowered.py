@@ -50,6 +50,7 @@ FNS: dict[str, int] = {
     # Issue 18's element-wise ops: round is half to even; softplus is log(1 + exp(x)) without
     # overflow; fmod is C's fmodf (the sign of a), mod the floored remainder (the sign of b).
     "abs": 1, "floor": 1, "ceil": 1, "round": 1, "softplus": 1, "fmod": 2, "mod": 2,
+    "cos": 1, "sin": 1,
 }
 COMBINERS = ("map", "sum", "max", "min", "prod")
 

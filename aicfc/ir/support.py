@@ -100,6 +100,8 @@ NOTES: dict[str, str] = {
             "float input without NaNs; quadratic in the axis's extent",
     "Einsum": "one or two operands, sums, transposes and contractions (batched, ellipsis, implicit output) as "
               "Transpose/Reshape/MatMul (the GEMM family); diagonals and three or more operands refused",
+    "Cos": "float; on constants (rotary tables of static positions) folded at compile time",
+    "Sin": "float; on constants (rotary tables of static positions) folded at compile time",
 }
 
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"

@@ -232,6 +232,7 @@ LOWERINGS: dict[str, Callable[..., list[Op]]] = {
     "ReduceMax": _reduce("max"),
     "LayerNormalization": _layer_norm,
 }
+LOWERINGS.update({"Cos": _pointwise(_call("cos")), "Sin": _pointwise(_call("sin"))})
 
 
 # Lowerings that may make constants of their own (an average pool's divisors, Trilu's band,

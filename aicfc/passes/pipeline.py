@@ -18,6 +18,7 @@ from aicfc.passes.canonicalize import canonicalize
 from aicfc.passes.cse import cse
 from aicfc.passes.dce import dce
 from aicfc.passes.fold_constants import fold_constants
+from aicfc.passes.fold_guarded_moves import fold_guarded_moves
 from aicfc.passes.fold_views import fold_views
 from aicfc.passes.form_kernels import form_kernels
 from aicfc.passes.inline_producers import inline_producers
@@ -61,6 +62,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_views", "lowered", "lowered", lambda p, o: fold_views(p)),
     Stage("inline_again", "lowered", "lowered", lambda p, o: inline_producers(p, again=True)),
     Stage("merge_contractions", "lowered", "lowered", lambda p, o: merge_contractions(p)),
+    Stage("fold_guarded_moves", "lowered", "lowered", lambda p, o: fold_guarded_moves(p)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
@@ -79,7 +81,9 @@ PIPELINE: tuple[Stage, ...] = (
 # into the attention's operand access) and precedes merge_contractions (which keeps a result
 # read through a view apart); inline_again (inline_producers once more) follows fold_views,
 # which has taken the splitting views out from between producers and consumers;
-# merge_contractions precedes form_kernels (which absorbs the merged epilogue).
+# merge_contractions precedes form_kernels (which absorbs the merged epilogue);
+# fold_guarded_moves follows merge_contractions (its split views of a GEMM's result would keep
+# the GEMM from merging with its siblings: a result read through a view stays apart).
 for _a, _b in zip(PIPELINE, PIPELINE[1:]):
     assert _a.gives == _b.takes, f"stage {_b.name} takes {_b.takes} but {_a.name} gives {_a.gives}"
 _ORDER = [s.name for s in PIPELINE]
@@ -87,7 +91,7 @@ assert _ORDER.index("canonicalize") < _ORDER.index("lower") < _ORDER.index("sink
 assert _ORDER.index("fold_constants") < _ORDER.index("cse") < _ORDER.index("dce")   # folding makes duplicates
 assert _ORDER.index("apply_precision") < _ORDER.index("relayout_weights") < _ORDER.index("plan_schedules")
 assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("inline_again")
-        < _ORDER.index("merge_contractions")
+        < _ORDER.index("merge_contractions") < _ORDER.index("fold_guarded_moves")
         < _ORDER.index("form_kernels"))
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {
