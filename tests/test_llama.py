@@ -4,11 +4,11 @@ graph at realistic size (tests/llama_graph.py: hidden 1024, 16 heads over 4 key/
 512 tokens, the rotary tables as run-time Cos/Sin of constant angles).
 
 Per decoder layer today: RMSNorm, QKV, the rotary map of q and of k (rotate_half's slices read
-from the QKV result through a split view: rule GUARDED_RULE), the two materialized K/V head
-broadcasts (repeat_kv), attention, O-proj + residual, RMSNorm, gate/up, SiLU·mul, down +
-residual: 12 kernels (16 before the rotary rule; Mistral's one K/V head: 10), plus the final norm. The 7-kernel target
-(rotary in the QKV epilogue, K/V heads read in place, SwiGLU in the gate/up epilogue) is not
-reached yet; `KERNELS_PER_LAYER` pins what is.
+from the QKV result through a split view: rule GUARDED_RULE), attention (the K/V head copies of
+repeat_kv read in place: rule GQA_RULE), O-proj + residual, RMSNorm, gate/up with SiLU·mul as
+its gated epilogue (rule GATE_RULE), down + residual: 9 kernels (16 before the rotary rule, 12
+before GQA_RULE, 10 before GATE_RULE), plus the final norm. The 7-kernel target (rotary in the
+QKV epilogue) is not reached yet; `KERNELS_PER_LAYER` pins what is.
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from onnx import TensorProto, helper
 import aicfc
 from aicfc.ir.lowered import Affine
 from aicfc.passes.fold_guarded_moves import GUARDED_RULE, split_access
+from aicfc.passes.interleave_gates import GATE_RULE
+from aicfc.passes.streaming_attention import GQA_RULE
 from benchmarks.light_models import onnxruntime_reference
 from tests.conftest import run_payload
 from tests.llama_graph import llama_model
@@ -30,9 +32,10 @@ from tests.test_pipeline import evaluate_ir, rel_err, stages
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "llama"
 MODELS = sorted(p.stem for p in FIXTURES.glob("*.onnx"))
 LAYERS = 2
-KERNELS_PER_LAYER = 12
-# Mistral's single key/value head is a size-1 broadcast: an affine access the attention reads in place
-PER_MODEL = {"llama_dynamo_s16": 12, "qwen2_dynamo_s16": 12, "mistral_dynamo_s16": 10}
+KERNELS_PER_LAYER = 9
+PER_MODEL = {"llama_dynamo_s16": 9, "qwen2_dynamo_s16": 9, "mistral_dynamo_s16": 9}
+# Mistral's single key/value head is a size-1 broadcast, an affine access read in place already
+GROUPED = {"llama_dynamo_s16": True, "qwen2_dynamo_s16": True, "mistral_dynamo_s16": False}
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
 
 
@@ -73,6 +76,11 @@ def test_kernels_per_layer(stem, precision):
     rotary = [k for k in kernels if any(n.startswith("node_cat") for n in k["onnx_nodes"])]
     assert len(rotary) == 2 * LAYERS and all(any(n.startswith("node_neg") for n in k["onnx_nodes"]) for k in rotary)
     assert all(k["properties"] for k in kernels if len(k["onnx_nodes"]) > 1)
+    assert sum(GATE_RULE in k["rewrites"] for k in kernels) == LAYERS     # SwiGLU in the gate/up GEMM
+    assert not any(k["family"] == "pointwise" and any(n.startswith("node_silu") for n in k["onnx_nodes"]) for k in kernels)
+    attention = [k for k in kernels if k["family"] == "attention"]
+    assert all((GQA_RULE in k["rewrites"]) == GROUPED[stem] for k in attention)
+    assert not any(any(n.startswith("node_expand") for n in k["onnx_nodes"]) for k in kernels if k["family"] != "attention")
 
 
 def test_rotary_rule_is_recorded():
@@ -100,7 +108,10 @@ def test_realistic_size_compiles():
     assert sum(n.op_type in ("Cos", "Sin") for n in model.graph.node) == 2
     kernels = aicfc.compile(model, precision="fp16")["kernels"]
     assert len(kernels) == KERNELS_PER_LAYER + 1
-    assert sum(k["family"] == "attention" for k in kernels) == 1
+    (att,) = [k for k in kernels if k["family"] == "attention"]
+    assert GQA_RULE in att["rewrites"] and att["params"]["unit"] in ("mma", "wgmma")
+    (gate,) = [k for k in kernels if GATE_RULE in k["rewrites"]]
+    assert gate["params"]["unit"] in ("mma", "wgmma")
 
 
 def test_runtime_cos_sin_compile():

@@ -26,6 +26,7 @@ from aicfc.ir.lowered import Affine, Load, Program, loads, parse_program, verify
 from aicfc.ir.types import Weight
 from aicfc.passes import fold_views as FV
 from aicfc.passes import merge_contractions as MC
+from aicfc.passes.interleave_gates import GATE_RULE
 from aicfc.passes.pipeline import PIPELINE, Options
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
@@ -307,7 +308,15 @@ def test_graph_output_sibling_declines_end_to_end():
     assert [(r.target, r.reason) for r in recs if not r.applied] == [
         ("q_mm", "its epilogue 'q' is a graph output, stored in its own layout; a slice of the merged result is not")]
     assert [r.target for r in recs if r.applied] == ["k_mm.v_mm"]
-    assert [k.family for k in plan.kernels] == ["gemm", "gemm", "pointwise"]
+    # y = q·k + v combines the merged k|v result's two halves: interleave_gates pairs their columns
+    # and y is the merged GEMM's gated epilogue (it was a pointwise kernel of its own)
+    assert [k.family for k in plan.kernels] == ["gemm", "gemm"]
+    assert GATE_RULE in plan.kernels[1].rewrites or GATE_RULE in plan.kernels[0].rewrites
+    model = projections_model(out_of_q=True)
+    x = np.random.default_rng(9).standard_normal((2, 5, 24)).astype(np.float32)
+    ref = evaluate_ir(import_model(model), {"x": x})
+    got = evaluate_ir(plan, {"x": x})
+    assert all(rel_err(got[o], ref[o].astype(np.float64)) <= 1e-5 for o in ("y", "q"))
 
 
 # ---------------------------------------------------------------- fold_views

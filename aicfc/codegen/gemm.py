@@ -23,8 +23,8 @@ from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity
-from aicfc.ir.lowered import Affine, Load
-from aicfc.ir.properties import Contraction, contraction
+from aicfc.ir.lowered import Affine, Load, loads
+from aicfc.ir.properties import Contraction, contraction, gated_pairs
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.planner.hardware import load_profile
 
@@ -97,10 +97,11 @@ def dims(k: Kernel) -> tuple[Contraction, int, int, int, list[tuple[str, int]]]:
 
 def space(k: Kernel, plan: Plan) -> list[dict]:
     dtype = gemm_mma.mma_type(k, plan.types(), plan.precision)
+    simt = [p for p in simt_space() if p["TN"] >= 2] if gated(k) else simt_space()   # a thread's column pairs
     if not dtype:
-        return simt_space()
+        return simt
     _, m, n, kk, batch = dims(k)
-    out = simt_space() + gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch))
+    out = simt + gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch))
     if gemm_wgmma.why_not(k, plan, dtype) is None:
         hw = load_profile(plan.target)
         out += gemm_wgmma.space(k, plan, dtype, hw.sm_count, hw.smem_per_block_optin)
@@ -177,6 +178,26 @@ def _k_fast(ld: Load, t: TensorType, var: str | None) -> bool:
     return var is None or abs(off.coeff("r0")) <= abs(off.coeff(var))
 
 
+def gated(k: Kernel) -> bool:
+    """Whether the epilogue stores one value per column pair (gn, gn + 1), gn even, at column
+    gn / 2 (`properties.gated_pairs`: SwiGLU over interleaved gate/up columns). Every unit
+    holds such pairs in one thread: mma/wgmma fragments, SIMT runs of VN >= 2 (`space`)."""
+    return len(k.ops) == 2 and gated_pairs(k.ops[0], k.ops[1]) is not None
+
+
+def _gated_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]) -> list[str]:
+    """Lines computing the gated value from `accv` (column gn) and `accv1` (gn + 1) and storing
+    it at column gn / 2."""
+    mm, epi = k.ops
+    n = gated_pairs(mm, epi)
+    d = mm.domain_vars.index(n)
+    values = {ld: ("accv" if ld.index[d].const == 0 else "accv1") for ld in loads(epi.body) if ld.buffer == mm.out}
+    where = names | {n: "(gn >> 1)"}
+    em = Emitter(sig.params, types, prefix="v")
+    value = em.emit(epi.body, where, {}, values)
+    return em.take() + [store_line(epi, {v: Affine.var(v) for v in epi.domain_vars}, value, sig.params, where)]
+
+
 def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
                      n: int) -> list[str] | None:
     """Epilogue for two adjacent columns (gn, gn+1) ending in one 2-element vector store, or
@@ -235,7 +256,7 @@ def staged_layout(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[A
     tensor, contiguous along n, every 16-byte chunk of a row aligned and inside N or outside it."""
     c = dims(k)[0]
     last = k.ops[-1]
-    if c.n is None or len(k.stores) != 1 or k.stores[0] != last.out:
+    if c.n is None or len(k.stores) != 1 or k.stores[0] != last.out or gated(k):
         return None
     dt = types[last.out].dtype
     ve = 16 // ITEMSIZE[dt]
@@ -275,7 +296,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     b_off = c_affine(flat_offset(c.b.index, types[c.b.buffer]), b_names)
     mm = k.ops[0]
     em = Emitter(sig.params, types, prefix="v")
-    if len(k.ops) == 2:
+    is_gated = gated(k)
+    if is_gated:
+        lines = _gated_epilogue(k, types, sig, out_names)
+    elif len(k.ops) == 2:
         epi = k.ops[1]
         value = em.emit(epi.body, out_names, {mm.out: "accv"})
         lines = em.take() + [store_line(epi, dict(k.binds[1]), value, sig.params, out_names)]
@@ -284,7 +308,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     parts = dict(c=c, M=m, N=n, K=kk, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
-                 paired=_paired_epilogue(k, types, sig, out_names, n),
+                 paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),
                  staged=staged_epilogue(k, types, sig, out_names, n) if p["unit"] == "wgmma" else None,
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"))
     if p["unit"] == "mma":
@@ -297,4 +321,4 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     la, lb = prefetch(p)
     return render("gemm.cu.j2", name=name, threads=t, **simt, **{x: parts[x] for x in parts if x != "c"},
                   VM=vm, VN=vn, PA=vm, PB=vn, LA=la, LB=lb, a_ragged=p["BM"] * p["BK"] % t != 0,
-                  b_ragged=p["BN"] * p["BK"] % t != 0, **dict(zip(("a_k_fast", "b_k_fast"), operand_k_fast(k, types))))
+                  b_ragged=p["BN"] * p["BK"] % t != 0, gated=is_gated, **dict(zip(("a_k_fast", "b_k_fast"), operand_k_fast(k, types))))

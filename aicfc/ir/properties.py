@@ -195,6 +195,28 @@ def recompute_cost(op: Compute) -> int:
     return count_ops(op.body) + len(loads(op.body))
 
 
+def gated_pairs(mm: Compute, epi: Compute) -> str | None:
+    """The contraction's n variable when the map `epi` combines column pairs of `mm`: its shape
+    is mm's with n's extent halved, and it reads mm only at its own index with n at 2n or
+    2n + 1 (passes/interleave_gates.py puts a gate and its up value there), so each element
+    is a function of the accumulators of one thread's two adjacent columns; None otherwise."""
+    c = contraction(mm)
+    if c is None or c.n is None or epi.combiner != "map":
+        return None
+    d = mm.domain_vars.index(c.n)
+    shape = mm.type.shape
+    if shape[d] % 2 or epi.type.shape != shape[:d] + (shape[d] // 2,) + shape[d + 1:]:
+        return None
+    reads = [ld for ld in loads(epi.body) if ld.buffer == mm.out]
+    pair = {Affine.of({c.n: 2}, t) for t in (0, 1)}
+    for ld in reads:
+        if ld.fill is not None or indirect_dims(ld) or ld.index[d] not in pair:
+            return None
+        if not is_identity_access(Load(ld.buffer, ld.index[:d] + (Affine.var(c.n),) + ld.index[d + 1:]), epi.type.shape):
+            return None
+    return c.n if reads else None
+
+
 def is_identity_access(ld: Load, shape: tuple[int, ...]) -> bool:
     """Whether `ld` reads each element at its own index in a domain of `shape`. A dimension of
     extent 1 has one index, so reading it at 0 (as lowering writes a broadcast) is the same."""

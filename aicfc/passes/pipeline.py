@@ -22,10 +22,12 @@ from aicfc.passes.fold_guarded_moves import fold_guarded_moves
 from aicfc.passes.fold_views import fold_views
 from aicfc.passes.form_kernels import form_kernels
 from aicfc.passes.inline_producers import inline_producers
+from aicfc.passes.interleave_gates import interleave_gates
 from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.plan_schedules import RegisterCheck, plan_schedules
+from aicfc.passes.read_grouped_heads import read_grouped_heads
 from aicfc.passes.relayout_weights import relayout_weights
 from aicfc.passes.sink_views import sink_views
 from aicfc.planner.hardware import Profile
@@ -63,6 +65,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("inline_again", "lowered", "lowered", lambda p, o: inline_producers(p, again=True)),
     Stage("merge_contractions", "lowered", "lowered", lambda p, o: merge_contractions(p)),
     Stage("fold_guarded_moves", "lowered", "lowered", lambda p, o: fold_guarded_moves(p)),
+    Stage("read_grouped_heads", "lowered", "lowered", lambda p, o: read_grouped_heads(p)),
+    Stage("interleave_gates", "lowered", "lowered", lambda p, o: interleave_gates(p)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
@@ -83,7 +87,11 @@ PIPELINE: tuple[Stage, ...] = (
 # which has taken the splitting views out from between producers and consumers;
 # merge_contractions precedes form_kernels (which absorbs the merged epilogue);
 # fold_guarded_moves follows merge_contractions (its split views of a GEMM's result would keep
-# the GEMM from merging with its siblings: a result read through a view stays apart).
+# the GEMM from merging with its siblings: a result read through a view stays apart);
+# read_grouped_heads comes last before form_kernels (the K/V head copies it reads through
+# must already read the QKV result directly: views folded, moves inlined); interleave_gates
+# follows merge_contractions (whose merged gate/up result it reorders) and precedes form_kernels
+# (which absorbs the map of the column pairs as a gated epilogue).
 for _a, _b in zip(PIPELINE, PIPELINE[1:]):
     assert _a.gives == _b.takes, f"stage {_b.name} takes {_b.takes} but {_a.name} gives {_a.gives}"
 _ORDER = [s.name for s in PIPELINE]
@@ -92,7 +100,8 @@ assert _ORDER.index("fold_constants") < _ORDER.index("cse") < _ORDER.index("dce"
 assert _ORDER.index("apply_precision") < _ORDER.index("relayout_weights") < _ORDER.index("plan_schedules")
 assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("inline_again")
         < _ORDER.index("merge_contractions") < _ORDER.index("fold_guarded_moves")
-        < _ORDER.index("form_kernels"))
+        < _ORDER.index("read_grouped_heads") < _ORDER.index("form_kernels"))
+assert _ORDER.index("merge_contractions") < _ORDER.index("interleave_gates") < _ORDER.index("form_kernels")
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {
     "high": verify_graph, "lowered": verify_program, "decision": verify_plan,

@@ -34,6 +34,7 @@ from aicfc.passes.rule import Rule
 RULE = "softmax(q@kᵀ·s)@v => streaming_attention"
 CAUSAL_RULE = "causal constant mask => skip key tiles above the diagonal"
 STORE_RULE = "attention + layout map => permuted store"
+GQA_RULE = "attention(repeat_kv(k), repeat_kv(v)) => grouped heads read in place"   # read_grouped_heads
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def _build(att: Attention, ctx: Context) -> tuple[Kernel, list[Rewrite]]:
         rewrites.append(STORE_RULE)
         records.append(Rewrite(STORE_RULE, layout.out, True, f"{att.out.out!r} stored straight into "
                                f"{layout.out!r}'s layout", 2 * att.out.type.nbytes))
+    if any(r.rule == GQA_RULE and r.applied and r.target == att.out.out for r in ctx.program.rewrites):
+        rewrites.append(GQA_RULE)    # recorded by read_grouped_heads on the Lowered IR
     weights = {w.name: w.array() for w in ctx.program.weights}
     if causal_logits(att, weights) is not None:
         rewrites.append(CAUSAL_RULE)
