@@ -177,6 +177,9 @@ class Executor:
         returned as that object. `stream` (a CUDA stream handle, or a PyCUDA/torch/CuPy stream)
         orders the run on the caller's stream and then returns without waiting for the GPU
         unless a numpy result needs it; without it `run` waits for the GPU before returning.
+        Inputs written on a stream other than the legacy default one must name that stream
+        here (torch's `__cuda_array_interface__` does not say which stream wrote a tensor;
+        DLPack and CuPy do, and are waited for).
         """
         self._check_open()
         caller = stream_handle(stream)
