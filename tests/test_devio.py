@@ -136,13 +136,13 @@ def test_device_tensors_in_and_out_without_host_copies(ex16: Executor, fake_gpu:
     x = _x()
     expected = ex16.run({"x": x})["y"]
     tensor = kind(fake_gpu, x)
-    fake_gpu.copies.clear()
+    fake_gpu.copy_kinds.clear()
     out = ex16.run({"x": tensor})
-    assert fake_gpu.copies == [], "no host copy and no extra device copy on the device path"
+    assert fake_gpu.copy_kinds == [], "no host copy and no extra device copy on the device path"
     y = out["y"]
     assert isinstance(y, DeviceArray) and y.dtype == np.float32 and y.shape == (2, 3)
     np.testing.assert_array_equal(y.numpy(), expected)
-    assert fake_gpu.copies == ["dtoh"]   # .numpy() is the one explicit copy
+    assert fake_gpu.copy_kinds == ["dtoh"]   # .numpy() is the one explicit copy
 
 
 def test_storage_dtype_tensors_are_copied_not_converted(ex16: Executor, fake_gpu: FakeDriver) -> None:
@@ -151,9 +151,9 @@ def test_storage_dtype_tensors_are_copied_not_converted(ex16: Executor, fake_gpu
     out16 = FakeGpuTensor(fake_gpu, np.full((2, 3), np.nan, np.float16))
     out32 = FakeGpuTensor(fake_gpu, np.full((2, 3), np.nan, np.float32))
     fake_gpu.launches.clear()
-    fake_gpu.copies.clear()
+    fake_gpu.copy_kinds.clear()
     result = ex16.run({"x": x16}, outputs={"y": out16})
-    assert result["y"] is out16 and _casts(fake_gpu) == [] and fake_gpu.copies == ["dtod", "dtod"]
+    assert result["y"] is out16 and _casts(fake_gpu) == [] and fake_gpu.copy_kinds == ["dtod", "dtod"]
     np.testing.assert_array_equal(out16.numpy().astype(np.float32), _expected16(x))
     fake_gpu.launches.clear()
     ex16.run({"x": x16}, outputs={"y": out32})
@@ -164,9 +164,9 @@ def test_storage_dtype_tensors_are_copied_not_converted(ex16: Executor, fake_gpu
 def test_fp32_bundle_returns_its_arena_output_in_place(fake_gpu: FakeDriver) -> None:
     executor = Executor(Bundle.from_payload(make_payload()), open_device(0))
     x = _x()
-    fake_gpu.copies.clear()
+    fake_gpu.copy_kinds.clear()
     y = executor.run({"x": FakeGpuTensor(fake_gpu, x)})["y"]
-    assert fake_gpu.copies == ["dtod"]   # the input into the arena, nothing else
+    assert fake_gpu.copy_kinds == ["dtod"]   # the input into the arena, nothing else
     assert y.ptr == executor._outputs[0].pointer
     from tests.test_bundle_format import WEIGHT
     np.testing.assert_array_equal(y.numpy(), x + WEIGHT)

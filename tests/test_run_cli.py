@@ -318,7 +318,7 @@ class FakeDriver(types.ModuleType):
         self.clock = 0.0
         self.libcuda = FakeLibcuda(self)
         self.popped = self.detached = self.pushed = 0
-        self.copies: list[str] = []   # the kind of every memcpy: "htod", "dtoh", "dtod"
+        self.copy_kinds: list[str] = []   # the kind of every memcpy: "htod", "dtoh", "dtod"
         self.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
         driver = self
 
@@ -393,11 +393,11 @@ class FakeDriver(types.ModuleType):
         block[offset:offset + len(data)] = data
 
     def memcpy_htod(self, pointer: int, source: Any) -> None:
-        self.copies.append("htod")
+        self.copy_kinds.append("htod")
         self.write(pointer, memoryview(source).cast("B").tobytes())
 
     def memcpy_dtoh(self, destination: np.ndarray, pointer: int) -> None:
-        self.copies.append("dtoh")
+        self.copy_kinds.append("dtoh")
         view = memoryview(destination).cast("B")
         view[:] = self.read(pointer, len(view))
 
@@ -405,7 +405,7 @@ class FakeDriver(types.ModuleType):
                           stream: FakeStream) -> None:
         assert stream.captured is None, "copies stay outside the graph"
         assert isinstance(stream, FakeStream), "every copy goes to the executor's stream"
-        self.copies.append("dtod")
+        self.copy_kinds.append("dtod")
         self.write(destination, self.read(source, nbytes))
 
     def memcpy_htod_async(self, pointer: int, source: np.ndarray, stream: FakeStream) -> None:
