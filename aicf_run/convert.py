@@ -1,9 +1,10 @@
 """Host-side conversion between an input/output's host dtype and its device storage dtype.
 
 Under `--precision fp16|bf16` the compiler stores float32 tensors as float16/bfloat16 on the
-device while the bundle's interface stays float32: aicf-run converts on the host, on the way
-in and out. numpy has no bfloat16, so it is handled as the top 16 bits of a float32, rounded
-to nearest even.
+device while the bundle's interface stays float32. A bundle from aicfc records a GPU cast
+kernel for each such tensor and aicf-run converts there ([Note: device I/O] in executor.py);
+this host path serves bundles written before those kernels, and gives the same bits. numpy has
+no bfloat16, so it is handled as the top 16 bits of a float32, rounded to nearest even.
 """
 from __future__ import annotations
 

@@ -79,8 +79,8 @@ class Device:
             while self._closers:
                 self._closers.pop()()
             # The closers have freed every PyCUDA object in the context, so it can go: pop it
-            # off this thread's stack and detach (destroy) it, so that opening and closing
-            # devices repeatedly in one process does not pile up contexts.
+            # off this thread's stack and detach it (release our hold on the primary context),
+            # so that opening and closing devices repeatedly in one process piles up nothing.
             try:
                 self.context.pop()
                 self.context.detach()
@@ -106,7 +106,10 @@ def open_device(ordinal: int = 0) -> Device:
         gpu = cuda.Device(ordinal)
         major, minor = gpu.compute_capability()
         name = gpu.name()
-        context = gpu.make_context()
+        # The primary context: the one the CUDA runtime (torch, CuPy, JAX) uses, so that
+        # their device pointers are valid in our kernels and ours in theirs.
+        context = gpu.retain_primary_context()
+        context.push()
     except (cuda.Error, RuntimeError) as err:
         raise RunError(f"cannot open GPU {ordinal} ({_one_line(err)}); check nvidia-smi, the "
                        f"GPU may be busy or in exclusive mode") from None

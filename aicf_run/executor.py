@@ -9,9 +9,24 @@ graph (aicf_run.graph). `run` then only copies the inputs in, replays the graph 
 graph=False, launches the kernels one by one) and copies the outputs out, all on one stream;
 repeated runs allocate no device memory.
 
+[Note: device I/O] `run` takes numpy arrays or GPU tensors of other libraries
+(aicf_run.interop: `__cuda_array_interface__`, DLPack) and chooses per tensor only how to move
+it, never what to compute: a GPU tensor is copied device to device into its arena buffer, or
+converted there by the bundle's cast kernel (`cast` on the input, aicfc/codegen/io_cast.py)
+when its dtype is the interface's and the storage differs; a numpy array goes through
+page-locked staging, then the same cast on the GPU. Outputs come back as numpy arrays when every
+input was numpy, else as DeviceArrays over the executor's memory ([Note: output lifetime] in
+aicf_run/interop.py), or are written into the caller's tensors given as `outputs=`. A bundle
+from before cast kernels converts numpy on the host, as it always did, and refuses a GPU tensor
+that would need a conversion.
+
 Everything goes to one PyCUDA Stream, never to the legacy default stream, which cannot be
 captured. The stream is an ordinary (blocking) one, so work a caller puts on the default
-stream, and events it records there, are still ordered with the executor's work.
+stream, and events it records there, are still ordered with the executor's work. A caller's
+own stream (`run(..., stream=)`) is joined around the run by events (aicf_run.streams): the
+run's work starts after everything already on that stream and everything enqueued on it later
+waits for the run, as if the run were on it; then `run` returns without waiting for the GPU
+when it has no numpy output.
 """
 
 from __future__ import annotations
@@ -32,7 +47,8 @@ from aicf_run.convert import device_array, to_device, to_host
 from aicf_run.device import Device, check_arch
 from aicf_run.errors import RunError
 from aicf_run.graph import Graph
-from aicf_run.inputs import check_inputs
+from aicf_run.interop import DeviceArray, DeviceView, check_tensors, view
+from aicf_run.streams import Joiner, stream_handle
 
 # Without opting in, a kernel may use at most 48 KiB of dynamic shared memory.
 _DEFAULT_SMEM_LIMIT = 48 * 1024
@@ -58,21 +74,42 @@ class _Launch:
     maps: tuple[bytes, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Cast:
+    """A prepared interface cast kernel (the bundle's `cast` record): src, dst, element count."""
+
+    function: Any
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+
 @dataclass(frozen=True, eq=False)
 class _Transfer:
     """Where an input or output lives on the device, and what it looks like on the host.
 
-    `staging` is a page-locked host array with the device buffer's layout (None when the
-    tensor is empty): copies between page-locked memory and the GPU are truly asynchronous on
-    the stream, and it is allocated once, at load.
+    `staging` is a page-locked host array (None when the tensor is empty): copies between
+    page-locked memory and the GPU are truly asynchronous on the stream, and it is allocated
+    once, at load. With a `cast` kernel it has the interface's layout and `interface` is a
+    device buffer of the interface dtype between it and the arena (the conversion runs on the
+    GPU); without one it has the arena buffer's layout (aicf_run.convert converts on the host).
     """
 
     name: str
     pointer: int
     dtype: str           # on the host (the bundle's interface)
-    device_dtype: str    # in the arena; aicf_run.convert converts between them
+    device_dtype: str    # in the arena
     shape: tuple[int, ...]
     staging: np.ndarray | None
+    cast: _Cast | None = None
+    interface: int | None = None
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * device_array((), self.device_dtype).itemsize
 
 
 class Executor:
@@ -94,6 +131,8 @@ class Executor:
         self._uses_graph = graph
         self._events: tuple[Any, Any] | None = None
         self._pinned: list[np.ndarray] = []
+        self._interfaces: list[Any] = []   # device buffers of the interface dtype (casts)
+        self._joiner = Joiner()
         for module in bundle.modules:
             check_arch(module["arch"], device.arch)
         modules = [self._load_module(module) for module in bundle.modules]
@@ -111,8 +150,8 @@ class Executor:
         self._launches = [dataclasses.replace(launch, pointers=(table, *launch.pointers)) if launch.maps else launch
                           for launch, table in zip(launches, tables)]
         self._stream = self._cuda.Stream()
-        self._inputs = [self._transfer(item, pointers) for item in bundle.inputs]
-        self._outputs = [self._transfer(item, pointers) for item in bundle.outputs]
+        self._inputs = [self._transfer(item, pointers, modules) for item in bundle.inputs]
+        self._outputs = [self._transfer(item, pointers, modules) for item in bundle.outputs]
         if graph:
             self._graph = self._capture()
 
@@ -127,37 +166,159 @@ class Executor:
         """Whether `run` and `launch` replay a CUDA graph (graph=True at construction)."""
         return self._uses_graph
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the model on `inputs` ({name: array}); returns {output name: new array}."""
-        arrays = check_inputs(inputs, self.bundle)
+    def run(self, inputs: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None,
+            stream: Any = None, device_outputs: bool | None = None) -> dict[str, Any]:
+        """Run the model on `inputs` ({name: numpy array or GPU tensor}); returns {output name:
+        result}. See [Note: device I/O].
+
+        Results are new numpy arrays when every input is numpy (or `device_outputs=False`),
+        else DeviceArrays over this executor's memory, valid until the next run ([Note: output
+        lifetime]); an output given in `outputs` ({name: GPU tensor}) is written there and
+        returned as that object. `stream` (a CUDA stream handle, or a PyCUDA/torch/CuPy stream)
+        orders the run on the caller's stream and then returns without waiting for the GPU
+        unless a numpy result needs it; without it `run` waits for the GPU before returning.
+        Inputs written on a stream other than the legacy default one must name that stream
+        here (torch's `__cuda_array_interface__` does not say which stream wrote a tensor;
+        DLPack and CuPy do, and are waited for).
+        """
         self._check_open()
+        caller = stream_handle(stream)
+        ours = self._stream.handle
+
+        def make_view(value: Any, what: str) -> np.ndarray | DeviceView:
+            return view(value, what, self.device.ordinal, ours, self._joiner.pointer_device)
+
+        given = check_tensors(inputs, self.bundle.inputs, self.bundle.buffers, "input", make_view)
+        targets = check_tensors(outputs or {}, self.bundle.outputs, self.bundle.buffers, "output",
+                                make_view, require_all=False)
+        for name, target in targets.items():
+            if not isinstance(target, DeviceView):
+                raise RunError(f"outputs[{name!r}] is a numpy array; outputs= takes GPU tensors to "
+                               f"write into (numpy results are returned)")
+        if device_outputs is None:
+            device_outputs = any(isinstance(t, DeviceView) for t in given.values())
         cuda = self._cuda
+        if caller is not None:
+            self._joiner.wait(ours, caller, slot=0)
+        for tensor in given.values():
+            if isinstance(tensor, DeviceView) and tensor.stream is not None:
+                self._joiner.wait(ours, tensor.stream, slot=1)
         try:
             for transfer in self._inputs:
-                if transfer.staging is not None:
-                    np.copyto(transfer.staging, to_device(arrays[transfer.name],
-                                                          transfer.device_dtype))
-                    cuda.memcpy_htod_async(transfer.pointer, transfer.staging, self._stream)
+                self._copy_in(transfer, given[transfer.name])
         except cuda.Error as err:
             raise RunError(f"cannot copy the inputs to the GPU ({_one_line(err)}); check "
                            f"nvidia-smi") from None
         self.launch()
-        self.synchronize()
+        results: dict[str, Any] = {}
+        host: list[_Transfer] = []
         try:
             for transfer in self._outputs:
-                if transfer.staging is not None:
-                    cuda.memcpy_dtoh_async(transfer.staging, transfer.pointer, self._stream)
-            self._stream.synchronize()
+                target = targets.get(transfer.name)
+                if target is not None:
+                    self._copy_out_to(transfer, target)
+                    results[transfer.name] = target.keep
+                elif device_outputs:
+                    results[transfer.name] = self._device_result(transfer, caller)
+                else:
+                    self._copy_out_to_staging(transfer)
+                    host.append(transfer)
         except cuda.Error as err:
             raise RunError(f"cannot copy the outputs from the GPU ({_one_line(err)}); check "
                            f"nvidia-smi") from None
-        outputs: dict[str, np.ndarray] = {}
-        for transfer in self._outputs:
-            # A copy: the staging buffer is overwritten by the next run.
-            raw = (device_array(transfer.shape, transfer.device_dtype)
-                   if transfer.staging is None else transfer.staging.copy())
-            outputs[transfer.name] = to_host(raw, transfer.dtype, transfer.device_dtype)
-        return outputs
+        if host or caller is None:
+            self.synchronize()
+        if caller is not None:
+            self._joiner.wait(caller, ours, slot=2)
+        for transfer in host:
+            results[transfer.name] = self._host_result(transfer)
+        # In the bundle's order, whichever way each output went.
+        return {t.name: results[t.name] for t in self._outputs}
+
+    def _copy_in(self, transfer: _Transfer, tensor: np.ndarray | DeviceView) -> None:
+        """Enqueue the move of one input into its arena buffer ([Note: device I/O])."""
+        if not transfer.numel:
+            return
+        cuda = self._cuda
+        if isinstance(tensor, DeviceView):
+            if tensor.dtype == transfer.device_dtype:
+                cuda.memcpy_dtod_async(transfer.pointer, tensor.pointer, transfer.nbytes,
+                                       self._stream)
+            else:
+                self._convert(transfer, tensor.pointer, transfer.pointer, "input")
+        elif transfer.cast is not None:
+            np.copyto(transfer.staging, tensor)
+            cuda.memcpy_htod_async(transfer.interface, transfer.staging, self._stream)
+            self._convert(transfer, transfer.interface, transfer.pointer, "input")
+        else:
+            np.copyto(transfer.staging, to_device(tensor, transfer.device_dtype))
+            cuda.memcpy_htod_async(transfer.pointer, transfer.staging, self._stream)
+
+    def _copy_out_to(self, transfer: _Transfer, target: DeviceView) -> None:
+        if not transfer.numel:
+            return
+        if target.dtype == transfer.device_dtype:
+            self._cuda.memcpy_dtod_async(target.pointer, transfer.pointer, transfer.nbytes,
+                                         self._stream)
+        else:
+            self._convert(transfer, transfer.pointer, target.pointer, "output")
+
+    def _device_result(self, transfer: _Transfer, caller: int | None) -> DeviceArray:
+        pointer = transfer.pointer
+        if transfer.dtype != transfer.device_dtype:
+            pointer = transfer.interface or 0
+            if transfer.numel:
+                self._convert(transfer, transfer.pointer, pointer, "output")
+        return DeviceArray(pointer, transfer.shape, transfer.dtype, self.device.ordinal,
+                           caller, lambda waiter, producer: self._joiner.wait(waiter, producer, 3),
+                           self._to_host, self)
+
+    def _copy_out_to_staging(self, transfer: _Transfer) -> None:
+        if transfer.staging is None:
+            return
+        if transfer.cast is not None:
+            self._convert(transfer, transfer.pointer, transfer.interface, "output")
+            self._cuda.memcpy_dtoh_async(transfer.staging, transfer.interface, self._stream)
+        else:
+            self._cuda.memcpy_dtoh_async(transfer.staging, transfer.pointer, self._stream)
+
+    def _host_result(self, transfer: _Transfer) -> np.ndarray:
+        # A copy: the staging buffer is overwritten by the next run.
+        if transfer.staging is None:
+            return np.empty(transfer.shape, transfer.dtype)
+        raw = transfer.staging.copy()
+        if transfer.cast is not None:
+            return raw
+        return to_host(raw, transfer.dtype, transfer.device_dtype)
+
+    def _convert(self, transfer: _Transfer, source: int, destination: int, kind: str) -> None:
+        """Launch the bundle's cast kernel of `transfer` (source -> destination) on the stream."""
+        cast = transfer.cast
+        if cast is None:
+            raise RunError(f"{kind} {transfer.name!r} is {transfer.dtype} at the interface and "
+                           f"{transfer.device_dtype} on the device, and this bundle has no GPU "
+                           f"cast kernel for it (compiled before they existed): recompile it "
+                           f"with `aicfc compile`, or pass a {transfer.device_dtype} tensor or "
+                           f"numpy arrays")
+        try:
+            cast.function.prepared_async_call(cast.grid, cast.block, self._stream, source,
+                                              destination, transfer.numel)
+        except self._cuda.Error as err:
+            raise RunError(f"the {kind} cast of {transfer.name!r} failed to launch "
+                           f"({_one_line(err)}); {_RECOMPILE} for this GPU") from None
+
+    def _to_host(self, array: DeviceArray) -> np.ndarray:
+        """DeviceArray.numpy(): a host copy of `array`, after the stream's work."""
+        self._check_open()
+        out = np.empty(array.shape, array.dtype)
+        if out.nbytes:
+            self.synchronize()
+            try:
+                self._cuda.memcpy_dtoh(out, array.ptr)
+            except self._cuda.Error as err:
+                raise RunError(f"cannot copy an output from the GPU ({_one_line(err)}); check "
+                               f"nvidia-smi") from None
+        return out
 
     def launch(self, graph: bool | None = None) -> None:
         """Enqueue the launch plan once on the stream, on the inputs already in the arena.
@@ -239,6 +400,7 @@ class Executor:
         # and the stream are destroyed here, not after the context is gone.
         self._launches = []
         self._events = None
+        self._joiner.close()
         self._stream = None
         for pinned in self._pinned:
             free = getattr(pinned.base, "free", None)
@@ -248,7 +410,7 @@ class Executor:
                 except self._cuda.Error:
                     pass  # a lost context frees everything when it goes
         self._pinned = []
-        for allocation in (self._arena, self._weights, self._maps):
+        for allocation in (self._arena, self._weights, self._maps, *self._interfaces):
             if allocation is not None:
                 allocation.free()
 
@@ -286,11 +448,13 @@ class Executor:
             raise
         return graph
 
-    def _transfer(self, item: dict, pointers: list[int]) -> _Transfer:
+    def _transfer(self, item: dict, pointers: list[int], modules: list[Any]) -> _Transfer:
         buffer = self.bundle.buffers[item["buffer"]]
         shape = tuple(item["shape"])
-        layout = device_array(shape, buffer["dtype"])
-        staging = None
+        cast = self._prepare_cast(item, modules)
+        # With a GPU cast, the host side and the staging have the interface's layout.
+        layout = device_array(shape, item["dtype"] if cast else buffer["dtype"])
+        staging = interface = None
         if layout.nbytes:
             try:
                 pinned = self._cuda.pagelocked_empty((layout.nbytes,), np.uint8)
@@ -300,9 +464,26 @@ class Executor:
                                f"memory") from None
             self._pinned.append(pinned)
             staging = pinned.view(layout.dtype).reshape(shape)
+            if cast is not None:
+                allocation = self._allocate(layout.nbytes, f"interface copy of {item['name']!r}")
+                self._interfaces.append(allocation)
+                interface = int(allocation)
         return _Transfer(name=item["name"], pointer=pointers[item["buffer"]],
                          dtype=item["dtype"], device_dtype=buffer["dtype"], shape=shape,
-                         staging=staging)
+                         staging=staging, cast=cast, interface=interface)
+
+    def _prepare_cast(self, item: dict, modules: list[Any]) -> _Cast | None:
+        record = item.get("cast")   # optional: bundles from before GPU casts convert on the host
+        if record is None:
+            return None
+        try:
+            function = modules[record["module"]].get_function(record["symbol"])
+        except self._cuda.Error as err:
+            raise RunError(f"the cast of {item['name']!r}: symbol {record['symbol']!r} is not in "
+                           f"module {record['module']} ({_one_line(err)}); the bundle is "
+                           f"inconsistent, {_RECOMPILE}") from None
+        function.prepare("PPQ")   # source, destination, element count
+        return _Cast(function=function, grid=tuple(record["grid"]), block=tuple(record["block"]))
 
     def _load_module(self, module: dict) -> Any:
         try:

@@ -67,6 +67,7 @@ def check_payload(payload: Any, version: int) -> None:
     _check_io(payload, "outputs", buffers)
     _check_weights(payload, buffers)
     module_count = _check_modules(payload)
+    _check_casts(payload, module_count, buffers)
     _check_kernels(payload, module_count, buffers)
 
     ir = _map(payload, "ir", "")
@@ -152,6 +153,35 @@ def _check_modules(payload: dict) -> int:
         _str(module, "source", where)
         count += 1
     return count
+
+
+CAST_KEYS = ("module", "symbol", "grid", "block")
+
+
+def _check_casts(payload: dict, module_count: int, buffers: list[dict]) -> None:
+    """The optional `cast` of a converted input or output: the GPU kernel converting it
+    (aicfc/codegen/io_cast.py). Bundles from before it have none and convert on the host."""
+    for key in ("inputs", "outputs"):
+        for where, item in _records(payload, key, ""):
+            if "cast" not in item:
+                continue
+            cast = _map(item, "cast", where)
+            where = f"{where}.cast"
+            extra = sorted(str(k) for k in cast if k not in CAST_KEYS)
+            if extra:
+                _fail(where, f"has unknown keys {extra}; a cast has exactly {', '.join(CAST_KEYS)}")
+            if item["dtype"] == buffers[item["buffer"]]["dtype"]:
+                _fail(where, f"converts nothing: the tensor and buffer {item['buffer']} are both "
+                             f"{item['dtype']}")
+            module = _int(cast, "module", where, minimum=0)
+            if module >= module_count:
+                _fail(f"{where}.module", f"is {module}, but there are {module_count} modules")
+            if not _str(cast, "symbol", where):
+                _fail(f"{where}.symbol", "is empty")
+            _dims(cast, "grid", where, _MAX_GRID)
+            block = _dims(cast, "block", where, _MAX_BLOCK)
+            if math.prod(block) > _MAX_THREADS:
+                _fail(f"{where}.block", f"{block} is {math.prod(block)} threads, over {_MAX_THREADS}")
 
 
 def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> None:

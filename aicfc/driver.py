@@ -9,7 +9,8 @@ from typing import Any, Callable
 
 import onnx
 
-from aicfc.artifact.payload import build_payload
+from aicfc.artifact.payload import build_payload, converted
+from aicfc.codegen.io_cast import build_casts
 from aicfc.codegen.module import OnKernel, build_modules, count_registers, resolve_jobs
 from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
@@ -57,4 +58,7 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     if dump_ir is not None:
         for i, module in enumerate(modules):
             (Path(dump_ir) / f"module_{i}.cu").write_text(module.source)
-    return build_payload(result, plan, modules, profile, precision, digest)
+    casts = build_casts(plan.name, precision, plan.target, converted(result, plan), len(modules))
+    if dump_ir is not None and casts[0] is not None:
+        (Path(dump_ir) / f"module_{len(modules)}.cu").write_text(casts[0].source)
+    return build_payload(result, plan, modules, profile, precision, digest, casts)

@@ -107,10 +107,11 @@ class FakeFunction:
         self.driver.clock += KERNEL_US
         self.driver.launches.append((self.symbol, grid, block, args, shared_size))
         n = grid[0] * block[0]
+        dtype = np.float16 if self.symbol == "add_f16" else np.float32
         total = np.zeros(n, dtype=np.float32)
         for pointer in args[:-1]:
-            total += np.frombuffer(self.driver.read(pointer, 4 * n), dtype=np.float32)
-        self.driver.write(args[-1], total.tobytes())
+            total += np.frombuffer(self.driver.read(pointer, np.dtype(dtype).itemsize * n), dtype)
+        self.driver.write(args[-1], total.astype(dtype).tobytes())
 
 
 class FakeStream:
@@ -163,6 +164,8 @@ class FakeLibcuda:
         self.calls: list[str] = []
         self.graphs: dict[int, list[Any]] = {}
         self.execs: dict[int, list[Any]] = {}
+        self.events: dict[int, int | None] = {}      # event -> the stream it was last recorded on
+        self.joins: list[tuple[int, int]] = []       # (producer stream, waiting stream)
         self._next = 0x100
 
     def _result(self, name: str) -> int:
@@ -224,15 +227,80 @@ class FakeLibcuda:
         del self.graphs[graph.value]
         return self._result("cuGraphDestroy")
 
+    # Events (aicf_run.streams): the fake GPU runs everything at once, so a join is a record.
+    def cuEventCreate(self, event: Any, flags: ctypes.c_uint) -> int:
+        result = self._result("cuEventCreate")
+        if not result:
+            event.contents.value = handle = self._handle()
+            self.events[handle] = None
+        return result
+
+    def cuEventRecord(self, event: ctypes.c_void_p, stream: ctypes.c_void_p) -> int:
+        assert event.value in self.events
+        self.events[event.value] = stream.value or 0
+        return self._result("cuEventRecord")
+
+    def cuStreamWaitEvent(self, stream: ctypes.c_void_p, event: ctypes.c_void_p,
+                          flags: ctypes.c_uint) -> int:
+        assert self.events.get(event.value) is not None, "waiting on an unrecorded event"
+        self.joins.append((self.events[event.value], stream.value or 0))
+        return self._result("cuStreamWaitEvent")
+
+    def cuEventDestroy_v2(self, event: ctypes.c_void_p) -> int:
+        del self.events[event.value]
+        return self._result("cuEventDestroy_v2")
+
+    def cuPointerGetAttribute(self, data: Any, attribute: ctypes.c_int,
+                              pointer: ctypes.c_uint64) -> int:
+        # Memory type 2 (device) and ordinal 0 for any fake allocation; 1 is CUDA_ERROR_INVALID_VALUE.
+        try:
+            self.driver._locate(pointer.value, 1)
+        except AssertionError:
+            return 1
+        data.contents.value = 2 if attribute.value == 2 else 0
+        return self._result("cuPointerGetAttribute")
+
 
 class FakeModule:
     def __init__(self, driver: FakeDriver) -> None:
         self.driver = driver
 
     def get_function(self, symbol: str) -> FakeFunction:
-        if symbol != "add":
+        if symbol in FakeCast.SYMBOLS:
+            return FakeCast(self.driver, symbol)
+        if symbol not in ("add", "add_f16"):
             raise FakeCudaError("cuModuleGetFunction failed: named symbol not found")
         return FakeFunction(self.driver, symbol)
+
+
+class FakeCast(FakeFunction):
+    """The interface cast kernels of aicfc/codegen/io_cast.py: dst[i] = convert(src[i])."""
+
+    SYMBOLS = {"aicf_cast_float32_to_float16": ("<f4", "<f2"),
+               "aicf_cast_float16_to_float32": ("<f2", "<f4"),
+               "aicf_cast_float32_to_bfloat16": ("<f4", "bf16"),
+               "aicf_cast_bfloat16_to_float32": ("bf16", "<f4")}
+
+    def prepared_async_call(self, grid: tuple, block: tuple, stream: FakeStream, *args: int,
+                            shared_size: int = 0) -> None:
+        assert self.arg_format == "PPQ" and len(args) == 3 and all(type(a) is int for a in args)
+        assert isinstance(stream, FakeStream) and stream.captured is None, "casts stay outside the graph"
+        source, destination, n = args
+        assert grid[0] * block[0] >= 1 and n >= 1
+        self.driver.clock += HOST_LAUNCH_US + KERNEL_US
+        self.driver.launches.append((self.symbol, grid, block, args, shared_size))
+        src, dst = self.SYMBOLS[self.symbol]
+        if src == "bf16":
+            bits = np.frombuffer(self.driver.read(source, 2 * n), "<u2").astype("<u4") << 16
+            values = bits.view("<f4")
+        else:
+            values = np.frombuffer(self.driver.read(source, np.dtype(src).itemsize * n), src)
+        if dst == "bf16":
+            from aicf_run.convert import to_bf16
+            out = to_bf16(values.astype("<f4")).tobytes()
+        else:
+            out = values.astype(dst).tobytes()
+        self.driver.write(destination, out)
 
 
 class FakeDriver(types.ModuleType):
@@ -249,11 +317,15 @@ class FakeDriver(types.ModuleType):
         self.streams: dict[int, FakeStream] = {}
         self.clock = 0.0
         self.libcuda = FakeLibcuda(self)
-        self.popped = self.detached = 0
+        self.popped = self.detached = self.pushed = 0
+        self.copy_kinds: list[str] = []   # the kind of every memcpy: "htod", "dtoh", "dtod"
         self.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
         driver = self
 
         class Context:
+            def push(self) -> None:
+                driver.pushed += 1
+
             def synchronize(self) -> None:
                 pass
 
@@ -277,7 +349,7 @@ class FakeDriver(types.ModuleType):
             def name(self) -> str:
                 return "Fake GPU"
 
-            def make_context(self) -> Context:
+            def retain_primary_context(self) -> Context:
                 return Context()
 
         self.Device = Device
@@ -321,11 +393,20 @@ class FakeDriver(types.ModuleType):
         block[offset:offset + len(data)] = data
 
     def memcpy_htod(self, pointer: int, source: Any) -> None:
+        self.copy_kinds.append("htod")
         self.write(pointer, memoryview(source).cast("B").tobytes())
 
     def memcpy_dtoh(self, destination: np.ndarray, pointer: int) -> None:
+        self.copy_kinds.append("dtoh")
         view = memoryview(destination).cast("B")
         view[:] = self.read(pointer, len(view))
+
+    def memcpy_dtod_async(self, destination: int, source: int, nbytes: int,
+                          stream: FakeStream) -> None:
+        assert stream.captured is None, "copies stay outside the graph"
+        assert isinstance(stream, FakeStream), "every copy goes to the executor's stream"
+        self.copy_kinds.append("dtod")
+        self.write(destination, self.read(source, nbytes))
 
     def memcpy_htod_async(self, pointer: int, source: np.ndarray, stream: FakeStream) -> None:
         assert stream.captured is None, "copies stay outside the graph"

@@ -6,6 +6,7 @@ from typing import Any
 
 from aicfc import __version__
 from aicfc.codegen.common import kernel_args
+from aicfc.codegen.io_cast import Converted
 from aicfc.codegen.module import ModuleBuild
 from aicfc.codegen.tma import records
 from aicfc.ir.decision import Plan
@@ -53,8 +54,22 @@ def decision_log(plan: Plan) -> list[dict[str, Any]]:
     return log
 
 
+def converted(result: Result, plan: Plan) -> list[Converted]:
+    """The inputs and outputs whose interface dtype (the model's) differs from their storage."""
+    host, types = result.high.types(), plan.types()
+    names = [(v.name, True) for v in plan.inputs] + [(n, False) for n in plan.outputs]
+    return [Converted(n, host[n].bundle_name, types[n].bundle_name, types[n].numel, is_input)
+            for n, is_input in names if n in host and host[n].bundle_name != types[n].bundle_name]
+
+
 def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profile: Profile,
-                  precision: str, model_sha256: str) -> dict[str, Any]:
+                  precision: str, model_sha256: str,
+                  casts: tuple[ModuleBuild | None, dict[str, dict]] = (None, {})) -> dict[str, Any]:
+    """`casts`: the interface cast module and records (codegen/io_cast.py build_casts); its
+    module goes after `modules`, where its records' `module` index points."""
+    cast_module, cast_records = casts
+    if cast_module is not None:
+        modules = [*modules, cast_module]
     buffers = [b for b in plan.buffers]
     index = {b.name: i for i, b in enumerate(buffers)}
     weights = {w.name: w for w in plan.weights}
@@ -69,7 +84,8 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
     host = result.high.types()   # the model's own dtypes: the interface aicf-run converts to
 
     def signature(names) -> list[dict[str, Any]]:
-        return [{"name": n, "dtype": host.get(n, types[n]).bundle_name, "shape": list(types[n].shape), "buffer": index[n]}
+        return [{"name": n, "dtype": host.get(n, types[n]).bundle_name, "shape": list(types[n].shape), "buffer": index[n],
+                 **({"cast": cast_records[n]} if n in cast_records else {})}
                 for n in names]
     return {
         "format_version": FORMAT_VERSION,
@@ -88,5 +104,10 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
                      "source": m.source} for m in modules],
         "kernels": [_kernel(k, index, module_of[k.name], types) for k in plan.kernels],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
-        "decisions": decision_log(plan),
+        "decisions": decision_log(plan) + [
+            {"kind": "io_cast", "tensor": t.name, "from": t.pair[0], "to": t.pair[1],
+             "kernel": cast_records[t.name]["symbol"],
+             "reason": f"interface {t.host}, stored as {t.storage}: converted on the GPU by a "
+                       f"cast kernel of module {cast_module.name}"}
+            for t in converted(result, plan) if t.name in cast_records],
     }
