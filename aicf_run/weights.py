@@ -123,6 +123,8 @@ def weight_pieces(bundle: Bundle, chunk_bytes: int = CHUNK_BYTES,
     """
     chunk_bytes = max(1, chunk_bytes)
     section = [w for w in bundle.weights if "data" not in w]
+    # No staged piece is longer than the longest section weight: a small bundle stages little.
+    stage_bytes = min(chunk_bytes, max((w["nbytes"] for w in section), default=1))
     if section and bundle.path is None:
         raise RunError("the bundle's weights are in its file's weights section, but it was "
                        "not read from a file; read it with read_bundle")
@@ -131,16 +133,16 @@ def weight_pieces(bundle: Bundle, chunk_bytes: int = CHUNK_BYTES,
         if section:
             handle = _open_section(bundle)
             if staging is None:
-                staging = bytearray(chunk_bytes)
+                staging = bytearray(stage_bytes)
             view = memoryview(staging).cast("B")
-            if len(view) < chunk_bytes:
-                raise ValueError(f"staging buffer of {len(view)} bytes is smaller than one chunk ({chunk_bytes})")
+            if len(view) < stage_bytes:
+                raise ValueError(f"staging buffer of {len(view)} bytes is smaller than one chunk ({stage_bytes})")
         for i, weight in enumerate(bundle.weights):
             digest = hashlib.sha256()
             if "data" in weight:
                 pieces = ((start, c) for start, c in _offsets(data_chunks(weight["data"], chunk_bytes)))
             else:
-                pieces = _read_range(bundle, handle, view, weight, chunk_bytes)
+                pieces = _read_range(bundle, handle, view, weight, stage_bytes)
             total = data_len(weight["data"]) if "data" in weight else weight["nbytes"]
             bad = RunError(f"{_name(bundle)}: weights[{i}] (buffer {weight['buffer']}) does not match "
                            f"its sha256; the file is corrupt, recompile it")

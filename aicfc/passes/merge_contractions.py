@@ -51,7 +51,7 @@ import numpy as np
 from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite, View, has_indirect,
                               indirect_dims, loads, map_loads)
 from aicfc.ir.properties import contraction
-from aicfc.ir.types import TensorType, Weight, convert
+from aicfc.ir.types import Joined, TensorType, Weight, convert
 from aicfc.passes.rule import Rule
 
 RULE = "sibling contractions on one operand => one contraction"
