@@ -1,4 +1,4 @@
-"""Read and validate `.aicf` bundles (format version 1, see docs/bundle-format.md).
+"""Read and validate `.aicf` bundles (format versions 1 and 2, see docs/bundle-format.md).
 
 The runtime owns the format: the compiler's writer imports `validate_payload` and the header
 constants from here, so a bundle that `aicfc` writes is by construction one that `aicf-run`
@@ -6,6 +6,9 @@ accepts. Every problem becomes a one-line `RunError` that names it and what to d
 
 Lengths read from the file are never trusted: the header's payload length is compared with the
 file size before any payload byte is read, so a forged length cannot make us allocate.
+Version 2 puts the weights in a section after the payload: it is never read into memory
+whole; `read_bundle` checks every weight's checksum one chunk at a time (aicf_run/weights.py)
+and the executor uploads it the same way.
 """
 
 from __future__ import annotations
@@ -22,17 +25,20 @@ import msgpack
 
 from aicf_run.errors import RunError
 from aicf_run.schema import check_payload
+from aicf_run.weights import check_weights
 
 __all__ = [
-    "MAGIC", "FORMAT_VERSION", "HEADER", "MAX_PAYLOAD_BYTES", "Bundle", "read_bundle",
-    "validate_payload",
+    "MAGIC", "FORMAT_VERSION", "READABLE_VERSIONS", "HEADER", "MAX_PAYLOAD_BYTES", "Bundle",
+    "read_bundle", "validate_payload",
 ]
 
 # The doc's literal b"\x89AICF\r\n\x1a\n" is 9 bytes (PNG's is 8 because "PNG" has 3
 # letters); the header has 8 bytes for it, so the magic is that literal's first 8 bytes. The
 # high bit and the CR LF still catch 7-bit and text-mode mangling; the checksum catches the rest.
 MAGIC = b"\x89AICF\r\n\x1a"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 (no weights section: every weight inline in the payload) is still read.
+READABLE_VERSIONS = (1, 2)
 # magic, version, flags, payload length, SHA-256 of the payload: 8 + 4 + 4 + 8 + 32 = 56 bytes.
 HEADER = struct.Struct("<8sIIQ32s")
 assert len(MAGIC) == 8 and HEADER.size == 56
@@ -55,11 +61,21 @@ class Bundle:
     weights: list[dict[str, Any]]
     memory: dict[str, Any]
     target: dict[str, Any]
+    # Where the weights section lies in the file (version 2); (0, 0) when every weight is inline.
+    section_offset: int = 0
+    section_bytes: int = 0
 
     @classmethod
-    def from_payload(cls, payload: dict[str, Any], path: str | os.PathLike | None = None) -> Bundle:
-        """Validate `payload` and wrap it; raises RunError naming the first bad field."""
-        validate_payload(payload)
+    def from_payload(cls, payload: dict[str, Any], path: str | os.PathLike | None = None,
+                     section: tuple[int, int] | None = None) -> Bundle:
+        """Validate `payload` and wrap it; raises RunError naming the first bad field.
+
+        `section` is (file offset, length) of the weights section of the file at `path`; None for
+        a payload in memory, whose weights must then all be inline (`data`)."""
+        version = payload.get("format_version") if isinstance(payload, dict) else None
+        check_payload(payload, version if version in READABLE_VERSIONS else FORMAT_VERSION,
+                      None if section is None else section[1])
+        section_offset, section_bytes = section or (0, 0)
         return cls(
             path=None if path is None else Path(path),
             payload=payload,
@@ -71,6 +87,8 @@ class Bundle:
             weights=payload["weights"],
             memory=payload["memory"],
             target=payload["target"],
+            section_offset=section_offset,
+            section_bytes=section_bytes,
         )
 
     @property
@@ -80,7 +98,9 @@ class Bundle:
 
 
 def validate_payload(payload: dict[str, Any]) -> None:
-    """Raise RunError naming the first field of `payload` that breaks the format (see schema)."""
+    """Raise RunError naming the first field of `payload` that breaks the format (see schema).
+
+    A payload in memory has every weight inline (`data`: bytes, or an aicf_run.weights.Lazy)."""
     check_payload(payload, FORMAT_VERSION)
 
 
@@ -95,7 +115,7 @@ def read_bundle(path: str | os.PathLike) -> Bundle:
         with open(name, "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
             header = f.read(HEADER.size)
-            payload_length = _check_header(name, header, file_size)
+            version, payload_length = _check_header(name, header, file_size)
             data = f.read(payload_length)
     except OSError as err:
         raise RunError(f"cannot read bundle {name}: {err.strerror or err}; "
@@ -106,14 +126,24 @@ def read_bundle(path: str | os.PathLike) -> Bundle:
         raise RunError(f"{name} checksum mismatch (SHA-256 of the payload differs from the "
                        f"header); the file is corrupt, recompile it")
     payload = _decode(name, data)
+    section = None
+    if version >= 2:
+        section = (HEADER.size + payload_length, file_size - HEADER.size - payload_length)
     try:
-        return Bundle.from_payload(payload, path)
+        if payload.get("format_version") != version:
+            check_payload(payload, version)   # names the mismatch
+        bundle = Bundle.from_payload(payload, path, section)
     except RunError as err:
         raise RunError(f"{name}: {err}") from None
+    check_weights(bundle)
+    return bundle
 
 
-def _check_header(name: str, header: bytes, file_size: int) -> int:
-    """Check the 56-byte header against the file size; return the payload length."""
+def _check_header(name: str, header: bytes, file_size: int) -> tuple[int, int]:
+    """Check the 56-byte header against the file size; return (version, payload length).
+
+    Version 1 ends at the payload; version 2 has the weights section after it, whose length
+    is the rest of the file (the payload's weights entries must add up to it)."""
     if file_size == 0:
         raise RunError(f"{name} is empty (0 bytes); pass a file written by `aicfc compile`")
     prefix = min(len(header), len(MAGIC))
@@ -124,9 +154,10 @@ def _check_header(name: str, header: bytes, file_size: int) -> int:
         raise RunError(f"{name} is truncated: {file_size} bytes, shorter than the "
                        f"{HEADER.size}-byte header; recompile it")
     _magic, version, flags, payload_length, _digest = HEADER.unpack(header)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise RunError(f"{name} format version {version} is not supported by this aicf-run "
-                       f"(supports {FORMAT_VERSION}); {_RECOMPILE} or use a matching aicf-run")
+                       f"(supports {', '.join(map(str, READABLE_VERSIONS))}); {_RECOMPILE} or use "
+                       f"a matching aicf-run")
     if flags != 0:
         raise RunError(f"{name} has unknown header flags 0x{flags:08x} (must be 0); "
                        f"{_RECOMPILE} or use a matching aicf-run")
@@ -137,11 +168,11 @@ def _check_header(name: str, header: bytes, file_size: int) -> int:
     if payload_length > available:
         raise RunError(f"{name} is truncated: header says {payload_length} payload bytes, "
                        f"file has {available}; recompile it")
-    if payload_length < available:
+    if payload_length < available and version == 1:
         raise RunError(f"{name} has {available - payload_length} bytes after the payload "
                        f"(header says {payload_length}, file has {available}); the file is "
                        f"corrupt, recompile it")
-    return payload_length
+    return version, payload_length
 
 
 def _decode(name: str, data: bytes) -> dict[str, Any]:

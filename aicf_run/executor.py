@@ -49,6 +49,7 @@ from aicf_run.errors import RunError
 from aicf_run.graph import Graph
 from aicf_run.interop import DeviceArray, DeviceView, check_tensors, view
 from aicf_run.streams import Joiner, stream_handle
+from aicf_run.weights import CHUNK_BYTES, weight_pieces
 
 # Without opting in, a kernel may use at most 48 KiB of dynamic shared memory.
 _DEFAULT_SMEM_LIMIT = 48 * 1024
@@ -503,10 +504,16 @@ class Executor:
                            f"({_one_line(err)}); free GPU memory or use a larger GPU") from None
 
     def _upload_weights(self, pointers: list[int]) -> None:
+        # The pieces come from aicf_run.weights: inline weights sliced in place, a version-2
+        # weights section read chunk by chunk into one page-locked staging buffer, each
+        # weight's checksum checked before its last piece; never a host copy of all of them.
+        section = any("data" not in weight for weight in self.bundle.weights)
+        chunk = min(CHUNK_BYTES, max(1, self.bundle.section_bytes))
         try:
-            for weight in self.bundle.weights:
-                if weight["data"]:
-                    self._cuda.memcpy_htod(pointers[weight["buffer"]], weight["data"])
+            staging = self._cuda.pagelocked_empty(chunk, np.uint8) if section else None
+            for piece in weight_pieces(self.bundle, chunk, staging):
+                if len(piece.data):
+                    self._cuda.memcpy_htod(pointers[piece.buffer] + piece.start, piece.data)
         except self._cuda.Error as err:
             raise RunError(f"cannot upload the weights ({_one_line(err)}); check "
                            f"nvidia-smi") from None

@@ -1,4 +1,4 @@
-"""The payload schema of a version-1 bundle: every check of docs/bundle-format.md.
+"""The payload schema of a version-1 or version-2 bundle: every check of docs/bundle-format.md.
 
 `check_payload` walks the payload in document order and raises a one-line RunError naming the
 first bad field by its path, e.g. "bad bundle field kernels[3].grid: ...". Types are checked
@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from aicf_run import tensormap
 from aicf_run.convert import CONVERSIONS
 from aicf_run.errors import RunError
+from aicf_run.weights import Lazy, data_len, data_sha256
 
 _RECOMPILE = "recompile the model with `aicfc compile`"
 _ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
@@ -36,8 +37,13 @@ _MAX_BLOCK = (1024, 1024, 64)
 _MAX_THREADS = 1024
 
 
-def check_payload(payload: Any, version: int) -> None:
-    """Raise RunError naming the first field of `payload` that breaks the version-1 schema."""
+def check_payload(payload: Any, version: int, section_bytes: int | None = None,
+                  digests: bool = True) -> None:
+    """Raise RunError naming the first field of `payload` that breaks the schema of `version`.
+
+    `section_bytes`: the length of the file's weights section (version 2), None for a payload
+    in memory, whose weights are then all inline. `digests=False` skips hashing the inline
+    weights (the writer checks them while it streams them to the file)."""
     if not isinstance(payload, dict):
         _fail("payload", f"must be a map, got {_describe(payload)}")
     format_version = _int(payload, "format_version", "")
@@ -65,7 +71,7 @@ def check_payload(payload: Any, version: int) -> None:
     buffers = _check_buffers(payload, limits)
     _check_io(payload, "inputs", buffers)
     _check_io(payload, "outputs", buffers)
-    _check_weights(payload, buffers)
+    _check_weights(payload, buffers, version, section_bytes, digests)
     module_count = _check_modules(payload)
     _check_casts(payload, module_count, buffers)
     _check_kernels(payload, module_count, buffers)
@@ -120,8 +126,12 @@ def _check_io(payload: dict, key: str, buffers: list[dict]) -> None:
             _fail(where, f"shape {shape} differs from buffer {buffer_id}'s {buf['shape']}")
 
 
-def _check_weights(payload: dict, buffers: list[dict]) -> None:
+def _check_weights(payload: dict, buffers: list[dict], version: int, section_bytes: int | None,
+                   digests: bool) -> None:
+    """Each weights buffer has one entry: inline `data`, or (version 2) `offset` and `nbytes`
+    in the weights section, where the entries lie end to end in order and fill it exactly."""
     seen: set[int] = set()
+    end = 0
     for where, weight in _records(payload, "weights", ""):
         buffer_id = _buffer_ref(weight, "buffer", where, len(buffers))
         buf = buffers[buffer_id]
@@ -130,12 +140,30 @@ def _check_weights(payload: dict, buffers: list[dict]) -> None:
         if buffer_id in seen:
             _fail(f"{where}.buffer", f"buffer {buffer_id} already has a weights entry")
         seen.add(buffer_id)
-        data = _bytes(weight, "data", where)
-        if len(data) != buf["nbytes"]:
-            _fail(f"{where}.data", f"is {len(data)} bytes but buffer {buffer_id} "
-                                   f"has nbytes {buf['nbytes']}")
-        if hashlib.sha256(data).hexdigest() != _sha256(weight, "sha256", where):
-            _fail(f"{where}.sha256", "does not match its data; the file is corrupt")
+        digest = _sha256(weight, "sha256", where)
+        if "data" in weight or version < 2:
+            data = _typed(weight, "data", where, (bytes, bytearray, memoryview, Lazy), "bytes (msgpack bin)")
+            if data_len(data) != buf["nbytes"]:
+                _fail(f"{where}.data", f"is {data_len(data)} bytes but buffer {buffer_id} "
+                                       f"has nbytes {buf['nbytes']}")
+            if digests and data_sha256(data) != digest:
+                _fail(f"{where}.sha256", "does not match its data; the file is corrupt")
+            continue
+        if section_bytes is None:
+            _fail(f"{where}.data", "is missing (a payload in memory holds its weights inline)")
+        offset = _int(weight, "offset", where, minimum=0)
+        if offset != end:
+            _fail(f"{where}.offset", f"is {offset}, expected {end} (section weights lie end to "
+                                     f"end in order)")
+        nbytes = _int(weight, "nbytes", where, minimum=0)
+        if nbytes != buf["nbytes"]:
+            _fail(f"{where}.nbytes", f"is {nbytes} but buffer {buffer_id} has nbytes {buf['nbytes']}")
+        end += nbytes
+        if end > section_bytes:
+            _fail(where, f"ends at byte {end} of the weights section, which has {section_bytes}")
+    if section_bytes is not None and end != section_bytes:
+        _fail("weights", f"fill {end} bytes of the {section_bytes}-byte weights section; the "
+                         f"file is corrupt")
     for buf in buffers:
         if buf["region"] == "weights" and buf["id"] not in seen:
             _fail(f"buffers[{buf['id']}]", "is a weights buffer with no entry in weights")

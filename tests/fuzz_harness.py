@@ -205,17 +205,25 @@ def mutated_tree(draw: st.DrawFn, tree: Any) -> Any:
     return tree
 
 
-def pack_bundle(payload: Any) -> bytes:
+def pack_bundle(payload: Any, section: bytes = b"") -> bytes:
     """A bundle file's bytes with a correct header for `payload` (so the checks past the
-    checksum are reached)."""
+    checksum are reached), followed by the weights section `section`."""
     data = msgpack.packb(payload, use_bin_type=True)
-    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(data), hashlib.sha256(data).digest()) + data
+    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(data), hashlib.sha256(data).digest()) + data + section
+
+
+def split_bundle(raw: bytes) -> tuple[bytes, bytes]:
+    """(payload, weights section) of a valid bundle file."""
+    length = HEADER.unpack(raw[:HEADER.size])[3]
+    return raw[HEADER.size:HEADER.size + length], raw[HEADER.size + length:]
 
 
 def reseal(raw: bytes) -> bytes:
-    """`raw` with its header's length and checksum recomputed over what follows it."""
-    data = raw[HEADER.size:]
-    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(data), hashlib.sha256(data).digest()) + data
+    """`raw` with its header's checksum recomputed over the payload the header's length names
+    (clamped to the file), or over all that follows the header when the length is unreadable."""
+    length = min(HEADER.unpack(raw[:HEADER.size])[3], len(raw) - HEADER.size)
+    data = raw[HEADER.size:HEADER.size + length]
+    return HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(data), hashlib.sha256(data).digest()) + raw[HEADER.size + length:]
 
 
 def check_bundle_bytes(raw: bytes, folder: Path) -> None:
@@ -420,8 +428,10 @@ def _bundle_bytes_strategy(seeds: dict[str, bytes]) -> st.SearchStrategy:
 
 
 def _bundle_tree_strategy(seeds: dict[str, bytes]) -> st.SearchStrategy:
-    trees = {k: msgpack.unpackb(v[HEADER.size:], raw=False) for k, v in seeds.items()}
-    return st.sampled_from(sorted(trees)).flatmap(lambda k: mutated_tree(trees[k])).map(pack_bundle)
+    parts = {k: split_bundle(v) for k, v in seeds.items()}
+    trees = {k: msgpack.unpackb(payload, raw=False) for k, (payload, _) in parts.items()}
+    return st.sampled_from(sorted(trees)).flatmap(
+        lambda k: mutated_tree(trees[k]).map(lambda tree: pack_bundle(tree, parts[k][1])))
 
 
 def _model_bytes_strategy(models: dict[str, onnx.ModelProto]) -> st.SearchStrategy:

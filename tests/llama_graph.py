@@ -13,14 +13,23 @@ are random (N(0, 0.02²), norm scales around 1).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
 def llama_model(hidden: int, heads: int, kv_heads: int, seq: int, inter: int, layers: int = 1,
-                vocab: int = 64, seed: int = 0) -> onnx.ModelProto:
+                vocab: int = 64, seed: int = 0,
+                store: Callable[[np.ndarray, str], onnx.TensorProto] | None = None,
+                dtype: np.dtype = np.dtype(np.float64)) -> onnx.ModelProto:
+    """`store(array, name)` makes each initializer (default: in the model); a big model's can go
+    to an external-data file as they are made (benchmarks/big_model.py), so they are never all in
+    memory. `dtype` is the type the random weights are drawn in (float32 halves the time and
+    memory of a big one; the default keeps the committed tests' values)."""
     rng = np.random.default_rng(seed)
+    store = store or (lambda array, name: numpy_helper.from_array(array, name))
     d = hidden // heads
     half = d // 2
     group = heads // kv_heads
@@ -31,7 +40,7 @@ def llama_model(hidden: int, heads: int, kv_heads: int, seq: int, inter: int, la
     def const(array: np.ndarray, name: str | None = None) -> str:
         count[0] += 1
         name = name or f"c{count[0]}"
-        inits.append(numpy_helper.from_array(np.asarray(array), name))
+        inits.append(store(np.asarray(array), name))
         return name
 
     def node(op: str, inputs: list[str], **attrs) -> str:
@@ -41,7 +50,7 @@ def llama_model(hidden: int, heads: int, kv_heads: int, seq: int, inter: int, la
         return out
 
     def weight(*shape: int) -> str:
-        return const((rng.standard_normal(shape) * 0.02).astype(np.float32))
+        return const((rng.standard_normal(shape, dtype=dtype) * 0.02).astype(np.float32))
 
     def rms_norm(x: str) -> str:
         two, axes = const(np.asarray(2.0, np.float32)), const(np.asarray([-1], np.int64))
@@ -77,7 +86,7 @@ def llama_model(hidden: int, heads: int, kv_heads: int, seq: int, inter: int, la
     mask = const(np.triu(np.full((seq, seq), -np.inf, np.float32), 1)[None, None])
     scale = const(np.asarray(1.0 / np.sqrt(d), np.float32))
 
-    x = node("Gather", [const(rng.standard_normal((vocab, hidden)).astype(np.float32)), "input_ids"], axis=0)
+    x = node("Gather", [const(rng.standard_normal((vocab, hidden), dtype=dtype).astype(np.float32)), "input_ids"], axis=0)
     for _ in range(layers):
         h = rms_norm(x)
         q = rotary(heads_of(node("MatMul", [h, weight(hidden, hidden)]), heads), cos, sin)

@@ -20,6 +20,7 @@ import pytest
 from aicf_run.bundle import (FORMAT_VERSION, HEADER, MAGIC, Bundle, read_bundle,
                              validate_payload)
 from aicf_run.errors import RunError
+from aicf_run.weights import inlined
 from aicfc.artifact import read_bundle as reexported_read_bundle
 from aicfc.artifact import write_bundle
 from aicfc.errors import AicfError
@@ -105,11 +106,13 @@ def test_round_trip(tmp_path: Path, payload: dict[str, Any]) -> None:
     write_bundle(payload, path)
     bundle = read_bundle(path)
     assert isinstance(bundle, Bundle)
-    assert bundle.payload == payload
+    assert inlined(bundle) == payload
     assert bundle.path == path
     assert bundle.arch == "sm_90"
     assert bundle.kernels[0]["grid"] == [1, 1, 1]
-    assert bundle.weights[0]["data"] == WEIGHT.tobytes()
+    # version 2: the weight is in the section after the payload, named by offset and length
+    assert bundle.weights[0] == {"buffer": 2, "offset": 0, "nbytes": 24, "sha256": sha(WEIGHT.tobytes())}
+    assert path.read_bytes()[-24:] == WEIGHT.tobytes()
     assert bundle.memory["arena_bytes"] == 768
     assert reexported_read_bundle is read_bundle
     assert os.listdir(tmp_path) == ["model.aicf"]
@@ -121,10 +124,13 @@ def test_header_layout(tmp_path: Path, payload: dict[str, Any]) -> None:
     raw = path.read_bytes()
     assert HEADER.size == 56
     magic, version, flags, length, digest = HEADER.unpack(raw[:56])
-    assert (magic, version, flags) == (b"\x89AICF\r\n\x1a", 1, 0)
-    assert length == len(raw) - 56
-    assert digest == hashlib.sha256(raw[56:]).digest()
-    assert msgpack.unpackb(raw[56:], raw=False) == payload
+    assert (magic, version, flags) == (b"\x89AICF\r\n\x1a", 2, 0)
+    assert length == len(raw) - 56 - WEIGHT.nbytes   # the weights section follows the payload
+    assert digest == hashlib.sha256(raw[56:56 + length]).digest()
+    on_disk = msgpack.unpackb(raw[56:56 + length], raw=False)
+    assert on_disk == {**payload, "weights": [{"buffer": 2, "offset": 0, "nbytes": 24,
+                                               "sha256": sha(WEIGHT.tobytes())}]}
+    assert raw[56 + length:] == WEIGHT.tobytes()
 
 
 def test_writer_accepts_tuples(tmp_path: Path, payload: dict[str, Any]) -> None:
@@ -137,7 +143,7 @@ def test_writer_replaces_an_existing_file(tmp_path: Path, payload: dict[str, Any
     path = tmp_path / "model.aicf"
     path.write_bytes(b"old")
     write_bundle(payload, path)
-    assert read_bundle(path).payload == payload
+    assert inlined(read_bundle(path)) == payload
     assert os.listdir(tmp_path) == ["model.aicf"]
 
 
@@ -185,9 +191,13 @@ def _valid_file(tmp_path: Path) -> Path:
 def test_truncated(tmp_path: Path) -> None:
     path = _valid_file(tmp_path)
     raw = path.read_bytes()
-    path.write_bytes(raw[:-10])
-    with pytest.raises(RunError, match=rf"truncated: header says {len(raw) - 56} payload "
-                                       rf"bytes, file has {len(raw) - 66}; recompile it"):
+    path.write_bytes(raw[:-10])   # into the weights section
+    with pytest.raises(RunError, match=r"weights\[0\]: ends at byte 24 of the weights section, "
+                                       r"which has 14"):
+        read_bundle(path)
+    path.write_bytes(raw[:-40])   # into the payload
+    with pytest.raises(RunError, match=rf"truncated: header says {len(raw) - 56 - 24} payload "
+                                       rf"bytes, file has {len(raw) - 96}; recompile it"):
         read_bundle(path)
 
 
@@ -201,8 +211,12 @@ def test_truncated_header(tmp_path: Path) -> None:
 def test_trailing_bytes(tmp_path: Path) -> None:
     path = _valid_file(tmp_path)
     path.write_bytes(path.read_bytes() + b"\0")
-    with pytest.raises(RunError, match="1 bytes after the payload"):
+    with pytest.raises(RunError, match="fill 24 bytes of the 25-byte weights section"):
         read_bundle(path)
+    v1 = raw_bundle(tmp_path / "v1.aicf", {**make_payload(), "format_version": 1}, version=1)
+    v1.write_bytes(v1.read_bytes() + b"\0")
+    with pytest.raises(RunError, match="1 bytes after the payload"):
+        read_bundle(v1)
 
 
 def test_checksum(tmp_path: Path) -> None:
@@ -245,7 +259,7 @@ def test_wrong_version(tmp_path: Path, forge_checksum: bool) -> None:
     path = raw_bundle(tmp_path / "model.aicf", make_payload(), version=7,
                       digest=None if forge_checksum else bytes(32))
     with pytest.raises(RunError, match=r"format version 7 is not supported by this aicf-run "
-                                       r"\(supports 1\)"):
+                                       r"\(supports 1, 2\)"):
         read_bundle(path)
 
 
@@ -317,7 +331,7 @@ SCHEMA_CASES: list[tuple[str, Callable[[dict], None], str]] = [
     ("module_index", _set("kernels[0].module", 1), "kernels[0].module"),
     ("weights_buffer_without_data", _set("weights", []), "buffers[2]"),
     ("input_in_weights_region", _set("inputs[0].buffer", 2), "inputs[0].buffer"),
-    ("payload_version", _set("format_version", 2), "format_version"),
+    ("payload_version", _set("format_version", 1), "format_version"),
     ("bad_dtype", _set("buffers[0].dtype", "object"), "buffers[0].dtype"),
     ("bad_arch", _set("target.arch", "gfx90a"), "target.arch"),
     ("bad_registers", _set("kernels[0].registers", "many"), "kernels[0].registers"),

@@ -168,10 +168,12 @@ def test_explain_rejects_truncated_and_corrupt(block_bundle: Path, tmp_path: Pat
     data = block_bundle.read_bytes()
     (tmp_path / "t.aicf").write_bytes(data[: len(data) // 2])
     assert_user_error(aicfc("explain", str(tmp_path / "t.aicf")), "truncated")
-    flipped = bytearray(data)
-    flipped[len(data) // 2] ^= 0xFF
-    (tmp_path / "c.aicf").write_bytes(bytes(flipped))
-    assert_user_error(aicfc("explain", str(tmp_path / "c.aicf")), "checksum")
+    for at, needle in [(100, "checksum"),   # the payload, under the header's checksum
+                       (len(data) - 2, "does not match its sha256")]:   # the weights section
+        flipped = bytearray(data)
+        flipped[at] ^= 0xFF
+        (tmp_path / "c.aicf").write_bytes(bytes(flipped))
+        assert_user_error(aicfc("explain", str(tmp_path / "c.aicf")), needle)
 
 
 def test_output_not_half_written_on_error(tmp_path: Path):

@@ -431,10 +431,12 @@ def install_fake_gpu(monkeypatch: pytest.MonkeyPatch, driver: FakeDriver) -> Fak
 # --- bad bundle files ---
 
 
-def _flip_payload_byte(path: Path) -> None:
-    raw = bytearray(path.read_bytes())
-    raw[-5] ^= 0xFF
-    path.write_bytes(bytes(raw))
+def _flip_byte(at: int) -> Any:
+    def flip(path: Path) -> None:
+        raw = bytearray(path.read_bytes())
+        raw[at] ^= 0xFF
+        path.write_bytes(bytes(raw))
+    return flip
 
 
 def _bad_payload(mutate: Any) -> Any:
@@ -450,13 +452,18 @@ def _short_weight(payload: dict) -> None:
 
 
 BAD_FILES: list[tuple[str, Any, str]] = [
-    ("truncated", lambda p: p.write_bytes(p.read_bytes()[:-7]), "is truncated: header says"),
-    ("flipped_byte", _flip_payload_byte, "checksum mismatch"),
+    ("truncated", lambda p: p.write_bytes(p.read_bytes()[:-40]), "is truncated: header says"),
+    ("truncated_weights", lambda p: p.write_bytes(p.read_bytes()[:-7]),
+     "weights[0]: ends at byte 24 of the weights section, which has 17"),
+    ("grown_weights", lambda p: p.write_bytes(p.read_bytes() + b"\0"),
+     "fill 24 bytes of the 25-byte weights section"),
+    ("flipped_byte", _flip_byte(100), "checksum mismatch"),
+    ("flipped_weight_byte", _flip_byte(-5), "weights[0] (buffer 2) does not match its sha256"),
     ("png", lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64)), "(bad magic)"),
     ("text", lambda p: p.write_text("just some text\n" * 10), "(bad magic)"),
     ("empty", lambda p: p.write_bytes(b""), "is empty"),
     ("wrong_version", lambda p: raw_bundle(p, make_payload(), version=7, digest=bytes(32)),
-     "format version 7 is not supported by this aicf-run (supports 1)"),
+     "format version 7 is not supported by this aicf-run (supports 1, 2)"),
     ("wrong_version_forged_checksum", lambda p: raw_bundle(p, make_payload(), version=7),
      "format version 7 is not supported"),
     ("not_a_map", lambda p: raw_bundle(p, data=msgpack.packb([1, 2])), "not a map"),
@@ -696,7 +703,9 @@ def test_repeated_runs_allocate_nothing(bundle_path: Path, fake_gpu: FakeDriver)
     pinned = fake_gpu.pinned
     second = executor.run({"x": np.asfortranarray(2 * X)})
     assert fake_gpu.allocations == uploads == 2
-    assert fake_gpu.pinned == pinned == 2   # one page-locked staging buffer for x, one for y
+    # page-locked staging buffers: one for x, one for y, and one the weights section was
+    # uploaded through at construction (dropped after it)
+    assert fake_gpu.pinned == pinned == 3
     assert first["y"] is not second["y"]
     np.testing.assert_array_equal(second["y"], 2 * X + WEIGHT)
     with pytest.raises(RunError, match="input 'x' has shape"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from aicf_run.bundle import FORMAT_VERSION   # the runtime owns the format
 from aicfc import __version__
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.io_cast import Converted
@@ -16,7 +17,6 @@ from aicfc.passes.apply_precision import STORAGE
 from aicfc.passes.plan_memory import memory_summary
 from aicfc.planner.hardware import Profile
 
-FORMAT_VERSION = 1
 
 
 def _sha(b: bytes) -> str:

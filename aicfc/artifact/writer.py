@@ -1,9 +1,12 @@
 """Write a payload as a `.aicf` bundle: validate, pack, then replace the target atomically.
 
-The file is the 56-byte header of docs/bundle-format.md followed by the msgpack payload. It is
-written to a temporary file in the target folder, fsynced and renamed over the target, so a
-reader sees either the old file or the complete new one, never a partial bundle; on any
-failure the temporary file is removed.
+The file (format version 2, docs/bundle-format.md) is the 56-byte header, the msgpack payload
+without the weights' bytes, then the weights section: every weight end to end, streamed from
+wherever it lies (memory, or the model's external-data files) one chunk at a time, and hashed
+on the way against its `sha256`, so no copy of all the weights is ever made here and msgpack's
+4 GiB object limit never applies to them. It is written to a temporary file in the target
+folder, fsynced and renamed over the target, so a reader sees either the old file or the
+complete new one, never a partial bundle; on any failure the temporary file is removed.
 """
 
 from __future__ import annotations
@@ -12,39 +15,63 @@ import hashlib
 import os
 import secrets
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgpack
 
-from aicf_run.bundle import FORMAT_VERSION, HEADER, MAGIC, MAX_PAYLOAD_BYTES, validate_payload
+from aicf_run.bundle import FORMAT_VERSION, HEADER, MAGIC, MAX_PAYLOAD_BYTES
 from aicf_run.errors import RunError
+from aicf_run.schema import check_payload
+from aicf_run.weights import CHUNK_BYTES, data_chunks, data_len
 from aicfc.errors import AicfError
 
 
-def write_bundle(payload: dict[str, Any], path: str | os.PathLike) -> None:
+def write_bundle(payload: dict[str, Any], path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES) -> None:
     """Validate `payload` with the runtime's checks and write it to `path` atomically.
 
-    An invalid payload is a compiler bug, not a user error, so it raises ValueError (naming the
-    first bad field) and nothing is written. An unwritable destination raises AicfError.
+    `payload` holds its weights inline (`data`: bytes or an aicf_run.weights.Lazy); they go to
+    the weights section, `chunk_bytes` at a time. An invalid payload is a compiler bug, not a
+    user error, so it raises ValueError (naming the first bad field) and nothing is written. An
+    unwritable destination raises AicfError.
     """
     try:
-        validate_payload(payload)
+        check_payload(payload, FORMAT_VERSION, None, digests=False)
     except RunError as err:
         raise ValueError(f"refusing to write an invalid bundle: {err}") from err
-    data = msgpack.packb(payload, use_bin_type=True)
+    entries, sources, end = [], [], 0
+    for weight in payload["weights"]:
+        nbytes = data_len(weight["data"])
+        entries.append({"buffer": weight["buffer"], "offset": end, "nbytes": nbytes, "sha256": weight["sha256"]})
+        sources.append(weight["data"])
+        end += nbytes
+    data = msgpack.packb({**payload, "weights": entries}, use_bin_type=True)
     if len(data) > MAX_PAYLOAD_BYTES:
         raise AicfError(f"the bundle payload is {len(data)} bytes, over the format's "
                         f"{MAX_PAYLOAD_BYTES}-byte limit; compile a smaller model")
     header = HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(data), hashlib.sha256(data).digest())
     target = Path(path)
     try:
-        _write_atomically(target, header, data)
+        _write_atomically(target, header, data, _section(entries, sources, chunk_bytes))
     except OSError as err:
         raise AicfError(f"cannot write bundle {target}: {err.strerror or err}; check that the "
                         f"folder exists and is writable") from None
 
 
-def _write_atomically(target: Path, header: bytes, data: bytes) -> None:
+def _section(entries: list[dict], sources: list[Any], chunk_bytes: int) -> Iterator[bytes | memoryview]:
+    """The weights section's bytes in order, each weight hashed against its entry on the way."""
+    for i, (entry, source) in enumerate(zip(entries, sources)):
+        digest, seen = hashlib.sha256(), 0
+        for chunk in data_chunks(source, chunk_bytes):
+            digest.update(chunk)
+            seen += len(chunk)
+            yield chunk
+        if seen != entry["nbytes"] or digest.hexdigest() != entry["sha256"]:
+            raise ValueError(f"refusing to write an invalid bundle: bad bundle field weights[{i}].sha256: "
+                             f"does not match its data ({seen} bytes read)")
+
+
+def _write_atomically(target: Path, header: bytes, data: bytes, section: Iterable[bytes | memoryview] = ()) -> None:
     # A dot-prefixed random name in the same folder: os.replace is only atomic within one
     # filesystem, and O_EXCL guarantees we never clobber someone else's file.
     temp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -54,6 +81,8 @@ def _write_atomically(target: Path, header: bytes, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(header)
             f.write(data)
+            for chunk in section:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, target)

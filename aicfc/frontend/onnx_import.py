@@ -1,7 +1,8 @@
 """ONNX → High IR.
 
-Loading is defensive: the file is parsed without external data first, every external-data
-location is checked to stay inside the model's folder, and only then is the data read. The
+Loading is defensive: the file is parsed without external data first, and every external-data
+location is checked to stay inside the model's folder and every offset and length to lie inside
+its file; the bytes are then read only when a pass needs them (`_load_external_data`). The
 checker runs before any work. Symbolic dimensions must be given with `--shape`; the error
 names the input and the dimension. `find_unsupported` lists every op the compiler cannot take,
 all at once, so `aicfc check` can print the whole list.
@@ -21,6 +22,7 @@ from aicfc.frontend.onnx_elementwise import ELEMENTWISE_ATTR_OPS, elementwise_at
 from aicfc.frontend import import_rewrites
 from aicfc.ir.high import Graph, Node, make_attrs, verify_graph
 from aicfc.ir.ops import COMPARISONS, FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
+from aicf_run.weights import FileSlice
 from aicfc.ir.types import NUMPY_TO_IR, TensorType, Value, Weight
 
 MAX_MODEL_BYTES = 2 << 30  # protobuf's own limit for a single message
@@ -72,9 +74,16 @@ def load_model(path: str | os.PathLike, data: bytes | None = None) -> onnx.Model
 
 
 def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
-    tensors = list(model.graph.initializer)
-    tensors += [a.t for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
-    for t in tensors:
+    """Check every external-data reference, then leave the initializers' bytes in their files.
+
+    A reference must name a file inside the model's folder, with an offset and length that lie
+    inside it. An initializer keeps its data in the file: its location is rewritten to the
+    checked absolute path, and `import_model` makes it a Weight whose bytes are read only when a
+    pass needs them (`aicf_run.weights.FileSlice`), so a 4 GB model is never in memory twice. The
+    (rare) constant attributes with external data are read here.
+    """
+    attributes = [a.t for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    for t in list(model.graph.initializer) + attributes:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in t.external_data}
@@ -90,12 +99,62 @@ def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
         if not present:
             raise AicfError(f"initializer {t.name!r}: external data file {where.name!r} is missing")
         length, offset = (_external_int(t.name, info, key) for key in ("length", "offset"))
-        if offset + length > where.stat().st_size:
+        size = where.stat().st_size
+        if offset + length > size:
             raise AicfError(f"initializer {t.name!r}: external data {where.name!r} is shorter than it claims")
+        del t.external_data[:]
+        for key, value in (("location", str(where)), ("offset", str(offset)),
+                           ("length", str(length if "length" in info else size - offset))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
     try:
-        onnx.external_data_helper.load_external_data_for_model(model, str(folder))
+        for t in attributes:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                onnx.external_data_helper.load_external_data_for_tensor(t, "/")
     except Exception as e:
         raise AicfError(f"could not read the model's external data: {e}") from None
+
+
+def _external_slice(t: onnx.TensorProto) -> FileSlice:
+    """The checked file range of an external initializer (`_load_external_data` made it absolute).
+
+    A ModelProto that did not come through `load_model` (the Python API) may carry relative
+    locations: they are refused rather than resolved against the working folder."""
+    info = {e.key: e.value for e in t.external_data}
+    location = info.get("location", "")
+    if not os.path.isabs(location):
+        raise AicfError(f"initializer {t.name!r} keeps its data in {location[:80]!r}, a path relative to a "
+                        "folder aicfc was not given; compile the model from its file")
+    return FileSlice(location, _external_int(t.name, info, "offset"), _external_int(t.name, info, "length"))
+
+
+def _initializer(t: onnx.TensorProto) -> Weight:
+    """An initializer as a Weight; one in external data stays in its file (see `_external_slice`)."""
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return _weight(t.name, _array(t, "initializer"))
+    where = _external_slice(t)
+    known = t.data_type in onnx.TensorProto.DataType.values() and t.data_type != onnx.TensorProto.BFLOAT16
+    np_dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)) if known and t.data_type else None
+    dtype = NUMPY_TO_IR.get(np_dtype) if np_dtype is not None else None
+    if any(d < 0 for d in t.dims):
+        raise AicfError(f"initializer {t.name!r} is malformed (negative dims {list(t.dims)}); export the model again")
+    shape = tuple(int(d) for d in t.dims)
+    if dtype is None or dtype == "f64":   # float64 becomes float32 (`_weight`): read it now
+        if dtype is None:
+            raise AicfError(f"constant {t.name!r} has unsupported dtype {np_dtype or t.data_type}")
+        return _weight(t.name, _external_array(t, where, np_dtype, shape))
+    wtype = TensorType(dtype, shape)
+    if wtype.nbytes != where.nbytes:
+        raise AicfError(f"initializer {t.name!r} is malformed (its external data has {where.nbytes} bytes, "
+                        f"{dtype}{list(shape)} needs {wtype.nbytes}); export the model again")
+    return Weight(t.name, wtype, where)
+
+
+def _external_array(t: onnx.TensorProto, where: FileSlice, np_dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if math.prod(shape) * np_dtype.itemsize != where.nbytes:
+        raise AicfError(f"initializer {t.name!r} is malformed (its external data has {where.nbytes} bytes, "
+                        f"{np_dtype}{list(shape)} needs {math.prod(shape) * np_dtype.itemsize}); export the model again")
+    return np.frombuffer(where.read(), dtype=np_dtype.newbyteorder("<")).reshape(shape)
 
 
 def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -212,7 +271,7 @@ def import_model(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | No
         raise AicfError(f"the model declares opset {opset}, newer than opset {newest}, the newest aicfc knows; "
                         f"re-export it with opset {newest} or older")
     g = model.graph
-    weights: dict[str, Weight] = {t.name: _weight(t.name, _array(t, "initializer")) for t in g.initializer}
+    weights: dict[str, Weight] = {t.name: _initializer(t) for t in g.initializer}
     names = [vi.name for vi in g.input if vi.name not in weights]
     unknown = set(shapes) - set(names)
     if unknown:

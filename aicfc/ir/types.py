@@ -2,17 +2,21 @@
 
 Shapes are static tuples of ints: symbolic dimensions are resolved at import (`--shape`), so
 every later stage sees concrete numbers. Weights carry their bytes so IR nodes stay hashable
-and comparable; `array()` gives a read-only numpy view.
+and comparable; `array()` gives a read-only numpy view. A big model's weights are not held in
+memory: their `data` is an `aicf_run.weights.Lazy` (a range of the model's external-data file,
+or a `Joined` of such weights) that is read when a pass needs the values and streamed into the
+bundle otherwise, so a compile never holds two copies of a 4 GB model.
 """
 from __future__ import annotations
 
-import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from aicf_run.convert import from_bf16_bytes, to_bf16_bytes
+from aicf_run.weights import CHUNK_BYTES, Lazy, data_sha256
 
 # IR dtype name -> numpy dtype. The IR spells dtypes short, as MLIR does. bfloat16 has no
 # numpy dtype: it is evaluated as float32 (`np_dtype`) and stored as the top 16 bits of one.
@@ -77,11 +81,11 @@ class Value:
 
 @dataclass(frozen=True, slots=True)
 class Weight:
-    """A constant tensor; `data` is its C-order little-endian bytes."""
+    """A constant tensor; `data` is its C-order little-endian bytes, in memory or `Lazy`."""
 
     name: str
     type: TensorType
-    data: bytes
+    data: bytes | Lazy
     # The digest of `data`, computed on first use: every IR printer names a weight by it, so a
     # BERT-sized model would otherwise hash its half gigabyte several times per compile.
     _digest: str | None = field(default=None, init=False, compare=False, repr=False)
@@ -93,17 +97,49 @@ class Weight:
         return Weight(name, TensorType(dtype, tuple(int(d) for d in array.shape)),
                       array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
 
+    def buffer(self) -> bytes:
+        """The bytes in memory (a Lazy weight is read: the caller holds the only copy)."""
+        return self.data.read() if isinstance(self.data, Lazy) else self.data
+
     def array(self) -> np.ndarray:
         if self.type.dtype == "bf16":
-            return from_bf16_bytes(self.data, self.type.shape)
-        a = np.frombuffer(self.data, dtype=self.type.np_dtype.newbyteorder("<"))
+            return from_bf16_bytes(self.buffer(), self.type.shape)
+        a = np.frombuffer(self.buffer(), dtype=self.type.np_dtype.newbyteorder("<"))
         return a.reshape(self.type.shape)
+
+    def raw(self) -> np.ndarray:
+        """The elements as unsigned ints of their storage size, for moves (bf16 included)."""
+        return np.frombuffer(self.buffer(), dtype=f"<u{ITEMSIZE[self.type.dtype]}").reshape(self.type.shape)
+
+    @property
+    def lazy(self) -> bool:
+        return isinstance(self.data, Lazy)
 
     @property
     def sha256(self) -> str:
         if self._digest is None:
-            object.__setattr__(self, "_digest", hashlib.sha256(self.data).hexdigest())
+            object.__setattr__(self, "_digest", data_sha256(self.data))
         return self._digest
+
+
+@dataclass(frozen=True, slots=True)
+class Joined(Lazy):
+    """Weights of one dtype concatenated along `axis`, computed when read (merge_contractions
+    joins sibling GEMMs' weights; a big model's stay in its files until then)."""
+
+    parts: tuple[Weight, ...]
+    axis: int
+
+    def __len__(self) -> int:
+        return sum(len(p.data) for p in self.parts)
+
+    def chunks(self, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
+        joined = memoryview(np.concatenate([p.raw() for p in self.parts], axis=self.axis)).cast("B")
+        for start in range(0, len(joined), max(1, size)):
+            yield joined[start:start + size]
+
+    def read(self) -> bytes:
+        return np.concatenate([p.raw() for p in self.parts], axis=self.axis).tobytes()
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from aicfc.ir.high import Node, make_attrs
 from aicfc.ir.ops import OPS
-from aicfc.ir.types import Weight
+from aicfc.ir.types import TensorType, Weight
 
 POINTWISE_CONV_RULE = "Conv 1x1 (unit strides, no padding, one group) => MatMul"
 POINTWISE_CONV_REASON = ("pointwise_window: every output reads one tap at its own position, so the convolution is "
@@ -54,10 +54,14 @@ def rewrite(n: Node, types: dict, constants: dict[str, Weight]) -> tuple[list[No
             name += "'"
         return name
 
-    weights = [Weight.of(fresh(f"{y}.matrix"), constants[n.inputs[1]].array().reshape(m, c))]
+    def reshaped(name: str, w: Weight, shape: tuple[int, ...]) -> Weight:
+        # A C-order reshape keeps the bytes: the new weight shares them (no copy, a lazy one stays lazy).
+        return Weight(fresh(name), TensorType(w.type.dtype, shape), w.data)
+
+    weights = [reshaped(f"{y}.matrix", constants[n.inputs[1]], (m, c))]
     types[weights[0].name] = weights[0].type
     if len(n.inputs) == 3:
-        weights.append(Weight.of(fresh(f"{y}.column"), constants[n.inputs[2]].array().reshape(m, 1)))
+        weights.append(reshaped(f"{y}.column", constants[n.inputs[2]], (m, 1)))
         types[weights[1].name] = weights[1].type
     nodes: list[Node] = []
 

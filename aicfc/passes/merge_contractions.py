@@ -51,7 +51,7 @@ import numpy as np
 from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite, View, has_indirect,
                               indirect_dims, loads, map_loads)
 from aicfc.ir.properties import contraction
-from aicfc.ir.types import TensorType, Weight, convert
+from aicfc.ir.types import Joined, TensorType, Weight, convert
 from aicfc.passes.rule import Rule
 
 RULE = "sibling contractions on one operand => one contraction"
@@ -291,8 +291,13 @@ def _fresh(name: str, taken: set[str]) -> str:
 def _concat(ws: list[Weight], axis: int, taken: set[str]) -> Weight:
     name = _fresh(".".join(w.name for w in ws) + ".cat", taken)
     taken.add(name)
-    data = np.concatenate([w.array() for w in ws], axis=axis)
     t = ws[0].type
+    if any(w.lazy for w in ws):
+        # A big model's weights stay in its files: the join is computed when it is read.
+        axis %= len(t.shape)
+        shape = t.shape[:axis] + (sum(w.type.shape[axis] for w in ws),) + t.shape[axis + 1:]
+        return Weight(name, TensorType(t.dtype, shape), Joined(tuple(ws), axis))
+    data = np.concatenate([w.array() for w in ws], axis=axis)
     return Weight(name, TensorType(t.dtype, tuple(int(d) for d in data.shape)), convert(data, t.dtype))
 
 

@@ -86,8 +86,7 @@ def relayout_weights(plan: Plan) -> Plan:
     for w in plan.weights:
         if w.name in done:
             # moved as raw elements of their storage size (bf16 has no numpy type of its own)
-            raw = np.frombuffer(w.data, dtype=f"<u{ITEMSIZE[w.type.dtype]}").reshape(w.type.shape)
-            arr = np.ascontiguousarray(np.swapaxes(raw, -1, -2))
+            arr = np.ascontiguousarray(np.swapaxes(w.raw(), -1, -2))
             w = Weight(w.name, dataclasses.replace(w.type, shape=tuple(arr.shape)), arr.tobytes())
         new_weights.append(w)
 

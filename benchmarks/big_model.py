@@ -1,0 +1,126 @@
+"""A ~1 B-parameter Llama graph with external data, compiled by `aicfc compile`: peak memory.
+
+    python3 benchmarks/big_model.py [--folder /tmp/aicf-big] [--layers 22] [--precision fp16]
+        [--jobs 2] [--keep] [--json F]
+
+Builds the exporter's Llama graph (tests/llama_graph.py; hidden 2048, 32 heads over 8 key/value
+heads, intermediate 5632, vocabulary 32000, 128 tokens, `--layers` decoder layers: 22 is about
+TinyLlama's 1.0 B parameters without its LM head, 4.1 GB at fp32) with random fp32 weights,
+each written to `model.onnx.data` as it is made (never all in memory), the model itself a few
+hundred KB. Then runs `/usr/bin/time -v python3 -m aicfc compile model.onnx -o model.aicf
+--precision P -j N` in a subprocess and prints: parameters, the fp32 weights' bytes, the
+bundle's bytes, the compile's peak resident set size ("Maximum resident set size") and its
+ratio to the weights' bytes (issue 20's bar: <= 1.5 at fp16), and the wall time. Files go to
+`--folder` (not the repository) and are removed unless `--keep`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.llama_graph import llama_model  # noqa: E402
+
+INLINE_BYTES = 1024   # smaller initializers (shapes, scalars) stay in the model file
+
+
+def build(folder: Path, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int,
+          seq: int) -> tuple[Path, int, int]:
+    """Write model.onnx + model.onnx.data; (path, parameters, bytes of the external data)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data_path = folder / "model.onnx.data"
+    written = [0, 0]   # bytes, parameters
+    with open(data_path, "wb") as data:
+        def store(array: np.ndarray, name: str) -> onnx.TensorProto:
+            array = np.ascontiguousarray(array)
+            written[1] += array.size if array.dtype == np.float32 else 0
+            if array.nbytes < INLINE_BYTES:
+                return onnx.numpy_helper.from_array(array, name)
+            tensor = onnx.TensorProto(name=name, dims=array.shape,
+                                      data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", data_path.name), ("offset", str(written[0])),
+                               ("length", str(array.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            data.write(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+            written[0] += array.nbytes
+            return tensor
+
+        model = llama_model(hidden, heads, kv_heads, seq, inter, layers=layers, vocab=vocab,
+                            store=store, dtype=np.dtype(np.float32))
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path, written[1], written[0]
+
+
+def compile_measured(model: Path, out: Path, precision: str, jobs: int) -> dict[str, float]:
+    """Run `aicfc compile` under /usr/bin/time -v; its peak RSS (bytes) and wall time (s)."""
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", "aicfc", "compile", str(model), "-o", str(out),
+               "--precision", precision, "-j", str(jobs)]
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"aicfc compile failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
+    return {"peak_rss_bytes": peak_kb * 1024, "wall_s": wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--folder", default="/tmp/aicf-big")
+    ap.add_argument("--layers", type=int, default=22)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--inter", type=int, default=5632)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--keep", action="store_true", help="keep the model and the bundle")
+    ap.add_argument("--json", help="also write the figures to this file")
+    args = ap.parse_args()
+    folder = Path(args.folder)
+    start = time.perf_counter()
+    model, params, weight_bytes = build(folder, args.layers, args.hidden, args.heads, args.kv_heads,
+                                        args.inter, args.vocab, args.seq)
+    built = time.perf_counter() - start
+    out = folder / "model.aicf"
+    try:
+        figures = compile_measured(model, out, args.precision, args.jobs)
+        result = {"layers": args.layers, "hidden": args.hidden, "parameters": params,
+                  "weights_fp32_bytes": weight_bytes, "model_file_bytes": model.stat().st_size,
+                  "bundle_bytes": out.stat().st_size, "precision": args.precision, "jobs": args.jobs,
+                  "build_s": round(built, 1), **figures,
+                  "rss_over_weights": figures["peak_rss_bytes"] / weight_bytes}
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    gb = 1e9
+    print(f"Llama {args.layers} layers, hidden {args.hidden}: {params / 1e9:.3f} B parameters, "
+          f"fp32 weights {weight_bytes / gb:.2f} GB (external data), built in {built:.0f} s")
+    print(f"aicfc compile --precision {args.precision} -j {args.jobs}: {figures['wall_s']:.0f} s, "
+          f"bundle {result['bundle_bytes'] / gb:.2f} GB")
+    print(f"peak RSS {figures['peak_rss_bytes'] / gb:.2f} GB = {result['rss_over_weights']:.2f} x the fp32 "
+          f"weights (bar: 1.5 x)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    os.sync()
+
+
+if __name__ == "__main__":
+    main()
