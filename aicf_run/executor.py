@@ -508,7 +508,10 @@ class Executor:
         # weights section read chunk by chunk into one page-locked staging buffer, each
         # weight's checksum checked before its last piece; never a host copy of all of them.
         section = any("data" not in weight for weight in self.bundle.weights)
-        chunk = min(CHUNK_BYTES, max(1, self.bundle.section_bytes))
+        # The staging buffer need not outgrow the section; inline weights are sliced in
+        # CHUNK_BYTES pieces whatever the section's size (a bundle without one has 0 bytes
+        # there: sized by it, every inline weight went up in 1-byte copies).
+        chunk = min(CHUNK_BYTES, max(1, self.bundle.section_bytes)) if section else CHUNK_BYTES
         try:
             staging = self._cuda.pagelocked_empty(chunk, np.uint8) if section else None
             for piece in weight_pieces(self.bundle, chunk, staging):

@@ -335,3 +335,22 @@ def test_compile_peak_memory_stays_near_the_weights(tmp_path: Path) -> None:
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     grown = figures["peak"] - figures["base"]
     assert grown < 0.75 * figures["weights"], figures
+
+
+def test_inline_weights_go_up_whole_not_byte_by_byte(fake_gpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A payload held in memory has no weights section (0 bytes): its inline weights still go up
+    # in CHUNK_BYTES pieces. Sized by the empty section, every weight went up one byte per copy,
+    # and the GPU suite's larger models spent minutes in memcpy_htod.
+    import aicf_run.executor
+    from aicf_run.bundle import Bundle
+    from tests.test_run_cli import X
+    calls = []
+    device = open_device()
+    real = device.driver.memcpy_htod
+    monkeypatch.setattr(device.driver, "memcpy_htod", lambda dst, src: (calls.append(len(src)), real(dst, src))[1])
+    payload = make_payload()
+    executor = Executor(Bundle.from_payload(payload), device)
+    assert calls[:1] == [len(payload["weights"][0]["data"])]
+    w = np.frombuffer(payload["weights"][0]["data"], np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(executor.run({"x": X})["y"], X + w)
+    device.close()
