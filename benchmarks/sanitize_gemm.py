@@ -11,25 +11,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
 from benchmarks.gemm import matmul_model  # noqa: E402
-
-
-def gelu_model(m: int, k: int, n: int, rng: np.random.Generator):
-    """MatMul + bias + erf-GELU, as BERT's FFN1 exports it."""
-    from tests.test_gemm_gpu import _model
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["h"]),
-             helper.make_node("Div", ["h", "s2"], ["hd"]), helper.make_node("Erf", ["hd"], ["e"]),
-             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h", "e1"], ["he"]),
-             helper.make_node("Mul", ["he", "half"], ["y"])]
-    return _model(nodes, [("x", [m, k])], [m, n],
-                  {"w": rng.standard_normal((k, n)).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32),
-                   "s2": np.array(1.4142135, np.float32), "one": np.array(1.0, np.float32),
-                   "half": np.array(0.5, np.float32)})
+from tests.test_cost_wgmma import _gelu as gelu_model  # noqa: E402  (BERT's FFN1: MatMul + bias + erf-GELU)
 
 
 def main() -> int:
@@ -38,8 +25,8 @@ def main() -> int:
     from aicf_run.executor import Executor
     rng = np.random.default_rng(0)
     dev = open_device()
-    cases = [("gelu 512x768x3072 ping-pong", gelu_model(512, 768, 3072, rng), {"unit": "wgmma", "PP": 1}),
-             ("gelu 512x768x3072 cooperative", gelu_model(512, 768, 3072, rng), {"unit": "wgmma", "PP": 0}),
+    cases = [("gelu 512x768x3072 ping-pong", gelu_model(512, 768, 3072), {"unit": "wgmma", "PP": 1}),
+             ("gelu 512x768x3072 cooperative", gelu_model(512, 768, 3072), {"unit": "wgmma", "PP": 0}),
              ("split-k 128x3072x768", matmul_model(128, 3072, 768, rng.standard_normal((3072, 768)).astype(np.float32)),
               {"unit": "wgmma", "SPLITK": 4}),
              ("edges 300x520x392 ping-pong", matmul_model(300, 520, 392, rng.standard_normal((520, 392)).astype(np.float32)),
