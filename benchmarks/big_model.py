@@ -12,6 +12,11 @@ hundred KB. Then runs `/usr/bin/time -v python3 -m aicfc compile model.onnx -o m
 bundle's bytes, the compile's peak resident set size ("Maximum resident set size") and its
 ratio to the weights' bytes (issue 20's bar: <= 1.5 at fp16), and the wall time. Files go to
 `--folder` (not the repository) and are removed unless `--keep`.
+
+On the GPU machine, `--run` then runs the bundle on random token ids with `aicf-run --check
+model.onnx` (onnxruntime's CPU provider on the fp32 model; the fp16 tolerance 1e-2 of the
+output's max), prints the upload and check times, and `--sanitize` runs it once more under
+`compute-sanitizer --tool memcheck` (kernels launched one by one), its summary line printed.
 """
 from __future__ import annotations
 
@@ -79,6 +84,26 @@ def compile_measured(model: Path, out: Path, precision: str, jobs: int) -> dict[
     return {"peak_rss_bytes": peak_kb * 1024, "wall_s": wall}
 
 
+def run_checked(folder: Path, model: Path, bundle: Path, vocab: int, seq: int, sanitize: bool) -> dict:
+    """`aicf-run BUNDLE --check MODEL` on random ids (and under memcheck); its verdict lines."""
+    ids = folder / "input_ids.npy"
+    np.save(ids, np.random.default_rng(1).integers(0, vocab, (1, seq), dtype=np.int64))
+    run = [sys.executable, "-m", "aicf_run", str(bundle), "--input", f"input_ids={ids}",
+           "--output-dir", str(folder / "out"), "--check", str(model)]
+    start = time.perf_counter()
+    done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True)
+    result = {"run_s": round(time.perf_counter() - start, 1), "run_exit": done.returncode,
+              "check": (done.stdout + done.stderr).strip().splitlines()[-6:]}
+    print("\n".join(["aicf-run --check:", *result["check"]]))
+    if sanitize:
+        command = ["compute-sanitizer", "--tool", "memcheck", *run[:-2], "--no-graph"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        summary = [line for line in (done.stdout + done.stderr).splitlines() if "ERROR SUMMARY" in line]
+        result.update(memcheck_exit=done.returncode, memcheck=summary[-1:] or ["no summary line"])
+        print("memcheck:", *result["memcheck"])
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--folder", default="/tmp/aicf-big")
@@ -93,6 +118,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the model and the bundle")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--run", action="store_true", help="run the bundle on the GPU, checked against onnxruntime")
+    ap.add_argument("--sanitize", action="store_true", help="with --run: also under compute-sanitizer memcheck")
     args = ap.parse_args()
     folder = Path(args.folder)
     start = time.perf_counter()
@@ -107,6 +134,8 @@ def main() -> None:
                   "bundle_bytes": out.stat().st_size, "precision": args.precision, "jobs": args.jobs,
                   "build_s": round(built, 1), **figures,
                   "rss_over_weights": figures["peak_rss_bytes"] / weight_bytes}
+        if args.run:
+            result.update(run_checked(folder, model, out, args.vocab, args.seq, args.sanitize))
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)

@@ -166,7 +166,7 @@ def run_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, pin: 
     rng = np.random.default_rng(batch * 1000 + seq)
     torch.manual_seed(0)
     model = build(name, tiny)
-    inputs = make_inputs(name, batch, seq, rng)
+    inputs = make_inputs(name, batch, seq, rng, tiny)
     path = work / f"{name}_b{batch}_s{seq}.onnx"
     t_export = export(model, inputs, path)
     t = time.perf_counter()

@@ -1,12 +1,17 @@
-"""Real models end to end: BERT-base, GPT-2 small and ResNet-50 exported by torch, compiled by
+"""Real models end to end: BERT-base, GPT-2 small, a Llama-architecture decoder and ResNet-50
+exported by torch, compiled by
 aicfc, run by aicf_run, against PyTorch eager and torch.compile on the same GPU, same process.
 
     source .gpu/env.sh && python3 benchmarks/models.py [--quick] [--json F] [--max-autotune]
     source .gpu/env.sh && python3 benchmarks/models.py --cases bert:8x512,gpt2:1x128,resnet50:32
     python3 benchmarks/models.py --tiny --no-gpu        # CPU: export and compile small configs only
 
-Cases are MODEL:BATCHxSEQ for the transformers (bert, gpt2) and MODEL:BATCH for resnet50; the
-default is BERT-base and GPT-2 small at B8 S512 and B1 S128, ResNet-50 at B1 and B32.
+Cases are MODEL:BATCHxSEQ for the transformers (bert, gpt2, llama) and MODEL:BATCH for resnet50;
+the default is BERT-base and GPT-2 small at B8 S512 and B1 S128, the Llama at B1 S512 and B8
+S512, ResNet-50 at B1 and B32. The Llama is transformers' LlamaModel(LlamaConfig(hidden 1024,
+16 layers, 16 heads over 4 key/value heads, intermediate 2816, vocabulary 32000)): 0.21 B
+parameters, grouped-query attention, RoPE, SwiGLU and RMSNorm as Llama, Qwen2 and Mistral
+have them.
 For each case the model is built with random weights (transformers' BertModel(BertConfig()) and
 GPT2Model(GPT2Config()): BERT-base and GPT-2 small, every parameter drawn at random as in a
 trained checkpoint; torchvision's resnet50()), exported by
@@ -48,10 +53,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.timing import median_us, run_and_time  # noqa: E402
 
-MODELS = ("bert", "gpt2", "resnet50")
-TRANSFORMERS = ("bert", "gpt2")
-MAX_SEQ = {"bert": 512, "gpt2": 1024}   # BertConfig().max_position_embeddings, GPT2Config().n_positions
-CASES = [("bert", 8, 512), ("bert", 1, 128), ("gpt2", 8, 512), ("gpt2", 1, 128), ("resnet50", 1, 0), ("resnet50", 32, 0)]
+MODELS = ("bert", "gpt2", "llama", "resnet50")
+TRANSFORMERS = ("bert", "gpt2", "llama")
+# BertConfig().max_position_embeddings, GPT2Config().n_positions, LLAMA's max_position_embeddings
+MAX_SEQ = {"bert": 512, "gpt2": 1024, "llama": 2048}
+VOCAB = {"bert": 30000, "gpt2": 50000, "llama": 32000}   # token ids drawn below these
+LLAMA = dict(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
+             intermediate_size=2816, vocab_size=32000, max_position_embeddings=2048)
+LLAMA_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=128, vocab_size=1000, max_position_embeddings=2048)
+CASES = [("bert", 8, 512), ("bert", 1, 128), ("gpt2", 8, 512), ("gpt2", 1, 128), ("llama", 1, 512), ("llama", 8, 512),
+         ("resnet50", 1, 0), ("resnet50", 32, 0)]
 QUICK = [("bert", 1, 128), ("gpt2", 1, 128), ("resnet50", 1, 0)]
 REPS = 50
 TOL = 1e-2
@@ -186,6 +198,8 @@ def build(name: str, tiny: bool):
         cfg = tf.BertConfig(**(dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                     intermediate_size=256) if tiny else {}))
         inner = tf.BertModel(cfg, add_pooling_layer=False)
+    elif name == "llama":
+        inner = tf.LlamaModel(tf.LlamaConfig(**(LLAMA_TINY if tiny else LLAMA)))
     else:
         cfg = tf.GPT2Config(**(dict(n_embd=64, n_layer=2, n_head=4) if tiny else {}))
         inner = tf.GPT2Model(cfg)
@@ -202,10 +216,11 @@ def build(name: str, tiny: bool):
     return LastHidden(inner.eval()).eval()
 
 
-def make_inputs(name: str, batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def make_inputs(name: str, batch: int, seq: int, rng: np.random.Generator, tiny: bool = False) -> dict[str, np.ndarray]:
     if name == "resnet50":
         return {"x": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
-    return {"input_ids": rng.integers(0, 50000 if name == "gpt2" else 30000, (batch, seq)).astype(np.int64)}
+    vocab = LLAMA_TINY["vocab_size"] if tiny and name == "llama" else VOCAB[name]
+    return {"input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int64)}
 
 
 def export(model, inputs: dict[str, np.ndarray], path: Path) -> float:
@@ -287,7 +302,7 @@ def bench_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, mod
     rng = np.random.default_rng(batch * 1000 + seq)
     torch.manual_seed(0)
     model = build(name, tiny)
-    inputs = make_inputs(name, batch, seq, rng)
+    inputs = make_inputs(name, batch, seq, rng, tiny)
     path = work / f"{name}_b{batch}_s{seq}.onnx"
     t_export = export(model, inputs, path)
     t = time.perf_counter()

@@ -16,7 +16,9 @@ compiles it, and on the GPU measures host wall time per call (time.perf_counter,
   page-locked copy bandwidth (host->device and device->host timed here with the same sizes).
 
 It checks that every path gives the same bits as the numpy path. `--save FILE` only compiles
-(no GPU needed); `--bundle FILE` runs that bundle, to keep nvcc off the GPU machine.
+(no GPU needed); `--bundle FILE` runs that bundle, to keep nvcc off the GPU machine. `--case
+resnet50:32` (any case of benchmarks/models.py: bert:8x512, resnet50:32, ...) exports that model
+with torch instead (random weights, fp32 interface) and compiles it at `--precision`.
 """
 from __future__ import annotations
 
@@ -87,6 +89,17 @@ def device_tensors(arrays: dict[str, np.ndarray]) -> tuple[dict[str, Any], Any, 
     return {k: gpuarray.to_gpu(v) for k, v in arrays.items()}, None, "pycuda.gpuarray"
 
 
+def compile_case(spec: str, precision: str) -> dict:
+    """Export benchmarks/models.py's case `spec` (torch, random weights) and compile it."""
+    import tempfile
+    from benchmarks.models import build, export, make_inputs, parse_cases
+    (name, batch, seq), = parse_cases(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        export(build(name, False), make_inputs(name, batch, seq, np.random.default_rng(0)), path)
+        return aicfc.compile(str(path), precision=precision)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=12)
@@ -99,10 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the figures as JSON")
     ap.add_argument("--save", type=Path, help="compile only: write the bundle here and stop")
     ap.add_argument("--bundle", type=Path, help="run this bundle (from --save) instead of compiling")
+    ap.add_argument("--case", help="a benchmarks/models.py case (e.g. resnet50:32) exported by torch")
     args = ap.parse_args(argv)
 
     if args.bundle:
         payload = read_bundle(args.bundle).payload
+    elif args.case:
+        payload = compile_case(args.case, args.precision)
     else:
         model = build_encoder(np.random.default_rng(SEED), layers=args.layers, batch=args.batch,
                               seq=args.seq, hidden=args.hidden, heads=args.heads,

@@ -25,7 +25,7 @@ def test_parse_cases_forms():
 
 
 @pytest.mark.parametrize("spec", ["", "bert", "bert:", "bert:0x128", "bert:8x", "bert:8x0", "bert:axb",
-                                  "llama:1x128", "resnet50:1x224", "bert:4", "bert:1x1024", "gpt2:1x2048",
+                                  "vit:1x128", "llama:1x4096", "resnet50:1x224", "bert:4", "bert:1x1024", "gpt2:1x2048",
                                   "resnet50:-1"])
 def test_parse_cases_rejects(spec):
     with pytest.raises(ValueError):
@@ -39,7 +39,7 @@ def test_format_case_round_trip():
 
 def test_default_cases_are_the_issue_cases():
     assert set(models.CASES) == {("bert", 8, 512), ("bert", 1, 128), ("gpt2", 8, 512), ("gpt2", 1, 128),
-                                 ("resnet50", 1, 0), ("resnet50", 32, 0)}
+                                 ("llama", 1, 512), ("llama", 8, 512), ("resnet50", 1, 0), ("resnet50", 32, 0)}
 
 
 def _args(argv):
@@ -53,7 +53,7 @@ def test_select_cases():
         ("gpt2", 8, 512), ("bert", 1, 128)]
     assert models.select_cases(_args(["--only", "gpt2"])) == [c for c in models.CASES if c[0] == "gpt2"]
     with pytest.raises(ValueError):
-        models.select_cases(_args(["--only", "llama"]))
+        models.select_cases(_args(["--only", "vit"]))
 
 
 def test_models_cli_rejects_bad_cases(capsys):
