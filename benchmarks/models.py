@@ -6,7 +6,8 @@ aicfc, run by aicf_run, against PyTorch eager and torch.compile on the same GPU,
     source .gpu/env.sh && python3 benchmarks/models.py --cases bert:8x512,gpt2:1x128,resnet50:32
     python3 benchmarks/models.py --tiny --no-gpu        # CPU: export and compile small configs only
 
-Cases are MODEL:BATCHxSEQ for the transformers (bert, gpt2, llama) and MODEL:BATCH for resnet50;
+Cases are MODEL:BATCHxSEQ for the transformers (bert, gpt2, llama) and MODEL:BATCH for the CNNs
+(resnet50, and torchvision's mobilenet_v2 and efficientnet_b0, timed on request);
 the default is BERT-base and GPT-2 small at B8 S512 and B1 S128, the Llama at B1 S512 and B8
 S512, ResNet-50 at B1 and B32. The Llama is transformers' LlamaModel(LlamaConfig(hidden 1024,
 16 layers, 16 heads over 4 key/value heads, intermediate 2816, vocabulary 32000)): 0.21 B
@@ -53,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.timing import median_us, run_and_time  # noqa: E402
 
-MODELS = ("bert", "gpt2", "llama", "resnet50")
+CNNS = ("resnet50", "mobilenet_v2", "efficientnet_b0")
+MODELS = ("bert", "gpt2", "llama") + CNNS
 TRANSFORMERS = ("bert", "gpt2", "llama")
 # BertConfig().max_position_embeddings, GPT2Config().n_positions, LLAMA's max_position_embeddings
 MAX_SEQ = {"bert": 512, "gpt2": 1024, "llama": 2048}
@@ -92,9 +94,9 @@ def parse_cases(spec: str) -> list[tuple[str, int, int]]:
             raise ValueError(f"case {item!r}: expected MODEL:BATCHxSEQ (transformers) or MODEL:BATCH "
                              f"(resnet50), e.g. bert:8x512, resnet50:32")
         batch = int(b)
-        if name == "resnet50":
+        if name in CNNS:
             if x:
-                raise ValueError(f"case {item!r}: resnet50 takes no sequence length (resnet50:BATCH)")
+                raise ValueError(f"case {item!r}: {name} takes no sequence length ({name}:BATCH)")
             seq = 0
         elif x:
             seq = int(q)
@@ -190,9 +192,11 @@ def randomize(module, scale: float, seed: int = 0) -> None:
 def build(name: str, tiny: bool):
     """The torch module (fp32, eval) returning one tensor."""
     import torch
-    if name == "resnet50":
+    if name in CNNS:
         import torchvision
-        return torchvision.models.resnet18().eval() if tiny else torchvision.models.resnet50().eval()
+        if tiny and name == "resnet50":
+            return torchvision.models.resnet18().eval()
+        return getattr(torchvision.models, name)().eval()   # MobileNetV2, EfficientNet-B0: small already
     import transformers as tf
     if name == "bert":
         cfg = tf.BertConfig(**(dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -217,7 +221,7 @@ def build(name: str, tiny: bool):
 
 
 def make_inputs(name: str, batch: int, seq: int, rng: np.random.Generator, tiny: bool = False) -> dict[str, np.ndarray]:
-    if name == "resnet50":
+    if name in CNNS:
         return {"x": rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
     vocab = LLAMA_TINY["vocab_size"] if tiny and name == "llama" else VOCAB[name]
     return {"input_ids": rng.integers(0, vocab, (batch, seq)).astype(np.int64)}
@@ -391,7 +395,7 @@ def versions() -> dict:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="batch 1 only")
-    ap.add_argument("--only", help="comma-separated models out of bert, gpt2, resnet50")
+    ap.add_argument("--only", help="comma-separated models out of " + ", ".join(MODELS))
     ap.add_argument("--cases", help="comma-separated MODEL:BATCHxSEQ or resnet50:BATCH, e.g. "
                     "bert:8x512,gpt2:1x128,resnet50:32 (default: " + ",".join(map(format_case, CASES)) + ")")
     ap.add_argument("--case", action="append", help="one more case, as in --cases (repeatable; MODEL:BATCH "
