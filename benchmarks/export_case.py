@@ -18,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import models  # noqa: E402
 from benchmarks.models import build, export, make_inputs, parse_cases  # noqa: E402
 
 
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("case", help="one MODEL:BATCHxSEQ or CNN:BATCH case, e.g. llama:8x512, resnet50:32")
     ap.add_argument("--out-dir", type=Path, default=Path("."))
     ap.add_argument("--tiny", action="store_true", help="the small configs of models.py --tiny")
+    ap.add_argument("--layers", type=int, help="llama only: this many decoder layers instead of models.LLAMA's")
     args = ap.parse_args(argv)
     try:
         (name, batch, seq), = parse_cases(args.case)
@@ -34,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{name}_b{batch}" + (f"_s{seq}" if seq else "")
     inputs = make_inputs(name, batch, seq, np.random.default_rng(batch * 1000 + seq), args.tiny)
+    if args.layers:
+        if name != "llama":
+            ap.error("--layers is for the llama case")
+        models.LLAMA["num_hidden_layers"] = models.LLAMA_TINY["num_hidden_layers"] = args.layers
+        stem += f"_l{args.layers}"
     seconds = export(build(name, args.tiny), inputs, args.out_dir / f"{stem}.onnx")
     np.savez(args.out_dir / f"{stem}_inputs.npz", **inputs)
     print(f"{args.out_dir / stem}.onnx and {stem}_inputs.npz written (export {seconds:.1f} s)")

@@ -113,6 +113,40 @@ def test_leaders_are_ranked_with_ptxas_registers():
                and "(ptxas)" in c.rejected_because for c in rejected)
 
 
+def test_when_every_leader_spills_the_next_candidates_are_built():
+    """All leaders spilling is no verdict on the rest: the next CHECK_MAX in rank are built, and
+    the first that does not spill wins; where every round spills, the leaders stay."""
+    from aicfc.passes.pipeline import Options, run_pipeline
+    from aicfc.passes.plan_schedules import CHECK_MAX, SPILL_ROUNDS, check_leaders, rank
+    from aicfc.frontend.onnx_import import import_model
+    from aicfc.planner.hardware import load_profile
+
+    hw = load_profile("sm_90", None)
+    plan = run_pipeline(import_model(matmul(4096, 768, 768), None, name="mm"), Options("sm_90", hw, "fp32")).plan
+    (k,) = plan.kernels
+    ranked, rejected = rank(k, plan, hw)
+    rounds = []
+
+    def check(plan, problems):
+        (kernel, params), = problems
+        rounds.append(list(params))
+        if len(rounds) == 1:
+            return [[(255, 64)] * len(params)]                    # every leader spills
+        return [[(64, 0)] + [(255, 32)] * (len(params) - 1)]      # the first of the next ones does not
+    (again,) = check_leaders(plan, hw, [(k, ranked, rejected)], check)
+    assert len(rounds) == 2 and rounds[1][0] == ranked[len(rounds[0])].params and len(rounds[1]) <= CHECK_MAX
+    spilled = rounds[0] + rounds[1][1:]
+    assert not any(r.params in spilled for r in again)            # the pick never spills
+    assert any(r.params == rounds[1][0] and r.registers == 64 for r in again)
+    assert sum("spills" in c.rejected_because for c in rejected) == len(rounds[0]) + len(rounds[1]) - 1
+
+    rounds.clear()
+    ranked, rejected = rank(k, plan, hw)
+    (again,) = check_leaders(plan, hw, [(k, ranked, rejected)], lambda plan, problems: (
+        rounds.append(1), [[(255, 8)] * len(problems[0][1])])[1])
+    assert len(rounds) == 1 + SPILL_ROUNDS and not any("spills" in c.rejected_because for c in rejected)
+
+
 def test_compile_checks_registers_with_ptxas_unless_told_not_to(tmp_path, monkeypatch):
     monkeypatch.setenv("AICF_CACHE_DIR", str(tmp_path))
     checked = only_kernel(aicfc.compile(matmul(256, 512, 512), precision="fp32"))

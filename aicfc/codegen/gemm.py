@@ -23,8 +23,8 @@ from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity
-from aicfc.ir.lowered import Affine, Load, loads
-from aicfc.ir.properties import Contraction, contraction, gated_pairs
+from aicfc.ir.lowered import Affine, Compute, Load, loads
+from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, rotary_pairs
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.planner.hardware import load_profile
 
@@ -105,15 +105,31 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     if gemm_wgmma.why_not(k, plan, dtype) is None:
         hw = load_profile(plan.target)
         out += gemm_wgmma.space(k, plan, dtype, hw.sm_count, hw.smem_per_block_optin)
-    return out
+    rot = rotary(k)
+    return out if rot is None else [p for p in out if why_not_rotary(rot, p) is None]
+
+
+def why_not_rotary(rot: Rotary, p: Mapping) -> str | None:
+    """Why a tile cannot run a rotary epilogue: a thread must hold both halves of each head it
+    touches (the partner column is 8·(head/16) blocks away in its own fragments). wgmma: a
+    warpgroup holds all BN columns of its rows; mma: a warp its BN/WN; SIMT threads hold
+    strided columns, never a head's two halves."""
+    width = p["BN"] if p["unit"] == "wgmma" else p["BN"] // p["WN"] if p["unit"] == "mma" else None
+    if width is None:
+        return f"{p['unit']} threads do not hold both halves of a head of {rot.head}"
+    if width % rot.head:
+        return f"{width} columns a thread's tile do not hold whole heads of {rot.head}"
+    return None
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
     """Candidates the precision policy rules out, with the reason (explain shows them)."""
     dtype = gemm_mma.mma_type(k, plan.types(), plan.precision)
+    rot = rotary(k)
+    extra = [({"unit": "simt"}, why_not_rotary(rot, {"unit": "simt"}))] if rot else []
     if dtype:
         why = gemm_wgmma.why_not(k, plan, dtype)
-        return [({"unit": "wgmma"}, why)] if why else []
+        return ([({"unit": "wgmma"}, why)] if why else []) + extra
     return [({"unit": "mma"}, f"--precision {plan.precision} does not allow tensor cores for this contraction"
              + (" (exact fp32 semantics)" if plan.precision == "fp32" else ""))]
 
@@ -185,6 +201,41 @@ def gated(k: Kernel) -> bool:
     return len(k.ops) == 2 and gated_pairs(k.ops[0], k.ops[1]) is not None
 
 
+def rotary(k: Kernel) -> Rotary | None:
+    """The split of the epilogue's columns into heads when it is a rotary map
+    (`properties.rotary_pairs`: passes/rotary_epilogue.py)."""
+    return rotary_pairs(k.ops[0], k.ops[1]) if len(k.ops) == 2 else None
+
+
+def store_target(k: Kernel, types: Mapping[str, TensorType]) -> tuple[Compute, dict[str, Affine]]:
+    """The stored op and the binding of its variables to the contraction's. A rotary map's
+    [.., G, 2, half] elements lie where the contraction's [.., N] ones do (row-major), so it is
+    stored as that shape at the contraction's own index."""
+    last = k.ops[-1]
+    if rotary(k) is not None:
+        mm = k.ops[0]
+        return Compute(last.out, TensorType(types[last.out].dtype, mm.type.shape), "map", (), mm.body), {
+            v: Affine.var(v) for v in mm.domain_vars}
+    return last, (dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars})
+
+
+def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, acc: str, partner: str) -> str:
+    """The epilogue's value at the column named `col` from the accumulator `acc` (a rotary map:
+    and its rotation partner's `partner`; its head digits are split from the column)."""
+    mm, epi = k.ops
+    rot = rotary(k)
+    if rot is None:
+        return em.emit(epi.body, dict(names) | {dims(k)[0].n: col}, {mm.out: acc})
+    t = f"(({col} / {rot.half}) & 1)"
+    where = dict(names) | {rot.g: f"({col} / {rot.head})", rot.t: t, rot.j: f"({col} % {rot.half})"}
+    values = {}
+    for ld in loads(epi.body):
+        if ld.buffer == mm.out:
+            u = rot.half_of(ld)
+            values[ld] = acc if u is None else f"({t} == {u} ? {acc} : {partner})"
+    return em.emit(epi.body, where, {}, values)
+
+
 def _gated_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]) -> list[str]:
     """Lines computing the gated value from `accv` (column gn) and `accv1` (gn + 1) and storing
     it at column gn / 2."""
@@ -203,9 +254,8 @@ def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dic
     """Epilogue for two adjacent columns (gn, gn+1) ending in one 2-element vector store, or
     None when the stored tensor is not contiguous and 2-aligned along n (or N is odd)."""
     c = dims(k)[0]
-    last = k.ops[-1]
-    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
-    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), types[last.out])
+    last, bind = store_target(k, types)
+    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
     if c.n is None or n % 2 or off.coeff(c.n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != c.n):
         return None
     lines, values = _pair_values(k, types, sig, names)
@@ -222,12 +272,10 @@ PAIR_TYPES = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2hal
 def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]) -> tuple[list[str], list[str]]:
     """(lines, [value of column gn, value of column gn1]): the epilogue of the accumulators
     `accv`, `accv1` (the contraction itself when the kernel has no epilogue)."""
-    c, last = dims(k)[0], k.ops[-1]
     em = Emitter(sig.params, types, prefix="v")
     values = []
-    for col, acc in (("gn", "accv"), ("gn1", "accv1")):
-        where = names | {c.n: col}
-        values.append(acc if len(k.ops) == 1 else em.emit(last.body, where, {k.ops[0].out: acc}))
+    for col, acc, partner in (("gn", "accv", "accp"), ("gn1", "accv1", "accp1")):
+        values.append(acc if len(k.ops) == 1 else epilogue_value(k, em, names, col, acc, partner))
     return em.take(), values
 
 
@@ -255,13 +303,12 @@ def staged_layout(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[A
     """(offset of the stored element, its dtype) where the epilogue can be staged: one stored
     tensor, contiguous along n, every 16-byte chunk of a row aligned and inside N or outside it."""
     c = dims(k)[0]
-    last = k.ops[-1]
-    if c.n is None or len(k.stores) != 1 or k.stores[0] != last.out or gated(k):
+    if c.n is None or len(k.stores) != 1 or k.stores[0] != k.ops[-1].out or gated(k):
         return None
-    dt = types[last.out].dtype
+    last, bind = store_target(k, types)
+    dt = last.type.dtype
     ve = 16 // ITEMSIZE[dt]
-    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
-    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), types[last.out])
+    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
     if n % ve or off.coeff(c.n) != 1 or off.const % ve or any(x % ve for v, x in off.terms if v != c.n):
         return None
     return off, dt
@@ -300,9 +347,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     if is_gated:
         lines = _gated_epilogue(k, types, sig, out_names)
     elif len(k.ops) == 2:
-        epi = k.ops[1]
-        value = em.emit(epi.body, out_names, {mm.out: "accv"})
-        lines = em.take() + [store_line(epi, dict(k.binds[1]), value, sig.params, out_names)]
+        value = epilogue_value(k, em, out_names, "gn", "accv", "accp")
+        target, bind = store_target(k, types)
+        lines = em.take() + [store_line(target, bind, value, sig.params, out_names)]
     else:
         lines = [store_line(mm, {v: Affine.var(v) for v in mm.domain_vars}, "accv", sig.params, out_names)]
     parts = dict(c=c, M=m, N=n, K=kk, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
@@ -310,7 +357,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
                  paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),
                  staged=staged_epilogue(k, types, sig, out_names, n) if p["unit"] == "wgmma" else None,
-                 partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"))
+                 partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
+                 rotary=rotary(k).head if rotary(k) else None)
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)
     if p["unit"] == "wgmma":

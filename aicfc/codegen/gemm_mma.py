@@ -171,4 +171,4 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   a_ptr=parts["a_ptr"], b_ptr=parts["b_ptr"], a_off=parts["a_off"], b_off=parts["b_off"],
                   epilogue=parts["epilogue"], paired=parts["paired"], SPLITK=p.get("SPLITK", 1),
                   KT_PER=math.ceil(math.ceil(kk / p["BK"]) / p.get("SPLITK", 1)),
-                  partials=parts["partials"], tickets=parts["tickets"])
+                  partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"])

@@ -217,6 +217,58 @@ def gated_pairs(mm: Compute, epi: Compute) -> str | None:
     return c.n if reads else None
 
 
+@dataclass(frozen=True, slots=True)
+class Rotary:
+    """A map over a contraction's result viewed as [lead.., G heads, 2 halves, half] (its n
+    dimension, the last, split into digits): `head` = 2·half columns a head; `g`, `t`, `j`
+    the map's digit variables (passes/rotary_epilogue.py makes such maps)."""
+
+    head: int
+    half: int
+    g: str
+    t: str
+    j: str
+
+    def half_of(self, ld: Load) -> int | None:
+        """For a read of the contraction in the map: None when it reads the element's own
+        column (half digit t itself), else the half digit u it reads at every t (column
+        g·head + u·half + j): the element's own value where t = u, its rotation partner's
+        (the other half, same j: one thread's accumulators, see codegen/gemm.py) elsewhere."""
+        ix = ld.index[-1]
+        return None if ix.coeff(self.t) else ix.const // self.half
+
+
+def rotary_pairs(mm: Compute, epi: Compute) -> Rotary | None:
+    """The split when the map `epi` reads the contraction `mm` only at column g·head + u·half + j
+    of its own row, u = t (its own column) or a constant 0 or 1 (a column of the same head and
+    j, in one or the other half): rotary position embedding's x·cos + rotate_half(x)·sin of
+    the q/k heads, their V columns copied (a head whose elements read only their own column).
+    The map's shape is mm's with n (its last variable) split into (G, 2, half); None otherwise."""
+    c = contraction(mm)
+    if c is None or c.n != mm.domain_vars[-1] or epi.combiner != "map" or epi.reduce:
+        return None
+    shape, out = mm.type.shape, epi.type.shape
+    if len(out) != len(shape) + 2 or out[:-3] != shape[:-1] or out[-2] != 2 or out[-3] * 2 * out[-1] != shape[-1]:
+        return None
+    half = out[-1]
+    head = 2 * half
+    g, t, j = epi.domain_vars[-3:]
+    lead = [Affine.var(v) if n > 1 else None for v, n in zip(epi.domain_vars, shape[:-1])]
+    reads = [ld for ld in loads(epi.body) if ld.buffer == mm.out]
+    for ld in reads:
+        if ld.fill is not None or indirect_dims(ld) or len(ld.index) != len(shape):
+            return None
+        if any(not (a == o or (o is None and a == Affine())) for a, o in zip(ld.index[:-1], lead)):
+            return None
+        ix = ld.index[-1]
+        rest = Affine.of({v: c for v, c in ix.terms if v not in (t,)}, 0)
+        if rest != Affine.of({g: head, j: 1}) or ix.coeff(t) not in (0, half):
+            return None
+        if (ix.coeff(t) and ix.const) or ix.const not in (0, half):
+            return None
+    return Rotary(head, half, g, t, j) if reads else None
+
+
 def is_identity_access(ld: Load, shape: tuple[int, ...]) -> bool:
     """Whether `ld` reads each element at its own index in a domain of `shape`. A dimension of
     extent 1 has one index, so reading it at 0 (as lowering writes a broadcast) is the same."""

@@ -7,7 +7,10 @@ Groups computes into launches by their memory properties, never by op names:
   consumer reads each accumulator once at the same index (bias, activation, residual, scale),
   or combines the column pairs (2j, 2j+1) into element j (`properties.gated_pairs`, set up by
   interleave_gates: rule GATE_RULE is then listed too; its bind is its own identity, codegen
-  places its column j at gn / 2 of the pair gn, gn + 1);
+  places its column j at gn / 2 of the pair gn, gn + 1), or restates the result's columns as
+  heads split in halves (`properties.rotary_pairs`, set up by rotary_epilogue: rule ROTARY_RULE
+  listed too; codegen binds the digits to the column gn and reads a rotation partner from the
+  thread's own accumulators);
 - an element-wise map that reads `online_reducible_norm` reductions only as per-row values
   broadcast along one variable j, where each reduction runs over j's extent, is a
   `row_reduce` kernel with those reductions (rule "row stats + map => one row pass"): a
@@ -32,8 +35,9 @@ from __future__ import annotations
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Indirect, Program, Rewrite, View, loads
 from aicfc.ir.properties import (contraction, gated_pairs, implicit_gemm, is_identity_access, properties,
-                                 why_not_online_reducible)
+                                 rotary_pairs, why_not_online_reducible)
 from aicfc.passes.interleave_gates import GATE_RULE
+from aicfc.passes.rotary_epilogue import ROTARY_RULE
 from aicfc.passes.streaming_attention import attention_kernels
 
 EPILOGUE_RULE = "contraction + map => gemm epilogue"
@@ -199,8 +203,8 @@ def form_kernels(p: Program, target: str) -> Plan:
         rule = WINDOW_EPILOGUE_RULE if family == "window" else EPILOGUE_RULE
         if isinstance(epi, Compute):
             ops, rewrites, store = (op, epi), (rule,), epi.out
-            if epi.type.shape != op.type.shape:    # gated_pairs: one value per column pair
-                rewrites += (GATE_RULE,)
+            if epi.type.shape != op.type.shape:    # gated_pairs: one value per column pair; or rotary
+                rewrites += (GATE_RULE,) if gated_pairs(op, epi) is not None else (ROTARY_RULE,)
             taken.add(epi.out)
             records.append(Rewrite(rule, op.out, True, f"{epi.out!r} applied to the accumulator in registers",
                                    2 * op.type.nbytes))
@@ -249,7 +253,8 @@ def _epilogue(mm: Compute, computes: list[Compute], users: dict[str, int], outpu
     if users.get(mm.out, 0) != 1 or len(consumers) != 1:
         return None if not consumers else "the result has more than one consumer"
     (c,) = consumers
-    if c.out in taken or c.combiner != "map" or (c.type.shape != mm.type.shape and gated_pairs(mm, c) is None):
+    if c.out in taken or c.combiner != "map" or (c.type.shape != mm.type.shape and gated_pairs(mm, c) is None
+                                                  and rotary_pairs(mm, c) is None):
         return f"consumer {c.out!r} is not an element-wise map over the same shape"
     reads = [ld for ld in loads(c.body) if ld.buffer == mm.out]
     if c.type.shape == mm.type.shape and not all(is_identity_access(ld, mm.type.shape) for ld in reads):

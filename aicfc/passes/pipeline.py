@@ -29,6 +29,7 @@ from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.plan_schedules import RegisterCheck, plan_schedules
 from aicfc.passes.read_grouped_heads import read_grouped_heads
 from aicfc.passes.relayout_weights import relayout_weights
+from aicfc.passes.rotary_epilogue import fold_rotary
 from aicfc.passes.sink_views import sink_views
 from aicfc.planner.hardware import Profile
 
@@ -67,6 +68,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_guarded_moves", "lowered", "lowered", lambda p, o: fold_guarded_moves(p)),
     Stage("read_grouped_heads", "lowered", "lowered", lambda p, o: read_grouped_heads(p)),
     Stage("interleave_gates", "lowered", "lowered", lambda p, o: interleave_gates(p)),
+    Stage("rotary_epilogue", "lowered", "lowered", lambda p, o: fold_rotary(p, o.precision)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
@@ -91,7 +93,7 @@ PIPELINE: tuple[Stage, ...] = (
 # read_grouped_heads comes last before form_kernels (the K/V head copies it reads through
 # must already read the QKV result directly: views folded, moves inlined); interleave_gates
 # follows merge_contractions (whose merged gate/up result it reorders) and precedes form_kernels
-# (which absorbs the map of the column pairs as a gated epilogue).
+# (which absorbs the map of the column pairs as a gated epilogue); rotary_epilogue: below.
 for _a, _b in zip(PIPELINE, PIPELINE[1:]):
     assert _a.gives == _b.takes, f"stage {_b.name} takes {_b.takes} but {_a.name} gives {_a.gives}"
 _ORDER = [s.name for s in PIPELINE]
@@ -102,6 +104,9 @@ assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.i
         < _ORDER.index("merge_contractions") < _ORDER.index("fold_guarded_moves")
         < _ORDER.index("read_grouped_heads") < _ORDER.index("form_kernels"))
 assert _ORDER.index("merge_contractions") < _ORDER.index("interleave_gates") < _ORDER.index("form_kernels")
+# rotary_epilogue follows fold_guarded_moves (rotate_half's halves read from the QKV result) and
+# read_grouped_heads (the attention's reads of q, k and v resolved) and precedes form_kernels.
+assert _ORDER.index("read_grouped_heads") < _ORDER.index("rotary_epilogue") < _ORDER.index("form_kernels")
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {
     "high": verify_graph, "lowered": verify_program, "decision": verify_plan,

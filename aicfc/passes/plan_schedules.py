@@ -41,6 +41,7 @@ KEEP_RUNNERS_UP = 6
 KEEP_REJECTED = 6
 CHECK_MAX = 6        # leading candidates whose registers ptxas counts
 CHECK_MARGIN = 0.15  # ... among those predicted within this fraction of the best
+SPILL_ROUNDS = 2     # where all of them spill: rounds of CHECK_MAX more candidates, in rank
 
 # [(kernel, candidates' params)] -> [(registers, spill store bytes) per candidate], from ptxas
 RegisterCheck = Callable[[Plan, Sequence[tuple[Kernel, Sequence[dict[str, Any]]]]], list[list[tuple[int, int]]]]
@@ -113,28 +114,47 @@ def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list
                   check: RegisterCheck) -> list[list[Ranked]]:
     """Each problem's ranking with its leaders re-costed from ptxas's register counts (occupancy
     follows them) and sorted again; a leader that spills is moved to the problem's rejected.
-    Where every leader spills, they stay, at their re-costed times: a spilling kernel still runs.
-    One `check` call for all the problems, so their builds can run in parallel."""
+    Where every leader spills, the next CHECK_MAX candidates in rank are built too (up to
+    SPILL_ROUNDS more times): the estimate can miss an epilogue's registers (a rotary map's
+    loads and selects beside 128 accumulators), and the first candidate that does not spill
+    beats any that does. Where every one checked spills, they stay, at their re-costed times: a
+    spilling kernel still runs. One `check` call a round for all the problems, so their builds
+    can run in parallel."""
     types = plan.types()
-    leaders = [[r for r in ranked[:CHECK_MAX] if r.time_us <= ranked[0].time_us * (1 + CHECK_MARGIN)]
+    windows = [[r for r in ranked[:CHECK_MAX] if r.time_us <= ranked[0].time_us * (1 + CHECK_MARGIN)]
                for _, ranked, _ in problems]
-    counts = check(plan, [(k, [r.params for r in lead]) for (k, _, _), lead in zip(problems, leaders)])
+    seen = [len(w) for w in windows]
+    results: list[list[tuple[Ranked, int]]] = [[] for _ in problems]
+    pending = list(range(len(problems)))
+    for round_ in range(1 + SPILL_ROUNDS):
+        batch = [i for i in pending if windows[i]]
+        if not batch:
+            break
+        counts = check(plan, [(problems[i][0], [r.params for r in windows[i]]) for i in batch])
+        for i, found in zip(batch, counts):
+            k = problems[i][0]
+            family = FAMILIES[k.family]
+            for r, (regs, spill) in zip(windows[i], found):
+                smem = family.static_smem(k, r.params) + r.dyn_smem
+                again = Ranked(r.params, r.grid, r.block, r.dyn_smem,
+                               cost(k, r.params, r.grid, r.block, smem, regs, types, hw), regs)
+                again.estimate.terms["registers_ptxas"] = regs
+                results[i].append((again, spill))
+        pending = [i for i in batch if all(spill for _, spill in results[i])]
+        for i in pending:
+            ranked = problems[i][1]
+            windows[i] = ranked[seen[i]:seen[i] + CHECK_MAX]
+            seen[i] += len(windows[i])
     out = []
-    for (k, ranked, rejected), lead, found in zip(problems, leaders, counts):
-        family = FAMILIES[k.family]
-        checked, spilled = [], []
-        for r, (regs, spill) in zip(lead, found):
-            smem = family.static_smem(k, r.params) + r.dyn_smem
-            again = Ranked(r.params, r.grid, r.block, r.dyn_smem,
-                           cost(k, r.params, r.grid, r.block, smem, regs, types, hw), regs)
-            again.estimate.terms["registers_ptxas"] = regs
-            (spilled if spill else checked).append((again, spill))
+    for (k, ranked, rejected), found, n in zip(problems, results, seen):
+        checked = [r for r, spill in found if not spill]
+        spilled = [(r, spill) for r, spill in found if spill]
         if not checked:
-            checked, spilled = spilled, []
+            checked, spilled = [r for r, _ in spilled], []
         for r, spill in spilled:
             rejected.append(Candidate(_params(r.params), None,
                                       f"spills {spill} B to local memory at {r.registers} registers (ptxas)"))
-        out.append(sorted([r for r, _ in checked] + ranked[len(lead):], key=_order))
+        out.append(sorted(checked + ranked[n:], key=_order))
     return out
 
 
