@@ -392,6 +392,9 @@ class FakeDriver(types.ModuleType):
         block, offset = self._locate(pointer, len(data))
         block[offset:offset + len(data)] = data
 
+    def memset_d8(self, pointer: int, value: int, count: int) -> None:
+        self.write(pointer, bytes([value]) * count)
+
     def memcpy_htod(self, pointer: int, source: Any) -> None:
         self.copy_kinds.append("htod")
         self.write(pointer, memoryview(source).cast("B").tobytes())
