@@ -1,7 +1,7 @@
 """Write a payload as a `.aicf` bundle: validate, pack, then replace the target atomically.
 
-The file (format version 2, docs/bundle-format.md) is the 56-byte header, the msgpack payload
-without the weights' bytes, then the weights section: every weight end to end, streamed from
+The file (format version 2, or 3 for several plans: docs/bundle-format.md) is the 56-byte
+header, the msgpack payload without the weights' bytes, then the weights section: every weight end to end, streamed from
 wherever it lies (memory, or the model's external-data files) one chunk at a time, and hashed
 on the way against its `sha256`, so no copy of all the weights is ever made here and msgpack's
 4 GiB object limit never applies to them. It is written to a temporary file in the target
