@@ -104,12 +104,18 @@ def check_plans(payload: Any, section_bytes: int | None, digests: bool = True) -
 
     if not isinstance(payload, dict):
         _fail("payload", "must be a map")
+    for key in (*SHARED_KEYS, "plans"):
+        if key not in payload:
+            _fail(key, "is missing")
     blobs = payload.get("weights")
     if not isinstance(blobs, (list, tuple)) or not all(isinstance(b, dict) for b in blobs):
         _fail("weights", "must be a list of maps (the weights section's blobs)")
     end = 0
     for i, blob in enumerate(blobs):
-        if section_bytes is None or "data" in blob:
+        keys = {"data", "sha256"} if "data" in blob or section_bytes is None else {"offset", "nbytes", "sha256"}
+        if set(blob) != keys:
+            _fail(f"weights[{i}]", f"has keys {sorted(map(str, blob))}, expected {sorted(keys)}")
+        if "data" in blob:
             continue
         offset, nbytes = blob.get("offset"), blob.get("nbytes")
         if not _is_int(offset) or offset != end:
@@ -123,6 +129,9 @@ def check_plans(payload: Any, section_bytes: int | None, digests: bool = True) -
     if not isinstance(plans, (list, tuple)) or not plans or not all(isinstance(p, dict) for p in plans):
         _fail("plans", "must be a non-empty list of maps")
     for p, plan in enumerate(plans):
+        own = sorted(str(key) for key in plan if key in SHARED_KEYS and key != "weights")
+        if own:
+            _fail(f"plans[{p}].{own[0]}", "is shared by every plan; it belongs at the top level")
         entries = plan.get("weights")
         if not isinstance(entries, (list, tuple)) or not all(isinstance(e, dict) for e in entries):
             _fail(f"plans[{p}].weights", "must be a list of maps")

@@ -390,3 +390,87 @@ def test_aicf_run_cli_runs_each_plan_on_the_gpu(tmp_path: Path, gpu_device: Any)
     done = _run_subprocess(path, "--input", tmp_path / "x2.npy")
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and len(lines) == 1 and "no plan for input shapes x=2x256" in lines[0]
+
+
+# --- damaged version-3 files: one-line errors, never a traceback ---
+
+
+def _paths(tree: Any, prefix: tuple = ()) -> list[tuple]:
+    found = [prefix]
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            found += _paths(value, (*prefix, key))
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            found += _paths(value, (*prefix, i))
+    return found
+
+
+def _read_everything(path: Path) -> None:
+    """What a file reaches before the GPU: the reader, the plan lookup and inputs, explain."""
+    from aicf_run.inputs import check_inputs, plan_for, random_inputs
+    from aicfc.explain import explain_plans_json, explain_plans_text
+
+    bundle = read_bundle(path)
+    for plan in bundle.plans:
+        inputs = random_inputs(plan)
+        check_inputs(inputs, plan_for(inputs, bundle))
+    views = [plan.payload for plan in bundle.plans]
+    json.dumps(explain_plans_json(views))
+    explain_plans_text(views, bundle.section_bytes)
+
+
+def test_damaged_plans_are_refused_in_one_line(tmp_path: Path) -> None:
+    import msgpack
+
+    from aicfc.errors import AicfError
+    good = tmp_path / "good.aicf"
+    write_bundle(two_plans(), good)
+    raw = good.read_bytes()
+    length = HEADER.unpack(raw[:HEADER.size])[3]
+    tree = msgpack.unpackb(raw[HEADER.size:HEADER.size + length], raw=False)
+    section = raw[HEADER.size + length:]
+    paths = _paths(tree)
+    rng = np.random.default_rng(19)
+    junk = [None, -1, 0, 1, 2**40, "", "x", b"", [], {}, [0], {"blob": 0}, 3.5, True]
+    path = tmp_path / "bad.aicf"
+    refused = 0
+    for i in range(400):
+        damaged = copy.deepcopy(tree)
+        where = paths[rng.integers(1, len(paths))]
+        parent = damaged
+        for key in where[:-1]:
+            parent = parent[key]
+        if rng.random() < 0.3 and isinstance(parent, dict):
+            del parent[where[-1]]
+        else:
+            parent[where[-1]] = junk[rng.integers(len(junk))]
+        data = msgpack.packb(damaged, use_bin_type=True)
+        body = data + section
+        if i % 4 == 0:   # flip a byte of the section or the payload, then reseal
+            flip = rng.integers(len(body))
+            body = body[:flip] + bytes([body[flip] ^ 0x5A]) + body[flip + 1:]
+        import hashlib
+        path.write_bytes(HEADER.pack(raw[:8], 3, 0, len(data), hashlib.sha256(body[:len(data)]).digest()) + body)
+        try:
+            _read_everything(path)
+        except (RunError, AicfError) as err:
+            assert "\n" not in str(err) and str(err), (where, err)
+            refused += 1
+    assert refused > 300   # nearly every damage is caught (some junk is still valid)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_committed_v2_and_v3_fixtures_still_read_and_run(fake_gpu: Any) -> None:
+    # Written by tests/fixtures/make_bundle_fixtures.py at the commit that added version 3.
+    assert inlined(read_bundle(FIXTURES / "bundle_v2.aicf")) == make_payload(two_inputs=True)
+    v3 = read_bundle(FIXTURES / "bundle_v3.aicf")
+    for view, plan in zip(plan_views(two_plans()), v3.plans, strict=True):
+        assert inlined(plan) == view
+    ex = aicf_run.load(FIXTURES / "bundle_v3.aicf")
+    x = np.random.default_rng(23).standard_normal((1, 3)).astype(np.float32)
+    ex.poison()
+    np.testing.assert_allclose(ex.run({"x": x})["y"], x.astype(np.float64) + WEIGHT[0] + C, rtol=1e-6, atol=1e-6)
+    ex.device.close()
