@@ -1,4 +1,4 @@
-"""Read and validate `.aicf` bundles (format versions 1 and 2, see docs/bundle-format.md).
+"""Read and validate `.aicf` bundles (format versions 1, 2 and 3, see docs/bundle-format.md).
 
 The runtime owns the format: the compiler's writer imports `validate_payload` and the header
 constants from here, so a bundle that `aicfc` writes is by construction one that `aicf-run`
@@ -8,11 +8,14 @@ Lengths read from the file are never trusted: the header's payload length is com
 file size before any payload byte is read, so a forged length cannot make us allocate.
 Version 2 puts the weights in a section after the payload: it is never read into memory
 whole; `read_bundle` checks every weight's checksum one chunk at a time (aicf_run/weights.py)
-and the executor uploads it the same way.
+and the executor uploads it the same way. Version 3 holds several plans over one copy of the
+weights ([Note: plans] in aicf_run/plans.py); its Bundle is the first plan's, with every plan's
+in `plans`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import stat
@@ -24,6 +27,7 @@ from typing import Any
 import msgpack
 
 from aicf_run.errors import RunError
+from aicf_run.plans import PLANS_VERSION, check_plans, plan_views
 from aicf_run.schema import check_payload
 from aicf_run.weights import check_weights
 
@@ -37,8 +41,10 @@ __all__ = [
 # high bit and the CR LF still catch 7-bit and text-mode mangling; the checksum catches the rest.
 MAGIC = b"\x89AICF\r\n\x1a"
 FORMAT_VERSION = 2
-# Version 1 (no weights section: every weight inline in the payload) is still read.
-READABLE_VERSIONS = (1, 2)
+# Version 1 (no weights section: every weight inline in the payload) is still read. Version 3
+# (several plans, aicf_run/plans.py) is written only for a bundle of several plans: a
+# single-plan bundle is still written as version 2, which older aicf-runs read.
+READABLE_VERSIONS = (1, 2, PLANS_VERSION)
 # magic, version, flags, payload length, SHA-256 of the payload: 8 + 4 + 4 + 8 + 32 = 56 bytes.
 HEADER = struct.Struct("<8sIIQ32s")
 assert len(MAGIC) == 8 and HEADER.size == 56
@@ -64,6 +70,10 @@ class Bundle:
     # Where the weights section lies in the file (version 2); (0, 0) when every weight is inline.
     section_offset: int = 0
     section_bytes: int = 0
+    # Version 3: every plan, each a Bundle of its own view (this one's fields are plans[0]'s).
+    plan_list: tuple[Bundle, ...] = ()
+    # Version 3: the payload as stored (`payload` is the first plan's view); else `payload`.
+    stored: dict[str, Any] | None = None
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any], path: str | os.PathLike | None = None,
@@ -73,8 +83,18 @@ class Bundle:
         `section` is (file offset, length) of the weights section of the file at `path`; None for
         a payload in memory, whose weights must then all be inline (`data`)."""
         version = payload.get("format_version") if isinstance(payload, dict) else None
+        if version == PLANS_VERSION:
+            check_plans(payload, None if section is None else section[1])
+            plans = tuple(cls._of(view, path, section) for view in plan_views(payload))
+            return dataclasses.replace(plans[0], plan_list=plans, stored=payload)
         check_payload(payload, version if version in READABLE_VERSIONS else FORMAT_VERSION,
                       None if section is None else section[1])
+        return cls._of(payload, path, section)
+
+    @classmethod
+    def _of(cls, payload: dict[str, Any], path: str | os.PathLike | None,
+            section: tuple[int, int] | None) -> Bundle:
+        """Wrap a checked single-plan payload (or one plan's view)."""
         section_offset, section_bytes = section or (0, 0)
         return cls(
             path=None if path is None else Path(path),
@@ -92,6 +112,11 @@ class Bundle:
         )
 
     @property
+    def plans(self) -> tuple[Bundle, ...]:
+        """Every plan, one Bundle each, in the bundle's order; (self,) for a single-plan bundle."""
+        return self.plan_list or (self,)
+
+    @property
     def arch(self) -> str:
         """The GPU architecture the cubins were built for, e.g. "sm_90"."""
         return self.target["arch"]
@@ -101,6 +126,9 @@ def validate_payload(payload: dict[str, Any]) -> None:
     """Raise RunError naming the first field of `payload` that breaks the format (see schema).
 
     A payload in memory has every weight inline (`data`: bytes, or an aicf_run.weights.Lazy)."""
+    if isinstance(payload, dict) and payload.get("format_version") == PLANS_VERSION:
+        check_plans(payload, None)
+        return
     check_payload(payload, FORMAT_VERSION)
 
 
@@ -135,7 +163,12 @@ def read_bundle(path: str | os.PathLike) -> Bundle:
         bundle = Bundle.from_payload(payload, path, section)
     except RunError as err:
         raise RunError(f"{name}: {err}") from None
-    check_weights(bundle)
+    if bundle.stored is not None:
+        # Version 3: every blob of the section once (a plan's view may leave some out).
+        blobs = [{"buffer": i, **blob} for i, blob in enumerate(bundle.stored["weights"])]
+        check_weights(dataclasses.replace(bundle, weights=blobs))
+    else:
+        check_weights(bundle)
     return bundle
 
 

@@ -27,7 +27,8 @@ from aicf_run.check import CheckRow, check_against_onnx, require_onnxruntime
 from aicf_run.device import check_arch, open_device
 from aicf_run.errors import RunError
 from aicf_run.executor import Executor
-from aicf_run.inputs import load_inputs, random_inputs, save_outputs
+from aicf_run.inputs import load_inputs, plan_for, random_inputs, save_outputs
+from aicf_run.plans import plan_index, plan_name
 from aicf_run.profile import ProfileReport, format_profile, roofline_points
 
 
@@ -45,6 +46,11 @@ from aicf_run.profile import ProfileReport, format_profile, roofline_points
 @click.option("--rtol", default=None, type=click.FloatRange(min=0),
               help="--check tolerance on max|y - ref| / max|ref| [default: by the bundle's "
                    "precision: fp32 1e-4, tf32 1e-3, fp16/bf16 1e-2].")
+@click.option("--plan", "plan", default=None, metavar="N|SHAPES",
+              help="For a bundle of several plans (one per set of input shapes): the plan to run on "
+                   "random --bench/--profile inputs, by index or name (`aicfc explain` lists them) "
+                   "[default: 0]. With --input the plan is the one whose shapes equal the inputs'; "
+                   "--plan must then name that one.")
 @click.option("--device", "device_ordinal", default=0, show_default=True,
               type=click.IntRange(min=0), help="The GPU to run on.")
 @click.option("--no-graph", is_flag=True,
@@ -64,12 +70,12 @@ from aicf_run.profile import ProfileReport, format_profile, roofline_points
 def main(bundle_path: str, input_specs: tuple[str, ...], output_dir: str | None,
          check_model: str | None, rtol: float | None, device_ordinal: int, no_graph: bool,
          bench_replays: int | None, profile_kernels: bool, as_json: bool,
-         roofline: str | None) -> None:
+         roofline: str | None, plan: str | None) -> None:
     """Run a compiled .aicf BUNDLE on an NVIDIA GPU and save its outputs as .npy files."""
     options = _Options(input_specs=list(input_specs), output_dir=output_dir,
                        check_model=check_model, rtol=rtol, device_ordinal=device_ordinal,
                        graph=not no_graph, bench=bench_replays, profile=profile_kernels,
-                       as_json=as_json, roofline=roofline)
+                       as_json=as_json, roofline=roofline, plan=plan)
     try:
         failed = _run(bundle_path, options)
     except RunError as err:
@@ -99,6 +105,7 @@ class _Options:
     profile: bool
     as_json: bool
     roofline: str | None
+    plan: str | None = None
 
     @property
     def timing(self) -> bool:
@@ -128,14 +135,29 @@ def check_flags(options: _Options) -> None:
 def _run(bundle_path: str, options: _Options) -> bool:
     """Do the work; returns True when --check found a failing output."""
     check_flags(options)
-    bundle = read_bundle(bundle_path)
+    bundle = whole = read_bundle(bundle_path)
     if options.roofline is not None:
         _check_roofline_profile(bundle)
     rtol = options.rtol
     if rtol is None:
         rtol = TOLERANCE.get(bundle.payload.get("precision"), 1e-4)
     generated = options.timing and not options.input_specs
-    inputs = random_inputs(bundle) if generated else load_inputs(options.input_specs, bundle)
+    # Several plans: the one whose shapes equal the inputs' (a lookup; NoPlanError names the
+    # shapes there are), chosen here on the host, before the GPU is touched.
+    named = None if options.plan is None else bundle.plans[plan_index([p.inputs for p in bundle.plans], options.plan)]
+    if generated:
+        bundle = named or whole.plans[0]
+        inputs = random_inputs(bundle)
+    else:
+        inputs = load_inputs(options.input_specs, bundle)
+        chosen = plan_for(inputs, bundle)
+        if named is not None and named is not chosen:
+            raise RunError(f"--plan {options.plan!r} is the plan for {plan_name(named.inputs)}, but the inputs' "
+                           f"shapes are {plan_name(chosen.inputs)}'s; drop --plan or pass inputs of its shapes")
+        bundle = chosen
+    plans = whole.plans
+    ran = None if len(plans) == 1 else \
+        f"plan {next(i for i, p in enumerate(plans) if p is bundle)} of {len(plans)}: {plan_name(bundle.inputs)}"
     check_model = options.check_model
     if check_model is not None:
         if not os.path.isfile(check_model):
@@ -160,6 +182,8 @@ def _run(bundle_path: str, options: _Options) -> bool:
 
     # With --json, stdout holds the report alone; everything else goes to stderr.
     say = (lambda line: click.echo(line, err=True)) if options.as_json else click.echo
+    if ran is not None:
+        say(ran)
     if not options.timing or options.output_dir is not None:
         paths = save_outputs(outputs, options.output_dir or ".")
         for name, array in outputs.items():

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ from aicf_run.device import Device, check_arch
 from aicf_run.errors import RunError
 from aicf_run.graph import Graph
 from aicf_run.interop import DeviceArray, DeviceView, check_tensors, view
+from aicf_run.plans import PlanInfo, plan_index, plan_infos
 from aicf_run.streams import Joiner, stream_handle
 from aicf_run.weights import CHUNK_BYTES, weight_pieces
 
@@ -82,6 +83,20 @@ class _Cast:
     function: Any
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+
+
+@dataclass(eq=False)
+class Shared:
+    """Device memory the plans of one bundle share ([Note: plans] in aicf_run/plans.py), owned
+    by aicf_run.plan_set.PlanSet: the weights region, one arena (the largest plan's: plans run
+    one at a time), one stream (so one plan's run never overlaps another's on that arena), and
+    the weights already uploaded, as (weights-region offset, sha256): a blob two plans read
+    goes up once."""
+
+    arena: Any
+    weights: Any
+    stream: Any
+    uploaded: set[tuple[int, str]] = field(default_factory=set)
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,8 +136,10 @@ class Executor:
     same bits: the same kernels run on the same memory in the same order.
     """
 
-    def __init__(self, bundle: Bundle, device: Device, graph: bool = True) -> None:
+    def __init__(self, bundle: Bundle, device: Device, graph: bool = True,
+                 shared: Shared | None = None) -> None:
         self.bundle = bundle
+        self._shared = shared   # one plan of several (aicf_run.plan_set): memory it does not own
         self.device = device
         self._cuda = device.driver
         self._closed = False
@@ -140,8 +157,11 @@ class Executor:
         memory = bundle.memory
         # Allocated before anything else can fail, and freed by close() (run by the device's
         # close, before its context goes away).
-        self._arena = self._allocate(memory["arena_bytes"], "arena")
-        self._weights = self._allocate(memory["weights_bytes"], "weights")
+        if shared is None:
+            self._arena = self._allocate(memory["arena_bytes"], "arena")
+            self._weights = self._allocate(memory["weights_bytes"], "weights")
+        else:
+            self._arena, self._weights = shared.arena, shared.weights
         device.on_close(self.close)
         bases = {"arena": int(self._arena), "weights": int(self._weights)}
         pointers = [bases[buf["region"]] + buf["offset"] for buf in bundle.buffers]
@@ -150,7 +170,7 @@ class Executor:
         self._maps, tables = tensormap.upload(self._cuda, [launch.maps for launch in launches], "the bundle")
         self._launches = [dataclasses.replace(launch, pointers=(table, *launch.pointers)) if launch.maps else launch
                           for launch, table in zip(launches, tables)]
-        self._stream = self._cuda.Stream()
+        self._stream = self._cuda.Stream() if shared is None else shared.stream
         self._inputs = [self._transfer(item, pointers, modules) for item in bundle.inputs]
         self._outputs = [self._transfer(item, pointers, modules) for item in bundle.outputs]
         if graph:
@@ -163,12 +183,18 @@ class Executor:
         return self._stream
 
     @property
+    def plans(self) -> tuple[PlanInfo, ...]:
+        """This executor's one plan (aicf_run.plan_set.PlanSet runs a bundle of several)."""
+        return plan_infos([self.bundle.inputs])
+
+    @property
     def uses_graph(self) -> bool:
         """Whether `run` and `launch` replay a CUDA graph (graph=True at construction)."""
         return self._uses_graph
 
     def run(self, inputs: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None,
-            stream: Any = None, device_outputs: bool | None = None) -> dict[str, Any]:
+            stream: Any = None, device_outputs: bool | None = None,
+            plan: int | str | None = None) -> dict[str, Any]:
         """Run the model on `inputs` ({name: numpy array or GPU tensor}); returns {output name:
         result}. See [Note: device I/O].
 
@@ -180,9 +206,12 @@ class Executor:
         unless a numpy result needs it; without it `run` waits for the GPU before returning.
         Inputs written on a stream other than the legacy default one must name that stream
         here (torch's `__cuda_array_interface__` does not say which stream wrote a tensor;
-        DLPack and CuPy do, and are waited for).
+        DLPack and CuPy do, and are waited for). `plan` (an index or a name of `plans`) may
+        name this executor's one plan, as PlanSet.run's does.
         """
         self._check_open()
+        if plan is not None:
+            plan_index([self.bundle.inputs], plan)   # this plan, or a one-line RunError
         caller = stream_handle(stream)
         ours = self._stream.handle
 
@@ -411,7 +440,8 @@ class Executor:
                 except self._cuda.Error:
                     pass  # a lost context frees everything when it goes
         self._pinned = []
-        for allocation in (self._arena, self._weights, self._maps, *self._interfaces):
+        owned = (self._arena, self._weights) if self._shared is None else ()   # else PlanSet frees them
+        for allocation in (*owned, self._maps, *self._interfaces):
             if allocation is not None:
                 allocation.free()
 
@@ -507,14 +537,20 @@ class Executor:
         # The pieces come from aicf_run.weights: inline weights sliced in place, a version-2
         # weights section read chunk by chunk into one page-locked staging buffer, each
         # weight's checksum checked before its last piece; never a host copy of all of them.
-        section = any("data" not in weight for weight in self.bundle.weights)
+        bundle = self.bundle
+        if self._shared is not None:   # a blob an earlier plan uploaded is in place already
+            places = [(bundle.buffers[w["buffer"]]["offset"], w["sha256"]) for w in bundle.weights]
+            bundle = dataclasses.replace(bundle, weights=[w for w, at in zip(bundle.weights, places)
+                                                          if at not in self._shared.uploaded])
+            self._shared.uploaded.update(places)
+        section = any("data" not in weight for weight in bundle.weights)
         # The staging buffer need not outgrow the section; inline weights are sliced in
         # CHUNK_BYTES pieces whatever the section's size (a bundle without one has 0 bytes
         # there: sized by it, every inline weight went up in 1-byte copies).
-        chunk = min(CHUNK_BYTES, max(1, self.bundle.section_bytes)) if section else CHUNK_BYTES
+        chunk = min(CHUNK_BYTES, max(1, bundle.section_bytes)) if section else CHUNK_BYTES
         try:
             staging = self._cuda.pagelocked_empty(chunk, np.uint8) if section else None
-            for piece in weight_pieces(self.bundle, chunk, staging):
+            for piece in weight_pieces(bundle, chunk, staging):
                 if len(piece.data):
                     self._cuda.memcpy_htod(pointers[piece.buffer] + piece.start, piece.data)
         except self._cuda.Error as err:

@@ -14,11 +14,12 @@ import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from aicf_run.errors import RunError
+from aicf_run.plans import input_shapes, select_plan
 
 if TYPE_CHECKING:
     from aicf_run.bundle import Bundle
@@ -69,7 +70,17 @@ def load_inputs(specs: list[str], bundle: Bundle) -> dict[str, np.ndarray]:
                                f"({', '.join(names) or 'none'}); name it: --input NAME={path}")
             name = names[0]
         add(name, _load_npy(path), str(path))
-    return check_inputs(loaded, bundle)
+    return check_inputs(loaded, plan_for(loaded, bundle))
+
+
+def plan_for(inputs: Mapping[str, Any], bundle: Bundle) -> Bundle:
+    """The plan of `bundle` whose input shapes equal `inputs`' (aicf_run.plans.select_plan: a
+    lookup, NoPlanError when none); the bundle itself when it has one plan, or when an input is
+    missing or unknown (check_inputs then names it)."""
+    plans = bundle.plans
+    if len(plans) == 1 or set(inputs) != {item["name"] for item in bundle.inputs}:
+        return bundle
+    return plans[select_plan([plan.inputs for plan in plans], input_shapes(inputs))]
 
 
 def check_inputs(inputs: Mapping[str, np.ndarray], bundle: Bundle) -> dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
-"""The payload schema of a version-1 or version-2 bundle: every check of docs/bundle-format.md.
+"""The payload schema of a version-1 or version-2 bundle, or of one plan of a version-3 bundle
+(aicf_run/plans.py checks the rest): every check of docs/bundle-format.md.
 
 `check_payload` walks the payload in document order and raises a one-line RunError naming the
 first bad field by its path, e.g. "bad bundle field kernels[3].grid: ...". Types are checked
@@ -152,16 +153,16 @@ def _check_weights(payload: dict, buffers: list[dict], version: int, section_byt
         if section_bytes is None:
             _fail(f"{where}.data", "is missing (a payload in memory holds its weights inline)")
         offset = _int(weight, "offset", where, minimum=0)
-        if offset != end:
+        if offset != end and version < 3:   # version 3: blobs of the section ([Note: plans])
             _fail(f"{where}.offset", f"is {offset}, expected {end} (section weights lie end to "
                                      f"end in order)")
         nbytes = _int(weight, "nbytes", where, minimum=0)
         if nbytes != buf["nbytes"]:
             _fail(f"{where}.nbytes", f"is {nbytes} but buffer {buffer_id} has nbytes {buf['nbytes']}")
-        end += nbytes
+        end = offset + nbytes
         if end > section_bytes:
             _fail(where, f"ends at byte {end} of the weights section, which has {section_bytes}")
-    if section_bytes is not None and end != section_bytes:
+    if section_bytes is not None and end != section_bytes and version < 3:
         _fail("weights", f"fill {end} bytes of the {section_bytes}-byte weights section; the "
                          f"file is corrupt")
     for buf in buffers:

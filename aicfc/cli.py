@@ -85,7 +85,14 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
 @click.option("--target", default="sm_90", show_default=True, help="GPU architecture (sm_80, sm_86, sm_89, sm_90).")
 @click.option("--precision", default="fp32", show_default=True,
               help="Precision policy: fp32 (exact), tf32, fp16 or bf16 (see `aicfc explain`).")
-@shape_option
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=DxD",
+              help="Static shape for an input with symbolic dimensions, e.g. x=2x64. Naming an input "
+                   "again starts a new shape set: each set is one plan of the bundle, all over one copy "
+                   "of the weights (e.g. --shape ids=1x512 --shape ids=1x1: two plans); aicf-run picks "
+                   "the plan whose shapes equal the inputs'.")
+@click.option("--shape-sets", "shape_sets_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Shape sets from FILE instead of --shape: one set per line, e.g. `ids=1x512 mask=1x512` "
+                   "(# starts a comment); one plan per line.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Restrict every schedule space that has KEY to VALUE (e.g. unit=simt, BM=64); "
                    "for experiments: the cost model still ranks what is left.")
@@ -100,16 +107,23 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
               help="Parallel nvcc runs, and at most N CUDA modules [default: $AICF_JOBS or the CPU count].")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @user_errors
-def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...], pins: tuple[str, ...],
+def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...],
+            shape_sets_path: str | None, pins: tuple[str, ...],
             no_inplace: bool, no_register_check: bool, dump_ir: str | None, profile_path: str | None,
             jobs: int | None, quiet: bool) -> None:
-    """Compile MODEL (ONNX) into a bundle for aicf-run."""
+    """Compile MODEL (ONNX) into a bundle for aicf-run: one plan, or one per shape set."""
     from aicfc.artifact import write_bundle
+    from aicfc.artifact.plans import merge_plans
     from aicfc.codegen.module import ModuleBuild, resolve_jobs
-    from aicfc.driver import compile_model
+    from aicfc.driver import compile_model, shape_sets
     from aicfc.passes.pipeline import PIPELINE
 
     jobs = resolve_jobs(jobs)  # a bad --jobs fails before anything runs
+    try:
+        lines = Path(shape_sets_path).read_text().splitlines() if shape_sets_path else None
+    except UnicodeDecodeError:
+        raise AicfError(f"--shape-sets {shape_sets_path}: not a text file; write one shape set per line") from None
+    sets = shape_sets(shapes, lines) or [[]]
     stages = {s.name for s in PIPELINE}
     modules = cached = 0
 
@@ -119,16 +133,20 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
             modules += 1
             cached += module.built.cached
 
-    options: dict[str, Any] = dict(target=target, precision=precision, shapes=list(shapes),
-                                   dump_ir=dump_ir, profile_path=profile_path, jobs=jobs, pin=_pins(pins),
-                                   inplace=not no_inplace, check_registers=not no_register_check)
-    if quiet or not sys.stderr.isatty():
-        # No terminal to redraw a bar on: print nothing until there is a result or an error.
-        payload = compile_model(model, **options, on_kernel=count)
-    else:
+    options: dict[str, Any] = dict(target=target, precision=precision, profile_path=profile_path, jobs=jobs,
+                                   pin=_pins(pins), inplace=not no_inplace, check_registers=not no_register_check)
+
+    def one_plan(index: int, shapes: list[str]) -> dict[str, Any]:
+        folder = dump_ir if dump_ir is None or len(sets) == 1 else str(Path(dump_ir) / f"plan_{index}")
+        if folder is not None and len(sets) > 1:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        if quiet or not sys.stderr.isatty():
+            # No terminal to redraw a bar on: print nothing until there is a result or an error.
+            return compile_model(model, shapes=shapes, dump_ir=folder, **options, on_kernel=count)
         # One step per pipeline stage and one per kernel; the kernel count is known only when
         # nvcc starts, so the bar holds one placeholder step for it until then.
-        with click.progressbar(length=len(stages) + 1, label=f"compiling {Path(model).name}", file=sys.stderr,
+        label = f"compiling {Path(model).name}" + (f" plan {index + 1}/{len(sets)}" if len(sets) > 1 else "")
+        with click.progressbar(length=len(stages) + 1, label=label, file=sys.stderr,
                                show_pos=True, item_show_func=lambda s: s or "") as bar:
             shown = 0
 
@@ -142,13 +160,19 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
                     bar.length = len(stages) + total
                 bar.update(done - shown, f"nvcc {done}/{total} kernels")
                 shown = done
-            payload = compile_model(model, **options, on_stage=stage, on_kernel=kernel)
+            return compile_model(model, shapes=shapes, dump_ir=folder, **options, on_stage=stage, on_kernel=kernel)
+
+    plans = [one_plan(i, shapes) for i, shapes in enumerate(sets)]
+    payload = plans[0] if len(plans) == 1 else merge_plans(plans)
     write_bundle(payload, output)
     if not quiet:
         size = Path(output).stat().st_size
-        total = sum(k["predicted"]["time_us"] for k in payload["kernels"])
-        click.echo(f"wrote {output}: {len(payload['kernels'])} kernel(s) in {modules} module(s) ({cached} cached) "
-                   f"for {target}, {size} bytes, predicted {total:.1f} us; "
+        kernels = sum(len(p["kernels"]) for p in plans)
+        total = sum(k["predicted"]["time_us"] for k in plans[0]["kernels"])
+        several = "" if len(plans) == 1 else f" ({len(plans)} plans, one per shape set, weights stored once)"
+        click.echo(f"wrote {output}: {kernels} kernel(s) in {modules} module(s) ({cached} cached) "
+                   f"for {target}{several}, {size} bytes, predicted {total:.1f} us"
+                   f"{' for the first plan' if len(plans) > 1 else ''}; "
                    f"run `aicfc explain {output}` for the decisions")
 
 
@@ -195,31 +219,46 @@ def check(model: str, shapes: tuple[str, ...]) -> None:
               help="Also plot every kernel on the target's roofline into FILE (.png, .svg or .pdf).")
 @user_errors
 def explain(bundle: str, as_json: bool, ir: str | None, source: bool, roofline: str | None) -> None:
-    """Every decision in BUNDLE: what was chosen, why, predicted cost, what it beat."""
+    """Every decision in BUNDLE: what was chosen, why, predicted cost, what it beat; for a bundle
+    of several plans, a summary line per plan, then every plan (its shapes and its decisions)."""
     from aicf_run.bundle import read_bundle
-    from aicfc.explain import explain_json, explain_text
+    from aicf_run.plans import plan_name
+    from aicfc.explain import explain_json, explain_plans_json, explain_plans_text, explain_text
 
     if roofline:
         from aicfc.roofline import check_path
         check_path(roofline)  # a bad name fails before the bundle is read
-    payload = read_bundle(bundle).payload
+    read = read_bundle(bundle)
+    payload = read.payload
+    views = [plan.payload for plan in read.plans]   # several: one per set of input shapes
     if roofline:
         from aicfc.roofline import plot_roofline, points_from_payload
         target = payload["target"]
         profile = target["profile"]
         title = f"{payload['model']['name']}, predicted, on {target['arch']}: {profile.get('name') or 'custom profile'}"
-        plotted = plot_roofline(profile, points_from_payload(payload), roofline, title)
-        left_out = len(payload["kernels"]) - len(plotted)
+        plotted = plot_roofline(profile, [pt for v in views for pt in points_from_payload(v)], roofline, title)
+        left_out = sum(len(v["kernels"]) for v in views) - len(plotted)
         note = f" ({left_out} without FLOPs, bytes or time left out)" if left_out else ""
         # On stderr, so that --json, --ir and --source keep stdout for what they print.
         click.echo(f"wrote {roofline}: {len(plotted)} kernel(s) on the {target['arch']} roofline{note}", err=True)
+    several = len(views) > 1
+
+    def heading(i: int, view: dict[str, Any], comment: str) -> None:
+        if several:
+            click.echo(f"{comment} plan {i} of {len(views)}: {plan_name(view['inputs'])}")
     if ir:
-        click.echo(payload["ir"][ir], nl=False)
+        for i, view in enumerate(views):
+            heading(i, view, "#")
+            click.echo(view["ir"][ir], nl=False)
     elif source:
-        for m in payload["modules"]:
-            click.echo(m["source"])
+        for i, view in enumerate(views):
+            heading(i, view, "//")
+            for m in view["modules"]:
+                click.echo(m["source"])
     elif as_json:
-        click.echo(json.dumps(explain_json(payload), indent=1))
+        click.echo(json.dumps(explain_plans_json(views) if several else explain_json(payload), indent=1))
+    elif several:
+        click.echo(explain_plans_text(views, read.section_bytes), nl=False)
     else:
         click.echo(explain_text(payload), nl=False)
 

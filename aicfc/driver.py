@@ -10,8 +10,10 @@ from typing import Any, Callable
 import onnx
 
 from aicfc.artifact.payload import build_payload, converted
+from aicfc.artifact.plans import merge_plans
 from aicfc.codegen.io_cast import build_casts
 from aicfc.codegen.module import OnKernel, build_modules, count_registers, resolve_jobs
+from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
@@ -62,3 +64,56 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     if dump_ir is not None and casts[0] is not None:
         (Path(dump_ir) / f"module_{len(modules)}.cu").write_text(casts[0].source)
     return build_payload(result, plan, modules, profile, precision, digest, casts)
+
+
+def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple[int, ...]]],
+                  dump_ir: str | Path | None = None, **options: Any) -> dict[str, Any]:
+    """One plan per shape set over one copy of the weights ([Note: plans] in aicf_run/plans.py):
+    a version-3 payload when there are several sets, `compile_model`'s payload for one. Each
+    set is compiled on its own, as `compile_model` would; --dump-ir goes to DIR/plan_<i>."""
+    if len(shape_sets) <= 1:
+        return compile_model(model, shapes=shape_sets[0] if shape_sets else None, dump_ir=dump_ir, **options)
+    payloads = []
+    for i, shapes in enumerate(shape_sets):
+        folder = None if dump_ir is None else Path(dump_ir) / f"plan_{i}"
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+        payloads.append(compile_model(model, shapes=shapes, dump_ir=folder, **options))
+    return merge_plans(payloads)
+
+
+def shape_sets(specs: list[str] | tuple[str, ...], lines: list[str] | None = None) -> list[list[str]]:
+    """The shape sets of `--shape` options (`specs`, in order) or of a --shape-sets file's lines.
+
+    `--shape` options form one set until one names an input the current set already names:
+    that option starts the next set (`--shape ids=1x512 --shape ids=1x1` is two sets). A file
+    holds one set per line (`ids=1x512 mask=1x512`; `#` starts a comment). Every set must name
+    the same inputs, and no two sets may be equal, so that each set is one plan and a plan is
+    found by its shapes alone."""
+    if lines is not None and specs:
+        raise AicfError("give the shape sets with --shape or with --shape-sets, not both")
+    sets: list[list[str]] = []
+    if lines is not None:
+        for line in lines:
+            words = line.split("#", 1)[0].split()
+            if words:
+                sets.append(words)
+        if not sets:
+            raise AicfError("--shape-sets: the file names no shape set; write one set per line, e.g. ids=1x512")
+    else:
+        for spec in specs:
+            name = spec.rpartition("=")[0]
+            if not sets or name in {s.rpartition("=")[0] for s in sets[-1]}:
+                sets.append([])
+            sets[-1].append(spec)
+    parsed = [parse_shape_overrides(s) for s in sets]   # one-line errors for a bad spec
+    for i, shapes in enumerate(parsed):
+        if len(shapes) != len(sets[i]):
+            raise AicfError(f"shape set {i + 1} ({' '.join(sets[i])}) names an input twice")
+        if set(shapes) != set(parsed[0]):
+            raise AicfError(f"shape set {i + 1} names {', '.join(sorted(shapes))} but set 1 names "
+                            f"{', '.join(sorted(parsed[0]))}; give every input's shape in every set")
+        if shapes in parsed[:i]:
+            raise AicfError(f"shape set {i + 1} ({' '.join(sets[i])}) repeats set {parsed.index(shapes) + 1}; "
+                            f"each set is one plan")
+    return sets

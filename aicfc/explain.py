@@ -188,3 +188,33 @@ def explain_text(payload: dict[str, Any]) -> str:
         saved = f" (saves {_bytes(r['bytes_saved'])} of traffic)" if r["applied"] and r.get("bytes_saved") else ""
         out.append(f"    {verdict} {r['rule']!r} on {r['target']}: {r['reason']}{saved}")
     return "\n".join(out) + "\n"
+
+
+def explain_plans_json(views: list[dict[str, Any]]) -> dict[str, Any]:
+    """A bundle of several plans ([Note: plans] in aicf_run/plans.py), from each plan's view:
+    the first plan's view at the top level (so the stable keys keep their meaning), and
+    `plans`, every plan's with its `index`, `name` (its input shapes) and `shapes`."""
+    from aicf_run.plans import plan_name
+    plans = [{"index": i, "name": plan_name(v["inputs"]),
+              "shapes": {t["name"]: list(t["shape"]) for t in v["inputs"]}, **explain_json(v)}
+             for i, v in enumerate(views)]
+    return {**explain_json(views[0]), "plans": plans}
+
+
+def plan_summaries(e: dict[str, Any]) -> list[str]:
+    """One line per plan of `explain_plans_json`'s result."""
+    return [f"plan {p['index']}: {p['name']}: {len(p['kernels'])} kernel(s), predicted {p['predicted_total_us']} us, "
+            f"arena {_bytes(p['memory']['arena_bytes'])}" for p in e["plans"]]
+
+
+def explain_plans_text(views: list[dict[str, Any]], section_bytes: int) -> str:
+    """Every plan's explanation in turn, after a summary line per plan."""
+    e = explain_plans_json(views)
+    out = [f"{len(views)} plans, one per set of input shapes, over one copy of the weights "
+           f"({_bytes(section_bytes)} stored once; a {_bytes(e['memory']['weights_bytes'])} weights region "
+           f"on the device, shared); aicf-run runs the plan whose input shapes equal the inputs'",
+           *plan_summaries(e), ""]
+    for p, view in zip(e["plans"], views):
+        out.append(f"=== plan {p['index']} of {len(views)}: {p['name']} ===")
+        out.append(explain_text(view))
+    return "\n".join(out)

@@ -259,7 +259,7 @@ def test_wrong_version(tmp_path: Path, forge_checksum: bool) -> None:
     path = raw_bundle(tmp_path / "model.aicf", make_payload(), version=7,
                       digest=None if forge_checksum else bytes(32))
     with pytest.raises(RunError, match=r"format version 7 is not supported by this aicf-run "
-                                       r"\(supports 1, 2\)"):
+                                       r"\(supports 1, 2, 3\)"):
         read_bundle(path)
 
 

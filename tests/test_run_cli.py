@@ -392,6 +392,9 @@ class FakeDriver(types.ModuleType):
         block, offset = self._locate(pointer, len(data))
         block[offset:offset + len(data)] = data
 
+    def memset_d8(self, pointer: int, value: int, count: int) -> None:
+        self.write(pointer, bytes([value]) * count)
+
     def memcpy_htod(self, pointer: int, source: Any) -> None:
         self.copy_kinds.append("htod")
         self.write(pointer, memoryview(source).cast("B").tobytes())
@@ -463,7 +466,7 @@ BAD_FILES: list[tuple[str, Any, str]] = [
     ("text", lambda p: p.write_text("just some text\n" * 10), "(bad magic)"),
     ("empty", lambda p: p.write_bytes(b""), "is empty"),
     ("wrong_version", lambda p: raw_bundle(p, make_payload(), version=7, digest=bytes(32)),
-     "format version 7 is not supported by this aicf-run (supports 1, 2)"),
+     "format version 7 is not supported by this aicf-run (supports 1, 2, 3)"),
     ("wrong_version_forged_checksum", lambda p: raw_bundle(p, make_payload(), version=7),
      "format version 7 is not supported"),
     ("not_a_map", lambda p: raw_bundle(p, data=msgpack.packb([1, 2])), "not a map"),

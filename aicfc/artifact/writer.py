@@ -1,7 +1,7 @@
 """Write a payload as a `.aicf` bundle: validate, pack, then replace the target atomically.
 
-The file (format version 2, docs/bundle-format.md) is the 56-byte header, the msgpack payload
-without the weights' bytes, then the weights section: every weight end to end, streamed from
+The file (format version 2, or 3 for several plans: docs/bundle-format.md) is the 56-byte
+header, the msgpack payload without the weights' bytes, then the weights section: every weight end to end, streamed from
 wherever it lies (memory, or the model's external-data files) one chunk at a time, and hashed
 on the way against its `sha256`, so no copy of all the weights is ever made here and msgpack's
 4 GiB object limit never applies to them. It is written to a temporary file in the target
@@ -22,6 +22,7 @@ import msgpack
 
 from aicf_run.bundle import FORMAT_VERSION, HEADER, MAGIC, MAX_PAYLOAD_BYTES
 from aicf_run.errors import RunError
+from aicf_run.plans import PLANS_VERSION, check_plans
 from aicf_run.schema import check_payload
 from aicf_run.weights import CHUNK_BYTES, data_chunks, data_len
 from aicfc.errors import AicfError
@@ -33,23 +34,30 @@ def write_bundle(payload: dict[str, Any], path: str | os.PathLike, chunk_bytes: 
     `payload` holds its weights inline (`data`: bytes or an aicf_run.weights.Lazy); they go to
     the weights section, `chunk_bytes` at a time. An invalid payload is a compiler bug, not a
     user error, so it raises ValueError (naming the first bad field) and nothing is written. An
-    unwritable destination raises AicfError.
+    unwritable destination raises AicfError. A payload of several plans (format version 3,
+    aicfc/artifact/plans.py) is written as version 3, its blobs to the section; any other as
+    version 2.
     """
+    version = PLANS_VERSION if payload.get("format_version") == PLANS_VERSION else FORMAT_VERSION
     try:
-        check_payload(payload, FORMAT_VERSION, None, digests=False)
+        if version == PLANS_VERSION:
+            check_plans(payload, None, digests=False)
+        else:
+            check_payload(payload, FORMAT_VERSION, None, digests=False)
     except RunError as err:
         raise ValueError(f"refusing to write an invalid bundle: {err}") from err
     entries, sources, end = [], [], 0
     for weight in payload["weights"]:
         nbytes = data_len(weight["data"])
-        entries.append({"buffer": weight["buffer"], "offset": end, "nbytes": nbytes, "sha256": weight["sha256"]})
+        owner = {"buffer": weight["buffer"]} if version != PLANS_VERSION else {}   # v3: blobs have none
+        entries.append({**owner, "offset": end, "nbytes": nbytes, "sha256": weight["sha256"]})
         sources.append(weight["data"])
         end += nbytes
     data = msgpack.packb({**payload, "weights": entries}, use_bin_type=True)
     if len(data) > MAX_PAYLOAD_BYTES:
         raise AicfError(f"the bundle payload is {len(data)} bytes, over the format's "
                         f"{MAX_PAYLOAD_BYTES}-byte limit; compile a smaller model")
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, 0, len(data), hashlib.sha256(data).digest())
+    header = HEADER.pack(MAGIC, version, 0, len(data), hashlib.sha256(data).digest())
     target = Path(path)
     try:
         _write_atomically(target, header, data, _section(entries, sources, chunk_bytes))
