@@ -293,8 +293,13 @@ def test_group_normalization_matches_onnxruntime(shape, groups, opset):
         # the affine map's parameter is per row: inside the row pass
         assert kinds == ["row_reduce"]
     else:
-        # per channel of a group: the affine map reads the row pass's result through a split view
+        # per channel of a group: the affine map runs over x's shape, reading the row pass's result
         assert kinds == ["row_reduce", "pointwise"]
+
+
+def test_group_normalization_per_channel_then_silu_is_two_kernels():
+    s = check_every_stage(group_model((2, 8, 5, 7), 4, 21, silu=True))
+    assert [k.family for k in s["plan_memory"].kernels] == ["row_reduce", "pointwise"]
 
 
 def test_group_normalization_with_runtime_scale_and_silu():

@@ -7,8 +7,9 @@ compiler already lowers to one row pass:
     SkipSimplifiedLayerNormalization       h = x + k (+ c); RMSNormalization(h, g)       (com.microsoft)
     InstanceNormalization(x[N,C,..], s, b) LayerNormalization of the [N, C, L] view (scale 1), · s[c] + b[c]
     GroupNormalization(x, s, b) {G}        LayerNormalization of the [N, G, C/G·L] view (scale 1), then
-                                           · s + b per group (opset 18) or per channel (opset 21, over
-                                           the [N, G, C/G, D1, ..] view), viewed back as x
+                                           · s + b per group (opset 18: in the row pass) or per channel
+                                           (opset 21: a map over x's shape, as torch's opset-18 export
+                                           states GroupNorm with InstanceNormalization)
 
 The residual sum before a norm is what `form_kernels` computes and stores inside the norm's
 row pass (rule "map + row pass => stored prologue"); the per-channel affine map after a
@@ -175,11 +176,12 @@ def _instance_group(n, at: dict, args: list[str], types: dict[str, TensorType], 
     steps: list[Step] = [("Reshape", [x], f"{origin}.rows", {"shape": (batch, groups, k * spatial)}),
                          ("LayerNormalization", [f"{origin}.rows", one], f"{origin}.norm", {"axis": 2, "epsilon": eps})]
     if per_channel and k > 1:
-        # The affine map over the [N, G, C/G, D1, ...] view: the channel is (g, j), affine in both,
-        # and x's shape is a merge of that view's (g, j), so a consumer's map can move onto it.
-        view, param = (batch, groups, k) + tuple(shape[2:]), (groups, k) + (1,) * (len(shape) - 2)
-        steps.append(("Reshape", [f"{origin}.norm"], f"{origin}.split", {"shape": view}))
-        normed = f"{origin}.split"
+        # The channel of a group's element is not an affine function of the row's index, so the
+        # affine map runs over x's own shape, reading the row pass's result as a view of it: a
+        # map of its own, into which element-wise consumers (SiLU) fold.
+        view, param = shape, (ch,) + (1,) * (len(shape) - 2)
+        steps.append(("Reshape", [f"{origin}.norm"], f"{origin}.unrows", {"shape": shape}))
+        normed = f"{origin}.unrows"
     else:
         view, param, normed = (batch, groups, k * spatial), (groups, 1), f"{origin}.norm"
     steps += [("Reshape", [scale], f"{origin}.scale", {"shape": param}),
