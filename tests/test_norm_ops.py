@@ -336,6 +336,39 @@ def test_fp16_plans_match_onnxruntime():
             assert rel_err(got[out], r) <= 2e-3, out
 
 
+def _as_fp16(model):
+    """The model with every float32 input, output and initializer made float16."""
+    m = onnx.ModelProto.FromString(model.SerializeToString())
+    for vi in list(m.graph.input) + list(m.graph.output):
+        vi.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for k, t in enumerate(m.graph.initializer):
+        m.graph.initializer[k].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
+    return m
+
+
+@pytest.mark.parametrize("build", [lambda: rms_model((4, 6, 64)), lambda: instance_model((2, 8, 5, 7)),
+                                   lambda: group_model((2, 8, 5, 7), 4, 21), lambda: group_model((2, 8, 5, 7), 2, 18),
+                                   lambda: skip_model((2, 6, 32), outputs=("y", "sum")),
+                                   lambda: skip_model((2, 6, 32), simplified=True)],
+                         ids=["rms", "instance", "group21", "group18", "skip", "skip_simplified"])
+def test_float16_graphs_match_onnxruntime(build):
+    """Graphs whose tensors are float16 (onnxruntime computes their statistics in float32, as the
+    compiler does); 2e-3: the float16 rounding of the result."""
+    m = _as_fp16(build())
+    inputs = {k: v.astype(np.float16) for k, v in _inputs(m, 9).items()}
+    ref = B.run_onnxruntime(m, inputs)
+    got = evaluate_ir(stages(m)["plan_memory"], inputs)
+    for out, r in ref.items():
+        assert rel_err(got[out].astype(np.float32), r.astype(np.float64)) <= 2e-3, out
+
+
+def test_float16_statistics_outputs_are_refused_by_name():
+    """ONNX makes Mean/InvStdDev float32 for a float16 input; the importer would make them float16."""
+    m = _as_fp16(skip_model((2, 6, 32), outputs=("y", "mean", "inv", "sum")))
+    with pytest.raises(AicfError, match="the mean/inverse-std-dev outputs of a norm of a f16 input are not supported"):
+        import_model(m)
+
+
 # ---------------------------------------------------------------- on the GPU
 
 GPU_MODELS = {

@@ -55,13 +55,17 @@ def _axis(axis: int, rank: int, origin: str, op: str) -> int:
     return axis + rank if axis < 0 else axis
 
 
-def stats_steps(x: str, shape: tuple[int, ...], axis: int, eps: float, rms: bool, mean_out: str, inv_out: str,
-                tmp: str, weights: dict[str, Weight], types: dict[str, TensorType]) -> list[Step]:
-    """The Mean and InvStdDev outputs of a norm of `x` over the axes from `axis` (shape: x's with
+def stats_steps(x: str, t: TensorType, axis: int, eps: float, rms: bool, mean_out: str, inv_out: str,
+                origin: str, weights: dict[str, Weight], types: dict[str, TensorType]) -> list[Step]:
+    """The Mean and InvStdDev outputs of a norm of `x` (type `t`) over the axes from `axis` (shape: x's with
     those axes set to 1), as ReduceMean/Sub/Mul/Add/Sqrt/Reciprocal over an [outer, inner] view,
     as the ONNX function of LayerNormalization defines them; for an RMS norm the mean is never
     subtracted (1/sqrt(mean(x²) + ε)). They are computed a second time rather than taken from
     Y's row pass, which keeps them in registers."""
+    if t.dtype != "f32":
+        raise AicfError(f"node {origin!r}: the mean/inverse-std-dev outputs of a norm of a {t.dtype} input are "
+                        "not supported (ONNX makes them float32); only of float32 inputs")
+    shape, tmp = t.shape, f"{origin}.stats"
     outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])
     stat = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
     row_mean = {"axes": (1,), "keepdims": 1}
@@ -75,7 +79,7 @@ def stats_steps(x: str, shape: tuple[int, ...], axis: int, eps: float, rms: bool
             steps.append(("Sub", [f"{tmp}.x", f"{tmp}.mean"], f"{tmp}.d", {}))
             d = f"{tmp}.d"
     if inv_out:
-        _constant(weights, types, f"{tmp}.eps", np.array(eps, np.float32))
+        _constant(weights, types, f"{tmp}.eps", np.array(eps, t.np_dtype))
         steps += [("Mul", [d, d], f"{tmp}.d2", {}),
                   ("ReduceMean", [f"{tmp}.d2"], f"{tmp}.var", row_mean),
                   ("Add", [f"{tmp}.var", f"{tmp}.eps"], f"{tmp}.vare", {}),
@@ -101,8 +105,8 @@ def _rms(n, at: dict, args: list[str], types: dict[str, TensorType], weights: di
     y, inv = _outputs(n, 2)
     steps: list[Step] = [("RMSNormalization", args, y, attrs)] if y else []
     if inv:
-        steps += stats_steps(args[0], shape, attrs["axis"], attrs["epsilon"], True, "", inv, f"{origin}.stats",
-                             weights, types)
+        steps += stats_steps(args[0], types[args[0]], attrs["axis"], attrs["epsilon"], True, "", inv,
+                             origin, weights, types)
     return steps
 
 
@@ -140,7 +144,7 @@ def _skip(n, at: dict, args: list[str], types: dict[str, TensorType], weights: d
             steps.append(("LayerNormalization", [h, gamma] + ([beta] if beta else []), y,
                           {"axis": axis, "epsilon": eps}))
     if mean or inv:
-        steps += stats_steps(h, shape, axis, eps, rms, mean, inv, f"{origin}.stats", weights, types)
+        steps += stats_steps(h, types[x], axis, eps, rms, mean, inv, origin, weights, types)
     return steps
 
 
@@ -172,7 +176,7 @@ def _instance_group(n, at: dict, args: list[str], types: dict[str, TensorType], 
             raise AicfError(f"node {origin!r}: {op} {what} {list(types[name].shape)}: expected [{want}] "
                             f"({'one per channel' if per_channel else 'one per group (opset 18)'})")
     k = ch // groups
-    one = _constant(weights, types, f"{origin}.one", np.ones(1, np.float32))
+    one = _constant(weights, types, f"{origin}.one", np.ones(1, types[x].np_dtype))
     steps: list[Step] = [("Reshape", [x], f"{origin}.rows", {"shape": (batch, groups, k * spatial)}),
                          ("LayerNormalization", [f"{origin}.rows", one], f"{origin}.norm", {"axis": 2, "epsilon": eps})]
     if per_channel and k > 1:

@@ -596,8 +596,8 @@ def _layer_norm_stats(n: onnx.NodeProto, at: dict, args: list[str], types: dict[
     attrs = _normalize_attrs("LayerNormalization", at, args, types, weights, opset, origin)
     y, mean, inv = (list(n.output) + ["", ""])[:3]
     nodes = [(n.op_type, args, y, attrs)] if y else []
-    return nodes + import_norms.stats_steps(args[0], types[args[0]].shape, attrs["axis"], attrs["epsilon"], False,
-                                            mean, inv, f"{origin}.stats", weights, types)
+    return nodes + import_norms.stats_steps(args[0], types[args[0]], attrs["axis"], attrs["epsilon"], False,
+                                            mean, inv, origin, weights, types)
 
 
 def _axis(axis: int, rank: int, origin: str, op: str) -> int:
