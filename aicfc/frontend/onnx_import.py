@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_elementwise import ELEMENTWISE_ATTR_OPS, elementwise_attrs
-from aicfc.frontend import import_rewrites
+from aicfc.frontend import import_norms, import_rewrites
 from aicfc.ir.high import Graph, Node, make_attrs, verify_graph
 from aicfc.ir.ops import COMPARISONS, FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
 from aicf_run.weights import FileSlice
@@ -66,11 +66,29 @@ def load_model(path: str | os.PathLike, data: bytes | None = None) -> onnx.Model
     try:
         # Given the path, the checker reads the file itself instead of having the whole model
         # serialized back to bytes (seconds for a BERT-sized model).
-        onnx.checker.check_model(str(p))
+        onnx.checker.check_model(str(p) if not _ort_onnx_domain_nodes(model) else _as_checkable(model))
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AicfError(f"{p}: the ONNX checker rejects the model: {first}") from None
     return model
+
+
+def _ort_onnx_domain_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node
+            if n.domain in ("", "ai.onnx") and n.op_type in import_norms.ORT_IN_ONNX_DOMAIN]
+
+
+def _as_checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the model with onnxruntime's ops of the onnx domain (SimplifiedLayerNormalization,
+    which its transformer optimizer writes with domain '') moved to com.microsoft, so that the
+    checker, which knows no such onnx op, checks everything else instead of refusing the model."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for n in _ort_onnx_domain_nodes(copy):
+        n.domain = "com.microsoft"
+    if not any(o.domain == "com.microsoft" for o in copy.opset_import):
+        copy.opset_import.add(domain="com.microsoft", version=1)
+    return copy
 
 
 def _load_external_data(model: onnx.ModelProto, folder: Path) -> None:
@@ -161,13 +179,21 @@ def find_unsupported(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(node name, op type) for every node the compiler cannot take."""
     out = []
     for i, n in enumerate(model.graph.node):
-        if n.domain not in ("", "ai.onnx") or (n.op_type not in OPS and n.op_type not in IMPORT_ONLY):
+        if not _known(n):
             op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
             out.append((n.name or f"{n.op_type}_{i}", op))
         elif n.op_type in FIRST_OUTPUT_ONLY and set(n.output[1:]) & _consumed(model):
             out.append((n.name or f"{n.op_type}_{i}", f"{n.op_type} with {FIRST_OUTPUT_ONLY[n.op_type]} "
                         "as an output (only the first output is supported)"))
     return out
+
+
+def _known(n: onnx.NodeProto) -> bool:
+    """An op of the onnx domain in the table, or one of onnxruntime's norms in com.microsoft."""
+    if n.domain == "com.microsoft":
+        return n.op_type in import_norms.MICROSOFT
+    return n.domain in ("", "ai.onnx") and (n.op_type in OPS or n.op_type in IMPORT_ONLY) \
+        and n.op_type not in import_norms.MICROSOFT
 
 
 def parse_shape_overrides(specs: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
@@ -503,6 +529,9 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
     itself plus those statistics spelled out (`_layer_norm_stats`)."""
     if n.op_type == "LayerNormalization" and any(n.output[1:]):
         return _layer_norm_stats(n, at, args, types, weights, opset, origin)
+    steps = import_norms.expand(n, at, args, types, weights, opset, origin)
+    if steps is not None:
+        return steps
     steps = import_rewrites.expand(n, at, args, types, weights, origin)
     if steps is not None:
         return steps
@@ -562,33 +591,13 @@ def _merged_reduce(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str
 
 def _layer_norm_stats(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, TensorType],
                       weights: dict[str, Weight], opset: int, origin: str) -> list[tuple[str, list[str], str, dict]]:
-    """Y as a LayerNormalization node, and its Mean and InvStdDev outputs (shape: the input's with
-    the normalized axes set to 1) as ReduceMean/Sub/Mul/Add/Sqrt/Reciprocal over an [outer,
-    inner] view of the input, as the ONNX function defines them. The statistics are computed a
-    second time rather than taken from Y's row pass (which keeps them in registers)."""
+    """Y as a LayerNormalization node, and its Mean and InvStdDev outputs spelled out
+    (`import_norms.stats_steps`)."""
     attrs = _normalize_attrs("LayerNormalization", at, args, types, weights, opset, origin)
-    shape, axis = types[args[0]].shape, attrs["axis"]
-    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis:])
-    stat = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
     y, mean, inv = (list(n.output) + ["", ""])[:3]
-    tmp = f"{origin}.stats"
-    weights[f"{tmp}.eps"] = _weight(f"{tmp}.eps", np.array(attrs["epsilon"], np.float32))
-    types[f"{tmp}.eps"] = weights[f"{tmp}.eps"].type
-    row_mean = {"axes": (1,), "keepdims": 1}
     nodes = [(n.op_type, args, y, attrs)] if y else []
-    nodes += [("Reshape", args[:1], f"{tmp}.x", {"shape": (outer, inner)}),
-              ("ReduceMean", [f"{tmp}.x"], f"{tmp}.mean", row_mean)]
-    if mean:
-        nodes.append(("Reshape", [f"{tmp}.mean"], mean, {"shape": stat}))
-    if inv:
-        nodes += [("Sub", [f"{tmp}.x", f"{tmp}.mean"], f"{tmp}.d", {}),
-                  ("Mul", [f"{tmp}.d", f"{tmp}.d"], f"{tmp}.d2", {}),
-                  ("ReduceMean", [f"{tmp}.d2"], f"{tmp}.var", row_mean),
-                  ("Add", [f"{tmp}.var", f"{tmp}.eps"], f"{tmp}.vare", {}),
-                  ("Sqrt", [f"{tmp}.vare"], f"{tmp}.sd", {}),
-                  ("Reciprocal", [f"{tmp}.sd"], f"{tmp}.inv", {}),
-                  ("Reshape", [f"{tmp}.inv"], inv, {"shape": stat})]
-    return nodes
+    return nodes + import_norms.stats_steps(args[0], types[args[0]], attrs["axis"], attrs["epsilon"], False,
+                                            mean, inv, origin, weights, types)
 
 
 def _axis(axis: int, rank: int, origin: str, op: str) -> int:
@@ -758,4 +767,7 @@ def _consumed(model: onnx.ModelProto) -> set[str]:
 # Tile, DepthToSpace, SpaceToDepth and Einsum are rewritten at import (`import_rewrites`);
 # Pad, CumSum, TopK and the new reductions keep only their data input.
 IMPORT_ONLY = IMPORT_ONLY | import_rewrites.REWRITTEN
+# Normalization ops of issue 18 (`import_norms`): RMSNormalization stays a graph op; the others
+# are rewritten into it, LayerNormalization, Adds and an affine map.
+IMPORT_ONLY = IMPORT_ONLY | import_norms.REWRITTEN
 CONSTANT_INPUTS.update({op: 1 for op in ("Pad", "CumSum", "TopK", "ReduceMin", "ReduceProd", "ReduceL2")})

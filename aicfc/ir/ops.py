@@ -469,3 +469,7 @@ OPS.update({op.name: op for op in [
     OpDef("Cos", (1, 1), _infer_unary, lambda x, _: np.cos(x[0])),
     OpDef("Sin", (1, 1), _infer_unary, lambda x, _: np.sin(x[0])),
 ]})
+# RMSNormalization (opset 23; issue 18): its row in ops_norms.py.
+from aicfc.ir.ops_norms import NORM_OPS  # noqa: E402
+
+OPS.update({op.name: op for op in NORM_OPS})

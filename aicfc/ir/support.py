@@ -32,7 +32,8 @@ NOTES: dict[str, str] = {
     "GlobalAveragePool": "a row reduction",
     "Identity": "",
     "LRN": "",
-    "LayerNormalization": "any axis; Y in one row pass; the Mean/InvStdDev outputs too (computed apart)",
+    "LayerNormalization": "any axis; Y in one row pass; the Mean/InvStdDev outputs too (computed apart; of float32 "
+                          "inputs only)",
     "Log": "",
     "MatMul": "2-D, batched, broadcast batch dimensions, 1-D operands",
     "Max": "any number of float inputs, broadcasting",
@@ -102,6 +103,17 @@ NOTES: dict[str, str] = {
               "Transpose/Reshape/MatMul (the GEMM family); diagonals and three or more operands refused",
     "Cos": "float; on constants (rotary tables of static positions) folded at compile time",
     "Sin": "float; on constants (rotary tables of static positions) folded at compile time",
+    # issue 18: normalization ops (frontend/import_norms.py)
+    "RMSNormalization": "opset 23, any axis; one row pass (the mean square, as the exported RMSNorm); stash_type 1 only",
+    "SimplifiedLayerNormalization": "onnxruntime's RMSNormalization (domain ''), any axis; its inv_std_var output too "
+                                    "(computed apart); stash_type 1 only",
+    "SkipLayerNormalization": "com.microsoft: input + skip (+ bias) stored by the LayerNormalization's row pass; "
+                              "mean, inv_std_var (computed apart; float32 inputs) and input_skip_bias_sum outputs",
+    "SkipSimplifiedLayerNormalization": "com.microsoft: input + skip (+ bias), then RMSNormalization in one row pass; "
+                                        "inv_std_var and input_skip_bias_sum outputs; the mean output refused",
+    "InstanceNormalization": "rank 3 or more: a row pass over each (n, channel) with the per-channel affine in it",
+    "GroupNormalization": "opset 18 (scale/bias per group) and 21 (per channel): a row pass over each (n, group), "
+                          "the affine map fused where its access is affine; stash_type 1 only",
 }
 
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"

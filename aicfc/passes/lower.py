@@ -43,6 +43,7 @@ from aicfc.passes.lower_data import DATA_LOWERINGS
 
 ZERO = Affine()
 NORM_RULE = "LayerNormalization => mean and variance sums + normalize map"
+RMS_RULE = "RMSNormalization => mean-square sum + normalize map"
 
 
 def broadcast_index(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[Affine, ...]:
@@ -141,7 +142,10 @@ def _pow(exponent: float, x: Expr) -> Expr:
 def _layer_norm(n: Node, types: dict[str, TensorType], scalars: dict[str, float]) -> list[Op]:
     """mean = Σ x·(1/n); var = Σ (x - mean)²·(1/n); y = (x - mean) / sqrt(var + ε) · scale + bias,
     over the last axis of x (or of its [outer, inner] view when several axes are normalized):
-    the same computes as the exported decomposition, with property `online_reducible_norm`."""
+    the same computes as the exported decomposition, with property `online_reducible_norm`.
+    RMSNormalization is the same without the mean: ms = Σ x²·(1/n); y = x / sqrt(ms + ε) · scale,
+    the computes of torch's exported RMSNorm (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul)."""
+    rms = n.op == "RMSNormalization"
     x, y, t, axis = n.inputs[0], n.output, n.type, n.attr["axis"]
     origin = (n.origin,)
     ops: list[Op] = []
@@ -153,7 +157,7 @@ def _layer_norm(n: Node, types: dict[str, TensorType], scalars: dict[str, float]
         params = []
         for p in n.inputs[1:]:
             if types[p].numel != shape[1]:
-                raise AicfError(f"node {n.origin!r}: LayerNormalization over axes {axis}.. with "
+                raise AicfError(f"node {n.origin!r}: {n.op} over axes {axis}.. with "
                                 f"{'scale' if p == n.inputs[1] else 'bias'} {list(types[p].shape)} "
                                 f"broadcast inside the normalized dims is not supported")
             params.append(View(f"{y}.{'scale' if p == n.inputs[1] else 'bias'}", TensorType(t.dtype, shape[1:]),
@@ -172,16 +176,18 @@ def _layer_norm(n: Node, types: dict[str, TensorType], scalars: dict[str, float]
     work = TensorType(t.dtype, shape)
 
     def centered(index: tuple[Affine, ...]) -> Expr:
-        return Call("sub", (Load(x, index), Load(f"{y}.mean", stat_at)))
-    norm = Call("div", (centered(ident), Call("sqrt", (Call("add", (Load(f"{y}.var", stat_at),
+        return Load(x, index) if rms else Call("sub", (Load(x, index), Load(f"{y}.mean", stat_at)))
+    var = f"{y}.ms" if rms else f"{y}.var"   # the mean square, or the variance
+    norm = Call("div", (centered(ident), Call("sqrt", (Call("add", (Load(var, stat_at),
                                                                        Const(n.attr["epsilon"]))),))))
     out: Expr = Call("mul", (norm, _load_bcast(inputs[1], types, work, scalars)))
     if len(inputs) == 3:
         out = Call("add", (out, _load_bcast(inputs[2], types, work, scalars)))
+    if not rms:
+        ops.append(Compute(f"{y}.mean", stat_t, "sum", shape[-1:], Call("mul", (Load(x, along), inv_n)), origin))
     ops += [
-        Compute(f"{y}.mean", stat_t, "sum", shape[-1:], Call("mul", (Load(x, along), inv_n)), origin),
-        Compute(f"{y}.var", stat_t, "sum", shape[-1:],
-                Call("mul", (Call("mul", (centered(along), centered(along))), inv_n)), origin),
+        Compute(var, stat_t, "sum", shape[-1:], Call("mul", (Call("mul", (centered(along), centered(along))), inv_n)),
+                origin),
         Compute(y, work, "map", (), out, origin),
     ]
     if y != n.output:
@@ -231,6 +237,7 @@ LOWERINGS: dict[str, Callable[..., list[Op]]] = {
     "ReduceSum": _reduce("sum"),
     "ReduceMax": _reduce("max"),
     "LayerNormalization": _layer_norm,
+    "RMSNormalization": _layer_norm,
 }
 LOWERINGS.update({"Cos": _pointwise(_call("cos")), "Sin": _pointwise(_call("sin"))})
 
@@ -265,6 +272,9 @@ def lower(g: Graph) -> Program:
         if n.op == "LayerNormalization":
             records.append(Rewrite(NORM_RULE, n.output, True, f"{ONLINE}: mean and variance are sums "
                                    "whose partial (count, mean, M2) states merge (Chan), so one row pass suffices"))
+        if n.op == "RMSNormalization":
+            records.append(Rewrite(RMS_RULE, n.output, True, f"{ONLINE}: the mean square is a sum whose "
+                                   "partial sums merge by addition, so one row pass suffices"))
     constants = g.weight_map()
     for o in g.outputs:
         if o in constants and o not in {op.out for op in ops}:
