@@ -171,5 +171,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   NI=p["BN"] // p["WN"] // 8, threads=threads, GROUP=gemm_mma.GROUP,
                   tiles_m=math.ceil(m / p["BM"]), tiles_n=math.ceil(n / p["BN"]), a=a, b=b,
                   a_ptr=f"AicfGather<{T}>{{{sig.params[g.a.buffer]}}}", b_ptr=b_ptr, a_off=a_off, b_off=b_off,
-                  paired=None, SPLITK=1, KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, **common)
+                  paired=None, SPLITK=1, KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, ROT_D=None,
+                  **common)
     return GATHER + body
