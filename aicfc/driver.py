@@ -14,7 +14,7 @@ from aicfc.artifact.plans import merge_plans
 from aicfc.codegen.io_cast import build_casts
 from aicfc.codegen.module import OnKernel, build_modules, count_registers, resolve_jobs
 from aicfc.errors import AicfError
-from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, import_model, load_model, parse_shape_overrides
+from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, check_model, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.hardware import load_profile
@@ -24,7 +24,7 @@ from aicfc.planner.hardware import load_profile
 def load(model: Any) -> tuple[onnx.ModelProto, str, str]:
     """(model, name, sha256 of its bytes) from a path or a ModelProto."""
     if isinstance(model, onnx.ModelProto):
-        onnx.checker.check_model(model)
+        check_model(model, f"model {model.graph.name or '(unnamed)'!r}")
         data = model.SerializeToString()
         return model, model.graph.name or "model", hashlib.sha256(data).hexdigest()
     path = Path(os.fspath(model))

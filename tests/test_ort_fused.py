@@ -68,3 +68,17 @@ def test_gpu_matches_onnxruntime(stem, precision, tol, gpu_device):
     ref = B.run_onnxruntime(model, inputs)["y"].astype(np.float64)
     got = run_payload(aicfc.compile(model, target=gpu_device.arch, precision=precision), inputs, gpu_device)["y"]
     assert rel_err(got, ref) <= tol
+
+
+def test_compile_takes_the_fused_model_as_a_proto_and_refuses_a_broken_one_in_one_line():
+    """aicfc.compile(ModelProto) checks as a path does: onnxruntime's onnx-domain ops moved aside
+    for the checker (the H200 machine's onnx refused it before), its complaint an AicfError."""
+    from aicfc.errors import AicfError
+    model = load("llama_s16_skipsln")
+    assert aicfc.compile(model, precision="fp32", check_registers=False)["kernels"]
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    broken.graph.node[0].input[0] = "no_such_tensor"
+    with pytest.raises(AicfError, match="the ONNX checker rejects the model") as e:
+        aicfc.compile(broken)
+    assert "\n" not in str(e.value)

@@ -63,14 +63,20 @@ def load_model(path: str | os.PathLike, data: bytes | None = None) -> onnx.Model
     if not model.graph.node and not model.graph.output:
         raise AicfError(f"{p}: not an ONNX model (no graph in it); export it again")
     _load_external_data(model, p.parent.resolve())
+    # Given the path, the checker reads the file itself instead of having the whole model
+    # serialized back to bytes (seconds for a BERT-sized model).
+    check_model(model, str(p), str(p))
+    return model
+
+
+def check_model(model: onnx.ModelProto, label: str, path: str | None = None) -> None:
+    """The ONNX checker on `model` (or on its file at `path`), onnxruntime's onnx-domain ops
+    moved aside (`_as_checkable`); its first complaint as one AicfError line."""
     try:
-        # Given the path, the checker reads the file itself instead of having the whole model
-        # serialized back to bytes (seconds for a BERT-sized model).
-        onnx.checker.check_model(str(p) if not _ort_onnx_domain_nodes(model) else _as_checkable(model))
+        onnx.checker.check_model(_as_checkable(model) if _ort_onnx_domain_nodes(model) else path or model)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AicfError(f"{p}: the ONNX checker rejects the model: {first}") from None
-    return model
+        raise AicfError(f"{label}: the ONNX checker rejects the model: {first}") from None
 
 
 def _ort_onnx_domain_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
