@@ -4,13 +4,10 @@ one line, no output file). `make fuzz` runs the same targets for minutes each.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 from tests import fuzz_harness as F
@@ -23,20 +20,12 @@ def models() -> dict[str, onnx.ModelProto]:
     return F.seed_models()
 
 
-def _fuzz(strategy: Any, examples: int, folder: Path) -> None:
-    @settings(max_examples=examples, derandomize=True, **F.FUZZ_SETTINGS)
-    @given(st.data())
-    def one(data: st.DataObject) -> None:
-        F.check_model_bytes(data.draw(strategy), folder)
-    one()
-
-
 def test_fuzz_onnx_bytes(models: dict[str, onnx.ModelProto], tmp_path: Path) -> None:
-    _fuzz(F._model_bytes_strategy(models), 150, tmp_path)
+    F.hypothesis_run(F.model_bytes_mutator(models), F.check_model_bytes, 150, tmp_path)
 
 
 def test_fuzz_onnx_tree(models: dict[str, onnx.ModelProto], tmp_path: Path) -> None:
-    _fuzz(F._model_tree_strategy(models), 150, tmp_path)
+    F.hypothesis_run(F.model_tree_mutator(models), F.check_model_bytes, 150, tmp_path)
 
 
 def test_seeds_are_valid(models: dict[str, onnx.ModelProto], tmp_path: Path) -> None:
