@@ -105,3 +105,29 @@ def test_external_data_fields(tmp_path: Path, location: str, offset: str, needle
     out = aicfc("compile", str(path), "-o", str(tmp_path / "out.aicf"))
     assert_user_error(out, needle)
     assert not (tmp_path / "out.aicf").exists()
+
+
+def _const_input_model(op: str, const: np.ndarray, y_shape: list) -> onnx.ModelProto:
+    """`op(x, c)` with x a [2, 4] float input and `c` an initializer."""
+    c = numpy_helper.from_array(const, "c")
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "c"], ["y"], name="n")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, y_shape)], [c])
+    return B.make_model(graph)
+
+
+@pytest.mark.parametrize("op, const, y_shape, what", [
+    # Was: ValueError "cannot convert float NaN to integer" (fuzzed: a ReduceSum's axes set to NaN).
+    ("ReduceSum", np.array([np.nan], np.float32), [2, 1], "the axes of ReduceSum must be an integer tensor"),
+    ("ReduceSum", np.array([1.0], np.float32), [2, 1], "the axes of ReduceSum must be an integer tensor"),
+    ("Reshape", np.array([np.nan, 2], np.float32), [4, 2], "the shape of Reshape must be an integer tensor"),
+    ("Unsqueeze", np.array([np.inf], np.float32), [1, 2, 4], "the axes of Unsqueeze must be an integer tensor"),
+    ("Expand", np.array([2, np.nan], np.float32), [2, 4], "the shape of Expand must be an integer tensor"),
+    ("Tile", np.array([np.nan, 1], np.float32), [2, 4], "the repeats of Tile must be an integer tensor"),
+    ("CumSum", np.array([], np.int64), [2, 4], "the axis of CumSum must hold one value, not 0"),
+])
+def test_constant_integer_inputs_must_be_integers(tmp_path: Path, op: str, const: np.ndarray, y_shape: list,
+                                                  what: str) -> None:
+    _compile(tmp_path, _const_input_model(op, const, y_shape), what)
+
