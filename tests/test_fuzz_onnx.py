@@ -131,3 +131,42 @@ def test_constant_integer_inputs_must_be_integers(tmp_path: Path, op: str, const
                                                   what: str) -> None:
     _compile(tmp_path, _const_input_model(op, const, y_shape), what)
 
+
+def _max_then_column_sum(shape: tuple[int, int], max_output: bool) -> onnx.ModelProto:
+    """exp(x - rowmax) / colsum(exp(x - rowmax)): the softmax seed with its sum's axes mutated
+    from -1 to 0 (a valid model: the sum runs down the columns)."""
+    model = B.decomposed_softmax_model(shape, max_output=max_output)
+    (axes,) = [t for t in model.graph.initializer if t.name == "axes"]
+    axes.CopyFrom(numpy_helper.from_array(np.array([0], np.int64), "axes"))
+    return model
+
+
+@pytest.mark.parametrize("max_output", [True, False])
+def test_row_pass_never_reads_a_value_computed_from_itself(max_output: bool) -> None:
+    # Was: StopIteration in form_kernels._topological (fuzzed). The row pass of the Div took the
+    # row max as its statistic but also read the column sum, which is computed from that max:
+    # two kernels each needing the other first. The pass is now declined; the plan runs in
+    # order and matches float64 numpy.
+    from tests.test_pipeline import evaluate_plan, rel_err, stages
+    model = _max_then_column_sum((4, 16), max_output)
+    plan = stages(model)["plan_memory"]
+    declined = [r for r in plan.rewrites if r.rule == "row stats + map => one row pass" and not r.applied]
+    assert any("computed from 'mx'" in r.reason for r in declined), declined
+    x = np.random.default_rng().standard_normal((4, 16)).astype(np.float32)
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    got = evaluate_plan(plan, {"in0": x})
+    assert rel_err(got["out"], e / e.sum(axis=0, keepdims=True)) < 1e-5
+    if max_output:
+        assert rel_err(got["mx"], x.max(axis=-1, keepdims=True).astype(np.float64)) == 0
+
+
+@pytest.mark.gpu
+def test_gpu_row_pass_declined_for_a_column_sum(gpu_device) -> None:
+    import aicfc
+    from tests.conftest import run_payload
+    from tests.test_pipeline import rel_err
+    model = _max_then_column_sum((5, 300), True)
+    x = np.random.default_rng().standard_normal((5, 300)).astype(np.float32)
+    got = run_payload(aicfc.compile(model, target=gpu_device.arch), {"in0": x}, gpu_device)
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    assert rel_err(got["out"], e / e.sum(axis=0, keepdims=True)) < 1e-5
