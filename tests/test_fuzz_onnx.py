@@ -170,3 +170,15 @@ def test_gpu_row_pass_declined_for_a_column_sum(gpu_device) -> None:
     got = run_payload(aicfc.compile(model, target=gpu_device.arch), {"in0": x}, gpu_device)
     e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
     assert rel_err(got["out"], e / e.sum(axis=0, keepdims=True)) < 1e-5
+
+
+def test_layer_norm_axis_out_of_range_with_statistics_outputs(tmp_path: Path) -> None:
+    # Was: MemoryError under the fuzzer's limit; without one, `aicfc compile` built a tuple of
+    # 2**31 ones (16 GB, 87 s) before refusing: the Mean output's shape was sized by the axis
+    # before the axis was checked.
+    model = B.layer_norm_model((4, 32))
+    node = model.graph.node[0]
+    node.output.append("mean")
+    (axis,) = [a for a in node.attribute if a.name == "axis"] or [node.attribute.add()]
+    axis.CopyFrom(helper.make_attribute("axis", -(2**31)))
+    _compile(tmp_path, model, "LayerNormalization axis -2147483648 out of range for rank 2")

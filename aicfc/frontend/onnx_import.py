@@ -365,8 +365,8 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
     if op in ELEMENTWISE_ATTR_OPS:
         return elementwise_attrs(op, at, args, types, weights, opset, origin)
     if op == "LayerNormalization":
-        axis = at.get("axis", -1)
-        return {"axis": axis + rank if axis < 0 else axis, "epsilon": float(at.get("epsilon", 1e-5))}
+        # Checked here: the Mean/InvStdDev outputs (`_layer_norm_stats`) size tuples by it.
+        return {"axis": _axis(at.get("axis", -1), rank, origin, op), "epsilon": float(at.get("epsilon", 1e-5))}
     return {}
 
 
