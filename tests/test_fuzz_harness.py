@@ -84,3 +84,12 @@ def test_planner_memo_changes_no_plan(models: dict) -> None:
                     memo = str(run_pipeline(graph, Options("sm_90", hw, precision)).plan)
                 assert memo == plain, (name, precision)
     assert plan_schedules.rank is real and F._RANKED
+
+
+def test_tree_mutants_stay_small() -> None:
+    # A grown list holds one shared object many times; an edit inside it after the grow would
+    # multiply the tree (seed 1's execution 72290 packed to over 6 GB before grow became last).
+    tree = {"kernels": [{"a": [[1, 2, 3]] * 3, "b": "x" * 100}] * 3}
+    for i in range(3000):
+        packed = msgpack.packb(mutated_tree(RandomChoices(random.Random(i)), tree), use_bin_type=True)
+        assert len(packed) < 3 << 20, i
