@@ -362,6 +362,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", action="append", help="one target (repeatable); default all")
     parser.add_argument("--out", default="fuzz-out", help="folder for reproducers")
+    parser.add_argument("--report", default=None, help="also write the report here (default OUT/report.txt)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = args.target or list(targets())
@@ -369,10 +370,18 @@ def main() -> None:
         report = long_run(names[0], args.seconds, Path(args.out) / names[0], args.execs, args.seed)
         print(json.dumps(report), flush=True)
         return
-    print(f"# make fuzz: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {platform.node()}, "
-          f"{os.cpu_count()} CPUs, Python {platform.python_version()}, seed {args.seed}, "
-          f"limit {args.seconds:g} s" + (f" or {args.execs} executions" if args.execs else "")
-          + " per target", flush=True)
+    report_path = Path(args.report or Path(args.out) / "report.txt")
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text("")
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        with report_path.open("a") as f:
+            f.write(line + "\n")
+    say(f"# make fuzz: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {platform.node()}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, seed {args.seed}, "
+        f"limit {args.seconds:g} s" + (f" or {args.execs} executions" if args.execs else "")
+        + " per target")
     # Each target in its own process, so a hang inside C code (protobuf, msgpack) that SIGALRM
     # cannot interrupt is still caught, and reported, by the wall-clock limit.
     bad = 0
@@ -393,10 +402,10 @@ def main() -> None:
                       "failures": {"hang (whole process)": 1}}
         failures = report["failures"]
         bad += len(failures)
-        print(f"{name}: {report['executions']} executions in {report['seconds']} s, "
-              f"{len(failures)} distinct failure(s)", flush=True)
+        say(f"{name}: {report['executions']} executions in {report['seconds']} s, "
+            f"{len(failures)} distinct failure(s)")
         for key, count in sorted(failures.items()):
-            print(f"    {count:>6} x {key}", flush=True)
+            say(f"    {count:>6} x {key}")
     sys.exit(1 if bad else 0)
 
 
