@@ -182,3 +182,10 @@ def test_layer_norm_axis_out_of_range_with_statistics_outputs(tmp_path: Path) ->
     (axis,) = [a for a in node.attribute if a.name == "axis"] or [node.attribute.add()]
     axis.CopyFrom(helper.make_attribute("axis", -(2**31)))
     _compile(tmp_path, model, "LayerNormalization axis -2147483648 out of range for rank 2")
+
+
+def test_reshape_zero_past_the_input_rank(tmp_path: Path) -> None:
+    # Was: IndexError (fuzzed): a 0 in Reshape's shape copies the input's dimension at its
+    # position, and the input [2, 4] has no third one.
+    _compile(tmp_path, _const_input_model("Reshape", np.array([4, 2, 0], np.int64), [4, 2, 1]),
+             "Reshape shape [4, 2, 0] copies (0) a dimension past the input's rank 2")

@@ -338,6 +338,9 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         target = _ints(args[1], weights, origin, "the shape of Reshape")
         src = types[args[0]].shape
         if not at.get("allowzero", 0):
+            if any(d == 0 and i >= len(src) for i, d in enumerate(target)):
+                raise AicfError(f"node {origin!r}: Reshape shape {target} copies (0) a dimension past the "
+                                f"input's rank {len(src)}")
             target = [src[i] if d == 0 else d for i, d in enumerate(target)]
         elif 0 in target:
             raise AicfError(f"node {origin!r}: Reshape with allowzero=1 to {target} gives an empty tensor; "
