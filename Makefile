@@ -41,12 +41,15 @@ test:
 gpu-test:
 	$(PYTHON) -m pytest -m gpu -q
 
-# Fuzz the bundle and ONNX readers for FUZZ_SECONDS per target (tests/fuzz_harness.py);
-# prints executions and distinct failures per target, reproducers in fuzz-out/. `make test`
-# runs the same targets briefly.
-FUZZ_SECONDS ?= 600
+# Fuzz the bundle and ONNX readers (tests/fuzz_harness.py): each target in turn until
+# FUZZ_EXECS executions or FUZZ_SECONDS, whichever comes first; prints executions, seconds and
+# distinct failures per target (also to fuzz-out/report.txt), reproducers in
+# fuzz-out/<target>/. `make test` runs the same targets briefly.
+FUZZ_EXECS ?= 100000
+FUZZ_SECONDS ?= 3600
+FUZZ_SEED ?= 0
 fuzz:
-	$(PYTHON) -m tests.fuzz_harness --seconds $(FUZZ_SECONDS) --out fuzz-out
+	$(PYTHON) -m tests.fuzz_harness --execs $(FUZZ_EXECS) --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED) --out fuzz-out
 
 # Rewrite the README's support table from aicfc/ir/support.py.
 readme-ops:

@@ -1,21 +1,31 @@
 """Fuzz targets for the two readers of untrusted files: `.aicf` bundles and ONNX models.
 
 Each target mutates a valid seed (its bytes, or its decoded structure: msgpack maps and lists,
-protobuf fields) and feeds the result to the code a user's file reaches. A run may succeed or
-raise the project's own error (AicfError, RunError: one line, exit 2 in the CLIs); anything
-else is a failure: another exception, a hang (over `TIME_LIMIT_S`), or unbounded memory (an
-allocation past `MEMORY_LIMIT_BYTES` above what the process already uses fails with
+protobuf fields; tests/fuzz_mutate.py) and feeds the result to the code a user's file reaches.
+A run may succeed or raise the project's own error (AicfError, RunError: one line, exit 2 in the
+CLIs); anything else is a failure: another exception, a hang (over `TIME_LIMIT_S`), or unbounded
+memory (an allocation past `MEMORY_LIMIT_BYTES` above what the process already uses fails with
 MemoryError under RLIMIT_AS).
 
 The same targets run two ways:
-- tests/test_fuzz_*.py: a short, derandomized hypothesis run inside `make test`;
-- `make fuzz` (`python3 -m tests.fuzz_harness --seconds N`): each target in its own process
-  for N seconds, reporting executions and distinct failures, a failure being (exception type,
-  innermost project frame). The reproducer of each is saved under `fuzz-out/<target>/`.
+- tests/test_fuzz_*.py: a short, derandomized hypothesis run inside `make test` (decisions
+  drawn by hypothesis, so a failure shrinks);
+- `make fuzz` (`python3 -m tests.fuzz_harness --seconds N [--execs M]`): each target in its own
+  process, a plain loop over a seeded `random.Random` until N seconds or M executions,
+  reporting executions and distinct failures, a failure being (exception type, innermost
+  project frame). The reproducer of each is saved under `fuzz-out/<target>/`.
+Why a plain loop for the long run: profiled with cProfile, hypothesis's engine and draws took
+2-10 ms of each 3-13 ms execution (bundle_bytes: 8 of 15 s; bundle_tree: 12 of 17 s), so the
+loop gets several times the executions from the same code under test.
 
 The bundle targets stop at what aicf-run does before its first CUDA call (read_bundle, the
 inputs, the tensor-map records) plus `aicfc explain`, which reads bundles too; the ONNX targets
-run `aicfc check`'s and `aicfc compile`'s path up to the schedule plan (no nvcc).
+run `aicfc check`'s and `aicfc compile`'s path up to the schedule and memory plan (no nvcc).
+Two costs that are not the code under test are cut: files are written to /dev/shm where it
+exists (a small write to this machine's /tmp took 3 ms, 20 us on tmpfs), and the planner's
+ranking of a kernel is computed once per scheduling problem per process (`planner_memo`):
+most mutants that reach the planner pose the seeds' problems again, and ranking them took
+0.1-0.25 s each, which is the same dedupe plan_schedules does across a model's layers.
 """
 from __future__ import annotations
 
@@ -24,6 +34,8 @@ import contextlib
 import hashlib
 import json
 import os
+import platform
+import random
 import resource
 import signal
 import subprocess
@@ -38,18 +50,18 @@ from typing import Any
 
 import msgpack
 import onnx
-from google.protobuf.descriptor import FieldDescriptor
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 
 from aicf_run.bundle import FORMAT_VERSION, HEADER, MAGIC, read_bundle
 from aicf_run.errors import RunError
 from aicfc.errors import AicfError
+from tests.fuzz_mutate import Choices, DrawChoices, RandomChoices, mutated_bytes, mutated_model, mutated_tree
 
 TIME_LIMIT_S = 20
 MEMORY_LIMIT_BYTES = 3 << 30
 OUR_ERRORS = (AicfError, RunError)
 ROOT = Path(__file__).resolve().parent.parent
+
+Mutator = Callable[[Choices], bytes]
 
 
 class Hang(Exception):
@@ -88,121 +100,13 @@ def call(check: Callable[[], None]) -> None:
         assert message and "\n" not in message, f"not one line: {message!r}"
 
 
-# --- byte mutations -------------------------------------------------------------------------
-
-INTERESTING = [0, 1, 0x7F, 0x80, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF,
-               2**63 - 1, 2**64 - 1]
-
-
-@st.composite
-def mutated_bytes(draw: st.DrawFn, data: bytes, start: int = 0) -> bytes:
-    """`data` with 1-8 edits at or after `start`: flips, overwrites with boundary integers
-    (msgpack and protobuf lengths), insertions, deletions, duplicated spans, truncation."""
-    buf = bytearray(data)
-    for _ in range(draw(st.integers(1, 8))):
-        if len(buf) <= start:
-            break
-        pos = draw(st.integers(start, len(buf) - 1))
-        kind = draw(st.sampled_from(["flip", "byte", "int", "insert", "delete", "dup", "cut"]))
-        if kind == "flip":
-            buf[pos] ^= 1 << draw(st.integers(0, 7))
-        elif kind == "byte":
-            buf[pos] = draw(st.integers(0, 255))
-        elif kind == "int":
-            width = draw(st.sampled_from([1, 2, 4, 8]))
-            value = draw(st.sampled_from(INTERESTING)) % (1 << 8 * width)
-            order = draw(st.sampled_from(["big", "little"]))
-            buf[pos:pos + width] = value.to_bytes(width, order)
-        elif kind == "insert":
-            buf[pos:pos] = draw(st.binary(min_size=1, max_size=16))
-        elif kind == "delete":
-            del buf[pos:pos + draw(st.integers(1, 64))]
-        elif kind == "dup":
-            span = bytes(buf[pos:pos + draw(st.integers(1, 64))])
-            where = draw(st.integers(start, len(buf)))
-            buf[where:where] = span
-        else:
-            del buf[pos:]
-    return bytes(buf)
+def scratch_dir() -> Path:
+    """Where executions write their files: tmpfs when there is one (see the module docstring)."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-# --- msgpack structure mutations ------------------------------------------------------------
-
-BOUNDARY_INTS = [0, 1, -1, 2, 3, 255, 256, 1023, 1024, 1025, 65535, 65536, 2**31 - 1, 2**31,
-                 2**32 - 1, 2**32, 2**40, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1, -(2**31)]
-WORDS = ["", "a", "float32", "float16", "bfloat16", "int64", "bool", "arena", "weights", "sm_90",
-         "sm_90a", "sm_80", "fp16", "f16", "f32", "add", "time_us", "0" * 64, "x", "y", "../x"]
-leaves = st.one_of(
-    st.none(), st.booleans(), st.sampled_from(BOUNDARY_INTS), st.integers(-(2**63), 2**64 - 1),
-    st.floats(), st.sampled_from(WORDS), st.text(max_size=12), st.binary(max_size=32))
-values = st.recursive(
-    leaves, lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.sampled_from(WORDS) | st.text(max_size=6) | st.integers(-2, 2), inner,
-                      max_size=4), max_leaves=8)
-
-
-def _paths(obj: Any, prefix: tuple = ()) -> Iterator[tuple]:
-    yield prefix
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            yield from _paths(value, prefix + (key,))
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            yield from _paths(value, prefix + (i,))
-
-
-def _at(obj: Any, path: tuple) -> Any:
-    for key in path:
-        obj = obj[key]
-    return obj
-
-
-def _deep(depth: int) -> Any:
-    value: Any = 0
-    for _ in range(depth):
-        value = [value]
-    return value
-
-
-@st.composite
-def mutated_tree(draw: st.DrawFn, tree: Any) -> Any:
-    """A deep copy of a decoded msgpack `tree` with 1-4 edits: values replaced (other types,
-    boundary ints, nested containers), keys deleted or added, list items removed, repeated or
-    multiplied (nested sizes), containers nested deeply."""
-    tree = msgpack.unpackb(msgpack.packb(tree, use_bin_type=True), raw=False,
-                           strict_map_key=False)
-    for _ in range(draw(st.integers(1, 4))):
-        path = draw(st.sampled_from(list(_paths(tree))[1:]))
-        parent, key = _at(tree, path[:-1]), path[-1]
-        value = parent[key]
-        kind = draw(st.sampled_from(["replace", "replace", "tweak", "delete", "add", "grow",
-                                     "deep", "retype"]))
-        if kind == "replace":
-            parent[key] = draw(values)
-        elif kind == "tweak" and isinstance(value, int) and not isinstance(value, bool):
-            parent[key] = draw(st.sampled_from([value + 1, value - 1, -value, value * 2**20,
-                                                value * 2**33, 0]))
-        elif kind == "delete":
-            del parent[key]
-        elif kind == "add" and isinstance(value, dict):
-            value[draw(st.sampled_from(WORDS) | st.integers(-1, 1))] = draw(values)
-        elif kind == "grow" and isinstance(value, list) and value:
-            # Nested sizes, bounded to about 1 MB packed so one execution stays fast.
-            size = len(msgpack.packb(value[0], use_bin_type=True))
-            count = draw(st.sampled_from([1, 2, 100, 10_000]))
-            value.extend(value[:1] * max(1, min(count, (1 << 20) // size)))
-        elif kind == "deep":
-            parent[key] = _deep(draw(st.sampled_from([10, 100, 400])))
-        elif kind == "retype":
-            if isinstance(value, str):
-                parent[key] = value.encode()
-            elif isinstance(value, bytes):
-                parent[key] = value.decode("latin-1")
-            elif isinstance(value, int) and not isinstance(value, bool):
-                parent[key] = float(value)
-            elif isinstance(value, (list, dict)):
-                parent[key] = list(value.values()) if isinstance(value, dict) else dict(enumerate(value))
-    return tree
+# --- bundles --------------------------------------------------------------------------------
 
 
 def pack_bundle(payload: Any, section: bytes = b"") -> bytes:
@@ -247,131 +151,91 @@ def check_bundle_bytes(raw: bytes, folder: Path) -> None:
     call(run)
 
 
-# --- protobuf (ONNX) mutations --------------------------------------------------------------
+def bundle_bytes_mutator(seeds: dict[str, bytes]) -> Mutator:
+    names = sorted(seeds)
 
-_INT_RANGES = {
-    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1), FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
-    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1), FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
-}
-PROTO_INTS = [0, 1, -1, 2, 3, 7, 64, 2**31 - 1, 2**31, 2**32, 2**40, 2**62, -(2**31), -(2**63),
-              2**63 - 1]
-PATHS = ["../outside.bin", "/etc/passwd", "weights.bin", "missing.bin", "sub/../../x", "",
-         "weights.bin\0x", ".", "..", "a" * 300]
+    def mutate(c: Choices) -> bytes:
+        raw = mutated_bytes(c, seeds[c.choice(names)])
+        # Half the time the header is resealed so the mutation reaches msgpack and the schema.
+        return reseal(raw) if c.boolean() and len(raw) >= HEADER.size else raw
+    return mutate
 
 
-def _fields(msg: Any) -> Iterator[tuple[Any, Any, int | None]]:
-    """Every (message, field, index) of a protobuf tree; index None for the whole field."""
-    for fd in msg.DESCRIPTOR.fields:
-        if fd.is_repeated:
-            seq = getattr(msg, fd.name)
-            yield msg, fd, None
-            for i, item in enumerate(seq):
-                if fd.type == FieldDescriptor.TYPE_MESSAGE:
-                    yield from _fields(item)
-                else:
-                    yield msg, fd, i
-        else:
-            yield msg, fd, None
-            if fd.type == FieldDescriptor.TYPE_MESSAGE and msg.HasField(fd.name):
-                yield from _fields(getattr(msg, fd.name))
+def bundle_tree_mutator(seeds: dict[str, bytes]) -> Mutator:
+    parts = {k: split_bundle(v) for k, v in seeds.items()}
+    trees = {k: msgpack.unpackb(payload, raw=False) for k, (payload, _) in parts.items()}
+    names = sorted(trees)
+
+    def mutate(c: Choices) -> bytes:
+        name = c.choice(names)
+        return pack_bundle(mutated_tree(c, trees[name]), parts[name][1])
+    return mutate
 
 
-def _scalar(draw: st.DrawFn, fd: Any, names: list[str]) -> Any:
-    if fd.type in _INT_RANGES:
-        low, high = _INT_RANGES[fd.type]
-        return draw(st.sampled_from([v for v in PROTO_INTS if low <= v <= high])
-                    | st.integers(low, high))
-    if fd.type == FieldDescriptor.TYPE_ENUM:
-        return draw(st.sampled_from([v.number for v in fd.enum_type.values]))
-    if fd.type in (FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE):
-        return draw(st.floats(width=32 if fd.type == FieldDescriptor.TYPE_FLOAT else 64))
-    if fd.type == FieldDescriptor.TYPE_BOOL:
-        return draw(st.booleans())
-    if fd.type == FieldDescriptor.TYPE_BYTES:
-        return draw(st.binary(max_size=64))
-    return draw(st.sampled_from(names + PATHS) | st.text(max_size=12))
+# --- ONNX models ----------------------------------------------------------------------------
+
+_RANKED: dict[Any, tuple[list, list]] = {}
 
 
-@st.composite
-def mutated_model(draw: st.DrawFn, model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` with 1-4 edits: any field (attributes, shapes, dtypes, names, so
-    dangling inputs, opsets) set, cleared, repeated or removed; plus the edits a random walk
-    rarely makes: huge or negative dims, external-data paths, a dangling node input."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    g = model.graph
-    names = sorted({n for node in g.node for n in [*node.input, *node.output]}
-                   | {t.name for t in g.initializer} | {"dangling"})
-    for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["field", "field", "field", "dim", "external", "dangling"]))
-        try:
-            if kind == "dim":
-                values_info = [*g.input, *g.output, *g.value_info]
-                dims = [d for v in values_info for d in v.type.tensor_type.shape.dim]
-                if dims:
-                    draw(st.sampled_from(dims)).dim_value = draw(
-                        st.sampled_from([0, -1, 2**31, 2**40, 2**62]))
-            elif kind == "external" and len(g.initializer):
-                tensor = draw(st.sampled_from(list(g.initializer)))
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                tensor.ClearField("raw_data")
-                del tensor.external_data[:]
-                for key, value in [("location", draw(st.sampled_from(PATHS))),
-                                   ("offset", draw(st.sampled_from(["0", "-1", "8", "x", str(2**40)]))),
-                                   ("length", draw(st.sampled_from(["4", "16", "-4", str(2**62)])))]:
-                    if draw(st.booleans()) or key == "location":
-                        entry = tensor.external_data.add()
-                        entry.key, entry.value = key, value
-            elif kind == "dangling" and len(g.node):
-                node = draw(st.sampled_from(list(g.node)))
-                node.input.append(draw(st.sampled_from(["dangling", ""] + names)))
-            else:
-                _edit_field(draw, model, names)
-        except (ValueError, TypeError, OverflowError):
-            pass   # protobuf refused the value (out of range for the field); keep the model
-    return model
+@contextlib.contextmanager
+def planner_memo() -> Iterator[None]:
+    """plan_schedules's `rank` answered from this process's earlier answers where the scheduling
+    problem is the same: `structure` (what rank reads of the kernel and its tensors' types, the
+    key plan_schedules itself dedupes layers by) plus the plan's precision and target and the
+    profile, the rest of what the families' spaces read. A problem not seen before, and every
+    one that raised, runs the real `rank`. Restored on exit, so nothing else sees the memo."""
+    from aicfc.passes import plan_schedules as ps
+    real = ps.rank
+
+    def rank(k: Any, plan: Any, hw: Any) -> tuple[list, list]:
+        key = (ps.structure(k, plan.types()), plan.precision, plan.target, repr(sorted(hw.data.items())))
+        if key not in _RANKED:
+            _RANKED[key] = real(k, plan, hw)
+        ranked, rejected = _RANKED[key]
+        return list(ranked), list(rejected)
+    ps.rank = rank
+    try:
+        yield
+    finally:
+        ps.rank = real
 
 
-def _edit_field(draw: st.DrawFn, model: onnx.ModelProto, names: list[str]) -> None:
-    msg, fd, index = draw(st.sampled_from(list(_fields(model))))
-    if fd.is_repeated:
-        seq = getattr(msg, fd.name)
-        op = draw(st.sampled_from(["add", "remove", "set"] if len(seq) else ["add"]))
-        if fd.type == FieldDescriptor.TYPE_MESSAGE:
-            if op == "remove":
-                del seq[draw(st.integers(0, len(seq) - 1))]
-            elif len(seq):
-                seq.add().CopyFrom(seq[draw(st.integers(0, len(seq) - 1))])
-            else:
-                seq.add()
-        elif op == "remove":
-            del seq[draw(st.integers(0, len(seq) - 1))]
-        elif op == "set" and index is not None:
-            seq[index] = _scalar(draw, fd, names)
-        else:
-            seq.append(_scalar(draw, fd, names))
-    elif fd.type == FieldDescriptor.TYPE_MESSAGE or draw(st.integers(0, 4)) == 0:
-        msg.ClearField(fd.name)
-    else:
-        setattr(msg, fd.name, _scalar(draw, fd, names))
+_PROFILES: dict[str, Any] = {}
 
 
 def check_model_bytes(raw: bytes, folder: Path, precision: str = "fp32") -> None:
-    """`aicfc check` and `aicfc compile` up to the schedule plan, on a model file of `raw`."""
+    """`aicfc check` and `aicfc compile` up to the schedule and memory plan, on a model file of
+    `raw`; the folder holds a weights.bin for external-data mutants to find."""
+    from aicfc.frontend.onnx_import import find_unsupported, import_model, load_model
+    from aicfc.passes.pipeline import Options, run_pipeline
+    from aicfc.planner.hardware import load_profile
+
     path = folder / "model.onnx"
     path.write_bytes(raw)
-    (folder / "weights.bin").write_bytes(bytes(range(256)) * 4)
+    weights = folder / "weights.bin"
+    if not weights.exists():
+        weights.write_bytes(bytes(range(256)) * 4)
+    hw = _PROFILES.setdefault("sm_90", load_profile("sm_90", None))
 
     def run() -> None:
-        from aicfc.frontend.onnx_import import find_unsupported, import_model, load_model
-        from aicfc.passes.pipeline import Options, run_pipeline
-        from aicfc.planner.hardware import load_profile
-
         proto = load_model(path)
         if find_unsupported(proto):
             return
         graph = import_model(proto, {})
-        run_pipeline(graph, Options("sm_90", load_profile("sm_90", None), precision))
+        with planner_memo():
+            run_pipeline(graph, Options("sm_90", hw, precision))
     call(run)
+
+
+def model_bytes_mutator(models: dict[str, onnx.ModelProto]) -> Mutator:
+    raws = {k: m.SerializeToString() for k, m in models.items()}
+    names = sorted(raws)
+    return lambda c: mutated_bytes(c, raws[c.choice(names)])
+
+
+def model_tree_mutator(models: dict[str, onnx.ModelProto]) -> Mutator:
+    names = sorted(models)
+    return lambda c: mutated_model(c, models[c.choice(names)]).SerializeToString()
 
 
 # --- seeds ----------------------------------------------------------------------------------
@@ -415,33 +279,8 @@ def seed_bundles(folder: Path) -> dict[str, bytes]:
 @dataclass(frozen=True)
 class Target:
     name: str
-    strategy: Callable[[], st.SearchStrategy]   # built lazily: seeds need nvcc and onnx
-    check: Callable[[Any, Path], None]
-
-
-def _bundle_bytes_strategy(seeds: dict[str, bytes]) -> st.SearchStrategy:
-    def one(raw: bytes) -> st.SearchStrategy:
-        # Half the time the header is resealed so the mutation reaches msgpack and the schema.
-        return st.tuples(mutated_bytes(raw), st.booleans()).map(
-            lambda pair: reseal(pair[0]) if pair[1] and len(pair[0]) >= HEADER.size else pair[0])
-    return st.sampled_from(sorted(seeds)).flatmap(lambda k: one(seeds[k]))
-
-
-def _bundle_tree_strategy(seeds: dict[str, bytes]) -> st.SearchStrategy:
-    parts = {k: split_bundle(v) for k, v in seeds.items()}
-    trees = {k: msgpack.unpackb(payload, raw=False) for k, (payload, _) in parts.items()}
-    return st.sampled_from(sorted(trees)).flatmap(
-        lambda k: mutated_tree(trees[k]).map(lambda tree: pack_bundle(tree, parts[k][1])))
-
-
-def _model_bytes_strategy(models: dict[str, onnx.ModelProto]) -> st.SearchStrategy:
-    raws = {k: m.SerializeToString() for k, m in models.items()}
-    return st.sampled_from(sorted(raws)).flatmap(lambda k: mutated_bytes(raws[k]))
-
-
-def _model_tree_strategy(models: dict[str, onnx.ModelProto]) -> st.SearchStrategy:
-    return st.sampled_from(sorted(models)).flatmap(
-        lambda k: mutated_model(models[k])).map(lambda m: m.SerializeToString())
+    mutator: Callable[[], Mutator]   # built lazily: the bundle seeds need nvcc
+    check: Callable[[bytes, Path], None]
 
 
 def _cache_folder() -> Path:
@@ -452,16 +291,27 @@ def _cache_folder() -> Path:
 
 def targets() -> dict[str, Target]:
     return {
-        "bundle_bytes": Target("bundle_bytes", lambda: _bundle_bytes_strategy(seed_bundles(_cache_folder())),
+        "bundle_bytes": Target("bundle_bytes", lambda: bundle_bytes_mutator(seed_bundles(_cache_folder())),
                                check_bundle_bytes),
-        "bundle_tree": Target("bundle_tree", lambda: _bundle_tree_strategy(seed_bundles(_cache_folder())),
+        "bundle_tree": Target("bundle_tree", lambda: bundle_tree_mutator(seed_bundles(_cache_folder())),
                               check_bundle_bytes),
-        "onnx_bytes": Target("onnx_bytes", lambda: _model_bytes_strategy(seed_models()), check_model_bytes),
-        "onnx_tree": Target("onnx_tree", lambda: _model_tree_strategy(seed_models()), check_model_bytes),
+        "onnx_bytes": Target("onnx_bytes", lambda: model_bytes_mutator(seed_models()), check_model_bytes),
+        "onnx_tree": Target("onnx_tree", lambda: model_tree_mutator(seed_models()), check_model_bytes),
     }
 
 
-FUZZ_SETTINGS = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+def hypothesis_run(mutate: Mutator, check: Callable[[bytes, Path], None], examples: int,
+                   folder: Path) -> None:
+    """The short in-suite run: `examples` derandomized hypothesis examples of one target."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def one(data: Any) -> None:
+        check(mutate(DrawChoices(data)), folder)
+    one()
 
 
 def failure_key(err: BaseException) -> str:
@@ -472,23 +322,22 @@ def failure_key(err: BaseException) -> str:
     return f"{type(err).__name__} at {where}"
 
 
-def long_run(name: str, seconds: float, out: Path) -> dict[str, Any]:
-    """Run target `name` for `seconds`; count executions and distinct failures, saving one
-    reproducer (the mutated file) per failure class under `out`."""
+def long_run(name: str, seconds: float, out: Path, execs: int | None = None,
+             seed: int = 0) -> dict[str, Any]:
+    """Run target `name` for `seconds` or `execs` executions, whichever ends first; count
+    executions and distinct failures, saving one reproducer (the mutated file) per failure
+    class under `out`. Execution i mutates with `random.Random(f"{seed}:{i}")`, so any one
+    can be made again alone."""
     target = targets()[name]
-    strategy = target.strategy()
+    mutate = target.mutator()
     failures: dict[str, int] = {}
     executions = 0
-    deadline = time.monotonic() + seconds
-    with tempfile.TemporaryDirectory(prefix="aicf-fuzz-") as tmp:
+    started = time.monotonic()
+    deadline = started + seconds
+    with tempfile.TemporaryDirectory(prefix="aicf-fuzz-", dir=scratch_dir()) as tmp:
         folder = Path(tmp)
-
-        @settings(max_examples=500, phases=[Phase.generate], **FUZZ_SETTINGS)
-        @given(strategy)
-        def batch(raw: bytes) -> None:
-            nonlocal executions
-            if time.monotonic() > deadline:
-                return
+        while time.monotonic() < deadline and (execs is None or executions < execs):
+            raw = mutate(RandomChoices(random.Random(f"{seed}:{executions}")))
             executions += 1
             try:
                 target.check(raw, folder)
@@ -499,45 +348,64 @@ def long_run(name: str, seconds: float, out: Path) -> dict[str, Any]:
                     stem = hashlib.sha256(key.encode()).hexdigest()[:12]
                     (out / f"{stem}.bin").write_bytes(raw)
                     (out / f"{stem}.txt").write_text(
-                        key + "\n" + "".join(traceback.format_exception(err)))
+                        f"{key}\nexecution {executions - 1} of seed {seed}\n"
+                        + "".join(traceback.format_exception(err)))
                 failures[key] = failures.get(key, 0) + 1
-
-        while time.monotonic() < deadline:
-            batch()
-    return {"target": name, "executions": executions, "failures": failures}
+    return {"target": name, "executions": executions, "failures": failures,
+            "seconds": round(time.monotonic() - started, 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=600, help="per target")
+    parser.add_argument("--execs", type=int, default=None, help="per target: stop after this many")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", action="append", help="one target (repeatable); default all")
     parser.add_argument("--out", default="fuzz-out", help="folder for reproducers")
+    parser.add_argument("--report", default=None, help="also write the report here (default OUT/report.txt)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = args.target or list(targets())
     if args.child:
-        print(json.dumps(long_run(names[0], args.seconds, Path(args.out) / names[0])), flush=True)
+        report = long_run(names[0], args.seconds, Path(args.out) / names[0], args.execs, args.seed)
+        print(json.dumps(report), flush=True)
         return
+    report_path = Path(args.report or Path(args.out) / "report.txt")
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text("")
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        with report_path.open("a") as f:
+            f.write(line + "\n")
+    say(f"# make fuzz: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {platform.node()}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, seed {args.seed}, "
+        f"limit {args.seconds:g} s" + (f" or {args.execs} executions" if args.execs else "")
+        + " per target")
     # Each target in its own process, so a hang inside C code (protobuf, msgpack) that SIGALRM
     # cannot interrupt is still caught, and reported, by the wall-clock limit.
     bad = 0
     for name in names:
         cmd = [sys.executable, "-m", "tests.fuzz_harness", "--child", "--target", name,
-               "--seconds", str(args.seconds), "--out", args.out]
+               "--seconds", str(args.seconds), "--out", args.out, "--seed", str(args.seed)]
+        if args.execs:
+            cmd += ["--execs", str(args.execs)]
         try:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                                   timeout=args.seconds + 300)
             lines = proc.stdout.strip().splitlines()
             report = json.loads(lines[-1]) if proc.returncode == 0 and lines else {
-                "target": name, "executions": "?",
+                "target": name, "executions": "?", "seconds": "?",
                 "failures": {f"process exited {proc.returncode}: {proc.stderr.strip()[-300:]}": 1}}
         except subprocess.TimeoutExpired:
-            report = {"target": name, "executions": "?", "failures": {"hang (whole process)": 1}}
+            report = {"target": name, "executions": "?", "seconds": "?",
+                      "failures": {"hang (whole process)": 1}}
         failures = report["failures"]
         bad += len(failures)
-        print(f"{name}: {report['executions']} executions, {len(failures)} distinct failure(s)")
+        say(f"{name}: {report['executions']} executions in {report['seconds']} s, "
+            f"{len(failures)} distinct failure(s)")
         for key, count in sorted(failures.items()):
-            print(f"    {count:>6} x {key}")
+            say(f"    {count:>6} x {key}")
     sys.exit(1 if bad else 0)
 
 

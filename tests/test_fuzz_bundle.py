@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tests import fuzz_harness as F
 from tests.test_bundle_format import make_payload
@@ -22,20 +20,12 @@ def seeds(tmp_path_factory) -> dict[str, bytes]:
     return F.seed_bundles(tmp_path_factory.mktemp("seeds"))
 
 
-def _fuzz(strategy: Any, examples: int, folder: Path) -> None:
-    @settings(max_examples=examples, derandomize=True, **F.FUZZ_SETTINGS)
-    @given(st.data())
-    def one(data: st.DataObject) -> None:
-        F.check_bundle_bytes(data.draw(strategy), folder)
-    one()
-
-
 def test_fuzz_bundle_bytes(seeds: dict[str, bytes], tmp_path: Path) -> None:
-    _fuzz(F._bundle_bytes_strategy(seeds), 300, tmp_path)
+    F.hypothesis_run(F.bundle_bytes_mutator(seeds), F.check_bundle_bytes, 300, tmp_path)
 
 
 def test_fuzz_bundle_tree(seeds: dict[str, bytes], tmp_path: Path) -> None:
-    _fuzz(F._bundle_tree_strategy(seeds), 150, tmp_path)
+    F.hypothesis_run(F.bundle_tree_mutator(seeds), F.check_bundle_bytes, 150, tmp_path)
 
 
 def test_seeds_are_valid(seeds: dict[str, bytes], tmp_path: Path) -> None:

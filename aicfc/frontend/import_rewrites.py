@@ -200,6 +200,21 @@ def _const(name: str, weights: dict[str, Weight], origin: str, what: str) -> np.
     return weights[name].array()
 
 
+def _const_ints(name: str, weights: dict[str, Weight], origin: str, what: str) -> list[int]:
+    """A constant int64 input (ONNX's type for pads, axes; the checker does not look) as ints."""
+    values = _const(name, weights, origin, what)
+    if not np.issubdtype(values.dtype, np.integer):
+        raise AicfError(f"node {origin!r}: {what} must be an integer tensor, not {values.dtype}")
+    return [int(v) for v in values.reshape(-1)]
+
+
+def _one_int(name: str, weights: dict[str, Weight], origin: str, what: str) -> int:
+    values = _const_ints(name, weights, origin, what)
+    if len(values) != 1:
+        raise AicfError(f"node {origin!r}: {what} must hold one value, not {len(values)}")
+    return values[0]
+
+
 def _axis(axis: int, rank: int, origin: str, op: str) -> int:
     if not -rank <= axis < rank:
         raise AicfError(f"node {origin!r}: {op} axis {axis} out of range for rank {rank}")
@@ -218,7 +233,7 @@ def data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
         if mode != "constant":
             raise AicfError(f"node {origin!r}: Pad mode {mode!r} is not supported; only mode 'constant' is")
         if len(args) > 1 and args[1]:
-            pads = [int(p) for p in _const(args[1], weights, origin, "the pads of Pad").reshape(-1)]
+            pads = _const_ints(args[1], weights, origin, "the pads of Pad")
         else:
             pads = [int(p) for p in at.get("pads", ())]
         value = at.get("value", 0.0)
@@ -226,7 +241,7 @@ def data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
             value = _const(args[2], weights, origin, "the constant_value of Pad").reshape(-1)
             value = value[0] if value.size else 0.0
         if len(args) > 3 and args[3]:
-            axes = [_axis(int(a), rank, origin, op) for a in _const(args[3], weights, origin, "the axes of Pad").reshape(-1)]
+            axes = [_axis(a, rank, origin, op) for a in _const_ints(args[3], weights, origin, "the axes of Pad")]
         else:
             axes = list(range(rank))
         if len(pads) != 2 * len(axes):
@@ -236,7 +251,7 @@ def data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
             full[a], full[a + rank] = pads[k], pads[k + len(axes)]
         return {"pads": tuple(full), "value": float(value)}
     if op == "CumSum":
-        axis = int(_const(args[1], weights, origin, "the axis of CumSum").reshape(-1)[0]) if len(args) > 1 else 0
+        axis = _one_int(args[1], weights, origin, "the axis of CumSum") if len(args) > 1 else 0
         return {"axis": _axis(axis, rank, origin, op), "exclusive": int(at.get("exclusive", 0)),
                 "reverse": int(at.get("reverse", 0))}
     if op in ("ArgMax", "ArgMin"):
@@ -244,7 +259,7 @@ def data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
                 "select_last_index": int(at.get("select_last_index", 0))}
     if op == "TopK":
         if len(args) > 1:
-            k = int(_const(args[1], weights, origin, "the k of TopK").reshape(-1)[0])
+            k = _one_int(args[1], weights, origin, "the k of TopK")
         else:
             k = int(at.get("k", 0))
         axis = _axis(int(at.get("axis", -1)), rank, origin, op)
@@ -259,7 +274,7 @@ def expand(n, at: dict, args: list[str], types: dict[str, TensorType], weights: 
     """The steps of a rewritten op, or of TopK (one node per output); None for any other op."""
     op = n.op_type
     if op == "Tile":
-        repeats = [int(r) for r in _const(args[1], weights, origin, "the repeats of Tile").reshape(-1)]
+        repeats = _const_ints(args[1], weights, origin, "the repeats of Tile")
         return tile(origin, args[0], types[args[0]].shape, repeats, n.output[0])
     if op in ("DepthToSpace", "SpaceToDepth"):
         return depth_space(op, origin, args[0], types[args[0]].shape, at, n.output[0])

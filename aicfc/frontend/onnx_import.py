@@ -367,9 +367,12 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         if len(args) != 2 or args[1] not in weights:
             raise AicfError(f"node {origin!r}: Reshape with a computed shape is not supported; "
                             "the shape input must be a constant")
-        target = [int(d) for d in weights[args[1]].array().reshape(-1)]
+        target = _ints(args[1], weights, origin, "the shape of Reshape")
         src = types[args[0]].shape
         if not at.get("allowzero", 0):
+            if any(d == 0 and i >= len(src) for i, d in enumerate(target)):
+                raise AicfError(f"node {origin!r}: Reshape shape {target} copies (0) a dimension past the "
+                                f"input's rank {len(src)}")
             target = [src[i] if d == 0 else d for i, d in enumerate(target)]
         elif 0 in target:
             raise AicfError(f"node {origin!r}: Reshape with allowzero=1 to {target} gives an empty tensor; "
@@ -397,8 +400,8 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
     if op in ELEMENTWISE_ATTR_OPS:
         return elementwise_attrs(op, at, args, types, weights, opset, origin)
     if op == "LayerNormalization":
-        axis = at.get("axis", -1)
-        return {"axis": axis + rank if axis < 0 else axis, "epsilon": float(at.get("epsilon", 1e-5))}
+        # Checked here: the Mean/InvStdDev outputs (`_layer_norm_stats`) size tuples by it.
+        return {"axis": _axis(at.get("axis", -1), rank, origin, op), "epsilon": float(at.get("epsilon", 1e-5))}
     return {}
 
 
@@ -431,7 +434,7 @@ def _reduce_axes(op: str, at: dict, args: list[str], shape: tuple[int, ...], wei
     axis unless noop_with_empty_axes."""
     rank = len(shape)
     if len(args) >= 2:
-        axes = [int(a) for a in _constant(args[1], weights, origin, f"the axes of {op}").reshape(-1)]
+        axes = _ints(args[1], weights, origin, f"the axes of {op}")
     else:
         axes = [int(a) for a in at.get("axes", [])]
     if not axes and not at.get("noop_with_empty_axes", 0):
@@ -656,7 +659,12 @@ def _check_runtime_dtypes(op: str, ts: list[TensorType], origin: str) -> None:
 
 
 def _ints(name: str, weights: dict[str, Weight], origin: str, what: str) -> list[int]:
-    return [int(v) for v in _constant(name, weights, origin, what).reshape(-1)]
+    """A constant integer input (axes, sizes, bounds) as ints; ONNX types these int64 and the
+    checker does not look, so a float one (NaN has no int) is refused here."""
+    values = _constant(name, weights, origin, what)
+    if not np.issubdtype(values.dtype, np.integer):
+        raise AicfError(f"node {origin!r}: {what} must be an integer tensor, not {values.dtype}")
+    return [int(v) for v in values.reshape(-1)]
 
 
 def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
@@ -710,7 +718,7 @@ def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType]
             return {"axis": axis}   # run-time ids: an indirect index ([Note: Indirect index])
         # Constant indices out of range are an error of the model (ONNX), found here rather
         # than clamped at run time, whether the data is constant (folded) or not.
-        ids = _constant(args[1], weights, origin, "the indices of Gather").reshape(-1)
+        ids = np.array(_ints(args[1], weights, origin, "the indices of Gather"), dtype=np.int64)
         if ids.size == 0 or ids.min() < -shape[axis] or ids.max() >= shape[axis]:
             raise AicfError(f"node {origin!r}: Gather with constant indices {ids.tolist()[:8]} outside "
                             f"{-shape[axis]}..{shape[axis] - 1} (dim {axis} of {list(shape)})")

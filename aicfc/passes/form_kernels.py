@@ -176,7 +176,15 @@ def form_kernels(p: Program, target: str) -> Plan:
         if not members:
             continue
         stats = sorted(members, key=lambda m: computes.index(m[0]))
+        back = _reads_back(tuple(s for s, _ in stats) + (op,), p)
+        if back:
+            records.append(Rewrite(ROW_RULE, op.out, False, back))
+            continue
         pro = _prologue(op, stats, computes, taken, records)
+        back = _reads_back((pro,) + tuple(s for s, _ in stats) + (op,), p) if pro else None
+        if pro and back:
+            records[-1] = Rewrite(PROLOGUE_RULE, pro.out, False, back)   # in place of its "applied"
+            pro = None
         ops = ((pro,) if pro else ()) + tuple(s for s, _ in stats) + (op,)
         binds = (((_identity_bind(pro),) if pro else ()) + tuple(tuple(sorted(b.items())) for _, b in stats)
                  + (_identity_bind(op),))
@@ -218,6 +226,28 @@ def form_kernels(p: Program, target: str) -> Plan:
     ordered = _topological([groups[op.out] for op in computes if op.out in groups], views)
     kernels = tuple(k.replace(name=f"k{i}") for i, k in enumerate(ordered))
     return Plan(p.name, target, p.inputs, p.weights, kernels, views, p.outputs, (), tuple(records))
+
+
+def _reads_back(ops: tuple[Compute, ...], p: Program) -> str | None:
+    """Why `ops` cannot be one kernel, where a value they read from outside is itself computed
+    from one of their results (a row max that a column sum reads, and the row pass of the max
+    then reads the sum): the kernel would have to run both before and after that value's
+    producer. None when no such value exists."""
+    inside = {o.out for o in ops}
+    reads = {op.out: [ld.buffer for ld in loads(op.body)] if isinstance(op, Compute) else [op.source]
+             for op in p.ops}
+    stack = [(name, name) for name in sorted({ld.buffer for o in ops for ld in loads(o.body)} - inside)]
+    seen: set[str] = set()
+    while stack:
+        name, read = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for r in reads.get(name, ()):
+            if r in inside:
+                return f"it reads {read!r}, which is computed from {r!r}, a value of the same pass"
+            stack.append((r, read))
+    return None
 
 
 def _topological(kernels: list[Kernel], views: tuple[View, ...]) -> list[Kernel]:
