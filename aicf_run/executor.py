@@ -154,7 +154,8 @@ class Executor:
         bases = {"arena": int(self._arena), "weights": int(self._weights), "state": int(self._state)}
         pointers = [bases[buf["region"]] + buf["offset"] for buf in bundle.buffers]
         self._state_items = [(item, pointers[item["buffer"]]) for item in bundle.payload.get("state", [])]
-        self._cuda.memset_d8(int(self._state), 0, max(memory.get("state_bytes", 0), 1))
+        if self._state_items:
+            self._cuda.memset_d8(int(self._state), 0, memory["state_bytes"])
         self._upload_weights(pointers)
         launches = [self._prepare(i, kernel, modules, pointers) for i, kernel in enumerate(bundle.kernels)]
         self._maps, tables = tensormap.upload(self._cuda, [launch.maps for launch in launches], "the bundle")
@@ -429,8 +430,9 @@ class Executor:
         """Zero every state tensor (as at load), e.g. before a new sequence."""
         self._check_open()
         self.synchronize()
-        self._cuda.memset_d8(int(self._state), 0, max(self.bundle.memory.get("state_bytes", 0), 1))
-        self.device.context.synchronize()
+        if self._state_items:
+            self._cuda.memset_d8(int(self._state), 0, self.bundle.memory["state_bytes"])
+            self.device.context.synchronize()
 
     def close(self) -> None:
         """Free the graph, then the device memory; the executor cannot run afterwards."""

@@ -19,11 +19,14 @@ g(h1), ... then lives in one buffer.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from aicfc.codegen.scratch import scratch
 from aicfc.ir.decision import Buffer, InPlace, Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, index_loads, indirect_dims, loads
 from aicfc.ir.properties import is_identity_access
 from aicfc.ir.types import TensorType, Weight
+from aicfc.planner.cost import scatter_bytes
 
 ALIGN = 256
 
@@ -146,6 +149,11 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
     offsets = {name: offsets[slot[name]] for name in live if name not in stateful}
 
     buffers = [Buffer(n, types[n], "arena", offsets[n]) for n in sorted(offsets, key=lambda n: (offsets[n], n))]
+    # The state's bytes at the storage precision apply_precision chose after declare_state.
+    by_kernel = {k.name: k for k in plan.kernels}
+    plan = plan.replace(state=tuple(dataclasses.replace(
+        st, write_bytes=scatter_bytes(by_kernel[st.kernel], types),
+        copy_bytes=2 * types[st.output].nbytes + scatter_bytes(by_kernel[st.kernel], types)) for st in plan.state))
     soff = 0
     for st in plan.state:
         buffers += [Buffer(st.input, types[st.input], "state", soff), Buffer(st.output, types[st.output], "state", soff)]

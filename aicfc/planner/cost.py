@@ -219,9 +219,10 @@ def scatter_bytes(k: Kernel, types: Mapping) -> int:
     reads for them (the update's operands, at most their whole size) and the ids; never the rest
     of the state it updates."""
     from aicfc.codegen import scatter
-    hit, val, y, _ = scatter.parts(k)
+    hit, val, y, ids = scatter.parts(k)
     written = scatter.numel(k) * ITEMSIZE[types[y.out].dtype]
-    operands = {ld.buffer for ld in loads(val.body) if ld.buffer not in k.outs}
+    value = val.body.args[1] if isinstance(val.body, Call) else val.body   # select(match, value, 0)
+    operands = {ld.buffer for e in [value] + [e for e, _ in ids] for ld in loads(e) if ld.buffer not in k.outs}
     return written + sum(min(types[b].nbytes, written) for b in operands)
 
 
