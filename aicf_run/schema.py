@@ -140,7 +140,10 @@ def _check_state(payload: dict, buffers: list[dict]) -> None:
         if not name or name in names:
             _fail(f"{where}.name", f"{name!r} is empty or repeated")
         names.add(name)
-        _str(item, "output", where)
+        for key in ("output", "kernel", "reason"):
+            _str(item, key, where)
+        _int(item, "write_bytes", where, minimum=0)
+        _int(item, "copy_bytes", where, minimum=0)
         dtype, shape = _tensor_type(item, where, ITEMSIZE)
         first = buffers[_buffer_ref(item, "buffer", where, len(buffers))]
         second = buffers[_buffer_ref(item, "output_buffer", where, len(buffers))]

@@ -252,3 +252,54 @@ def test_executor_refuses_bad_state(state_executor):
         state_executor.set_state({"s": np.zeros((3, 2), np.float32)})
     with pytest.raises(RunError):
         state_executor.run({"x": np.zeros((2, 3), np.float32), "s": np.zeros((2, 3), np.float32)})
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda p: p["memory"].pop("state_bytes"), "region"),
+    (lambda p: p["state"][0].update(buffer=0), "not a state buffer"),
+    (lambda p: p["buffers"][4].update(offset=256), "not the same bytes|exceeds"),
+    (lambda p: p["state"][0].pop("kernel"), "kernel"),
+    (lambda p: p["state"].append(dict(p["state"][0])), "repeated"),
+])
+def test_bad_state_records_are_refused(mutate, message):
+    from aicf_run.bundle import Bundle
+    from aicf_run.errors import RunError
+    p = state_payload()
+    Bundle.from_payload(p)
+    mutate(p)
+    with pytest.raises(RunError, match=message):
+        Bundle.from_payload(p)
+
+
+def _state_model(path: Path, w: np.ndarray, shift: float = 0.0) -> Path:
+    """y = x + w and s_next = s + x (+ shift): the ONNX model of state_payload."""
+    from onnx import numpy_helper
+    nodes = [helper.make_node("Add", ["x", "w"], ["y"], name="add_0"),
+             helper.make_node("Add", ["s", "x"], ["sx"], name="add_1"),
+             helper.make_node("Add", ["sx", "c"], ["s_next"], name="add_2")]
+    f = [2, 3]
+    g = helper.make_graph(nodes, "state", [helper.make_tensor_value_info("x", TensorProto.FLOAT, f),
+                                           helper.make_tensor_value_info("s", TensorProto.FLOAT, f)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, f),
+                           helper.make_tensor_value_info("s_next", TensorProto.FLOAT, f)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32(shift), "c")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def test_cli_check_feeds_and_compares_the_state(tmp_path, fake_gpu):
+    """aicf-run --check gives onnxruntime the state before the run and checks the state after."""
+    from aicfc.artifact import write_bundle
+    from tests.test_bundle_format import WEIGHT
+    from tests.test_run_cli import run_cli
+    fake_gpu.memset_d8 = lambda pointer, value, n: fake_gpu.write(int(pointer), bytes([value]) * n)
+    bundle = tmp_path / "state.aicf"
+    write_bundle(state_payload(), bundle)
+    np.save(tmp_path / "x.npy", np.random.default_rng(8).standard_normal((2, 3)).astype(np.float32))
+    good = run_cli(bundle, "--input", tmp_path / "x.npy", "--output-dir", tmp_path, "--check",
+                   _state_model(tmp_path / "good.onnx", WEIGHT))
+    assert good.exit_code == 0, good.output
+    assert "s_next" in good.stdout and "FAIL" not in good.stdout
+    bad = run_cli(bundle, "--input", tmp_path / "x.npy", "--output-dir", tmp_path, "--check",
+                  _state_model(tmp_path / "bad.onnx", WEIGHT, shift=1.0))
+    assert bad.exit_code == 1 and "FAIL" in bad.stdout
