@@ -303,3 +303,31 @@ def test_cli_check_feeds_and_compares_the_state(tmp_path, fake_gpu):
     bad = run_cli(bundle, "--input", tmp_path / "x.npy", "--output-dir", tmp_path, "--check",
                   _state_model(tmp_path / "bad.onnx", WEIGHT, shift=1.0))
     assert bad.exit_code == 1 and "FAIL" in bad.stdout
+
+
+def test_fold_scatter_axes_permutes_the_updates():
+    """Transpose_q(ScatterND(Transpose_p(x), ids, upd)) with q = p⁻¹ and the remaining axes out
+    of x's order: the folded ScatterND writes axis p[0] of x and reads the updates transposed."""
+    p, q = (2, 0, 3, 1), (1, 3, 0, 2)
+    xs = (2, 3, 4, 5)
+    t_shape = tuple(xs[d] for d in p)                         # (4, 2, 5, 3)
+    upd_shape = (2,) + t_shape[1:]
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=list(p), name="t"),
+             helper.make_node("ScatterND", ["t", "ids", "upd"], ["s"], name="sc"),
+             helper.make_node("Transpose", ["s"], ["y"], perm=list(q), name="back")]
+    g = helper.make_graph(nodes, "fold", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, xs),
+        helper.make_tensor_value_info("ids", TensorProto.INT64, (2, 1)),
+        helper.make_tensor_value_info("upd", TensorProto.FLOAT, upd_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, xs)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    rng = np.random.default_rng(9)
+    inputs = {"x": rng.standard_normal(xs).astype(np.float32), "ids": np.array([[3], [-4]], np.int64),
+              "upd": rng.standard_normal(upd_shape).astype(np.float32)}
+    ref = onnxruntime_reference(model, inputs)["y"]
+    folded = canonicalize(import_model(model))
+    assert [n.op for n in folded.nodes] == ["Transpose", "ScatterND"]
+    assert folded.nodes[1].attr["axes"] == (2,) and folded.nodes[1].inputs[0] == "x"
+    assert np.array_equal(evaluate_ir(folded, inputs)["y"], ref)
+    plan = plan_of(model, {})
+    assert np.array_equal(evaluate_ir(plan, inputs)["y"], ref) and [s.input for s in plan.state] == ["x"]

@@ -51,6 +51,7 @@ def fold_scatter_axes(g: Graph) -> Graph:
             t = OPS["Transpose"].infer([types[upd]], {"perm": perm})
             made.append(Node("Transpose", (upd,), f"{outer.output}.upd", t, make_attrs({"perm": perm}), scatter.origin))
             upd = made[-1].output
+            types[upd] = t
         ins = (inner.inputs[0], scatter.inputs[1], upd)
         at = {"axes": new_axes}
         t = OPS["ScatterND"].infer([types[ins[0]], types[ins[1]], types[upd]], at)
