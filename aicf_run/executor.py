@@ -148,13 +148,17 @@ class Executor:
         # close, before its context goes away).
         self._arena = self._allocate(memory["arena_bytes"], "arena")
         self._weights = self._allocate(memory["weights_bytes"], "weights")
-        # [Note: state] persistent buffers, zeros at load, updated in place by every run
-        self._state = self._allocate(memory.get("state_bytes", 0), "state")
+        # [Note: state] persistent buffers, zeros at load, updated in place by every run (a
+        # region only where the bundle declares state)
+        stateful = any(buf["region"] == "state" for buf in bundle.buffers)
+        self._state = self._allocate(memory["state_bytes"], "state") if stateful else None
         device.on_close(self.close)
-        bases = {"arena": int(self._arena), "weights": int(self._weights), "state": int(self._state)}
+        bases = {"arena": int(self._arena), "weights": int(self._weights)}
+        if self._state is not None:
+            bases["state"] = int(self._state)
         pointers = [bases[buf["region"]] + buf["offset"] for buf in bundle.buffers]
         self._state_items = [(item, pointers[item["buffer"]]) for item in bundle.payload.get("state", [])]
-        if self._state_items:
+        if self._state is not None:
             self._cuda.memset_d8(int(self._state), 0, memory["state_bytes"])
         self._upload_weights(pointers)
         launches = [self._prepare(i, kernel, modules, pointers) for i, kernel in enumerate(bundle.kernels)]
@@ -430,7 +434,7 @@ class Executor:
         """Zero every state tensor (as at load), e.g. before a new sequence."""
         self._check_open()
         self.synchronize()
-        if self._state_items:
+        if self._state is not None:
             self._cuda.memset_d8(int(self._state), 0, self.bundle.memory["state_bytes"])
             self.device.context.synchronize()
 
