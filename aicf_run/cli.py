@@ -171,7 +171,11 @@ def _run(bundle_path: str, options: _Options) -> bool:
     try:
         check_arch(bundle.arch, device.arch)
         executor = Executor(bundle, device, graph=options.graph)
+        # [Note: state] --check gives onnxruntime the state as it was (zeros at load) and
+        # compares the updated state with the model's corresponding outputs
+        before = executor.state if check_model is not None else {}
         outputs = executor.run(inputs)
+        after = executor.state if check_model is not None else {}
         if options.bench is not None:
             bench = executor.bench(options.bench, graph=None if options.graph else False)
         if options.profile:
@@ -192,7 +196,9 @@ def _run(bundle_path: str, options: _Options) -> bool:
         _report(bundle, gpu, generated, bench, profile, options)
     if check_model is None:
         return False
-    rows = check_against_onnx(check_model, inputs, outputs, rtol)
+    pairs = {item["name"]: item["output"] for item in bundle.payload.get("state", [])}
+    rows = check_against_onnx(check_model, {**inputs, **{n: v.astype("float32") for n, v in before.items()}},
+                              {**outputs, **{pairs[n]: v for n, v in after.items()}}, rtol)
     click.echo(f"check against {check_model} (onnxruntime CPU, rtol {rtol:g}):")
     click.echo(_table(rows))
     return not all(row.passed for row in rows)

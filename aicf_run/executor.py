@@ -9,6 +9,12 @@ graph (aicf_run.graph). `run` then only copies the inputs in, replays the graph 
 graph=False, launches the kernels one by one) and copies the outputs out, all on one stream;
 repeated runs allocate no device memory.
 
+[Note: state] A bundle's `state` records (aicfc/passes/declare_state.py) are tensors that are
+both an input and, updated, an output of the model (a KV cache): each is one buffer of a third
+region, allocated at load and zeroed, that every run updates in place and no run copies. `run`
+neither takes nor returns them; `state` reads them back, `set_state` writes them, `reset_state`
+zeroes them.
+
 [Note: device I/O] `run` takes numpy arrays or GPU tensors of other libraries
 (aicf_run.interop: `__cuda_array_interface__`, DLPack) and chooses per tensor only how to move
 it, never what to compute: a GPU tensor is copied device to device into its arena buffer, or
@@ -162,9 +168,18 @@ class Executor:
             self._weights = self._allocate(memory["weights_bytes"], "weights")
         else:
             self._arena, self._weights = shared.arena, shared.weights
+        # [Note: state] persistent buffers, zeros at load, updated in place by every run (a
+        # region only where the bundle declares state; each plan of a PlanSet has its own)
+        stateful = any(buf["region"] == "state" for buf in bundle.buffers)
+        self._state = self._allocate(memory["state_bytes"], "state") if stateful else None
         device.on_close(self.close)
         bases = {"arena": int(self._arena), "weights": int(self._weights)}
+        if self._state is not None:
+            bases["state"] = int(self._state)
         pointers = [bases[buf["region"]] + buf["offset"] for buf in bundle.buffers]
+        self._state_items = [(item, pointers[item["buffer"]]) for item in bundle.payload.get("state", [])]
+        if self._state is not None:
+            self._cuda.memset_d8(int(self._state), 0, memory["state_bytes"])
         self._upload_weights(pointers)
         launches = [self._prepare(i, kernel, modules, pointers) for i, kernel in enumerate(bundle.kernels)]
         self._maps, tables = tensormap.upload(self._cuda, [launch.maps for launch in launches], "the bundle")
@@ -413,6 +428,45 @@ class Executor:
         self._cuda.memset_d8(int(self._arena), 0xFF, self.bundle.memory["arena_bytes"])
         self.device.context.synchronize()
 
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """[Note: state] A host copy of every state tensor ({input name: array}, in the dtype it
+        is stored in on the device), as the last run left it."""
+        self._check_open()
+        self.synchronize()
+        out: dict[str, np.ndarray] = {}
+        for item, pointer in self._state_items:
+            host = device_array(tuple(item["shape"]), item["dtype"])
+            if host.nbytes:
+                self._cuda.memcpy_dtoh(host, pointer)
+            out[item["name"]] = host
+        return out
+
+    def set_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """Write host arrays into state tensors (by input name; each of the stored dtype and shape)."""
+        self._check_open()
+        items = {item["name"]: (item, pointer) for item, pointer in self._state_items}
+        for name, value in values.items():
+            if name not in items:
+                raise RunError(f"{name!r} is not a state tensor of this bundle (state: {sorted(items)})")
+            item, pointer = items[name]
+            array = np.ascontiguousarray(value)
+            expected = device_array(tuple(item["shape"]), item["dtype"])
+            if array.shape != expected.shape or array.dtype != expected.dtype:
+                raise RunError(f"state {name!r} is {item['dtype']} {item['shape']}, got {array.dtype} "
+                               f"{list(array.shape)}")
+            self.synchronize()
+            if array.nbytes:
+                self._cuda.memcpy_htod(pointer, array)
+
+    def reset_state(self) -> None:
+        """Zero every state tensor (as at load), e.g. before a new sequence."""
+        self._check_open()
+        self.synchronize()
+        if self._state is not None:
+            self._cuda.memset_d8(int(self._state), 0, self.bundle.memory["state_bytes"])
+            self.device.context.synchronize()
+
     def close(self) -> None:
         """Free the graph, then the device memory; the executor cannot run afterwards."""
         if self._closed:
@@ -441,7 +495,7 @@ class Executor:
                     pass  # a lost context frees everything when it goes
         self._pinned = []
         owned = (self._arena, self._weights) if self._shared is None else ()   # else PlanSet frees them
-        for allocation in (*owned, self._maps, *self._interfaces):
+        for allocation in (*owned, self._state, self._maps, *self._interfaces):
             if allocation is not None:
                 allocation.free()
 

@@ -66,12 +66,15 @@ def check_payload(payload: Any, version: int, section_bytes: int | None = None,
         "arena": _int(memory, "arena_bytes", "memory", minimum=0),
         "weights": _int(memory, "weights_bytes", "memory", minimum=0),
     }
+    if "state_bytes" in memory:   # [Note: state]; absent in bundles without state (and older ones)
+        limits["state"] = _int(memory, "state_bytes", "memory", minimum=0)
     _int(memory, "intermediate_bytes", "memory", minimum=0)
     _records(memory, "inplace", "memory")
 
     buffers = _check_buffers(payload, limits)
     _check_io(payload, "inputs", buffers)
     _check_io(payload, "outputs", buffers)
+    _check_state(payload, buffers)
     _check_weights(payload, buffers, version, section_bytes, digests)
     module_count = _check_modules(payload)
     _check_casts(payload, module_count, buffers)
@@ -93,7 +96,7 @@ def _check_buffers(payload: dict, limits: dict[str, int]) -> list[dict]:
         _str(buf, "name", where)
         region = _str(buf, "region", where)
         if region not in limits:
-            _fail(f"{where}.region", f"is {region!r}, expected 'arena' or 'weights'")
+            _fail(f"{where}.region", f"is {region!r}, expected one of {sorted(limits)}")
         offset = _int(buf, "offset", where, minimum=0)
         nbytes = _int(buf, "nbytes", where, minimum=0)
         dtype, shape = _tensor_type(buf, where, ITEMSIZE)
@@ -125,6 +128,31 @@ def _check_io(payload: dict, key: str, buffers: list[dict]) -> None:
                                     f"and aicf-run cannot convert between them")
         if list(buf["shape"]) != list(shape):
             _fail(where, f"shape {shape} differs from buffer {buffer_id}'s {buf['shape']}")
+
+
+def _check_state(payload: dict, buffers: list[dict]) -> None:
+    """[Note: state] each record names one buffer of the state region, read as the input and
+    written as the output (the same bytes), of the record's dtype and shape."""
+    if "state" not in payload:
+        return
+    names: set[str] = set()
+    for where, item in _records(payload, "state", ""):
+        name = _str(item, "name", where)
+        if not name or name in names:
+            _fail(f"{where}.name", f"{name!r} is empty or repeated")
+        names.add(name)
+        for key in ("output", "kernel", "reason"):
+            _str(item, key, where)
+        _int(item, "write_bytes", where, minimum=0)
+        _int(item, "copy_bytes", where, minimum=0)
+        dtype, shape = _tensor_type(item, where, ITEMSIZE)
+        first = buffers[_buffer_ref(item, "buffer", where, len(buffers))]
+        second = buffers[_buffer_ref(item, "output_buffer", where, len(buffers))]
+        for buf in (first, second):
+            if buf["region"] != "state" or buf["dtype"] != dtype or list(buf["shape"]) != list(shape):
+                _fail(where, f"buffer {buf['id']} is not a state buffer of {dtype} {shape}")
+        if first["offset"] != second["offset"]:
+            _fail(where, "its input and output buffers are not the same bytes")
 
 
 def _check_weights(payload: dict, buffers: list[dict], version: int, section_bytes: int | None,

@@ -45,6 +45,9 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         | {"buffers": [{k: b[k] for k in ("name", "region", "offset", "nbytes")} for b in payload["buffers"]]}
         | {"inplace": [_only(r, INPLACE_KEYS) for r in mem["inplace"]]},
         "rewrites": [_only(d, REWRITE_KEYS) for d in payload["decisions"] if d.get("kind") == "rewrite"],
+        # [Note: state] tensors kept on the device across runs, updated in place (absent: none)
+        "state": [{k: st[k] for k in ("name", "output", "dtype", "shape", "kernel", "write_bytes", "copy_bytes",
+                                      "reason")} for st in payload.get("state", [])],
         "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in payload["kernels"]), 3),
     }
 
@@ -181,6 +184,11 @@ def explain_text(payload: dict[str, Any]) -> str:
         out.append(f"      {ip['kernel']}: {ip['output']} written over {ip['reuses']} ({ip['reason']})")
     for b in m["buffers"]:
         out.append(f"    {b['name']:<24} {b['region']:<8} offset {b['offset']:>10}  {_bytes(b['nbytes'])}")
+    if e["state"]:
+        out.append(f"state: {len(e['state'])} tensor(s) kept on the device across runs, updated in place")
+    for st in e["state"]:
+        out.append(f"    {st['name']} -> {st['output']} {st['dtype']}{st['shape']}: {st['kernel']} writes "
+                   f"{_bytes(st['write_bytes'])} per run instead of {_bytes(st['copy_bytes'])} for a copy; {st['reason']}")
     out.append("")
     out.append("rewrites considered:")
     for r in e["rewrites"]:

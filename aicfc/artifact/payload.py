@@ -57,7 +57,9 @@ def decision_log(plan: Plan) -> list[dict[str, Any]]:
 def converted(result: Result, plan: Plan) -> list[Converted]:
     """The inputs and outputs whose interface dtype (the model's) differs from their storage."""
     host, types = result.high.types(), plan.types()
+    stateful = {n for st in plan.state for n in (st.input, st.output)}   # kept in their storage dtype
     names = [(v.name, True) for v in plan.inputs] + [(n, False) for n in plan.outputs]
+    names = [(n, i) for n, i in names if n not in stateful]
     return [Converted(n, host[n].bundle_name, types[n].bundle_name, types[n].numel, is_input)
             for n, is_input in names if n in host and host[n].bundle_name != types[n].bundle_name]
 
@@ -82,6 +84,7 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
     module_of = {name: i for i, m in enumerate(modules) for name in m.kernel_names}
 
     host = result.high.types()   # the model's own dtypes: the interface aicf-run converts to
+    stateful = {n for st in plan.state for n in (st.input, st.output)}
 
     def signature(names) -> list[dict[str, Any]]:
         return [{"name": n, "dtype": host.get(n, types[n]).bundle_name, "shape": list(types[n].shape), "buffer": index[n],
@@ -93,8 +96,13 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "target": {"arch": plan.target, "profile": profile.data},
         "precision": precision,
         "model": {"name": plan.name, "source_sha256": model_sha256},
-        "inputs": signature([v.name for v in plan.inputs]),
-        "outputs": signature(list(plan.outputs)),
+        "inputs": signature([v.name for v in plan.inputs if v.name not in stateful]),
+        "outputs": signature([o for o in plan.outputs if o not in stateful]),
+        # [Note: state] persistent buffers the executor keeps across runs (docs/bundle-format.md)
+        "state": [{"name": st.input, "output": st.output, "dtype": types[st.input].bundle_name,
+                   "shape": list(types[st.input].shape), "buffer": index[st.input], "output_buffer": index[st.output],
+                   "kernel": st.kernel, "write_bytes": st.write_bytes, "copy_bytes": st.copy_bytes,
+                   "reason": st.reason} for st in plan.state],
         "buffers": [{"id": i, "name": b.name, "region": b.region, "offset": b.offset, "nbytes": b.type.nbytes,
                      "dtype": b.type.bundle_name, "shape": list(b.type.shape)} for i, b in enumerate(buffers)],
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
@@ -105,6 +113,8 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "kernels": [_kernel(k, index, module_of[k.name], types) for k in plan.kernels],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [
+            {"kind": "state", "input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,
+             "write_bytes": st.write_bytes, "copy_bytes": st.copy_bytes} for st in plan.state] + [
             {"kind": "io_cast", "tensor": t.name, "from": t.pair[0], "to": t.pair[1],
              "kernel": cast_records[t.name]["symbol"],
              "reason": f"interface {t.host}, stored as {t.storage}: converted on the GPU by a "

@@ -4,7 +4,7 @@ A family module provides `space(kernel, plan)`, `launch(kernel, params)`, `stati
 params)` and `render_kernel(kernel, params, types, name)`.
 """
 from aicfc.codegen import attention, gemm, pointwise, row_reduce
-from aicfc.codegen import conv, window
+from aicfc.codegen import conv, scatter, window
 
 FAMILIES = {"pointwise": pointwise, "row_reduce": row_reduce, "gemm": gemm, "attention": attention}
-FAMILIES.update({"conv": conv, "window": window})
+FAMILIES.update({"conv": conv, "window": window, "scatter": scatter})

@@ -397,6 +397,15 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         return {"axis": _axis(at.get("axis", 0), rank, origin, op)}
     if op == "GatherND":
         return {"batch_dims": int(at.get("batch_dims", 0))}
+    if op == "ScatterND":
+        reduction = at.get("reduction", b"none")
+        reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+        if reduction != "none":
+            raise AicfError(f"node {origin!r}: ScatterND with reduction={reduction!r} is not supported; "
+                            "only reduction='none' (a plain write)")
+        if len(args) != 3 or not types[args[1]].shape:
+            raise AicfError(f"node {origin!r}: ScatterND needs data, indices of rank >= 1 and updates")
+        return {"axes": tuple(range(types[args[1]].shape[-1]))}
     if op in ELEMENTWISE_ATTR_OPS:
         return elementwise_attrs(op, at, args, types, weights, opset, origin)
     if op == "LayerNormalization":
@@ -646,7 +655,7 @@ def _check_runtime_dtypes(op: str, ts: list[TensorType], origin: str) -> None:
     """A node left for run time computes in float (Lowered IR): integer and bool tensors only
     where `ops.RUNTIME_DTYPES` allows them (masks, indices), else only as folded constants."""
     allowed = RUNTIME_DTYPES.get(op, ("f32", "f16") + (("bool",) if op == "Equal" else ()))
-    if op in ("Gather", "GatherElements", "GatherND"):
+    if op in ("Gather", "GatherElements", "GatherND", "ScatterND"):
         ts = ts[:1] + ts[2:]   # the indices are integers by the type rule
     if op == "Where":
         ts = ts[1:]            # the condition is bool by the type rule

@@ -112,6 +112,21 @@ class Buffer:
 
 
 @dataclass(frozen=True, slots=True)
+class State:
+    """A graph input and the graph output that is its updated version, held as one persistent
+    device buffer (region "state") that `kernel` updates in place (passes/declare_state.py).
+    `write_bytes`: what the in-place update moves per run; `copy_bytes`: what writing the
+    output apart (a copy of the whole tensor with the update) would."""
+
+    input: str
+    output: str
+    kernel: str
+    reason: str
+    write_bytes: int
+    copy_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     name: str
     target: str
@@ -123,6 +138,7 @@ class Plan:
     buffers: tuple[Buffer, ...] = ()
     rewrites: tuple[Rewrite, ...] = ()
     precision: str = "fp32"   # the policy of passes/apply_precision.py
+    state: tuple[State, ...] = ()
 
     def replace(self, **changes: Any) -> Plan:
         new = dataclasses.replace(self, **changes)
@@ -179,6 +195,8 @@ def print_plan(p: Plan) -> str:
         lines.append(f"  buffer {text.name(b.name)}: {b.type} {b.region} offset={b.offset}{alias}")
     lines += [f"  output {text.name(o)}" for o in p.outputs]
     lines += [f"  {print_rewrite(r)}" for r in p.rewrites]
+    lines += [f"  state {text.name(st.input)} {text.name(st.output)} kernel={text.attr_value(st.kernel)} write_bytes={st.write_bytes} "
+              f"copy_bytes={st.copy_bytes} {text.attr_value(st.reason)}" for st in p.state]
     return "\n".join(lines + ["}"]) + "\n"
 
 
@@ -262,10 +280,16 @@ def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:
     buffers: list[Buffer] = []
     outputs: list[str] = []
     rewrites: list[Rewrite] = []
+    state: list[State] = []
     while not c.accept("}"):
         if parse_header_item(c, inputs, weights, weight_data):
             continue
-        if c.accept("kernel"):
+        if c.accept("state"):
+            x, y = c.value(), c.value()
+            kernel = str(_kv(c, "kernel"))
+            write, copy = int(_kv(c, "write_bytes")), int(_kv(c, "copy_bytes"))
+            state.append(State(x, y, kernel, str(c.attr_value()), write, copy))
+        elif c.accept("kernel"):
             kernels.append(_parse_kernel(c))
         elif c.accept("buffer"):
             bname = c.value()
@@ -288,7 +312,7 @@ def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:
                 raise c.fail("a view outside kernels")
             views.append(op)
     return Plan(name, target, tuple(inputs), tuple(weights), tuple(kernels), tuple(views),
-                tuple(outputs), tuple(buffers), tuple(rewrites), precision)
+                tuple(outputs), tuple(buffers), tuple(rewrites), precision, tuple(state))
 
 
 # ---------------------------------------------------------------- verifier

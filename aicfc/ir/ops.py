@@ -463,6 +463,7 @@ OPS.update({op.name: op for op in DATA_OPS})
 # Their int64 results (indices) are exact: sums and picks of 0/1 and of indices below 2**24
 # (lower_data.py); the type rules keep their data inputs float.
 RUNTIME_DTYPES.update({op: ("f32", "f16", "i64") for op in ("ArgMax", "ArgMin", "TopK")})
+RUNTIME_DTYPES["ScatterND"] = FLOATS   # the data and updates; the indices are integers by the type rule
 # Rotary position embeddings (issue 18): the exporter leaves cos/sin of the static positions'
 # angles as ops on constants (folded at compile time); at run time they are maps.
 OPS.update({op.name: op for op in [

@@ -103,3 +103,41 @@ DATA_OPS = [
     OpDef("ArgMin", (1, 1), _infer_arg, _arg("argmin"), ("axis", "keepdims", "select_last_index")),
     OpDef("TopK", (1, 1), _infer_topk, _topk, ("k", "axis", "largest", "part")),
 ]
+
+
+# ScatterND (issue 19: a static KV cache written at cache_position). `axes` names the data axes
+# the last dimension of the indices addresses, in order: ONNX's is (0, .., k-1); canonicalize
+# folds the exporter's transposes around an index_copy into other axes (passes/fold_scatter_axes.py).
+# The updates then hold, per index tuple, the slice of the remaining axes in increasing order.
+def _infer_scatter(t: list[TensorType], at: Attrs) -> TensorType:
+    data, ids, upd = t
+    axes = at["axes"]
+    rest = tuple(n for d, n in enumerate(data.shape) if d not in axes)
+    if (ids.dtype not in ("i64", "i32") or not ids.shape or ids.shape[-1] != len(axes) or not axes
+            or len(set(axes)) != len(axes) or not all(0 <= a < len(data.shape) for a in axes)
+            or upd.shape != ids.shape[:-1] + rest or upd.dtype != data.dtype):
+        raise OpTypeError(f"ScatterND of {list(data.shape)} ({data.dtype}) at axes {list(axes)} by indices "
+                          f"{list(ids.shape)} ({ids.dtype}) with updates {list(upd.shape)} ({upd.dtype})")
+    return data
+
+
+def _scatter(x: list[np.ndarray], at: Attrs) -> np.ndarray:
+    data, ids, upd = x
+    axes = at["axes"]
+    y = data.copy()
+    flat_ids = ids.reshape(-1, len(axes)).astype(np.int64)
+    rest = tuple(n for d, n in enumerate(data.shape) if d not in axes)
+    flat_upd = upd.reshape((flat_ids.shape[0],) + rest)
+    dims = np.asarray([data.shape[a] for a in axes])
+    if ((flat_ids < -dims) | (flat_ids >= dims)).any():
+        raise ValueError("ScatterND indices out of range")
+    flat_ids = np.where(flat_ids < 0, flat_ids + dims, flat_ids)
+    for u in range(flat_ids.shape[0]):
+        where = [slice(None)] * data.ndim
+        for a, v in zip(axes, flat_ids[u]):
+            where[a] = int(v)
+        y[tuple(where)] = flat_upd[u]
+    return y
+
+
+DATA_OPS.append(OpDef("ScatterND", (3, 3), _infer_scatter, _scatter, ("axes",)))

@@ -102,6 +102,9 @@ NOTES: dict[str, str] = {
     "Einsum": "one or two operands, sums, transposes and contractions (batched, ellipsis, implicit output) as "
               "Transpose/Reshape/MatMul (the GEMM family); diagonals and three or more operands refused",
     "Cos": "float; on constants (rotary tables of static positions) folded at compile time",
+    "ScatterND": "reduction none, float data, run-time or constant int64/int32 indices (negative ones wrap, "
+                 "out-of-range ones write nothing); an updated graph input that is a graph output is state "
+                 "(one device buffer, updated in place: only the indexed rows are written); other reductions refused",
     "Sin": "float; on constants (rotary tables of static positions) folded at compile time",
     # issue 18: normalization ops (frontend/import_norms.py)
     "RMSNormalization": "opset 23, any axis; one row pass (the mean square, as the exported RMSNorm); stash_type 1 only",

@@ -29,6 +29,7 @@ from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
 from aicfc.passes.cancel_views import VIEW_RULE, cancel_views
 from aicfc.passes import conv_as_matmul
+from aicfc.passes.fold_scatter_axes import fold_scatter_axes
 
 BN_FOLD_RULE = "Conv + BatchNormalization => Conv with folded weights"
 SCALE_RULE = "MatMul(x·c, y) => MatMul(x, y)·c"
@@ -105,8 +106,8 @@ def canonicalize(g: Graph) -> Graph:
             weights += new_weights
         else:
             out_nodes.append(n)
-    return cancel_views(g.replace(nodes=tuple(out_nodes), weights=tuple(weights),
-                                  outputs=tuple(rename.get(o, o) for o in g.outputs)))
+    return fold_scatter_axes(cancel_views(g.replace(nodes=tuple(out_nodes), weights=tuple(weights),
+                                                    outputs=tuple(rename.get(o, o) for o in g.outputs))))
 
 
 def _batch_norm(n: Node, ins: tuple[str, ...], nodes: list[Node], weights: list[Weight], wmap: dict[str, Weight],

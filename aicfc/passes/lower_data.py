@@ -121,7 +121,56 @@ def topk(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
     ]
 
 
+def scatter_nd(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    """y = x with the rows the indices name replaced by the updates, stated element-wise over y
+    (the functional form; `declare_state` runs it in place, over the updates only, where x is
+    state). With the indices viewed as ids[Q, k] and the updates as upd[Q, rest..]:
+
+        match(r0)  = and over j of eq(wrap(ids[r0, j]), i_{axes[j]})      (wrap: x + n if x < 0)
+        %y.hit     = max[Q] match            over the indexed axes (others of extent 1)
+        %y.val     = sum[Q] select(match, upd[r0, rest..], 0)
+        %y         = map select(%y.hit, %y.val, x)
+
+    An index outside its axis matches no element, so it writes nothing. Indices compare as
+    float32 values, exact below 2**24 (`check_extent`); duplicates (undefined in ONNX) sum."""
+    x, ids, upd = n.inputs
+    shape, axes = n.type.shape, n.attr["axes"]
+    rank, origin, y = len(shape), (n.origin,), n.output
+    for a in axes:
+        check_extent(n, shape[a])
+    k, q = len(axes), types[ids].shape[:-1]
+    count = int(np.prod(q, dtype=np.int64))
+    rest = tuple(m for d, m in enumerate(shape) if d not in axes)
+    ops: list[Op] = []
+    if types[ids].shape != (count, k):
+        ops.append(View(f"{y}.ids", TensorType(types[ids].dtype, (count, k)), ids, origin))
+        ids = f"{y}.ids"
+    if types[upd].shape != (count,) + rest:
+        ops.append(View(f"{y}.upd", TensorType(types[upd].dtype, (count,) + rest), upd, origin))
+        upd = f"{y}.upd"
+    terms: list[Expr] = []
+    for j, a in enumerate(axes):
+        v = Load(ids, (Affine.var("r0"), Affine.of({}, j)))
+        wrapped = Call("select", (Call("lt", (v, Const(0.0))), Call("add", (v, Const(float(shape[a])))), v))
+        iota = _iota(f"{y}.iota{a}", shape[a], made)
+        terms.append(Call("eq", (wrapped, Load(iota, (Affine.var(f"i{a}"),)))))
+    match = terms[0]
+    for t in terms[1:]:
+        match = Call("and", (match, t))
+    hit_shape = tuple(m if d in axes else 1 for d, m in enumerate(shape))
+    hit_at = tuple(Affine.var(f"i{d}") if d in axes else ZERO for d in range(rank))
+    upd_at = (Affine.var("r0"),) + tuple(Affine.var(f"i{d}") for d in range(rank) if d not in axes)
+    same = tuple(Affine.var(f"i{d}") for d in range(rank))
+    pick = Call("select", (Load(f"{y}.hit", hit_at), Load(f"{y}.val", same), Load(x, same)))
+    return ops + [
+        Compute(f"{y}.hit", TensorType("i32", hit_shape), "max", (count,), match, origin),
+        Compute(f"{y}.val", n.type, "sum", (count,), Call("select", (match, Load(upd, upd_at), Const(0.0))), origin),
+        Compute(y, n.type, "map", (), pick, origin),
+    ]
+
+
 DATA_LOWERINGS = {
+    "ScatterND": scatter_nd,
     "Pad": pad,
     "CumSum": cumsum,
     "ArgMax": arg_extreme,

@@ -17,6 +17,7 @@ from aicfc.passes.apply_precision import apply_precision
 from aicfc.passes.canonicalize import canonicalize
 from aicfc.passes.cse import cse
 from aicfc.passes.dce import dce
+from aicfc.passes.declare_state import declare_state
 from aicfc.passes.fold_constants import fold_constants
 from aicfc.passes.fold_guarded_moves import fold_guarded_moves
 from aicfc.passes.fold_views import fold_views
@@ -70,6 +71,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("interleave_gates", "lowered", "lowered", lambda p, o: interleave_gates(p)),
     Stage("rotary_epilogue", "lowered", "lowered", lambda p, o: fold_rotary(p, o.precision)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
+    Stage("declare_state", "decision", "decision", lambda p, o: declare_state(p)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
@@ -107,6 +109,9 @@ assert _ORDER.index("merge_contractions") < _ORDER.index("interleave_gates") < _
 # rotary_epilogue follows fold_guarded_moves (rotate_half's halves read from the QKV result) and
 # read_grouped_heads (the attention's reads of q, k and v resolved) and precedes form_kernels.
 assert _ORDER.index("read_grouped_heads") < _ORDER.index("rotary_epilogue") < _ORDER.index("form_kernels")
+# declare_state merges the kernels form_kernels made of a ScatterND's functional form, and must
+# precede plan_schedules (which plans the merged scatter kernel) and plan_memory (state buffers).
+assert _ORDER.index("form_kernels") < _ORDER.index("declare_state") < _ORDER.index("plan_schedules")
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {
     "high": verify_graph, "lowered": verify_program, "decision": verify_plan,

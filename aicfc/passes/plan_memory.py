@@ -19,11 +19,14 @@ g(h1), ... then lives in one buffer.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from aicfc.codegen.scratch import scratch
 from aicfc.ir.decision import Buffer, InPlace, Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, index_loads, indirect_dims, loads
 from aicfc.ir.properties import is_identity_access
 from aicfc.ir.types import TensorType, Weight
+from aicfc.planner.cost import scatter_bytes
 
 ALIGN = 256
 
@@ -125,9 +128,12 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
         s = span.setdefault(slot[name], [first, last])
         s[0], s[1] = min(s[0], first), max(s[1], last)
 
+    # State (passes/declare_state.py): each input/output pair is one buffer of the "state"
+    # region, which persists across runs; it takes no arena bytes.
+    stateful = {n for st in plan.state for n in (st.input, st.output)}
     placed: list[tuple[int, int, int, int]] = []   # (offset, size, first, last)
     offsets: dict[str, int] = {}
-    for name in sorted(span, key=lambda n: (-types[n].nbytes, n)):
+    for name in sorted((n for n in span if n not in stateful), key=lambda n: (-types[n].nbytes, n)):
         size = _align(max(1, types[name].nbytes))
         first, last = span[name]
         offset = 0
@@ -140,9 +146,18 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
             offset = _align(max(clash))
         placed.append((offset, size, first, last))
         offsets[name] = offset
-    offsets = {name: offsets[slot[name]] for name in live}
+    offsets = {name: offsets[slot[name]] for name in live if name not in stateful}
 
     buffers = [Buffer(n, types[n], "arena", offsets[n]) for n in sorted(offsets, key=lambda n: (offsets[n], n))]
+    # The state's bytes at the storage precision apply_precision chose after declare_state.
+    by_kernel = {k.name: k for k in plan.kernels}
+    plan = plan.replace(state=tuple(dataclasses.replace(
+        st, write_bytes=scatter_bytes(by_kernel[st.kernel], types),
+        copy_bytes=2 * types[st.output].nbytes + scatter_bytes(by_kernel[st.kernel], types)) for st in plan.state))
+    soff = 0
+    for st in plan.state:
+        buffers += [Buffer(st.input, types[st.input], "state", soff), Buffer(st.output, types[st.output], "state", soff)]
+        soff = _align(soff + types[st.output].nbytes)
     woff = 0
     for w in plan.weights:
         buffers.append(Buffer(w.name, w.type, "weights", woff))
@@ -168,6 +183,9 @@ def memory_summary(plan: Plan, graph_intermediate_bytes: int = 0) -> dict:
     return {
         "arena_bytes": max((b.offset + _align(b.type.nbytes) for b in arena), default=0),
         "weights_bytes": max((b.offset + _align(b.type.nbytes) for b in plan.buffers if b.region == "weights"), default=0),
+        "state_bytes": max((b.offset + _align(b.type.nbytes) for b in plan.buffers if b.region == "state"), default=0),
+        "state": [{"input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,
+                   "write_bytes": st.write_bytes, "copy_bytes": st.copy_bytes} for st in plan.state],
         "intermediate_bytes": sum(b.type.nbytes for b in arena if b.name not in io),
         "activation_bytes": sum(b.type.nbytes for b in arena),
         "graph_intermediate_bytes": graph_intermediate_bytes,

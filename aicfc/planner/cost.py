@@ -209,7 +209,30 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
         return _row_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "attention":
         return _attention_cost(k, p, blocks, threads, bps, types, hw)
+    if k.family == "scatter":
+        return _scatter_cost(k, p, blocks, threads, bps, types, hw)
     return _pointwise_cost(k, p, blocks, threads, bps, types, hw)
+
+
+def scatter_bytes(k: Kernel, types: Mapping) -> int:
+    """DRAM bytes of an in-place scatter (codegen/scatter.py): the rows it writes, the values it
+    reads for them (the update's operands, at most their whole size) and the ids; never the rest
+    of the state it updates."""
+    from aicfc.codegen import scatter
+    hit, val, y, ids = scatter.parts(k)
+    written = scatter.numel(k) * ITEMSIZE[types[y.out].dtype]
+    value = val.body.args[1] if isinstance(val.body, Call) else val.body   # select(match, value, 0)
+    operands = {ld.buffer for e in [value] + [e for e, _ in ids] for ld in loads(e) if ld.buffer not in k.outs}
+    return written + sum(min(types[b].nbytes, written) for b in operands)
+
+
+def _scatter_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,
+                  hw: Profile) -> Estimate:
+    from aicfc.codegen import scatter
+    n = scatter.numel(k)
+    issued = 2.0 * n * (8 + instructions(k.ops[1].body))
+    return _combine(hw, flops=float(n), issued=issued, dram=float(scatter_bytes(k, types)), l2=0.0, pipeline=0.0,
+                    blocks=blocks, threads=threads, bps=bps)
 
 
 # fp32 instructions per scalar function as CUDA's math library expands it on sm_90 (erff
