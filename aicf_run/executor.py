@@ -151,6 +151,7 @@ class Executor:
         self._closed = False
         self._thread = threading.get_ident()   # [Note: executor threads]
         self._maps: Any = None   # the tensor maps' device region (aicf_run.tensormap.upload)
+        self._state: Any = None  # the state region ([Note: state]), where the bundle has state
         self._graph: Graph | None = None
         self._uses_graph = graph
         self._events: tuple[Any, Any] | None = None
