@@ -121,7 +121,7 @@ def _batch_norm(n: Node, ins: tuple[str, ...], nodes: list[Node], weights: list[
             and all(i in wmap for i in conv.inputs[1:])):
         w = wmap[conv.inputs[1]].array().astype(np.float64)
         b = wmap[conv.inputs[2]].array().astype(np.float64) if len(conv.inputs) == 3 else np.zeros(w.shape[0])
-        new_w = Weight.of(f"{n.output}.w", (w * s.reshape(-1, 1, 1, 1)).astype(dt))
+        new_w = Weight.of(f"{n.output}.w", (w * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(dt))
         new_b = Weight.of(f"{n.output}.b", (b * s + t).astype(dt))
         weights += [new_w, new_b]
         wmap.update({new_w.name: new_w, new_b.name: new_b})
