@@ -61,6 +61,12 @@ def resize(x: tuple[int, ...], scales=None, sizes=None, **attrs) -> onnx.ModelPr
     return model([helper.make_node("Resize", ins, ["out"], name="resize_0", **attrs)], x, inits)
 
 
+def resize10(x: tuple[int, ...], scales, mode: str) -> onnx.ModelProto:
+    """Resize before opset 11: inputs X and scales; asymmetric coordinates, nearest rounds down."""
+    inits = {"scales": np.asarray(scales, np.float32)}
+    return model([helper.make_node("Resize", ["in0", "scales"], ["out"], name="resize_0", mode=mode)], x, inits, 10)
+
+
 def window(op: str, x: tuple[int, ...], opset: int = OPSET, **attrs) -> onnx.ModelProto:
     return model([helper.make_node(op, ["in0"], ["out"], name=f"{op.lower()}_0", **attrs)], x, {}, opset)
 
@@ -125,6 +131,8 @@ CASES = {
                                                               coordinate_transformation_mode="pytorch_half_pixel"),
     "resize_cubic_x2": lambda: resize((1, 2, 5, 6), scales=[1, 1, 2, 1.5], mode="cubic"),
     "resize_linear_1d": lambda: resize((2, 3, 7), scales=[1, 1, 2.5], mode="linear"),
+    "resize_opset10_nearest": lambda: resize10((1, 2, 3, 5), [1, 1, 2, 1.5], "nearest"),
+    "resize_opset10_linear": lambda: resize10((1, 2, 3, 5), [1, 1, 2, 3], "linear"),
     "resize_nearest_3d": lambda: resize((1, 2, 3, 4, 5), scales=[1, 1, 2, 2, 2], mode="nearest",
                                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
 }
@@ -132,7 +140,7 @@ FAMILIES = {
     "conv1d_k3_p1": ["conv"], "conv1d_stack_gelu": ["conv", "conv"], "conv3d_p1": ["conv"],
     "conv3d_depthwise": ["window"], "maxpool3d": ["window"], "convT2d_k2_s2": ["pointwise", "conv"],
     "convT2d_dilated_s1": ["conv"], "resize_bilinear_half_pixel_x2": ["pointwise"],
-    "resize_nearest_3d": ["pointwise"], "resize_cubic_x2": ["pointwise"],
+    "resize_nearest_3d": ["pointwise"], "resize_cubic_x2": ["pointwise"], "conv1d_pointwise": ["gemm"],
 }
 
 
@@ -200,6 +208,7 @@ def test_resize_tables_match_the_reference_formulas():
                     coordinate_transformation_mode="tf_crop_and_resize"), "tf_crop_and_resize"),
     (lambda: resize((1, 1, 4, 4), scales=[1, 1, 0.5, 0.5], mode="linear", antialias=1), "antialias"),
     (lambda: resize((1, 1, 4, 4), scales=[1, 1, 2, 2], mode="area"), "mode 'area'"),
+    (lambda: resize((1, 2, 3, 4, 5), scales=[1, 2, 2, 2, 2], mode="cubic"), "256 inputs per output"),
     (lambda: window("MaxPool", (1, 1, 2, 3, 4, 5), kernel_shape=[2, 2, 2, 2]), "rank-6"),
     (lambda: B.conv_model((1, 2, 3, 3, 3, 3), (2, 2, 1, 1, 1, 1)), "rank-6"),
     (lambda: conv_t((1, 2, 3, 3, 3, 3), (2, 2, 1, 1, 1, 1)), "rank-6"),
@@ -257,3 +266,14 @@ def test_gpu_matches_float64(case, precision, gpu_device):
     for name, r in ref.items():
         err = rel_err(got[name], r)
         assert err <= GPU_RTOL[precision], f"{case} {precision}: {name} rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("case", ["resize_bilinear_align_corners", "resize_cubic_x2", "convT2d_k4_s2_p1_groups",
+                                  "conv3d_groups_s2_bn", "avgpool3d_pads"])
+def test_ir_text_parses_back(case):
+    from aicfc.ir.high import parse_graph
+    from aicfc.ir.lowered import parse_program
+    st = stages(CASES[case]())
+    graph, lowered = st["import"], st["lower"]
+    assert parse_graph(str(graph), {w.name: w.data for w in graph.weights}) == graph
+    assert parse_program(str(lowered), {w.name: w.data for w in lowered.weights}) == lowered

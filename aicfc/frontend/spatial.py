@@ -24,14 +24,18 @@ or sizes are refused by name.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from aicfc.errors import AicfError
-from aicfc.ir.resize import COORDINATE_MODES, MODES, NEAREST_MODES
+from aicfc.ir.resize import COORDINATE_MODES, MODES, NEAREST_MODES, axis_tables
 from aicfc.ir.types import TensorType, Weight
 
 Step = tuple[str, list[str], str, dict]
 REWRITTEN = {"ConvTranspose"}
+# A Resize output is one map summing a term per combination of taps (4^3 for a 3-D cubic).
+MAX_TERMS = 64
 
 
 def _text(at: dict, key: str, default: str) -> str:
@@ -215,9 +219,14 @@ def resize_attrs(at: dict, args: list[str], types: dict[str, TensorType], weight
                             "not_larger, not_smaller")
     if any(m < 1 for m in out):
         raise AicfError(f"node {origin!r}: Resize to {out} gives an empty tensor")
-    return {"mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": nearest,
+    attrs = {"mode": mode, "coordinate_transformation_mode": coord, "nearest_mode": nearest,
             "cubic_coeff_a": float(at.get("cubic_coeff_a", -0.75)), "exclude_outside": int(at.get("exclude_outside", 0)),
             "scales": tuple(scales), "shape": tuple(out)}
+    terms = math.prod(idx.shape[1] for idx, _ in axis_tables(shape, attrs).values())
+    if terms > MAX_TERMS:
+        raise AicfError(f"node {origin!r}: Resize {mode} over {len(axis_tables(shape, attrs))} axes reads {terms} "
+                        f"inputs per output; at most {MAX_TERMS} are supported")
+    return attrs
 
 
 def expand(op: str, origin: str, at: dict, args: list[str], types: dict[str, TensorType],
