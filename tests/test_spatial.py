@@ -171,6 +171,9 @@ def test_conv_transpose_is_a_conv_of_the_zero_inserted_input():
     flipped = next(w for w in graph.weights if w.name == conv.inputs[1]).array()
     original = numpy_helper.to_array(CASES["convT2d_k3_s2_p1_op1"]().graph.initializer[0])
     assert np.array_equal(flipped, original.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
+    from aicfc.frontend.spatial import CONV_TRANSPOSE_RULE
+    rewrites = stages(CASES["convT2d_k3_s2_p1_op1"]())["lower"].rewrites
+    assert any(r.rule == CONV_TRANSPOSE_RULE and r.applied for r in rewrites)
 
 
 def test_resize_reads_through_index_tables():

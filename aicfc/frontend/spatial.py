@@ -34,6 +34,13 @@ from aicfc.ir.types import TensorType, Weight
 
 Step = tuple[str, list[str], str, dict]
 REWRITTEN = {"ConvTranspose"}
+# The Conv written for a ConvTranspose carries attribute rule=CONV_TRANSPOSE_RULE (`lower` records
+# the rewrite with this reason; canonicalize.CANON_REASONS holds it).
+CONV_TRANSPOSE_RULE = "ConvTranspose => Conv(zero-inserted input, flipped filter)"
+CONV_TRANSPOSE_REASON = ("each output of a transposed convolution sums the inputs whose taps reach it: a stride-1 "
+                         "convolution of the input with s-1 zeros inserted after each element, padded by "
+                         "(k-1)·d - pad, with the filter flipped and its channel axes swapped per group; the "
+                         "implicit GEMM also multiplies the inserted zeros (s^D times the useful multiply-adds)")
 # A Resize output is one map summing a term per combination of taps (4^3 for a 3-D cubic).
 MAX_TERMS = 64
 
@@ -127,7 +134,7 @@ def conv_transpose(origin: str, at: dict, args: list[str], types: dict[str, Tens
         add("Pad", {"pads": (0, 0) + tuple(borders[:nd]) + (0, 0) + tuple(borders[nd:]), "value": 0.0}, padded)
     filt = _filter(origin, w, ws, g, weights, types, steps)
     conv = {"kernel_shape": tuple(ks), "strides": (1,) * nd, "dilations": tuple(ds), "pads": (0,) * (2 * nd),
-            "group": g}
+            "group": g, "rule": CONV_TRANSPOSE_RULE}
     steps.append(("Conv", [cur, filt] + args[2:3], out, conv))
     return steps
 

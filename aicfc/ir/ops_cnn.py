@@ -170,7 +170,8 @@ def _lrn(x: list[np.ndarray], at: Attrs) -> np.ndarray:
 
 
 CNN_OPS = [
-    OpDef("Conv", (2, 3), _infer_conv, _conv, ("dilations", "folded", "group", "kernel_shape", "pads", "strides")),
+    OpDef("Conv", (2, 3), _infer_conv, _conv, ("dilations", "folded", "group", "kernel_shape", "pads", "rule",
+                                                "strides")),
     OpDef("BatchNormalization", (5, 5), _infer_batch_norm, _batch_norm, ("epsilon",)),
     OpDef("MaxPool", (1, 1), _infer_pool, lambda x, at: _pool(x, at, "max"),
           ("ceil_mode", "dilations", "kernel_shape", "pads", "strides")),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aicfc.frontend.spatial import CONV_TRANSPOSE_REASON, CONV_TRANSPOSE_RULE
 from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
@@ -39,6 +40,7 @@ CANON_REASONS = {
     VIEW_RULE: "the reshape only merged runs of dimensions, which the transpose permuted whole: it is a transpose "
                "of the source (a pure access) followed by the merge",
     conv_as_matmul.POINTWISE_CONV_RULE: conv_as_matmul.POINTWISE_CONV_REASON,
+    CONV_TRANSPOSE_RULE: CONV_TRANSPOSE_REASON,
 }
 
 

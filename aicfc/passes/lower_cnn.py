@@ -9,6 +9,7 @@ reaches into the padding (zeros for sums, -inf for a max):
                                           load(%w, [i1, r0, r1, r2]))
     %y: f32[1,8,5,5] = map add(load(%y.acc, [i0, i1, i2, i3]), load(%b, [i1]))
 
+A 1-D or 3-D op is the same with one tap variable per spatial axis (kernel_shape's length).
 The conv is a contraction over (c, kh, kw): implicit GEMM with M = (n, oh, ow), N = the output
 channel, K = (c, kh, kw) (`properties.implicit_gemm`). A grouped conv whose groups hold several
 output channels computes [N, G, M/G, OH, OW] (the group a batch variable, every access affine)
@@ -51,7 +52,8 @@ def _extents(out_shape: tuple[int, ...], reduce: tuple[int, ...]) -> dict[str, i
 
 
 def conv(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
-    """Any number of spatial axes (1-D and 3-D as 2-D): one tap variable per axis after r0 = c."""
+    """1, 2 or 3 spatial axes alike: one output variable and one tap variable (after r0, the
+    input channel) per spatial axis; no view to a unit height is needed."""
     at, y, origin = n.attr, n.output, (n.origin,)
     x, w = n.inputs[0], n.inputs[1]
     xs, ws = types[x].shape, types[w].shape
