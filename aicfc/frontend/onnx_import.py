@@ -434,7 +434,8 @@ WINDOW_OPS = {"Conv", "MaxPool", "AveragePool", "LRN", "BatchNormalization", "Cl
 
 def _window_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
                   weights: dict[str, Weight], origin: str) -> dict:
-    """Defaults filled in; `auto_pad` resolved into explicit (top, left, bottom, right) pads;
+    """Defaults filled in; `auto_pad` resolved into explicit pads (begin.., end.., one of each per
+    spatial axis: 1 to 3 of them);
     Clip's bounds (inputs since opset 11, attributes before) as constant attributes."""
     if op == "BatchNormalization":
         if at.get("training_mode", 0):
