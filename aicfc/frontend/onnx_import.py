@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_elementwise import ELEMENTWISE_ATTR_OPS, elementwise_attrs
-from aicfc.frontend import import_norms, import_rewrites
+from aicfc.frontend import import_norms, import_rewrites, spatial
 from aicfc.ir.high import Graph, Node, make_attrs, verify_graph
 from aicfc.ir.ops import COMPARISONS, FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
 from aicf_run.weights import FileSlice
@@ -391,6 +391,8 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         return _reduce_attrs(op, at, args, types, weights, origin)
     if op in WINDOW_OPS:
         return _window_attrs(op, at, args, types, weights, origin)
+    if op == "Resize":
+        return spatial.resize_attrs(at, args, types, weights, opset, origin)
     if op in ("Pad", "CumSum", "ArgMax", "ArgMin"):
         return import_rewrites.data_attrs(op, at, args, types, weights, origin)
     if op == "GatherElements":
@@ -476,7 +478,8 @@ WINDOW_OPS = {"Conv", "MaxPool", "AveragePool", "LRN", "BatchNormalization", "Cl
 
 def _window_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
                   weights: dict[str, Weight], origin: str) -> dict:
-    """Defaults filled in; `auto_pad` resolved into explicit (top, left, bottom, right) pads;
+    """Defaults filled in; `auto_pad` resolved into explicit pads (begin.., end.., one of each per
+    spatial axis: 1 to 3 of them);
     Clip's bounds (inputs since opset 11, attributes before) as constant attributes."""
     if op == "BatchNormalization":
         if at.get("training_mode", 0):
@@ -498,28 +501,34 @@ def _window_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorTyp
     if op in ("GlobalAveragePool", "Sum"):
         return {}
     x = types[args[0]].shape
-    if len(x) != 4:
-        raise AicfError(f"node {origin!r}: {op} of a rank-{len(x)} input; only 2-D (NCHW) inputs are supported")
+    nd = len(x) - 2
+    if not 1 <= nd <= 3:
+        raise AicfError(f"node {origin!r}: {op} of a rank-{len(x)} input; 1-D, 2-D and 3-D inputs (rank 3 to 5) "
+                        "are supported")
     kernel = tuple(int(k) for k in at.get("kernel_shape", types[args[1]].shape[2:] if op == "Conv" else ()))
-    if len(kernel) != 2:
-        raise AicfError(f"node {origin!r}: {op} needs a 2-D kernel_shape, got {list(kernel)}")
-    strides = tuple(int(s) for s in at.get("strides", (1, 1)))
-    dilations = tuple(int(d) for d in at.get("dilations", (1, 1)))
-    if op == "AveragePool" and dilations != (1, 1):
-        raise AicfError(f"node {origin!r}: AveragePool with dilations {list(dilations)} is not supported")
+    if len(kernel) != nd:
+        raise AicfError(f"node {origin!r}: {op} of a rank-{len(x)} input needs a {nd}-D kernel_shape, "
+                        f"got {list(kernel)}")
+    strides = tuple(int(s) for s in at.get("strides", (1,) * nd))
+    dilations = tuple(int(d) for d in at.get("dilations", (1,) * nd))
+    if len(strides) != nd or len(dilations) != nd:
+        raise AicfError(f"node {origin!r}: {op} strides {list(strides)} / dilations {list(dilations)} do not have "
+                        f"{nd} entries")
     auto = at.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else str(auto)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        pads = [0, 0, 0, 0]
-        for axis in range(2):
+        pads = [0] * (2 * nd)
+        for axis in range(nd):
             out = -(-x[2 + axis] // strides[axis])
             total = max(0, (out - 1) * strides[axis] + (kernel[axis] - 1) * dilations[axis] + 1 - x[2 + axis])
             begin = total // 2 if auto == "SAME_UPPER" else total - total // 2
-            pads[axis], pads[axis + 2] = begin, total - begin
+            pads[axis], pads[axis + nd] = begin, total - begin
     elif auto == "VALID":
-        pads = [0, 0, 0, 0]
+        pads = [0] * (2 * nd)
     elif auto == "NOTSET":
-        pads = [int(p) for p in at.get("pads", (0, 0, 0, 0))]
+        pads = [int(p) for p in at.get("pads", (0,) * (2 * nd))]
+        if len(pads) != 2 * nd:
+            raise AicfError(f"node {origin!r}: {op} pads {pads} do not have {2 * nd} entries")
     else:
         raise AicfError(f"node {origin!r}: {op} auto_pad {auto!r} is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID")
     out = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "pads": tuple(pads)}
@@ -551,6 +560,8 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
     if steps is not None:
         return steps
     steps = import_rewrites.expand(n, at, args, types, weights, origin)
+    if steps is None:
+        steps = spatial.expand(n.op_type, origin, at, args, types, weights, n.output[0])
     if steps is not None:
         return steps
     if n.op_type in import_rewrites.REDUCES:
@@ -559,7 +570,7 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
             return merged
     if n.op_type != "Split":
         # Clip's and Slice's optional inputs are told apart by position: they see the empty ones too.
-        positional = list(n.input) if n.op_type in ("Clip", "Slice", "Dropout", "Pad") else args
+        positional = list(n.input) if n.op_type in ("Clip", "Slice", "Dropout", "Pad", "Resize") else args
         attrs = _normalize_attrs(n.op_type, at, positional, types, weights, opset, origin)
         keep = args[:CONSTANT_INPUTS[n.op_type]] if n.op_type in CONSTANT_INPUTS else args
         return [(n.op_type, keep, n.output[0], attrs)]
@@ -794,3 +805,8 @@ IMPORT_ONLY = IMPORT_ONLY | import_rewrites.REWRITTEN
 # are rewritten into it, LayerNormalization, Adds and an affine map.
 IMPORT_ONLY = IMPORT_ONLY | import_norms.REWRITTEN
 CONSTANT_INPUTS.update({op: 1 for op in ("Pad", "CumSum", "TopK", "ReduceMin", "ReduceProd", "ReduceL2")})
+
+# ---------------------------------------------------------------- issue 18 spatial ops
+# ConvTranspose is rewritten at import into a Conv (`frontend/spatial.py`); Resize keeps only X.
+IMPORT_ONLY = IMPORT_ONLY | spatial.REWRITTEN
+CONSTANT_INPUTS["Resize"] = 1

@@ -1,17 +1,23 @@
 """High IR rows of the convolutional ops: Conv, BatchNormalization, the pools, LRN, Clip, Sum.
 
 `aicfc.ir.ops` appends these rows to its table (import it, not this module, first). Their
-attributes arrive normalized by the importer: `pads` is explicit (auto_pad resolved) as
-(top, left, bottom, right), `strides`, `dilations` and `kernel_shape` are 2-tuples, `group`
-an int. Only 2-D spatial ops (NCHW inputs) are accepted. The numpy meanings below are the
-reference the interpreters are checked against; they pad explicitly and sum window taps.
+attributes arrive normalized by the importer: `pads` is explicit (auto_pad resolved) as ONNX
+writes it, (begin.., end..) with one of each per spatial axis, `strides`, `dilations` and
+`kernel_shape` one entry per spatial axis, `group` an int. The window ops take 1, 2 or 3
+spatial axes (NCL, NCHW, NCDHW): each is a reduction over its taps whose accesses are affine
+in any number of axes, so lowering and both schedule families (`conv`'s implicit GEMM splits a
+flat m or k into however many variables it has; `window` loops over every tap axis) take 1-D
+and 3-D natively, with no view to a unit height. The numpy meanings below are the reference
+the interpreters are checked against; they pad explicitly and sum window taps.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 
+from aicfc.ir import resize
 from aicfc.ir.ops import Attrs, OpDef, OpTypeError, _broadcast, _same_float
 from aicfc.ir.types import TensorType
 
@@ -29,19 +35,20 @@ def pool_extent(n: int, k: int, stride: int, dilation: int, pad_begin: int, pad_
     return out
 
 
-def _spatial(x: tuple[int, ...], at: Attrs, ceil: bool = False) -> tuple[int, int]:
-    if len(x) != 4:
-        raise OpTypeError(f"only 2-D (NCHW) inputs are supported, got rank {len(x)}")
-    (kh, kw), (sh, sw), (dh, dw) = at["kernel_shape"], at["strides"], at["dilations"]
-    top, left, bottom, right = at["pads"]
-    return (pool_extent(x[2], kh, sh, dh, top, bottom, ceil), pool_extent(x[3], kw, sw, dw, left, right, ceil))
+def _spatial(x: tuple[int, ...], at: Attrs, ceil: bool = False) -> tuple[int, ...]:
+    nd = len(at["kernel_shape"])
+    if len(x) != nd + 2 or not 1 <= nd <= 3:
+        raise OpTypeError(f"a {nd}-D window needs a rank-{nd + 2} input (1 to 3 spatial axes), got rank {len(x)}")
+    pads = at["pads"]
+    return tuple(pool_extent(x[2 + a], at["kernel_shape"][a], at["strides"][a], at["dilations"][a], pads[a],
+                             pads[a + nd], ceil) for a in range(nd))
 
 
 def _infer_conv(t: list[TensorType], at: Attrs) -> TensorType:
     dtype = _same_float(t)
     x, w = t[0].shape, t[1].shape
     g = at["group"]
-    if len(w) != 4 or x[1:2] != (w[1] * g,) or w[0] % g:
+    if len(w) != len(x) or x[1:2] != (w[1] * g,) or w[0] % g:
         raise OpTypeError(f"Conv weight {list(w)} does not fit input {list(x)} with group {g}")
     if tuple(w[2:]) != tuple(at["kernel_shape"]):
         raise OpTypeError(f"Conv kernel_shape {list(at['kernel_shape'])} differs from the weight's {list(w[2:])}")
@@ -60,6 +67,12 @@ def _infer_global_pool(t: list[TensorType], _: Attrs) -> TensorType:
     if len(x) < 3:
         raise OpTypeError(f"GlobalAveragePool needs a spatial input, got rank {len(x)}")
     return TensorType(_same_float(t), x[:2] + (1,) * (len(x) - 2))
+
+
+def _infer_resize(t: list[TensorType], at: Attrs) -> TensorType:
+    if len(at["shape"]) != len(t[0].shape) or len(at["scales"]) != len(t[0].shape):
+        raise OpTypeError(f"Resize to {list(at['shape'])} does not fit an input of rank {len(t[0].shape)}")
+    return TensorType(_same_float(t), tuple(at["shape"]))
 
 
 def _infer_batch_norm(t: list[TensorType], _: Attrs) -> TensorType:
@@ -89,19 +102,17 @@ def _infer_sum(t: list[TensorType], _: Attrs) -> TensorType:
 # ---------------------------------------------------------------- numpy meanings
 
 
-def windows(x: np.ndarray, at: Attrs, out_hw: tuple[int, int], fill: float):
-    """(kh, kw, tap) for every kernel tap: tap[n, c, oh, ow] = x[n, c, oh·s + kh·d - pad_top, ...],
-    `fill` outside the input."""
-    (kh_n, kw_n), (sh, sw), (dh, dw) = at["kernel_shape"], at["strides"], at["dilations"]
-    top, left = at["pads"][0], at["pads"][1]
-    oh, ow = out_hw
-    h_need = (oh - 1) * sh + (kh_n - 1) * dh + 1
-    w_need = (ow - 1) * sw + (kw_n - 1) * dw + 1
-    xp = np.full(x.shape[:2] + (max(h_need, top + x.shape[2]), max(w_need, left + x.shape[3])), fill, dtype=x.dtype)
-    xp[:, :, top:top + x.shape[2], left:left + x.shape[3]] = x
-    for kh in range(kh_n):
-        for kw in range(kw_n):
-            yield kh, kw, xp[:, :, kh * dh: kh * dh + (oh - 1) * sh + 1: sh, kw * dw: kw * dw + (ow - 1) * sw + 1: sw]
+def windows(x: np.ndarray, at: Attrs, out_sp: tuple[int, ...], fill: float):
+    """(taps, tap) for every kernel tap (one index per spatial axis):
+    tap[n, c, o..] = x[n, c, o·s + k·d - pad_begin, ..], `fill` outside the input."""
+    nd = len(out_sp)
+    ks, ss, ds, pads = at["kernel_shape"], at["strides"], at["dilations"], at["pads"]
+    need = [max((o - 1) * s + (k - 1) * d + 1, p + n) for o, s, k, d, p, n in zip(out_sp, ss, ks, ds, pads, x.shape[2:])]
+    xp = np.full(x.shape[:2] + tuple(need), fill, dtype=x.dtype)
+    xp[(slice(None), slice(None)) + tuple(slice(p, p + n) for p, n in zip(pads[:nd], x.shape[2:]))] = x
+    for taps in itertools.product(*(range(k) for k in ks)):
+        yield taps, xp[(slice(None), slice(None)) + tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+                                                          for t, d, o, s in zip(taps, ds, out_sp, ss))]
 
 
 def _conv(x: list[np.ndarray], at: Attrs) -> np.ndarray:
@@ -109,37 +120,38 @@ def _conv(x: list[np.ndarray], at: Attrs) -> np.ndarray:
     g = at["group"]
     n, c = inp.shape[:2]
     m = w.shape[0]
-    oh, ow = _spatial(inp.shape, at)
-    out = np.zeros((n, g, m // g, oh, ow), dtype=inp.dtype)
+    osp = _spatial(inp.shape, at)
+    out = np.zeros((n, g, m // g) + osp, dtype=inp.dtype)
     wg = w.reshape(g, m // g, c // g, *w.shape[2:])
-    for kh, kw, tap in windows(inp, at, (oh, ow), 0.0):
-        out += np.einsum("ngchw,gmc->ngmhw", tap.reshape(n, g, c // g, oh, ow), wg[..., kh, kw])
-    out = out.reshape(n, m, oh, ow)
+    for taps, tap in windows(inp, at, osp, 0.0):
+        out += np.einsum("ngc...,gmc->ngm...", tap.reshape((n, g, c // g) + osp), wg[(Ellipsis,) + taps])
+    out = out.reshape((n, m) + osp)
     if len(x) == 3:
-        out = out + x[2].reshape(1, m, 1, 1)
+        out = out + x[2].reshape((1, m) + (1,) * len(osp))
     return out.astype(inp.dtype)
 
 
-def pool_counts(x_hw: tuple[int, int], at: Attrs, out_hw: tuple[int, int], include_pad: bool) -> np.ndarray:
-    """[OH, OW]: how many taps of each window an average divides by. Taps in the explicit pads
+def pool_counts(x_sp: tuple[int, ...], at: Attrs, out_sp: tuple[int, ...], include_pad: bool) -> np.ndarray:
+    """[O..]: how many taps of each window an average divides by. Taps in the explicit pads
     count under count_include_pad; taps past them (ceil_mode's overhang) never do."""
-    counts = []
-    for axis in range(2):
+    nd = len(out_sp)
+    total = np.ones((), dtype=np.int64)
+    for axis in range(nd):
         k, s, d = at["kernel_shape"][axis], at["strides"][axis], at["dilations"][axis]
-        lo, hi = (-at["pads"][axis], x_hw[axis] + at["pads"][axis + 2]) if include_pad else (0, x_hw[axis])
-        start = np.arange(out_hw[axis]) * s - at["pads"][axis]
+        lo, hi = (-at["pads"][axis], x_sp[axis] + at["pads"][axis + nd]) if include_pad else (0, x_sp[axis])
+        start = np.arange(out_sp[axis]) * s - at["pads"][axis]
         taps = start[:, None] + d * np.arange(k)[None, :]
-        counts.append(((taps >= lo) & (taps < hi)).sum(axis=1))
-    return np.outer(counts[0], counts[1])
+        total = np.multiply.outer(total, ((taps >= lo) & (taps < hi)).sum(axis=1))
+    return total
 
 
 def _pool(x: list[np.ndarray], at: Attrs, kind: str) -> np.ndarray:
     inp = x[0]
-    oh, ow = _spatial(inp.shape, at, bool(at["ceil_mode"]))
-    taps = [tap for _, _, tap in windows(inp, at, (oh, ow), -np.inf if kind == "max" else 0.0)]
+    osp = _spatial(inp.shape, at, bool(at["ceil_mode"]))
+    taps = [tap for _, tap in windows(inp, at, osp, -np.inf if kind == "max" else 0.0)]
     if kind == "max":
         return np.max(taps, axis=0).astype(inp.dtype)
-    counts = pool_counts(inp.shape[2:], at, (oh, ow), bool(at["count_include_pad"]))
+    counts = pool_counts(inp.shape[2:], at, osp, bool(at["count_include_pad"]))
     return (np.sum(taps, axis=0) / counts).astype(inp.dtype)
 
 
@@ -158,7 +170,8 @@ def _lrn(x: list[np.ndarray], at: Attrs) -> np.ndarray:
 
 
 CNN_OPS = [
-    OpDef("Conv", (2, 3), _infer_conv, _conv, ("dilations", "folded", "group", "kernel_shape", "pads", "strides")),
+    OpDef("Conv", (2, 3), _infer_conv, _conv, ("dilations", "folded", "group", "kernel_shape", "pads", "rule",
+                                                "strides")),
     OpDef("BatchNormalization", (5, 5), _infer_batch_norm, _batch_norm, ("epsilon",)),
     OpDef("MaxPool", (1, 1), _infer_pool, lambda x, at: _pool(x, at, "max"),
           ("ceil_mode", "dilations", "kernel_shape", "pads", "strides")),
@@ -167,6 +180,11 @@ CNN_OPS = [
     OpDef("GlobalAveragePool", (1, 1), _infer_global_pool,
           lambda x, _: x[0].mean(axis=tuple(range(2, x[0].ndim)), keepdims=True).astype(x[0].dtype)),
     OpDef("LRN", (1, 1), _infer_lrn, _lrn, ("alpha", "beta", "bias", "size")),
+    # Resize's scales/sizes/axes are constants resolved by the importer into the output shape
+    # and the per-axis scale of the coordinate transform (`aicfc.ir.resize`).
+    OpDef("Resize", (1, 1), _infer_resize, lambda x, at: resize.evaluate(x[0], at),
+          ("coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside", "mode", "nearest_mode", "scales",
+           "shape")),
     # Clip's bounds are constants, moved into attributes by the importer (±inf when absent).
     OpDef("Clip", (1, 1), _infer_same, lambda x, at: np.clip(x[0], at["min"], at["max"]).astype(x[0].dtype),
           ("max", "min")),

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 NOTES: dict[str, str] = {
     "Add": "numpy broadcasting; integer arithmetic only on constants (folded)",
-    "AveragePool": "2-D; kernel, strides, pads, ceil_mode, count_include_pad",
+    "AveragePool": "1-D, 2-D, 3-D; kernel, strides, pads, dilations, auto_pad, ceil_mode, count_include_pad",
     "BatchNormalization": "inference; folded into a preceding Conv, else a per-channel affine map",
     "Cast": "between float32, float16, float64, int64, int32 and bool",
     "Clip": "constant min/max; fused as a GEMM/conv epilogue",
     "Concat": "any axis, run-time or constant inputs: one element-wise map of guarded loads (folded on constants)",
     "Constant": "any value; folded",
     "ConstantOfShape": "folded at compile time",
-    "Conv": "2-D implicit GEMM (tensor cores at fp16/bf16): groups, depthwise, stride, dilation, pads, "
+    "Conv": "1-D, 2-D, 3-D implicit GEMM (tensor cores at fp16/bf16): groups, depthwise, stride, dilation, pads, "
             "auto_pad; bias and activation fused",
     "Div": "numpy broadcasting; integer division only on constants (truncates toward zero)",
     "Dropout": "inference (identity); training mode refused",
@@ -29,7 +29,7 @@ NOTES: dict[str, str] = {
     "Gather": "any axis, indices of any rank from a run-time int64/int32 input or a constant (embeddings); "
               "negative ids wrap, out-of-range ids are clamped",
     "Gemm": "transA, transB, alpha, beta; bias full, broadcast or absent",
-    "GlobalAveragePool": "a row reduction",
+    "GlobalAveragePool": "any rank >= 3; a row reduction",
     "Identity": "",
     "LRN": "",
     "LayerNormalization": "any axis; Y in one row pass; the Mean/InvStdDev outputs too (computed apart; of float32 "
@@ -37,7 +37,7 @@ NOTES: dict[str, str] = {
     "Log": "",
     "MatMul": "2-D, batched, broadcast batch dimensions, 1-D operands",
     "Max": "any number of float inputs, broadcasting",
-    "MaxPool": "2-D; kernel, strides, pads, dilations, ceil_mode; the Indices output refused",
+    "MaxPool": "1-D, 2-D, 3-D; kernel, strides, pads, dilations, ceil_mode; the Indices output refused",
     "Min": "any number of float inputs, broadcasting",
     "Mul": "numpy broadcasting",
     "Neg": "",
@@ -117,6 +117,14 @@ NOTES: dict[str, str] = {
     "InstanceNormalization": "rank 3 or more: a row pass over each (n, channel) with the per-channel affine in it",
     "GroupNormalization": "opset 18 (scale/bias per group) and 21 (per channel): a row pass over each (n, group), "
                           "the affine map fused where its access is affine; stash_type 1 only",
+    # issue 18: spatial ops of U-Nets, audio front ends and 3-D models
+    "ConvTranspose": "1-D, 2-D, 3-D; strides, pads, output_padding, output_shape, auto_pad, dilations, groups: a "
+                     "stride-1 Conv over the zero-inserted input (the implicit GEMM also multiplies the s^D-1 "
+                     "inserted zeros of each input element)",
+    "Resize": "nearest (round_prefer_floor/ceil, floor, ceil), linear and cubic (exclude_outside) over any axes; "
+              "half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric; constant scales or "
+              "sizes (axes, keep_aspect_ratio_policy): one map of table-indexed reads; tf_crop_and_resize and "
+              "antialias refused",
 }
 
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"

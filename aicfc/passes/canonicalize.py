@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aicfc.frontend.spatial import CONV_TRANSPOSE_REASON, CONV_TRANSPOSE_RULE
 from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
@@ -40,6 +41,7 @@ CANON_REASONS = {
     VIEW_RULE: "the reshape only merged runs of dimensions, which the transpose permuted whole: it is a transpose "
                "of the source (a pure access) followed by the merge",
     conv_as_matmul.POINTWISE_CONV_RULE: conv_as_matmul.POINTWISE_CONV_REASON,
+    CONV_TRANSPOSE_RULE: CONV_TRANSPOSE_REASON,
 }
 
 
@@ -122,7 +124,7 @@ def _batch_norm(n: Node, ins: tuple[str, ...], nodes: list[Node], weights: list[
             and all(i in wmap for i in conv.inputs[1:])):
         w = wmap[conv.inputs[1]].array().astype(np.float64)
         b = wmap[conv.inputs[2]].array().astype(np.float64) if len(conv.inputs) == 3 else np.zeros(w.shape[0])
-        new_w = Weight.of(f"{n.output}.w", (w * s.reshape(-1, 1, 1, 1)).astype(dt))
+        new_w = Weight.of(f"{n.output}.w", (w * s.reshape((-1,) + (1,) * (w.ndim - 1))).astype(dt))
         new_b = Weight.of(f"{n.output}.b", (b * s + t).astype(dt))
         weights += [new_w, new_b]
         wmap.update({new_w.name: new_w, new_b.name: new_b})

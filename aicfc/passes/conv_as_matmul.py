@@ -2,7 +2,7 @@
 
 A Conv whose kernel is 1x1, with unit strides, no padding and one group, reads input channel c
 at the output's own spatial position: y[n, m, p] = sum_c w[m, c] · x[n, c, p] over the
-flattened positions p = h·W + w. That is MatMul(w[M, C], x[N, C, H·W]) with the weight
+flattened positions p = h·W + w (any number of spatial axes: 1-D and 3-D alike). That is MatMul(w[M, C], x[N, C, H·W]) with the weight
 broadcast over the batch, so the GEMM families (and on sm_90 the Hopper engine) take it, with
 the bias, the folded BatchNormalization, the activation and the residual add as its epilogue
 exactly as for a transformer's projections. The property is `pointwise_window` (every window
@@ -20,6 +20,8 @@ not one matrix. Channel-last layouts are the layout decision's to make, not this
 """
 from __future__ import annotations
 
+import math
+
 from aicfc.ir.high import Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import TensorType, Weight
@@ -30,19 +32,19 @@ POINTWISE_CONV_REASON = ("pointwise_window: every output reads one tap at its ow
 
 
 def is_pointwise(n: Node, types: dict, constants: dict[str, Weight]) -> bool:
-    """A 2-D Conv that is a batched matrix product (see the module docstring)."""
-    if n.op != "Conv" or len(types[n.inputs[0]].shape) != 4 or n.inputs[1] not in constants:
+    """A Conv that is a batched matrix product (see the module docstring)."""
+    if n.op != "Conv" or n.inputs[1] not in constants:
         return False
     at = n.attr
     w = types[n.inputs[1]].shape
-    return (tuple(w[2:]) == (1, 1) and at.get("group", 1) == 1 and all(s == 1 for s in at["strides"])
+    return (all(k == 1 for k in w[2:]) and at.get("group", 1) == 1 and all(s == 1 for s in at["strides"])
             and not any(at["pads"]) and (len(n.inputs) < 3 or n.inputs[2] in constants))
 
 
 def rewrite(n: Node, types: dict, constants: dict[str, Weight]) -> tuple[list[Node], list[Weight]]:
     """The nodes and weights that replace pointwise Conv `n` (`is_pointwise` holds)."""
     x, y = n.inputs[0], n.output
-    bn, c, h, wd = types[x].shape
+    bn, c, *spatial = types[x].shape
     m = types[n.inputs[1]].shape[0]
     origin = n.origin
     attrs = {"rule": POINTWISE_CONV_RULE}
@@ -72,9 +74,9 @@ def rewrite(n: Node, types: dict, constants: dict[str, Weight]) -> tuple[list[No
         nodes.append(Node(op, inputs, out, t, make_attrs(at), origin))
         return out
 
-    flat = emit("Reshape", (x,), f"{y}.x", {"shape": (bn, c, h * wd)})
+    flat = emit("Reshape", (x,), f"{y}.x", {"shape": (bn, c, math.prod(spatial))})
     out = emit("MatMul", (weights[0].name, flat), f"{y}.mm", attrs)
     if len(weights) == 2:
         out = emit("Add", (out, weights[1].name), f"{y}.biased", {})
-    emit("Reshape", (out,), y, {"shape": (bn, m, h, wd)})
+    emit("Reshape", (out,), y, {"shape": (bn, m, *spatial)})
     return nodes, weights

@@ -260,6 +260,8 @@ def lower(g: Graph) -> Program:
             if n.op == "Conv" and "folded" in n.attr:
                 records.append(Rewrite(BN_FOLD_RULE, n.output, True, f"BatchNormalization {n.attr['folded']!r} "
                                        "folded into the weights and bias at compile time", 2 * n.type.nbytes))
+            if "rule" in n.attr:   # a Conv the importer wrote for a ConvTranspose
+                records.append(Rewrite(n.attr["rule"], n.output, True, CANON_REASONS[n.attr["rule"]]))
             continue
         if n.op not in LOWERINGS:
             raise AicfError(f"internal: no lowering for {n.op} (node {n.origin!r}); canonicalize must run first")

@@ -9,6 +9,7 @@ reaches into the padding (zeros for sums, -inf for a max):
                                           load(%w, [i1, r0, r1, r2]))
     %y: f32[1,8,5,5] = map add(load(%y.acc, [i0, i1, i2, i3]), load(%b, [i1]))
 
+A 1-D or 3-D op is the same with one tap variable per spatial axis (kernel_shape's length).
 The conv is a contraction over (c, kh, kw): implicit GEMM with M = (n, oh, ow), N = the output
 channel, K = (c, kh, kw) (`properties.implicit_gemm`). A grouped conv whose groups hold several
 output channels computes [N, G, M/G, OH, OW] (the group a batch variable, every access affine)
@@ -18,12 +19,14 @@ window covers the same number, else a [OH, OW] constant of reciprocals made here
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 
 from aicfc.ir.high import Node
-from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, Op, View, identity_index
+from aicfc.ir import resize as rs
+from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Indirect, Load, Op, View, identity_index
 from aicfc.ir.ops_cnn import pool_counts
 from aicfc.ir.types import TensorType, Weight
 
@@ -49,22 +52,27 @@ def _extents(out_shape: tuple[int, ...], reduce: tuple[int, ...]) -> dict[str, i
 
 
 def conv(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    """1, 2 or 3 spatial axes alike: one output variable and one tap variable (after r0, the
+    input channel) per spatial axis; no view to a unit height is needed."""
     at, y, origin = n.attr, n.output, (n.origin,)
     x, w = n.inputs[0], n.inputs[1]
     xs, ws = types[x].shape, types[w].shape
+    nd = len(ws) - 2
     g, m = at["group"], ws[0]
     cg, mg = ws[1], m // g
-    reduce = (cg, ws[2], ws[3])
+    reduce = (cg,) + tuple(ws[2:])
+    taps = tuple(Affine.var(f"r{a + 1}") for a in range(nd))
     if g == 1 or mg == 1:
         shape = n.type.shape
         chan = Affine.var("r0") if g == 1 else Affine.of({"i1": cg, "r0": 1})
-        xi = (Affine.var("i0"), chan, _tap("i2", "r1", 0, at), _tap("i3", "r2", 1, at))
-        wi = (Affine.var("i1"), Affine.var("r0") if cg > 1 else ZERO, Affine.var("r1"), Affine.var("r2"))
+        xi = (Affine.var("i0"), chan) + tuple(_tap(f"i{a + 2}", f"r{a + 1}", a, at) for a in range(nd))
+        wi = (Affine.var("i1"), Affine.var("r0") if cg > 1 else ZERO) + taps
         bias_at: tuple[Affine, ...] = (Affine.var("i1"),)
-    else:   # [N, G, M/G, OH, OW]: i1 the group, i2 the channel inside it
+    else:   # [N, G, M/G, O..]: i1 the group, i2 the channel inside it
         shape = (xs[0], g, mg) + n.type.shape[2:]
-        xi = (Affine.var("i0"), Affine.of({"i1": cg, "r0": 1}), _tap("i3", "r1", 0, at), _tap("i4", "r2", 1, at))
-        wi = (Affine.of({"i1": mg, "i2": 1}), Affine.var("r0") if cg > 1 else ZERO, Affine.var("r1"), Affine.var("r2"))
+        xi = (Affine.var("i0"), Affine.of({"i1": cg, "r0": 1})) + tuple(
+            _tap(f"i{a + 3}", f"r{a + 1}", a, at) for a in range(nd))
+        wi = (Affine.of({"i1": mg, "i2": 1}), Affine.var("r0") if cg > 1 else ZERO) + taps
         bias_at = (Affine.of({"i1": mg, "i2": 1}),)
     # A kernel extent of 1 is read at index 0 (as lowering writes every extent-1 access).
     wi = wi[:2] + tuple(ZERO if e == 1 else a for a, e in zip(wi[2:], ws[2:]))
@@ -88,22 +96,60 @@ def pool(kind: str):
         at, y, origin, t = n.attr, n.output, (n.origin,), n.type
         x = n.inputs[0]
         xs = types[x].shape
+        nd = len(xs) - 2
         reduce = tuple(at["kernel_shape"])
-        xi = (Affine.var("i0"), Affine.var("i1"), _tap("i2", "r0", 0, at), _tap("i3", "r1", 1, at))
+        xi = (Affine.var("i0"), Affine.var("i1")) + tuple(_tap(f"i{a + 2}", f"r{a}", a, at) for a in range(nd))
         fill = _guard(xi, _extents(t.shape, reduce), xs, -math.inf if kind == "max" else 0.0)
         if kind == "max":
             return [Compute(y, t, "max", reduce, Load(x, xi, fill), origin)]
         counts = pool_counts(xs[2:], at, t.shape[2:], bool(at["count_include_pad"]))
-        ident = identity_index(4)
+        ident = identity_index(nd + 2)
         if np.all(counts == counts.flat[0]):
             scale: Expr = Const(1.0 / float(counts.flat[0]))
         else:
             inv = Weight.of(f"{y}.inv_count", (1.0 / counts).astype(t.np_dtype))
             made.append(inv)
-            scale = Load(inv.name, (Affine.var("i2"), Affine.var("i3")))
+            scale = Load(inv.name, tuple(Affine.var(f"i{a + 2}") for a in range(nd)))
         return [Compute(f"{y}.sum", t, "sum", reduce, Load(x, xi, fill), origin),
                 Compute(y, t, "map", (), Call("mul", (Load(f"{y}.sum", ident), scale)), origin)]
     return lower_node
+
+
+def resize(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    """One map over the output (`aicfc.ir.resize`): Σ over the taps of every resized axis of
+    the product of their weights and the input read through the taps' index tables.
+
+        %y: f32[1,3,8,8] = Resize(%x) {mode=linear, scales=[1,1,2,2], ...}
+      becomes
+        %y: f32[1,3,8,8] = map add(add(add(mul(mul(load(%x, [i0, i1, @load(%y.idx2, [i2, 0]),
+              @load(%y.idx3, [i3, 0])]), load(%y.wt2, [i2, 0])), load(%y.wt3, [i3, 0])), ...)))
+
+    A nearest axis has one tap of weight 1: only the index is read (a gather)."""
+    x, y, t, origin = n.inputs[0], n.output, n.type, (n.origin,)
+    xs = types[x].shape
+    tables = rs.axis_tables(xs, dict(n.attr))
+    index: list[list[Affine | Indirect]] = [[Affine.var(f"i{a}")] for a in range(len(xs))]
+    weights: dict[int, list[Expr | None]] = {}
+    for a, (idx, wt) in tables.items():
+        ids = Weight.of(f"{y}.idx{a}", idx.astype(np.int32 if xs[a] < 2 ** 31 else np.int64))
+        made.append(ids)
+        index[a] = [Indirect(Load(ids.name, (Affine.var(f"i{a}"), Affine.of({}, k)))) for k in range(idx.shape[1])]
+        if np.all(wt == 1):
+            weights[a] = [None] * idx.shape[1]
+            continue
+        w = Weight.of(f"{y}.wt{a}", wt.astype(t.np_dtype))
+        made.append(w)
+        weights[a] = [Load(w.name, (Affine.var(f"i{a}"), Affine.of({}, k))) for k in range(wt.shape[1])]
+    body: Expr | None = None
+    for combo in itertools.product(*(range(len(entries)) for entries in index)):
+        term: Expr = Load(x, tuple(index[a][k] for a, k in enumerate(combo)))
+        for a, k in enumerate(combo):
+            factor = weights.get(a, [None] * len(index[a]))[k]
+            if factor is not None:
+                term = Call("mul", (term, factor))
+        body = term if body is None else Call("add", (body, term))
+    assert body is not None
+    return [Compute(y, t, "map", (), body, origin)]
 
 
 def global_average_pool(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
@@ -198,5 +244,5 @@ def concat(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op
 CNN_LOWERINGS = {
     "Conv": conv, "MaxPool": pool("max"), "AveragePool": pool("avg"), "GlobalAveragePool": global_average_pool,
     "LRN": lrn, "BatchNormalization": batch_norm, "Clip": clip, "Sum": variadic_sum, "Dropout": identity,
-    "Concat": concat,
+    "Concat": concat, "Resize": resize,
 }
