@@ -261,3 +261,12 @@ def test_gpu_matches_onnxruntime(name, precision, tol, gpu_device):
     got = run_payload(aicfc.compile(model, target=gpu_device.arch, precision=precision), x, gpu_device)
     for k, r in ref.items():
         check(np.asarray(got[k]), r, tol, f"{name} {precision}: {k}")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_reduce_l2_compiles(precision):
+    """Its sum of squares is a contraction with no n variable (a matrix-vector product): the
+    epilogue binds no column (a None key in the epilogue's names broke codegen once)."""
+    import aicfc
+    payload = aicfc.compile(MODELS["reduce_l2"](), precision=precision)
+    assert payload["kernels"] and payload["modules"]

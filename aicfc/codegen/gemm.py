@@ -225,7 +225,8 @@ def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, a
     mm, epi = k.ops
     rot = rotary(k)
     if rot is None:
-        return em.emit(epi.body, dict(names) | {dims(k)[0].n: col}, {mm.out: acc})
+        n = dims(k)[0].n
+        return em.emit(epi.body, dict(names) | ({n: col} if n else {}), {mm.out: acc})
     t = f"(({col} / {rot.half}) & 1)"
     where = dict(names) | {rot.g: f"({col} / {rot.head})", rot.t: t, rot.j: f"({col} % {rot.half})"}
     values = {}
