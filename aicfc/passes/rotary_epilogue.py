@@ -168,10 +168,14 @@ def fold_rotary(p: Program, precision: str) -> Program:
                     break
             if why is None and ops.index(op) < last_map:
                 why = f"{op.out!r} comes before a rotated map"
-        if why is None and any(isinstance(op, View) and root.get(op.source) == c.out and any(
+        rotated = {m.out for m, _ in maps}
+        if why is None and any(ld.buffer in rotated and (ld.fill is not None or not all(isinstance(a, Affine) for a in ld.index))
+                               for op in ops if isinstance(op, Compute) for ld in loads(op.body)):
+            why = "a rotated map is read through a guard or an indirect index (its reader's index would change shape)"
+        if why is None and any(isinstance(op, View) and (root.get(op.source) == c.out and any(
                 ld.buffer == op.out for o in ops if isinstance(o, Compute) and o not in [m for m, _ in maps]
-                for ld in loads(o.body)) for op in ops):
-            why = "a view of the contraction is read by another op"
+                for ld in loads(o.body)) or op.source in rotated) for op in ops):
+            why = "a view of the contraction, or of a rotated map, is read by another op"
         if why:
             records.append(Rewrite(ROTARY_RULE, c.out, False, why))
             continue
