@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 from aicfc.errors import AicfError
 from aicfc.ir import text
@@ -289,6 +289,28 @@ def reindex(ld: Load, index: tuple[Affine, ...]) -> Load:
         return new
     computed = set(new.computed_dims)
     return dataclasses.replace(new, guard=tuple(d for d in ld.guarded_dims if d not in computed))
+
+
+def reader_names(ops) -> dict[str, list[str]]:
+    """buffer -> the outputs of the ops that read it (a Compute's loads, a View's source), each
+    op once, in program order."""
+    readers: dict[str, list[str]] = {}
+    for op in ops:
+        names = [ld.buffer for ld in loads(op.body)] if isinstance(op, Compute) else [op.source]
+        for n in dict.fromkeys(names):
+            readers.setdefault(n, []).append(op.out)
+    return readers
+
+
+def view_base(views) -> Callable[[str], str]:
+    """name -> the buffer its chain of views starts from (a name that is no view, itself)."""
+    source = {v.out: v.source for v in views}
+
+    def base(name: str) -> str:
+        while name in source:
+            name = source[name]
+        return name
+    return base
 
 
 def count_ops(e: Expr) -> int:

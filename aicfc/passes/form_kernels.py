@@ -33,7 +33,7 @@ Groups computes into launches by their memory properties, never by op names:
 from __future__ import annotations
 
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Affine, Compute, Indirect, Program, Rewrite, View, loads
+from aicfc.ir.lowered import Affine, Compute, Indirect, Program, Rewrite, View, loads, view_base
 from aicfc.ir.properties import (contraction, gated_pairs, implicit_gemm, is_identity_access, properties,
                                  rotary_pairs, why_not_online_reducible)
 from aicfc.passes.interleave_gates import GATE_RULE
@@ -252,13 +252,8 @@ def _reads_back(ops: tuple[Compute, ...], p: Program) -> str | None:
 
 def _topological(kernels: list[Kernel], views: tuple[View, ...]) -> list[Kernel]:
     """Order kernels so each runs after the kernels whose stores it reads; ties keep program order."""
-    source = {v.out: v.source for v in views}
     writer = {s: i for i, k in enumerate(kernels) for s in k.stores}
-
-    def base(name: str) -> str:
-        while name in source:
-            name = source[name]
-        return name
+    base = view_base(views)
     deps = []
     for i, k in enumerate(kernels):
         reads = {base(ld.buffer) for op in k.ops for ld in loads(op.body)} - k.outs

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aicfc.ir.lowered import Affine, Compute, Expr, Load, Program, Rewrite, loads, map_loads
+from aicfc.ir.lowered import Affine, Compute, Expr, Load, Program, Rewrite, loads, map_loads, reader_names
 from aicfc.ir.properties import REMAT, TILE, contraction
 from aicfc.ir.types import Weight, convert
 
@@ -120,11 +120,7 @@ def _build(g: Gate) -> tuple[Compute, Compute, Weight, Rewrite]:
 
 def interleave_gates(p: Program) -> Program:
     producers = {op.out: op for op in p.ops if isinstance(op, Compute)}
-    readers: dict[str, list[str]] = {}
-    for op in p.ops:
-        names = [ld.buffer for ld in loads(op.body)] if isinstance(op, Compute) else [op.source]
-        for name in dict.fromkeys(names):
-            readers.setdefault(name, []).append(op.out)
+    readers = reader_names(p.ops)
     ops = list(p.ops)
     weights = list(p.weights)
     records = list(p.rewrites)

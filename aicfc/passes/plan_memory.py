@@ -23,7 +23,7 @@ import dataclasses
 
 from aicfc.codegen.scratch import scratch
 from aicfc.ir.decision import Buffer, InPlace, Kernel, Plan
-from aicfc.ir.lowered import Affine, Load, index_loads, indirect_dims, loads
+from aicfc.ir.lowered import Affine, Load, index_loads, indirect_dims, loads, view_base
 from aicfc.ir.properties import is_identity_access
 from aicfc.ir.types import TensorType, Weight
 from aicfc.planner.cost import scatter_bytes
@@ -74,12 +74,7 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
     types = plan.types()
     arena_scratch = {s.name: (i, s.type) for i, k in enumerate(plan.kernels) for s in scratch(k) if not s.zeroed}
     types.update({name: t for name, (_, t) in arena_scratch.items()})
-    source = {v.out: v.source for v in plan.views}
-
-    def base(name: str) -> str:
-        while name in source:
-            name = source[name]
-        return name
+    base = view_base(plan.views)
 
     end = len(plan.kernels)
     # Inputs stay live to the end: no kernel overwrites them, so replaying the plan (a CUDA

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Op, Program, Rewrite, View, indirect_dims, loads,
-                              map_loads, substitute)
+                              map_loads, reader_names, substitute)
 from aicfc.ir.properties import WSR, Attention, streaming_attention
 from aicfc.ir.types import TensorType
 from aicfc.passes.fold_views import drop_unread_views
@@ -189,11 +189,7 @@ READ_GROUPED_HEADS = Rule(GQA_RULE, _match, _check, _build)
 
 def _context(ops: list[Op], p: Program) -> AttentionContext:
     producers = {op.out: op for op in ops if isinstance(op, Compute)}
-    readers: dict[str, list[str]] = {}
-    for op in ops:
-        names = [ld.buffer for ld in loads(op.body)] if isinstance(op, Compute) else [op.source]
-        for n in dict.fromkeys(names):
-            readers.setdefault(n, []).append(op.out)
+    readers = reader_names(ops)
     return AttentionContext(p.replace(ops=tuple(ops)), producers, readers)
 
 

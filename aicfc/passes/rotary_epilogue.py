@@ -39,7 +39,7 @@ import numpy as np
 
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Load, Program, Rewrite, View, loads, map_loads,
-                               substitute)
+                               substitute, view_base)
 from aicfc.ir.properties import contraction, is_identity_access
 from aicfc.ir.types import TensorType, Weight
 
@@ -119,12 +119,7 @@ def fold_rotary(p: Program, precision: str) -> Program:
     if precision not in TENSOR_CORE_PRECISIONS:
         return p
     types = p.types()
-    source = {op.out: op.source for op in p.ops if isinstance(op, View)}
-
-    def base(name: str) -> str:
-        while name in source:
-            name = source[name]
-        return name
+    base = view_base(op for op in p.ops if isinstance(op, View))
     root = {name: base(name) for name in types}
     ops = list(p.ops)
     weights = list(p.weights)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Affine, Compute, Load, Program, Rewrite, indirect_dims, loads
+from aicfc.ir.lowered import Affine, Compute, Load, Program, Rewrite, indirect_dims, reader_names
 from aicfc.ir.properties import WSR, Attention, causal_logits, properties, streaming_attention
 from aicfc.passes.rule import Rule
 
@@ -118,11 +118,7 @@ def attention_kernels(p: Program, records: list[Rewrite]) -> list[Kernel]:
     """The `attention` kernels of `p`, one per matched P·V contraction; appends to `records`
     what was applied and what was declined, with the reason."""
     producers = {op.out: op for op in p.ops if isinstance(op, Compute)}
-    readers: dict[str, list[str]] = {}
-    for op in p.ops:
-        names = [ld.buffer for ld in loads(op.body)] if isinstance(op, Compute) else [op.source]
-        for n in dict.fromkeys(names):
-            readers.setdefault(n, []).append(op.out)
+    readers = reader_names(p.ops)
     ctx = Context(p, producers, readers)
     rule = STREAMING_ATTENTION
     kernels, taken = [], set()
