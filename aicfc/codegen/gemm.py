@@ -359,7 +359,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),
                  staged=staged_epilogue(k, types, sig, out_names, n) if p["unit"] == "wgmma" else None,
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
-                 rotary=rotary(k).head if rotary(k) else None)
+                 rotary=getattr(rotary(k), "head", None))
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)
     if p["unit"] == "wgmma":
