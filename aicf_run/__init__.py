@@ -9,7 +9,10 @@ cubins and runs its launch plan. PyCUDA is imported only when a device is opened
     kernels = executor.profile()              # aicf_run.profile.ProfileReport
 
 A bundle of several plans (one per set of input shapes) loads as an aicf_run.plan_set.PlanSet:
-`executor.plans` lists them, `run` picks the one whose shapes equal the inputs'.
+`executor.plans` lists them, `run` picks the one whose shapes equal the inputs'. A decoder
+whose KV cache is state generates tokens ([Note: generation] in aicf_run/generate.py):
+
+    result = executor.generate(prompt_ids, max_new_tokens=64)   # aicf_run.generate.Generation
 """
 
 from __future__ import annotations

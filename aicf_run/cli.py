@@ -32,7 +32,24 @@ from aicf_run.plans import plan_index, plan_name
 from aicf_run.profile import ProfileReport, format_profile, roofline_points
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class _RunByDefault(click.Group):
+    """`aicf-run BUNDLE ...` runs a bundle (the `run` command); `aicf-run generate BUNDLE ...`
+    generates tokens (aicf_run/generate_cli.py)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] != "--version"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_RunByDefault, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="aicf-run")
+def main() -> None:
+    """Run a compiled .aicf bundle (`aicf-run BUNDLE`), or generate tokens with a decoder bundle
+    (`aicf-run generate BUNDLE`)."""
+
+
+@main.command("run", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("bundle_path", metavar="BUNDLE")
 @click.option("--input", "input_specs", multiple=True, metavar="SPEC",
               help="An input: FILE.npy (single-input bundles), NAME=FILE.npy, or FILE.npz "
@@ -66,12 +83,12 @@ from aicf_run.profile import ProfileReport, format_profile, roofline_points
 @click.option("--roofline", default=None, metavar="FILE",
               help="With --profile: plot measured beside predicted kernels on the target's "
                    "roofline into FILE (.png, .svg or .pdf; needs matplotlib).")
-@click.version_option(__version__, prog_name="aicf-run")
-def main(bundle_path: str, input_specs: tuple[str, ...], output_dir: str | None,
+def run_command(bundle_path: str, input_specs: tuple[str, ...], output_dir: str | None,
          check_model: str | None, rtol: float | None, device_ordinal: int, no_graph: bool,
          bench_replays: int | None, profile_kernels: bool, as_json: bool,
          roofline: str | None, plan: str | None) -> None:
-    """Run a compiled .aicf BUNDLE on an NVIDIA GPU and save its outputs as .npy files."""
+    """Run a compiled .aicf BUNDLE on an NVIDIA GPU and save its outputs as .npy files.
+    (`aicf-run generate BUNDLE --help`: token generation with a decoder bundle.)"""
     options = _Options(input_specs=list(input_specs), output_dir=output_dir,
                        check_model=check_model, rtol=rtol, device_ordinal=device_ordinal,
                        graph=not no_graph, bench=bench_replays, profile=profile_kernels,
@@ -260,3 +277,11 @@ def _fail(message: str) -> NoReturn:
     # One line, always: a message that somehow spans lines is folded rather than split.
     click.echo(f"aicf-run: error: {' '.join(message.split())}", err=True)
     sys.exit(2)
+
+
+def _add_generate() -> None:
+    from aicf_run.generate_cli import generate_command
+    main.add_command(generate_command, "generate")
+
+
+_add_generate()

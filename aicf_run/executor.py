@@ -97,12 +97,15 @@ class Shared:
     by aicf_run.plan_set.PlanSet: the weights region, one arena (the largest plan's: plans run
     one at a time), one stream (so one plan's run never overlaps another's on that arena), and
     the weights already uploaded, as (weights-region offset, sha256): a blob two plans read
-    goes up once."""
+    goes up once. `state`: the one state region of plans that declare the same state tensors at
+    the same offsets ([Note: state]), so a prefill plan's cache is the decode plan's; None when
+    each plan keeps its own."""
 
     arena: Any
     weights: Any
     stream: Any
     uploaded: set[tuple[int, str]] = field(default_factory=set)
+    state: Any = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,16 +173,23 @@ class Executor:
         else:
             self._arena, self._weights = shared.arena, shared.weights
         # [Note: state] persistent buffers, zeros at load, updated in place by every run (a
-        # region only where the bundle declares state; each plan of a PlanSet has its own)
+        # region only where the bundle declares state; the plans of a PlanSet share one when
+        # they declare the same state, else each has its own)
         stateful = any(buf["region"] == "state" for buf in bundle.buffers)
-        self._state = self._allocate(memory["state_bytes"], "state") if stateful else None
+        self._owns_state = stateful and (shared is None or shared.state is None)
+        if not stateful:
+            self._state = None
+        elif self._owns_state:
+            self._state = self._allocate(memory["state_bytes"], "state")
+        else:
+            self._state = shared.state
         device.on_close(self.close)
         bases = {"arena": int(self._arena), "weights": int(self._weights)}
         if self._state is not None:
             bases["state"] = int(self._state)
         pointers = [bases[buf["region"]] + buf["offset"] for buf in bundle.buffers]
         self._state_items = [(item, pointers[item["buffer"]]) for item in bundle.payload.get("state", [])]
-        if self._state is not None:
+        if self._owns_state:
             self._cuda.memset_d8(int(self._state), 0, memory["state_bytes"])
         self._upload_weights(pointers)
         launches = [self._prepare(i, kernel, modules, pointers) for i, kernel in enumerate(bundle.kernels)]
@@ -460,6 +470,18 @@ class Executor:
             if array.nbytes:
                 self._cuda.memcpy_htod(pointer, array)
 
+    def generate(self, prompt: Any, max_new_tokens: int, **options: Any) -> Any:
+        """Generate tokens after `prompt` with this one plan, token by token after the prompt
+        (aicf_run.generate.generate; a bundle with prefill plans runs it through aicf_run.load's
+        PlanSet)."""
+        from aicf_run.generate import generate
+        return generate(self, prompt, max_new_tokens, **options)
+
+    @property
+    def has_state(self) -> bool:
+        """Whether the bundle declares state tensors ([Note: state])."""
+        return self._state is not None
+
     def reset_state(self) -> None:
         """Zero every state tensor (as at load), e.g. before a new sequence."""
         self._check_open()
@@ -496,7 +518,8 @@ class Executor:
                     pass  # a lost context frees everything when it goes
         self._pinned = []
         owned = (self._arena, self._weights) if self._shared is None else ()   # else PlanSet frees them
-        for allocation in (*owned, self._state, self._maps, *self._interfaces):
+        state = (self._state,) if self._owns_state else ()   # a shared one is PlanSet's
+        for allocation in (*owned, *state, self._maps, *self._interfaces):
             if allocation is not None:
                 allocation.free()
 

@@ -4,7 +4,10 @@
 allocated once and each weight goes up once (a blob every plan reads is uploaded by the first);
 the arena is one allocation of the largest plan's `arena_bytes`, which every plan uses from its
 start, since the plans run one at a time on one shared stream. A plan's outputs returned as
-device arrays are therefore valid until the next run of any plan. `run` picks the plan whose
+device arrays are therefore valid until the next run of any plan. Plans that declare the same
+state tensors at the same offsets ([Note: state] in aicf_run/executor.py: a KV cache) share one
+state region, so a prefill plan's run leaves the cache the decode plan's next run reads
+(`shares_state`); otherwise each plan keeps its own. `run` picks the plan whose
 input shapes equal the inputs' (`select_plan`): a lookup, never a choice; `plan=` names one.
 """
 
@@ -33,7 +36,7 @@ class PlanSet:
         self._cuda = device.driver
         self._closed = False
         self._executors: list[Executor] = []
-        self._arena = self._weights = None
+        self._arena = self._weights = self._state = None
         arena_bytes = max(plan.memory["arena_bytes"] for plan in bundle.plans)
         self._arena = self._allocate(arena_bytes, "arena (the largest plan's)")
         # Registered before the plans' executors: close callbacks run last-in first-out, so
@@ -41,12 +44,22 @@ class PlanSet:
         device.on_close(self.close)
         try:
             self._weights = self._allocate(bundle.memory["weights_bytes"], "weights")
-            shared = Shared(self._arena, self._weights, self._cuda.Stream())
+            if self.shares_state:
+                nbytes = bundle.plans[0].memory["state_bytes"]
+                self._state = self._allocate(nbytes, "state (shared by every plan)")
+                self._cuda.memset_d8(int(self._state), 0, nbytes)
+            shared = Shared(self._arena, self._weights, self._cuda.Stream(), state=self._state)
             for plan in bundle.plans:
                 self._executors.append(Executor(plan, device, graph=graph, shared=shared))
         except BaseException:
             self.close()
             raise
+
+    @property
+    def shares_state(self) -> bool:
+        """Whether every plan declares state, the same tensors at the same offsets: then they
+        share one state region (a prefill plan fills the cache the decode plan reads)."""
+        return same_state([plan for plan in self.bundle.plans])
 
     @property
     def plans(self) -> tuple[PlanInfo, ...]:
@@ -85,6 +98,31 @@ class PlanSet:
         """Enqueue one plan's launch plan on the inputs already in the arena (Executor.launch)."""
         self.plan(plan).launch(graph)
 
+    @property
+    def state(self) -> dict:
+        """A host copy of the state tensors (Executor.state) of the first plan: the one set
+        every plan shares when `shares_state`; `plan(i).state` reads another plan's own."""
+        return self.plan(0).state
+
+    def set_state(self, values: Mapping[str, Any], plan: int | str = 0) -> None:
+        """Write state tensors (Executor.set_state): every plan's when shared, else `plan`'s."""
+        self.plan(plan).set_state(values)
+
+    def reset_state(self) -> None:
+        """Zero every plan's state tensors (the shared region once), e.g. before a new sequence."""
+        self._check_open()
+        done = False
+        for executor in self._executors:
+            if executor.has_state and not (done and self.shares_state):
+                executor.reset_state()
+                done = True
+
+    def generate(self, prompt: Any, max_new_tokens: int, **options: Any) -> Any:
+        """Generate tokens after `prompt` (aicf_run.generate.generate: prefill plans, then the
+        decode plan, over the KV cache every plan shares)."""
+        from aicf_run.generate import generate
+        return generate(self, prompt, max_new_tokens, **options)
+
     def synchronize(self) -> None:
         self._check_open()
         self._executors[0].synchronize()
@@ -111,7 +149,7 @@ class PlanSet:
         for executor in self._executors:
             executor.close()
         self._executors = []
-        for allocation in (self._arena, self._weights):
+        for allocation in (self._arena, self._weights, self._state):
             if allocation is not None:
                 allocation.free()
 
@@ -126,3 +164,17 @@ class PlanSet:
             raise RunError(f"cannot allocate {nbytes} bytes of GPU memory for the {region} "
                            f"({' '.join(str(err).split())[:300]}); free GPU memory or use a larger "
                            f"GPU") from None
+
+
+def state_layout(plan: Bundle) -> tuple:
+    """A plan's state tensors as (name, output, dtype, shape, offset in the state region)."""
+    buffers = plan.buffers
+    return tuple((item["name"], item["output"], item["dtype"], tuple(item["shape"]), buffers[item["buffer"]]["offset"])
+                 for item in plan.payload.get("state", []))
+
+
+def same_state(plans: list[Bundle]) -> bool:
+    """Whether every plan has state and all lay it out alike (`state_layout`, `state_bytes`)."""
+    first = state_layout(plans[0])
+    return bool(first) and all(state_layout(p) == first and p.memory["state_bytes"] == plans[0].memory["state_bytes"]
+                               for p in plans)

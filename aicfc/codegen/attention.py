@@ -49,13 +49,13 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
+from aicfc.codegen.cexpr import Emitter, c_affine, c_offset, flat_offset
 from aicfc.codegen.common import CTYPES, decompose, render, signature
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Expr, loads
-from aicfc.ir.properties import Attention, causal_split, streaming_attention
+from aicfc.ir.properties import Attention, causal_split, live_key_position, streaming_attention
 from aicfc.ir.types import ITEMSIZE, TensorType
-from aicfc.passes.streaming_attention import CAUSAL_RULE
+from aicfc.passes.streaming_attention import CAUSAL_RULE, LIVE_RULE
 
 SPACE = {"mma": {"BM": (64, 128), "BN": (32, 64, 128), "warps": (4, 8), "STAGES": (2,)},
          "wgmma": {"NWG": (1, 2, 3), "BN": (64, 128), "STAGES": (2, 3), "OVERLAP": (0, 1, 2)},
@@ -245,6 +245,21 @@ def _logits(g: Geometry, p: Mapping, sig, types) -> tuple[list[str], str]:
     return em.take(), value
 
 
+def live_position(k: Kernel, g: Geometry, sig, types) -> str | None:
+    """C for the position P of query row `gi_l` as a `long long`, when the rule bounded the key
+    loop by it ([Note: live keys] in ir/properties.py: key j is live for the row while j <= P);
+    None otherwise. An integer position is read as it is, a float one floored."""
+    if LIVE_RULE not in k.rewrites:
+        return None
+    pos = live_key_position(g.att)
+    assert pos is not None, f"kernel {k.name}: {LIVE_RULE!r} recorded but the mask is not of that form"
+    names = {v: v for v, _ in g.batch} | {g.att.row: "gi_l"}
+    read = f"{sig.params[pos.buffer]}[{c_offset(pos, sig.params, types, names)}]"
+    if types[pos.buffer].dtype in ("i64", "i32"):
+        return f"(long long){read}"
+    return f"(long long)floorf(static_cast<float>({read}))"
+
+
 def _store(g: Geometry, types, sig, names: dict[str, str]) -> dict:
     """How the output is written: pointer, batch base, row/column strides, pair vector type."""
     base, (s_row, s_col) = _split(g.o, (g.att.row, g.att.col))
@@ -275,7 +290,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   SQ=g.sq, SK=g.sk, D=g.d, DV=g.dv, NB=g.nb, TILES=tiles, KT=math.ceil(g.sk / p["BN"]),
                   BM=p["BM"], BN=p["BN"], causal=bool(p["causal"]), threads=threads(p),
                   q=operands["q"], k=operands["k"], v=operands["v"], o=_store(g, types, sig, names),
-                  logit_lines=lines, logit=value, empty_rows_zero=att.empty_rows_zero, mask_reads=[ld.buffer for ld in loads(att.logits)
+                  logit_lines=lines, logit=value, live=live_position(k, g, sig, types), empty_rows_zero=att.empty_rows_zero, mask_reads=[ld.buffer for ld in loads(att.logits)
                                                               if ld.buffer != att.scores.out])
     if p["unit"] == "simt":
         return render("attention.cu.j2", unit="simt", TPR=p["TPR"], **common)

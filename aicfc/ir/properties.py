@@ -514,7 +514,8 @@ def streaming_attention(out: Compute, producers: Mapping[str, Compute]) -> Atten
     if row_p in uses[1] and key_p in uses[0]:
         q, k = k, q
         uses.reverse()
-    if key_p in uses[0] or row_p in uses[1] or row_p not in uses[0] or key_p not in uses[1]:
+    one_row = p.type.shape[-2] == 1   # a single query row (a decode step) is read at index 0
+    if key_p in uses[0] or row_p in uses[1] or (row_p not in uses[0] and not one_row) or key_p not in uses[1]:
         return "the scores are not a product of a query row and a key row"
     s_to_out = {**to_out, "r0": Affine.var("d")}
     return Attention(s, mx, sm, p, out,
@@ -563,3 +564,83 @@ def causal_logits(att: Attention, weights: Mapping[str, Any]) -> Expr | None:
     mask = np.asarray(weights[m.buffer], dtype=np.float64)[idx]
     below = np.broadcast_to(grids["r0"] <= grids[att.row], shape)
     return x if np.all(mask[below] == 0) and np.all(mask[~below] <= -1e4) else None
+
+
+# [Note: live keys] A key-value cache of S_max slots written at `cache_position` is attended
+# with the mask "slot j is visible to the query at position p when j <= p" (transformers'
+# StaticCache, tests/fixtures/make_kvcache.py): F = X + select(j <= P[i], 0, -big). Every key
+# past the largest P[i] of a block's rows is masked for all of them, so a kernel that reads P
+# on the device can stop its key loop there: a decode step then reads the live part of the
+# cache, not all S_max slots. Exact, as the causal skip is (`causal_logits`): key 0 is always
+# visible (P >= 0), so each row's maximum is a real logit and a skipped key's probability
+# e^{-big - max} is 0. A row with P < 0 sees no key; the kernel keeps every key for it, as the
+# mask's uniform softmax over -big logits then needs them all.
+_VISIBLE = {"le": (0, 1), "ge": (1, 0)}   # the op, (position of the slot, of the position P)
+
+
+def _mask_select(e: Expr) -> Expr | None:
+    """C when `e` is select(C, 0, m) with m <= -1e4: an additive mask from a condition."""
+    if (isinstance(e, Call) and e.fn == "select" and isinstance(e.args[1], Const) and e.args[1].value == 0
+            and isinstance(e.args[2], Const) and e.args[2].value <= -1e4):
+        return e.args[0]
+    return None
+
+
+def _slot_position(cond: Expr, key: str) -> tuple[Load, Load] | None:
+    """(slot load, position load) when `cond` is slot[j] <= P[..] over key variable `key`:
+    the slot read at an access of `key` alone, P at one that does not involve it."""
+    if not (isinstance(cond, Call) and cond.fn in _VISIBLE and all(isinstance(a, Load) for a in cond.args)):
+        return None
+    s, p = _VISIBLE[cond.fn]
+    slot, pos = cond.args[s], cond.args[p]
+    if indirect_dims(slot) or indirect_dims(pos) or slot.fill is not None or pos.fill is not None:
+        return None
+    if any(v != key for a in slot.index for v, _ in a.terms) or any(
+            v == key for a in pos.index for v, _ in a.terms):
+        return None
+    return slot, pos   # type: ignore[return-value]
+
+
+def live_key_mask(att: Attention, producers: Mapping[str, Compute],
+                  weights: Mapping[str, Any]) -> tuple[Load, Compute] | None:
+    """(the mask's load in the logits, its producer) when the logits are X + select(B[i, j], 0,
+    -big) with B = slot[j] <= P[i] computed by `producers[B]` from a constant slot table whose
+    value at key j is j ([Note: live keys]); None otherwise."""
+    f = att.logits
+    if not (isinstance(f, Call) and f.fn == "add"):
+        return None
+    for m in f.args:
+        cond = _mask_select(m)
+        if not (isinstance(cond, Load) and cond.buffer in producers) or indirect_dims(cond):
+            continue
+        prod = producers[cond.buffer]
+        if prod.combiner != "map" or any(ld.buffer == att.scores.out for ld in loads(prod.body)):
+            continue
+        keyed = [v for v, a in zip(prod.domain_vars, cond.index) if a == Affine.var("r0")]
+        if len(keyed) != 1:
+            continue
+        found = _slot_position(prod.body, keyed[0])
+        if found is None or found[0].buffer not in weights:
+            continue
+        slot = found[0]
+        nk = att.out.reduce[0]
+        j = np.arange(nk)
+        idx = tuple(np.broadcast_to(a.const + a.coeff(keyed[0]) * j, (nk,)) for a in slot.index)
+        table = np.asarray(weights[slot.buffer], dtype=np.float64)
+        if all(0 <= i.min() and i.max() < n for i, n in zip(idx, table.shape)) and np.array_equal(table[idx], j):
+            return cond, prod
+    return None
+
+
+def live_key_position(att: Attention) -> Load | None:
+    """P over the attention's variables (batch, query row) when the logits, the mask restated in
+    the kernel ([Note: live keys]), are X + select(slot[j] <= P[i], 0, -big); None otherwise."""
+    f = att.logits
+    if not (isinstance(f, Call) and f.fn == "add"):
+        return None
+    for m in f.args:
+        cond = _mask_select(m)
+        found = _slot_position(cond, "r0") if cond is not None else None
+        if found is not None:
+            return found[1]
+    return None

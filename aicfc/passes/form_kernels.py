@@ -167,6 +167,7 @@ def form_kernels(p: Program, target: str) -> Plan:
     for kern in attention_kernels(p, records):
         groups[kern.ops[-1].out] = kern
         taken.update(kern.outs)
+    taken.update(_unread_after_attention(p, computes, groups))
 
     # Row groups first, from consumers back to producers, so a map claims its stats.
     for op in reversed(computes):
@@ -226,6 +227,21 @@ def form_kernels(p: Program, target: str) -> Plan:
     ordered = _topological([groups[op.out] for op in computes if op.out in groups], views)
     kernels = tuple(k.replace(name=f"k{i}") for i, k in enumerate(ordered))
     return Plan(p.name, target, p.inputs, p.weights, kernels, views, p.outputs, (), tuple(records))
+
+
+def _unread_after_attention(p: Program, computes: list[Compute], attention: dict[str, Kernel]) -> set[str]:
+    """Computes nothing reads any more once the attention kernels restated what they read (a
+    cache mask recomputed inside the kernel, [Note: live keys]): no kernel is formed for them."""
+    inside = {o for k in attention.values() for o in k.outs}
+    dead: set[str] = set()
+    while True:
+        read = {ld.buffer for k in attention.values() for op in k.ops for ld in loads(op.body)}
+        read |= {ld.buffer for op in computes if op.out not in inside | dead for ld in loads(op.body)}
+        read |= {op.source for op in p.ops if isinstance(op, View)}
+        more = {op.out for op in computes if op.out not in inside | dead | read | set(p.outputs)}
+        if not more:
+            return dead
+        dead |= more
 
 
 def _reads_back(ops: tuple[Compute, ...], p: Program) -> str | None:

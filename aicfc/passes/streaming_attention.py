@@ -12,7 +12,10 @@ and, when S, the statistics and P have no other reader and none is a graph outpu
 `attention` kernel of the five computes that stores only O: the S×S scores and probabilities
 never reach memory. A pure layout map of O (the Transpose back to [B,S,H,D] that torch exports
 before its Reshape) is absorbed as a permuted store. A constant additive mask that is causal
-is recorded as such: codegen skips the key tiles above the diagonal and never reads it.
+is recorded as such: codegen skips the key tiles above the diagonal and never reads it. A
+cache mask "slot j <= position P[i]" (a stored condition B over a constant slot table) is
+restated inside the kernel, and the kernel stops its key loop after the block's largest P
+([Note: live keys] in ir/properties.py): a decode step reads only the live part of its cache.
 
     %s: f16[2,8,8] = sum[4] mul(load(%q, [i0, i1, r0]), load(%k, [i0, i2, r0]))
     %p.max: f16[2,8,1] = max[8] mul(load(%s, [i0, i1, r0]), 0.5)
@@ -27,12 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Affine, Compute, Load, Program, Rewrite, indirect_dims, reader_names
-from aicfc.ir.properties import WSR, Attention, causal_logits, properties, streaming_attention
+from aicfc.ir.lowered import (Affine, Compute, Expr, Load, Program, Rewrite, indirect_dims, map_loads, reader_names,
+                              substitute)
+from aicfc.ir.properties import WSR, Attention, causal_logits, live_key_mask, properties, streaming_attention
 from aicfc.passes.rule import Rule
 
 RULE = "softmax(q@kᵀ·s)@v => streaming_attention"
 CAUSAL_RULE = "causal constant mask => skip key tiles above the diagonal"
+LIVE_RULE = "mask slot[j] <= position[i] => key loop bounded by the live length read on the device"
 STORE_RULE = "attention + layout map => permuted store"
 GQA_RULE = "attention(repeat_kv(k), repeat_kv(v)) => grouped heads read in place"   # read_grouped_heads
 
@@ -78,7 +83,30 @@ def _layout_map(att: Attention, ctx: Context) -> Compute | None:
     return c
 
 
+def _restate_mask(att: Attention, ctx: Context, weights: dict) -> Attention | None:
+    """`att` with its cache mask B = slot[j] <= P[i] recomputed where the softmax reads it
+    ([Note: live keys]), so the kernel reads P itself; None when the mask is not of that form."""
+    found = live_key_mask(att, ctx.producers, weights)
+    if found is None:
+        return None
+    mask, prod = found
+
+    def restate(ld: Load) -> Expr:
+        if ld.buffer != mask.buffer:
+            return ld
+        return substitute(prod.body, dict(zip(prod.domain_vars, ld.index)))  # type: ignore[arg-type]
+    ops = {op.out: Compute(op.out, op.type, op.combiner, op.reduce, map_loads(op.body, restate),
+                           tuple(dict.fromkeys(op.origin + prod.origin)))
+           for op in (att.row_max, att.row_sum, att.probs)}
+    restated = streaming_attention(att.out, {**ctx.producers, **ops})
+    return restated if isinstance(restated, Attention) else None
+
+
 def _build(att: Attention, ctx: Context) -> tuple[Kernel, list[Rewrite]]:
+    weights = {w.name: w.array() for w in ctx.program.weights}
+    live = None if causal_logits(att, weights) is not None else _restate_mask(att, ctx, weights)
+    if live is not None:
+        att = live
     to_out = dict(att.to_out)
     rank = len(att.probs.type.shape)
     stat = {f"i{d}": to_out[f"i{d}"] for d in range(rank - 1)} | {f"i{rank - 1}": Affine(), "r0": Affine.var("r0")}
@@ -100,7 +128,11 @@ def _build(att: Attention, ctx: Context) -> tuple[Kernel, list[Rewrite]]:
                                f"{layout.out!r}'s layout", 2 * att.out.type.nbytes))
     if any(r.rule == GQA_RULE and r.applied and r.target == att.out.out for r in ctx.program.rewrites):
         rewrites.append(GQA_RULE)    # recorded by read_grouped_heads on the Lowered IR
-    weights = {w.name: w.array() for w in ctx.program.weights}
+    if live is not None:
+        rewrites.append(LIVE_RULE)
+        records.append(Rewrite(LIVE_RULE, att.out.out, True,
+                               "the mask hides every cache slot after the query's position: the kernel reads the "
+                               "positions and stops its key loop after the block's last live key"))
     if causal_logits(att, weights) is not None:
         rewrites.append(CAUSAL_RULE)
         records.append(Rewrite(CAUSAL_RULE, att.out.out, True,

@@ -45,7 +45,7 @@ from typing import Callable, Mapping
 from aicfc.codegen import attention, conv, gemm, row_reduce
 from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Call, Const, Expr, count_ops, loads
+from aicfc.ir.lowered import Call, Const, Expr, count_ops, indirect_dims, loads
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
@@ -154,8 +154,22 @@ def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float
 
 
 def _io_bytes(k: Kernel, types: Mapping) -> float:
-    reads = {ld.buffer for op in k.ops for ld in loads(op.body) if ld.buffer not in k.outs}
-    return sum(types[b].nbytes for b in reads) + sum(types[s].nbytes for s in k.stores)
+    """Bytes a kernel moves: each buffer it reads once, and what it stores. A buffer read only
+    through an indirect (gathered) index is counted by the rows gathered, at most the whole of
+    it: an embedding lookup of one token reads one row of the table, not the table."""
+    reads: dict[str, float] = {}
+    for op in k.ops:
+        for ld in loads(op.body):
+            if ld.buffer in k.outs:
+                continue
+            whole = float(types[ld.buffer].nbytes)
+            if indirect_dims(ld):
+                t = types[ld.buffer]
+                gathered = op.type.numel * max(1, math.prod(op.reduce)) * ITEMSIZE[t.dtype]
+                reads[ld.buffer] = max(reads.get(ld.buffer, 0.0), min(whole, gathered))
+            else:
+                reads[ld.buffer] = whole
+    return sum(reads.values()) + sum(types[s].nbytes for s in k.stores)
 
 
 def estimate_registers(k: Kernel, p: Mapping) -> int:
