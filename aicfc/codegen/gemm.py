@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from aicfc.codegen import gemm_mma, gemm_wgmma
+from aicfc.codegen import gemm_gemv, gemm_mma, gemm_wgmma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
@@ -105,6 +105,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     if gemm_wgmma.why_not(k, plan, dtype) is None:
         hw = load_profile(plan.target)
         out += gemm_wgmma.space(k, plan, dtype, hw.sm_count, hw.smem_per_block_optin)
+    if gemm_gemv.why_not(k, plan, dtype) is None:
+        out += gemm_gemv.space(m * math.prod(e for _, e in batch), n, kk)
     rot = rotary(k)
     return out if rot is None else [p for p in out if why_not_rotary(rot, p) is None]
 
@@ -114,7 +116,7 @@ def why_not_rotary(rot: Rotary, p: Mapping) -> str | None:
     touches (the partner column is 8·(head/16) blocks away in its own fragments). wgmma: a
     warpgroup holds all BN columns of its rows; mma: a warp its BN/WN; SIMT threads hold
     strided columns, never a head's two halves."""
-    width = p["BN"] if p["unit"] == "wgmma" else p["BN"] // p["WN"] if p["unit"] == "mma" else None
+    width = p["BN"] if p["unit"] in ("wgmma", "gemv") else p["BN"] // p["WN"] if p["unit"] == "mma" else None
     if width is None:
         return f"{p['unit']} threads do not hold both halves of a head of {rot.head}"
     if width % rot.head:
@@ -155,6 +157,8 @@ def simt_space(prefetched: bool = True) -> list[dict]:
 
 
 def threads(p: Mapping) -> int:
+    if p["unit"] == "gemv":
+        return gemm_gemv.threads(p)
     if p["unit"] == "wgmma":
         return gemm_wgmma.threads(p)
     if p["unit"] == "mma":
@@ -165,6 +169,8 @@ def threads(p: Mapping) -> int:
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     _, m, n, _, batch = dims(k)
     nb = math.prod(e for _, e in batch)
+    if p["unit"] == "gemv":
+        return (math.ceil(n / p["BN"]), p["SPLITK"], 1), (threads(p), 1, 1), 0
     if p["unit"] == "wgmma":
         return (p["CTAS"], 1, 1), (threads(p), 1, 1), gemm_wgmma.smem_bytes(p)
     if p["unit"] == "mma":
@@ -174,6 +180,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
+    if p["unit"] == "gemv":
+        return 4 * p["BM"] * p["BN"] + 16
     if p["unit"] == "wgmma":
         return gemm_wgmma.static_smem(p)
     if p["unit"] == "mma":
@@ -360,6 +368,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  staged=staged_epilogue(k, types, sig, out_names, n) if p["unit"] == "wgmma" else None,
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
                  rotary=getattr(rotary(k), "head", None))
+    if p["unit"] == "gemv":
+        return gemm_gemv.render_kernel(k, p, types, name, parts)
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)
     if p["unit"] == "wgmma":

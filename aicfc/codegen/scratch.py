@@ -37,5 +37,7 @@ def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]
     from aicfc.codegen.gemm import dims
     _, m, n, _, batch = dims(k)
     tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"]) * math.prod(e for _, e in batch)
+    if p.get("unit") == "gemv":   # BM holds every row, the batch's included
+        tiles = math.ceil(n / p["BN"])
     return [Scratch(f"{k.name}.partials", TensorType("f32", (tiles * splits * p["BM"] * p["BN"],)), False),
             Scratch(f"{k.name}.tickets", TensorType("i32", (tiles,)), True)]
