@@ -42,12 +42,13 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import attention, conv, gemm, row_reduce
+from aicfc.codegen import attention, conv, conv_wgmma, gemm, row_reduce
 from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Call, Const, Expr, count_ops, loads
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
+from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
@@ -161,6 +162,8 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
 def estimate_registers(k: Kernel, p: Mapping) -> int:
     """A planning-time register estimate (explain labels it as one)."""
     ops = sum(count_ops(op.body) for op in k.ops)
+    if k.family == "conv" and p["unit"] == "wgmma":   # the GEMM engine's consumer, plus the gather's indices
+        return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 56 + min(ops, 16))
     if k.family == "conv" and p["unit"] == "mma":   # a GEMM's, plus the index splitting of the gathered tiles
         return 16 + estimate_registers(k.replace(family="gemm"), p)
     if k.family == "conv":   # accumulators, fragments, the gather's index splitting
@@ -195,6 +198,8 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
     threads = block[0] * block[1] * block[2]
     blocks = grid[0] * grid[1] * grid[2]
     bps, _ = blocks_per_sm(threads, smem, regs, hw)
+    if k.family == "conv" and p["unit"] == "wgmma":
+        return _conv_wgmma_cost(k, p, types, hw)
     if k.family == "conv":
         return _conv_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "window":
@@ -577,6 +582,14 @@ def _conv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
                    blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff, unit=unit, smem=smem)
     est.terms["gathered_elements"] = gathered
     return est
+
+
+def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
+    """The implicit GEMM on the Hopper engine: `planner/cost_conv_wgmma.py` documents the formula."""
+    m, n, kk = conv_wgmma.dims(k)
+    t = conv_wgmma_terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
+    time, dram = t.pop("time_us"), t.pop("dram")
+    return Estimate(time, 2.0 * m * n * kk, dram, t)
 
 
 def _window_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,
