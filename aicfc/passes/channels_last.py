@@ -57,6 +57,7 @@ RULE = "x[n, c, s..] => x[n, s.., c] (channels-last for the wgmma implicit GEMM)
 INPUT_RULE = "input x[n, c, s..] => copy to x[n, s.., c] once (channels-last for the wgmma implicit GEMM)"
 WEIGHT_RULE = "w[o, c, kh, kw] => w[o, kh, kw, c] (K-major filter for the wgmma implicit GEMM)"
 TARGET = "sm_90"
+FAMILIES = ("conv", "pointwise", "gemm", "window")   # writers renamed; the others read through moved accesses
 CHANNEL_RUN = 8   # channels per 16-byte run of fp16/bf16
 
 
@@ -83,8 +84,8 @@ def conv_operands(k: Kernel, weights: Mapping[str, Weight]) -> tuple[Load, Load,
         return "the channel variable indexes a spatial axis too"
     if b.index[1] != c or any(x.coeff(rc) for i, x in enumerate(b.index) if i != 1):
         return "the filter's channel axis is not the image's"
-    if any(len(x.terms) != 1 or x.const or x.terms[0][1] != 1 for x in b.index):
-        return "the filter is not read at plain variables"
+    if any(x.const or (x.terms and (len(x.terms) != 1 or x.terms[0][1] != 1)) for x in b.index):
+        return "the filter is not read at plain variables (or 0)"
     channels = k.ops[0].extents()[rc]
     if channels % CHANNEL_RUN:
         return f"{channels} input channels are no whole 16-byte runs (a multiple of {CHANNEL_RUN})"
@@ -125,7 +126,7 @@ def _renamed(k: Kernel) -> Kernel:
 def _why_not_renamed(k: Kernel, plan: Plan) -> str | None:
     interface = set(plan.outputs) | {s.output for s in plan.state} | {v.name for v in plan.inputs}
     shape = k.ops[0].type.shape
-    if k.family not in ("conv", "pointwise", "gemm"):
+    if k.family not in FAMILIES:
         return f"its writer is a {k.family} kernel"
     if any(not isinstance(op, Compute) or op.type.shape != shape for op in k.ops) or len(shape) < 3:
         return "its writer's ops do not share one [n, c, spatial..] domain"
@@ -140,6 +141,8 @@ def _why_not_renamed(k: Kernel, plan: Plan) -> str | None:
 def _why_not_views(root: str, plan: Plan, base) -> str | None:
     t = plan.types()[root]
     for v in plan.views:
+        if base(v.out) == root and v.out in plan.outputs:
+            return f"its view {v.out} is a graph output (ONNX's layout)"
         if base(v.out) == root:
             s = v.type.shape
             if len(s) < 3 or s[:2] != t.shape[:2] or math.prod(s[2:]) != math.prod(t.shape[2:]):
@@ -171,16 +174,19 @@ def channels_last(plan: Plan) -> Plan:
     wanted: dict[str, str] = {}       # root -> why it should be channels-last
     for k in plan.kernels:
         if k.name in convs:
-            wanted.setdefault(base(convs[k.name][0].buffer), f"the image of convolution {k.name}")
+            what = f"convolution {'/'.join(k.origins) or k.name}"
+            wanted.setdefault(base(convs[k.name][0].buffer), f"the image of {what}")
             for s in k.stores:
-                wanted.setdefault(s, f"the output of convolution {k.name}")
+                wanted.setdefault(s, f"the output of {what}")
     roots: set[str] = set()
     copies: dict[str, str] = {}       # graph input -> its channels-last copy
-    for name, why in wanted.items():
+    queue, decided = list(wanted.items()), set()
+    while queue:
+        name, why = queue.pop(0)
+        if name in decided:
+            continue
+        decided.add(name)
         if name in inputs:
-            if name in {v.source for v in plan.views}:
-                records.append(Rewrite(INPUT_RULE, name, False, "a view reads the input in ONNX's layout"))
-                continue
             copy = f"{name}.nhwc"
             copies[name] = copy
             nbytes = 2 * types[name].nbytes
@@ -189,15 +195,28 @@ def channels_last(plan: Plan) -> Plan:
             continue
         if name not in writer:
             continue
-        why_not = _why_not_renamed(writer[name], plan) or _why_not_views(name, plan, base)
+        why_not = _why_not_renamed(writer[name], plan)
         for other in writer[name].outs:
             why_not = why_not or _why_not_views(other, plan, base)
         if why_not:
             records.append(Rewrite(RULE, name, False, f"{why}; kept NCHW: {why_not}"))
             continue
-        roots |= set(writer[name].outs)
+        new = set(writer[name].outs) - roots
+        roots |= new
+        decided |= new
         records.append(Rewrite(RULE, name, True, f"{why}; its writer {writer[name].name} stores it as "
                                f"{list(to_last(types[name]).shape)}: no copy, 0 bytes added", 0))
+        # what the readers of a channels-last tensor write goes channels-last too, and what its writer reads,
+        # where they can (no copy either)
+        for k in plan.kernels:
+            if k.family in FAMILIES and any(base(ld.buffer) in new for op in k.ops for ld in loads(op.body)):
+                queue += [(st, f"written by {k.name}, which reads {name} channels-last") for st in k.stores
+                          if st not in decided]
+        w = writer[name]
+        queue += [(r, f"read by {w.name}, which writes {name} channels-last")
+                  for r in dict.fromkeys(base(ld.buffer) for op in w.ops for ld in loads(op.body))
+                  if r not in decided and r not in weights and r not in inputs and r not in w.outs
+                  and len(types[r].shape) >= 3]
     # every view of a relabelled root moves with it
     moved_names = roots | {v.out for v in plan.views if base(v.out) in roots}
     renamed = {writer[r].name for r in roots}
