@@ -25,7 +25,10 @@ input):
   else declined with the reason (a graph input/output keeps ONNX's layout: the interface).
 - INPUT_RULE: a graph input read by an eligible convolution is copied once to NHWC by a
   `pointwise` kernel (read + write of the tensor: its predicted bytes), and the convolution
-  reads the copy.
+  reads the copy, where that pays for itself: the planner's best predicted times of the
+  convolutions reading the copy plus the copy's must beat those of the same convolutions
+  reading the input NCHW (on their old schedules); both figures are in the record. `--pin
+  unit=wgmma` makes every copy.
 - WEIGHT_RULE: the filter of every convolution whose image is now NHWC.
 
 Eligible: target sm_90, precision fp16/bf16, a `conv` kernel whose contraction is one image
@@ -159,9 +162,43 @@ def _copy_kernel(x: str, t: TensorType, name: str) -> Kernel:
                   properties(op), (INPUT_RULE,))
 
 
-def channels_last(plan: Plan) -> Plan:
+def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
+    """`pin` (--pin): with unit=wgmma every input copy is made whatever its cost (the user asked for
+    the Hopper engine)."""
     if plan.target != TARGET or plan.precision not in ("fp16", "bf16"):
         return plan
+    first = _relabel(plan, {}, {})
+    copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
+    if not copied or (pin or {}).get("unit") == "wgmma":
+        return first
+    from aicfc.passes.plan_schedules import rank
+    from aicfc.planner.hardware import load_profile
+    hw = load_profile(plan.target)
+
+    def best(p: Plan, ks: list[Kernel]) -> float:
+        times = [min((r.time_us for r in rank(k, p, hw)[0]), default=math.inf) for k in ks]
+        return sum(times)
+    refused, notes = {}, {}
+    for x in copied:
+        copy = f"{x}.nhwc"
+        readers = [k for k in first.kernels if any(ld.buffer == copy for op in k.ops for ld in loads(op.body))]
+        writer = [k for k in first.kernels if copy in k.stores]
+        without = _relabel(plan, {x: ""}, {})
+        origins = {k.origins for k in readers}
+        before = [k for k in without.kernels if k.origins in origins]
+        t_copy, t_with, t_without = best(first, writer), best(first, readers), best(without, before)
+        numbers = (f"predicted {t_with:.2f} us for its convolutions channels-last + {t_copy:.2f} us for the copy "
+                   f"against {t_without:.2f} us reading it NCHW")
+        if t_with + t_copy < t_without:
+            notes[x] = "; " + numbers
+        else:
+            refused[x] = f"the copy does not pay for itself: {numbers}"
+    return _relabel(plan, refused, notes)
+
+
+def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -> Plan:
+    """The plan with the conv chain channels-last; graph inputs in `refused` are not copied (the
+    reason recorded), `notes` end the records of those that are."""
     weights = {w.name: w for w in plan.weights}
     types = plan.types()
     base = view_base(plan.views)
@@ -186,12 +223,15 @@ def channels_last(plan: Plan) -> Plan:
         if name in decided:
             continue
         decided.add(name)
+        if name in inputs and name in refused:
+            records.append(Rewrite(INPUT_RULE, name, False, f"{why}; kept NCHW: {refused[name]}"))
+            continue
         if name in inputs:
             copy = f"{name}.nhwc"
             copies[name] = copy
             nbytes = 2 * types[name].nbytes
             records.append(Rewrite(INPUT_RULE, name, True, f"{why}: one copy kernel to {list(to_last(types[name]).shape)}"
-                                   f", {nbytes} bytes read and written", -nbytes))
+                                   f", {nbytes} bytes read and written{notes.get(name, '')}", -nbytes))
             continue
         if name not in writer:
             continue

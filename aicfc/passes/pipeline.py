@@ -74,7 +74,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("declare_state", "decision", "decision", lambda p, o: declare_state(p)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
-    Stage("channels_last", "decision", "decision", lambda p, o: channels_last(p)),
+    Stage("channels_last", "decision", "decision", lambda p, o: channels_last(p, dict(o.pin))),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
