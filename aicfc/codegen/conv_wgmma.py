@@ -206,6 +206,36 @@ def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str
     return klines, mlines
 
 
+def paired_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str) -> list[str] | None:
+    """The epilogue of output columns gn and gn + 1 of row gm (accumulators `accv`, `accv1`)
+    ending in one 2-element store, or None where the stored tensor is not contiguous and 2-aligned
+    along the output channel (an NCHW graph output) or the channel count is odd."""
+    from aicfc.codegen.cexpr import Emitter
+    from aicfc.codegen.gemm import PAIR_TYPES
+    from aicfc.ir.lowered import Affine
+    op = k.ops[0]
+    g = implicit_gemm(op)
+    ext = op.extents()
+    if len(g.n) != 1 or ext[g.n[0]] % 2:
+        return None
+    n = g.n[0]
+    last = k.ops[-1]
+    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
+    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+    if off.coeff(n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != n):
+        return None
+    names = {v: ("0" if ext[v] == 1 else v) for v in op.domain_vars}
+    lines = decompose("gm", [(v, ext[v]) for v in g.m], idx)
+    em = Emitter(params, types, prefix="v")
+    if len(k.ops) == 2:
+        values = [em.emit(last.body, names | {n: col}, {op.out: acc}) for col, acc in (("gn", "accv"), ("gn1", "accv1"))]
+    else:
+        values = ["accv", "accv1"]
+    vec_t, vec = PAIR_TYPES[types[last.out].dtype]
+    return lines + em.take() + [f"*reinterpret_cast<{vec_t}*>({params[last.out]} + ({c_affine(off, names | {n: 'gn'})})) = "
+                                f"{vec}({values[0]}, {values[1]});"]
+
+
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
     dtype = p["dtype"]
     order = k_order(k, types)
@@ -223,7 +253,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   OUT_WG_BYTES=0, LDS=p["BN"], STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm,
                   TILES_N=tn, GROUP=gemm_wgmma.GROUP, KT=math.ceil(kk / p["BK"]), STAGE_BYTES=stage_bytes(p),
                   threads=threads(p), TA=0, TB=0, a=a, b=b, idx=parts["idx"], signature=parts["signature"],
-                  decompose=parts["decompose"], epilogue=parts["epilogue"], paired=None, staged=None, SPLITK=1,
+                  decompose=parts["decompose"], epilogue=parts["epilogue"],
+                  paired=paired_lines(k, types, parts["params"], parts["idx"]), staged=None, SPLITK=1,
                   KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
                   gather=dict(arrivals=GATHERERS + 1, k_lines=klines, m_lines=mlines, rows=p["BM"] // 16, esize=esize,
