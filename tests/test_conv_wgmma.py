@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 
 import numpy as np
+import onnx
 import pytest
 
 from aicfc.codegen import conv, conv_wgmma
@@ -108,16 +109,36 @@ def test_declined_with_reasons():
     assert not _records(grouped, RULE) and not _records(grouped, INPUT_RULE)
     fp32 = _stages(_conv((2, 64, 16, 16), (64, 64, 3, 3), pads=[1, 1, 1, 1]), "fp32")
     assert fp32["channels_last"] is fp32["apply_precision"]
-    stem = _stages(B.conv_model((2, 3, 32, 32), (64, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3]))["plan_memory"]
-    (k,) = stem.kernels
+    # 3 channels computed by a kernel (not a graph input, whose copy could pad them): no 16-byte runs
+    model = B.conv_model((2, 3, 32, 32), (64, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])
+    model.graph.node.insert(0, onnx.helper.make_node("Sigmoid", ["in0"], ["s0"], name="sig"))
+    model.graph.node[1].input[0] = "s0"
+    stem = _stages(model)["plan_memory"]
+    (k,) = [k for k in stem.kernels if k.family == "conv"]
     reasons = [c.rejected_because for c in k.schedule.candidates if dict(c.params).get("unit") == "wgmma"]
     assert reasons and "16-byte runs" in reasons[0]
+
+
+def test_stem_channels_padded_to_eight():
+    """A 3-channel 7x7 stem on wgmma: the input copy writes 8 channels (zeros past 3), the filter
+    gets 5 zero channels, the convolution sums over 8; the interpreter's outputs do not change."""
+    model = B.conv_model((2, 3, 32, 32), (64, 3, 7, 7), bn=True, act="relu", strides=[2, 2], pads=[3, 3, 3, 3])
+    st = _stages(model, pin={"unit": "wgmma"})
+    plan = st["plan_memory"]
+    copy, k = plan.kernels
+    assert copy.family == "pointwise" and copy.ops[0].type.shape == (2, 32, 32, 8)
+    assert k.schedule.param["unit"] == "wgmma" and k.ops[0].reduce == (8, 7, 7)
+    assert plan.types()[_records(plan, WEIGHT_RULE)[0].target].shape == (64, 7, 7, 8)
+    assert "5 zero channels" in _records(plan, WEIGHT_RULE)[0].reason
+    inputs = B.random_inputs(model, seed=2)
+    before, after = evaluate_ir(st["apply_precision"], inputs), evaluate_ir(plan, inputs)
+    assert rel_err(after["out"], before["out"].astype(np.float64)) < 1e-6
 
 
 def test_input_copy_is_a_cost_decision():
     """A small convolution's input copy does not pay for itself (both predicted times recorded);
     --pin unit=wgmma makes it anyway; a large one's does."""
-    small = _conv((2, 32, 14, 14), (64, 32, 3, 3), pads=[1, 1, 1, 1])
+    small = _conv((1, 8, 6, 6), (8, 8, 3, 3), pads=[1, 1, 1, 1])
     (r,) = _records(_stages(small)["plan_memory"], INPUT_RULE)
     assert not r.applied and "does not pay" in r.reason and " us " in r.reason
     pinned = _stages(small, pin={"unit": "wgmma"})["plan_memory"]
@@ -187,6 +208,7 @@ GPU_CONVS = [
     ("3x3_s1_p1", dict(x=(2, 64, 17, 17), w=(96, 64, 3, 3), pads=[1, 1, 1, 1])),
     ("3x3_s2_p1", dict(x=(1, 24, 15, 15), w=(40, 24, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1])),
     ("7x7_s2_p3_c8", dict(x=(2, 8, 33, 33), w=(64, 8, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])),
+    ("7x7_s2_p3_stem_c3", dict(x=(2, 3, 64, 64), w=(64, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])),
     ("dilation2", dict(x=(1, 16, 13, 13), w=(16, 16, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2])),
     ("odd_sizes", dict(x=(3, 40, 11, 7), w=(72, 40, 3, 3), pads=[1, 1, 1, 1])),
     ("1x1_s2", dict(x=(2, 64, 14, 14), w=(136, 64, 1, 1), strides=[2, 2])),

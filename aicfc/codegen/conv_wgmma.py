@@ -64,7 +64,8 @@ def k_order(k: Kernel, types: Mapping[str, TensorType]) -> tuple[str, ...] | str
     run = RUN // esize
     ext = op.extents()
     if ext[c] % run:
-        return f"{ext[c]} channels are no whole {RUN}-byte runs"
+        return (f"the image's contiguous reduction axis has {ext[c]} elements, no whole {RUN}-byte runs "
+                "(the image is not channels-last, or its channels are not a multiple of 8)")
     if any(coef % run for v, coef in off.terms if v != c) or off.const % run:
         return f"an image run does not start {RUN}-byte aligned"
     dim = next(d for d, a in enumerate(g.a.index) if a.coeff(c))

@@ -33,8 +33,12 @@ input):
 
 Eligible: target sm_90, precision fp16/bf16, a `conv` kernel whose contraction is one image
 load X[i0, c, h(..), w(..)] (c a reduction variable used nowhere else in the index) times one
-constant filter W[o, c, kh, kw] with C % 8 == 0 (16-byte runs of fp16/bf16). Grouped and
-depthwise convolutions read X at c + g·C/G: not eligible; the stem (C = 3): not eligible.
+constant filter W[o, c, kh, kw] with C % 8 == 0 (16-byte runs of fp16/bf16), or any C where X is
+a graph input and the filter is read by this convolution alone (the stem, C = 3): the input's
+copy then writes C rounded up to a multiple of 8 channels, zeros past C, the filter gets as many
+zero channels at compile time and the convolution sums over them (0·0 adds nothing); whether
+that copy pays is the cost decision above. Grouped and depthwise convolutions read X at
+c + g·C/G: not eligible (they stay on the `conv` / `window` families).
 
 Preconditions: after apply_precision (dtypes final), before relayout_weights and plan_schedules.
 
@@ -89,9 +93,6 @@ def conv_operands(k: Kernel, weights: Mapping[str, Weight]) -> tuple[Load, Load,
         return "the filter's channel axis is not the image's"
     if any(x.const or (x.terms and (len(x.terms) != 1 or x.terms[0][1] != 1)) for x in b.index):
         return "the filter is not read at plain variables (or 0)"
-    channels = k.ops[0].extents()[rc]
-    if channels % CHANNEL_RUN:
-        return f"{channels} input channels are no whole 16-byte runs (a multiple of {CHANNEL_RUN})"
     return a, b, rc
 
 
@@ -153,20 +154,28 @@ def _why_not_views(root: str, plan: Plan, base) -> str | None:
     return None
 
 
+def _padded(t: TensorType) -> TensorType:
+    """A channels-last type with its channels padded to whole 16-byte runs."""
+    c = -(-t.shape[-1] // CHANNEL_RUN) * CHANNEL_RUN
+    return dataclasses.replace(t, shape=t.shape[:-1] + (c,))
+
+
 def _copy_kernel(x: str, t: TensorType, name: str) -> Kernel:
-    """A pointwise kernel writing input x[n, c, s..] as name[n, s.., c]."""
+    """A pointwise kernel writing input x[n, c, s..] as name[n, s.., c'] (c' >= c: zeros past c)."""
     rank = len(t.shape)
     idx = (Affine.var("i0"), Affine.var(f"i{rank - 1}")) + tuple(Affine.var(f"i{d - 1}") for d in range(2, rank))
-    op = Compute(name, to_last(t), "map", (), Load(x, idx), ())
+    out = _padded(to_last(t))
+    pad = out.shape[-1] != t.shape[1]
+    op = Compute(name, out, "map", (), Load(x, idx, 0.0 if pad else None, (1,) if pad else ()), ())
     return Kernel("", "pointwise", (op,), (tuple((v, Affine.var(v)) for v in op.domain_vars),), (name,),
                   properties(op), (INPUT_RULE,))
 
 
 def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
     """`pin` (--pin): with unit=wgmma every input copy is made whatever its cost (the user asked for
-    the Hopper engine)."""
-    if plan.target != TARGET or plan.precision not in ("fp16", "bf16"):
-        return plan
+    the Hopper engine); with another unit nothing changes."""
+    if plan.target != TARGET or plan.precision not in ("fp16", "bf16") or (pin or {}).get("unit", "wgmma") != "wgmma":
+        return plan   # a --pin of another unit keeps ONNX's layout: the layout is chosen for the Hopper engine
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
     if not copied or (pin or {}).get("unit") == "wgmma":
@@ -203,10 +212,25 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
     types = plan.types()
     base = view_base(plan.views)
     convs = {k.name: ops for k in plan.kernels if not isinstance(ops := conv_operands(k, weights), str)}
+    inputs = {v.name for v in plan.inputs}
+    kernel = {k.name: k for k in plan.kernels}
+    filter_readers: dict[str, int] = {}
+    for k in plan.kernels:
+        for w in {ld.buffer for op in k.ops for ld in loads(op.body)} & set(weights):
+            filter_readers[w] = filter_readers.get(w, 0) + 1
+    aliased = {v.source for v in plan.views}
+    padded: dict[str, int] = {}       # kernel -> its channel count padded to whole 16-byte runs
+    for kn, (a, b, rc) in list(convs.items()):
+        c = kernel[kn].ops[0].extents()[rc]
+        if c % CHANNEL_RUN == 0:
+            continue
+        if a.buffer in inputs and filter_readers[b.buffer] == 1 and b.buffer not in aliased:
+            padded[kn] = -(-c // CHANNEL_RUN) * CHANNEL_RUN
+        else:
+            del convs[kn]   # a tensor written by a kernel is not padded (only an input's copy is)
     if not convs:
         return plan
     writer = {op.out: k for k in plan.kernels for op in k.ops}
-    inputs = {v.name for v in plan.inputs}
     records: list[Rewrite] = []
     wanted: dict[str, str] = {}       # root -> why it should be channels-last
     for k in plan.kernels:
@@ -229,9 +253,11 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
         if name in inputs:
             copy = f"{name}.nhwc"
             copies[name] = copy
-            nbytes = 2 * types[name].nbytes
-            records.append(Rewrite(INPUT_RULE, name, True, f"{why}: one copy kernel to {list(to_last(types[name]).shape)}"
-                                   f", {nbytes} bytes read and written{notes.get(name, '')}", -nbytes))
+            shape = _padded(to_last(types[name]))
+            nbytes = types[name].nbytes * (1 + shape.numel / types[name].numel)
+            pad = f" (channels zero-padded to {shape.shape[-1]})" if shape.shape != to_last(types[name]).shape else ""
+            records.append(Rewrite(INPUT_RULE, name, True, f"{why}: one copy kernel to {list(shape.shape)}{pad}"
+                                   f", {int(nbytes)} bytes read and written{notes.get(name, '')}", -int(nbytes)))
             continue
         if name not in writer:
             continue
@@ -263,14 +289,19 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
     # convolutions whose image is now channels-last (or read from a copy): their filters move
     ready = {kn for kn, (a, _, _) in convs.items() if base(a.buffer) in roots or a.buffer in copies}
     filters = {convs[kn][1].buffer for kn in ready}
-    aliased = {v.source for v in plan.views}
+    pad_to = {convs[kn][1].buffer: padded[kn] for kn in ready if kn in padded}
     for w in sorted(filters):
         if w in aliased:
             records.append(Rewrite(WEIGHT_RULE, w, False, "a view reads the filter in ONNX's layout"))
             filters.discard(w)
             continue
-        records.append(Rewrite(WEIGHT_RULE, w, True, f"stored as {list(to_last(weights[w].type).shape)} at compile time "
-                               "(k = (kh, kw, c) contiguous: the TMA's B operand)", 0))
+        shape = to_last(weights[w].type).shape
+        pad = ""
+        if w in pad_to:
+            shape = shape[:-1] + (pad_to[w],)
+            pad = f", {pad_to[w] - weights[w].type.shape[1]} zero channels added (16-byte runs of the image)"
+        records.append(Rewrite(WEIGHT_RULE, w, True, f"stored as {list(shape)} at compile time "
+                               f"(k = (kh, kw, c) contiguous: the TMA's B operand){pad}", 0))
     moved_names |= filters
 
     def mover(redirect: bool):
@@ -287,6 +318,11 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
         kernels += [_copy_kernel(x, types[x], copies[x]) for x in copies if x in reads and redirect]
         nk = _renamed(k) if k.name in renamed else k
         ops = tuple(dataclasses.replace(op, body=map_loads(op.body, mover(redirect))) for op in nk.ops)
+        if k.name in padded and redirect:
+            # the zero channels of the image meet the zero channels of the filter: the sum is unchanged
+            rc = int(convs[k.name][2][1:])
+            ops = (dataclasses.replace(ops[0], reduce=ops[0].reduce[:rc] + (padded[k.name],) + ops[0].reduce[rc + 1:]),
+                   ) + ops[1:]
         touched = k.name in renamed or bool(reads & moved_names) or (redirect and bool(reads & set(copies)))
         kernels.append(nk.replace(ops=ops, rewrites=nk.rewrites + ((RULE,) if touched else ())))
     # a copy is written once, before the first convolution that reads it
@@ -304,7 +340,10 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
     for w in plan.weights:
         if w.name in filters:
             # moved as raw elements of their storage size (bf16 has no numpy type of its own)
-            arr = np.ascontiguousarray(np.moveaxis(w.raw(), 1, -1))
+            arr = np.moveaxis(w.raw(), 1, -1)
+            if w.name in pad_to:
+                arr = np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, pad_to[w.name] - arr.shape[-1])])
+            arr = np.ascontiguousarray(arr)
             w = Weight(w.name, dataclasses.replace(w.type, shape=tuple(arr.shape)), arr.tobytes())
         new_weights.append(w)
     return plan.replace(kernels=tuple(kernels), views=views, weights=tuple(new_weights),
