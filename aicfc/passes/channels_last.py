@@ -241,6 +241,12 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
                 wanted.setdefault(s, f"the output of {what}")
     roots: set[str] = set()
     copies: dict[str, str] = {}       # graph input -> its channels-last copy
+
+    def image_like(name: str) -> bool:
+        shape = types[name].shape
+        return len(shape) == 4 or (len(shape) == 3 and any(
+            base(v.out) == name and len(v.type.shape) == 4 and v.type.shape[:2] == shape[:2] for v in plan.views))
+
     queue, decided = list(wanted.items()), set()
     while queue:
         name, why = queue.pop(0)
@@ -274,15 +280,16 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
                                f"{list(to_last(types[name]).shape)}: no copy, 0 bytes added", 0))
         # what the readers of a channels-last tensor write goes channels-last too, and what its writer reads,
         # where they can (no copy either)
+        # (images only: a rank-4 tensor, or a rank-3 one a view splits back into one; a token
+        # sequence [n, s, d] read from an image stays as it is)
         for k in plan.kernels:
             if k.family in FAMILIES and any(base(ld.buffer) in new for op in k.ops for ld in loads(op.body)):
                 queue += [(st, f"written by {k.name}, which reads {name} channels-last") for st in k.stores
-                          if st not in decided]
+                          if st not in decided and image_like(st)]
         w = writer[name]
         queue += [(r, f"read by {w.name}, which writes {name} channels-last")
                   for r in dict.fromkeys(base(ld.buffer) for op in w.ops for ld in loads(op.body))
-                  if r not in decided and r not in weights and r not in inputs and r not in w.outs
-                  and len(types[r].shape) >= 3]
+                  if r not in decided and r not in weights and r not in inputs and r not in w.outs and image_like(r)]
     # every view of a relabelled root moves with it
     moved_names = roots | {v.out for v in plan.views if base(v.out) in roots}
     renamed = {writer[r].name for r in roots}
