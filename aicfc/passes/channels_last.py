@@ -243,9 +243,19 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
     copies: dict[str, str] = {}       # graph input -> its channels-last copy
 
     def image_like(name: str) -> bool:
+        """A rank-4 tensor; or a rank-3 [n, c, h·w] one that a view splits back into an image or
+        that a 1x1 convolution's GEMM writes (its axis 1 is the output channel of a constant
+        [c', c] weight: `conv_as_matmul`), unlike a token sequence [n, s, d]."""
         shape = types[name].shape
-        return len(shape) == 4 or (len(shape) == 3 and any(
-            base(v.out) == name and len(v.type.shape) == 4 and v.type.shape[:2] == shape[:2] for v in plan.views))
+        if len(shape) == 4:
+            return True
+        if len(shape) != 3:
+            return False
+        if any(base(v.out) == name and len(v.type.shape) == 4 and v.type.shape[:2] == shape[:2] for v in plan.views):
+            return True
+        w = writer.get(name)
+        return w is not None and w.family == "gemm" and any(
+            ld.buffer in weights and ld.index and ld.index[0] == Affine.var("i1") for ld in loads(w.ops[0].body))
 
     queue, decided = list(wanted.items()), set()
     while queue:
