@@ -153,6 +153,27 @@ def test_input_copy_is_a_cost_decision():
     assert {"t_gather_us", "gathered_bytes", "t_compute_us"} <= set(terms)
 
 
+def test_token_sequences_keep_their_layout():
+    """A ViT-style patch embedding: the convolution's output is an image (relabelled), the
+    [n, s, d] tokens read from it are not (their last axis stays the hidden one)."""
+    rng = np.random.default_rng(0)
+    inits = {"w": (rng.standard_normal((64, 3, 8, 8)) / 14).astype(np.float32), "b": np.zeros(64, np.float32),
+             "shape": np.array([2, 64, 16], np.int64), "pos": rng.standard_normal((1, 16, 64)).astype(np.float32),
+             "fc": (rng.standard_normal((64, 64)) / 8).astype(np.float32)}
+    nodes = [onnx.helper.make_node("Conv", ["in0", "w", "b"], ["c"], strides=[8, 8], kernel_shape=[8, 8]),
+             onnx.helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             onnx.helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+             onnx.helper.make_node("Add", ["t", "pos"], ["a"]),
+             onnx.helper.make_node("MatMul", ["a", "fc"], ["out"])]
+    model = B._infer_output(B._graph_model(nodes, "patches", {"in0": (2, 3, 32, 32)}, {}, inits))
+    plan = _stages(model, pin={"unit": "wgmma"})["plan_memory"]
+    relabelled = [plan.types()[r.target].shape for r in _records(plan, RULE) if r.applied]
+    assert relabelled and all(len(s) == 4 for s in relabelled)
+    assert [k.ops[-1].type.shape for k in plan.kernels if k.family == "gemm"] == [(2, 16, 64)]
+    inputs = B.random_inputs(model, seed=4)
+    assert rel_err(evaluate_ir(plan, inputs)["out"], B.run_onnxruntime(model, inputs)["out"]) < 1e-2
+
+
 # ---------------------------------------------------------------- nvcc / SASS
 
 
