@@ -160,6 +160,15 @@ def _padded(t: TensorType) -> TensorType:
     return dataclasses.replace(t, shape=t.shape[:-1] + (c,))
 
 
+def _why_not_readers(root: str, plan: Plan, base) -> str | None:
+    """Attention and scatter kernels take their operands in the layouts their schedules were
+    written for (TMA boxes, scattered rows): a tensor they read keeps ONNX's."""
+    for k in plan.kernels:
+        if k.family in ("attention", "scatter") and any(base(ld.buffer) == root for op in k.ops for ld in loads(op.body)):
+            return f"{k.name}, a {k.family} kernel, reads it"
+    return None
+
+
 def _copy_kernel(x: str, t: TensorType, name: str) -> Kernel:
     """A pointwise kernel writing input x[n, c, s..] as name[n, s.., c'] (c' >= c: zeros past c)."""
     rank = len(t.shape)
@@ -279,7 +288,7 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
             continue
         why_not = _why_not_renamed(writer[name], plan)
         for other in writer[name].outs:
-            why_not = why_not or _why_not_views(other, plan, base)
+            why_not = why_not or _why_not_views(other, plan, base) or _why_not_readers(other, plan, base)
         if why_not:
             records.append(Rewrite(RULE, name, False, f"{why}; kept NCHW: {why_not}"))
             continue
