@@ -58,7 +58,7 @@ import numpy as np
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Load, Rewrite, loads, map_loads, substitute, view_base
 from aicfc.ir.properties import implicit_gemm, properties
-from aicfc.ir.types import ITEMSIZE, TensorType, Weight
+from aicfc.ir.types import TensorType, Weight
 
 RULE = "x[n, c, s..] => x[n, s.., c] (channels-last for the wgmma implicit GEMM)"
 INPUT_RULE = "input x[n, c, s..] => copy to x[n, s.., c] once (channels-last for the wgmma implicit GEMM)"
