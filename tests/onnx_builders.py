@@ -848,6 +848,53 @@ def cnn_block_model(seed: int = 0) -> onnx.ModelProto:
     return _graph_model(nodes, "cnn_block", {"in0": (2, 3, 15, 15)}, {"out": (2, 10)}, inits)
 
 
+def resnet_stage_model(x: Shape = (2, 64, 16, 16), mid: int = 32, out: int = 128, stride: int = 2, seed: int = 0,
+                       stem: bool = False) -> onnx.ModelProto:
+    """ResNet-50-style: [a 7x7 stride-2 stem with BN, ReLU and a 3x3 max pool, on a 3-channel
+    input of x's spatial size] then a bottleneck with a strided 1x1 downsample projection
+    (1x1 → 3x3 stride `stride` → 1x1, each with BN; the projection added; ReLU), then an identity
+    bottleneck (1x1 → 3x3 → 1x1 + x, ReLU). BN statistics random, weights scaled by 1/sqrt(fan-in)."""
+    rng = np.random.default_rng(seed)
+    inits: dict[str, np.ndarray] = {}
+    nodes: list[onnx.NodeProto] = []
+
+    def conv_bn(src: str, name: str, cin: int, cout: int, k: int, s: int, relu: bool) -> str:
+        inits[f"{name}.w"] = (rng.standard_normal((cout, cin, k, k)) / math.sqrt(cin * k * k)).astype(np.float32)
+        inits[f"{name}.s"] = (1 + 0.1 * rng.standard_normal(cout)).astype(np.float32)
+        inits[f"{name}.b"] = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+        inits[f"{name}.m"] = (0.1 * rng.standard_normal(cout)).astype(np.float32)
+        inits[f"{name}.v"] = rng.uniform(0.5, 1.5, cout).astype(np.float32)
+        nodes.append(helper.make_node("Conv", [src, f"{name}.w"], [f"{name}.c"], name=name, strides=[s, s],
+                                      pads=[k // 2] * 4))
+        nodes.append(helper.make_node("BatchNormalization", [f"{name}.c"] + [f"{name}.{t}" for t in "sbmv"],
+                                      [f"{name}.n"], name=f"{name}.bn"))
+        if not relu:
+            return f"{name}.n"
+        nodes.append(helper.make_node("Relu", [f"{name}.n"], [f"{name}.r"], name=f"{name}.relu"))
+        return f"{name}.r"
+
+    cin = x[1]
+    src = "in0"
+    if stem:
+        src = conv_bn(src, "stem", 3, cin, 7, 2, True)
+        nodes.append(helper.make_node("MaxPool", [src], ["pool"], name="pool", kernel_shape=[3, 3], strides=[2, 2],
+                                      pads=[1, 1, 1, 1]))
+        src = "pool"
+    a = conv_bn(src, "b1.c1", cin, mid, 1, 1, True)
+    a = conv_bn(a, "b1.c2", mid, mid, 3, stride, True)
+    a = conv_bn(a, "b1.c3", mid, out, 1, 1, False)
+    d = conv_bn(src, "b1.down", cin, out, 1, stride, False)
+    nodes.append(helper.make_node("Add", [a, d], ["b1.sum"], name="b1.add"))
+    nodes.append(helper.make_node("Relu", ["b1.sum"], ["b1.out"], name="b1.relu"))
+    a = conv_bn("b1.out", "b2.c1", out, mid, 1, 1, True)
+    a = conv_bn(a, "b2.c2", mid, mid, 3, 1, True)
+    a = conv_bn(a, "b2.c3", mid, out, 1, 1, False)
+    nodes.append(helper.make_node("Add", [a, "b1.out"], ["b2.sum"], name="b2.add"))
+    nodes.append(helper.make_node("Relu", ["b2.sum"], ["out"], name="b2.relu"))
+    shape = (x[0], 3) + tuple(4 * d for d in x[2:]) if stem else x
+    return _infer_output(_graph_model(nodes, "resnet_stage", {"in0": shape}, {}, inits))
+
+
 def _cnn_cases() -> list[tuple[str, ModelBuilder]]:
     return [
         ("conv_3x3_pad1_bias_1x3x9x9", lambda: conv_model((1, 3, 9, 9), (8, 3, 3, 3), pads=[1, 1, 1, 1])),

@@ -18,13 +18,14 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from aicfc.codegen import gemm, gemm_mma
+from aicfc.codegen import conv_wgmma, gemm, gemm_mma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.properties import ImplicitGemm, implicit_gemm
 from aicfc.ir.types import ITEMSIZE, TensorType
+from aicfc.planner.hardware import load_profile
 
 GATHER = """#ifndef AICF_GATHER
 #define AICF_GATHER
@@ -64,12 +65,18 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
         return gemm.simt_space(prefetched=False)
     _, m, n, kk, batch = dims(k)
     mma = [p for p in gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch)) if p["SPLITK"] == 1]
-    return gemm.simt_space(prefetched=False) + mma
+    wg = []
+    if conv_wgmma.why_not(k, plan) is None:
+        hw = load_profile(plan.target)
+        wg = conv_wgmma.space(k, plan, hw.sm_count, hw.smem_per_block_optin)
+    return gemm.simt_space(prefetched=False) + mma + wg
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
     if mma_type(k, plan.types(), plan.precision):
-        return [({"unit": "mma", "SPLITK": 2}, "split-k is not offered for implicit GEMM")]
+        why = conv_wgmma.why_not(k, plan)
+        return ([({"unit": "mma", "SPLITK": 2}, "split-k is not offered for implicit GEMM")]
+                + ([({"unit": "wgmma"}, why)] if why and plan.target == conv_wgmma.TARGET else []))
     return [({"unit": "mma"}, f"--precision {plan.precision} does not allow tensor cores for this convolution "
              "(fp16/bf16 only)")]
 
@@ -77,6 +84,8 @@ def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     _, m, n, _, batch = dims(k)
     nb = math.prod(e for _, e in batch)
+    if p["unit"] == "wgmma":
+        return (p["CTAS"], 1, 1), (conv_wgmma.threads(p), 1, 1), conv_wgmma.smem_bytes(p)
     if p["unit"] == "mma":
         tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"])
         return (tiles, 1, nb), (gemm_mma.threads(p), 1, 1), gemm_mma.smem_bytes(p)
@@ -84,9 +93,16 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
+    if p["unit"] == "wgmma":
+        return conv_wgmma.static_smem(p)
     if p["unit"] == "mma":
         return 0
     return 4 * p["BK"] * (p["BM"] + 1 + p["BN"] + 1)
+
+
+def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list:
+    """The TMA descriptors the schedule takes (codegen/tma.py): the Hopper engine's filter."""
+    return conv_wgmma.tensor_maps(k, p, types) if p.get("unit") == "wgmma" else []
 
 
 def _split(k: Kernel, flat: str, variables: tuple[str, ...], idx: str) -> list[str]:
@@ -143,6 +159,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     nb = math.prod(e for _, e in batch)
     common = dict(name=name, M=m, N=n, K=kk, batch=nb, idx=idx, signature=sig.text,
                   decompose=decompose("batch", batch, idx), epilogue=_epilogue(k, g, types, sig.params, idx))
+    if p["unit"] == "wgmma":
+        return conv_wgmma.render_kernel(k, p, types, name, dict(common, params=sig.params))
     if p["unit"] != "mma":
         return render("conv.cu.j2", threads=gemm.threads(p), **{x: p[x] for x in ("BM", "BN", "BK", "TM", "TN")},
                       m_vars=", ".join(g.m), n_vars=", ".join(g.n), k_vars=", ".join(k.ops[0].reduce_vars),

@@ -276,4 +276,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   TA=int(not a.k_major), TB=int(not b.k_major), a=a, b=b, idx=parts["idx"],
                   signature=parts["signature"], decompose=parts["decompose"], epilogue=parts["epilogue"],
                   paired=parts["paired"], staged=parts["staged"] if p.get("OUT") else None, SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
-                  partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS)
+                  partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
+                  gather=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it instead)

@@ -15,6 +15,7 @@ from aicfc.ir.high import Graph, verify_graph
 from aicfc.ir.lowered import verify_program
 from aicfc.passes.apply_precision import apply_precision
 from aicfc.passes.canonicalize import canonicalize
+from aicfc.passes.channels_last import channels_last
 from aicfc.passes.cse import cse
 from aicfc.passes.dce import dce
 from aicfc.passes.declare_state import declare_state
@@ -73,6 +74,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("declare_state", "decision", "decision", lambda p, o: declare_state(p)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
+    Stage("channels_last", "decision", "decision", lambda p, o: channels_last(p, dict(o.pin))),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),

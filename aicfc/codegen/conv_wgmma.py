@@ -1,0 +1,262 @@
+"""The Hopper engine of the `conv` family (sm_90a): an implicit GEMM over a channels-last image
+on the warp-specialized `wgmma` pipeline of `gemm_wgmma` (its template, with a gathering producer).
+
+C[m, n] = epilogue(sum_k A[m, k] · B[k, n]) with m = the output pixel (n, oh, ow) and n = the
+output channel, each flattened row-major as the lowered domain orders them, and k = (kh, kw, c)
+with the image's channel c innermost. `passes/channels_last.py` makes that layout: the image
+X[n, h, w, c] (A) and the filter W[o, kh, kw, c] (B, the [OC, KH·KW·C] matrix, K-major).
+
+A k-block of 64 k (one 128-byte swizzle row of fp16/bf16) of one A row is 8 runs of 8 channels,
+16 contiguous bytes of the image at one (kh, kw) tap, or all padding (the guard of the lowered
+access does not depend on c). The producer warpgroup's 128 threads gather them: thread t takes
+run t % 8 of rows t / 8 + 16 j, splits the flat m and k back into loop variables, and issues a
+16-byte `cp.async` (zero-filled where the guard fails, past M or past K) straight to the place
+the 128-byte swizzle puts it (run r of row i at i·128 + ((r ^ i % 8)·16), tiles 1024-byte
+aligned), so the consumers' wgmma descriptors are the GEMM's. One thread of it loads the
+filter tile with the TMA (the B tensor map). A stage is full when the TMA's bytes landed and
+all 128 gatherers arrived; each gatherer arrives one stage late: it waits for its previous
+group of copies (`cp.async.wait_group 1`), makes them visible to the async proxy wgmma reads
+through (`fence.proxy.async`), then arrives. So STAGES >= 3 (with 2, the producer would wait for
+a stage the consumers free only after the one it has not yet published).
+
+Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (not both
+2: that epilogue spills under ptxas), BN in
+{64, 128, 256} (at most MAX_ACC accumulators per thread), STAGES 3 to 6 while the ring fits,
+persistent CTAS = min(tiles, SMs); no split-k, no ping-pong, epilogue from registers (OUT = 0).
+Cost terms: `planner/cost_conv_wgmma.py`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+from aicfc.codegen import gemm_wgmma
+from aicfc.codegen.cexpr import c_affine, flat_offset, guard_condition
+from aicfc.codegen.common import decompose, render
+from aicfc.codegen.gemm_wgmma import KSTEP, MAX_ACC, ROW_BYTES, Operand, bk
+from aicfc.codegen.tma import TensorMap
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.properties import implicit_gemm
+from aicfc.ir.types import ITEMSIZE, TensorType
+
+TARGET = gemm_wgmma.TARGET
+SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6)}
+RUN = 16                                  # bytes per gathered run
+PRODUCER_REGS, CONSUMER_REGS = 56, 224    # setmaxnreg with NWG = 2: 128·56 + 256·224 <= 65536
+GATHERERS = 128                           # the producer warpgroup's threads
+
+
+def k_order(k: Kernel, types: Mapping[str, TensorType]) -> tuple[str, ...] | str:
+    """The reduction variables outer to inner with the image's channel innermost, or why the
+    image is not contiguous along a channel run."""
+    op = k.ops[0]
+    g = implicit_gemm(op)
+    if g is None:
+        return "not an implicit GEMM"
+    ta = types[g.a.buffer]
+    off = flat_offset(g.a.index, ta)
+    inner = [r for r in op.reduce_vars if off.coeff(r) == 1]
+    if len(inner) != 1:
+        return "the image is not channels-last (no reduction variable is contiguous in it)"
+    c = inner[0]
+    esize = ITEMSIZE[ta.dtype]
+    run = RUN // esize
+    ext = op.extents()
+    if ext[c] % run:
+        return (f"the image's contiguous reduction axis has {ext[c]} elements, no whole {RUN}-byte runs "
+                "(the image is not channels-last, or its channels are not a multiple of 8)")
+    if any(coef % run for v, coef in off.terms if v != c) or off.const % run:
+        return f"an image run does not start {RUN}-byte aligned"
+    dim = next(d for d, a in enumerate(g.a.index) if a.coeff(c))
+    if g.a.fill is not None and dim in g.a.guarded_dims:
+        return "the padding guard depends on the channel"
+    return tuple(r for r in op.reduce_vars if r != c) + (c,)
+
+
+def _filter(k: Kernel, types: Mapping[str, TensorType], order: tuple[str, ...], bn: int, dtype: str) -> Operand | str:
+    """The filter as the K-major [N, K] TMA operand, or why it is not one."""
+    op = k.ops[0]
+    g = implicit_gemm(op)
+    tb = types[g.b.buffer]
+    off = flat_offset(g.b.index, tb)
+    ext = op.extents()
+    step = 1
+    for r in reversed(order):
+        if ext[r] > 1 and off.coeff(r) != step:
+            return "the filter is not K-major in (kh, kw, c) order"
+        step *= ext[r]
+    kk = step
+    if len(g.n) != 1 or off.coeff(g.n[0]) != kk:
+        return "the filter's rows are not one output channel apart"
+    if any(v not in order and v != g.n[0] for v, _ in off.terms):
+        return "the filter depends on a batch variable"
+    esize = ITEMSIZE[tb.dtype]
+    o = Operand("b", g.n[0], bn, True, (("r0", kk, 1), (g.n[0], ext[g.n[0]], kk)), off.const, esize, bk(dtype),
+                KSTEP[dtype])
+    why = o.tensor_map("x", dtype).problems()
+    return f"filter: {why}" if why else o
+
+
+def dtype_of(k: Kernel, plan: Plan) -> str | None:
+    g = implicit_gemm(k.ops[0])
+    types = plan.types()
+    dts = {types[g.a.buffer].dtype, types[g.b.buffer].dtype}
+    return next((d for d in ("f16", "bf16") if dts == {d} and plan.precision == {"f16": "fp16", "bf16": "bf16"}[d]),
+                None)
+
+
+def why_not(k: Kernel, plan: Plan) -> str | None:
+    """Why the Hopper engine cannot run this convolution (None when it can)."""
+    if plan.target != TARGET:
+        return f"wgmma and TMA are sm_90a features; the target is {plan.target}"
+    if implicit_gemm(k.ops[0]) is None:
+        return "not an implicit GEMM"
+    dtype = dtype_of(k, plan)
+    if dtype is None:
+        return f"--precision {plan.precision}: the wgmma implicit GEMM runs fp16/bf16 operands only"
+    order = k_order(k, plan.types())
+    if isinstance(order, str):
+        return order
+    b = _filter(k, plan.types(), order, 64, dtype)
+    return b if isinstance(b, str) else None
+
+
+def dims(k: Kernel) -> tuple[int, int, int]:
+    from aicfc.codegen.conv import dims as conv_dims
+    _, m, n, kk, _ = conv_dims(k)
+    return m, n, kk
+
+
+def block_m(p: Mapping) -> int:
+    return 64 * p["MI"] * p["NWG"]
+
+
+def stage_bytes(p: Mapping) -> int:
+    return (p["BM"] + p["BN"]) * ROW_BYTES
+
+
+def smem_bytes(p: Mapping) -> int:
+    return p["STAGES"] * stage_bytes(p) + gemm_wgmma.SMEM_SLACK
+
+
+def static_smem(p: Mapping) -> int:
+    return 16 * p["STAGES"]
+
+
+def threads(p: Mapping) -> int:
+    return 128 * (p["NWG"] + 1)
+
+
+def tiles(k: Kernel, p: Mapping) -> tuple[int, int, int]:
+    m, n, _ = dims(k)
+    tm, tn = math.ceil(m / p["BM"]), math.ceil(n / p["BN"])
+    return tm, tn, tm * tn
+
+
+def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
+    if why_not(k, plan):
+        return []
+    dtype = dtype_of(k, plan)
+    m, n, _ = dims(k)
+    points = []
+    for nwg in SPACE["NWG"]:
+        for mi in SPACE["MI"]:
+            for bn in SPACE["BN"]:
+                # two warpgroups of two m64 blocks: the register epilogue's index splitting spills past
+                # the 168 registers a thread of 384 may have (ptxas, CUDA 13)
+                if mi * bn // 2 > MAX_ACC or (bn > 64 and bn // 2 >= n) or (nwg == 2 and mi == 2):
+                    continue
+                p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * nwg, "BN": bn, "BK": bk(dtype), "NWG": nwg,
+                     "MI": mi}
+                p["CTAS"] = min(tiles(k, p)[2], hw_sms)
+                for st in SPACE["STAGES"]:
+                    q = dict(p, STAGES=st)
+                    if smem_bytes(q) + static_smem(q) <= smem_limit:
+                        points.append(q)
+    return points
+
+
+def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[TensorMap]:
+    order = k_order(k, types)
+    assert not isinstance(order, str), order
+    b = _filter(k, types, order, p["BN"], p["dtype"])
+    assert not isinstance(b, str), b
+    return [b.tensor_map(implicit_gemm(k.ops[0]).b.buffer, p["dtype"])]
+
+
+def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str,
+                 order: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(lines splitting the flat k `gk` into reduction variables, once per k-block and run;
+    lines splitting the flat m `gm` into pixel variables and setting `src` (the run's first
+    element) and `ok` (inside the image, M and K)), for the producer's gather."""
+    op = k.ops[0]
+    g = implicit_gemm(op)
+    ext = op.extents()
+    klines = decompose("gk", [(r, ext[r]) for r in order], idx)
+    names = {v: v for v in op.domain_vars + op.reduce_vars}
+    for v in op.domain_vars:
+        if ext[v] == 1:
+            names[v] = "0"
+    mlines = decompose("gm", [(v, ext[v]) for v in g.m], idx)
+    off = c_affine(flat_offset(g.a.index, types[g.a.buffer]), names)
+    guard = guard_condition(g.a, types[g.a.buffer], names) if g.a.fill is not None else ""
+    mlines.append(f"const bool ok = kin && gm < ({idx}){math.prod(ext[v] for v in g.m)}"
+                  f"{f' && ({guard})' if guard else ''};")
+    mlines.append(f"const auto* src = {params[g.a.buffer]} + (ok ? ({idx})({off}) : ({idx})0);")
+    return klines, mlines
+
+
+def paired_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str) -> list[str] | None:
+    """The epilogue of output columns gn and gn + 1 of row gm (accumulators `accv`, `accv1`)
+    ending in one 2-element store, or None where the stored tensor is not contiguous and 2-aligned
+    along the output channel (an NCHW graph output) or the channel count is odd."""
+    from aicfc.codegen.cexpr import Emitter
+    from aicfc.codegen.gemm import PAIR_TYPES
+    from aicfc.ir.lowered import Affine
+    op = k.ops[0]
+    g = implicit_gemm(op)
+    ext = op.extents()
+    if len(g.n) != 1 or ext[g.n[0]] % 2:
+        return None
+    n = g.n[0]
+    last = k.ops[-1]
+    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
+    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+    if off.coeff(n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != n):
+        return None
+    names = {v: ("0" if ext[v] == 1 else v) for v in op.domain_vars}
+    lines = decompose("gm", [(v, ext[v]) for v in g.m], idx)
+    em = Emitter(params, types, prefix="v")
+    if len(k.ops) == 2:
+        values = [em.emit(last.body, names | {n: col}, {op.out: acc}) for col, acc in (("gn", "accv"), ("gn1", "accv1"))]
+    else:
+        values = ["accv", "accv1"]
+    vec_t, vec = PAIR_TYPES[types[last.out].dtype]
+    return lines + em.take() + [f"*reinterpret_cast<{vec_t}*>({params[last.out]} + ({c_affine(off, names | {n: 'gn'})})) = "
+                                f"{vec}({values[0]}, {values[1]});"]
+
+
+def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
+    dtype = p["dtype"]
+    order = k_order(k, types)
+    assert not isinstance(order, str), order
+    b = _filter(k, types, order, p["BN"], dtype)
+    assert not isinstance(b, str), b
+    b = dataclasses.replace(b, smem_at=p["BM"] * ROW_BYTES)
+    m, n, kk = dims(k)
+    esize = ITEMSIZE[dtype]
+    a = Operand("a", None, p["BM"], True, (("r0", kk, 1), ("gm", m, kk)), 0, esize, bk(dtype), KSTEP[dtype])
+    tm, tn, total = tiles(k, p)
+    klines, mlines = gather_lines(k, types, parts["params"], parts["idx"], order)
+    return render("gemm_wgmma.cu.j2", name=name, batch=1, M=m, N=n, K=kk, dtype=dtype, KSTEP=KSTEP[dtype],
+                  BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"], PP=0, CT=128 * p["NWG"],
+                  OUT_WG_BYTES=0, LDS=p["BN"], STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm,
+                  TILES_N=tn, GROUP=gemm_wgmma.GROUP, KT=math.ceil(kk / p["BK"]), STAGE_BYTES=stage_bytes(p),
+                  threads=threads(p), TA=0, TB=0, a=a, b=b, idx=parts["idx"], signature=parts["signature"],
+                  decompose=parts["decompose"], epilogue=parts["epilogue"],
+                  paired=paired_lines(k, types, parts["params"], parts["idx"]), staged=None, SPLITK=1,
+                  KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, ROT_D=None,
+                  PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
+                  gather=dict(arrivals=GATHERERS + 1, k_lines=klines, m_lines=mlines, rows=p["BM"] // 16, esize=esize,
+                              B_BYTES=p["BN"] * ROW_BYTES, what=f"k = ({', '.join(order)}) flattened"))

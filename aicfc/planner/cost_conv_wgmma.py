@@ -1,0 +1,75 @@
+"""Cost terms of the Hopper implicit-GEMM convolution (`codegen/conv_wgmma.py`, rendered by
+`templates/gemm_wgmma.cu.j2` with its gathering producer).
+
+The GEMM engine's terms (`cost_wgmma.py`) over M = N·OH·OW, N = OC, K = KH·KW·C, with the A
+operand gathered instead of loaded by the TMA:
+
+    t_kblock   = max(t_mma, t_smem, t_load, t_gather, load_latency / (STAGES - 2))
+    t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
+    t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm
+    t_load     = 128·(BM + BN) / (l2_bandwidth / SMs)       the A runs and the B box, from L2
+    t_gather   = BM·8·GATHER_OPS / (128 · clock)            the producer warpgroup's address
+                                                            arithmetic, one 16-byte run per
+                                                            GATHER_OPS instructions, 128 per cycle
+                 (a stage is published one k-block late, so STAGES - 2 k-blocks cover a round trip)
+    t_epilogue = BM·BN·out_bytes·STORE_WASTE / (l2_bandwidth / SMs) + EPILOGUE_US
+                 + BM·BN·(epilogue instructions + STORE_OPS) / EPILOGUE_RATE·sqrt(warpgroups)
+                 (one element per store from the accumulators: STORE_WASTE sectors' worth)
+    t          = launch + load_latency + max(ceil(tiles / CTAS) · (KT·t_kblock + t_epilogue), t_dram)
+    t_dram     = (image + filter + output + epilogue reads) / (dram_bandwidth · eff.dram)
+                 + the image again per column tile past the first where it does not fit in L2
+
+Halo reuse: the KH·KW taps of neighbouring output pixels re-read the same image rows; they hit
+in L2 (t_load counts them at L2 bandwidth, DRAM once) while the image fits there, which the
+`gathered_bytes` term reports (the im2col matrix's size, the L2 traffic of A).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from aicfc.codegen import conv_wgmma
+from aicfc.codegen.gemm_wgmma import ROW_BYTES
+from aicfc.planner.cost_wgmma import EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, STORE_OPS, epilogue_ops, n_eff
+from aicfc.ir.types import ITEMSIZE
+
+GATHER_OPS = 24     # integer instructions per gathered run: split m and k, the guard, the address, the copy
+STORE_WASTE = 4     # a 16-bit element stored alone uses a quarter of the 32-byte sector it touches
+CLOCK_MHZ = 1755    # the SM clock the producer's issue rate is counted at (profile: clock_mhz)
+
+
+def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
+    from aicfc.ir.properties import implicit_gemm
+    m, n, kk = conv_wgmma.dims(k)
+    g = implicit_gemm(k.ops[0])
+    bm, bn, bkk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
+    sms = hw.sm_count
+    unit = {"f16": "fp16_tc", "bf16": "bf16_tc"}[p["dtype"]]
+    sm_rate = hw.peak_tflops[unit] * 1e6 / sms * hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
+    l2_sm = hw.l2_bandwidth_gbs * 1e3 / sms
+    t_mma = 2.0 * bm * bn * bkk / sm_rate
+    t_smem = ROW_BYTES * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+    t_load = ROW_BYTES * (bm + bn) / l2_sm
+    t_gather = bm * (ROW_BYTES // 16) * GATHER_OPS / (128.0 * hw.data.get("clock_mhz", CLOCK_MHZ))
+    t_latency = latency / max(1, st - 2)
+    t_kblock = max(t_mma, t_smem, t_load, t_gather, t_latency)
+    ktiles = math.ceil(kk / bkk)
+    out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
+    t_epi = bm * bn * out_bytes * STORE_WASTE / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
+    issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(p["NWG"])
+    t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
+    tm, tn, tiles = conv_wgmma.tiles(k, p)
+    per_sm = math.ceil(tiles / p["CTAS"])
+    a_bytes = types[g.a.buffer].nbytes
+    rereads = (tn - 1) * a_bytes if a_bytes > hw.l2_bytes / 2 else 0.0
+    t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
+    t_tiles = per_sm * (ktiles * t_kblock + t_epi)
+    time = hw.launch_overhead_us + latency + max(t_tiles, t_dram)
+    return {"time_us": time, "dram": io_bytes + rereads, "t_compute_us": per_sm * ktiles * t_mma,
+            "t_smem_us": per_sm * ktiles * t_smem, "t_l2_us": per_sm * ktiles * t_load,
+            "t_gather_us": per_sm * ktiles * t_gather, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
+            "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - max(t_mma, t_smem, t_load, t_gather)),
+            "tiles_per_sm": per_sm, "wave_eff": tiles / (per_sm * p["CTAS"]), "n_eff": n_eff(bn),
+            "gathered_bytes": float(m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
+            "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
+            "parallel_eff": min(tiles, sms) / sms, "stages": st}

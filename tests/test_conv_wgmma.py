@@ -1,0 +1,285 @@
+"""Convolutions on the Hopper engine: the channels-last layout pass (passes/channels_last.py),
+the implicit GEMM on wgmma (codegen/conv_wgmma.py) and its cost terms
+(planner/cost_conv_wgmma.py).
+
+CPU: the layout pass is an identity under the interpreter; a ResNet stage's plan runs its
+convolutions on wgmma over NHWC with the filters re-laid out, and says why; what is declined
+says why; the generated CUDA builds for sm_90a with HGMMA in the SASS, no local memory and no
+spills. GPU (`gpu`): convolutions against numpy float64, ResNet-style stages against
+onnxruntime; tolerances on max|y - ref| / max|ref|: fp16 1e-2, bf16 2e-2.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+
+from aicfc.codegen import conv_wgmma
+from aicfc.frontend.onnx_import import import_model
+from aicfc.passes.channels_last import INPUT_RULE, RULE, WEIGHT_RULE
+from aicfc.passes.pipeline import PIPELINE, Options
+from aicfc.planner.hardware import load_profile
+from tests import onnx_builders as B
+from tests.test_pipeline import evaluate_ir, rel_err
+
+GPU_RTOL = {"fp16": 1e-2, "bf16": 2e-2}
+
+
+def _stages(model, precision: str = "fp16", pin: dict | None = None) -> dict:
+    opts = Options("sm_90", load_profile("sm_90"), precision, tuple(sorted((pin or {}).items())))
+    ir = import_model(model)
+    out = {}
+    for stage in PIPELINE:
+        ir = stage.run(ir, opts)
+        out[stage.name] = ir
+    return out
+
+
+def _records(plan, rule: str) -> list:
+    return [r for r in plan.rewrites if r.rule == rule]
+
+
+def _conv(x, w, **attrs):
+    return B.conv_model(x, w, bn=True, act="relu", **attrs)
+
+
+# ---------------------------------------------------------------- the layout pass
+
+
+@pytest.mark.parametrize("build", [
+    lambda: B.resnet_stage_model(),
+    lambda: B.resnet_stage_model(stem=True),
+    lambda: _conv((2, 16, 9, 9), (24, 16, 3, 3), pads=[1, 1, 1, 1]),
+    lambda: _conv((1, 8, 11, 11), (16, 8, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2], strides=[2, 2]),
+], ids=["stage", "stage_stem", "conv3x3", "dilated_strided"])
+def test_channels_last_is_an_identity(build):
+    """Before and after the pass, the interpreter computes the same outputs (pinned to wgmma so
+    that every input copy is made too)."""
+    model = build()
+    inputs = B.random_inputs(model, seed=5)
+    # the 3-channel stem cannot run on wgmma, so a model with one is not pinned
+    stem = any(n.name == "stem" for n in model.graph.node)
+    st = _stages(model, pin=None if stem else {"unit": "wgmma"})
+    before, after = evaluate_ir(st["apply_precision"], inputs), evaluate_ir(st["channels_last"], inputs)
+    assert st["channels_last"] != st["apply_precision"]
+    for name in before:
+        assert rel_err(after[name], before[name].astype(np.float64)) < 1e-6
+    ref = B.run_onnxruntime(model, inputs)
+    final = evaluate_ir(st["plan_memory"], inputs)
+    assert all(rel_err(final[n], r) < 1e-2 for n, r in ref.items())
+
+
+def test_resnet_stage_plan_is_channels_last_on_wgmma():
+    """ResNet-50's layer2 entry at batch 8: both bottlenecks' 3x3 convolutions run on the Hopper
+    engine; every intermediate is stored NHWC by its writer (no copy), the 1x1 GEMMs' outputs
+    too; the filters are [O, KH, KW, C]; only the graph output keeps ONNX's layout. The strided
+    projection reads the graph input, whose copy to NHWC is a cost decision with its figures."""
+    plan = _stages(B.resnet_stage_model((8, 256, 28, 28), mid=128, out=512, stride=2))["plan_memory"]
+    convs = {k.origins[0]: k for k in plan.kernels if k.family == "conv"}
+    assert set(convs) == {"b1.c2", "b2.c2", "b1.down"}
+    for name in ("b1.c2", "b2.c2"):
+        k = convs[name]
+        assert k.schedule.param["unit"] == "wgmma", k.schedule.param
+        assert conv_wgmma.k_order(k, plan.types())[-1] == "r0"          # channels innermost in k
+        assert k.schedule.param["STAGES"] >= 3
+    (copy,) = _records(plan, INPUT_RULE)
+    assert "predicted" in copy.reason and " us " in copy.reason
+    assert convs["b1.down"].schedule.param["unit"] == ("wgmma" if copy.applied else "mma")
+    applied = {r.target for r in _records(plan, RULE) if r.applied}
+    assert {"b1.c1.r.merged", "b1.c2.r", "b1.down.n", "b1.out.merged", "b2.c1.r.merged", "b2.c2.r"} <= applied
+    assert all("0 bytes added" in r.reason for r in _records(plan, RULE) if r.applied)
+    declined = [r for r in _records(plan, RULE) if not r.applied]
+    assert [r.target for r in declined] == ["out.merged"] and "graph output" in declined[0].reason
+    types = plan.types()
+    assert types["b1.c2.r"].shape == (8, 14, 14, 128) and types["b1.out.merged"].shape == (8, 196, 512)
+    filters = {r.target for r in _records(plan, WEIGHT_RULE) if r.applied}
+    assert {"b1.c2.n.w", "b2.c2.n.w"} <= filters
+    assert types["b1.c2.n.w"].shape == (128, 3, 3, 128)
+
+
+def test_declined_with_reasons():
+    grouped = _stages(B.conv_model((2, 32, 16, 16), (64, 8, 3, 3), group=4, pads=[1, 1, 1, 1]))["plan_memory"]
+    (k,) = [k for k in grouped.kernels if k.family == "conv"]
+    assert k.schedule.param["unit"] != "wgmma"
+    assert not _records(grouped, RULE) and not _records(grouped, INPUT_RULE)
+    fp32 = _stages(_conv((2, 64, 16, 16), (64, 64, 3, 3), pads=[1, 1, 1, 1]), "fp32")
+    assert fp32["channels_last"] is fp32["apply_precision"]
+    # 3 channels computed by a kernel (not a graph input, whose copy could pad them): no 16-byte runs
+    model = B.conv_model((2, 3, 32, 32), (64, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])
+    model.graph.node.insert(0, onnx.helper.make_node("Sigmoid", ["in0"], ["s0"], name="sig"))
+    model.graph.node[1].input[0] = "s0"
+    stem = _stages(model)["plan_memory"]
+    (k,) = [k for k in stem.kernels if k.family == "conv"]
+    reasons = [c.rejected_because for c in k.schedule.candidates if dict(c.params).get("unit") == "wgmma"]
+    assert reasons and "16-byte runs" in reasons[0]
+
+
+def test_stem_channels_padded_to_eight():
+    """A 3-channel 7x7 stem on wgmma: the input copy writes 8 channels (zeros past 3), the filter
+    gets 5 zero channels, the convolution sums over 8; the interpreter's outputs do not change."""
+    model = B.conv_model((2, 3, 32, 32), (64, 3, 7, 7), bn=True, act="relu", strides=[2, 2], pads=[3, 3, 3, 3])
+    st = _stages(model, pin={"unit": "wgmma"})
+    plan = st["plan_memory"]
+    copy, k = plan.kernels
+    assert copy.family == "pointwise" and copy.ops[0].type.shape == (2, 32, 32, 8)
+    assert k.schedule.param["unit"] == "wgmma" and k.ops[0].reduce == (8, 7, 7)
+    assert plan.types()[_records(plan, WEIGHT_RULE)[0].target].shape == (64, 7, 7, 8)
+    assert "5 zero channels" in _records(plan, WEIGHT_RULE)[0].reason
+    inputs = B.random_inputs(model, seed=2)
+    before, after = evaluate_ir(st["apply_precision"], inputs), evaluate_ir(plan, inputs)
+    assert rel_err(after["out"], before["out"].astype(np.float64)) < 1e-6
+
+
+def test_input_copy_is_a_cost_decision():
+    """A small convolution's input copy does not pay for itself (both predicted times recorded);
+    --pin unit=wgmma makes it anyway; a large one's does."""
+    small = _conv((1, 8, 6, 6), (8, 8, 3, 3), pads=[1, 1, 1, 1])
+    (r,) = _records(_stages(small)["plan_memory"], INPUT_RULE)
+    assert not r.applied and "does not pay" in r.reason and " us " in r.reason
+    pinned = _stages(small, pin={"unit": "wgmma"})["plan_memory"]
+    assert [k.family for k in pinned.kernels] == ["pointwise", "conv"]
+    assert pinned.kernels[1].schedule.param["unit"] == "wgmma"
+    big = _stages(_conv((32, 64, 56, 56), (64, 64, 3, 3), pads=[1, 1, 1, 1]))["plan_memory"]
+    (r,) = _records(big, INPUT_RULE)
+    assert r.applied and r.bytes_saved == -2 * 32 * 64 * 56 * 56 * 2 and "predicted" in r.reason
+    (k,) = [k for k in big.kernels if k.family == "conv"]
+    assert k.schedule.param["unit"] == "wgmma"
+    terms = dict(k.schedule.predicted)
+    assert {"t_gather_us", "gathered_bytes", "t_compute_us"} <= set(terms)
+
+
+def test_token_sequences_keep_their_layout():
+    """A ViT-style patch embedding: the convolution's output is an image (relabelled), the
+    [n, s, d] tokens read from it are not (their last axis stays the hidden one)."""
+    rng = np.random.default_rng(0)
+    inits = {"w": (rng.standard_normal((64, 3, 8, 8)) / 14).astype(np.float32), "b": np.zeros(64, np.float32),
+             "shape": np.array([2, 64, 16], np.int64), "pos": rng.standard_normal((1, 16, 64)).astype(np.float32),
+             "fc": (rng.standard_normal((64, 64)) / 8).astype(np.float32)}
+    nodes = [onnx.helper.make_node("Conv", ["in0", "w", "b"], ["c"], strides=[8, 8], kernel_shape=[8, 8]),
+             onnx.helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             onnx.helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+             onnx.helper.make_node("Add", ["t", "pos"], ["a"]),
+             onnx.helper.make_node("MatMul", ["a", "fc"], ["out"])]
+    model = B._infer_output(B._graph_model(nodes, "patches", {"in0": (2, 3, 32, 32)}, {}, inits))
+    plan = _stages(model, pin={"unit": "wgmma"})["plan_memory"]
+    relabelled = [plan.types()[r.target].shape for r in _records(plan, RULE) if r.applied]
+    assert relabelled and all(len(s) == 4 for s in relabelled)
+    assert [k.ops[-1].type.shape for k in plan.kernels if k.family == "gemm"] == [(2, 16, 64)]
+    inputs = B.random_inputs(model, seed=4)
+    assert rel_err(evaluate_ir(plan, inputs)["out"], B.run_onnxruntime(model, inputs)["out"]) < 1e-2
+
+
+# ---------------------------------------------------------------- nvcc / SASS
+
+
+NVCC_CASES = [
+    ("3x3", dict(x=(2, 128, 14, 14), w=(256, 128, 3, 3), pads=[1, 1, 1, 1])),
+    ("7x7_s2_c8", dict(x=(2, 8, 32, 32), w=(200, 8, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])),
+    ("1x1_s2", dict(x=(2, 64, 28, 28), w=(256, 64, 1, 1), strides=[2, 2])),
+    ("dilated", dict(x=(1, 16, 13, 13), w=(16, 16, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2])),
+]
+NVCC_PINS = [dict(NWG=1, MI=1, BN=64), dict(NWG=2, MI=1, BN=256), dict(NWG=1, MI=2, BN=128), dict(NWG=2, MI=1, BN=128)]
+
+
+def _cuobjdump() -> str | None:
+    return shutil.which("cuobjdump")
+
+
+def _built(case, pin: dict, tmp_path, monkeypatch):
+    """(kernel, Built) of the convolution `case` pinned to wgmma with `pin`, or None when the pin
+    is outside its space (BN wider than its channels)."""
+    from aicfc.codegen.module import render_module
+    from aicfc.codegen.nvcc import build
+    from aicfc.errors import AicfError
+    monkeypatch.setenv("AICF_CACHE_DIR", str(tmp_path))
+    spec = dict(case[1])
+    model = _conv(spec.pop("x"), spec.pop("w"), **spec)
+    try:
+        plan = _stages(model, pin=dict(pin, unit="wgmma"))["plan_memory"]
+    except AicfError as e:
+        assert "no feasible conv candidate matches --pin" in str(e)
+        return None
+    (k,) = [k for k in plan.kernels if k.family == "conv"]
+    assert k.schedule.param["unit"] == "wgmma"
+    return k, build(render_module(plan), "sm_90")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("case", NVCC_CASES, ids=[c for c, _ in NVCC_CASES])
+def test_nvcc_builds_without_spills(case, tmp_path, monkeypatch):
+    built = [b for pin in NVCC_PINS if (b := _built(case, pin, tmp_path, monkeypatch))]
+    assert built
+    for k, b in built:
+        assert b.spills.get(k.name, 0) == 0, b.spills
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or _cuobjdump() is None, reason="nvcc or cuobjdump not found")
+@pytest.mark.parametrize("case", NVCC_CASES[:2], ids=[c for c, _ in NVCC_CASES[:2]])
+def test_sass_has_hgmma_and_no_local_memory(case, tmp_path, monkeypatch):
+    for pin in NVCC_PINS:
+        got = _built(case, pin, tmp_path, monkeypatch)
+        if got is None:
+            continue
+        cubin = tmp_path / "k.cubin"
+        cubin.write_bytes(got[1].cubin)
+        sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True).stdout
+        assert "HGMMA" in sass and "LDGSTS" in sass, pin
+        assert not any(f" {op}" in sass for op in ("LDL", "STL")), pin
+
+
+# ---------------------------------------------------------------- GPU
+
+
+GPU_CONVS = [
+    ("3x3_s1_p1", dict(x=(2, 64, 17, 17), w=(96, 64, 3, 3), pads=[1, 1, 1, 1])),
+    ("3x3_s2_p1", dict(x=(1, 24, 15, 15), w=(40, 24, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("7x7_s2_p3_c8", dict(x=(2, 8, 33, 33), w=(64, 8, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])),
+    ("7x7_s2_p3_stem_c3", dict(x=(2, 3, 64, 64), w=(64, 3, 7, 7), strides=[2, 2], pads=[3, 3, 3, 3])),
+    ("dilation2", dict(x=(1, 16, 13, 13), w=(16, 16, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2])),
+    ("odd_sizes", dict(x=(3, 40, 11, 7), w=(72, 40, 3, 3), pads=[1, 1, 1, 1])),
+    ("1x1_s2", dict(x=(2, 64, 14, 14), w=(136, 64, 1, 1), strides=[2, 2])),
+    ("wide_k", dict(x=(2, 256, 9, 9), w=(256, 256, 3, 3), pads=[1, 1, 1, 1])),
+]
+
+
+def _gpu_check(model, precision, device, pin=None, ref=None):
+    import aicfc
+    from aicfc.ir.high import evaluate_graph
+    from tests.conftest import run_payload
+    payload = aicfc.compile(model, target=device.arch, precision=precision, pin=pin or {})
+    graph = import_model(model, None)
+    rng = np.random.default_rng()
+    inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    want = B.run_onnxruntime(model, inputs) if ref == "onnxruntime" else evaluate_graph(graph, inputs, dtype=np.float64)
+    got = run_payload(payload, inputs, device)
+    for name, r in want.items():
+        assert not np.isnan(got[name]).any(), f"{name}: NaN"
+        err = rel_err(got[name], r)
+        assert err <= GPU_RTOL[precision], f"{precision} {pin}: {name} rel err {err:.2e}"
+    return payload
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("epilogue", ["bias", "bn_relu"])
+@pytest.mark.parametrize("case", GPU_CONVS, ids=[c for c, _ in GPU_CONVS])
+def test_gpu_conv_wgmma(case, epilogue, precision, gpu_device):
+    spec = dict(case[1])
+    act = {"bias": None, "bn_relu": "relu"}[epilogue]
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=act is not None, act=act, **spec)
+    payload = _gpu_check(model, precision, gpu_device, {"unit": "wgmma"})
+    assert [k["params"]["unit"] for k in payload["kernels"] if k["family"] == "conv"] == ["wgmma"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stem,pin", [(False, {}), (False, {"unit": "wgmma"}), (False, {"unit": "wgmma", "NWG": 2}),
+                                      (True, {})], ids=["by_cost", "wgmma", "wgmma_nwg2", "stem_by_cost"])
+def test_gpu_resnet_stage(stem, pin, gpu_device):
+    """Two ResNet-50 bottlenecks (a strided projection, residual adds, ReLU epilogues), after a
+    7x7 stem and max pool where `stem` (whose 3 channels keep it off wgmma, so it is not pinned),
+    against onnxruntime at fp16."""
+    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2, stem=stem)
+    _gpu_check(model, "fp16", gpu_device, pin, ref="onnxruntime")
