@@ -13,7 +13,7 @@ its tile, the same two columns of every other block: with whole heads inside a t
 the maps are restated over C's own elements, C's last dimension split into digits (g, t, j):
 column g·D + t·D/2 + j, and one map R computes every head, q and k rotated, v copied:
 
-    %r: f32[.., G, 2, D/2] = map select(load(%r.band0, [g], fill=0.0), <q map at h = g, d = t·D/2 + j>,
+    %r: f32[.., G, 2, D/2] = map select(load(%r.band.heads0, [g], fill=0.0), <q map at h = g, d = t·D/2 + j>,
                                 select(load(%r.band1, [g - H], fill=0.0), <k map at h = g - H, ...>,
                                        load(%c, [.., D·g + D/2·t + j])))
     %r.flat: f32[.., N] = view %r
@@ -40,7 +40,7 @@ import numpy as np
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Load, Program, Rewrite, View, loads, map_loads,
                                substitute, view_base)
-from aicfc.ir.properties import contraction, is_identity_access
+from aicfc.ir.properties import contraction, is_identity_access, rotary_band_name
 from aicfc.ir.types import TensorType, Weight
 
 ROTARY_RULE = "x·cos + rotate_half(x)·sin of a GEMM's head columns => rotary gemm epilogue"
@@ -306,14 +306,14 @@ def _build(c: Compute, gemm: Compute, D: int, maps: list, types: dict) -> tuple[
             col = Affine.of({g: D, j: 1}, tv * half + diff)
             band = half_bands.get(tv)
             if band is None:
-                w = Weight.of(f"{name}.half{tv}", np.ones(1, dtype=np.bool_))
+                w = Weight.of(rotary_band_name(c.out, f"half{tv}"), np.ones(1, dtype=np.bool_))
                 made.append(w)
                 band = half_bands[tv] = w.name
             return Call("select", (_band(band, Affine.of({t: 1}, -tv)), read_c(col),
                                    Const(ld.fill)))
         rotated = map_loads(m.body, restate)
         hm = _heads(m, h)
-        w = Weight.of(f"{name}.band{k}", np.ones(hm, dtype=np.bool_))
+        w = Weight.of(rotary_band_name(c.out, f"heads{k}"), np.ones(hm, dtype=np.bool_))
         made.append(w)
         body = Call("select", (_band(w.name, Affine.of({g: 1}, -h0)), rotated, body))
     origin = tuple(dict.fromkeys(o for m, _ in maps for o in m.origin))
