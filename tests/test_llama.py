@@ -9,7 +9,9 @@ restated over the QKV columns, a head's halves in one thread: ROTARY_RULE), atte
 head copies of repeat_kv read in place: rule GQA_RULE), O-proj + residual, RMSNorm, gate/up with
 SiLU·mul as its gated epilogue (rule GATE_RULE), down + residual: 7 kernels (16 before the
 guarded-move rule, 12 before GQA_RULE, 10 before GATE_RULE, 9 before ROTARY_RULE), plus the
-final norm. At fp32 no tensor-core tile runs the GEMMs, and SIMT threads never hold both halves
+final norm. The rotary epilogue is a cost decision (planner/cost_rotary.py): it is chosen for every
+graph here (the S16 fixtures, the 1024-wide S512 graph at B1; tests/test_cost_rotary.py holds the
+B8 S512 figures and a profile under which it is declined). At fp32 no tensor-core tile runs the GEMMs, and SIMT threads never hold both halves
 of a head: the rotary maps stay two kernels of their own there (9 a layer).
 """
 from __future__ import annotations
