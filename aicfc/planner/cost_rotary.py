@@ -19,8 +19,8 @@ the 128 elements a consumer thread holds: 6.75 an element (one LDG and one HADD2
 of the pair's element, FMUL, FFMA, FSEL, addressing). Before the digits were hoisted and the
 bands folded ([Note: rotary bands]) the same epilogue took 38.7 an element (4096 instructions
 at 128x192 MI=1 OUT=0 against 384 cut at the store, over 96 elements; 580 LDG): measured on the
-H200 at B8 S512, that kernel took 45.0 us against 29.4 us for the same tile without the epilogue, while the two rotary kernels
-took 7.4 us, so the fusion lost at B8 (it won at B1: 1.47x against 1.44x the peer);
+H200 at B8 S512, that kernel took 45.0 us against 29.4 us for the same tile without the epilogue,
+while the two rotary kernels took 7.4 us, so the fusion lost at B8 (it won at B1: 1.47x against 1.44x the peer);
 `rotary_fusion_cost(..., ops=ROTARY_OPS_UNHOISTED)` gives the same verdicts.
 """
 from __future__ import annotations
