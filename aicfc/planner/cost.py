@@ -240,9 +240,9 @@ def _scatter_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, ty
 # counted in SASS, CUDA 13: two polynomials selected per element; the others are estimates);
 # the rest cost one. A division by a literal is emitted as a product (cexpr.reciprocal_divisions).
 CALL_INSTRUCTIONS = {"erf": 24, "tanh": 16, "sigmoid": 18, "exp": 8, "log": 10, "sqrt": 5, "div": 9}
-# Under fp16/bf16 (apply_precision.FAST_MATH) exp and erf are templates/math.cuh.j2's
-# approximations (counted in SASS, CUDA 13).
-FAST_CALL_INSTRUCTIONS = {**CALL_INSTRUCTIONS, "erf": 18, "sigmoid": 12, "exp": 2}
+# Under fp16/bf16 (apply_precision.FAST_MATH) exp, erf and sigmoid are templates/math.cuh.j2's
+# approximations (counted in SASS, CUDA 13; sigmoid: FMUL, MUFU.EX2, FADD, MUFU.RCP).
+FAST_CALL_INSTRUCTIONS = {**CALL_INSTRUCTIONS, "erf": 18, "sigmoid": 4, "exp": 2}
 # Issue 18's functions (estimates): softplus is an exp and a log1p; fmodf's exact remainder
 # loops over the exponent gap (a few steps for operands of like magnitude); mod adds its fix-up.
 CALL_INSTRUCTIONS.update({"softplus": 22, "fmod": 20, "mod": 26})
