@@ -9,7 +9,9 @@ restated over the QKV columns, a head's halves in one thread: ROTARY_RULE), atte
 head copies of repeat_kv read in place: rule GQA_RULE), O-proj + residual, RMSNorm, gate/up with
 SiLU·mul as its gated epilogue (rule GATE_RULE), down + residual: 7 kernels (16 before the
 guarded-move rule, 12 before GQA_RULE, 10 before GATE_RULE, 9 before ROTARY_RULE), plus the
-final norm. At fp32 no tensor-core tile runs the GEMMs, and SIMT threads never hold both halves
+final norm. The rotary epilogue is a cost decision (planner/cost_rotary.py): it is chosen for every
+graph here (the S16 fixtures, the 1024-wide S512 graph at B1; tests/test_cost_rotary.py holds the
+B8 S512 figures and a profile under which it is declined). At fp32 no tensor-core tile runs the GEMMs, and SIMT threads never hold both halves
 of a head: the rotary maps stay two kernels of their own there (9 a layer).
 """
 from __future__ import annotations
@@ -195,3 +197,34 @@ def test_gpu_rotary_epilogue_matches_onnxruntime(pin, gpu_device):
     payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin=pin)
     _pinned_rotary(payload, pin)
     assert rel_err(run_payload(payload, inputs, gpu_device)["y"], ref) <= TOLERANCE["fp16"]
+
+
+def _kernel_source(source: str, name: str) -> str:
+    """One kernel's text out of a rendered module (from its entry to the next one's)."""
+    start = source.index(f" {name}(")
+    nxt = source.find("__global__", start)
+    return source[start:nxt if nxt > 0 else len(source)]
+
+
+@pytest.mark.parametrize("pin", ROTARY_PINS[:1] + ROTARY_PINS[2:], ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+def test_rotary_epilogue_code_is_cheap(pin):
+    """The rotary epilogue's head digits come from the tile's head-aligned column `rb` and the unrolled
+    block `rc` (no per-element division of the column), and its range bands are guards, not reads
+    ([Note: rotary bands]); the attention's 1/sqrt(D) is folded into its exp2 factor."""
+    import re
+    from aicfc.codegen.module import render_module
+    from aicfc.ir.properties import ROTARY_BAND
+    from tests.test_pipeline import stages
+    plan = stages(_rotary_model(), "fp16", pin)["plan_memory"]
+    source = render_module(plan)
+    (qkv,) = [k for k in plan.kernels if k.ops[-1].out.endswith(".rotary")]
+    text = _kernel_source(source, qkv.name)
+    assert "rb = n0" in text and "rc = " in text
+    assert not re.search(r"\(gn1? [/%] \d+\)", text), "a per-element division of the column"
+    bands = [w.name for w in plan.weights if ROTARY_BAND in w.name]
+    assert len(bands) == 4                   # the q and k heads' ranges, and the two halves
+    flags = re.findall(r"const bool\* __restrict__ (p\d+)", text)
+    assert flags and not any(f"{f}[" in text for f in flags), "a band read from memory"
+    (att,) = [k for k in plan.kernels if k.family == "attention"]
+    text = _kernel_source(source, att.name)
+    assert "float x = s_raw" in text and "0.18033" in text      # (1/8)·log2 e at D = 64

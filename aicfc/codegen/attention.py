@@ -49,10 +49,10 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from aicfc.codegen.cexpr import Emitter, c_affine, c_offset, flat_offset
+from aicfc.codegen.cexpr import Emitter, c_affine, c_offset, flat_offset, literal
 from aicfc.codegen.common import CTYPES, decompose, render, signature
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Affine, Compute, Expr, loads
+from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, loads
 from aicfc.ir.properties import Attention, causal_split, live_key_position, streaming_attention
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.passes.streaming_attention import CAUSAL_RULE, LIVE_RULE
@@ -233,16 +233,39 @@ def static_smem(k: Kernel, p: Mapping) -> int:
     return 0
 
 
-def _logits(g: Geometry, p: Mapping, sig, types) -> tuple[list[str], str]:
-    """C statements computing F for one score `s_raw` at (gi_c, gj_c), and the value's name."""
+LOG2E = 1.4426950408889634
+
+
+def _logits(g: Geometry, p: Mapping, sig, types) -> tuple[list[str], str, str]:
+    """C statements computing F for one score `s_raw` at (gi_c, gj_c), the value's name, and the
+    factor that takes it to log2 units for the tensor-core kernels' exp2. F = s·c with a constant
+    c > 0 (the usual 1/sqrt(D)) is s itself with c folded into that factor: a positive scale keeps
+    the row's max where it was, and exp2(s·c·log2e - m·c·log2e) is the same softmax with one
+    multiplication a score fewer (the softmax, not the products, bounds these kernels at D = 64:
+    planner/cost_attention_wgmma.py)."""
     att = g.att
     f: Expr = att.logits
     if p["causal"]:
         f = causal_split(att)[1]   # the mask is not read: the kernel compares j > i instead
+    scale = _positive_scale(f, att.scores.out)
+    if scale is not None and p["unit"] != "simt":
+        return [], "s_raw", literal(scale * LOG2E)
     em = Emitter(sig.params, types, prefix="f")
     names = {v: v for v, _ in g.batch} | {att.row: "gi_c", "r0": "gj_c"}
     value = em.emit(f, names, {att.scores.out: "s_raw"})
-    return em.take(), value
+    return em.take(), value, literal(LOG2E)
+
+
+def _positive_scale(f: Expr, scores: str) -> float | None:
+    """c where `f` is the score times a finite constant c > 0 (either order), else None."""
+    if not (isinstance(f, Call) and f.fn == "mul" and len(f.args) == 2):
+        return None
+    a, b = f.args
+    if isinstance(a, Const):
+        a, b = b, a
+    if isinstance(a, Load) and a.buffer == scores and isinstance(b, Const) and 0 < b.value < float("inf"):
+        return float(b.value)
+    return None
 
 
 def live_position(k: Kernel, g: Geometry, sig, types) -> str | None:
@@ -284,13 +307,13 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         base, strides = _split(off, inner)
         operands[key] = {"ptr": sig.params[ld.buffer], "base": c_affine(base, names), "s_row": strides[0],
                          "s_col": strides[1], "T": CTYPES[types[ld.buffer].dtype]}
-    lines, value = _logits(g, p, sig, types)
+    lines, value, log2_scale = _logits(g, p, sig, types)
     tiles = math.ceil(g.sq / p["BM"])
     common = dict(name=name, signature=sig.text, idx=idx, decompose=decompose("batch", g.batch, idx),
                   SQ=g.sq, SK=g.sk, D=g.d, DV=g.dv, NB=g.nb, TILES=tiles, KT=math.ceil(g.sk / p["BN"]),
                   BM=p["BM"], BN=p["BN"], causal=bool(p["causal"]), threads=threads(p),
                   q=operands["q"], k=operands["k"], v=operands["v"], o=_store(g, types, sig, names),
-                  logit_lines=lines, logit=value, live=live_position(k, g, sig, types), empty_rows_zero=att.empty_rows_zero, mask_reads=[ld.buffer for ld in loads(att.logits)
+                  logit_lines=lines, logit=value, live=live_position(k, g, sig, types), log2_scale=log2_scale, empty_rows_zero=att.empty_rows_zero, mask_reads=[ld.buffer for ld in loads(att.logits)
                                                               if ld.buffer != att.scores.out])
     if p["unit"] == "simt":
         return render("attention.cu.j2", unit="simt", TPR=p["TPR"], **common)

@@ -17,7 +17,7 @@ from aicfc.ir.types import TensorType, contiguous_strides
 
 UNARY = {
     "neg": "(-{0})", "exp": "aicf_exp({0})", "log": "logf({0})", "sqrt": "sqrtf({0})",
-    "tanh": "tanhf({0})", "erf": "aicf_erf({0})", "sigmoid": "(1.0f / (1.0f + aicf_exp(-{0})))",
+    "tanh": "tanhf({0})", "erf": "aicf_erf({0})", "sigmoid": "aicf_sigmoid({0})",
     "not": "(({0}) == 0.0f ? 1.0f : 0.0f)", "isnan": "(isnan({0}) ? 1.0f : 0.0f)",
     "cos": "cosf({0})", "sin": "sinf({0})",
 }

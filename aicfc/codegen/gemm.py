@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from aicfc.codegen import gemm_gemv, gemm_mma, gemm_wgmma
-from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
+from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition, literal
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity
 from aicfc.ir.lowered import Affine, Compute, Load, loads
-from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, rotary_pairs
+from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, is_rotary_band, rotary_pairs
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.planner.hardware import load_profile
 
@@ -229,19 +229,31 @@ def store_target(k: Kernel, types: Mapping[str, TensorType]) -> tuple[Compute, d
 
 def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, acc: str, partner: str) -> str:
     """The epilogue's value at the column named `col` from the accumulator `acc` (a rotary map:
-    and its rotation partner's `partner`; its head digits are split from the column)."""
+    and its rotation partner's `partner`).
+
+    A rotary map's head digits come from the two names every tensor-core epilogue site defines
+    beside `col` (templates gemm_mma/gemm_wgmma, under ROT_D): `rb`, the first column of the
+    thread's head-aligned tile (a multiple of the head: `why_not_rotary`), and `rc`, the
+    column's 8-column block within it, a constant of the unrolled loop. With col = rb + rc + (col
+    & 7): head g = rb/head + rc/head, half t = (rc/half) & 1 and j = rc % half + (col & 7), so t
+    and every choice that depends on it fold at compile time, and no element divides. The
+    range tests' bands are ones ([Note: rotary bands]): each read is its guard alone."""
     mm, epi = k.ops
     rot = rotary(k)
     if rot is None:
         n = dims(k)[0].n
         return em.emit(epi.body, dict(names) | ({n: col} if n else {}), {mm.out: acc})
-    t = f"(({col} / {rot.half}) & 1)"
-    where = dict(names) | {rot.g: f"({col} / {rot.head})", rot.t: t, rot.j: f"({col} % {rot.half})"}
+    t = f"((rc / {rot.half}) & 1)"
+    where = dict(names) | {rot.g: f"(rb / {rot.head} + rc / {rot.head})", rot.t: t,
+                           rot.j: f"(rc % {rot.half} + ({col} & 7))"}
     values = {}
     for ld in loads(epi.body):
         if ld.buffer == mm.out:
             u = rot.half_of(ld)
             values[ld] = acc if u is None else f"({t} == {u} ? {acc} : {partner})"
+        elif is_rotary_band(ld.buffer, em.types[ld.buffer].dtype):
+            guard = guard_condition(ld, em.types[ld.buffer], where)
+            values[ld] = f"({guard} ? 1.0f : {literal(ld.fill)})" if guard else "1.0f"
     return em.emit(epi.body, where, {}, values)
 
 

@@ -217,6 +217,22 @@ def gated_pairs(mm: Compute, epi: Compute) -> str | None:
     return c.n if reads else None
 
 
+# [Note: rotary bands] passes/rotary_epilogue.py tests a head's range (and a half's) by reading a
+# bool weight of ones at an offset (1 inside, the fill 0 outside, as for Trilu). Its values are
+# known: codegen emits such a read as its guard alone, never a memory read. The weights are
+# named by `rotary_band_name`; `is_rotary_band` recognises them.
+ROTARY_BAND = ".rotary.band."
+
+
+def rotary_band_name(base: str, tag: str) -> str:
+    return f"{base}{ROTARY_BAND}{tag}"
+
+
+def is_rotary_band(name: str, dtype: str) -> bool:
+    """Whether `name` is a band of ones made by passes/rotary_epilogue.py ([Note: rotary bands])."""
+    return dtype == "bool" and ROTARY_BAND in name
+
+
 @dataclass(frozen=True, slots=True)
 class Rotary:
     """A map over a contraction's result viewed as [lead.., G heads, 2 halves, half] (its n

@@ -70,7 +70,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_guarded_moves", "lowered", "lowered", lambda p, o: fold_guarded_moves(p)),
     Stage("read_grouped_heads", "lowered", "lowered", lambda p, o: read_grouped_heads(p)),
     Stage("interleave_gates", "lowered", "lowered", lambda p, o: interleave_gates(p)),
-    Stage("rotary_epilogue", "lowered", "lowered", lambda p, o: fold_rotary(p, o.precision)),
+    Stage("rotary_epilogue", "lowered", "lowered", lambda p, o: fold_rotary(p, o.precision, o.profile)),
     Stage("form_kernels", "lowered", "decision", lambda p, o: form_kernels(p, o.target)),
     Stage("declare_state", "decision", "decision", lambda p, o: declare_state(p)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),

@@ -13,7 +13,7 @@ its tile, the same two columns of every other block: with whole heads inside a t
 the maps are restated over C's own elements, C's last dimension split into digits (g, t, j):
 column g·D + t·D/2 + j, and one map R computes every head, q and k rotated, v copied:
 
-    %r: f32[.., G, 2, D/2] = map select(load(%r.band0, [g], fill=0.0), <q map at h = g, d = t·D/2 + j>,
+    %r: f32[.., G, 2, D/2] = map select(load(%r.band.heads0, [g], fill=0.0), <q map at h = g, d = t·D/2 + j>,
                                 select(load(%r.band1, [g - H], fill=0.0), <k map at h = g - H, ...>,
                                        load(%c, [.., D·g + D/2·t + j])))
     %r.flat: f32[.., N] = view %r
@@ -32,6 +32,10 @@ once or more, other reads of C (or a view of it) at a constant column offset 0 o
 that, the guarded ones valid in one half t_v of d only; it is no graph output and its readers
 come after it. `precision` must allow tensor cores (fp16, bf16, tf32): SIMT tiles do not hold
 a head in one thread, and fp32 keeps the maps as they are.
+
+Profitable (given the target's profile `hw`) when the epilogue's predicted extra time in the GEMM
+is below the maps' as kernels of their own (planner/cost_rotary.py); the rewrite's reason, applied
+or declined, gives both figures. Without a profile (tests of the IR alone) only legality decides.
 """
 from __future__ import annotations
 
@@ -40,8 +44,10 @@ import numpy as np
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Load, Program, Rewrite, View, loads, map_loads,
                                substitute, view_base)
-from aicfc.ir.properties import contraction, is_identity_access
+from aicfc.ir.properties import contraction, is_identity_access, rotary_band_name
 from aicfc.ir.types import TensorType, Weight
+from aicfc.planner.cost_rotary import rotary_fusion_cost
+from aicfc.planner.hardware import Profile
 
 ROTARY_RULE = "x·cos + rotate_half(x)·sin of a GEMM's head columns => rotary gemm epilogue"
 TENSOR_CORE_PRECISIONS = ("fp16", "bf16", "tf32")
@@ -115,7 +121,7 @@ def _match_map(m: Compute, c: Compute, types: dict, root: dict) -> tuple[int, in
     return D, h0, h, d, to_lead, reads
 
 
-def fold_rotary(p: Program, precision: str) -> Program:
+def fold_rotary(p: Program, precision: str, hw: Profile | None = None) -> Program:
     if precision not in TENSOR_CORE_PRECISIONS:
         return p
     types = p.types()
@@ -171,10 +177,18 @@ def fold_rotary(p: Program, precision: str) -> Program:
                 ld.buffer == op.out for o in ops if isinstance(o, Compute) and o not in [m for m, _ in maps]
                 for ld in loads(o.body)) or op.source in rotated) for op in ops):
             why = "a view of the contraction, or of a rotated map, is read by another op"
+        figures = ""
+        if why is None and hw is not None:
+            fused, separate = _costs(c, maps, types, root, precision, hw)
+            figures = (f"; predicted {fused:.2f} us of epilogue in the GEMM against {separate:.2f} us for the "
+                       f"{len(maps)} rotary kernel(s) apart (planner/cost_rotary.py)")
+            if fused >= separate:
+                why = "the separate rotary kernels cost less" + figures
         if why:
             records.append(Rewrite(ROTARY_RULE, c.out, False, why))
             continue
         new_ops, new_weights, record = _build(c, gemm, D, maps, types)
+        record = Rewrite(record.rule, record.target, True, record.reason + figures, record.bytes_saved)
         weights += new_weights
         r, flat = new_ops
         removed = {m.out for m, _ in maps}
@@ -210,6 +224,16 @@ def fold_rotary(p: Program, precision: str) -> Program:
         types = {**types, r.out: r.type, flat.out: flat.type}
         root.update({r.out: r.out, flat.out: r.out})
     return p.replace(ops=tuple(ops), weights=tuple(weights), rewrites=tuple(records))
+
+
+def _costs(c: Compute, maps: list, types: dict, root: dict, precision: str, hw: Profile) -> tuple[float, float]:
+    """(fused, separate) predicted us (planner/cost_rotary.py): C's rows and columns, each map's
+    elements, and the largest table a map reads besides C (cos or sin; the bands are one bool
+    an element of a few heads)."""
+    rows = int(np.prod(c.type.shape[:-1]))
+    tables = [types[ld.buffer].numel for m, _ in maps for ld in loads(m.body) if root.get(ld.buffer) != c.out]
+    esize = 4 if precision == "tf32" else 2
+    return rotary_fusion_cost(rows, c.type.shape[-1], [m.type.numel for m, _ in maps], max(tables, default=0), esize, hw)
 
 
 def _gemm_of(c: Compute, producers: dict, ops: list) -> Compute | None:
@@ -306,14 +330,14 @@ def _build(c: Compute, gemm: Compute, D: int, maps: list, types: dict) -> tuple[
             col = Affine.of({g: D, j: 1}, tv * half + diff)
             band = half_bands.get(tv)
             if band is None:
-                w = Weight.of(f"{name}.half{tv}", np.ones(1, dtype=np.bool_))
+                w = Weight.of(rotary_band_name(c.out, f"half{tv}"), np.ones(1, dtype=np.bool_))
                 made.append(w)
                 band = half_bands[tv] = w.name
             return Call("select", (_band(band, Affine.of({t: 1}, -tv)), read_c(col),
                                    Const(ld.fill)))
         rotated = map_loads(m.body, restate)
         hm = _heads(m, h)
-        w = Weight.of(f"{name}.band{k}", np.ones(hm, dtype=np.bool_))
+        w = Weight.of(rotary_band_name(c.out, f"heads{k}"), np.ones(hm, dtype=np.bool_))
         made.append(w)
         body = Call("select", (_band(w.name, Affine.of({g: 1}, -h0)), rotated, body))
     origin = tuple(dict.fromkeys(o for m, _ in maps for o in m.origin))

@@ -49,6 +49,7 @@ from aicfc.ir.lowered import Call, Const, Expr, count_ops, indirect_dims, loads
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
+from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
@@ -155,21 +156,23 @@ def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float
 
 
 def _io_bytes(k: Kernel, types: Mapping) -> float:
-    """Bytes a kernel moves: each buffer it reads once, and what it stores. A buffer read only
-    through an indirect (gathered) index is counted by the rows gathered, at most the whole of
-    it: an embedding lookup of one token reads one row of the table, not the table."""
+    """Bytes a kernel moves through DRAM: every tensor it reads once and every one it stores. A
+    tensor read only through an indirect index (a gather: an embedding table) is charged at most
+    one element per element of the ops that read it, not whole: the Llama benchmark's first O-proj
+    reads 4096 rows of a 32000-row table as its residual, and charging all of it tied every GEMM
+    candidate at the same DRAM-bound time (the tie-break then took one 1.6x the fastest measured)."""
     reads: dict[str, float] = {}
+    gathered: dict[str, float] = {}
     for op in k.ops:
         for ld in loads(op.body):
             if ld.buffer in k.outs:
                 continue
-            whole = float(types[ld.buffer].nbytes)
             if indirect_dims(ld):
-                t = types[ld.buffer]
-                gathered = op.type.numel * max(1, math.prod(op.reduce)) * ITEMSIZE[t.dtype]
-                reads[ld.buffer] = max(reads.get(ld.buffer, 0.0), min(whole, gathered))
+                gathered[ld.buffer] = gathered.get(ld.buffer, 0.0) + op.type.numel * ITEMSIZE[types[ld.buffer].dtype]
             else:
-                reads[ld.buffer] = whole
+                reads[ld.buffer] = types[ld.buffer].nbytes
+    for b, touched in gathered.items():
+        reads.setdefault(b, min(types[b].nbytes, touched))
     return sum(reads.values()) + sum(types[s].nbytes for s in k.stores)
 
 
@@ -264,9 +267,9 @@ def _scatter_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, ty
 # counted in SASS, CUDA 13: two polynomials selected per element; the others are estimates);
 # the rest cost one. A division by a literal is emitted as a product (cexpr.reciprocal_divisions).
 CALL_INSTRUCTIONS = {"erf": 24, "tanh": 16, "sigmoid": 18, "exp": 8, "log": 10, "sqrt": 5, "div": 9}
-# Under fp16/bf16 (apply_precision.FAST_MATH) exp and erf are templates/math.cuh.j2's
-# approximations (counted in SASS, CUDA 13).
-FAST_CALL_INSTRUCTIONS = {**CALL_INSTRUCTIONS, "erf": 18, "sigmoid": 12, "exp": 2}
+# Under fp16/bf16 (apply_precision.FAST_MATH) exp, erf and sigmoid are templates/math.cuh.j2's
+# approximations (counted in SASS, CUDA 13; sigmoid: FMUL, MUFU.EX2, FADD, MUFU.RCP).
+FAST_CALL_INSTRUCTIONS = {**CALL_INSTRUCTIONS, "erf": 18, "sigmoid": 4, "exp": 2}
 # Issue 18's functions (estimates): softplus is an exp and a log1p; fmodf's exact remainder
 # loops over the exponent gap (a few steps for operands of like magnitude); mod adds its fix-up.
 CALL_INSTRUCTIONS.update({"softplus": 22, "fmod": 20, "mod": 26})
@@ -538,15 +541,9 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     warp (ldmatrix), Q once. Pipeline: one load latency per key tile, hidden by the double
     buffer and by the other resident blocks. Occupancy and waves as for every family.
 
-    wgmma: the tensor-core work at eff.wgmma (default eff.mma_sync) instead of eff.mma_sync,
-    i.e. issued_tc = 2·scores·(D + Dv)·eff.mma_sync / eff.wgmma in the unit `_combine` divides
-    by. OVERLAP = 1 runs a tile's softmax while its warpgroup's P·V is on the tensor cores:
-    only max(0, t_softmax - t_tail - t_pv) + t_tail of it is exposed, t_pv = t_tc·Dv / (D + Dv),
-    t_tail the O rescale and P conversion that wait for P·V (Dv/BN + 1/2 operation a score);
-    OVERLAP = 2 (ping-pong) runs all of it while the other warpgroup's S and P·V are on the
-    tensor cores: max(0, t_softmax - t_tc). Shared memory:
-    each K/V tile written once and read once per warpgroup (the descriptors' operands), Q
-    written once and read once per key tile (it stays in shared memory, not in registers)."""
+    wgmma (mma and simt where the profile has their EFF_KEYS): a schedule of blocks, each a fixed cost
+    plus its key tiles at the slower of the tile's products and its softmax
+    (planner/cost_attention_wgmma.py), fitted to the H200."""
     nb, sq, sk, d, dv = attention.dims(k)
     bm, bn, causal = p["BM"], p["BN"], bool(p["causal"])
     visited = nb * _key_tiles(sq, sk, bm, bn, causal)
@@ -560,33 +557,28 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     to_unit = hw.peak_tflops[unit] * eff["mma_sync" if mma else "fp32_simt"] / (hw.peak_tflops["fp32_simt"] * eff["fp32_simt"])
     tensor = 2.0 * scores * (pd + pdv)
     softmax = SOFTMAX_OPS * scores * to_unit
-    if wg:
-        tensor *= eff["mma_sync"] / eff.get("wgmma", eff["mma_sync"])
-        # the O rescale and the P conversion (Dv / BN and 1/2 operation a score) wait for the
-        # tile's P·V and hold up the next products
-        tail = (pdv / bn + 0.5) * scores * to_unit
-        if p["OVERLAP"] == 2:   # ping-pong: the other warpgroup's S and P·V hide all of it
-            softmax = max(0.0, softmax - tensor)
-        elif p["OVERLAP"]:
-            softmax = max(0.0, softmax - tail - tensor * pdv / (pd + pdv)) + tail
     issued = tensor + softmax
     att = attention.roles(k)
     mask = {ld.buffer for ld in loads(att.logits) if ld.buffer != att.scores.out}
     dram = _io_bytes(k, types) - (sum(types[b].nbytes for b in mask) if causal else 0)
+    if wg or EFF_KEYS[p["unit"]] in hw.data:   # a schedule of blocks: planner/cost_attention_wgmma.py
+        t_dram = dram / (hw.dram_bandwidth_gbs * 1e3 * eff["dram"])
+        terms = wgmma_attention_terms(nb, sq, sk, d, dv, p, bps, hw, t_dram, load_latency(hw),
+                                      TC_EFF if wg else hw.data[EFF_KEYS[p["unit"]]], None if mma else "fp32_simt",
+                                      threads / 128)
+        return Estimate(terms.pop("time_us"), flops, dram, terms)
     kv = types[att.k.buffer].nbytes + types[att.v.buffer].nbytes
     tiles_m = math.ceil(sq / bm)
     l2 = kv * (visited / max(1, nb * math.ceil(sk / bn)) - 1) if tiles_m > 1 else 0.0
     esize = ITEMSIZE[types[att.k.buffer].dtype] if mma else 4
-    readers = p["NWG"] if wg else p["warps"] if mma else threads // 32
+    readers = p["warps"] if mma else threads // 32
     smem = visited * bn * (pd + pdv) * esize * (1 + readers) + nb * tiles_m * bm * pd * esize * 2
-    if wg:
-        smem += visited * bm * pd * esize
     latency = load_latency(hw)
     waves = math.ceil(blocks / (hw.sm_count * bps))
     per_block = visited / max(1, blocks)
     overlap = (p.get("STAGES", 2) - 1) if mma else 0
     pipeline = waves * latency * (1 + per_block / ((1 + overlap) * min(bps, 4)))
-    rows = 16 if wg else bm // p["warps"] if mma else 0   # a warp's accumulator rows (wgmma: 16 of 64)
+    rows = bm // p["warps"] if mma else 0   # a warp's accumulator rows
     ilp = max(1.0, min(4.0, (rows // 16) * (bn // 8 + pdv // 8) / 8)) if mma else 1.0
     est = _combine(hw, flops=flops, issued=issued, dram=dram, l2=l2, pipeline=pipeline, blocks=blocks,
                    threads=threads, bps=bps, ilp=ilp, unit=unit, smem=smem)

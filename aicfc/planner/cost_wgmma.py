@@ -115,9 +115,14 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
 
 def epilogue_ops(k, types: Mapping) -> int:
     """Instructions of the absorbed epilogue per output element (`cost.instructions`, fast math
-    where the policy has it); 0 for a bare contraction."""
+    where the policy has it); 0 for a bare contraction. A rotary map's: ROTARY_OPS, counted in
+    its SASS (planner/cost_rotary.py): `instructions` would count its range tests as arithmetic
+    and its two table reads as nothing."""
     if len(k.ops) < 2:
         return 0
+    if gemm.rotary(k) is not None:
+        from aicfc.planner.cost_rotary import ROTARY_OPS
+        return ROTARY_OPS
     from aicfc.planner.cost import fast_math, instructions
     return instructions(k.ops[1].body, fast=fast_math(k, types))
 
