@@ -492,9 +492,11 @@ def _infer_numeric(t: list[TensorType], _: Attrs) -> TensorType:
     return TensorType(dtype, shape)
 
 
-for _name in ("Neg", "Abs", "Max", "Min"):
+for _name in ("Neg", "Abs", "Max", "Min", "Clip"):
     OPS[_name] = OpDef(_name, OPS[_name].arity, _infer_numeric, OPS[_name].evaluate, OPS[_name].attrs)
-INTEGER_RUNTIME = ("Add", "Sub", "Mul", "Neg", "Abs", "Max", "Min", "CumSum", "Where", "Expand", "Slice", "Gather",
+# Sign (DeBERTa-v2's log-bucketed relative positions): -1, 0 or 1; 0 and NaN map to themselves.
+OPS["Sign"] = OpDef("Sign", (1, 1), _infer_numeric, lambda x, _: np.sign(x[0]))
+INTEGER_RUNTIME = ("Add", "Sub", "Mul", "Neg", "Abs", "Sign", "Max", "Min", "Clip", "CumSum", "Where", "Expand", "Slice", "Gather",
                    "GatherElements", "Concat", "Identity") + COMPARISONS
 for _op in INTEGER_RUNTIME:
     RUNTIME_DTYPES[_op] = tuple(dict.fromkeys(RUNTIME_DTYPES.get(_op, ("f32", "f16")) + INTEGERS))
