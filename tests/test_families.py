@@ -13,7 +13,7 @@ the positions are static), MobileNetV3's HardSwish/HardSigmoid, ConvNeXt's depth
 LayerNorm over channels, RegNet's grouped convolutions with squeeze-excitation.
 
 CPU: the planned program through the interpreter against onnxruntime on fresh random inputs
-(fp32 1e-5 of the output's max; the fp16 plan, fp16-rounded weights, 2e-2), and each compiled
+(fp32 1e-5 of the output's max; the fp16 plan, fp16-rounded weights, 5e-3: 1.6e-3 at most seen), and each compiled
 by nvcc at fp32 and fp16. GPU (`-m gpu`): against onnxruntime, fp32 1e-4, fp16 1e-2.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_interpreter_matches_onnxruntime(stem):
     inputs = feeds(model, 0)
     ref = reference(model, inputs)
     assert interpreter_error(model, inputs, ref, "fp32") <= 1e-5
-    assert interpreter_error(model, inputs, ref, "fp16") <= 2e-2
+    assert interpreter_error(model, inputs, ref, "fp16") <= 5e-3
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
