@@ -190,16 +190,6 @@ def test_refused_by_name(build, message):
     assert "\n" not in str(e.value)
 
 
-def test_cumsum_of_a_runtime_integer_is_refused_by_name():
-    inp = helper.make_tensor_value_info("x", TensorProto.INT32, (2, 5))
-    node = helper.make_node("CumSum", ["x", "a"], ["y"])
-    graph = helper.make_graph([node], "g", [inp], [helper.make_tensor_value_info("y", TensorProto.INT32, (2, 5))],
-                              [numpy_helper.from_array(np.array(1, np.int64), "a")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
-    with pytest.raises(AicfError, match="CumSum on run-time i32"):
-        import_model(model)
-
-
 def _f32_cases(op: str):
     """The onnx node cases of `op` on float64 data, retyped to float32 (inputs, outputs, data)."""
     from tests.test_conformance import as_array, freeze, node_cases

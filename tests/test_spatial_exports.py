@@ -10,14 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 
 import aicfc
-from benchmarks.light_models import onnxruntime_reference
-from tests.conftest import run_payload
-from tests.test_pipeline import evaluate_ir, rel_err, stages
+from tests.export_check import feeds, gpu_error, interpreter_error, reference
 
 SPATIAL = Path(__file__).resolve().parent / "fixtures" / "spatial"
 MODELS = sorted(p.stem for p in SPATIAL.glob("*.onnx"))
@@ -25,12 +22,6 @@ MODELS = sorted(p.stem for p in SPATIAL.glob("*.onnx"))
 
 def load(stem: str) -> onnx.ModelProto:
     return onnx.load(str(SPATIAL / f"{stem}.onnx"))
-
-
-def feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-            for i in model.graph.input}
 
 
 def test_fixtures_present():
@@ -43,9 +34,7 @@ def test_fixtures_present():
 def test_interpreter_matches_onnxruntime(stem):
     model = load(stem)
     inputs = feeds(model, 0)
-    ref = onnxruntime_reference(model, inputs)["y"].astype(np.float64)
-    got = evaluate_ir(stages(model)["plan_memory"], inputs)["y"]
-    assert rel_err(got, ref) <= 1e-5
+    assert interpreter_error(model, inputs, reference(model, inputs)) <= 1e-5
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -70,6 +59,4 @@ def test_compiles(stem, precision):
 def test_gpu_matches_onnxruntime(stem, precision, tol, gpu_device):
     model = load(stem)
     inputs = feeds(model, 1)
-    ref = onnxruntime_reference(model, inputs)["y"].astype(np.float64)
-    got = run_payload(aicfc.compile(model, target=gpu_device.arch, precision=precision), inputs, gpu_device)["y"]
-    assert rel_err(got, ref) <= tol
+    assert gpu_error(model, inputs, reference(model, inputs), precision, gpu_device) <= tol

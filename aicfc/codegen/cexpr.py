@@ -35,6 +35,25 @@ BINARY = {
 UNARY.update({"abs": "fabsf({0})", "floor": "floorf({0})", "ceil": "ceilf({0})", "round": "rintf({0})",
               "softplus": "aicf_softplus({0})"})
 TERNARY = {"select": "(({0}) != 0.0f ? ({1}) : ({2}))"}
+# An integer compute's functions ([Note: Integer computes]): int64 arithmetic; a comparison or
+# logic op gives 1 or 0. Nothing else reaches one (the importer allows integers at run time
+# only in the ops these spell: ops.INTEGER_RUNTIME).
+INT_UNARY = {"neg": "(-{0})", "abs": "llabs({0})", "not": "(({0}) == 0LL ? 1LL : 0LL)"}
+INT_BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
+    "max": "max({0}, {1})", "min": "min({0}, {1})",
+    "eq": "(({0}) == ({1}) ? 1LL : 0LL)", "gt": "(({0}) > ({1}) ? 1LL : 0LL)", "lt": "(({0}) < ({1}) ? 1LL : 0LL)",
+    "ge": "(({0}) >= ({1}) ? 1LL : 0LL)", "le": "(({0}) <= ({1}) ? 1LL : 0LL)",
+    "and": "(({0}) != 0LL && ({1}) != 0LL ? 1LL : 0LL)", "or": "(({0}) != 0LL || ({1}) != 0LL ? 1LL : 0LL)",
+    "xor": "((({0}) != 0LL) != (({1}) != 0LL) ? 1LL : 0LL)",
+}
+INT_TERNARY = {"select": "(({0}) != 0LL ? ({1}) : ({2}))"}
+
+
+def int_literal(x: float) -> str:
+    if not math.isfinite(x) or x != int(x):
+        raise ValueError(f"internal: literal {x!r} in an integer compute")
+    return f"{int(x)}LL"
 
 
 def literal(x: float) -> str:
@@ -113,10 +132,13 @@ def c_offset(ld: Load, params: Mapping[str, str], types: Mapping[str, TensorType
 class Emitter:
     """Emits statements for expressions over one kernel's loop variables."""
 
-    def __init__(self, params: Mapping[str, str], types: Mapping[str, TensorType], prefix: str = "t"):
+    def __init__(self, params: Mapping[str, str], types: Mapping[str, TensorType], prefix: str = "t",
+                 integer: bool = False):
         self.params = params          # buffer name -> C parameter name
         self.types = types
         self.prefix = prefix
+        self.integer = integer        # an integer compute's body: int64 ([Note: Integer computes])
+        self.scalar = "long long" if integer else "float"
         self.lines: list[str] = []
         self.memo: dict[Expr, str] = {}
         self.count = 0
@@ -132,7 +154,7 @@ class Emitter:
         if e in values:
             return values[e]
         if isinstance(e, Const):
-            return literal(e.value)
+            return int_literal(e.value) if self.integer else literal(e.value)
         if isinstance(e, Load):
             if e.buffer in registers:
                 return registers[e.buffer]
@@ -140,22 +162,31 @@ class Emitter:
         else:
             assert isinstance(e, Call)
             args = [self.emit(a, names, registers, values) for a in e.args]
-            code = {1: UNARY, 2: BINARY, 3: TERNARY}[len(args)][e.fn].format(*args)
+            table = ({1: INT_UNARY, 2: INT_BINARY, 3: INT_TERNARY} if self.integer
+                     else {1: UNARY, 2: BINARY, 3: TERNARY})[len(args)]
+            if e.fn not in table:
+                raise ValueError(f"internal: {e.fn} in an integer compute")
+            code = table[e.fn].format(*args)
         var = f"{self.prefix}{self.count}"
         self.count += 1
-        self.lines.append(f"const float {var} = {code};")
+        self.lines.append(f"const {self.scalar} {var} = {code};")
         self.memo[key] = var
         return var
 
     def load(self, e: Load, names: Mapping[str, str]) -> str:
-        """A scalar read of one access, converted to float (no statement emitted)."""
+        """A scalar read of one access, converted to float (to int64 in an integer compute; no
+        statement emitted)."""
         off = c_offset(e, self.params, self.types, names)
         dtype = self.types[e.buffer].dtype
         # __ldg (the read-only cache path) has no overload for bool: a plain read there.
         code = f"{self.params[e.buffer]}[{off}]" if dtype == "bool" else f"__ldg({self.params[e.buffer]} + ({off}))"
-        code = code if dtype == "f32" else f"static_cast<float>({code})"
+        if self.integer:
+            code = code if dtype == "i64" else f"static_cast<long long>({code})"
+        else:
+            code = code if dtype == "f32" else f"static_cast<float>({code})"
         guard = guard_condition(e, self.types[e.buffer], names)
-        return f"({guard} ? {code} : {literal(e.fill)})" if guard else code
+        fill = int_literal(e.fill) if self.integer and guard else literal(e.fill) if guard else ""
+        return f"({guard} ? {code} : {fill})" if guard else code
 
     def take(self) -> list[str]:
         """The statements emitted so far; starts a fresh scope (no sharing across scopes)."""

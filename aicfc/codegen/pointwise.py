@@ -19,7 +19,7 @@ from aicfc.codegen import vector
 from aicfc.codegen.cexpr import Emitter, reciprocal_divisions
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Const, Load, identity_index, loads
+from aicfc.ir.lowered import Const, Load, identity_index, is_integer_compute, loads
 from aicfc.ir.types import TensorType
 
 SPACE = {"threads": (64, 128, 256, 512, 1024), "items": (1, 2, 4, 8)}
@@ -33,6 +33,8 @@ def vector_width(k: Kernel, types: Mapping[str, TensorType]) -> tuple[int, str, 
     inner = op.domain_vars[-1]
     accesses = list(dict.fromkeys(loads(op.body)))
     full = vector.full_width([types[ld.buffer].dtype for ld in accesses] + [op.type.dtype])
+    if is_integer_compute(op.type.dtype, op.body, types):
+        return 1, "an integer compute runs in int64, one element at a time ([Note: Integer computes])", full
     width, why = vector.widest([types[ld.buffer].dtype for ld in accesses] + [op.type.dtype], op.type.shape[-1])
     if width > 1 and all(vector.kind(ld, types, inner, width) == vector.STRIDED for ld in accesses):
         return 1, f"every access is strided along {inner}: nothing to move as a vector", full
@@ -63,7 +65,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     sig = signature(k, types)
     vec = p["vec"]
     names = {v: v for v in op.domain_vars}
-    em = Emitter(sig.params, types, prefix="v")
+    em = Emitter(sig.params, types, prefix="v", integer=is_integer_compute(op.type.dtype, op.body, types))
     variables = list(zip(op.domain_vars, op.type.shape))
     if vec == 1:
         value = em.emit(reciprocal_divisions(op.body, lambda e: isinstance(e, Const)), names)

@@ -18,10 +18,13 @@ from aicfc.codegen.cexpr import Emitter
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.codegen.row_reduce import COMBINE, INIT
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Affine, loads
+from aicfc.ir.lowered import Affine, is_integer_compute, loads
 from aicfc.ir.types import TensorType
 
 SPACE = {"threads": (64, 128, 256, 512)}
+# An integer compute's accumulator ([Note: Integer computes]): int64.
+INT_INIT = {"sum": "0LL", "prod": "1LL", "max": "(-9223372036854775807LL - 1)", "min": "9223372036854775807LL"}
+INT_COMBINE = {"sum": "({0} + {1})", "prod": "({0} * {1})", "max": "max({0}, {1})", "min": "min({0}, {1})"}
 
 
 def space(k: Kernel, plan: Plan) -> list[dict]:
@@ -40,19 +43,22 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     red = k.ops[0]
     sig = signature(k, types)
     names = {v: v for v in red.domain_vars + red.reduce_vars}
-    em = Emitter(sig.params, types, prefix="v")
+    integer = is_integer_compute(red.type.dtype, red.body, types)   # [Note: Integer computes]
+    em = Emitter(sig.params, types, prefix="v", integer=integer)
     value = em.emit(red.body, names)
-    body = em.take() + [f"acc = {COMBINE[red.combiner].format('acc', value)};"]
+    combine = INT_COMBINE if integer else COMBINE
+    body = em.take() + [f"acc = {combine[red.combiner].format('acc', value)};"]
     if len(k.ops) == 2:
         epi = k.ops[1]
-        out = em.emit(epi.body, names, {red.out: "acc"})
-        epilogue = em.take() + [store_line(epi, dict(k.binds[1]), out, sig.params, names)]
+        epi_em = Emitter(sig.params, types, prefix="e", integer=is_integer_compute(epi.type.dtype, epi.body, types))
+        out = epi_em.emit(epi.body, names, {red.out: "acc"})
+        epilogue = epi_em.take() + [store_line(epi, dict(k.binds[1]), out, sig.params, names)]
     else:
         epilogue = [store_line(red, {v: Affine.var(v) for v in red.domain_vars}, "acc", sig.params, names)]
     return render("window.cu.j2", name=name, combiner=red.combiner, reduce=list(red.reduce),
                   shape=list(red.type.shape), threads=p["threads"], idx=sig.index_type, signature=sig.text,
                   numel=red.type.numel, decompose=decompose("t", list(zip(red.domain_vars, red.type.shape)),
                                                             sig.index_type),
-                  init=INIT[red.combiner],
+                  init=(INT_INIT if integer else INIT)[red.combiner], acc_type="long long" if integer else "float",
                   loops=list(zip(red.reduce_vars, red.reduce)), body=body, epilogue=epilogue,
                   guarded=any(ld.fill is not None for ld in loads(red.body)))

@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aicfc.ir.lowered import Call, Compute, Const, Expr, Indirect, Load, Program, View
+from aicfc.ir.lowered import Call, Compute, Const, Expr, Indirect, Load, Program, View, is_integer_compute, value_loads
 from aicfc.ir.ops import erf as _erf, sigmoid as _sigmoid
 from aicfc.ir.ops_elementwise import floored_mod as _floored_mod, softplus as _softplus
-from aicfc.ir.types import TensorType
+from aicfc.ir.types import NUMPY_TO_IR, TensorType
 
 MAX_ELEMENTS = 1 << 24
 
@@ -73,8 +73,11 @@ def evaluate_compute(op: Compute, env: dict[str, np.ndarray], dtype: Any) -> np.
     names = op.domain_vars + op.reduce_vars
     extents = op.type.shape + op.reduce
     nd, rank = len(names), len(op.type.shape)
+    if dtype is not np.int64 and _integer(op, env):
+        # [Note: Integer computes]: int64 arithmetic, converted once to the result's dtype.
+        return evaluate_compute(op, env, np.int64).astype(op.type.np_dtype)
     out = np.empty(op.type.shape, dtype=dtype)
-    if op.type.np_dtype.kind not in "f":
+    if op.type.np_dtype.kind not in "f" and dtype is not np.int64:
         # Integer and bool results are computed in float and converted once, as codegen's store does.
         with np.errstate(invalid="ignore"):
             return evaluate_compute(Compute(op.out, _as_float(op.type), op.combiner, op.reduce, op.body, op.origin),
@@ -104,6 +107,11 @@ def evaluate_compute(op: Compute, env: dict[str, np.ndarray], dtype: Any) -> np.
         else:
             out[()] = val
     return out
+
+
+def _integer(op: Compute, env: dict[str, np.ndarray]) -> bool:
+    types = {ld.buffer: TensorType(NUMPY_TO_IR[env[ld.buffer].dtype], ()) for ld in value_loads(op.body)}
+    return is_integer_compute(op.type.dtype, op.body, types)
 
 
 def _as_float(t: TensorType) -> TensorType:

@@ -266,6 +266,36 @@ def loads(e: Expr) -> list[Load]:
     return []
 
 
+# [Note: Integer computes]
+# A body has no types of its own: it computes in float (fp32 in a kernel, the interpreter's
+# dtype), its loads converted on read and its result on store. A compute whose result and every
+# value it loads are integers or bools, with at least one integer among them, is an integer
+# compute instead: its body runs in int64 (`long long` in a kernel, np.int64 in the
+# interpreter), its literals are integers, so position ids and masks computed at run time
+# (RoBERTa's CumSum of its non-padding mask, masks multiplied and compared) are exact at any
+# magnitude, not only below 2**24. The ids of an indirect index are read as integers either
+# way and do not count. Inlining keeps the distinction (passes/inline_producers.py): an integer
+# compute's arithmetic is never moved into a float body, nor a float-to-integer conversion
+# into an integer body.
+INTEGER_DTYPES = ("i64", "i32")
+
+
+def value_loads(e: Expr) -> list[Load]:
+    """The accesses whose values `e` computes with (not the ids of an indirect index)."""
+    if isinstance(e, Load):
+        return [e]
+    if isinstance(e, Call):
+        return [ld for a in e.args for ld in value_loads(a)]
+    return []
+
+
+def is_integer_compute(dtype: str, body: Expr, types: Mapping[str, TensorType]) -> bool:
+    """Whether a compute with result `dtype` and `body` is an integer compute
+    ([Note: Integer computes]); `types` gives the dtype of every buffer the body loads."""
+    dtypes = [dtype] + [types[ld.buffer].dtype for ld in value_loads(body)]
+    return all(d in INTEGER_DTYPES or d == "bool" for d in dtypes) and any(d in INTEGER_DTYPES for d in dtypes)
+
+
 def map_loads(e: Expr, fn) -> Expr:
     """Rebuild `e` with every Load replaced by fn(load) (which may return any Expr). The ids of
     an indirect index are not visited: passes decline what reads through them ([Note: Indirect index])."""

@@ -474,3 +474,29 @@ OPS.update({op.name: op for op in [
 from aicfc.ir.ops_norms import NORM_OPS  # noqa: E402
 
 OPS.update({op.name: op for op in NORM_OPS})
+
+
+# Integer arithmetic at run time (issue 18): position ids (RoBERTa's CumSum of its non-padding
+# mask), masks multiplied and compared, T5's relative-position buckets before they fold. A
+# compute whose result and loads are all integers or bools runs in int64, exactly, in the
+# kernel and in the interpreter ([Note: Integer computes] in ir/lowered.py); Div and Mod on
+# integers stay constants-only (their rounding differs from float's).
+def _infer_numeric(t: list[TensorType], _: Attrs) -> TensorType:
+    """Element-wise over inputs of one dtype, float or integer (broadcast)."""
+    dtype = _same_dtype(t)
+    if dtype not in FLOATS + INTEGERS:
+        raise OpTypeError(f"dtype {dtype} is neither a float nor an integer type")
+    shape: tuple[int, ...] = ()
+    for x in t:
+        shape = _broadcast(shape, x.shape)
+    return TensorType(dtype, shape)
+
+
+for _name in ("Neg", "Abs", "Max", "Min", "Clip"):
+    OPS[_name] = OpDef(_name, OPS[_name].arity, _infer_numeric, OPS[_name].evaluate, OPS[_name].attrs)
+# Sign (DeBERTa-v2's log-bucketed relative positions): -1, 0 or 1; 0 and NaN map to themselves.
+OPS["Sign"] = OpDef("Sign", (1, 1), _infer_numeric, lambda x, _: np.sign(x[0]))
+INTEGER_RUNTIME = ("Add", "Sub", "Mul", "Neg", "Abs", "Sign", "Max", "Min", "Clip", "CumSum", "Where", "Expand", "Slice", "Gather",
+                   "GatherElements", "Concat", "Identity") + COMPARISONS
+for _op in INTEGER_RUNTIME:
+    RUNTIME_DTYPES[_op] = tuple(dict.fromkeys(RUNTIME_DTYPES.get(_op, ("f32", "f16")) + INTEGERS))

@@ -31,8 +31,9 @@ in form_kernels).
 from __future__ import annotations
 
 from aicfc.ir.memo import by_identity
-from aicfc.ir.lowered import (Compute, Expr, Load, Program, Rewrite, View, has_indirect, index_loads,
-                              indirect_dims, loads, map_loads, substitute)
+from aicfc.ir.lowered import (INTEGER_DTYPES, Compute, Expr, Load, Program, Rewrite, View, has_indirect, index_loads,
+                              indirect_dims, is_integer_compute, loads, map_loads, substitute)
+from aicfc.ir.types import TensorType
 from aicfc.ir.properties import (implicit_gemm, is_identity_access, reads_per_element, recompute_cost,
                                  why_not_tile_compatible)
 
@@ -55,6 +56,21 @@ def _inline(consumer: Compute, producer: Compute) -> Compute:
         return substitute(producer.body, dict(zip(producer.domain_vars, ld.index)))
     return Compute(consumer.out, consumer.type, consumer.combiner, consumer.reduce,
                    map_loads(consumer.body, replace), tuple(dict.fromkeys(consumer.origin + producer.origin)))
+
+
+def _why_not_domain(producer: Compute, consumer: Compute, pure_move: bool, types: dict[str, TensorType]) -> str | None:
+    """[Note: Integer computes]: integer arithmetic is not moved into a float body (it would run
+    in float), nor a float-to-integer conversion into an integer body (it happens at the
+    producer's store). A pure move of integers changes no value wherever it is read."""
+    merged = _inline(consumer, producer)
+    if is_integer_compute(producer.type.dtype, producer.body, types):
+        if not pure_move and not is_integer_compute(merged.type.dtype, merged.body, types):
+            return (f"it is an integer compute and consumer {consumer.out!r} computes in float: its int64 "
+                    "arithmetic would run in float")
+    elif producer.type.dtype in INTEGER_DTYPES and is_integer_compute(consumer.type.dtype, consumer.body, types):
+        return (f"its float-to-integer conversion happens at its store, and consumer {consumer.out!r} is an "
+                "integer compute")
+    return None
 
 
 def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | None:
@@ -126,6 +142,7 @@ def inline_producers(p: Program, again: bool = False) -> Program:
     which then no longer fold into an attention operand. It only adds what it applies: its
     declines repeat the first run's."""
     ops = list(p.ops)
+    types = p.types()   # inlining makes no buffer and changes no dtype
     records: list[Rewrite] = list(p.rewrites)
     k = 0
     while k < len(ops):
@@ -147,7 +164,8 @@ def inline_producers(p: Program, again: bool = False) -> Program:
         elif not consumers:
             reason = "it has no consumer"
         else:
-            reason = next((r for c in consumers if (r := _why_not(prod, c, pure_move))), None)
+            reason = next((r for c in consumers if (r := _why_not(prod, c, pure_move)
+                                                     or _why_not_domain(prod, c, pure_move, types))), None)
             if reason is None and not pure_move:
                 readers: dict[str, list[Compute]] = {}
                 for op in ops:   # who reads what, in the program as it is now

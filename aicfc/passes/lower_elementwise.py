@@ -89,6 +89,9 @@ ELEMENTWISE_LOWERINGS: dict[str, Callable[[Node, dict[str, TensorType], list[Wei
     "Mish": _map(lambda n, x: Call("mul", (x, Call("tanh", (Call("softplus", (x,)),))))),
     "Gelu": _map(lambda n, x: gelu(x, n.attr["approximate"])),
     "Abs": _map(lambda n, x: Call("abs", (x,))),
+    # sign(x) = x > 0 ? 1 : (x < 0 ? -1 : x): 0 and NaN stay themselves
+    "Sign": _map(lambda n, x: Call("select", (Call("gt", (x, Const(0.0))), Const(1.0),
+                                              Call("select", (Call("lt", (x, Const(0.0))), Const(-1.0), x))))),
     "Floor": _map(lambda n, x: Call("floor", (x,))),
     "Ceil": _map(lambda n, x: Call("ceil", (x,))),
     "Round": _map(lambda n, x: Call("round", (x,))),

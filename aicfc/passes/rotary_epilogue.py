@@ -65,6 +65,8 @@ def _match_map(m: Compute, c: Compute, types: dict, root: dict) -> tuple[int, in
     own = [ld for ld in loads(m.body) if ld.buffer == c.out and ld.fill is None]
     if not own:
         return "it reads no column of the contraction at its own index"
+    if any(not isinstance(a, Affine) for ld in own for a in ld.index):
+        return "it reads the contraction through an indirect (data-dependent) index"
     last = own[0].index[-1]
     by_coeff = {k: v for v, k in last.terms}
     d = by_coeff.get(1)
