@@ -141,3 +141,22 @@ def test_gemv_matches_numpy(case, pin, precision, gpu_device):
 
 def test_gemv_unit_is_in_the_gemm_family():
     assert gemm.threads({"unit": "gemv", "WARPS": 4}) == 128
+
+
+def test_a_rotary_projection_at_decode_rows_is_not_a_gemv():
+    """A decode step of 8 rows (B8) whose QKV projection carries the rotary epilogue compiles
+    (nvcc builds every leader), and gemv is not offered for it (`gemm.why_not_rotary`)."""
+    from benchmarks.decoder_graph import DecoderConfig, cache_names, decoder_model, random_weight, weight_shapes
+    from aicfc.passes.rotary_epilogue import ROTARY_RULE
+    cfg = DecoderConfig(128, 1, 2, 1, 256, 64, 32)
+    rng = np.random.default_rng(5)
+    model = decoder_model(cfg, lambda name: random_weight(name, weight_shapes(cfg)[name], rng), batch="batch")
+    shapes = {"input_ids": (8, 1), "cache_position": (1,)} | {n: cfg.cache_shape(8) for n, _ in cache_names(cfg)}
+    payload = aicfc.compile(model, precision="fp16", shapes=shapes)
+    rotary = [k for k in payload["kernels"] if ROTARY_RULE in k["rewrites"]]
+    assert rotary and all(k["params"]["unit"] != "gemv" for k in rotary)
+    plan = plan_of(model, shapes, "fp16")
+    (qkv,) = [k for k in plan.kernels if ROTARY_RULE in k.rewrites]
+    assert gemm_gemv.why_not(qkv, plan, "f16") is None            # 8 rows: gemv would apply
+    assert not [p for p in gemm.space(qkv, plan) if p["unit"] == "gemv"]
+    assert "rotary" in gemm.why_not_rotary(gemm.rotary(qkv), {"unit": "gemv"})

@@ -116,7 +116,9 @@ def why_not_rotary(rot: Rotary, p: Mapping) -> str | None:
     touches (the partner column is 8·(head/16) blocks away in its own fragments). wgmma: a
     warpgroup holds all BN columns of its rows; mma: a warp its BN/WN; SIMT threads hold
     strided columns, never a head's two halves."""
-    width = p["BN"] if p["unit"] in ("wgmma", "gemv") else p["BN"] // p["WN"] if p["unit"] == "mma" else None
+    if p["unit"] == "gemv":
+        return "gemv's epilogue does not run rotary maps (no rotation-partner columns)"
+    width = p["BN"] if p["unit"] == "wgmma" else p["BN"] // p["WN"] if p["unit"] == "mma" else None
     if width is None:
         return f"{p['unit']} threads do not hold both halves of a head of {rot.head}"
     if width % rot.head:

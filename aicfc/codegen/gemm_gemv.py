@@ -14,8 +14,8 @@ pipelines built for reuse; here each thread streams the weight itself:
 - the warps' partial sums are added in shared memory in warp order (fixed, so repeated runs
   give identical bits); with SPLITK > 1 the partial row tile goes to the kernel's scratch and
   the last split to take a ticket adds all splits in split order (codegen/scratch.py, as the
-  `mma` split-k does) and runs the epilogue from shared memory, where every column of the block
-  (a head's rotation partner, a gate's up column) is at hand.
+  `mma` split-k does) and runs the epilogue from shared memory (a gate's up column beside it).
+  Rotary epilogues are not offered (`gemm.why_not_rotary`).
 
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with rows 16-byte
@@ -93,4 +93,4 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
                   SPLITK=p["SPLITK"], SEG=p["BN"] // SEGMENT, UNROLL=UNROLL, KPER=k_per_split(parts["K"], p),
                   dtype=types[c.b.buffer].dtype, TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype],
-                  ROT_D=parts["rotary"], rows=rows, **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
+                  rows=rows, **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
