@@ -81,8 +81,14 @@ def test_interpreter_matches_onnxruntime(stem):
     assert interpreter_error(model, inputs, ref, "fp16") <= 5e-3
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("stem", MODELS)
+# nvcc builds of one export per family at fp16 (the tensor-core templates): 14 of the 52
+# (stem, precision) builds, so that the suite stays within CI's time. The GPU test below
+# compiles and runs every stem at both precisions.
+ONE_PER_FAMILY = sorted({stem.rsplit("_", 1)[0]: stem for stem in MODELS}.values())
+
+
+@pytest.mark.parametrize("precision", ["fp16"])
+@pytest.mark.parametrize("stem", ONE_PER_FAMILY)
 def test_compiles(stem, precision):
     payload = aicfc.compile(load(stem), precision=precision)
     assert payload["precision"] == precision
