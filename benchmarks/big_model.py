@@ -31,44 +31,23 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.external_data import ExternalData  # noqa: E402
 from tests.llama_graph import llama_model  # noqa: E402
-
-INLINE_BYTES = 1024   # smaller initializers (shapes, scalars) stay in the model file
-
 
 def build(folder: Path, layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int,
           seq: int) -> tuple[Path, int, int]:
     """Write model.onnx + model.onnx.data; (path, parameters, bytes of the external data)."""
     folder.mkdir(parents=True, exist_ok=True)
-    data_path = folder / "model.onnx.data"
-    written = [0, 0]   # bytes, parameters
-    with open(data_path, "wb") as data:
-        def store(array: np.ndarray, name: str) -> onnx.TensorProto:
-            array = np.ascontiguousarray(array)
-            written[1] += array.size if array.dtype == np.float32 else 0
-            if array.nbytes < INLINE_BYTES:
-                return onnx.numpy_helper.from_array(array, name)
-            tensor = onnx.TensorProto(name=name, dims=array.shape,
-                                      data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", data_path.name), ("offset", str(written[0])),
-                               ("length", str(array.nbytes))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-            data.write(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
-            written[0] += array.nbytes
-            return tensor
-
+    with ExternalData(folder / "model.onnx.data") as ext:
         model = llama_model(hidden, heads, kv_heads, seq, inter, layers=layers, vocab=vocab,
-                            store=store, dtype=np.dtype(np.float32))
+                            store=ext.store, dtype=np.dtype(np.float32))
     path = folder / "model.onnx"
     path.write_bytes(model.SerializeToString())
-    return path, written[1], written[0]
+    return path, ext.parameters, ext.bytes
 
 
 def compile_measured(model: Path, out: Path, precision: str, jobs: int) -> dict[str, float]:

@@ -29,37 +29,18 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.external_data import ExternalData  # noqa: E402
 from benchmarks.decoder_graph import DecoderConfig, cache_names, decoder_model, random_weight, weight_shapes  # noqa: E402
-
-INLINE_BYTES = 1024
-
 
 def build(folder: Path, cfg: DecoderConfig, weights: dict[str, np.ndarray]) -> Path:
     """model.onnx (batch symbolic) + model.onnx.data in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    data_path = folder / "model.onnx.data"
-    offset = [0]
-    with open(data_path, "wb") as data:
-        def store(array: np.ndarray, name: str) -> onnx.TensorProto:
-            array = np.ascontiguousarray(array)
-            if array.nbytes < INLINE_BYTES:
-                return onnx.numpy_helper.from_array(array, name)
-            tensor = onnx.TensorProto(name=name, dims=array.shape,
-                                      data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", data_path.name), ("offset", str(offset[0])),
-                               ("length", str(array.nbytes))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-            data.write(array.tobytes())
-            offset[0] += array.nbytes
-            return tensor
-        model = decoder_model(cfg, lambda n: weights[n], batch="batch", store=store)
+    with ExternalData(folder / "model.onnx.data") as ext:
+        model = decoder_model(cfg, lambda n: weights[n], batch="batch", store=ext.store)
     path = folder / "model.onnx"
     path.write_bytes(model.SerializeToString())
     return path
