@@ -7,6 +7,10 @@ output in float64, and the error of the compiler's result relative to the output
     ref = reference(model, inputs)
     assert interpreter_error(model, inputs, ref) <= 1e-5                   # the fp32 plan, on the CPU
     assert gpu_error(model, inputs, ref, "fp16", device) <= 1e-2           # compiled, on the GPU
+
+`fp16_floor(model, inputs, ref)` is the error of the network itself when every weight and every
+node's output is stored in fp16 (onnxruntime, a Cast pair after each node): what any fp16
+implementation that stores its tensors in fp16 pays on these inputs, whatever its kernels.
 """
 from __future__ import annotations
 
@@ -45,6 +49,28 @@ def feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
 
 def reference(model: onnx.ModelProto, inputs: dict[str, np.ndarray], output: str = "y") -> np.ndarray:
     return onnxruntime_reference(model, inputs)[output].astype(np.float64)
+
+
+def fp16_floor(model: onnx.ModelProto, inputs: dict[str, np.ndarray], ref: np.ndarray, output: str = "y") -> float:
+    from onnx import TensorProto, helper, numpy_helper
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    del m.graph.node[:]
+    for n in model.graph.node:
+        node = m.graph.node.add()
+        node.CopyFrom(n)
+        if n.op_type == "Constant":
+            continue
+        for i, out in enumerate(n.output):
+            node.output[i] = out + "__f32"
+            m.graph.node.append(helper.make_node("Cast", [out + "__f32"], [out + "__f16"], to=TensorProto.FLOAT16))
+            m.graph.node.append(helper.make_node("Cast", [out + "__f16"], [out], to=TensorProto.FLOAT))
+    for init in m.graph.initializer:
+        a = numpy_helper.to_array(init)
+        if a.dtype == np.float32:
+            init.CopyFrom(numpy_helper.from_array(a.astype(np.float16).astype(np.float32), init.name))
+    rounded = {k: v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v for k, v in inputs.items()}
+    return rel_err(onnxruntime_reference(m, rounded)[output], ref)
 
 
 def interpreter_error(model: onnx.ModelProto, inputs: dict[str, np.ndarray], ref: np.ndarray,
