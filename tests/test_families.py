@@ -84,12 +84,19 @@ def test_roberta_position_ids_are_integer_computes():
 
 
 def test_t5_relative_position_buckets_fold():
+    from aicfc.ir.lowered import loads
     """T5's TorchScript export computes the buckets from the static positions (int64 and float
     math on constants): all folded, the bias a constant read by the attention."""
     plan = stages(load("t5enc_ts"))["plan_memory"]
     origins = {o for k in plan.kernels for op in k.ops for o in getattr(op, "origin", ())}
     assert not any("relative_attention_bias" in o or "/Log" in o for o in origins)
-    assert sum(k.family == "attention" for k in plan.kernels) == 2
+    attention = [k for k in plan.kernels if k.family == "attention"]
+    assert len(attention) == 2
+    # the additive bias [1, heads, S, S] is read inside each attention kernel, not added apart
+    weights = {w.name for w in plan.weights}
+    for k in attention:
+        read = {ld.buffer for op in k.ops for ld in loads(op.body)}
+        assert any(b in weights and plan.types()[b].shape == (1, 2, 8, 8) for b in read), k.name
 
 
 @pytest.mark.parametrize("stem", MODELS)

@@ -1,7 +1,9 @@
 """Integer arithmetic at run time ([Note: Integer computes], issue 18): RoBERTa's position ids
 (`create_position_ids_from_input_ids`: Equal / Not / Cast / CumSum / Mul / Add on the token ids)
 and integer masks compute in int64, exactly, in the interpreter and in the kernel: values far
-above 2**24 (where float32 stops being exact) come out equal to numpy's.
+above 2**24 (where float32 stops being exact) come out equal to numpy's. Integer Div truncates
+toward zero, Mod fmod=1 takes the dividend's sign and fmod=0 the divisor's (ONNX); a zero divisor,
+which ONNX leaves undefined, gives 0 everywhere.
 """
 from __future__ import annotations
 
@@ -131,3 +133,73 @@ def test_gpu_position_ids_exact(precision, gpu_device):
     inputs = feeds(1)
     got = run_payload(aicfc.compile(model, target=gpu_device.arch, precision=precision), inputs, gpu_device)["y"]
     assert np.array_equal(got, reference(**inputs))
+
+
+def division_model(divisor_constant: bool = False) -> onnx.ModelProto:
+    """q = a / b (Div), r = Mod(a, b, fmod=1), f = Mod(a, b, fmod=0), int64, b at run time (or a
+    constant), the three summed with weights so one output checks all: y = q * 1000003 + r * 7 + f."""
+    c = [numpy_helper.from_array(np.array(1000003, np.int64), "k1"), numpy_helper.from_array(np.array(7, np.int64), "k2")]
+    if divisor_constant:
+        c.append(numpy_helper.from_array(np.array([[-7, 3, 1, -1, 5]], np.int64), "b"))
+    nodes = [helper.make_node("Div", ["a", "b"], ["q"]), helper.make_node("Mod", ["a", "b"], ["r"], fmod=1),
+             helper.make_node("Mod", ["a", "b"], ["f"], fmod=0), helper.make_node("Mul", ["q", "k1"], ["q1"]),
+             helper.make_node("Mul", ["r", "k2"], ["r1"]), helper.make_node("Add", ["q1", "r1"], ["s"]),
+             helper.make_node("Add", ["s", "f"], ["y"])]
+    ins = [helper.make_tensor_value_info("a", TensorProto.INT64, [4, 5])]
+    if not divisor_constant:
+        ins.append(helper.make_tensor_value_info("b", TensorProto.INT64, [4, 5]))
+    g = helper.make_graph(nodes, "division", ins, [helper.make_tensor_value_info("y", TensorProto.INT64, [4, 5])], c)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def division_reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Python's integers (exact): truncated quotient, C remainder, floored remainder; 0 for b = 0."""
+    out = np.zeros(np.broadcast(a, b).shape, np.int64)
+    for i in np.ndindex(out.shape):
+        x, y = int(a[i]), int(np.broadcast_to(b, out.shape)[i])
+        if y == 0:
+            continue
+        q = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+        r = x - q * y
+        f = r + y if r != 0 and (r < 0) != (y < 0) else r
+        out[i] = q * 1000003 + r * 7 + f
+    return out
+
+
+def division_feeds(seed: int) -> dict[str, np.ndarray]:
+    """Every sign pair, values above 2**24, and zero divisors."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-BIG, BIG, (4, 5)).astype(np.int64)
+    a[0] = [7, -7, 7, -7, 0]
+    b = rng.integers(-1000, 1000, (4, 5)).astype(np.int64)
+    b[0] = [2, 2, -2, -2, 3]
+    b[1, :2] = 0
+    return {"a": a, "b": b}
+
+
+@pytest.mark.parametrize("divisor_constant", [False, True])
+def test_integer_div_and_mod_exact_through_every_stage(divisor_constant):
+    model = division_model(divisor_constant)
+    inputs = division_feeds(4)
+    b = np.array([[-7, 3, 1, -1, 5]], np.int64) if divisor_constant else inputs["b"]
+    ref = division_reference(inputs["a"], b)
+    feed = {"a": inputs["a"]} if divisor_constant else inputs
+    for name, ir in stages(model).items():
+        got = evaluate_ir(ir, feed)["y"]
+        assert got.dtype == np.int64 and np.array_equal(got, ref), name
+    plan = stages(model)["plan_memory"]
+    types = plan.types()
+    assert all(is_integer_compute(op.type.dtype, op.body, types)
+               for k in plan.kernels for op in k.ops if isinstance(op, Compute))
+    assert aicfc.compile(model)["kernels"]   # nvcc builds aicf_idiv / aicf_ifmod / aicf_imod
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("divisor_constant", [False, True])
+def test_gpu_integer_div_and_mod_exact(divisor_constant, gpu_device):
+    model = division_model(divisor_constant)
+    inputs = division_feeds(5)
+    b = np.array([[-7, 3, 1, -1, 5]], np.int64) if divisor_constant else inputs["b"]
+    feed = {"a": inputs["a"]} if divisor_constant else inputs
+    got = run_payload(aicfc.compile(model, target=gpu_device.arch), feed, gpu_device)["y"]
+    assert np.array_equal(got, division_reference(inputs["a"], b))

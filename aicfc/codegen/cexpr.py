@@ -46,6 +46,7 @@ INT_BINARY = {
     "ge": "(({0}) >= ({1}) ? 1LL : 0LL)", "le": "(({0}) <= ({1}) ? 1LL : 0LL)",
     "and": "(({0}) != 0LL && ({1}) != 0LL ? 1LL : 0LL)", "or": "(({0}) != 0LL || ({1}) != 0LL ? 1LL : 0LL)",
     "xor": "((({0}) != 0LL) != (({1}) != 0LL) ? 1LL : 0LL)",
+    "idiv": "aicf_idiv({0}, {1})", "fmod": "aicf_ifmod({0}, {1})", "mod": "aicf_imod({0}, {1})",
 }
 INT_TERNARY = {"select": "(({0}) != 0LL ? ({1}) : ({2}))"}
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from aicfc.ir.lowered import Call, Compute, Const, Expr, Indirect, Load, Program, View, is_integer_compute, value_loads
 from aicfc.ir.ops import erf as _erf, sigmoid as _sigmoid
-from aicfc.ir.ops_elementwise import floored_mod as _floored_mod, softplus as _softplus
+from aicfc.ir.ops_elementwise import floored_mod as _floored_mod, softplus as _softplus, truncated_div as _truncated_div
 from aicfc.ir.types import NUMPY_TO_IR, TensorType
 
 MAX_ELEMENTS = 1 << 24
@@ -30,7 +30,7 @@ SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {
     "and": lambda a, b: (a != 0) & (b != 0), "or": lambda a, b: (a != 0) | (b != 0),
     "xor": lambda a, b: (a != 0) ^ (b != 0), "not": lambda a: a == 0, "isnan": np.isnan,
     "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "round": np.round, "softplus": _softplus,
-    "fmod": np.fmod, "mod": _floored_mod,
+    "fmod": np.fmod, "mod": _floored_mod, "idiv": _truncated_div,
     "cos": np.cos, "sin": np.sin,
 }
 

@@ -51,6 +51,9 @@ FNS: dict[str, int] = {
     # overflow; fmod is C's fmodf (the sign of a), mod the floored remainder (the sign of b).
     "abs": 1, "floor": 1, "ceil": 1, "round": 1, "softplus": 1, "fmod": 2, "mod": 2,
     "cos": 1, "sin": 1,
+    # ONNX Div on integers: the quotient truncated toward zero; only in an integer compute
+    # ([Note: Integer computes]), where a zero divisor gives 0 (ONNX leaves it undefined).
+    "idiv": 2,
 }
 COMBINERS = ("map", "sum", "max", "min", "prod")
 

@@ -330,8 +330,8 @@ def _divide(x: list[np.ndarray], _: Attrs) -> np.ndarray:
     """ONNX Div: true division for floats, truncation toward zero for integers."""
     a, b = x
     if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        q = np.abs(a) // np.abs(b)
-        return (np.sign(a) * np.sign(b) * q).astype(np.result_type(a, b))
+        from aicfc.ir.ops_elementwise import truncated_div
+        return truncated_div(a, b)
     return a / b
 
 
@@ -496,7 +496,7 @@ for _name in ("Neg", "Abs", "Max", "Min", "Clip"):
     OPS[_name] = OpDef(_name, OPS[_name].arity, _infer_numeric, OPS[_name].evaluate, OPS[_name].attrs)
 # Sign (DeBERTa-v2's log-bucketed relative positions): -1, 0 or 1; 0 and NaN map to themselves.
 OPS["Sign"] = OpDef("Sign", (1, 1), _infer_numeric, lambda x, _: np.sign(x[0]))
-INTEGER_RUNTIME = ("Add", "Sub", "Mul", "Neg", "Abs", "Sign", "Max", "Min", "Clip", "CumSum", "Where", "Expand", "Slice", "Gather",
+INTEGER_RUNTIME = ("Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Sign", "Max", "Min", "Clip", "CumSum", "Where", "Expand", "Slice", "Gather",
                    "GatherElements", "Concat", "Identity") + COMPARISONS
 for _op in INTEGER_RUNTIME:
     RUNTIME_DTYPES[_op] = tuple(dict.fromkeys(RUNTIME_DTYPES.get(_op, ("f32", "f16")) + INTEGERS))

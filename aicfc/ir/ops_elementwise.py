@@ -37,12 +37,21 @@ def gelu(x: np.ndarray, approximate: str) -> np.ndarray:
     return (t(0.5) * x * (t(1) + erf(x / t(np.sqrt(2.0))))).astype(x.dtype)
 
 
+def truncated_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ONNX Div on integers: the quotient truncated toward zero; a zero divisor (undefined in
+    ONNX) gives 0, as the kernels' aicf_idiv does."""
+    a, b = np.asarray(a), np.asarray(b)
+    safe = np.where(b == 0, 1, b)
+    q = np.abs(a) // np.abs(safe)
+    return np.where(b == 0, 0, np.where((a < 0) != (safe < 0), -q, q)).astype(np.result_type(a, b))
+
+
 def floored_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ONNX Mod with fmod=0 (opset 28): a - floor(a / b)·b, the sign of b. For floats the
     truncated remainder is moved into b's sign by adding b; a zero takes b's sign; x = ±inf or
     b = 0 give NaN (fmod does), b = ±inf with x of the other sign gives b."""
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        return np.mod(a, b)
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":   # a zero divisor gives 0 (aicf_imod)
+        return np.where(b == 0, 0, np.mod(a, np.where(b == 0, 1, b))).astype(np.result_type(a, b))
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.fmod(a, b)
         r = np.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
@@ -51,6 +60,8 @@ def floored_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _mod(x: list[np.ndarray], at: Attrs) -> np.ndarray:
     a, b = x
+    if at["fmod"] and a.dtype.kind in "iu" and b.dtype.kind in "iu":   # a zero divisor gives 0 (aicf_ifmod)
+        return np.where(b == 0, 0, np.fmod(a, np.where(b == 0, 1, b))).astype(np.result_type(a, b))
     if at["fmod"]:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.fmod(a, b)

@@ -19,7 +19,7 @@ NOTES: dict[str, str] = {
     "ConstantOfShape": "folded at compile time",
     "Conv": "1-D, 2-D, 3-D implicit GEMM (tensor cores at fp16/bf16): groups, depthwise, stride, dilation, pads, "
             "auto_pad; bias and activation fused",
-    "Div": "numpy broadcasting; integer division only on constants (truncates toward zero)",
+    "Div": "numpy broadcasting; integers (int32/int64) at run time in int64, truncated toward zero (a zero divisor gives 0)",
     "Dropout": "inference (identity); training mode refused",
     "Equal": "float, bool or int64/int32 inputs (integers compared exactly), broadcasting; a bool result (masks)",
     "Erf": "",
@@ -83,7 +83,7 @@ NOTES: dict[str, str] = {
     "Floor": "",
     "Ceil": "",
     "Round": "half to even",
-    "Mod": "floats at run time: fmod=1 (C fmod), fmod=0 (floored, opset 28; refused on floats before it); integers on constants (folded)",
+    "Mod": "floats at run time: fmod=1 (C fmod), fmod=0 (floored, opset 28; refused on floats before it); integers at run time in int64, both modes (a zero divisor gives 0)",
     "Mean": "any number of float inputs, broadcasting",
     "Trilu": "upper and lower, constant k; at run time a map with an index condition (float, bool; integers exact to 2^24), on constants folded",
     # issue 18: data movement, reductions, selection, contractions

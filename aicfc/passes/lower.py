@@ -32,8 +32,8 @@ from typing import Callable
 
 from aicfc.errors import AicfError
 from aicfc.ir.high import Graph, Node
-from aicfc.ir.lowered import (Affine, Call, Compute, Const, Expr, Indirect, Load, Op, Program, Rewrite, View,
-                              identity_index, loads)
+from aicfc.ir.lowered import (INTEGER_DTYPES, Affine, Call, Compute, Const, Expr, Indirect, Load, Op, Program,
+                              Rewrite, View, identity_index, loads)
 from aicfc.ir.properties import ONLINE
 from aicfc.ir.types import TensorType, Weight, contiguous_strides
 from aicfc.passes.canonicalize import BN_FOLD_RULE, CANON_REASONS
@@ -223,7 +223,8 @@ LOWERINGS: dict[str, Callable[..., list[Op]]] = {
     "Add": _pointwise(_call("add")),
     "Sub": _pointwise(_call("sub")),
     "Mul": _pointwise(_call("mul")),
-    "Div": _pointwise(_call("div")),
+    "Div": lambda n, types, scalars: _pointwise(_call("idiv" if n.type.dtype in INTEGER_DTYPES else "div"))(
+        n, types, scalars),
     "Relu": _pointwise(lambda x: Call("max", (x, Const(0.0)))),
     "Sigmoid": _pointwise(_call("sigmoid")),
     "Tanh": _pointwise(_call("tanh")),
