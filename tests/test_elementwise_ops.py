@@ -317,11 +317,8 @@ def test_trilu_on_run_time_masks_and_integers():
 REFUSED = [
     (lambda: model_of("Gelu", [(4, 8)], {"approximate": "erf"}), "Gelu approximate='erf' is not one of"),
     (lambda: model_of("Mod", [(4, 8), (4, 8)], {"fmod": 0}, opset=22), "fmod=0 on floats is undefined before opset 28"),
-    (lambda: model_of("Mod", [(4, 8), (4, 8)], {"fmod": 0}, dtype=TensorProto.INT64, opset=28),
-     "Mod on run-time i64 tensors is not supported"),
     (lambda: model_of("Trilu", [(4, 8), ()], dtype=TensorProto.INT64), "Trilu's k is computed at run time"),
-    # integer Abs runs since integer computes; integer Div stays constants-only (C's truncation)
-    (lambda: model_of("Div", [(4, 8), (4, 8)], dtype=TensorProto.INT32), "Div on run-time i32 tensors is not supported"),
+    # integer Abs, Div and Mod run since integer computes (tests/test_integer_runtime.py)
 ]
 
 
