@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from aicf_run import bench as _bench
+from aicf_run import pdl
 from aicf_run import profile as _profile
 from aicf_run import tensormap
 from aicf_run.bundle import Bundle
@@ -80,6 +81,7 @@ class _Launch:
     smem_bytes: int
     pointers: tuple[int, ...]
     maps: tuple[bytes, ...] = ()
+    dependent: Any = None   # an aicf_run.pdl.DependentLaunch where the bundle says "dependent"
 
 
 @dataclass(frozen=True)
@@ -161,9 +163,13 @@ class Executor:
         self._pinned: list[np.ndarray] = []
         self._interfaces: list[Any] = []   # device buffers of the interface dtype (casts)
         self._joiner = Joiner()
+        self._pdl: pdl.Modules | None = None
         for module in bundle.modules:
             check_arch(module["arch"], device.arch)
         modules = [self._load_module(module) for module in bundle.modules]
+        # [Note: PDL]: kernels the compiler marked dependent are launched through the driver API
+        self._pdl = (pdl.Modules([module["cubin"] for module in bundle.modules])
+                     if any(k.get("launch") == "dependent" for k in bundle.kernels) else None)
         memory = bundle.memory
         # Allocated before anything else can fail, and freed by close() (run by the device's
         # close, before its context goes away).
@@ -196,6 +202,9 @@ class Executor:
         self._maps, tables = tensormap.upload(self._cuda, [launch.maps for launch in launches], "the bundle")
         self._launches = [dataclasses.replace(launch, pointers=(table, *launch.pointers)) if launch.maps else launch
                           for launch, table in zip(launches, tables)]
+        if self._pdl is not None:
+            self._launches = [self._dependent(launch, kernel) if kernel.get("launch") == "dependent" else launch
+                              for launch, kernel in zip(self._launches, bundle.kernels)]
         self._stream = self._cuda.Stream() if shared is None else shared.stream
         self._inputs = [self._transfer(item, pointers, modules) for item in bundle.inputs]
         self._outputs = [self._transfer(item, pointers, modules) for item in bundle.outputs]
@@ -506,6 +515,9 @@ class Executor:
         # modules, which PyCUDA unloads while the context is still alive; likewise the events
         # and the stream are destroyed here, not after the context is gone.
         self._launches = []
+        if self._pdl is not None:
+            self._pdl.close()
+            self._pdl = None
         self._events = None
         self._joiner.close()
         self._stream = None
@@ -538,7 +550,16 @@ class Executor:
                            "aicf_run.load or open_device); close it first, or share one device "
                            "between executors: Executor(bundle, device)")
 
+    def _dependent(self, launch: _Launch, kernel: dict) -> _Launch:
+        what = f"kernel {launch.index} ({launch.name})"
+        function = self._pdl.function(kernel["module"], kernel["symbol"], launch.smem_bytes, what)
+        return dataclasses.replace(launch, dependent=pdl.DependentLaunch(
+            self._pdl, function, launch.grid, launch.block, launch.smem_bytes, launch.pointers, what))
+
     def _enqueue(self, launch: _Launch) -> None:
+        if launch.dependent is not None:
+            launch.dependent(self._stream.handle)
+            return
         try:
             launch.function.prepared_async_call(launch.grid, launch.block, self._stream,
                                                 *launch.pointers,

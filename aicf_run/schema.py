@@ -213,6 +213,7 @@ def _check_modules(payload: dict) -> int:
 
 
 CAST_KEYS = ("module", "symbol", "grid", "block")
+LAUNCH_MODES = ("dependent", "stream")
 
 
 def _check_casts(payload: dict, module_count: int, buffers: list[dict]) -> None:
@@ -260,6 +261,9 @@ def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> Non
         if math.prod(block) > _MAX_THREADS:
             _fail(f"{where}.block", f"{block} is {math.prod(block)} threads, over {_MAX_THREADS}")
         _int(kernel, "smem_bytes", where, minimum=0, maximum=2**31 - 1)
+        # optional: bundles from before dependent launches ([Note: PDL]) launch every kernel plainly
+        if kernel.get("launch", "stream") not in LAUNCH_MODES:
+            _fail(f"{where}.launch", f"{_describe(kernel['launch'])} is not one of {', '.join(LAUNCH_MODES)}")
         registers = _get(kernel, "registers", where)
         if registers is not None and not _is_int(registers):
             _fail(f"{where}.registers", f"must be an int or nil, got {_describe(registers)}")

@@ -101,6 +101,9 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
 @click.option("--no-register-check", is_flag=True,
               help="Rank schedules on estimated registers alone: no ptxas runs while planning (faster, "
                    "blind to the occupancy ptxas's real counts give).")
+@click.option("--no-pdl", is_flag=True,
+              help="Launch the kernels plainly, one after the other finishes, instead of as dependent launches "
+                   "(sm_90: each kernel launched while the previous one runs, waiting for it on the device).")
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after every pass into this folder.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated hardware profile (JSON).")
 @click.option("-j", "--jobs", type=int, metavar="N",
@@ -109,7 +112,7 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
 @user_errors
 def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...],
             shape_sets_path: str | None, pins: tuple[str, ...],
-            no_inplace: bool, no_register_check: bool, dump_ir: str | None, profile_path: str | None,
+            no_inplace: bool, no_register_check: bool, no_pdl: bool, dump_ir: str | None, profile_path: str | None,
             jobs: int | None, quiet: bool) -> None:
     """Compile MODEL (ONNX) into a bundle for aicf-run: one plan, or one per shape set."""
     from aicfc.artifact import write_bundle
@@ -134,7 +137,8 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
             cached += module.built.cached
 
     options: dict[str, Any] = dict(target=target, precision=precision, profile_path=profile_path, jobs=jobs,
-                                   pin=_pins(pins), inplace=not no_inplace, check_registers=not no_register_check)
+                                   pin=_pins(pins), inplace=not no_inplace, check_registers=not no_register_check,
+                                   dependent_launch=not no_pdl)
 
     def one_plan(index: int, shapes: list[str]) -> dict[str, Any]:
         folder = dump_ir if dump_ir is None or len(sets) == 1 else str(Path(dump_ir) / f"plan_{index}")

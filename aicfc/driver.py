@@ -11,6 +11,7 @@ import onnx
 
 from aicfc.artifact.payload import build_payload, converted
 from aicfc.artifact.plans import merge_plans
+from aicfc.codegen import pdl
 from aicfc.codegen.io_cast import build_casts
 from aicfc.codegen.module import OnKernel, build_modules, count_registers, resolve_jobs
 from aicfc.errors import AicfError
@@ -38,12 +39,13 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
                   dump_ir: str | Path | None = None, profile_path: str | Path | None = None,
                   on_stage: Callable[[str], None] | None = None, jobs: int | None = None,
                   on_kernel: OnKernel | None = None, pin: dict[str, Any] | None = None,
-                  inplace: bool = True, check_registers: bool = True) -> dict[str, Any]:
+                  inplace: bool = True, check_registers: bool = True, dependent_launch: bool = True) -> dict[str, Any]:
     """The bundle payload of `model`; `jobs` parallel nvcc runs (None: $AICF_JOBS or the CPU
     count), `on_kernel` as in `build_modules`. --dump-ir also writes module_<i>.cu per module.
     `pin` ({param: value}) restricts the schedule of every kernel whose space has those params;
     `inplace=False` gives every stored tensor bytes of its own (for debugging);
-    `check_registers=False` ranks on estimated registers alone (no ptxas runs while planning)."""
+    `check_registers=False` ranks on estimated registers alone (no ptxas runs while planning);
+    `dependent_launch=False` launches the kernels plainly ([Note: PDL] in codegen/pdl.py)."""
     check_precision(precision)
     jobs = resolve_jobs(jobs)
     if isinstance(shapes, (list, tuple)):
@@ -56,14 +58,17 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     result = run_pipeline(graph, options, dump_ir, on_stage=on_stage)
     if on_stage:
         on_stage("codegen+nvcc")
-    plan, modules = build_modules(result.plan, jobs, on_kernel)
+    launch, why = pdl.choose(target, dependent_launch)
+    plan, modules = build_modules(result.plan.replace(launch=launch), jobs, on_kernel)
     if dump_ir is not None:
         for i, module in enumerate(modules):
             (Path(dump_ir) / f"module_{i}.cu").write_text(module.source)
     casts = build_casts(plan.name, precision, plan.target, converted(result, plan), len(modules))
     if dump_ir is not None and casts[0] is not None:
         (Path(dump_ir) / f"module_{len(modules)}.cu").write_text(casts[0].source)
-    return build_payload(result, plan, modules, profile, precision, digest, casts)
+    payload = build_payload(result, plan, modules, profile, precision, digest, casts)
+    payload["launch"] = {"mode": launch, "reason": why}
+    return payload
 
 
 def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple[int, ...]]],

@@ -49,6 +49,9 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         "state": [{k: st[k] for k in ("name", "output", "dtype", "shape", "kernel", "write_bytes", "copy_bytes",
                                       "reason")} for st in payload.get("state", [])],
         "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in payload["kernels"]), 3),
+        # [Note: PDL]: how the kernels follow each other (absent in bundles from before: "stream")
+        "launch": {"mode": payload.get("launch", {}).get("mode", "stream"),
+                   "reason": payload.get("launch", {}).get("reason", "")},
     }
 
 
@@ -61,6 +64,9 @@ def check_explainable(payload: dict[str, Any]) -> None:
     """
     name = payload["target"]["profile"].get("name", "")
     _want(isinstance(name, str), "target.profile.name", "a str", name)
+    launch = payload.get("launch", {})
+    _want(isinstance(launch, dict) and all(isinstance(launch.get(k, ""), str) for k in ("mode", "reason")),
+          "launch", "a map with str mode and reason", launch)
     for i, kernel in enumerate(payload["kernels"]):
         where = f"kernels[{i}]"
         stores = kernel.get("stores", [])
@@ -155,6 +161,7 @@ def explain_text(payload: dict[str, Any]) -> str:
         f"inputs: {sig(e['inputs'])}",
         f"outputs: {sig(e['outputs'])}",
         f"{len(e['kernels'])} kernel(s), predicted total {e['predicted_total_us']} us",
+        f"launches: {e['launch']['mode']}" + (f" ({e['launch']['reason']})" if e["launch"]["reason"] else ""),
         "",
     ]
     for k in e["kernels"]:

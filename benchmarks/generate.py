@@ -2,7 +2,7 @@
 "reduce-overhead") in one process on one GPU, and against the bandwidth limit (issue 19).
 
     python3 benchmarks/generate.py [--layers 20] [--batch 1 8] [--prompt 512] [--new 256]
-        [--folder /tmp/aicf-gen] [--jobs 16] [--no-peer] [--profile] [--json FILE]
+        [--folder /tmp/aicf-gen] [--jobs 16] [--no-peer] [--profile] [--json FILE] [--no-pdl]
 
 The model is a Llama architecture with random weights (benchmarks/decoder_graph.py): hidden
 2048, 32 heads over 8 key/value heads, FFN 5632, vocabulary 32000, `--layers` layers (20: 1.03
@@ -164,6 +164,7 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-pdl", action="store_true", help="compile with aicfc compile --no-pdl (plain launches)")
     args = ap.parse_args()
     cfg = DecoderConfig(2048, args.layers, 32, 8, 5632, 32000, args.prompt + args.new)
     folder = Path(args.folder)
@@ -182,7 +183,7 @@ def main() -> None:
         start = time.perf_counter()
         bundle = folder / f"model_b{batch}.aicf"
         payload = compile_plans(str(path), [shape_set(cfg, batch, args.prompt), shape_set(cfg, batch, 1)],
-                                precision="fp16", jobs=args.jobs)
+                                precision="fp16", jobs=args.jobs, dependent_launch=not args.no_pdl)
         write_bundle(payload, bundle)
         del payload
         compiled = time.perf_counter() - start

@@ -23,7 +23,7 @@ def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
-def _kernel(k, index: dict[str, int], module: int, types) -> dict[str, Any]:
+def _kernel(k, index: dict[str, int], module: int, types, launch: str) -> dict[str, Any]:
     s = k.schedule
     return {
         "name": k.name, "module": module, "symbol": k.name, "family": k.family,
@@ -33,6 +33,7 @@ def _kernel(k, index: dict[str, int], module: int, types) -> dict[str, Any]:
         "tensor_maps": records(k, None, types, index),
         "onnx_nodes": list(k.origins), "properties": list(k.properties), "rewrites": list(k.rewrites),
         "stores": list(k.stores),
+        "launch": launch,
         "predicted": dict(s.predicted),
         "candidates": [{"params": dict(c.params), "predicted_time_us": c.predicted_time_us}
                        if c.predicted_time_us is not None else
@@ -110,7 +111,7 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "modules": [{"name": m.name, "arch": plan.target, "cubin": m.built.cubin,
                      "cubin_sha256": _sha(m.built.cubin), "source_sha256": _sha(m.source.encode()),
                      "source": m.source} for m in modules],
-        "kernels": [_kernel(k, index, module_of[k.name], types) for k in plan.kernels],
+        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch) for k in plan.kernels],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [
             {"kind": "state", "input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,

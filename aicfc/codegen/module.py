@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from aicfc import __version__
 from aicfc.codegen import FAMILIES
+from aicfc.codegen import pdl
 from aicfc.codegen.common import render
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
@@ -73,7 +74,8 @@ def module_header(plan: Plan, count: int) -> str:
     fast = plan.precision in FAST_MATH
     math_fns = render("math.cuh.j2", fast=fast, precision=plan.precision,
                       bits=SIGNIFICANT_BITS.get(plan.precision))
-    return HEADER.format(version=__version__, target=plan.target, model=plan.name, count=count) + math_fns + "\n"
+    return (HEADER.format(version=__version__, target=plan.target, model=plan.name, count=count) + pdl.HELPER
+            + math_fns + "\n")
 
 
 def _render_kernels(plan: Plan) -> list[str]:
@@ -81,7 +83,8 @@ def _render_kernels(plan: Plan) -> list[str]:
     out = []
     for k in plan.kernels:
         assert k.schedule is not None, f"kernel {k.name} has no schedule; plan_schedules must run first"
-        out.append(FAMILIES[k.family].render_kernel(k, k.schedule.param, types, k.name))
+        body = FAMILIES[k.family].render_kernel(k, k.schedule.param, types, k.name)
+        out.append(pdl.instrument(body, k.name) if plan.launch == pdl.DEPENDENT else body)
     return out
 
 

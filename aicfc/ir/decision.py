@@ -139,6 +139,7 @@ class Plan:
     rewrites: tuple[Rewrite, ...] = ()
     precision: str = "fp32"   # the policy of passes/apply_precision.py
     state: tuple[State, ...] = ()
+    launch: str = "stream"    # "dependent" or "stream": [Note: PDL] in codegen/pdl.py
 
     def replace(self, **changes: Any) -> Plan:
         new = dataclasses.replace(self, **changes)

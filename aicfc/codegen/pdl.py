@@ -1,0 +1,75 @@
+"""Dependent launches between the kernels of a plan (Hopper's programmatic dependent launch).
+
+[Note: PDL]
+A plan is a chain of kernels on one stream, each reading what the ones before it wrote. Run
+plainly, a kernel's blocks are scheduled only after the previous kernel has finished and its
+memory is flushed, so every boundary costs the launch latency again: on an H200 the decode step
+of a 1 B Llama replayed as a CUDA graph spent ~330 us of its 1600 us between its 185 kernels.
+
+On sm_90 a launch may carry PROGRAMMATIC_STREAM_SERIALIZATION: the GPU may then launch the
+kernel once every block of the previous one has executed `griddepcontrol.launch_dependents`
+(or exited), and the kernel's `griddepcontrol.wait` returns when the previous kernel has
+completed and its writes are visible. Every kernel of a plan compiled for sm_90 starts with
+`aicf_pdl_entry()`: the wait, then the trigger, before its first access to memory. So
+
+- no kernel reads a buffer before its producer is complete, and none writes a buffer (the
+  memory planner reuses the arena) before the kernels that read it are complete: the wait
+  returns only when the previous kernel is complete, which itself waited for the one before;
+- the next kernel is launched while this one runs and its blocks wait on the SMs as this
+  one's retire: the launch latency overlaps the work instead of following it;
+- run-ahead is one kernel: a kernel triggers only after its own wait has returned.
+
+The wait is a no-op for a kernel launched without the attribute (the first of a plan, one
+launched alone to profile it, the interface casts), so the same cubin runs either way. The
+decision is the plan's `launch` mode ("dependent" or "stream"), recorded in the bundle per
+kernel and read by the executor (aicf_run/pdl.py); `aicfc compile --no-pdl` keeps "stream".
+"""
+from __future__ import annotations
+
+import re
+
+from aicfc.errors import AicfError
+
+DEPENDENT, STREAM = "dependent", "stream"
+MIN_SM = 90
+ENTRY = "aicf_pdl_entry();"
+
+# Defined in every module's header; a no-op where the architecture has no griddepcontrol.
+HELPER = """// [Note: PDL] (aicfc/codegen/pdl.py): wait for the previous kernel of the plan to complete, then
+// let the next one launch; a no-op for a kernel launched without programmatic serialization.
+__device__ __forceinline__ void aicf_pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\\n\\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+"""
+
+
+def sm(target: str) -> int:
+    m = re.fullmatch(r"sm_(\d+)a?", target)
+    return int(m.group(1)) if m else 0
+
+
+def choose(target: str, enabled: bool = True) -> tuple[str, str]:
+    """The plan's launch mode and why."""
+    if not enabled:
+        return STREAM, "dependent launches turned off (aicfc compile --no-pdl)"
+    if sm(target) < MIN_SM:
+        return STREAM, f"{target} has no programmatic dependent launch (sm_{MIN_SM} and newer)"
+    return DEPENDENT, ("each kernel waits for the previous one on the device (griddepcontrol.wait) and lets "
+                       "the next one launch early, so the launch latency between kernels overlaps their work")
+
+
+def instrument(source: str, name: str) -> str:
+    """`source` with ENTRY as the first statement of kernel `name`'s body."""
+    m = re.search(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source)
+    if m is None:
+        raise AicfError(f"internal: kernel {name!r} has no __global__ definition to start with {ENTRY}")
+    depth, i = 1, m.end()
+    while depth:
+        depth += {"(": 1, ")": -1}.get(source[i], 0)
+        i += 1
+    brace = source.index("{", i)
+    if source[i:brace].strip(" \n\t") and not source[i:brace].strip().startswith("__"):
+        raise AicfError(f"internal: kernel {name!r}: unexpected text before its body: {source[i:brace]!r}")
+    return source[:brace + 1] + "\n  " + ENTRY + source[brace + 1:]
