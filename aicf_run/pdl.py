@@ -21,7 +21,7 @@ from aicf_run.errors import RunError
 from aicf_run.graph import error_name, libcuda
 
 # cuda.h (CUDA 12/13)
-ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 3    # CUlaunchAttributeID
+ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6    # CUlaunchAttributeID
 FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8   # CUfunction_attribute
 
 

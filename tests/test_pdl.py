@@ -107,3 +107,24 @@ def test_gpu_dependent_launches_match_plain_ones_and_onnxruntime(gpu_device):
     assert np.array_equal(outputs["dependent"], outputs["stream"])
     err = np.abs(outputs["dependent"].astype(np.float64) - ref).max() / np.abs(ref).max()
     assert np.isfinite(err) and err <= 1e-2
+
+
+def test_driver_structures_match_cuda_h():
+    """The ctypes mirror of cuLaunchKernelEx's structures and enums against the toolkit's cuda.h."""
+    import ctypes
+    import re
+    import shutil
+    from aicf_run import pdl as run_pdl
+    nvcc = shutil.which("nvcc")
+    headers = [Path(nvcc).resolve().parent.parent / "include" / "cuda.h"] if nvcc else []
+    headers += sorted(Path("/usr/local").glob("cuda*/include/cuda.h"))
+    header = next((h for h in headers if h.exists()), None)
+    if header is None:
+        pytest.skip("no cuda.h found")
+    text = header.read_text(errors="replace")
+    def enum(name: str) -> int:
+        return int(re.search(rf"\b{name}\s*=\s*(\d+)", text).group(1))
+    assert run_pdl.ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == enum("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION")
+    assert run_pdl.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES == enum("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES")
+    assert ctypes.sizeof(run_pdl._Attribute) == 72 and ctypes.sizeof(run_pdl._Config) == 56
+    assert "char pad[64]" in text and re.search(r"CUstream hStream;\s*/\*\*<[^*]*\*/\s*CUlaunchAttribute \*attrs;", text)
