@@ -250,8 +250,8 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                     per = math.ceil(ktiles / sk)
                     if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
                         continue
-                    if cl > 1 and (sk > 1 or math.ceil(m / bm) < 2):
-                        continue   # see the module note; one tile row leaves nothing to pair
+                    if cl > 1 and sk > 1:
+                        continue   # see the module note
                     pairs = math.ceil(math.ceil(m / bm) / 2) * math.ceil(n / bn) * nb
                     ctas = 2 * min(pairs, hw_sms // 2) if cl > 1 else min(tiles * sk, hw_sms)
                     for st, o in ((st, o) for st in SPACE["STAGES"] for o in dict.fromkeys((out, 0))):
