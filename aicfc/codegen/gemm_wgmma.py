@@ -45,8 +45,8 @@ BN = 192 or 256) have the larger B box, the raster already walks adjacent tile r
 and the weight is B in every transformer GEMM. A K-major B is then loaded as two boxes of BN/2 rows
 (one per CTA); an MN-major B's BN/64 boxes alternate between the CTAs. Each CTA's `full` barrier
 expects every byte landing in its stage (its A and all of B: STAGE_BYTES, as without clusters);
-a consumer warp frees a stage in both CTAs (`mapa` + a cluster-scope arrive), since the peer's
-producer writes into it, so the `empty` barriers count the warps of both. Both CTAs sync the
+a consumer warp frees a stage in both CTAs (lane r arrives on CTA r's barrier through `mapa`),
+since the peer's producer writes into it, so the `empty` barriers count the warps of both. Both CTAs sync the
 cluster after barrier init and before exit. A pair whose second row lies past M runs the same
 loads (the TMA zero-fills its A box, and the full barrier still counts the whole box) and stores
 nothing (every store is guarded by gm < M). Not with SPLITK > 1: split-k only runs where the tiles
