@@ -52,6 +52,8 @@ loads (the TMA zero-fills its A box, and the full barrier still counts the whole
 nothing (every store is guarded by gm < M). Not with SPLITK > 1: split-k only runs where the tiles
 cannot fill the SMs, where L2 traffic is not what limits, and a ghost tile would need a scratch
 slot and ticket of its own. Not in the gathering producer (conv_wgmma.py): always CLUSTER = 1.
+Measured on an H100 it is correct but no faster (planner/cost_wgmma.py says why and how that is
+charged), so the planner keeps CLUSTER = 1 on sm_90; `--pin CLUSTER=2` forces it.
 """
 from __future__ import annotations
 

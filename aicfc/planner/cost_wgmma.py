@@ -9,11 +9,19 @@ fetches the next tile:
     t_kblock   = max(t_mma, t_smem, t_load, t_latency)
     t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
     t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm      every m64 wgmma reads its A and B
-    t_load     = 128·(BM + BN/CLUSTER) / (l2_bandwidth / SMs)      L2 -> SM: the bytes this SM pulls per
-                 k-block (its A box and its share of B's: a cluster of 2 pulls B once for both CTAs and
+    t_load     = max(t_ingress, t_l2)                              the k-block's TMA boxes, two limits:
+    t_l2       = 128·(BM + BN/CLUSTER) / (l2_bandwidth / SMs)      L2 -> SM: the bytes this SM's copies pull
+                 from L2 (its A box and its share of B's: a cluster of 2 pulls B once for both CTAs and
                  multicasts it), at the SM's share of the L2's bandwidth (`l2_bandwidth_gbs` of the
                  profile: 10 TB/s on sm_90, what `aicfc tune` fitted on the H200, 9975 GB/s in
                  benchmarks/results/sm_90_h200_fp16.json; about 76 GB/s, 38 B/cycle, per SM)
+    t_ingress  = 128·(BM + BN) / sm_ingress                         the bytes landing in this SM's shared
+                 memory, multicast or not (profile `sm_ingress_gbs`, per SM; default the same share,
+                 l2_bandwidth / SMs). Multicast lowers t_l2 alone, so it pays only where a profile says
+                 an SM takes bytes in faster than its share of L2 reads. On the H100 it did not: the
+                 64x192 ping-pong tile, L2-bound here, measured 44.6 us alone and 42.2 clustered on
+                 4096x3072x768 where halving B's L2 bytes predicted 31 us; 128x256 on 4096^3 201 and 203
+                 (benchmarks/results/gemm_cluster_h100.txt)
     t_latency  = (tma_latency + CLUSTER_RELEASE_US if CLUSTER = 2) / (STAGES - 1)
                  STAGES - 1 k-blocks in flight cover a TMA round trip; in a cluster a stage comes back
                  only once both CTAs freed it (an arrival across SMs), and the pair runs at the pace
@@ -88,7 +96,8 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     t_mma = 2.0 * bm * bn * bkk / sm_rate
     t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     cl = p.get("CLUSTER", 1)
-    t_load = row * (bm + bn / cl) / l2_sm
+    sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3                # bytes per us into one SM
+    t_load = max(row * (bm + bn) / sm_in, row * (bm + bn / cl) / l2_sm)
     # STAGES - 1 k-blocks in flight must cover one TMA round trip (and, clustered, the release across SMs)
     trip = hw.data.get("tma_latency_us", TMA_LATENCY_US) + (hw.data.get("cluster_release_us", CLUSTER_RELEASE_US) if cl > 1 else 0.0)
     t_latency = trip / (st - 1)
