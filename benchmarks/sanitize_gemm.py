@@ -1,9 +1,13 @@
 """The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
-random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles),
+random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles, 2-CTA
+clusters with TMA multicast),
 its output checked finite. Run it under the sanitizer on a GPU machine:
 
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_gemm.py
     compute-sanitizer --tool racecheck --racecheck-report analysis python3 benchmarks/sanitize_gemm.py
+
+Words after the script keep the cases whose name holds one: `... sanitize_gemm.py cluster` runs the
+2-CTA cluster cases alone.
 """
 from __future__ import annotations
 
@@ -30,9 +34,19 @@ def main() -> int:
              ("split-k 128x3072x768", matmul_model(128, 3072, 768, rng.standard_normal((3072, 768)).astype(np.float32)),
               {"unit": "wgmma", "SPLITK": 4}),
              ("edges 300x520x392 ping-pong", matmul_model(300, 520, 392, rng.standard_normal((520, 392)).astype(np.float32)),
-              {"unit": "wgmma", "PP": 1})]
+              {"unit": "wgmma", "PP": 1}),
+             # 2-CTA clusters with B multicast: 5 tile rows of 64 (the last pair's second tile past M), both
+             # schedules, and the GELU epilogue
+             ("cluster edges 300x520x392 ping-pong", matmul_model(300, 520, 392, rng.standard_normal((520, 392)).astype(np.float32)),
+              {"unit": "wgmma", "PP": 1, "CLUSTER": 2}),
+             ("cluster edges 300x520x392 cooperative", matmul_model(300, 520, 392, rng.standard_normal((520, 392)).astype(np.float32)),
+              {"unit": "wgmma", "PP": 0, "NWG": 2, "MI": 1, "CLUSTER": 2}),
+             ("cluster gelu 512x768x3072", gelu_model(512, 768, 3072), {"unit": "wgmma", "CLUSTER": 2})]
+    only = sys.argv[1:]   # words: run the cases whose name holds one of them (e.g. `cluster`)
     bad = 0
     for name, model, pin in cases:
+        if only and not any(w in name for w in only):
+            continue
         payload = aicfc.compile(model, target="sm_90", precision="fp16", pin=pin)
         ex = Executor(Bundle.from_payload(payload), dev, graph=False)
         feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(np.float32) for i in payload["inputs"]}

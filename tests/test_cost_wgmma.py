@@ -102,3 +102,68 @@ def test_mma_small_m_within_band_of_the_h200(shape, pin, measured):
     predicted, params = _predicted(matmul(m, k, n, np.random.default_rng(0)), pin)
     assert all(params[key] == value for key, value in pin.items())
     assert 0.8 <= measured / predicted <= 1.25, f"measured {measured} us, predicted {predicted:.1f} us"
+
+
+# CLUSTER=2 against CLUSTER=1 on an H100 (benchmarks/results/gemm_cluster_h100.txt: fp16, graph-replayed,
+# 2 rounds): (M, K, N), pinned schedule, measured us. Multicast halves B's L2 reads, but what each SM takes in
+# is unchanged, and the cluster adds a release across SMs to the ring's round trip and a fixed cost.
+CLUSTER_H100 = [
+    ((4096, 3072, 768), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 31.65),
+    ((4096, 3072, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 35.87),
+    ((4096, 3072, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 31.95),
+    ((4096, 768, 768), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 11.20),
+    ((4096, 768, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 12.48),
+    ((4096, 768, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 12.88),
+    ((4096, 4096, 4096), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 3}, 202.59),
+    ((4096, 4096, 4096), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 3}, 203.35),
+    ((4096, 3072, 768), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 6, "OUT": 0}, 42.24),
+    ((4096, 3072, 768), {"CLUSTER": 1, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 44.60),
+    ((4096, 768, 768), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 6, "OUT": 0}, 17.53),
+    ((4096, 768, 768), {"CLUSTER": 1, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 14.84),
+    ((4096, 4096, 4096), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 5, "OUT": 0}, 249.72),
+    ((4096, 768, 3072), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 5, "OUT": 0}, 46.97),
+    ((1024, 768, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 128, "NWG": 1, "STAGES": 7}, 7.25),
+]
+
+
+@pytest.mark.parametrize("shape,pin,measured", CLUSTER_H100,
+                         ids=[f"{'x'.join(map(str, s))}-C{p['CLUSTER']}-PP{p['PP']}-BN{p['BN']}-S{p['STAGES']}"
+                              for s, p, _ in CLUSTER_H100])
+def test_cluster_prediction_within_band_of_the_h100(shape, pin, measured):
+    predicted, params = _predicted(matmul(*shape, np.random.default_rng(0)), {"unit": "wgmma", **pin})
+    assert params["CLUSTER"] == pin["CLUSTER"]
+    assert 0.8 <= measured / predicted <= 1.25, f"measured {measured} us, predicted {predicted:.1f} us"
+
+
+@pytest.mark.parametrize("shape", [(4096, 3072, 768), (4096, 768, 768), (4096, 768, 3072), (4096, 4096, 4096),
+                                   (8192, 8192, 8192)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("precision", ("fp16", "bf16"))
+def test_cluster_is_not_chosen_where_it_measured_no_gain(shape, precision):
+    """The planner's pick is the CLUSTER=1 pick of before (clusters measured no faster on the H100), and
+    the best CLUSTER=2 point is predicted slower than it."""
+    model = matmul(*shape, np.random.default_rng(0))
+    t, params = _predicted(model, {}, precision)
+    t1, p1 = _predicted(model, {"CLUSTER": 1}, precision)
+    t2, _ = _predicted(model, {"CLUSTER": 2}, precision)
+    assert params == p1 and params["CLUSTER"] == 1 and t2 > t1
+
+
+def test_cluster_would_pay_where_a_profile_says_an_sm_takes_bytes_in_faster():
+    """The multicast term itself: with `sm_ingress_gbs` above the SM's share of L2 reads, halving B's L2 bytes
+    lowers an L2-bound tile's k-block (64x192 ping-pong on 4096x3072x768), and only under CLUSTER=2."""
+    import dataclasses
+    from aicfc.planner.cost_wgmma import wgmma_terms
+    from aicfc.planner.cost import _io_bytes, load_latency
+    hw = load_profile("sm_90")
+    fast = dataclasses.replace(hw, data={**hw.data, "sm_ingress_gbs": 4 * hw.l2_bandwidth_gbs / hw.sm_count})
+    graph = import_model(matmul(4096, 3072, 768, np.random.default_rng(0)), None)
+    times = {}
+    for cl in (1, 2):
+        plan = run_pipeline(graph, Options("sm_90", hw, "fp16", pin=(("unit", "wgmma"), ("CLUSTER", str(cl)), ("PP", "1"),
+                                                                      ("BN", "192"), ("MI", "1")))).plan
+        k = next(k for k in plan.kernels if k.family == "gemm")
+        p = dict(k.schedule.param)
+        types = plan.types()
+        times[cl] = [wgmma_terms(k, p, types, h, _io_bytes(k, types), load_latency(h))["t_l2_us"] for h in (hw, fast)]
+    assert times[2][0] == times[1][0]           # the default profile: ingress binds, multicast changes nothing
+    assert times[2][1] < 0.8 * times[1][1]      # a faster ingress: the halved B shows

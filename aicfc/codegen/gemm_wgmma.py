@@ -35,6 +35,25 @@ SMs (fewer tiles than SMs, K long), a work unit is (tile, k-split); each split p
 fp32 partial tile to scratch and the last to take the tile's ticket adds them in split order
 and runs the epilogue (the scratch buffers of `codegen/scratch.py`, as for `mma`). At most MAX_ACC fp32 accumulators per consumer
 thread (MI·BN/2). CTAS = min(tiles, SMs).
+
+CLUSTER = 2: thread-block clusters of two CTAs (`__cluster_dims__(2, 1, 1)`, so the ordinary launch
+and graph capture run them; CTAS = 2·min(pairs, SMs/2), even). The two CTAs of a cluster take the
+two tiles of a *pair*: tile rows 2u and 2u + 1 of one tile column, so they share B's box and each
+loads half of it with `.multicast::cluster` into both CTAs' shared memory (and its own A box as
+usual). B is the shared operand because the tiles the planner picks for tall GEMMs (BM = 128,
+BN = 192 or 256) have the larger B box, the raster already walks adjacent tile rows of one column,
+and the weight is B in every transformer GEMM. A K-major B is then loaded as two boxes of BN/2 rows
+(one per CTA); an MN-major B's BN/64 boxes alternate between the CTAs. Each CTA's `full` barrier
+expects every byte landing in its stage (its A and all of B: STAGE_BYTES, as without clusters);
+a consumer warp frees a stage in both CTAs (lane r arrives on CTA r's barrier through `mapa`),
+since the peer's producer writes into it, so the `empty` barriers count the warps of both. Both CTAs sync the
+cluster after barrier init and before exit. A pair whose second row lies past M runs the same
+loads (the TMA zero-fills its A box, and the full barrier still counts the whole box) and stores
+nothing (every store is guarded by gm < M). Not with SPLITK > 1: split-k only runs where the tiles
+cannot fill the SMs, where L2 traffic is not what limits, and a ghost tile would need a scratch
+slot and ticket of its own. Not in the gathering producer (conv_wgmma.py): always CLUSTER = 1.
+Measured on an H100 it is correct but no faster (planner/cost_wgmma.py says why and how that is
+charged), so the planner keeps CLUSTER = 1 on sm_90; `--pin CLUSTER=2` forces it.
 """
 from __future__ import annotations
 
@@ -52,7 +71,7 @@ from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = "sm_90"          # wgmma and setmaxnreg are sm_90a features: Hopper only
 SPACE = {"NWG": (1, 2), "PP": (0, 1), "MI": (1, 2), "BN": (64, 128, 192, 256), "STAGES": (2, 3, 4, 5, 6, 7, 8),
-         "SPLITK": (1, 2, 3, 4, 6, 8)}
+         "SPLITK": (1, 2, 3, 4, 6, 8), "CLUSTER": (1, 2)}
 KSTEP = {"f16": 16, "bf16": 16, "tf32": 8}
 ROW_BYTES = 128           # one swizzle row: BK·itemsize
 GROUP = 8                 # tile rows per raster group
@@ -108,6 +127,7 @@ class Operand:
     BK: int
     KSTEP: int
     smem_at: int = 0                       # byte offset of this operand's tile in a stage
+    halves: bool = False                   # K-major, shared by a cluster: two boxes of rows/2, one per CTA
 
     @property
     def map(self) -> str:
@@ -119,11 +139,11 @@ class Operand:
 
     @property
     def boxes(self) -> int:
-        return 1 if self.k_major else self.rows // 64
+        return (2 if self.halves else 1) if self.k_major else self.rows // 64
 
     @property
     def box(self) -> tuple[int, ...]:
-        inner = (self.BK, self.rows) if self.k_major else (64, self.BK)
+        inner = (self.BK, self.rows // self.boxes) if self.k_major else (64, self.BK)
         return inner + (1,) * (self.rank - 2)
 
     @property
@@ -144,7 +164,9 @@ class Operand:
         return f"({kk}) * {self.KSTEP * self.esize if self.k_major else self.KSTEP * ROW_BYTES}"
 
     def coords(self, k0: str, mn0: str, j: int) -> str:
-        first = (k0, mn0) if self.k_major else (f"{mn0} + {64 * j}" if j else mn0, k0)
+        step = self.rows // self.boxes if self.k_major else 64
+        at = f"{mn0} + {step * j}" if j else mn0
+        first = (k0, at) if self.k_major else (at, k0)
         return ", ".join(first + tuple(f"(int){v}" for v, _, _ in self.dims[2:]))
 
     @property
@@ -194,7 +216,7 @@ def operands(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> tuple[Op
     a = operand("a", c.a, types[c.a.buffer], c.m, ext, kk, names, block_m(p), p["dtype"])
     b = operand("b", c.b, types[c.b.buffer], c.n, ext, kk, names, p["BN"], p["dtype"])
     if isinstance(a, Operand) and isinstance(b, Operand):
-        b = dataclasses.replace(b, smem_at=block_m(p) * ROW_BYTES)
+        b = dataclasses.replace(b, smem_at=block_m(p) * ROW_BYTES, halves=p.get("CLUSTER", 1) > 1)
     return a, b
 
 
@@ -226,13 +248,17 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                 bm = 64 * mi * (1 if pp else nwg)
                 tiles = math.ceil(m / bm) * math.ceil(n / bn) * nb
                 ktiles = math.ceil(kk / bk(dtype))
-                for sk in SPACE["SPLITK"]:
+                for sk, cl in ((sk, cl) for sk in SPACE["SPLITK"] for cl in SPACE["CLUSTER"]):
                     per = math.ceil(ktiles / sk)
                     if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
                         continue
+                    if cl > 1 and sk > 1:
+                        continue   # see the module note
+                    pairs = math.ceil(math.ceil(m / bm) / 2) * math.ceil(n / bn) * nb
+                    ctas = 2 * min(pairs, hw_sms // 2) if cl > 1 else min(tiles * sk, hw_sms)
                     for st, o in ((st, o) for st in SPACE["STAGES"] for o in dict.fromkeys((out, 0))):
                         p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
-                             "MI": mi, "OUT": o, "STAGES": st, "SPLITK": sk, "CTAS": min(tiles * sk, hw_sms)}
+                             "MI": mi, "OUT": o, "STAGES": st, "SPLITK": sk, "CLUSTER": cl, "CTAS": ctas}
                         if smem_bytes(p) + static_smem(p) <= smem_limit:
                             points.append(p)
     return points
@@ -244,6 +270,14 @@ def tiles(k: Kernel, p: Mapping) -> tuple[int, int, int]:
     _, m, n, _, batch = dims(k)
     tm, tn = math.ceil(m / p["BM"]), math.ceil(n / p["BN"])
     return tm, tn, tm * tn * math.prod(e for _, e in batch)
+
+
+def pairs(k: Kernel, p: Mapping) -> tuple[int, int]:
+    """(pairs of tile rows, all pairs with the tile columns and the batch): a cluster's work units."""
+    from aicfc.codegen.gemm import dims
+    _, m, n, _, batch = dims(k)
+    pm = math.ceil(math.ceil(m / p["BM"]) / 2)
+    return pm, pm * math.ceil(n / p["BN"]) * math.prod(e for _, e in batch)
 
 
 def kt_per(p: Mapping, K: int) -> int:
@@ -277,4 +311,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   signature=parts["signature"], decompose=parts["decompose"], epilogue=parts["epilogue"],
                   paired=parts["paired"], staged=parts["staged"] if p.get("OUT") else None, SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
                   partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
+                  CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1],
                   gather=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it instead)

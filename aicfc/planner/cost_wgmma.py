@@ -6,10 +6,26 @@ TMA copies run STAGES - 1 k-blocks ahead of the consumers, so a k-block costs th
 three rates, and a tile adds its epilogue, which the consumers run while the producer already
 fetches the next tile:
 
-    t_kblock   = max(t_mma, t_smem, t_load, tma_latency / (STAGES - 1))
+    t_kblock   = max(t_mma, t_smem, t_load, t_latency)
     t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
     t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm      every m64 wgmma reads its A and B
-    t_load     = 128·(BM + BN) / (l2_bandwidth / SMs)              the k-block's two TMA boxes
+    t_load     = max(t_ingress, t_l2)                              the k-block's TMA boxes, two limits:
+    t_l2       = 128·(BM + BN/CLUSTER) / (l2_bandwidth / SMs)      L2 -> SM: the bytes this SM's copies pull
+                 from L2 (its A box and its share of B's: a cluster of 2 pulls B once for both CTAs and
+                 multicasts it), at the SM's share of the L2's bandwidth (`l2_bandwidth_gbs` of the
+                 profile: 10 TB/s on sm_90, what `aicfc tune` fitted on the H200, 9975 GB/s in
+                 benchmarks/results/sm_90_h200_fp16.json; about 76 GB/s, 38 B/cycle, per SM)
+    t_ingress  = 128·(BM + BN) / sm_ingress                         the bytes landing in this SM's shared
+                 memory, multicast or not (profile `sm_ingress_gbs`, per SM; default the same share,
+                 l2_bandwidth / SMs). Multicast lowers t_l2 alone, so it pays only where a profile says
+                 an SM takes bytes in faster than its share of L2 reads. On the H100 it did not: the
+                 64x192 ping-pong tile, L2-bound here, measured 44.6 us alone and 42.2 clustered on
+                 4096x3072x768 where halving B's L2 bytes predicted 31 us; 128x256 on 4096^3 201 and 203
+                 (benchmarks/results/gemm_cluster_h100.txt)
+    t_latency  = (tma_latency + CLUSTER_RELEASE_US if CLUSTER = 2) / (STAGES - 1)
+                 STAGES - 1 k-blocks in flight cover a TMA round trip; in a cluster a stage comes back
+                 only once both CTAs freed it (an arrival across SMs), and the pair runs at the pace
+                 of its slower CTA
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
                  + EPILOGUE_US        16-bit stores from registers count twice their bytes (half
                                       sectors); fp32 ones, and staged ones (OUT > 0), once
@@ -19,6 +35,12 @@ fetches the next tile:
                  of them and splitk_overhead_us are added once (t_reduce, its critical path)
     t_fill     = load_latency · (1 + k-blocks the ring cannot cover)   first tile of each block
     t          = launch + t_fill + max(t_tiles + t_reduce, t_dram)
+                 + CLUSTER_US (CLUSTER = 2: the cluster barriers at start and exit and the two CTAs'
+                 start skew, which the first stages wait out)
+    cluster scheduling: CLUSTER = 2 runs CTAS = 2·min(pairs, SMs/2) CTAs (a cluster needs two SMs
+                 of one GPC: 66 clusters on 132 SMs; cuOccupancyMaxActiveClusters said 66 on the
+                 H100 for the 128x192 and 128x256 tiles) and a CTA walks ceil(pairs / clusters)
+                 tiles, so the wave quantization counts pairs
     t_tiles    = ceil(tiles / CTAS) · (KT · t_kblock + t_epilogue)
                  ping-pong (PP): ceil(tiles / CTAS) · max(KT · t_kblock, t_epilogue) + t_epilogue
     t_dram     = (every operand once + the output) / (dram_bandwidth · eff.dram)
@@ -47,6 +69,13 @@ STORE_OPS = 3              # per output element: the conversion, the shared stor
 EPILOGUE_US = 0.3          # fixed cost of a tile's epilogue: the wait, address arithmetic, store issue
 WGMMA_ISSUE_CYCLES = 8     # tensor-pipe cycles an m64nNk16 loses to its issue, against N/2 of work
 TMA_LATENCY_US = 1.0      # a TMA box's round trip from DRAM under load (profile: tma_latency_us)
+# CLUSTER = 2, measured on an H100 (fp16, graph-replayed, 2 rounds; benchmarks/results/gemm_cluster_h100.txt):
+# 128x192 tiles on 4096x3072x768 took 31.7 us alone, 35.9 us clustered with 3 stages and 32.0 with 4; on
+# 4096x768x768 11.2, 12.5 and 12.9 us. Three stages lose about 0.09 us a k-block: the release across SMs
+# adds about 0.26 us to the round trip the ring covers (profile: cluster_release_us); with the round trip
+# covered, about 1 us a launch remains (profile: cluster_overhead_us).
+CLUSTER_RELEASE_US = 0.26
+CLUSTER_US = 1.0
 EFF_DEFAULT = 0.85         # eff.wgmma_gemm when the profile has none
 
 
@@ -66,9 +95,12 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     row = gemm_wgmma.ROW_BYTES
     t_mma = 2.0 * bm * bn * bkk / sm_rate
     t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
-    t_load = row * (bm + bn) / l2_sm
-    # STAGES - 1 k-blocks in flight must cover one TMA round trip
-    t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
+    cl = p.get("CLUSTER", 1)
+    sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3                # bytes per us into one SM
+    t_load = max(row * (bm + bn) / sm_in, row * (bm + bn / cl) / l2_sm)
+    # STAGES - 1 k-blocks in flight must cover one TMA round trip (and, clustered, the release across SMs)
+    trip = hw.data.get("tma_latency_us", TMA_LATENCY_US) + (hw.data.get("cluster_release_us", CLUSTER_RELEASE_US) if cl > 1 else 0.0)
+    t_latency = trip / (st - 1)
     t_kblock = max(t_mma, t_smem, t_load, t_latency)
     sk = p.get("SPLITK", 1)
     ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
@@ -91,7 +123,10 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         t_epi += bm * bn * 4.0 / l2_sm
         t_reduce = bm * bn * 4.0 * sk / l2_sm + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
     tiles_m, tiles_n, tiles = gemm_wgmma.tiles(k, p)
-    per_sm = math.ceil(tiles * sk / p["CTAS"])
+    if cl > 1:   # a cluster takes a pair of tile rows; its CTAs one tile each
+        per_sm = math.ceil(gemm_wgmma.pairs(k, p)[1] / (p["CTAS"] // 2))
+    else:
+        per_sm = math.ceil(tiles * sk / p["CTAS"])
     t_fill = latency * (1 + max(0.0, math.ceil(t_load * ktiles / max(t_kblock * ktiles, 1e-9)) - 1))
     # DRAM: each operand once; past L2, B is read again by every group of GROUP tile rows (A once)
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
@@ -103,14 +138,15 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         t_tiles = per_sm * max(ktiles * t_kblock, t_epi) + t_epi
     else:
         t_tiles = per_sm * (ktiles * t_kblock + t_epi)
-    time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram)
+    t_cluster = hw.data.get("cluster_overhead_us", CLUSTER_US) if cl > 1 else 0.0
+    time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram) + t_cluster
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
             "t_compute_us": per_sm * ktiles * t_mma, "t_smem_us": per_sm * ktiles * t_smem,
             "t_l2_us": per_sm * ktiles * t_load, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": t_fill, "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]),
             "n_eff": n_eff(bn), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
-            "parallel_eff": min(tiles, sms) / sms, "stages": st}
+            "parallel_eff": min(tiles, sms) / sms, "stages": st, "cluster": cl, "t_cluster_us": t_cluster}
 
 
 def epilogue_ops(k, types: Mapping) -> int:
