@@ -49,6 +49,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from aicfc.codegen import attention_split
 from aicfc.codegen.cexpr import Emitter, c_affine, c_offset, flat_offset, literal
 from aicfc.codegen.common import CTYPES, decompose, render, signature
 from aicfc.ir.decision import Kernel, Plan
@@ -182,6 +183,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
                 for nwg in wg["NWG"] for bn in wg["BN"] for ov in wg["OVERLAP"] for st in wg["STAGES"]
                 if (ov or st == 2) and (ov != 2 or (nwg == 2 and st == 3))]
     # the serial schedule is double-buffered only; ping-pong pairs two warpgroups over three stages
+    if attention_split.why_not(g, plan.types(), plan.precision, bool(c), why_not_mma) is None:
+        out += attention_split.space(g, MMA_TYPE[plan.precision])   # few query rows: split the keys
     return out
 
 
@@ -189,7 +192,9 @@ def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
     g, types = geometry(k, plan.types()), plan.types()
     why = why_not_mma(g, types, plan.precision)
     why_wg = why_not_wgmma(g, types, plan.precision, plan.target)
-    return [({"unit": unit}, reason) for unit, reason in (("mma", why), ("wgmma", why_wg)) if reason]
+    why_split = attention_split.why_not(g, types, plan.precision, causal(k), why_not_mma)
+    return [({"unit": unit}, reason) for unit, reason in (("mma", why), ("wgmma", why_wg), ("split", why_split))
+            if reason]
 
 
 def _ceil16(n: int) -> int:
@@ -208,6 +213,8 @@ def copy_lanes(threads: int, cols: int) -> int:
 
 
 def threads(p: Mapping) -> int:
+    if p["unit"] == "split":
+        return attention_split.threads(p)
     if p["unit"] == "wgmma":
         return 128 * p["NWG"]
     return 32 * p["warps"] if p["unit"] == "mma" else p["BM"] * p["TPR"]
@@ -215,6 +222,8 @@ def threads(p: Mapping) -> int:
 
 def smem_bytes(k: Kernel, p: Mapping) -> int:
     _, _, _, d, dv = dims(k)
+    if p["unit"] == "split":
+        return attention_split.smem_bytes(attention_split.structure(roles(k)).rows, d, dv, p)
     if p["unit"] == "wgmma":   # + 1024: the kernel rounds its base up to the swizzle's 1024-byte period;
         # + 16: OVERLAP's scheduling anchor (attention_wgmma.cu.j2)
         return (p["BM"] * d + p["STAGES"] * p["BN"] * (d + dv)) * ITEMSIZE[p["dtype"]] + 1024 + 16 * p["OVERLAP"]
@@ -225,6 +234,9 @@ def smem_bytes(k: Kernel, p: Mapping) -> int:
 
 
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    if p["unit"] == "split":
+        sp = attention_split.structure(roles(k))
+        return (sp.nkv * p["SPLITS"], 1, 1), (threads(p), 1, 1), smem_bytes(k, p)
     nb, sq, _, _, _ = dims(k)
     return (nb * math.ceil(sq / p["BM"]), 1, 1), (threads(p), 1, 1), smem_bytes(k, p)
 
@@ -307,6 +319,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         base, strides = _split(off, inner)
         operands[key] = {"ptr": sig.params[ld.buffer], "base": c_affine(base, names), "s_row": strides[0],
                          "s_col": strides[1], "T": CTYPES[types[ld.buffer].dtype]}
+    if p["unit"] == "split":   # the score expression in natural units (attention_split.py says why)
+        lines, value, _ = _logits(g, {"unit": "simt", "causal": 0}, sig, types)
+        return attention_split.render_kernel(k, g, p, sig, operands, _store(g, types, sig, names),
+                                             live_position(k, g, sig, types), lines, value, name)
     lines, value, log2_scale = _logits(g, p, sig, types)
     tiles = math.ceil(g.sq / p["BM"])
     common = dict(name=name, signature=sig.text, idx=idx, decompose=decompose("batch", g.batch, idx),
