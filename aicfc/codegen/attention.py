@@ -56,6 +56,7 @@ from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, loads
 from aicfc.ir.properties import Attention, causal_split, live_key_position, streaming_attention
 from aicfc.ir.types import ITEMSIZE, TensorType
+from aicfc.passes.fold_cache_writes import attention_part, cache_writes, scatter_part
 from aicfc.passes.streaming_attention import CAUSAL_RULE, LIVE_RULE
 
 SPACE = {"mma": {"BM": (64, 128), "BN": (32, 64, 128), "warps": (4, 8), "STAGES": (2,)},
@@ -92,6 +93,7 @@ class Geometry:
 
 
 def geometry(k: Kernel, types: Mapping[str, TensorType]) -> Geometry:
+    k = attention_part(k)
     att = roles(k)
     store = k.ops[-1]
     bind = dict(k.binds[-1])
@@ -105,6 +107,7 @@ def geometry(k: Kernel, types: Mapping[str, TensorType]) -> Geometry:
 
 def roles(k: Kernel) -> Attention:
     """The attention roles of the kernel's computes (S, max, sum, P, O, [layout map])."""
+    k = attention_part(k)   # without the cache writes folded into it (passes/fold_cache_writes.py)
     att = streaming_attention(k.ops[4], {op.out: op for op in k.ops})
     assert isinstance(att, Attention), f"kernel {k.name} is not a streaming attention"
     return att
@@ -307,6 +310,36 @@ def _store(g: Geometry, types, sig, names: dict[str, str]) -> dict:
             "T": CTYPES[dtype], "vec": vec if paired else None}
 
 
+def _cache_writes(k: Kernel, g: Geometry, sig, types, operands: dict) -> list[dict]:
+    """For each cache update folded into the kernel (passes/fold_cache_writes.py): which operand
+    (k or v) reads the cache, the update count, and C for an update u's slot and its value at
+    head-dimension element `dd` (the scatter's expressions over the attention's variables)."""
+    from aicfc.codegen import scatter
+    out = []
+    for y in cache_writes(k):
+        key, ld = ("k", g.att.k) if g.att.k.buffer == y else ("v", g.att.v)
+        sub = scatter_part(k, y)
+        _, val, _, ((ident, _),) = scatter.parts(sub)
+        names = {"r0": "u"}
+        for a, ix in enumerate(ld.index):
+            if ix == Affine.var("r0"):
+                names[f"i{a}"] = "slot"
+            elif ix.terms:
+                v = ix.terms[0][0]
+                names[f"i{a}"] = "dd" if v in ("d", g.att.col) else v
+            else:
+                names[f"i{a}"] = str(ix.const)
+        em = Emitter(sig.params, types, prefix=f"w{key}")
+        slot = em.emit(ident, names)
+        slot_lines = em.take()
+        body = val.body
+        assert isinstance(body, Call) and body.fn == "select"
+        value = em.emit(body.args[1], names)
+        out.append({"which": key, "Q": val.reduce[0], "slot_lines": slot_lines, "slot": slot,
+                    "value_lines": em.take(), "value": value, **operands[key]})
+    return out
+
+
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     g = geometry(k, types)
     att = g.att
@@ -322,7 +355,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     if p["unit"] == "split":   # the score expression in natural units (attention_split.py says why)
         lines, value, _ = _logits(g, {"unit": "simt", "causal": 0}, sig, types)
         return attention_split.render_kernel(k, g, p, sig, operands, _store(g, types, sig, names),
-                                             live_position(k, g, sig, types), lines, value, name)
+                                             live_position(k, g, sig, types), lines, value, name,
+                                             _cache_writes(k, g, sig, types, operands))
     lines, value, log2_scale = _logits(g, p, sig, types)
     tiles = math.ceil(g.sq / p["BM"])
     common = dict(name=name, signature=sig.text, idx=idx, decompose=decompose("batch", g.batch, idx),

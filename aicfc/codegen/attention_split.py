@@ -146,7 +146,7 @@ def partial_floats(nkv: int, rows: int, dv: int, splits: int) -> int:
 
 
 def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, live: str | None,
-                  logit_lines: list[str], logit: str, name: str) -> str:
+                  logit_lines: list[str], logit: str, name: str, writes: list[dict] = ()) -> str:
     """`g`, `sig`, `operands`, `store`, `live`, the logits: what codegen/attention.py derived for
     every unit (the score expression in natural units)."""
     from aicfc.codegen.scratch import scratch
@@ -162,4 +162,4 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   kv_decompose=decompose("kvb", sp.kv, idx), row_decompose=decompose("r", sp.group + [("gi", g.sq)], idx),
                   q=operands["q"], k=operands["k"], v=operands["v"], o=store, live=live, logit_lines=logit_lines,
                   logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
-                  stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, **tm)
+                  stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), **tm)
