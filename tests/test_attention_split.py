@@ -242,3 +242,20 @@ def test_gpu_split_counts_and_rows(splits, gpu_device):
         for got in _run_twice(payload, feeds, gpu_device):
             assert not np.isnan(got).any()
             assert rel_err(got, ref) <= RTOL["fp16"]
+
+
+def test_folded_cache_writes_build_without_spills():
+    """The Llama fixture's decode step: the attention with its layer's K and V writes folded in
+    (passes/fold_cache_writes.py, after ptxas checked the leaders) builds for sm_90a unspilled."""
+    from pathlib import Path
+    from aicfc.passes.fold_cache_writes import FOLD_RULE
+    from tests.test_state import plan_of as state_plan
+    model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
+    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16")
+    att = [k for k in plan.kernels if k.family == "attention"]
+    assert att and all(FOLD_RULE in k.rewrites for k in att)
+    source = render_module(plan.replace(kernels=tuple(att)))
+    assert source.count("new K rows into the cache") == len(att) == source.count("new V rows into the cache")
+    built = build(source, "sm_90")
+    for k in att:
+        assert built.spills.get(k.name, 0) == 0 and 0 < built.registers[k.name] <= 255

@@ -30,7 +30,7 @@ mostly padding and the step is bound by latency, not issue). Scores in natural u
 
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
-score rows a thread. Legal where the rows are few (R <= MAX_ROWS),
+score rows a thread. Legal where the query is short (Sq <= MAX_SQ, R <= MAX_ROWS),
 q/k/v are fp16/bf16 rows contiguous along the head dimension and 16-byte aligned (what `mma`
 needs), and the mask is not the causal constant (which the tile units skip by tiles).
 """
@@ -46,7 +46,9 @@ from aicfc.ir.properties import Attention
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 SPACE = {"BN": (32, 64, 128), "warps": (4, 8)}
-MAX_ROWS = 32       # query rows of one block (G·Sq): a decode step, or a few speculative rows
+MAX_SQ = 4          # query rows a head: a decode step, or a few speculative rows; longer queries fill
+                    # the tile units' 64-row tiles (a prefill), where splitting the keys buys nothing
+MAX_ROWS = 32       # query rows of one block (G·Sq)
 MAX_RT = 8          # score rows a thread accumulates (ptxas spilled at 16: 32 rows, BN 64, 4 warps)
 MAX_SPLITS = 64     # chunks per (batch, kv head): the combine's weights live in shared memory
 LOG2E = 1.4426950408889634
@@ -85,6 +87,8 @@ def why_not(g, types: Mapping[str, TensorType], precision: str, causal: bool, wh
     if why:
         return why
     rows = structure(g.att).rows
+    if g.sq > MAX_SQ:
+        return f"{g.sq} query rows a head (more than {MAX_SQ}): the tile units fill their tiles"
     if rows > MAX_ROWS:
         return f"{rows} query rows share each K/V row (more than {MAX_ROWS}): the tile units fill their tiles"
     if causal:
