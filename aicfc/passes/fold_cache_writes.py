@@ -118,7 +118,8 @@ def fold_cache_writes(plan: Plan) -> Plan:
         j = readers[0]
         a = kernels[j]
         kernels[j] = a.replace(ops=s.ops + a.ops, binds=s.binds + a.binds, stores=a.stores + s.stores,
-                               rewrites=tuple(dict.fromkeys(a.rewrites + (FOLD_RULE,))),
+                               rewrites=tuple(dict.fromkeys(a.rewrites + s.rewrites + (FOLD_RULE,))),
+                               properties=tuple(dict.fromkeys(a.properties + s.properties)),
                                inplace=a.inplace + s.inplace)
         kernels[i] = None  # type: ignore[call-overload]
         moved[s.name] = a.name
