@@ -25,6 +25,7 @@ from aicf_run.generate import Sampling, choose, decoder_interface, generate, pre
 from aicf_run.plan_set import PlanSet, same_state
 from aicfc.artifact import write_bundle
 from aicfc.driver import compile_plans
+from aicfc.passes.fold_cache_writes import FOLD_RULE
 from aicfc.passes.streaming_attention import LIVE_RULE
 from benchmarks.decoder_graph import DecoderConfig, cache_names, decoder_model, random_weight, weight_shapes
 from benchmarks.light_models import onnxruntime_reference
@@ -111,10 +112,27 @@ def test_attention_reads_only_live_keys(model, seq):
     assert all(any(ld == "cache_position" for op in k.ops for ld in _reads(op)) for k in att)
     assert not any("node_le_1" in op.origin or "node_lessorequal" in " ".join(op.origin)
                    for k in plan.kernels if k.family != "attention" for op in k.ops)
-    assert len(plan.kernels) == 23   # 9 a layer (4 of them rotary tables and the cache writes), 5 shared
+    # 9 a layer (4 of them rotary tables and the cache writes), 5 shared; a decode step's split-KV
+    # attention writes the cache rows itself (passes/fold_cache_writes.py): 7 a layer
+    assert len(plan.kernels) == (23 if seq > 1 else 19)
     payload = aicfc.compile(model, precision="fp16", shapes=shapes(seq))
     sources = "".join(m["source"] for m in payload["modules"])
-    assert "[Note: live keys]" in sources and "n_tiles = min(n_tiles" in sources
+    bound = "n_tiles = min(n_tiles" if seq > 1 else "if (split >= n_live) return;"   # tiles / split-KV chunks
+    assert "[Note: live keys]" in sources and bound in sources
+
+
+def test_decode_folds_the_cache_writes_into_the_attention(model):
+    """Decode: no scatter kernel; each split-KV attention writes its layer's K and V rows, and the
+    state names it as their writer. Prefill (16 rows a head: tile units) keeps the scatters."""
+    plan = plan_of(model, shapes(1), "fp16")
+    att = [k for k in plan.kernels if k.family == "attention"]
+    assert not [k for k in plan.kernels if k.family == "scatter"]
+    assert all(k.schedule.param["unit"] == "split" and FOLD_RULE in k.rewrites for k in att)
+    assert {st.kernel for st in plan.state} == {k.name for k in att} and len(plan.state) == 4
+    assert [r for r in plan.rewrites if r.rule == FOLD_RULE and r.applied].__len__() == 4
+    prefill = plan_of(model, shapes(16), "fp16")
+    assert len([k for k in prefill.kernels if k.family == "scatter"]) == 4
+    assert all(not r.applied and "not a split-KV attention" in r.reason for r in prefill.rewrites if r.rule == FOLD_RULE)
 
 
 def _reads(op) -> list[str]:

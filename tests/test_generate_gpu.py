@@ -81,8 +81,9 @@ def test_first_step_logits_at_fp16(tmp_path, gpu_device, expected):
 
 
 @pytest.mark.parametrize("pin", [{"unit": "simt", "BN": 32, "TPR": 4}, {"unit": "mma", "BN": 32, "warps": 4},
-                                 {"unit": "wgmma", "BN": 64, "NWG": 1, "OVERLAP": 1}],
-                         ids=["simt", "mma", "wgmma"])
+                                 {"unit": "wgmma", "BN": 64, "NWG": 1, "OVERLAP": 1},
+                                 {"unit": "split", "BN": 32, "warps": 4, "SPLITS": 4}],
+                         ids=["simt", "mma", "wgmma", "split"])
 def test_attention_skips_the_dead_cache(tmp_path, gpu_device, pin):
     """NaN in every slot past the live key tiles: a kernel that read them would give NaN."""
     path = bundle(tmp_path, "fp16", [1], pin)

@@ -49,12 +49,14 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from aicfc.codegen import attention_split
 from aicfc.codegen.cexpr import Emitter, c_affine, c_offset, flat_offset, literal
 from aicfc.codegen.common import CTYPES, decompose, render, signature
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, loads
 from aicfc.ir.properties import Attention, causal_split, live_key_position, streaming_attention
 from aicfc.ir.types import ITEMSIZE, TensorType
+from aicfc.passes.fold_cache_writes import attention_part, cache_writes, scatter_part
 from aicfc.passes.streaming_attention import CAUSAL_RULE, LIVE_RULE
 
 SPACE = {"mma": {"BM": (64, 128), "BN": (32, 64, 128), "warps": (4, 8), "STAGES": (2,)},
@@ -91,6 +93,7 @@ class Geometry:
 
 
 def geometry(k: Kernel, types: Mapping[str, TensorType]) -> Geometry:
+    k = attention_part(k)
     att = roles(k)
     store = k.ops[-1]
     bind = dict(k.binds[-1])
@@ -104,6 +107,7 @@ def geometry(k: Kernel, types: Mapping[str, TensorType]) -> Geometry:
 
 def roles(k: Kernel) -> Attention:
     """The attention roles of the kernel's computes (S, max, sum, P, O, [layout map])."""
+    k = attention_part(k)   # without the cache writes folded into it (passes/fold_cache_writes.py)
     att = streaming_attention(k.ops[4], {op.out: op for op in k.ops})
     assert isinstance(att, Attention), f"kernel {k.name} is not a streaming attention"
     return att
@@ -182,6 +186,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
                 for nwg in wg["NWG"] for bn in wg["BN"] for ov in wg["OVERLAP"] for st in wg["STAGES"]
                 if (ov or st == 2) and (ov != 2 or (nwg == 2 and st == 3))]
     # the serial schedule is double-buffered only; ping-pong pairs two warpgroups over three stages
+    if attention_split.why_not(g, plan.types(), plan.precision, bool(c), why_not_mma) is None:
+        out += attention_split.space(g, MMA_TYPE[plan.precision])   # few query rows: split the keys
     return out
 
 
@@ -189,7 +195,9 @@ def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
     g, types = geometry(k, plan.types()), plan.types()
     why = why_not_mma(g, types, plan.precision)
     why_wg = why_not_wgmma(g, types, plan.precision, plan.target)
-    return [({"unit": unit}, reason) for unit, reason in (("mma", why), ("wgmma", why_wg)) if reason]
+    why_split = attention_split.why_not(g, types, plan.precision, causal(k), why_not_mma)
+    return [({"unit": unit}, reason) for unit, reason in (("mma", why), ("wgmma", why_wg), ("split", why_split))
+            if reason]
 
 
 def _ceil16(n: int) -> int:
@@ -208,6 +216,8 @@ def copy_lanes(threads: int, cols: int) -> int:
 
 
 def threads(p: Mapping) -> int:
+    if p["unit"] == "split":
+        return attention_split.threads(p)
     if p["unit"] == "wgmma":
         return 128 * p["NWG"]
     return 32 * p["warps"] if p["unit"] == "mma" else p["BM"] * p["TPR"]
@@ -215,6 +225,8 @@ def threads(p: Mapping) -> int:
 
 def smem_bytes(k: Kernel, p: Mapping) -> int:
     _, _, _, d, dv = dims(k)
+    if p["unit"] == "split":
+        return attention_split.smem_bytes(attention_split.structure(roles(k)).rows, d, dv, p)
     if p["unit"] == "wgmma":   # + 1024: the kernel rounds its base up to the swizzle's 1024-byte period;
         # + 16: OVERLAP's scheduling anchor (attention_wgmma.cu.j2)
         return (p["BM"] * d + p["STAGES"] * p["BN"] * (d + dv)) * ITEMSIZE[p["dtype"]] + 1024 + 16 * p["OVERLAP"]
@@ -225,6 +237,9 @@ def smem_bytes(k: Kernel, p: Mapping) -> int:
 
 
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    if p["unit"] == "split":
+        sp = attention_split.structure(roles(k))
+        return (sp.nkv * p["SPLITS"], 1, 1), (threads(p), 1, 1), smem_bytes(k, p)
     nb, sq, _, _, _ = dims(k)
     return (nb * math.ceil(sq / p["BM"]), 1, 1), (threads(p), 1, 1), smem_bytes(k, p)
 
@@ -295,6 +310,36 @@ def _store(g: Geometry, types, sig, names: dict[str, str]) -> dict:
             "T": CTYPES[dtype], "vec": vec if paired else None}
 
 
+def _cache_writes(k: Kernel, g: Geometry, sig, types, operands: dict) -> list[dict]:
+    """For each cache update folded into the kernel (passes/fold_cache_writes.py): which operand
+    (k or v) reads the cache, the update count, and C for an update u's slot and its value at
+    head-dimension element `dd` (the scatter's expressions over the attention's variables)."""
+    from aicfc.codegen import scatter
+    out = []
+    for y in cache_writes(k):
+        key, ld = ("k", g.att.k) if g.att.k.buffer == y else ("v", g.att.v)
+        sub = scatter_part(k, y)
+        _, val, _, ((ident, _),) = scatter.parts(sub)
+        names = {"r0": "u"}
+        for a, ix in enumerate(ld.index):
+            if ix == Affine.var("r0"):
+                names[f"i{a}"] = "slot"
+            elif ix.terms:
+                v = ix.terms[0][0]
+                names[f"i{a}"] = "dd" if v in ("d", g.att.col) else v
+            else:
+                names[f"i{a}"] = str(ix.const)
+        em = Emitter(sig.params, types, prefix=f"w{key}")
+        slot = em.emit(ident, names)
+        slot_lines = em.take()
+        body = val.body
+        assert isinstance(body, Call) and body.fn == "select"
+        value = em.emit(body.args[1], names)
+        out.append({"which": key, "Q": val.reduce[0], "slot_lines": slot_lines, "slot": slot,
+                    "value_lines": em.take(), "value": value, **operands[key]})
+    return out
+
+
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     g = geometry(k, types)
     att = g.att
@@ -307,6 +352,11 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         base, strides = _split(off, inner)
         operands[key] = {"ptr": sig.params[ld.buffer], "base": c_affine(base, names), "s_row": strides[0],
                          "s_col": strides[1], "T": CTYPES[types[ld.buffer].dtype]}
+    if p["unit"] == "split":   # the score expression in natural units (attention_split.py says why)
+        lines, value, _ = _logits(g, {"unit": "simt", "causal": 0}, sig, types)
+        return attention_split.render_kernel(k, g, p, sig, operands, _store(g, types, sig, names),
+                                             live_position(k, g, sig, types), lines, value, name,
+                                             _cache_writes(k, g, sig, types, operands))
     lines, value, log2_scale = _logits(g, p, sig, types)
     tiles = math.ceil(g.sq / p["BM"])
     common = dict(name=name, signature=sig.text, idx=idx, decompose=decompose("batch", g.batch, idx),

@@ -9,6 +9,9 @@ A split-k GEMM (`SPLITK > 1`) needs two:
   resets the ticket to zero, so the buffer is zero again for the next run (and for graph
   replay). It lives with the weights, which are uploaded once and never poisoned.
 
+A split-KV attention (`unit = split`, codegen/attention_split.py) needs the same two: every
+chunk's partial rows (unnormalised O, then the running max and sum) and one ticket per K/V head.
+
 Names, types and placement are a function of the kernel and its schedule parameters, so the
 compiler, the memory plan, the bundle and `aicfc tune` all agree on them.
 """
@@ -31,6 +34,12 @@ class Scratch:
 
 def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]:
     p = params if params is not None else (k.schedule.param if k.schedule else {})
+    if k.family == "attention" and p.get("unit") == "split":
+        from aicfc.codegen import attention, attention_split
+        _, _, _, _, dv = attention.dims(k)
+        sp = attention_split.structure(attention.roles(k))
+        return [Scratch(f"{k.name}.partials", TensorType("f32", (attention_split.partial_floats(sp.nkv, sp.rows, dv, p["SPLITS"]),)), False),
+                Scratch(f"{k.name}.tickets", TensorType("i32", (sp.nkv,)), True)]
     splits = int(p.get("SPLITK", 1))
     if k.family != "gemm" or splits <= 1:
         return []

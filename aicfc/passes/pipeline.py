@@ -27,6 +27,7 @@ from aicfc.passes.inline_producers import inline_producers
 from aicfc.passes.interleave_gates import interleave_gates
 from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
+from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.plan_schedules import RegisterCheck, plan_schedules
 from aicfc.passes.read_grouped_heads import read_grouped_heads
@@ -77,6 +78,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("channels_last", "decision", "decision", lambda p, o: channels_last(p, dict(o.pin))),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
+    Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p)),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
@@ -114,6 +116,9 @@ assert _ORDER.index("read_grouped_heads") < _ORDER.index("rotary_epilogue") < _O
 # declare_state merges the kernels form_kernels made of a ScatterND's functional form, and must
 # precede plan_schedules (which plans the merged scatter kernel) and plan_memory (state buffers).
 assert _ORDER.index("form_kernels") < _ORDER.index("declare_state") < _ORDER.index("plan_schedules")
+# fold_cache_writes folds declare_state's scatters into the attentions plan_schedules made split-KV,
+# before plan_memory places the buffers of the merged kernels.
+assert _ORDER.index("plan_schedules") < _ORDER.index("fold_cache_writes") < _ORDER.index("plan_memory")
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {
     "high": verify_graph, "lowered": verify_program, "decision": verify_plan,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from aicfc.codegen.scratch import scratch
+from aicfc.passes.fold_cache_writes import scatter_part
 from aicfc.ir.decision import Buffer, InPlace, Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, index_loads, indirect_dims, loads, view_base
 from aicfc.ir.properties import is_identity_access
@@ -146,9 +147,10 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
     buffers = [Buffer(n, types[n], "arena", offsets[n]) for n in sorted(offsets, key=lambda n: (offsets[n], n))]
     # The state's bytes at the storage precision apply_precision chose after declare_state.
     by_kernel = {k.name: k for k in plan.kernels}
+    writes = {st.output: scatter_bytes(scatter_part(by_kernel[st.kernel], st.output), types) for st in plan.state}
     plan = plan.replace(state=tuple(dataclasses.replace(
-        st, write_bytes=scatter_bytes(by_kernel[st.kernel], types),
-        copy_bytes=2 * types[st.output].nbytes + scatter_bytes(by_kernel[st.kernel], types)) for st in plan.state))
+        st, write_bytes=writes[st.output], copy_bytes=2 * types[st.output].nbytes + writes[st.output])
+        for st in plan.state))
     soff = 0
     for st in plan.state:
         buffers += [Buffer(st.input, types[st.input], "state", soff), Buffer(st.output, types[st.output], "state", soff)]

@@ -42,13 +42,14 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import attention, conv, conv_wgmma, gemm, gemm_gemv, row_reduce
+from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_reduce
 from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Call, Const, Expr, count_ops, indirect_dims, loads
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
+from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
@@ -504,6 +505,8 @@ SOFTMAX_OPS = 12   # fp32 operations per score: the score expression, max, exp2 
 
 def _attention_registers(k: Kernel, p: Mapping, ops: int) -> int:
     _, _, _, d, dv = attention.dims(k)
+    if p["unit"] == "split":
+        return split_registers(attention_split.structure(attention.roles(k)).rows, d, dv, p, ops)
     if p["unit"] == "mma":
         mi, dp, dvp = p["BM"] // p["warps"] // 16, -(-d // 16) * 16, -(-dv // 16) * 16
         # S and O accumulators, Q fragments, P packed, running max and sum, addressing and loop state
@@ -545,6 +548,8 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     plus its key tiles at the slower of the tile's products and its softmax
     (planner/cost_attention_wgmma.py), fitted to the H200."""
     nb, sq, sk, d, dv = attention.dims(k)
+    if p["unit"] == "split":   # few query rows, the keys split over blocks: planner/cost_attention_split.py
+        return _split_attention_cost(k, p, bps, types, hw)
     bm, bn, causal = p["BM"], p["BN"], bool(p["causal"])
     visited = nb * _key_tiles(sq, sk, bm, bn, causal)
     flops = 2.0 * nb * sq * sk * (d + dv) * (0.5 if causal else 1.0)
@@ -585,6 +590,20 @@ def _attention_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     est.terms["ilp"] = ilp
     est.terms["key_tiles"] = visited
     return est
+
+
+def _split_attention_cost(k: Kernel, p: Mapping, bps: int, types: Mapping, hw: Profile) -> Estimate:
+    """Split-KV attention: DRAM bytes are Q, K, V, O and the mask as for every unit, plus the
+    partials written and read back; the time is planner/cost_attention_split.py's."""
+    nb, sq, sk, d, dv = attention.dims(k)
+    sp = attention_split.structure(attention.roles(k))
+    partials = 2.0 * attention_split.partial_floats(sp.nkv, sp.rows, dv, p["SPLITS"]) * 4
+    dram = _io_bytes(k, types) + partials
+    t_dram = dram / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
+    att = attention.roles(k)
+    terms = split_attention_terms(sp.nkv, sp.rows, sk, d, dv, dict(p), bps, hw, t_dram, load_latency(hw),
+                                  instructions(att.logits))
+    return Estimate(terms.pop("time_us"), 2.0 * nb * sq * sk * (d + dv), dram, terms)
 
 
 # ---------------------------------------------------------------- conv (implicit GEMM) and window

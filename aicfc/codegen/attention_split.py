@@ -1,0 +1,169 @@
+"""Unit `split` of the `attention` family: split-KV (flash-decoding) attention for few query
+rows (`templates/attention_split.cu.j2`, cost terms in `planner/cost_attention_split.py`).
+
+A decode step has one query row per head: the tile units (`mma`, `wgmma`) give each block
+64-128 query rows, so a step runs batch·heads blocks, each streaming the whole live cache alone
+(the Llama decode step: 32 blocks on 132 SMs, latency-bound at 126 GB/s). Here the keys are
+cut into SPLITS chunks of CH keys and the grid is (the batch variables K and V depend on) x
+SPLITS: one block holds every query row that reads the same K/V rows (the G query heads of a
+grouped-query group times the Sq query rows: R = G·Sq rows), so each K/V row is read once.
+A block streams its chunk in tiles of BN keys (K/V double-buffered by 16-byte cp.async),
+keeping per row a running maximum m, sum l and unnormalised output o (the online softmax of
+rescaling invariance), and publishes (m, l, o) to scratch. Partials merge exactly as key tiles
+do: M = max m_s, L = Σ l_s·e^(m_s - M), O = Σ o_s·e^(m_s - M) / L.
+
+The combine: the last block of a (batch, kv head) to take its ticket (`codegen/scratch.py`:
+zeroed i32 tickets, reset to zero by that block, so graph replays find them zero) reads every
+live partial in split order (the same bits whichever block is last) and stores O. A second
+kernel would do the same work after a launch gap (~1.3-2 us in a graph) and an extra pass over
+the partials; the last-block merge costs one fence and one atomic (`planner/cost_attention_split.py`).
+
+Live keys ([Note: live keys] in ir/properties.py): every block reads the positions and takes
+the live length L = max over its rows of P + 1; a block whose chunk starts at or past L returns
+at once without a ticket, and the combine counts only the ceil(L / CH) live chunks. Keys at or
+past L inside the last live chunk are neither loaded (zero-filled) nor scored (-inf): the dead
+slots of a cache are never read, whatever they hold.
+
+Arithmetic in fp32 on the SIMT cores (at R <= 32 rows the tensor cores' 64-row tiles would be
+mostly padding and the step is bound by latency, not issue). Scores in natural units, so a
+-FLT_MAX mask keeps a fully masked row's uniform softmax (as onnxruntime computes it).
+
+Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
+MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
+score rows a thread. Legal where the query is short (Sq <= MAX_SQ, R <= MAX_ROWS),
+q/k/v are fp16/bf16 rows contiguous along the head dimension and 16-byte aligned (what `mma`
+needs), and the mask is not the causal constant (which the tile units skip by tiles).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from aicfc.codegen.common import CTYPES, decompose, render
+from aicfc.ir.decision import Kernel
+from aicfc.ir.properties import Attention
+from aicfc.ir.types import ITEMSIZE, TensorType
+
+SPACE = {"BN": (32, 64, 128), "warps": (4, 8)}
+MAX_SQ = 4          # query rows a head: a decode step, or a few speculative rows; longer queries fill
+                    # the tile units' 64-row tiles (a prefill), where splitting the keys buys nothing
+MAX_ROWS = 32       # query rows of one block (G·Sq)
+MAX_RT = 8          # score rows a thread accumulates (ptxas spilled at 16: 32 rows, BN 64, 4 warps)
+MAX_SPLITS = 64     # chunks per (batch, kv head): the combine's weights live in shared memory
+LOG2E = 1.4426950408889634
+PAD = 8             # elements added to a staged K/V row: rows 16·(odd) bytes apart, so the 8
+                    # threads of one 16-byte load phase hit 8 different bank groups
+
+
+@dataclass(frozen=True)
+class Split:
+    """The block structure: `kv` batch variables (K and V depend on them: one block per value
+    and split), `group` variables (K and V ignore them: query heads sharing a K/V head), rows
+    R = prod(group) · Sq."""
+
+    kv: list[tuple[str, int]]
+    group: list[tuple[str, int]]
+    rows: int
+
+    @property
+    def nkv(self) -> int:
+        return math.prod(n for _, n in self.kv)
+
+
+def structure(att: Attention) -> Split:
+    """A batch variable of extent > 1 that indexes neither K nor V is a group variable (after
+    passes/read_grouped_heads.py, the query heads g of K/V head hk: h = G·hk + g)."""
+    ext = att.out.extents()
+    kv_vars = {v for ld in (att.k, att.v) for a in ld.index for v, _ in a.terms}
+    kv, group = [], []
+    for v in att.batch:
+        (group if ext[v] > 1 and v not in kv_vars else kv).append((v, ext[v]))
+    return Split(kv, group, math.prod(n for _, n in group) * ext[att.row])
+
+
+def why_not(g, types: Mapping[str, TensorType], precision: str, causal: bool, why_not_mma) -> str | None:
+    why = why_not_mma(g, types, precision)
+    if why:
+        return why
+    rows = structure(g.att).rows
+    if g.sq > MAX_SQ:
+        return f"{g.sq} query rows a head (more than {MAX_SQ}): the tile units fill their tiles"
+    if rows > MAX_ROWS:
+        return f"{rows} query rows share each K/V row (more than {MAX_ROWS}): the tile units fill their tiles"
+    if causal:
+        return "the mask is the causal constant: the tile units skip its keys by tiles"
+    return None
+
+
+def chunk(sk: int, splits: int, bn: int) -> int:
+    """Keys per split: whole BN tiles."""
+    return math.ceil(math.ceil(sk / bn) / splits) * bn
+
+
+def splits_of(sk: int, bn: int) -> list[int]:
+    """Every distinct number of chunks of whole BN tiles (t tiles a chunk, t = 1.. all)."""
+    kt = math.ceil(sk / bn)
+    return sorted({math.ceil(kt / t) for t in range(1, kt + 1) if math.ceil(kt / t) <= MAX_SPLITS})
+
+
+def space(g, dtype: str) -> list[dict]:
+    rows = structure(g.att).rows
+    out = []
+    for bn in SPACE["BN"]:
+        for w in SPACE["warps"]:
+            p = {"unit": "split", "dtype": dtype, "BN": bn, "warps": w, "causal": 0}
+            if bn > 32 * w or thread_map(rows, g.dv, p)["RT"] > MAX_RT:
+                continue
+            out += [{**p, "SPLITS": s} for s in splits_of(g.sk, bn)]
+    return out
+
+
+def threads(p: Mapping) -> int:
+    return 32 * p["warps"]
+
+
+def thread_map(rows: int, dv: int, p: Mapping) -> dict[str, int]:
+    """How the block's threads share the work. Scores: thread t takes key t % BN of the tile for
+    rows t / BN + RS·k (RS = threads / BN, RT of them). P·V: column pairs R·Dv/2 (`pairs`); when
+    there are fewer than threads, KS slices of the tile's keys each sum a part, merged at the
+    end; NP pairs per thread."""
+    t = threads(p)
+    rs = t // p["BN"]
+    pairs = rows * dv // 2
+    ks = max(1, t // pairs)
+    while p["BN"] % ks:
+        ks //= 2
+    return {"RS": rs, "RT": math.ceil(rows / rs), "pairs": pairs, "KS": ks, "NP": math.ceil(pairs / (t // ks))}
+
+
+def smem_bytes(rows: int, d: int, dv: int, p: Mapping) -> int:
+    esize = ITEMSIZE[p["dtype"]]
+    staged = 2 * p["BN"] * ((d + PAD) + (dv + PAD)) * esize
+    floats = rows * d + rows * p["BN"] + 3 * rows + rows * p["SPLITS"] + 2 * threads(p) + 4
+    return staged + 4 * floats
+
+
+def partial_floats(nkv: int, rows: int, dv: int, splits: int) -> int:
+    """Scratch: every split's unnormalised rows (R x Dv), then its (m, l) per row."""
+    return nkv * splits * rows * (dv + 2)
+
+
+def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, live: str | None,
+                  logit_lines: list[str], logit: str, name: str, writes: list[dict] = ()) -> str:
+    """`g`, `sig`, `operands`, `store`, `live`, the logits: what codegen/attention.py derived for
+    every unit (the score expression in natural units)."""
+    from aicfc.codegen.scratch import scratch
+    sp = structure(g.att)
+    idx = sig.index_type
+    part, tickets = (sig.params[s.name] for s in scratch(k, p))
+    tm = thread_map(sp.rows, g.dv, p)
+    assert tm["KS"] == 1 or tm["NP"] == 1, tm
+    return render("attention_split.cu.j2", name=name, signature=sig.text, idx=idx, T=CTYPES[p["dtype"]],
+                  dtype=p["dtype"], threads=threads(p), warps=p["warps"], BN=p["BN"], SPLITS=p["SPLITS"],
+                  CH=chunk(g.sk, p["SPLITS"], p["BN"]), R=sp.rows, SQ=g.sq, SK=g.sk, D=g.d, DV=g.dv,
+                  PITCH=g.d + PAD, VPITCH=g.dv + PAD, NKV=sp.nkv, esize=ITEMSIZE[p["dtype"]], LOG2E=LOG2E,
+                  kv_decompose=decompose("kvb", sp.kv, idx), row_decompose=decompose("r", sp.group + [("gi", g.sq)], idx),
+                  q=operands["q"], k=operands["k"], v=operands["v"], o=store, live=live, logit_lines=logit_lines,
+                  logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
+                  stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), **tm)

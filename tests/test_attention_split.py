@@ -1,0 +1,261 @@
+"""Split-KV (flash-decoding) attention, unit `split` of the attention family (issue 19:
+codegen/attention_split.py, templates/attention_split.cu.j2, planner/cost_attention_split.py).
+
+CPU: the space exists only for few query rows, the planner picks it at decode shapes and
+`explain` shows it with the units it beat, the cost terms move the way the docstring reasons
+(more splits: fewer tiles a chunk, a bigger combine), scratch has the partials and zeroed
+tickets, the plan matches float64 numpy through the interpreter, nvcc builds every candidate
+for sm_90a without spills. GPU (`-m gpu`): decode shapes (B1 and B4, 32 query heads over 8
+K/V heads, D 64, 768 slots) at live lengths 1, 37, 512, 768 against numpy float64, with NaN in
+the dead slots of the cache (they must never be read) and the arena poisoned; run twice in a
+row (the tickets are zero again after a run).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import aicfc
+from aicfc.codegen import attention, attention_split
+from aicfc.codegen.module import render_module
+from aicfc.codegen.nvcc import build
+from aicfc.codegen.scratch import scratch
+from aicfc.frontend.onnx_import import import_model
+from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.passes.plan_schedules import rank
+from aicfc.passes.streaming_attention import GQA_RULE, LIVE_RULE
+from aicfc.planner.cost_attention_split import split_attention_terms
+from aicfc.planner.hardware import load_profile
+from tests.test_pipeline import evaluate_ir, rel_err
+
+FLT_MAX = 3.4028234663852886e38
+RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
+
+
+def decode_attention(b: int, h: int, hkv: int, slots: int, d: int, sq: int = 1) -> onnx.ModelProto:
+    """softmax(q·repeat_kv(k)ᵀ/√d + mask)·repeat_kv(v) over a cache of `slots`, the mask "slot j
+    visible to the query at position p when j <= p" (transformers' StaticCache, as
+    benchmarks/decoder_graph.py builds it), the result as [B, Sq, H·D]."""
+    n = helper.make_node
+    g = h // hkv
+    inits = {"two": np.array([2], np.int64), "rep": np.array([1, 1, g, 1, 1], np.int64),
+             "merged": np.array([0, h, slots, d], np.int64), "scale": np.array(d ** -0.5, np.float32),
+             "slot": np.arange(slots, dtype=np.float32)[None, :], "one": np.array([1], np.int64),
+             "zero_one": np.array([0, 1], np.int64), "zero": np.array(0.0, np.float32),
+             "big": np.array(-FLT_MAX, np.float32), "flat": np.array([0, 0, h * d], np.int64)}
+    nodes = [n("Cast", ["cache_position"], ["pos_f"], to=TensorProto.FLOAT), n("Unsqueeze", ["pos_f", "one"], ["pos"]),
+             n("LessOrEqual", ["slot", "pos"], ["visible"]), n("Unsqueeze", ["visible", "zero_one"], ["visible4"]),
+             n("Where", ["visible4", "zero", "big"], ["mask"])]
+    for x in ("k", "v"):
+        nodes += [n("Unsqueeze", [x, "two"], [f"{x}_u"]), n("Expand", [f"{x}_u", "rep"], [f"{x}_e"]),
+                  n("Reshape", [f"{x}_e", "merged"], [f"{x}_r"])]
+    nodes += [n("Transpose", ["k_r"], ["k_t"], perm=[0, 1, 3, 2]), n("MatMul", ["q", "k_t"], ["s_raw"]),
+              n("Mul", ["s_raw", "scale"], ["s"]), n("Add", ["s", "mask"], ["s_m"]),
+              n("Softmax", ["s_m"], ["p"], axis=-1), n("MatMul", ["p", "v_r"], ["o"]),
+              n("Transpose", ["o"], ["o_t"], perm=[0, 2, 1, 3]), n("Reshape", ["o_t", "flat"], ["y"])]
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "decode_attention", [
+        helper.make_tensor_value_info("q", f32, [b, h, sq, d]),
+        helper.make_tensor_value_info("k", f32, [b, hkv, slots, d]),
+        helper.make_tensor_value_info("v", f32, [b, hkv, slots, d]),
+        helper.make_tensor_value_info("cache_position", TensorProto.INT64, [sq])],
+        [helper.make_tensor_value_info("y", f32, [b, sq, h * d])],
+        [numpy_helper.from_array(a, k) for k, a in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def reference(inputs: dict) -> np.ndarray:
+    """float64, each query row over its visible slots only (the dead ones may hold NaN)."""
+    q, k, v = (inputs[x].astype(np.float64) for x in "qkv")
+    pos = inputs["cache_position"]
+    b, h, sq, d = q.shape
+    g = h // k.shape[1]
+    out = np.zeros((b, sq, h, d))
+    for i, p in enumerate(pos):
+        kk, vv = np.repeat(k[:, :, :p + 1], g, axis=1), np.repeat(v[:, :, :p + 1], g, axis=1)
+        s = np.einsum("bhd,bhjd->bhj", q[:, :, i], kk) / np.sqrt(d)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        out[:, i] = np.einsum("bhj,bhjd->bhd", e / e.sum(-1, keepdims=True), vv)
+    return out.reshape(b, sq, h * d)
+
+
+def inputs_at(model: onnx.ModelProto, live: int, seed: int, dead=np.nan) -> dict:
+    """Fresh random q, k, v; the query rows at the last positions below `live`; slots at or past
+    `live` hold `dead`."""
+    rng = np.random.default_rng(seed)
+    shape = {i.name: [x.dim_value for x in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    feeds = {x: rng.standard_normal(shape[x]).astype(np.float32) for x in "qkv"}
+    for x in "kv":
+        feeds[x][:, :, live:] = dead
+    sq = shape["cache_position"][0]
+    feeds["cache_position"] = np.arange(live - sq, live, dtype=np.int64)
+    return feeds
+
+
+def plan_of(model, precision: str = "fp16", pin: dict | None = None):
+    opts = Options("sm_90", load_profile("sm_90"), precision, tuple(sorted((pin or {}).items())))
+    return run_pipeline(import_model(model), opts).plan
+
+
+def the_kernel(plan):
+    (k,) = [k for k in plan.kernels if k.family == "attention"]
+    return k
+
+
+# ---------------------------------------------------------------- CPU: space, choice, cost, scratch
+
+
+@pytest.mark.parametrize("b", [1, 4])
+def test_decode_picks_split(b):
+    plan = plan_of(decode_attention(b, 32, 8, 768, 64))
+    k = the_kernel(plan)
+    p = k.schedule.param
+    assert p["unit"] == "split" and {LIVE_RULE, GQA_RULE} <= set(k.rewrites)
+    sp = attention_split.structure(attention.roles(k))
+    assert (sp.nkv, sp.rows) == (8 * b, 4)          # one block a K/V head and chunk, the 4 query heads of its group
+    assert k.schedule.grid == (8 * b * p["SPLITS"], 1, 1) and p["SPLITS"] > 1
+    lost = {dict(c.params).get("unit") for c in k.schedule.candidates if c.predicted_time_us is not None}
+    assert "wgmma" in lost or "mma" in lost or any(dict(c.params).get("unit") == "split" for c in k.schedule.candidates)
+    best_other = min(r.time_us for r in rank(k, plan, load_profile("sm_90"))[0] if r.params["unit"] != "split")
+    assert dict(k.schedule.predicted)["time_us"] < best_other / 2   # latency-bound tiles of one row lose
+
+
+def test_many_rows_do_not_split():
+    """A prefill (64 rows a K/V head) keeps the tile units; the reason is recorded."""
+    plan = plan_of(decode_attention(1, 8, 2, 256, 64, sq=16))
+    k = the_kernel(plan)
+    assert k.schedule.param["unit"] != "split"
+    assert not [p for p in attention.space(k, plan) if p["unit"] == "split"]
+    reasons = [c.rejected_because for c in k.schedule.candidates if dict(c.params).get("unit") == "split"]
+    assert reasons and "query rows" in reasons[0]
+
+
+def test_fp32_keeps_simt():
+    k = the_kernel(plan_of(decode_attention(1, 4, 2, 128, 64), "fp32"))
+    assert k.schedule.param["unit"] == "simt"
+
+
+def test_space_is_every_distinct_split():
+    assert attention_split.splits_of(768, 64) == [1, 2, 3, 4, 6, 12]
+    assert all(attention_split.chunk(768, s, 64) * s >= 768 for s in attention_split.splits_of(768, 64))
+    assert attention_split.splits_of(100, 32) == [1, 2, 4]
+
+
+def test_cost_terms_trade_tiles_for_combine():
+    hw = load_profile("sm_90")
+    t = {s: split_attention_terms(8, 4, 768, 64, 64, {"BN": 64, "SPLITS": s, "warps": 4}, 8, hw, 0.5, 0.4, 10)
+         for s in (1, 3, 12)}
+    assert t[1]["tiles_per_chunk"] == 12 and t[12]["tiles_per_chunk"] == 1
+    assert t[1]["t_compute_us"] > t[3]["t_compute_us"] > t[12]["t_compute_us"]
+    assert t[1]["t_combine_us"] < t[12]["t_combine_us"]
+    assert t[12]["time_us"] < t[1]["time_us"]
+    # past one wave of blocks an SM runs several: its issue is shared
+    many = split_attention_terms(1024, 4, 768, 64, 64, {"BN": 64, "SPLITS": 12, "warps": 4}, 8, hw, 0.5, 0.4, 10)
+    assert many["t_compute_us"] > t[12]["t_compute_us"]
+
+
+def test_scratch_has_partials_and_zeroed_tickets():
+    k = the_kernel(plan_of(decode_attention(4, 32, 8, 768, 64)))
+    p = k.schedule.param
+    part, tickets = scratch(k)
+    assert not part.zeroed and part.type.dtype == "f32" and part.type.numel == 32 * p["SPLITS"] * 4 * (64 + 2)
+    assert tickets.zeroed and tickets.type.dtype == "i32" and tickets.type.numel == 32
+
+
+@pytest.mark.parametrize("live", [1, 37, 768])
+def test_plan_matches_numpy(live):
+    model = decode_attention(1, 8, 2, 128 if live < 768 else 768, 64)
+    feeds = inputs_at(model, live, seed=live, dead=0.0)
+    got = evaluate_ir(plan_of(model, "fp32", pin={"unit": "simt"}), feeds)["y"]
+    assert rel_err(got, reference(feeds)) <= 1e-5
+
+
+def test_explain_shows_the_split():
+    payload = aicfc.compile(decode_attention(1, 32, 8, 768, 64), precision="fp16", jobs=1)
+    (k,) = [k for k in payload["kernels"] if k["family"] == "attention"]
+    assert k["params"]["unit"] == "split" and "t_combine_us" in k["predicted"]
+    assert any(c.get("params", {}).get("unit") in ("wgmma", "mma") for c in k["candidates"])
+    assert k["registers"] is not None and k["registers"] <= 255
+
+
+# ---------------------------------------------------------------- nvcc: sm_90a, no spills
+
+
+@pytest.mark.parametrize("b,h,hkv,slots,sq", [(1, 32, 8, 768, 1), (2, 8, 1, 200, 4), (1, 4, 4, 96, 1)])
+def test_every_split_candidate_builds_without_spills(b, h, hkv, slots, sq):
+    model = decode_attention(b, h, hkv, slots, 64, sq=sq)
+    plan = plan_of(model)
+    k = the_kernel(plan)
+    cands = [p for p in attention.space(k, plan) if p["unit"] == "split"]
+    assert cands
+    picks = {(p["BN"], p["warps"]): p for p in cands}          # every tile shape, one split count each
+    for p in list(picks.values()) + [max(cands, key=lambda p: p["SPLITS"])]:
+        pinned = plan_of(model, pin={"unit": "split", "BN": p["BN"], "warps": p["warps"], "SPLITS": p["SPLITS"]})
+        kk = the_kernel(pinned)
+        built = build(render_module(pinned), "sm_90")
+        assert built.spills.get(kk.name, 0) == 0, (p, built.spills)
+        assert 0 < built.registers[kk.name] <= 255
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def _run_twice(payload: dict, feeds: dict, device) -> list[np.ndarray]:
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    ex = Executor(Bundle.from_payload(payload), device)
+    try:
+        ex.poison()
+        return [ex.run(feeds)["y"] for _ in range(2)]
+    finally:
+        ex.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b", [1, 4])
+@pytest.mark.parametrize("live", [1, 37, 512, 768])
+def test_gpu_split_decode(b, live, gpu_device):
+    if gpu_device.arch != "sm_90":
+        pytest.skip("the decode shapes are checked on sm_90")
+    model = decode_attention(b, 32, 8, 768, 64)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16")
+    (k,) = [k for k in payload["kernels"] if k["family"] == "attention"]
+    assert k["params"]["unit"] == "split"
+    feeds = inputs_at(model, live, seed=100 * b + live)
+    ref = reference(feeds)
+    for got in _run_twice(payload, feeds, gpu_device):
+        assert not np.isnan(got).any()
+        assert rel_err(got, ref) <= RTOL["fp16"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3, 12])
+def test_gpu_split_counts_and_rows(splits, gpu_device):
+    """Each split count, and 4 query rows a head (16 rows a block) over one K/V head."""
+    for model, live in ((decode_attention(1, 32, 8, 768, 64), 300), (decode_attention(2, 4, 1, 768, 64, sq=4), 700)):
+        payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16",
+                                pin={"unit": "split", "BN": 64, "warps": 4, "SPLITS": splits})
+        feeds = inputs_at(model, live, seed=splits)
+        ref = reference(feeds)
+        for got in _run_twice(payload, feeds, gpu_device):
+            assert not np.isnan(got).any()
+            assert rel_err(got, ref) <= RTOL["fp16"]
+
+
+def test_folded_cache_writes_build_without_spills():
+    """The Llama fixture's decode step: the attention with its layer's K and V writes folded in
+    (passes/fold_cache_writes.py, after ptxas checked the leaders) builds for sm_90a unspilled."""
+    from pathlib import Path
+    from aicfc.passes.fold_cache_writes import FOLD_RULE
+    from tests.test_state import plan_of as state_plan
+    model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
+    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16")
+    att = [k for k in plan.kernels if k.family == "attention"]
+    assert att and all(FOLD_RULE in k.rewrites for k in att)
+    source = render_module(plan.replace(kernels=tuple(att)))
+    assert source.count("new K rows into the cache") == len(att) == source.count("new V rows into the cache")
+    built = build(source, "sm_90")
+    for k in att:
+        assert built.spills.get(k.name, 0) == 0 and 0 < built.registers[k.name] <= 255
