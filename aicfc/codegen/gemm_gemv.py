@@ -35,11 +35,23 @@ from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.types import TensorType
 
 MAX_ROWS = 8
-SEGMENT = 256      # columns a warp covers per k-row: 32 lanes x 8 columns of 16 bytes
-UNROLL = 4         # k-rows a warp has in flight
-MAX_ACC = 64       # fp32 accumulators per thread
-SPACE = {"BN": (256, 512), "WARPS": (4, 8), "SPLITK": (1, 2, 4, 8, 16, 32)}
-VEC = 8            # 16-byte vectors of fp16/bf16
+VEC = 8            # columns of a 16-byte vector of fp16/bf16
+SPACE = {"BN": (64, 128, 256, 512), "WARPS": (4, 8), "U": (4, 8), "SPLITK": (1, 2, 4, 8, 16, 32)}
+MAX_ACC = 64       # fp32 accumulators per thread (BM x SEG x 8)
+MAX_HELD = 128     # accumulators + the two register buffers of weight vectors (4 registers each)
+SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows, and the split's flag
+
+
+def lanes(bn: int) -> tuple[int, int, int]:
+    """(LN, RW, SEG): lanes across a k-row (8 columns each), k-rows per warp instruction, and
+    the column segments of LN·8 a lane covers (BN = SEG·LN·8)."""
+    ln = min(32, bn // VEC)
+    return ln, 32 // ln, bn // (VEC * ln)
+
+
+def k_step(p: Mapping) -> int:
+    """k-rows a block covers per step of its loop."""
+    return p["WARPS"] * lanes(p["BN"])[1] * p["U"]
 
 
 def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
@@ -67,13 +79,20 @@ def space(m: int, n: int, kk: int) -> list[dict]:
     """`m`: every row, the batch variables' included (BM: all of them)."""
     out = []
     for bn in SPACE["BN"]:
-        if m * (bn // SEGMENT) * VEC > MAX_ACC:
+        seg = lanes(bn)[2]
+        if m * seg * VEC > MAX_ACC:
             continue
         for warps in SPACE["WARPS"]:
-            for sk in SPACE["SPLITK"]:
-                if sk > 1 and math.ceil(kk / sk) < UNROLL * warps:
+            if warps * m * bn * 4 > SMEM_MAX:
+                continue
+            for u in SPACE["U"]:
+                if m * seg * VEC + 8 * u * seg > MAX_HELD:
                     continue
-                out.append({"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "SPLITK": sk})
+                for sk in SPACE["SPLITK"]:
+                    p = {"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk}
+                    if sk > 1 and math.ceil(kk / sk) < k_step(p):
+                        continue
+                    out.append(p)
     return out
 
 
@@ -90,7 +109,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     from aicfc.codegen.gemm import dims
     c, m, _, _, batch = dims(k)
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
+    ln, rw, seg = lanes(p["BN"])
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
-                  SPLITK=p["SPLITK"], SEG=p["BN"] // SEGMENT, UNROLL=UNROLL, KPER=k_per_split(parts["K"], p),
-                  dtype=types[c.b.buffer].dtype, TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype],
-                  rows=rows, **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
+                  SPLITK=p["SPLITK"], LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
+                  TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
+                  **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
