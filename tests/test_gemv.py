@@ -74,7 +74,7 @@ def test_gemv_cost_follows_littles_law():
     """More bytes in flight per SM never predicts slower; a grid of fewer blocks than SMs pays
     for the idle ones; the split tail is charged; the busiest SM's extra block is charged."""
     from aicfc.planner.cost_gemv import gemv_terms
-    kw = dict(m=1, esize=2, sm_count=132, dram_gbs=3350 * 0.85, fp32_tflops=66.9 * 0.7)
+    kw = dict(m=1, esize=2, sm_count=132, dram_gbs=3350, fp32_tflops=66.9 * 0.7)
 
     def t(n=2048, kk=2048, bps=2, **p):
         q = {"unit": "gemv", "BM": 1, "BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1} | p
@@ -139,7 +139,7 @@ def test_gemv_space_bounds_registers_and_shared_memory():
         assert space
         for p in space:
             seg = gemm_gemv.lanes(p["BN"])[2]
-            assert m * seg * 8 <= gemm_gemv.MAX_ACC and m * seg * 8 + 8 * p["U"] * seg <= gemm_gemv.MAX_HELD
+            assert m * seg * 8 <= gemm_gemv.MAX_ACC and gemm_gemv.held(m, seg, p["U"]) <= gemm_gemv.MAX_HELD
             assert 4 * p["WARPS"] * m * p["BN"] <= gemm_gemv.SMEM_MAX
             assert p["SPLITK"] == 1 or -(-4096 // p["SPLITK"]) >= gemm_gemv.k_step(p)
 

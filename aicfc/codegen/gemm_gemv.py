@@ -36,9 +36,10 @@ from aicfc.ir.types import TensorType
 
 MAX_ROWS = 8
 VEC = 8            # columns of a 16-byte vector of fp16/bf16
-SPACE = {"BN": (64, 128, 256, 512), "WARPS": (4, 8), "U": (4, 8), "SPLITK": (1, 2, 4, 8, 16, 32)}
+SPACE = {"BN": (64, 128, 256, 512), "WARPS": (4, 8), "U": (4, 8), "SPLITK": (1, 2, 4, 8, 16, 32), "CL": (0, 1)}
+CLUSTER_MAX = 8    # blocks of a portable thread block cluster (sm_90)
 MAX_ACC = 64       # fp32 accumulators per thread (BM x SEG x 8)
-MAX_HELD = 128     # accumulators + the two register buffers of weight vectors (4 registers each)
+MAX_HELD = 192     # accumulators + two buffers of a step's weight vectors (4 registers each) and activations (1)
 SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows, and the split's flag
 
 
@@ -47,6 +48,12 @@ def lanes(bn: int) -> tuple[int, int, int]:
     the column segments of LN·8 a lane covers (BN = SEG·LN·8)."""
     ln = min(32, bn // VEC)
     return ln, 32 // ln, bn // (VEC * ln)
+
+
+def held(m: int, seg: int, u: int) -> int:
+    """Registers a thread holds through its loop: accumulators, and two steps' weight vectors
+    and activations (the one it adds, the next one loading)."""
+    return m * seg * VEC + 2 * u * (4 * seg + m)
 
 
 def k_step(p: Mapping) -> int:
@@ -86,13 +93,16 @@ def space(m: int, n: int, kk: int) -> list[dict]:
             if warps * m * bn * 4 > SMEM_MAX:
                 continue
             for u in SPACE["U"]:
-                if m * seg * VEC + 8 * u * seg > MAX_HELD:
+                if held(m, seg, u) > MAX_HELD:
                     continue
                 for sk in SPACE["SPLITK"]:
-                    p = {"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk}
-                    if sk > 1 and math.ceil(kk / sk) < k_step(p):
-                        continue
-                    out.append(p)
+                    for cl in SPACE["CL"]:
+                        if cl and not 1 < sk <= CLUSTER_MAX:
+                            continue
+                        p = {"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
+                        if sk > 1 and math.ceil(kk / sk) < k_step(p):
+                            continue
+                        out.append(p)
     return out
 
 
@@ -111,6 +121,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
     ln, rw, seg = lanes(p["BN"])
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
-                  SPLITK=p["SPLITK"], LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
-                  TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
+                  SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
+                  TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

@@ -32,7 +32,7 @@ class Scratch:
 def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]:
     p = params if params is not None else (k.schedule.param if k.schedule else {})
     splits = int(p.get("SPLITK", 1))
-    if k.family != "gemm" or splits <= 1:
+    if k.family != "gemm" or splits <= 1 or p.get("CL"):   # gemv CL=1: splits add in the cluster's shared memory
         return []
     from aicfc.codegen.gemm import dims
     _, m, n, _, batch = dims(k)

@@ -50,7 +50,7 @@ from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
-from aicfc.planner.cost_gemv import gemv_terms
+from aicfc.planner.cost_gemv import constants as gemv_constants, gemv_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
@@ -189,9 +189,8 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
     if k.family == "window":
         return 32 + min(2 * ops, 64)
     if k.family == "gemm" and p["unit"] == "gemv":
-        # accumulators, the two buffers of weight vectors, a k-row's activations, one unpacked vector
-        seg = gemm_gemv.lanes(p["BN"])[2]
-        return p["BM"] * seg * 8 + 2 * p["U"] * seg * 4 + p["BM"] + 8 + 32 + min(ops, 16)
+        # accumulators, two steps' weight vectors and activations, one unpacked vector, addressing
+        return gemm_gemv.held(p["BM"], gemm_gemv.lanes(p["BN"])[2], p["U"]) + 8 + 32 + min(ops, 16)
     if k.family == "gemm" and p["unit"] == "wgmma":
         # a consumer thread's accumulators, descriptors, tile coordinates and loop state
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 48 + min(ops, 16))
@@ -461,7 +460,7 @@ def _gemv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     rows = m * math.prod(e for _, e in batch)
     dram = _io_bytes(k, types)
     t = gemv_terms(p, rows, n, kk, ITEMSIZE[types[c.b.buffer].dtype], dram, sm_count=hw.sm_count, bps=bps,
-                   dram_gbs=hw.dram_bandwidth_gbs * hw.efficiency["dram"],
+                   dram_gbs=hw.dram_bandwidth_gbs, c=gemv_constants(hw.data),
                    fp32_tflops=hw.peak_tflops["fp32_simt"] * hw.efficiency["fp32_simt"])
     time = t.pop("time_us") + hw.launch_overhead_us
     t["launch_us"] = hw.launch_overhead_us

@@ -2,30 +2,41 @@
 each SM keeps in flight, quantised by the blocks an SM gets, plus the tails a block runs after
 its last load.
 
-    t = launch + GEMV_LATENCY_US + max(t_dram, t_sm, t_fma) + t_reduce + t_split
+    t = launch + max(t_dram, t_sm, t_fma) + t_reduce + t_split
+
+    (the first load's round trip is not added: it lies inside the profile's launch overhead,
+    2.0 us on sm_90, where a kernel that loads and stores a few bytes measured 1.1 us back to
+    back in a graph on an H200, benchmarks/results/generate_h200.txt; the other gemm units'
+    costs leave it there too)
 
     t_dram   = every byte once (weight, activations, epilogue operands, output)
-               / (dram_bandwidth · eff.dram)
+               / (dram_bandwidth · gemv_read_eff)       a read stream: no write turnarounds,
+                                                         so above the profile's eff.dram (a
+                                                         copy's, reads and writes mixed)
     t_sm     = q · block_bytes / r_sm                       the busiest SM's share of the weight
                q        = ceil(blocks / SMs)                blocks the busiest SM runs (waves
                                                             quantised: 133 blocks put 2 on one SM)
-               r_sm     = min(GEMV_SM_GBS, resident · inflight / GEMV_LATENCY_US)   Little's law
+               r_sm     = min(gemv_sm_gbs, resident · inflight / gemv_latency_us)   Little's law
                resident = min(q, blocks_per_sm)              blocks an SM holds at once
                inflight = threads · 2·U·SEG · 16 bytes       (a thread's two register buffers:
                           the step it adds and the next one loading), at most the block's bytes
     t_fma    = q · block FMAs (M per weight element, plus its conversion) / (an SM's fp32 rate)
-    t_reduce = GEMV_REDUCE_US                               shuffles, one barrier, the warps'
+    t_reduce = gemv_reduce_us                               shuffles, one barrier, the warps'
                                                             ordered adds, the epilogue's stores
-    t_split  = GEMV_SPLIT_US + SPLITK · BM · BN · 4 / r_l2  (SPLITK > 1) partial rows to L2, a
-               fence and a ticket, and the last block reading every split's rows back at one
-               SM's L2 rate r_l2 = GEMV_SM_GBS
+    t_split  = gemv_split_us + SPLITK · BM · BN · 4 / r_l2  (SPLITK > 1, CL = 0) partial rows to
+               L2, a fence and a ticket, and the last block reading every split's rows back
+               at one SM's L2 rate r_l2 = gemv_sm_gbs
+             = gemv_cluster_us + SPLITK · BM · BN · 4 / r_l2  (CL = 1) two cluster barriers, rank
+               0 reading the others' sums from their shared memory
 
 Numbers the stream needs (Little's law): 4.25 TB/s measured copy bandwidth (H200) over 132 SMs
 is 32 GB/s an SM; at about 0.7 us a loaded DRAM round trip that is 22 KB in flight on every SM.
 A block of 8 warps with U = 8 keeps 256 · 2 · 8 · 16 B = 64 KB in flight, so one such block per
 SM saturates an SM's share; with 4 warps and U = 4, 16 KB, and two blocks per SM are needed.
-The constants are starting values to refit from `benchmarks/gemv.py --json` (it prints every
-term beside the measured time).
+The constants below are starting values, not yet fitted to a measurement of this kernel: a
+profile may set each (`gemv_latency_us`, `gemv_sm_gbs`, `gemv_reduce_us`, `gemv_split_us`,
+`gemv_cluster_us`, `gemv_read_eff`), and `benchmarks/gemv.py --json` prints every term beside the measured time
+of every candidate it runs, which is what refitting them needs.
 """
 from __future__ import annotations
 
@@ -34,16 +45,27 @@ from typing import Mapping
 
 from aicfc.codegen import gemm_gemv
 
-GEMV_LATENCY_US = 0.7    # a DRAM load's round trip while the stream runs (first request to first add)
-GEMV_SM_GBS = 100.0      # the most one SM's loads take (its L1 to L2 path, 64 B a clock at 1.6-2 GHz)
-GEMV_REDUCE_US = 0.3     # after the last add: shuffles, barrier, warps' ordered adds, epilogue and stores
-GEMV_SPLIT_US = 1.2      # split-k: partial rows to L2, fence, ticket, a second barrier: ~2 L2 round trips
+CONSTANTS = {
+    "gemv_latency_us": 0.7,   # a DRAM load's round trip while the stream runs (Little's law)
+    "gemv_sm_gbs": 60.0,      # the most one SM's loads draw from DRAM however many are in flight
+    "gemv_reduce_us": 0.3,    # after the last add: shuffles, barrier, warps' ordered adds, epilogue, stores
+    "gemv_split_us": 1.2,     # split-k: partial rows to L2, fence, ticket, a second barrier (~2 L2 round trips)
+    "gemv_cluster_us": 0.4,   # split-k in a cluster: two cluster barriers and the remote shared-memory reads
+    "gemv_read_eff": 0.92,    # a read stream's share of the nominal DRAM bandwidth (HBM3/3e reads: 0.9-0.93)
+}
+
+
+def constants(data: Mapping) -> dict[str, float]:
+    """CONSTANTS, each overridden by the hardware profile's entry of the same name."""
+    return {key: float(data.get(key, value)) for key, value in CONSTANTS.items()}
 
 
 def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float, *, sm_count: int,
-               bps: int, dram_gbs: float, fp32_tflops: float) -> dict[str, float]:
+               bps: int, dram_gbs: float, fp32_tflops: float, c: Mapping[str, float] = CONSTANTS) -> dict[str, float]:
     """The terms above (us), and `time_us` without the launch overhead. `dram_gbs` is the
-    profile's bandwidth times its efficiency; `fp32_tflops` likewise (an FMA counts as two)."""
+    profile's nominal bandwidth; `fp32_tflops` its fp32 rate times its efficiency (an FMA
+    counts as two); `c`: `constants(profile data)`."""
+    lat, sm_gbs = c["gemv_latency_us"], c["gemv_sm_gbs"]
     ln, rw, seg = gemm_gemv.lanes(p["BN"])
     tiles = math.ceil(n / p["BN"])
     blocks = tiles * p["SPLITK"]
@@ -53,17 +75,17 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     inflight = min(block_bytes, threads * 2 * p["U"] * seg * 16)
     q = math.ceil(blocks / sm_count)
     resident = max(1, min(q, bps))
-    r_sm = min(GEMV_SM_GBS, resident * inflight / GEMV_LATENCY_US / 1e3)        # GB/s
-    t_dram = io_bytes / (dram_gbs * 1e3)
+    r_sm = min(sm_gbs, resident * inflight / lat / 1e3)        # GB/s
+    t_dram = io_bytes / (dram_gbs * c["gemv_read_eff"] * 1e3)
     t_sm = q * block_bytes / (r_sm * 1e3)
     # fp32 FMAs: M per weight element and one for its conversion, at an SM's share of the peak
     t_fma = q * kper * min(p["BN"], n) * (m + 0.5) * 2 / (fp32_tflops * 1e6 / sm_count)
     t_split = 0.0
     if p["SPLITK"] > 1:
-        t_split = GEMV_SPLIT_US + p["SPLITK"] * p["BM"] * p["BN"] * 4 / (GEMV_SM_GBS * 1e3)
-    time = GEMV_LATENCY_US + max(t_dram, t_sm, t_fma) + GEMV_REDUCE_US + t_split
+        t_split = c["gemv_cluster_us" if p.get("CL") else "gemv_split_us"] + p["SPLITK"] * p["BM"] * p["BN"] * 4 / (sm_gbs * 1e3)
+    time = max(t_dram, t_sm, t_fma) + c["gemv_reduce_us"] + t_split
     return {"time_us": time, "t_dram_us": t_dram, "t_sm_us": t_sm, "t_fma_us": t_fma, "t_split_us": t_split,
-            "t_latency_us": GEMV_LATENCY_US, "t_pipeline_us": GEMV_LATENCY_US + GEMV_REDUCE_US + t_split,
-            "t_compute_us": t_fma, "t_smem_us": 0.0, "t_reduce_us": GEMV_REDUCE_US, "sm_gbs": r_sm,
+            "t_pipeline_us": c["gemv_reduce_us"] + t_split,
+            "t_compute_us": t_fma, "t_smem_us": 0.0, "t_reduce_us": c["gemv_reduce_us"], "sm_gbs": r_sm,
             "inflight_per_sm": resident * inflight, "blocks": blocks, "blocks_busiest_sm": q,
             "blocks_per_sm": bps}
