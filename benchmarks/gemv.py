@@ -171,12 +171,25 @@ def time_kernels(ex, indices: list[int]) -> float:
 
 
 def copy_gbs() -> float:
+    """Device-to-device copy of 1 GiB (bytes read + written) / the median of 20 timed copies."""
+    import statistics
     import torch
-    a = torch.empty(1 << 29, dtype=torch.float16, device="cuda")   # 1 GiB
+    a = torch.empty(1 << 29, dtype=torch.float16, device="cuda")
     b = torch.empty_like(a)
     a.normal_()
-    us = torch_graph_us(lambda: b.copy_(a), per=5, reps=20)
-    return 2 * a.numel() * 2 / us / 1e3
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(20):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        b.copy_(a)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / statistics.median(times) / 1e3
 
 
 def cublas_us(rows: int, k: int, n: int, copies: int) -> float:
