@@ -1,25 +1,28 @@
 """The decode step's projections (M = 1 and 8 rows) on aicf's gemv unit, against cuBLAS and the
 copy bandwidth measured in the same process, with the cost model's prediction beside each.
 
-    source .gpu/env.sh && python3 benchmarks/gemv.py [--rows 1 8] [--top 12] [--json F] [--jobs 16]
+    source .gpu/env.sh && python3 benchmarks/gemv.py [--rows 1 8] [--top 6] [--json F] [--jobs 16]
 
 Shapes (a 1 B Llama, hidden 2048, 32 query heads over 8 key/value heads of 64, FFN 5632):
 qkv_rope 2048x3072 with the rotary epilogue (q, k, v projections and rotate_half as a Llama
-export writes them: `rope_model`), o_proj 2048x2048, gate_up 2048x11264, down 5632x2048, lm_head 2048x32000.
+export writes them: `rope_model`), o_proj 2048x2048, gate_up 2048x11264 (plain, no SwiGLU),
+down 5632x2048, lm_head 2048x32000.
 
 Per shape and row count: aicf compiles the projection unpinned (its pick) and pinned to each of
-the `--top` gemv candidates of lowest predicted time (the planner's ranking), all in parallel
-processes. Timing, as
-benchmarks/gemm.py times (graph-replayed, back to back, CUDA events, median): the model holds
-COPIES independent copies of the projection on distinct weights, together over L2_BYTES, and
-one graph replays every copy's kernel in turn, so each launch streams a weight that is not in
-L2 (a decode step streams 2 GB of them); per launch = replay / copies. cuBLAS: torch.matmul on
-the same copies in turn, in one torch CUDA graph. The copy bandwidth: a 1 GiB device-to-device
-copy (bytes read + written) timed the same way.
+`--top` gemv candidates (half the best predicted, half spread over the rest of the planner's
+ranking, for the refit), all in parallel processes. Timing, as benchmarks/gemm.py times
+(graph-replayed, back to back, CUDA events, median; its helpers): the model holds COPIES
+independent copies of the projection on distinct weights, together over L2_BYTES, and one graph
+replays every copy's kernel in turn, so each launch streams a weight that is not in L2 (a decode
+step streams 2 GB of them); per launch = replay / copies. cuBLAS: torch.matmul on the same
+number of copies in turn, in one torch CUDA graph. The copy bandwidth: a 1 GiB device-to-device
+copy (bytes read + written), the median of 20 timed with events.
 
 Printed per candidate: measured us, GB/s (the bundle's DRAM bytes over the time), % of the copy
-bandwidth, predicted us, measured/predicted; `--json` adds each candidate's cost terms
-(planner/cost_gemv.py) so the constants can be refitted from one run.
+bandwidth, predicted us, measured/predicted, cuBLAS us; plain shapes are checked against float64
+(FAIL, exit 1, above 1e-2 of the output's max). Then a summary: per shape the pick, the fastest
+candidate and cuBLAS. `--json` adds each candidate's cost terms (planner/cost_gemv.py), which is
+what refitting its constants needs.
 """
 from __future__ import annotations
 
@@ -258,7 +261,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--shapes", nargs="+", default=[s for s, _, _ in SHAPES])
-    ap.add_argument("--top", type=int, default=12, help="gemv candidates timed per shape (lowest predicted)")
+    ap.add_argument("--top", type=int, default=6, help="gemv candidates timed per shape (half the best predicted, "
+                    "half spread over the rest); 6 ran in about 5 minutes on an H100 machine")
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -275,6 +279,14 @@ def main() -> int:
             for m in args.rows:
                 rows += bench(dev, pool, name, m, k, n, args.top, bw)
     dev.close()
+    print("summary: per shape, aicf's pick, the fastest gemv candidate measured, cuBLAS (us); "
+          "'ok' when the pick is within 10% of that fastest")
+    for key in dict.fromkeys((r["shape"], r["rows"]) for r in rows):
+        case = [r for r in rows if (r["shape"], r["rows"]) == key]
+        pick = next(r for r in case if r["which"] == "pick")
+        best = min(case, key=lambda r: r["measured_us"])
+        print(f"  {key[0]:8s} M{key[1]}  pick {pick['measured_us']:7.2f}  best {best['measured_us']:7.2f}  "
+              f"cuBLAS {pick['cublas_us']:7.2f}  {'ok' if pick['measured_us'] <= 1.1 * best['measured_us'] else 'MISS'}")
     if args.json:
         args.json.write_text(json.dumps({"gpu": dev.name, "copy_gbs": bw, "rows": rows}, indent=1, default=float))
     return 1 if any(r["rel_err"] is not None and not r["rel_err"] <= 1e-2 for r in rows) else 0
