@@ -2,12 +2,14 @@
 streamed from the weight, split-k with the last split reducing.
 
 Without a GPU: where it applies (rows = batch x M <= 8, fp16/bf16, the weight contiguous along
-n) and where it is declined with the reason; that a decode step's projections choose it by
-cost; that its CUDA compiles for sm_90 without local-memory spills. On the GPU (`gpu`): every
-pinned variant against numpy float64 (fp16/bf16: 1e-2 of the output's max), epilogues included
-(bias and ReLU, a residual add, SwiGLU pairs via the Llama decode fixture in
-tests/test_generate_gpu.py), and a second run on the same executor gives the same bits (the
-split-k tickets are zero again).
+n) and where it is declined with the reason; its space's bounds; that the cost terms
+(planner/cost_gemv.py) order candidates as Little's law says; that the decode step's
+projections (a 1 B Llama at B1 and B8) choose it; that every candidate of the space compiles
+for sm_90a without local-memory spills (ptxas), the rotary epilogue's included. On the GPU
+(`gpu`): pinned variants against numpy float64 (fp16/bf16: 1e-2 of the output's max) at M = 1,
+3, 8, an odd number of 8-column groups, K not a multiple of the split, with bias and ReLU, a
+residual add, the SwiGLU gate and the rotary epilogue; a second run on the same executor gives
+the same bits (the split-k tickets are zero again).
 """
 from __future__ import annotations
 
@@ -56,19 +58,33 @@ def test_small_rows_have_gemv_candidates():
     assert any(p["unit"] == "gemv" and p["BM"] == 8 for p in gemm.space(mm, plan))
 
 
-# Measured on an H200 (benchmarks/generate.py --profile, 1 B Llama decode step, B1, fp16), us:
-# (rows, K, N, residual, gemv best measured, the other units' best measured).
-MEASURED = [(1, 2048, 2048, True, 7.26, 6.26),       # O-projection + residual: mma split-k faster
-            (1, 5632, 2048, True, 13.14, 10.28),     # down-projection + residual: mma split-k faster
-            (1, 2048, 32000, False, 43.89, 35.06)]   # LM head: the tensor-core GEMM faster
+DECODE = [(2048, 2048), (5632, 2048), (2048, 11264), (2048, 32000)]
 
 
-@pytest.mark.parametrize("rows,k,n,residual,gemv_us,other_us", MEASURED)
-def test_cost_ranks_gemv_as_measured(rows, k, n, residual, gemv_us, other_us):
-    """The planner's pick between gemv and the other units agrees with the measurement."""
-    plan = plan_of(rows_model(rows, k, n, np.random.default_rng(4), residual=residual), {}, "fp16")
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("k,n", DECODE)
+def test_decode_projections_choose_gemv(rows, k, n):
+    """At a decode step's rows the weight stream is predicted faster than any tensor-core tile."""
+    plan = plan_of(rows_model(rows, k, n, np.random.default_rng(4), residual=True), {}, "fp16")
     (mm,) = _gemms(plan)
-    assert (mm.schedule.param["unit"] == "gemv") == (gemv_us < other_us)
+    assert mm.schedule.param["unit"] == "gemv", mm.schedule.param
+
+
+def test_gemv_cost_follows_littles_law():
+    """More bytes in flight per SM never predicts slower; a grid of fewer blocks than SMs pays
+    for the idle ones; the split tail is charged; the busiest SM's extra block is charged."""
+    from aicfc.planner.cost_gemv import gemv_terms
+    kw = dict(m=1, esize=2, sm_count=132, dram_gbs=3350, fp32_tflops=66.9 * 0.7)
+
+    def t(n=2048, kk=2048, bps=2, **p):
+        q = {"unit": "gemv", "BM": 1, "BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1} | p
+        return gemv_terms(q, n=n, kk=kk, io_bytes=2.0 * n * kk, bps=bps, **kw)
+    assert t(U=4)["time_us"] >= t(U=8)["time_us"]
+    assert t(WARPS=4)["time_us"] >= t(WARPS=8)["time_us"]
+    assert t(BN=512)["time_us"] > t(BN=64)["time_us"]                 # 4 blocks: 4 SMs stream
+    assert t(SPLITK=2)["t_split_us"] > 0 and t()["t_split_us"] == 0
+    assert t(n=64 * 133, kk=512)["blocks_busiest_sm"] == 2
+    assert t(n=64 * 133, kk=512)["t_sm_us"] > t(n=64 * 132, kk=512)["t_sm_us"]
 
 
 def test_where_gemv_is_declined():
@@ -85,34 +101,60 @@ def _plan(model, precision):
     return plan_of(model, {}, precision)
 
 
-def test_gemv_cuda_has_no_spills():
-    """Every pinned variant compiles (nvcc, sm_90) with its registers and no local memory."""
+def _all_candidates_build(plan) -> None:
+    from aicfc.codegen.module import count_registers
+    (mm,) = [k for k in plan.kernels if k.family == "gemm"]
+    space = [p for p in gemm.space(mm, plan) if p["unit"] == "gemv"]
+    assert space
+    (found,) = count_registers(plan, [(mm, space)])
+    bad = [(p, regs, spill) for p, (regs, spill) in zip(space, found) if spill or not 0 < regs <= 255]
+    assert not bad, f"{len(bad)} of {len(space)} spill: {bad[:3]}"
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_every_gemv_candidate_builds_without_spills(rows):
+    """Every candidate of the space compiles (nvcc, sm_90a) with no local memory (ptxas -v)."""
+    _all_candidates_build(plan_of(rows_model(rows, 2000, 1032, np.random.default_rng(2), bias=True), {}, "fp16"))
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_every_rotary_gemv_candidate_builds_without_spills(rows):
+    from benchmarks.gemv import rope_model
+    _all_candidates_build(plan_of(rope_model(rows, 1, hidden=512, heads=8, kv_heads=2), {}, "fp16"))
+
+
+def test_pinned_gemv_source():
     rng = np.random.default_rng(2)
-    for bn, warps, splits, batch in ((256, 8, 16, 1), (512, 4, 1, 2), (256, 4, 32, 8)):
-        payload = aicfc.compile(rows_model(batch, 2048, 1024, rng, bias=True), precision="fp16",
-                                pin={"unit": "gemv", "BN": bn, "WARPS": warps, "SPLITK": splits})
-        (k,) = [k for k in payload["kernels"] if k["family"] == "gemm"]
-        assert k["params"]["unit"] == "gemv" and 0 < k["registers"] <= 128
-        source = "".join(m["source"] for m in payload["modules"])
-        assert "as a weight stream (gemv" in source and "__ldcs" in source
+    payload = aicfc.compile(rows_model(2, 2048, 1024, rng, bias=True), precision="fp16",
+                            pin={"unit": "gemv", "BN": 128, "WARPS": 8, "U": 4, "SPLITK": 4})
+    (k,) = [k for k in payload["kernels"] if k["family"] == "gemm"]
+    assert k["params"]["unit"] == "gemv" and 0 < k["registers"] <= 255
+    source = "".join(m["source"] for m in payload["modules"])
+    assert "as a weight stream (gemv" in source and "__ldcs" in source and "__shfl_xor_sync" in source
 
 
-def test_gemv_space_bounds_the_accumulators():
+def test_gemv_space_bounds_registers_and_shared_memory():
     for m in range(1, gemm_gemv.MAX_ROWS + 1):
-        for p in gemm_gemv.space(m, 4096, 4096):
-            assert m * p["BN"] // gemm_gemv.SEGMENT * 8 <= gemm_gemv.MAX_ACC
-            assert p["SPLITK"] == 1 or -(-4096 // p["SPLITK"]) >= gemm_gemv.UNROLL * p["WARPS"]
+        space = gemm_gemv.space(m, 4096, 4096)
+        assert space
+        for p in space:
+            seg = gemm_gemv.lanes(p["BN"])[2]
+            assert m * seg * 8 <= gemm_gemv.MAX_ACC and gemm_gemv.held(m, seg, p["U"]) <= gemm_gemv.MAX_HELD
+            assert 4 * p["WARPS"] * m * p["BN"] <= gemm_gemv.SMEM_MAX
+            assert p["SPLITK"] == 1 or -(-4096 // p["SPLITK"]) >= gemm_gemv.k_step(p)
 
 
-PINS = [{"BN": 256, "WARPS": 8, "SPLITK": 1}, {"BN": 256, "WARPS": 4, "SPLITK": 8},
-        {"BN": 512, "WARPS": 8, "SPLITK": 32}, {"BN": 256, "WARPS": 8, "SPLITK": 2}]
-CASES = [(1, 2048, 3072, False, False), (4, 200, 264, True, False), (8, 1000, 520, False, True),
-         (2, 5632, 2048, True, True)]
+PINS = [{"BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1}, {"BN": 128, "WARPS": 4, "U": 4, "SPLITK": 8, "CL": 1},
+        {"BN": 512, "WARPS": 4, "U": 4, "SPLITK": 2, "CL": 0}, {"BN": 256, "WARPS": 8, "U": 4, "SPLITK": 4, "CL": 0},
+        {"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 16}]
+# (rows, K, N, bias, residual): N = 8 x odd, K not a multiple of the split or of a step
+CASES = [(1, 2048, 3072, False, False), (3, 1000, 264, True, False), (8, 1000, 520, False, True),
+         (1, 5632, 2056, True, True), (8, 2000, 1032, True, False)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("pin", PINS, ids=lambda p: "BN{BN}W{WARPS}S{SPLITK}".format(**p))
+@pytest.mark.parametrize("pin", PINS, ids=lambda p: "BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}K{}N{}{}{}".format(c[0], c[1], c[2], "-bias" if c[3] else "",
                                                                             "-res" if c[4] else ""))
 def test_gemv_matches_numpy(case, pin, precision, gpu_device):
@@ -143,20 +185,95 @@ def test_gemv_unit_is_in_the_gemm_family():
     assert gemm.threads({"unit": "gemv", "WARPS": 4}) == 128
 
 
-def test_a_rotary_projection_at_decode_rows_is_not_a_gemv():
-    """A decode step of 8 rows (B8) whose QKV projection carries the rotary epilogue compiles
-    (nvcc builds every leader), and gemv is not offered for it (`gemm.why_not_rotary`)."""
+@pytest.mark.parametrize("batch", [1, 8])
+def test_the_decode_steps_rotary_projection_runs_on_gemv(batch):
+    """The 1 B Llama's decode step (hidden 2048, 32 query heads over 8 key/value heads of 64):
+    its QKV projection carries the rotary epilogue and chooses gemv, whose epilogue reads the
+    partner column from shared memory (every rotary candidate builds: the spill test above)."""
     from benchmarks.decoder_graph import DecoderConfig, cache_names, decoder_model, random_weight, weight_shapes
     from aicfc.passes.rotary_epilogue import ROTARY_RULE
-    cfg = DecoderConfig(128, 1, 2, 1, 256, 64, 32)
+    cfg = DecoderConfig(2048, 1, 32, 8, 5632, 256, 16)
     rng = np.random.default_rng(5)
     model = decoder_model(cfg, lambda name: random_weight(name, weight_shapes(cfg)[name], rng), batch="batch")
-    shapes = {"input_ids": (8, 1), "cache_position": (1,)} | {n: cfg.cache_shape(8) for n, _ in cache_names(cfg)}
-    payload = aicfc.compile(model, precision="fp16", shapes=shapes)
-    rotary = [k for k in payload["kernels"] if ROTARY_RULE in k["rewrites"]]
-    assert rotary and all(k["params"]["unit"] != "gemv" for k in rotary)
+    shapes = {"input_ids": (batch, 1), "cache_position": (1,)} | {n: cfg.cache_shape(batch) for n, _ in cache_names(cfg)}
     plan = plan_of(model, shapes, "fp16")
     (qkv,) = [k for k in plan.kernels if ROTARY_RULE in k.rewrites]
-    assert gemm_gemv.why_not(qkv, plan, "f16") is None            # 8 rows: gemv would apply
-    assert not [p for p in gemm.space(qkv, plan) if p["unit"] == "gemv"]
-    assert "rotary" in gemm.why_not_rotary(gemm.rotary(qkv), {"unit": "gemv"})
+    assert qkv.schedule.param["unit"] == "gemv", qkv.schedule.param
+    source = gemm.render_kernel(qkv, qkv.schedule.param, plan.types(), "qkv")
+    assert "accp = red[" in source and "rb = n0" in source
+
+
+def swiglu_model(batch: int, k: int, n: int, rng) -> onnx.ModelProto:
+    """y = silu(x @ wg) * (x @ wu): merged into one contraction of interleaved columns (GATE_RULE)."""
+    inits = {nm: rng.standard_normal((k, n)).astype(np.float32) / np.sqrt(k) for nm in ("wg", "wu")}
+    nodes = [helper.make_node("MatMul", ["x", "wg"], ["g"]), helper.make_node("MatMul", ["x", "wu"], ["u"]),
+             helper.make_node("Sigmoid", ["g"], ["s"]), helper.make_node("Mul", ["g", "s"], ["a"]),
+             helper.make_node("Mul", ["a", "u"], ["y"])]
+    g = helper.make_graph(nodes, "swiglu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 1, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 1, n])],
+                          [numpy_helper.from_array(a, nm) for nm, a in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _in_space(rows: int, n: int, k: int, pin: dict) -> bool:
+    return any(all(p[x] == v for x, v in pin.items()) for p in gemm_gemv.space(rows, n, k))
+
+
+def _run_against_numpy(model, pin: dict, precision: str, device, rule: str | None = None) -> None:
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    payload = aicfc.compile(model, target=device.arch, precision=precision, pin={"unit": "gemv", **pin})
+    gemms = [kk for kk in payload["kernels"] if kk["family"] == "gemm"]
+    assert gemms and all(kk["params"]["unit"] == "gemv" for kk in gemms)
+    if rule:
+        assert any(rule in kk["rewrites"] for kk in gemms), f"{rule} not applied"
+    rng = np.random.default_rng()
+    graph = import_model(model, None)
+    inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    refs = evaluate_graph(graph, inputs, dtype=np.float64)
+    ex = Executor(Bundle.from_payload(payload), device)
+    try:
+        ex.poison()
+        first = ex.run(inputs)
+        again = ex.run(inputs)
+    finally:
+        ex.close()
+    for name in first:
+        got, ref = first[name], refs[name]
+        err = rel_err(got, ref)
+        assert np.isfinite(got).all() and err <= 1e-2, f"{name}: rel err {err:.2e}"
+        assert np.array_equal(got, again[name])
+
+
+GATE_PINS = [{"BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1}, {"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 4, "CL": 1},
+             {"BN": 256, "WARPS": 4, "U": 4, "SPLITK": 4, "CL": 0}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("pin", GATE_PINS, ids=lambda p: "BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_gemv_swiglu_matches_numpy(rows, pin, precision, gpu_device):
+    from aicfc.passes.interleave_gates import GATE_RULE
+    if not _in_space(rows, 2 * 264, 1000, pin):
+        pytest.skip("outside the space at these rows (registers per thread)")
+    _run_against_numpy(swiglu_model(rows, 1000, 264, np.random.default_rng(rows)), pin, precision, gpu_device, GATE_RULE)
+
+
+ROTARY_PINS = [{"BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1}, {"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 2, "CL": 1},
+               {"BN": 128, "WARPS": 4, "U": 4, "SPLITK": 2, "CL": 0}, {"BN": 256, "WARPS": 8, "U": 4, "SPLITK": 4}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("pin", ROTARY_PINS, ids=lambda p: "BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_gemv_rotary_matches_numpy(rows, pin, precision, gpu_device):
+    """q and k rotated in the gemv's epilogue (the partner half a head away in shared memory),
+    every head weighted by random factors over d and summed, against float64."""
+    from benchmarks.gemv import rope_model
+    from aicfc.passes.rotary_epilogue import ROTARY_RULE
+    if not _in_space(rows, 12 * 64, 1000, pin):
+        pytest.skip("outside the space at these rows (registers per thread)")
+    model = rope_model(rows, 1, hidden=1000, heads=8, kv_heads=2, d=64, position=7, seed=rows, weighted=True)
+    _run_against_numpy(model, pin, precision, gpu_device, ROTARY_RULE)

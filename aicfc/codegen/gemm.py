@@ -114,11 +114,11 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
 def why_not_rotary(rot: Rotary, p: Mapping) -> str | None:
     """Why a tile cannot run a rotary epilogue: a thread must hold both halves of each head it
     touches (the partner column is 8·(head/16) blocks away in its own fragments). wgmma: a
-    warpgroup holds all BN columns of its rows; mma: a warp its BN/WN; SIMT threads hold
-    strided columns, never a head's two halves."""
-    if p["unit"] == "gemv":
-        return "gemv's epilogue does not run rotary maps (no rotation-partner columns)"
-    width = p["BN"] if p["unit"] == "wgmma" else p["BN"] // p["WN"] if p["unit"] == "mma" else None
+    warpgroup holds all BN columns of its rows; mma: a warp its BN/WN; gemv: the block's BN
+    columns in shared memory; SIMT threads hold strided columns, never a head's two halves."""
+    if p["unit"] == "gemv" and rot.half % 8:
+        return f"gemv's epilogue takes a head's halves in 8-column blocks; {rot.half} is not a multiple of 8"
+    width = p["BN"] if p["unit"] in ("wgmma", "gemv") else p["BN"] // p["WN"] if p["unit"] == "mma" else None
     if width is None:
         return f"{p['unit']} threads do not hold both halves of a head of {rot.head}"
     if width % rot.head:
@@ -183,7 +183,7 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 
 def static_smem(k: Kernel, p: Mapping) -> int:
     if p["unit"] == "gemv":
-        return 4 * p["BM"] * p["BN"] + 16
+        return 4 * p["WARPS"] * p["BM"] * p["BN"] + 16
     if p["unit"] == "wgmma":
         return gemm_wgmma.static_smem(p)
     if p["unit"] == "mma":

@@ -1,28 +1,42 @@
 """The memory-bound half of the `gemm` family: `gemv`, a contraction of at most MAX_ROWS rows
 (a decode step's projections: M = batch x 1 token) against a weight read exactly once.
 
-At M <= 8 a GEMM moves K·N weight bytes for 2·M·K·N FLOPs: it is a stream of the weight, and
-the time is the bytes over the bandwidth the kernel keeps in flight. Tensor-core tiles stage
-BM >= 32 rows (16 of them padding per m16 fragment at M = 1) and spend their blocks on
-pipelines built for reuse; here each thread streams the weight itself:
+At M <= 8 a GEMM moves K·N weight bytes for 2·M·K·N FLOPs: it is a stream of the weight, and its
+time is the bytes over the bandwidth the kernel keeps in flight. Little's law sets the target:
+4.25 TB/s (an H200's measured copy) x ~1 us of loaded DRAM latency is ~4 MB in flight, 32 KB on
+each of 132 SMs. The kernel, over the ONNX [K, N] weight as relayout_weights keeps it for
+fp16/bf16 (contiguous along n: a k-row of a column tile is BN·2 >= 128 contiguous bytes, whole
+128-byte lines, so no re-layout is needed for the loads to coalesce):
 
-- block: BN columns (BN / 256 segments of 256) of one K range (split-k over SPLITK blocks);
-  warp w reads k-rows w, w + WARPS, ..., UNROLL rows at a time, each lane one 16-byte vector
-  (8 columns) per row and segment, `ld.global.cs` (the weight is read once: not kept in L1);
-- the M activation values of a k-row are scalar loads every lane of a warp shares (one
-  transaction, cached), multiplied into M x 8 fp32 accumulators per segment;
-- the warps' partial sums are added in shared memory in warp order (fixed, so repeated runs
-  give identical bits); with SPLITK > 1 the partial row tile goes to the kernel's scratch and
-  the last split to take a ticket adds all splits in split order (codegen/scratch.py, as the
-  `mma` split-k does) and runs the epilogue from shared memory (a gate's up column beside it).
-  Rotary epilogues are not offered (`gemm.why_not_rotary`).
+- block = BN columns x KPER k-rows (split-k over SPLITK blocks along y); a warp instruction
+  covers RW = 256/BN k-rows (BN < 256) of LN = BN/8 lanes, each lane one 16-byte vector
+  (8 columns; SEG = 2 vectors per lane at BN = 512); `ld.global.cs` (read once: evict first);
+- a thread holds two register buffers of U k-rows (weight vectors and the M activations of
+  each row): the next step's loads are issued before this step's FMAs, so U to 2U rows per
+  thread are in flight: WARPS·32·U·16 B = 16 KB (4 warps, U = 4) to 64 KB (8 warps, U = 8) a
+  block; the planner picks the grid (N/BN tiles x SPLITK) so that every SM gets its share;
+- reduction tail, all in a fixed order (the same bits every run): the RW sub-rows of a warp
+  by shuffles, the warps through shared memory (one barrier, each element added in warp order
+  by one thread), then the splits: CL = 1 (SPLITK <= 8) makes the splits of a column tile one
+  thread block cluster, and rank 0 adds the others' sums from their shared memory in rank order
+  (two cluster barriers, no global traffic); CL = 0 writes partial rows to the kernel's scratch
+  and the last split to take a ticket adds them in split order (codegen/scratch.py);
+- the epilogue runs from shared memory: paired stores, a gate's up column beside it, and the
+  rotary map, whose partner column (half a head away) is in the block's tile because BN is a
+  multiple of the head (`gemm.why_not_rotary`): `rb` = the tile's first column, `rc` = the
+  column's 8-column block in it (the names `gemm.epilogue_value` reads).
+
+Measured (benchmarks/results/gemv_h100.txt, an H100 SXM, decode shapes, each launch streaming
+a weight not in L2): at M = 1 the large projections stream at 2.6-2.9 TB/s (gate/up 17.7 us,
+LM head 45.0 us, cuBLAS 18.1 and 46.7), the small ones carry ~4 us of launch and tail (O-proj
+6.8 us, cuBLAS 6.2); at M = 8 the kernel is 1.5-2x slower than cuBLAS: 181 registers at 8 rows
+leave one block per SM, and the FMAs (8 a weight) are not hidden (cost_gemv's exposed term).
 
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
-which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with rows 16-byte
-aligned (N and the k stride multiples of 8 elements): the ONNX [K, N] weight layout, which
-relayout_weights keeps for fp16/bf16. Parameter space: BN ∈ {256, 512} x WARPS ∈ {4, 8} x
-SPLITK ∈ {1, 2, 4, 8, 16, 32} (each split at least UNROLL·WARPS k-rows), M·BN/256·8 <= 64
-accumulators per thread. Cost terms: `planner/cost.py` `_gemv_cost`.
+which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with
+rows 16-byte aligned (N and the k stride multiples of 8 elements). Parameter space: SPACE, with
+M·SEG·8 <= MAX_ACC accumulators, `held` <= MAX_HELD registers, WARPS·M·BN·4 bytes of shared
+memory <= SMEM_MAX, each split at least one step of k-rows. Cost terms: planner/cost_gemv.py.
 """
 from __future__ import annotations
 
@@ -35,11 +49,30 @@ from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.types import TensorType
 
 MAX_ROWS = 8
-SEGMENT = 256      # columns a warp covers per k-row: 32 lanes x 8 columns of 16 bytes
-UNROLL = 4         # k-rows a warp has in flight
-MAX_ACC = 64       # fp32 accumulators per thread
-SPACE = {"BN": (256, 512), "WARPS": (4, 8), "SPLITK": (1, 2, 4, 8, 16, 32)}
-VEC = 8            # 16-byte vectors of fp16/bf16
+VEC = 8            # columns of a 16-byte vector of fp16/bf16
+SPACE = {"BN": (64, 128, 256, 512), "WARPS": (4, 8), "U": (4, 8), "SPLITK": (1, 2, 4, 8, 16, 32), "CL": (0, 1)}
+CLUSTER_MAX = 8    # blocks of a portable thread block cluster (sm_90)
+MAX_ACC = 64       # fp32 accumulators per thread (BM x SEG x 8)
+MAX_HELD = 192     # accumulators + two buffers of a step's weight vectors (4 registers each) and activations (1)
+SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows, and the split's flag
+
+
+def lanes(bn: int) -> tuple[int, int, int]:
+    """(LN, RW, SEG): lanes across a k-row (8 columns each), k-rows per warp instruction, and
+    the column segments of LN·8 a lane covers (BN = SEG·LN·8)."""
+    ln = min(32, bn // VEC)
+    return ln, 32 // ln, bn // (VEC * ln)
+
+
+def held(m: int, seg: int, u: int) -> int:
+    """Registers a thread holds through its loop: accumulators, and two steps' weight vectors
+    and activations (the one it adds, the next one loading)."""
+    return m * seg * VEC + 2 * u * (4 * seg + m)
+
+
+def k_step(p: Mapping) -> int:
+    """k-rows a block covers per step of its loop."""
+    return p["WARPS"] * lanes(p["BN"])[1] * p["U"]
 
 
 def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
@@ -67,13 +100,23 @@ def space(m: int, n: int, kk: int) -> list[dict]:
     """`m`: every row, the batch variables' included (BM: all of them)."""
     out = []
     for bn in SPACE["BN"]:
-        if m * (bn // SEGMENT) * VEC > MAX_ACC:
+        seg = lanes(bn)[2]
+        if m * seg * VEC > MAX_ACC:
             continue
         for warps in SPACE["WARPS"]:
-            for sk in SPACE["SPLITK"]:
-                if sk > 1 and math.ceil(kk / sk) < UNROLL * warps:
+            if warps * m * bn * 4 > SMEM_MAX:
+                continue
+            for u in SPACE["U"]:
+                if held(m, seg, u) > MAX_HELD:
                     continue
-                out.append({"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "SPLITK": sk})
+                for sk in SPACE["SPLITK"]:
+                    for cl in SPACE["CL"]:
+                        if cl and not 1 < sk <= CLUSTER_MAX:
+                            continue
+                        p = {"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
+                        if sk > 1 and math.ceil(kk / sk) < k_step(p):
+                            continue
+                        out.append(p)
     return out
 
 
@@ -90,7 +133,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     from aicfc.codegen.gemm import dims
     c, m, _, _, batch = dims(k)
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
+    ln, rw, seg = lanes(p["BN"])
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
-                  SPLITK=p["SPLITK"], SEG=p["BN"] // SEGMENT, UNROLL=UNROLL, KPER=k_per_split(parts["K"], p),
-                  dtype=types[c.b.buffer].dtype, TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype],
-                  rows=rows, **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
+                  SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
+                  TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
+                  **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

@@ -41,7 +41,7 @@ def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]
         return [Scratch(f"{k.name}.partials", TensorType("f32", (attention_split.partial_floats(sp.nkv, sp.rows, dv, p["SPLITS"]),)), False),
                 Scratch(f"{k.name}.tickets", TensorType("i32", (sp.nkv,)), True)]
     splits = int(p.get("SPLITK", 1))
-    if k.family != "gemm" or splits <= 1:
+    if k.family != "gemm" or splits <= 1 or p.get("CL"):   # gemv CL=1: splits add in the cluster's shared memory
         return []
     from aicfc.codegen.gemm import dims
     _, m, n, _, batch = dims(k)

@@ -51,6 +51,7 @@ from aicfc.planner.hardware import Profile
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
+from aicfc.planner.cost_gemv import constants as gemv_constants, gemv_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
@@ -189,9 +190,8 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
     if k.family == "window":
         return 32 + min(2 * ops, 64)
     if k.family == "gemm" and p["unit"] == "gemv":
-        # accumulators, the weight vectors in flight, a k-row's activations, one unpacked vector
-        seg = p["BN"] // gemm_gemv.SEGMENT
-        return p["BM"] * seg * 8 + gemm_gemv.UNROLL * seg * 4 + p["BM"] + 8 + 32 + min(ops, 16)
+        # accumulators, two steps' weight vectors and activations, one unpacked vector, addressing
+        return gemm_gemv.held(p["BM"], gemm_gemv.lanes(p["BN"])[2], p["U"]) + 8 + 32 + min(ops, 16)
     if k.family == "gemm" and p["unit"] == "wgmma":
         # a consumer thread's accumulators, descriptors, tile coordinates and loop state
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 48 + min(ops, 16))
@@ -455,36 +455,17 @@ def hw_max_registers(p: Mapping) -> int:
     return min(255, 65536 // (128 * (p["NWG"] + 1)) // 8 * 8)
 
 
-# What a gemv takes beyond its streaming time, every shape alike: fitted to five decode-step
-# projections of a 1 B Llama on an H200 (tests/test_gemv.py pins them), which measured 2.2 to
-# 4.3 us over the terms above: the first loads' round trip before any FMA, the warps' ordered
-# additions and the split tail (fence, ticket, partial rows read back, epilogue).
-GEMV_FIXED_US = 2.5
-
-
 def _gemv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
-    """gemv (codegen/gemm_gemv.py), a weight stream. DRAM: every buffer once (`_io_bytes`: the
-    weight, the activations, the epilogue's operands, the output). L2: each block's share of the
-    activations, and under split-k the partial rows written and read back. Memory parallelism:
-    the bytes a block keeps in flight, WARPS·32 lanes·UNROLL rows·BN/256 vectors of 16 bytes.
-    A block's critical path: its k-rows per warp in round trips of UNROLL rows, the warps'
-    ordered additions (one barrier each) and, split, a ticket and the read of every split's
-    partial rows. FMAs issue at the fp32 rate (M per weight element, plus its conversion)."""
-    c, m, n, kk, _ = gemm.dims(k)
-    seg = p["BN"] // gemm_gemv.SEGMENT
-    tiles = math.ceil(n / p["BN"])
-    kper = gemm_gemv.k_per_split(kk, p)
-    act = m * kk * ITEMSIZE[types[c.a.buffer].dtype]
-    partials = 2.0 * p["SPLITK"] * tiles * p["BM"] * p["BN"] * 4 if p["SPLITK"] > 1 else 0.0
-    rounds = math.ceil(math.ceil(kper / p["WARPS"]) / gemm_gemv.UNROLL)
-    pipeline = (rounds * load_latency(hw) + p["WARPS"] * SYNC_LATENCY_US
-                + (2 * load_latency(hw) if p["SPLITK"] > 1 else 0.0))
-    inflight = p["WARPS"] * 32 * gemm_gemv.UNROLL * seg * 16
-    est = _combine(hw, flops=2.0 * m * n * kk, issued=(m + 0.5) * n * kk, dram=_io_bytes(k, types),
-                   l2=act * tiles + partials, pipeline=pipeline, blocks=blocks, threads=threads, bps=bps,
-                   inflight=inflight)
-    est.terms["t_fixed_us"] = GEMV_FIXED_US
-    return Estimate(est.time_us + GEMV_FIXED_US, est.flops, est.bytes, est.terms)
+    """gemv (codegen/gemm_gemv.py), a weight stream: `planner/cost_gemv.py` documents the formula."""
+    c, m, n, kk, batch = gemm.dims(k)
+    rows = m * math.prod(e for _, e in batch)
+    dram = _io_bytes(k, types)
+    t = gemv_terms(p, rows, n, kk, ITEMSIZE[types[c.b.buffer].dtype], dram, sm_count=hw.sm_count, bps=bps,
+                   dram_gbs=hw.dram_bandwidth_gbs, c=gemv_constants(hw.data),
+                   fp32_tflops=hw.peak_tflops["fp32_simt"] * hw.efficiency["fp32_simt"])
+    time = t.pop("time_us") + hw.launch_overhead_us
+    t["launch_us"] = hw.launch_overhead_us
+    return Estimate(time, 2.0 * rows * n * kk, dram, t)
 
 
 def _wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
