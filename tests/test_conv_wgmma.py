@@ -100,6 +100,30 @@ def test_resnet_stage_plan_is_channels_last_on_wgmma():
     assert types["b1.c2.n.w"].shape == (128, 3, 3, 128)
 
 
+def test_pointwise_convs_take_pixels_as_rows():
+    """The 1x1 convolutions' GEMMs written channels-last multiply x[n, p, c] by w[o, c] with the
+    image first (`channels_last.pixels_as_rows`): m is the pixel, n the output channel, the
+    stored tensor's contiguous axis. So a residual add in their epilogue reads (and the store
+    writes) two adjacent channels at once instead of lone elements 2·OC bytes apart; the
+    rendered epilogue stores __half2 pairs at offsets whose channel coefficient is 1."""
+    from aicfc.codegen import FAMILIES
+    from aicfc.ir.properties import contraction
+    plan = _stages(B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2))["plan_memory"]
+    weights = {w.name for w in plan.weights}
+    nhwc = {r.target for r in _records(plan, RULE) if r.applied}
+    gemms = [k for k in plan.kernels if k.family == "gemm" and set(k.stores) <= nhwc]
+    assert len(gemms) == 3
+    for k in gemms:
+        g = contraction(k.ops[0])
+        assert g.b.buffer in weights and g.a.buffer not in weights, k.ops[0]
+        assert g.n == k.ops[0].domain_vars[-1]          # the channel: contiguous in the output
+    residual = [k for k in gemms if len(k.ops) == 2 and "b1.add" in k.origins]
+    assert residual, [k.origins for k in gemms]
+    for k in residual:
+        src = FAMILIES[k.family].render_kernel(k, k.schedule.param, plan.types(), k.name)
+        assert "__half2" in src, src[-3000:]
+
+
 def test_declined_with_reasons():
     grouped = _stages(B.conv_model((2, 32, 16, 16), (64, 8, 3, 3), group=4, pads=[1, 1, 1, 1]))["plan_memory"]
     (k,) = [k for k in grouped.kernels if k.family == "conv"]

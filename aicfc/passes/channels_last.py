@@ -57,7 +57,7 @@ import numpy as np
 
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Load, Rewrite, loads, map_loads, substitute, view_base
-from aicfc.ir.properties import implicit_gemm, properties
+from aicfc.ir.properties import contraction, implicit_gemm, properties
 from aicfc.ir.types import TensorType, Weight
 
 RULE = "x[n, c, s..] => x[n, s.., c] (channels-last for the wgmma implicit GEMM)"
@@ -125,6 +125,20 @@ def _renamed(k: Kernel) -> Kernel:
     order = {f"i{d}": d for d in range(rank)}
     binds = tuple(tuple(sorted(b, key=lambda va: (va[0][0] != "i", order.get(va[0], 0), va[0]))) for b in binds)
     return k.replace(ops=ops, binds=binds)
+
+
+def pixels_as_rows(op: Compute, weights: Mapping[str, Weight]) -> Compute:
+    """A 1x1 convolution's product written channels-last, y[n, p, o] = sum_c w[o, c]·x[n, p, c],
+    with its factors swapped (x first): the same sums, but the GEMM's m is now the pixel and its n
+    the output channel, the stored tensor's contiguous axis. Left as it is, m would be the channel
+    and every epilogue element (the store, a residual's load) a lone 2-byte access 256+ bytes from
+    its neighbour in the warp; swapped, the epilogue moves two adjacent channels at a time (the
+    GEMM families' paired epilogue)."""
+    g = contraction(op)
+    if g is None or g.a.buffer not in weights or not g.m or g.m != op.domain_vars[-1]:
+        return op
+    a, b = op.body.args   # type: ignore[union-attr]
+    return dataclasses.replace(op, body=dataclasses.replace(op.body, args=(b, a)))
 
 
 def _why_not_renamed(k: Kernel, plan: Plan) -> str | None:
@@ -349,6 +363,8 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
             rc = int(convs[k.name][2][1:])
             ops = (dataclasses.replace(ops[0], reduce=ops[0].reduce[:rc] + (padded[k.name],) + ops[0].reduce[rc + 1:]),
                    ) + ops[1:]
+        if k.name in renamed and k.family == "gemm":
+            ops = (pixels_as_rows(ops[0], weights),) + ops[1:]
         touched = k.name in renamed or bool(reads & moved_names) or (redirect and bool(reads & set(copies)))
         kernels.append(nk.replace(ops=ops, rewrites=nk.rewrites + ((RULE,) if touched else ())))
     # a copy is written once, before the first convolution that reads it
