@@ -149,6 +149,11 @@ def test_stem_channels_padded_to_eight():
     plan = st["plan_memory"]
     copy, k = plan.kernels
     assert copy.family == "pointwise" and copy.ops[0].type.shape == (2, 32, 32, 8)
+    # one thread per pixel: 3 loads coalesced along w, one 16-byte store of the 8 channels
+    assert copy.schedule.param["vec"] == 8
+    from aicfc.codegen import FAMILIES
+    src = FAMILIES["pointwise"].render_kernel(copy, copy.schedule.param, plan.types(), copy.name)
+    assert "aicf_vstore<8>" in src
     assert k.schedule.param["unit"] == "wgmma" and k.ops[0].reduce == (8, 7, 7)
     assert plan.types()[_records(plan, WEIGHT_RULE)[0].target].shape == (64, 7, 7, 8)
     assert "5 zero channels" in _records(plan, WEIGHT_RULE)[0].reason
