@@ -105,7 +105,7 @@ def test_pointwise_convs_take_pixels_as_rows():
     image first (`channels_last.pixels_as_rows`): m is the pixel, n the output channel, the
     stored tensor's contiguous axis. So a residual add in their epilogue reads (and the store
     writes) two adjacent channels at once instead of lone elements 2·OC bytes apart; the
-    rendered epilogue stores __half2 pairs at offsets whose channel coefficient is 1."""
+    rendered epilogue reads the residual and stores the output as __half2 pairs."""
     from aicfc.codegen import FAMILIES
     from aicfc.ir.properties import contraction
     plan = _stages(B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2))["plan_memory"]
@@ -122,6 +122,8 @@ def test_pointwise_convs_take_pixels_as_rows():
     for k in residual:
         src = FAMILIES[k.family].render_kernel(k, k.schedule.param, plan.types(), k.name)
         assert "__half2" in src, src[-3000:]
+        # the residual is read as channel pairs (gemm.paired_loads): one 4-byte load per pair
+        assert "const __half2 pr0 = __ldg(reinterpret_cast<const __half2*>(" in src, src[-3000:]
 
 
 def test_declined_with_reasons():
