@@ -126,6 +126,18 @@ def test_pointwise_convs_take_pixels_as_rows():
         assert "const __half2 pr0 = __ldg(reinterpret_cast<const __half2*>(" in src, src[-3000:]
 
 
+def test_channels_last_max_pool_moves_vectors():
+    """The max pool after the stem reads a channels-last image: 8 channels a thread, each tap one
+    16-byte load under one padding test (`window.vector_width`); the rendered kernel loads and
+    stores 8-element vectors."""
+    from aicfc.codegen import FAMILIES
+    plan = _stages(B.resnet_stage_model((2, 64, 28, 28), mid=64, out=256, stride=2, stem=True))["plan_memory"]
+    (pool,) = [k for k in plan.kernels if k.family == "window"]
+    assert pool.schedule.param["vec"] == 8, pool.schedule.param
+    src = FAMILIES["window"].render_kernel(pool, pool.schedule.param, plan.types(), pool.name)
+    assert "aicf_vload<8>" in src and "aicf_vstore<8>" in src
+
+
 def test_declined_with_reasons():
     grouped = _stages(B.conv_model((2, 32, 16, 16), (64, 8, 3, 3), group=4, pads=[1, 1, 1, 1]))["plan_memory"]
     (k,) = [k for k in grouped.kernels if k.family == "conv"]
