@@ -326,3 +326,29 @@ def test_gpu_resnet_stage(stem, pin, gpu_device):
     against onnxruntime at fp16."""
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2, stem=stem)
     _gpu_check(model, "fp16", gpu_device, pin, ref="onnxruntime")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("x", [(3, 64, 36, 36), (2, 64, 30, 22)], ids=["square", "odd"])
+def test_gpu_residual_pairs_stem_copy_and_pool_vectors(x, precision, gpu_device):
+    """What the ResNet-50 B32 fixes changed, by cost (no pins), against numpy float64 on fresh
+    random inputs: the stem's channels-last input copy stores one 16-byte vector a pixel
+    (`pointwise._gathers_coalesced`), the max pool reads and writes 8 channels a thread
+    (`window.vector_width`), the 1x1 convolutions' GEMMs take the pixels as rows
+    (`channels_last.pixels_as_rows`) and their bias and residual are read as channel pairs
+    (`gemm.paired_loads`), at fp16 and bf16."""
+    model = B.resnet_stage_model(x, mid=64, out=256, stride=2, stem=True, seed=7)
+    payload = _gpu_check(model, precision, gpu_device)
+    fams = [k["family"] for k in payload["kernels"]]
+    assert "window" in fams and "conv" in fams and "gemm" in fams
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_gpu_wgmma_residual_pairs(precision, gpu_device):
+    """The bottlenecks on the Hopper engine (pinned): the 1x1 GEMMs' residual epilogue reads
+    channel pairs through the staged or register epilogue, against numpy float64."""
+    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1, seed=11)
+    payload = _gpu_check(model, precision, gpu_device, {"unit": "wgmma"})
+    assert {k["params"].get("unit") for k in payload["kernels"] if k["family"] in ("gemm", "conv")} == {"wgmma"}
