@@ -102,7 +102,7 @@ def test_resnet_stage_plan_is_channels_last_on_wgmma():
 
 def test_pointwise_convs_take_pixels_as_rows():
     """The 1x1 convolutions' GEMMs written channels-last multiply x[n, p, c] by w[o, c] with the
-    image first (`channels_last.pixels_as_rows`): m is the pixel, n the output channel, the
+    image first (`channels_last.pixels_as_rows`, a cost decision recorded as ROWS_RULE): m is the pixel, n the output channel, the
     stored tensor's contiguous axis. So a residual add in their epilogue reads (and the store
     writes) two adjacent channels at once instead of lone elements 2·OC bytes apart; the
     rendered epilogue reads the residual and stores the output as __half2 pairs."""
@@ -117,6 +117,9 @@ def test_pointwise_convs_take_pixels_as_rows():
         g = contraction(k.ops[0])
         assert g.b.buffer in weights and g.a.buffer not in weights, k.ops[0]
         assert g.n == k.ops[0].domain_vars[-1]          # the channel: contiguous in the output
+    from aicfc.passes.channels_last import ROWS_RULE
+    rows = _records(plan, ROWS_RULE)
+    assert len(rows) == 3 and all(r.applied and "with the pixels as rows against" in r.reason for r in rows)
     residual = [k for k in gemms if len(k.ops) == 2 and "b1.add" in k.origins]
     assert residual, [k.origins for k in gemms]
     for k in residual:

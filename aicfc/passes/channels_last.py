@@ -30,6 +30,9 @@ input):
   reading the input NCHW (on their old schedules); both figures are in the record. `--pin
   unit=wgmma` makes every copy.
 - WEIGHT_RULE: the filter of every convolution whose image is now NHWC.
+- ROWS_RULE: a 1x1 convolution's GEMM written channels-last takes the image as its first
+  operand (`pixels_as_rows`) where the planner's best predicted time of that orientation is
+  no worse than the other's; both figures are in the record.
 
 Eligible: target sm_90, precision fp16/bf16, a `conv` kernel whose contraction is one image
 load X[i0, c, h(..), w(..)] (c a reduction variable used nowhere else in the index) times one
@@ -63,6 +66,7 @@ from aicfc.ir.types import TensorType, Weight
 RULE = "x[n, c, s..] => x[n, s.., c] (channels-last for the wgmma implicit GEMM)"
 INPUT_RULE = "input x[n, c, s..] => copy to x[n, s.., c] once (channels-last for the wgmma implicit GEMM)"
 WEIGHT_RULE = "w[o, c, kh, kw] => w[o, kh, kw, c] (K-major filter for the wgmma implicit GEMM)"
+ROWS_RULE = "w[o, c]·x[n, p, c] => x[n, p, c]·w[o, c] (a channels-last 1x1 GEMM: pixels as rows)"
 TARGET = "sm_90"
 FAMILIES = ("conv", "pointwise", "gemm", "window")   # writers renamed; the others read through moved accesses
 CHANNEL_RUN = 8   # channels per 16-byte run of fp16/bf16
@@ -201,11 +205,11 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
         return plan   # a --pin of another unit keeps ONNX's layout: the layout is chosen for the Hopper engine
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
-    if not copied or (pin or {}).get("unit") == "wgmma":
-        return first
     from aicfc.passes.plan_schedules import rank
     from aicfc.planner.hardware import load_profile
     hw = load_profile(plan.target)
+    if not copied or (pin or {}).get("unit") == "wgmma":
+        return _orient(first, hw)
 
     def best(p: Plan, ks: list[Kernel]) -> float:
         times = [min((r.time_us for r in rank(k, p, hw)[0]), default=math.inf) for k in ks]
@@ -225,7 +229,34 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
             notes[x] = "; " + numbers
         else:
             refused[x] = f"the copy does not pay for itself: {numbers}"
-    return _relabel(plan, refused, notes)
+    return _orient(_relabel(plan, refused, notes), hw)
+
+
+def _orient(plan: Plan, hw) -> Plan:
+    """ROWS_RULE on every GEMM that stores a channels-last tensor: the orientation the planner
+    predicts faster (ties to pixels as rows), recorded with both figures."""
+    from aicfc.passes.plan_schedules import rank
+    weights = {w.name: w for w in plan.weights}
+    done = {r.target for r in plan.rewrites if r.rule == RULE and r.applied}
+
+    def best(k: Kernel) -> float:
+        return min((r.time_us for r in rank(k, plan, hw)[0]), default=math.inf)
+    kernels, records = [], []
+    for k in plan.kernels:
+        op = k.ops[0]
+        rows = pixels_as_rows(op, weights) if k.family == "gemm" and RULE in k.rewrites else op
+        if rows is op or not set(k.stores) <= done:
+            kernels.append(k)
+            continue
+        swapped = k.replace(ops=(rows,) + k.ops[1:])
+        t_rows, t_cols = best(swapped), best(k)
+        numbers = f"predicted {t_rows:.2f} us with the pixels as rows against {t_cols:.2f} us with the channels"
+        applied = t_rows <= t_cols
+        records.append(Rewrite(ROWS_RULE, op.out, applied, numbers if applied else f"kept: {numbers}"))
+        kernels.append(swapped.replace(rewrites=swapped.rewrites + (ROWS_RULE,)) if applied else k)
+    if not records:
+        return plan
+    return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
 
 
 def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -> Plan:
@@ -363,8 +394,6 @@ def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -
             rc = int(convs[k.name][2][1:])
             ops = (dataclasses.replace(ops[0], reduce=ops[0].reduce[:rc] + (padded[k.name],) + ops[0].reduce[rc + 1:]),
                    ) + ops[1:]
-        if k.name in renamed and k.family == "gemm":
-            ops = (pixels_as_rows(ops[0], weights),) + ops[1:]
         touched = k.name in renamed or bool(reads & moved_names) or (redirect and bool(reads & set(copies)))
         kernels.append(nk.replace(ops=ops, rewrites=nk.rewrites + ((RULE,) if touched else ())))
     # a copy is written once, before the first convolution that reads it
