@@ -23,7 +23,7 @@ from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition,
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity
-from aicfc.ir.lowered import Affine, Compute, Load, loads
+from aicfc.ir.lowered import Affine, Compute, Load, indirect_dims, loads
 from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, is_rotary_band, rotary_pairs
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.planner.hardware import load_profile
@@ -331,8 +331,8 @@ def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
         return lines, (lo, hi)
     for ld in dict.fromkeys(loads(epi.body)):
         t = types.get(ld.buffer)
-        if ld.buffer == mm.out or t is None or ld.fill is not None or t.dtype not in PAIR_LOADS:
-            continue
+        if ld.buffer == mm.out or t is None or ld.fill is not None or t.dtype not in PAIR_LOADS or indirect_dims(ld):
+            continue   # [Note: Indirect index]: a data-dependent row is read element by element
         off = flat_offset(ld.index, t)
         if off.coeff(n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != n):
             continue
