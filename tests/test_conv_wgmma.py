@@ -100,6 +100,47 @@ def test_resnet_stage_plan_is_channels_last_on_wgmma():
     assert types["b1.c2.n.w"].shape == (128, 3, 3, 128)
 
 
+def test_pointwise_convs_take_pixels_as_rows():
+    """The 1x1 convolutions' GEMMs written channels-last multiply x[n, p, c] by w[o, c] with the
+    image first (`channels_last.pixels_as_rows`, a cost decision recorded as ROWS_RULE): m is the pixel, n the output channel, the
+    stored tensor's contiguous axis. So a residual add in their epilogue reads (and the store
+    writes) two adjacent channels at once instead of lone elements 2·OC bytes apart; the
+    rendered epilogue reads the residual and stores the output as __half2 pairs."""
+    from aicfc.codegen import FAMILIES
+    from aicfc.ir.properties import contraction
+    plan = _stages(B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2))["plan_memory"]
+    weights = {w.name for w in plan.weights}
+    nhwc = {r.target for r in _records(plan, RULE) if r.applied}
+    gemms = [k for k in plan.kernels if k.family == "gemm" and set(k.stores) <= nhwc]
+    assert len(gemms) == 3
+    for k in gemms:
+        g = contraction(k.ops[0])
+        assert g.b.buffer in weights and g.a.buffer not in weights, k.ops[0]
+        assert g.n == k.ops[0].domain_vars[-1]          # the channel: contiguous in the output
+    from aicfc.passes.channels_last import ROWS_RULE
+    rows = _records(plan, ROWS_RULE)
+    assert len(rows) == 3 and all(r.applied and "with the pixels as rows against" in r.reason for r in rows)
+    residual = [k for k in gemms if len(k.ops) == 2 and "b1.add" in k.origins]
+    assert residual, [k.origins for k in gemms]
+    for k in residual:
+        src = FAMILIES[k.family].render_kernel(k, k.schedule.param, plan.types(), k.name)
+        assert "__half2" in src, src[-3000:]
+        # the residual is read as channel pairs (gemm.paired_loads): one 4-byte load per pair
+        assert "const __half2 pr0 = __ldg(reinterpret_cast<const __half2*>(" in src, src[-3000:]
+
+
+def test_channels_last_max_pool_moves_vectors():
+    """The max pool after the stem reads a channels-last image: 8 channels a thread, each tap one
+    16-byte load under one padding test (`window.vector_width`); the rendered kernel loads and
+    stores 8-element vectors."""
+    from aicfc.codegen import FAMILIES
+    plan = _stages(B.resnet_stage_model((2, 64, 28, 28), mid=64, out=256, stride=2, stem=True))["plan_memory"]
+    (pool,) = [k for k in plan.kernels if k.family == "window"]
+    assert pool.schedule.param["vec"] == 8, pool.schedule.param
+    src = FAMILIES["window"].render_kernel(pool, pool.schedule.param, plan.types(), pool.name)
+    assert "aicf_vload<8>" in src and "aicf_vstore<8>" in src
+
+
 def test_declined_with_reasons():
     grouped = _stages(B.conv_model((2, 32, 16, 16), (64, 8, 3, 3), group=4, pads=[1, 1, 1, 1]))["plan_memory"]
     (k,) = [k for k in grouped.kernels if k.family == "conv"]
@@ -125,6 +166,11 @@ def test_stem_channels_padded_to_eight():
     plan = st["plan_memory"]
     copy, k = plan.kernels
     assert copy.family == "pointwise" and copy.ops[0].type.shape == (2, 32, 32, 8)
+    # one thread per pixel: 3 loads coalesced along w, one 16-byte store of the 8 channels
+    assert copy.schedule.param["vec"] == 8
+    from aicfc.codegen import FAMILIES
+    src = FAMILIES["pointwise"].render_kernel(copy, copy.schedule.param, plan.types(), copy.name)
+    assert "aicf_vstore<8>" in src
     assert k.schedule.param["unit"] == "wgmma" and k.ops[0].reduce == (8, 7, 7)
     assert plan.types()[_records(plan, WEIGHT_RULE)[0].target].shape == (64, 7, 7, 8)
     assert "5 zero channels" in _records(plan, WEIGHT_RULE)[0].reason
@@ -283,3 +329,29 @@ def test_gpu_resnet_stage(stem, pin, gpu_device):
     against onnxruntime at fp16."""
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2, stem=stem)
     _gpu_check(model, "fp16", gpu_device, pin, ref="onnxruntime")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("x", [(3, 64, 36, 36), (2, 64, 30, 22)], ids=["square", "odd"])
+def test_gpu_residual_pairs_stem_copy_and_pool_vectors(x, precision, gpu_device):
+    """What the ResNet-50 B32 fixes changed, by cost (no pins), against numpy float64 on fresh
+    random inputs: the stem's channels-last input copy stores one 16-byte vector a pixel
+    (`pointwise._gathers_coalesced`), the max pool reads and writes 8 channels a thread
+    (`window.vector_width`), the 1x1 convolutions' GEMMs take the pixels as rows
+    (`channels_last.pixels_as_rows`) and their bias and residual are read as channel pairs
+    (`gemm.paired_loads`), at fp16 and bf16."""
+    model = B.resnet_stage_model(x, mid=64, out=256, stride=2, stem=True, seed=7)
+    payload = _gpu_check(model, precision, gpu_device)
+    fams = [k["family"] for k in payload["kernels"]]
+    assert "window" in fams and "conv" in fams and "gemm" in fams
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_gpu_wgmma_residual_pairs(precision, gpu_device):
+    """The bottlenecks on the Hopper engine (pinned): the 1x1 GEMMs' residual epilogue reads
+    channel pairs through the staged or register epilogue, against numpy float64."""
+    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1, seed=11)
+    payload = _gpu_check(model, precision, gpu_device, {"unit": "wgmma"})
+    assert {k["params"].get("unit") for k in payload["kernels"] if k["family"] in ("gemm", "conv")} == {"wgmma"}

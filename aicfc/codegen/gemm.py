@@ -23,7 +23,7 @@ from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition,
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity
-from aicfc.ir.lowered import Affine, Compute, Load, loads
+from aicfc.ir.lowered import Affine, Compute, Load, indirect_dims, loads
 from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, is_rotary_band, rotary_pairs
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.planner.hardware import load_profile
@@ -296,10 +296,52 @@ def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
     """(lines, [value of column gn, value of column gn1]): the epilogue of the accumulators
     `accv`, `accv1` (the contraction itself when the kernel has no epilogue)."""
     em = Emitter(sig.params, types, prefix="v")
+    if len(k.ops) == 2 and rotary(k) is None:
+        lines, cols = paired_loads(k, types, sig, names)
+        if lines:
+            mm, epi = k.ops
+            n = dims(k)[0].n
+            values = [em.emit(epi.body, dict(names) | {n: col}, {mm.out: acc}, got)
+                      for col, acc, got in (("gn", "accv", cols[0]), ("gn1", "accv1", cols[1]))]
+            return lines + em.take(), values
     values = []
     for col, acc, partner in (("gn", "accv", "accp"), ("gn1", "accv1", "accp1")):
         values.append(acc if len(k.ops) == 1 else epilogue_value(k, em, names, col, acc, partner))
     return em.take(), values
+
+
+# a pair of each loaded type read as one vector, and its two halves as float
+PAIR_LOADS = {"f32": ("float2", "{r}.x", "{r}.y"), "f16": ("__half2", "__low2float({r})", "__high2float({r})"),
+              "bf16": ("__nv_bfloat162", "__low2float({r})", "__high2float({r})")}
+
+
+def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]
+                 ) -> tuple[list[str], tuple[dict, dict]]:
+    """(lines, (values at column gn, values at gn + 1)): the epilogue's tensor reads (a residual,
+    a per-column scale) that are contiguous along n and pair-aligned, each read once for both
+    columns as a 2-element vector. Read as two scalars, a residual costs twice the load
+    instructions and registers, so fewer of the tile's reads are in flight at once: a 1x1
+    convolution's residual epilogue was a chain of memory round trips."""
+    mm, epi = k.ops
+    n = dims(k)[0].n
+    lines: list[str] = []
+    lo: dict = {}
+    hi: dict = {}
+    if n is None:
+        return lines, (lo, hi)
+    for ld in dict.fromkeys(loads(epi.body)):
+        t = types.get(ld.buffer)
+        if ld.buffer == mm.out or t is None or ld.fill is not None or t.dtype not in PAIR_LOADS or indirect_dims(ld):
+            continue   # [Note: Indirect index]: a data-dependent row is read element by element
+        off = flat_offset(ld.index, t)
+        if off.coeff(n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != n):
+            continue
+        vec_t, low, high = PAIR_LOADS[t.dtype]
+        r = f"pr{len(lo)}"
+        at = c_affine(off, dict(names) | {n: "gn"})
+        lines.append(f"const {vec_t} {r} = __ldg(reinterpret_cast<const {vec_t}*>({sig.params[ld.buffer]} + ({at})));")
+        lo[ld], hi[ld] = low.format(r=r), high.format(r=r)
+    return lines, (lo, hi)
 
 
 @dataclass(frozen=True)

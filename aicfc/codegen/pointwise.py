@@ -16,7 +16,7 @@ import re
 from typing import Mapping
 
 from aicfc.codegen import vector
-from aicfc.codegen.cexpr import Emitter, reciprocal_divisions
+from aicfc.codegen.cexpr import Emitter, flat_offset, reciprocal_divisions
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Const, Load, identity_index, is_integer_compute, loads
@@ -37,8 +37,22 @@ def vector_width(k: Kernel, types: Mapping[str, TensorType]) -> tuple[int, str, 
         return 1, "an integer compute runs in int64, one element at a time ([Note: Integer computes])", full
     width, why = vector.widest([types[ld.buffer].dtype for ld in accesses] + [op.type.dtype], op.type.shape[-1])
     if width > 1 and all(vector.kind(ld, types, inner, width) == vector.STRIDED for ld in accesses):
-        return 1, f"every access is strided along {inner}: nothing to move as a vector", full
+        if not _gathers_coalesced(op, types, accesses, width):
+            return 1, f"every access is strided along {inner}: nothing to move as a vector", full
     return width, why, full
+
+
+def _gathers_coalesced(op, types: Mapping[str, TensorType], accesses: list[Load], width: int) -> bool:
+    """A group is the whole inner axis (its extent is the vector's width) and every load is
+    contiguous along the next variable out, the one consecutive threads step through: the reads
+    are element by element but coalesced across the warp, and the store is one vector. That is a
+    layout change to a short innermost axis, e.g. an image x[n, c, h, w] written as y[n, h, w, 8]
+    (channels-last, C = 3 padded to 8): without the vector, eight threads share one output pixel
+    and each stores 2 bytes."""
+    if len(op.domain_vars) < 2 or op.type.shape[-1] != width:
+        return False
+    outer = op.domain_vars[-2]
+    return all(flat_offset(ld.index, types[ld.buffer]).coeff(outer) == 1 for ld in accesses)
 
 
 def space(k: Kernel, plan: Plan) -> list[dict]:

@@ -30,6 +30,9 @@ input):
   reading the input NCHW (on their old schedules); both figures are in the record. `--pin
   unit=wgmma` makes every copy.
 - WEIGHT_RULE: the filter of every convolution whose image is now NHWC.
+- ROWS_RULE: a 1x1 convolution's GEMM written channels-last takes the image as its first
+  operand (`pixels_as_rows`) where the planner's best predicted time of that orientation is
+  no worse than the other's; both figures are in the record.
 
 Eligible: target sm_90, precision fp16/bf16, a `conv` kernel whose contraction is one image
 load X[i0, c, h(..), w(..)] (c a reduction variable used nowhere else in the index) times one
@@ -57,12 +60,13 @@ import numpy as np
 
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Load, Rewrite, loads, map_loads, substitute, view_base
-from aicfc.ir.properties import implicit_gemm, properties
+from aicfc.ir.properties import contraction, implicit_gemm, properties
 from aicfc.ir.types import TensorType, Weight
 
 RULE = "x[n, c, s..] => x[n, s.., c] (channels-last for the wgmma implicit GEMM)"
 INPUT_RULE = "input x[n, c, s..] => copy to x[n, s.., c] once (channels-last for the wgmma implicit GEMM)"
 WEIGHT_RULE = "w[o, c, kh, kw] => w[o, kh, kw, c] (K-major filter for the wgmma implicit GEMM)"
+ROWS_RULE = "w[o, c]·x[n, p, c] => x[n, p, c]·w[o, c] (a channels-last 1x1 GEMM: pixels as rows)"
 TARGET = "sm_90"
 FAMILIES = ("conv", "pointwise", "gemm", "window")   # writers renamed; the others read through moved accesses
 CHANNEL_RUN = 8   # channels per 16-byte run of fp16/bf16
@@ -127,6 +131,20 @@ def _renamed(k: Kernel) -> Kernel:
     return k.replace(ops=ops, binds=binds)
 
 
+def pixels_as_rows(op: Compute, weights: Mapping[str, Weight]) -> Compute:
+    """A 1x1 convolution's product written channels-last, y[n, p, o] = sum_c w[o, c]·x[n, p, c],
+    with its factors swapped (x first): the same sums, but the GEMM's m is now the pixel and its n
+    the output channel, the stored tensor's contiguous axis. Left as it is, m would be the channel
+    and every epilogue element (the store, a residual's load) a lone 2-byte access 256+ bytes from
+    its neighbour in the warp; swapped, the epilogue moves two adjacent channels at a time (the
+    GEMM families' paired epilogue)."""
+    g = contraction(op)
+    if g is None or g.a.buffer not in weights or not g.m or g.m != op.domain_vars[-1]:
+        return op
+    a, b = op.body.args   # type: ignore[union-attr]
+    return dataclasses.replace(op, body=dataclasses.replace(op.body, args=(b, a)))
+
+
 def _why_not_renamed(k: Kernel, plan: Plan) -> str | None:
     interface = set(plan.outputs) | {s.output for s in plan.state} | {v.name for v in plan.inputs}
     shape = k.ops[0].type.shape
@@ -187,11 +205,11 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
         return plan   # a --pin of another unit keeps ONNX's layout: the layout is chosen for the Hopper engine
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
-    if not copied or (pin or {}).get("unit") == "wgmma":
-        return first
     from aicfc.passes.plan_schedules import rank
     from aicfc.planner.hardware import load_profile
     hw = load_profile(plan.target)
+    if not copied or (pin or {}).get("unit") == "wgmma":
+        return _orient(first, hw)
 
     def best(p: Plan, ks: list[Kernel]) -> float:
         times = [min((r.time_us for r in rank(k, p, hw)[0]), default=math.inf) for k in ks]
@@ -211,7 +229,34 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
             notes[x] = "; " + numbers
         else:
             refused[x] = f"the copy does not pay for itself: {numbers}"
-    return _relabel(plan, refused, notes)
+    return _orient(_relabel(plan, refused, notes), hw)
+
+
+def _orient(plan: Plan, hw) -> Plan:
+    """ROWS_RULE on every GEMM that stores a channels-last tensor: the orientation the planner
+    predicts faster (ties to pixels as rows), recorded with both figures."""
+    from aicfc.passes.plan_schedules import rank
+    weights = {w.name: w for w in plan.weights}
+    done = {r.target for r in plan.rewrites if r.rule == RULE and r.applied}
+
+    def best(k: Kernel) -> float:
+        return min((r.time_us for r in rank(k, plan, hw)[0]), default=math.inf)
+    kernels, records = [], []
+    for k in plan.kernels:
+        op = k.ops[0]
+        rows = pixels_as_rows(op, weights) if k.family == "gemm" and RULE in k.rewrites else op
+        if rows is op or not set(k.stores) <= done:
+            kernels.append(k)
+            continue
+        swapped = k.replace(ops=(rows,) + k.ops[1:])
+        t_rows, t_cols = best(swapped), best(k)
+        numbers = f"predicted {t_rows:.2f} us with the pixels as rows against {t_cols:.2f} us with the channels"
+        applied = t_rows <= t_cols
+        records.append(Rewrite(ROWS_RULE, op.out, applied, numbers if applied else f"kept: {numbers}"))
+        kernels.append(swapped.replace(rewrites=swapped.rewrites + (ROWS_RULE,)) if applied else k)
+    if not records:
+        return plan
+    return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
 
 
 def _relabel(plan: Plan, refused: Mapping[str, str], notes: Mapping[str, str]) -> Plan:

@@ -645,10 +645,11 @@ def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Esti
 def _window_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,
                  hw: Profile) -> Estimate:
     """A direct window reduction: every tap is a load and the body's instructions; inputs move
-    from DRAM once (overlapping windows re-read from L1/L2, counted as L2 traffic)."""
+    from DRAM once (overlapping windows re-read from L1/L2, counted as L2 traffic). With `vec`
+    outputs a thread, a load (and its address) serves `vec` taps."""
     red = k.ops[0]
     taps = red.type.numel * math.prod(red.reduce)
-    per_tap = max(1, instructions(red.body)) + 2 * len(loads(red.body))
+    per_tap = max(1, instructions(red.body)) + 2 * len(loads(red.body)) / p.get("vec", 1)
     flops = taps * max(1, count_ops(red.body))
     l2 = taps * sum(ITEMSIZE[types[ld.buffer].dtype] for ld in loads(red.body))
     return _combine(hw, flops=flops, issued=2.0 * taps * per_tap, dram=_io_bytes(k, types), l2=l2, pipeline=0.0,

@@ -4,7 +4,7 @@
 The GEMM engine's terms (`cost_wgmma.py`) over M = N·OH·OW, N = OC, K = KH·KW·C, with the A
 operand gathered instead of loaded by the TMA:
 
-    t_kblock   = max(t_mma, t_smem, t_load, t_gather, load_latency / (STAGES - 2))
+    t_kblock   = max(t_mma, t_smem, t_load, t_gather, t_round, load_latency / (STAGES - 2))
     t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
     t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm
     t_load     = 128·(BM + BN) / (l2_bandwidth / SMs)       the A runs and the B box, from L2
@@ -12,12 +12,24 @@ operand gathered instead of loaded by the TMA:
                                                             arithmetic, one 16-byte run per
                                                             GATHER_OPS instructions, 128 per cycle
                  (a stage is published one k-block late, so STAGES - 2 k-blocks cover a round trip)
+    t_round    = GATHER_ROUND_TRIP_US / GATHER_GROUPS         the gatherers' own round trips: each
+                 waits for its previous group of copies (`cp.async.wait_group 1`) before it arrives,
+                 so GATHER_GROUPS = 2 k-blocks of its copies are in flight whatever STAGES is, and a
+                 k-block costs at least half a gathered copy's round trip through a loaded L2.
+                 Fitted: ResNet-50 B32 on an H200 ran every gathered convolution (3x3 and strided
+                 1x1, BN 64 to 256, STAGES 3 and 4) at 0.5-0.75 us a k-block, where the other terms
+                 said 0.3 (tests/test_cost_conv_wgmma.py pins those measurements).
     t_epilogue = BM·BN·out_bytes·STORE_WASTE / (l2_bandwidth / SMs) + EPILOGUE_US
                  + BM·BN·(epilogue instructions + STORE_OPS) / EPILOGUE_RATE·sqrt(warpgroups)
                  (one element per store from the accumulators: STORE_WASTE sectors' worth)
     t          = launch + load_latency + max(ceil(tiles / CTAS) · (KT·t_kblock + t_epilogue), t_dram)
     t_dram     = (image + filter + output + epilogue reads) / (dram_bandwidth · eff.dram)
-                 + the image again per column tile past the first where it does not fit in L2
+                 + the image again per column tile past the first where it does not fit in L2 and
+                 the column tiles of a raster group (GROUP row tiles x all column tiles, run by
+                 consecutive CTAs) are not all in flight at once (GROUP · tiles_n > CTAS): where
+                 they are, the second column tile reads the rows the first just brought into L2
+                 (ResNet-50's 56x56 1x1/2 projection, 2 column tiles: measured 33.7 us, where
+                 charging the 51 MB image twice predicted 47.6)
 
 Halo reuse: the KH·KW taps of neighbouring output pixels re-read the same image rows; they hit
 in L2 (t_load counts them at L2 bandwidth, DRAM once) while the image fits there, which the
@@ -28,7 +40,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from aicfc.codegen import conv_wgmma
+from aicfc.codegen import conv_wgmma, gemm_wgmma
 from aicfc.codegen.gemm_wgmma import ROW_BYTES
 from aicfc.planner.cost_wgmma import EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, STORE_OPS, epilogue_ops, n_eff
 from aicfc.ir.types import ITEMSIZE
@@ -36,6 +48,8 @@ from aicfc.ir.types import ITEMSIZE
 GATHER_OPS = 24     # integer instructions per gathered run: split m and k, the guard, the address, the copy
 STORE_WASTE = 4     # a 16-bit element stored alone uses a quarter of the 32-byte sector it touches
 CLOCK_MHZ = 1755    # the SM clock the producer's issue rate is counted at (profile: clock_mhz)
+GATHER_ROUND_TRIP_US = 1.3   # a gathered 16-byte copy's round trip under load (profile: conv_gather_round_trip_us)
+GATHER_GROUPS = 2            # k-blocks of copies a gatherer has in flight (`cp.async.wait_group 1`)
 
 
 def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
@@ -52,7 +66,8 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     t_load = ROW_BYTES * (bm + bn) / l2_sm
     t_gather = bm * (ROW_BYTES // 16) * GATHER_OPS / (128.0 * hw.data.get("clock_mhz", CLOCK_MHZ))
     t_latency = latency / max(1, st - 2)
-    t_kblock = max(t_mma, t_smem, t_load, t_gather, t_latency)
+    t_round = hw.data.get("conv_gather_round_trip_us", GATHER_ROUND_TRIP_US) / GATHER_GROUPS
+    t_kblock = max(t_mma, t_smem, t_load, t_gather, t_round, t_latency)
     ktiles = math.ceil(kk / bkk)
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
     t_epi = bm * bn * out_bytes * STORE_WASTE / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
@@ -61,14 +76,15 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     tm, tn, tiles = conv_wgmma.tiles(k, p)
     per_sm = math.ceil(tiles / p["CTAS"])
     a_bytes = types[g.a.buffer].nbytes
-    rereads = (tn - 1) * a_bytes if a_bytes > hw.l2_bytes / 2 else 0.0
+    together = gemm_wgmma.GROUP * tn <= p["CTAS"]   # a raster group's column tiles all run in one wave
+    rereads = (tn - 1) * a_bytes if a_bytes > hw.l2_bytes / 2 and not together else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
     t_tiles = per_sm * (ktiles * t_kblock + t_epi)
     time = hw.launch_overhead_us + latency + max(t_tiles, t_dram)
     return {"time_us": time, "dram": io_bytes + rereads, "t_compute_us": per_sm * ktiles * t_mma,
             "t_smem_us": per_sm * ktiles * t_smem, "t_l2_us": per_sm * ktiles * t_load,
-            "t_gather_us": per_sm * ktiles * t_gather, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
-            "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - max(t_mma, t_smem, t_load, t_gather)),
+            "t_gather_us": per_sm * ktiles * t_gather, "t_gather_round_us": per_sm * ktiles * t_round, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
+            "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - max(t_mma, t_smem, t_load, t_gather, t_round)),
             "tiles_per_sm": per_sm, "wave_eff": tiles / (per_sm * p["CTAS"]), "n_eff": n_eff(bn),
             "gathered_bytes": float(m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
             "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,

@@ -1,0 +1,101 @@
+"""The Hopper implicit-GEMM convolution's cost terms (planner/cost_conv_wgmma.py) against what an
+H200 measured: ResNet-50 fp16 at batch 32, `aicf-run --profile`
+(benchmarks/results/profile_resnet50_b32_wgmma_h200.txt: each kernel alone, 20 back-to-back
+launches per graph replay, median of 5). No GPU needed: the measurements are data here.
+
+Each case is one convolution of that profile (+ folded BatchNorm, + ReLU where ResNet has one),
+compiled alone on the schedule the profile's plan ran, and its prediction compared with the
+measured time. The profile's 1x1 stride-1 convolutions are GEMMs (`conv_as_matmul`), not here;
+the stem is (its input copy aside). The issue's bar: measured / predicted in [0.8, 1.25] for
+at least 90% of the convolutions.
+
+Before the gatherers' round-trip term and the raster-group reread rule (cost_conv_wgmma.py),
+3 of these 20 were in the band (the 3x3 convolutions at 1.32-1.77, the 1x1/2 projection at
+0.71, the stem at 1.96); with them, 19 (the stem at 1.25: see test_stem_is_the_known_outlier).
+"""
+from __future__ import annotations
+
+import pytest
+
+from aicfc.frontend.onnx_import import import_model
+from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.planner.hardware import load_profile
+from tests import onnx_builders as B
+
+BAND = (0.8, 1.25)
+
+# kernel, (input NCHW, filter, strides, pads, ReLU), the profile plan's schedule, measured us
+MEASURED = [
+    ("k1", ((32, 3, 224, 224), (64, 3, 7, 7), 2, 3, True), dict(BM=128, BN=64, NWG=2, MI=1, STAGES=4), 189.11),
+    ("k4", ((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, True), dict(BM=128, BN=64, NWG=2, MI=1, STAGES=4), 43.32),
+    ("k8", ((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, True), dict(BM=128, BN=64, NWG=2, MI=1, STAGES=4), 43.15),
+    ("k11", ((32, 64, 56, 56), (64, 64, 3, 3), 1, 1, True), dict(BM=128, BN=64, NWG=2, MI=1, STAGES=4), 43.06),
+    ("k14", ((32, 128, 56, 56), (128, 128, 3, 3), 2, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 31.68),
+    ("k15", ((32, 256, 56, 56), (512, 256, 1, 1), 2, 0, False), dict(BM=64, BN=256, NWG=1, MI=1, STAGES=3), 33.70),
+    ("k18", ((32, 128, 28, 28), (128, 128, 3, 3), 1, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 34.24),
+    ("k21", ((32, 128, 28, 28), (128, 128, 3, 3), 1, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 34.28),
+    ("k24", ((32, 128, 28, 28), (128, 128, 3, 3), 1, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 34.11),
+    ("k27", ((32, 256, 28, 28), (256, 256, 3, 3), 2, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 28.31),
+    ("k28", ((32, 512, 28, 28), (1024, 512, 1, 1), 2, 0, False), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 21.69),
+    ("k31", ((32, 256, 14, 14), (256, 256, 3, 3), 1, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 31.40),
+    ("k34", ((32, 256, 14, 14), (256, 256, 3, 3), 1, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 31.14),
+    ("k37", ((32, 256, 14, 14), (256, 256, 3, 3), 1, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 31.16),
+    ("k40", ((32, 256, 14, 14), (256, 256, 3, 3), 1, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 31.07),
+    ("k43", ((32, 256, 14, 14), (256, 256, 3, 3), 1, 1, True), dict(BM=128, BN=128, NWG=2, MI=1, STAGES=3), 31.21),
+    ("k46", ((32, 512, 14, 14), (512, 512, 3, 3), 2, 1, True), dict(BM=128, BN=64, NWG=2, MI=1, STAGES=4), 43.95),
+    ("k47", ((32, 1024, 14, 14), (2048, 1024, 1, 1), 2, 0, False), dict(BM=128, BN=256, NWG=2, MI=1, STAGES=3), 18.45),
+    ("k50", ((32, 512, 7, 7), (512, 512, 3, 3), 1, 1, True), dict(BM=128, BN=64, NWG=2, MI=1, STAGES=4), 48.62),
+    ("k53", ((32, 512, 7, 7), (512, 512, 3, 3), 1, 1, True), dict(BM=128, BN=64, NWG=2, MI=1, STAGES=4), 48.55),
+]
+
+
+def predicted(spec: tuple, pin: dict) -> tuple[float, dict]:
+    """The predicted time and terms of the convolution `spec` on the schedule `pin`."""
+    x, w, s, p, relu = spec
+    model = B.conv_model(x, w, bn=True, act="relu" if relu else None, strides=[s, s], pads=[p] * 4)
+    pins = {"unit": "wgmma", **{k: v for k, v in pin.items() if k != "BM"}}
+    plan = run_pipeline(import_model(model, None), Options("sm_90", load_profile("sm_90"), "fp16",
+                                                           tuple((k, str(v)) for k, v in pins.items()))).plan
+    (k,) = [k for k in plan.kernels if k.family == "conv"]
+    assert k.schedule.param["BM"] == pin["BM"] and k.schedule.param["BN"] == pin["BN"], k.schedule.param
+    return k.schedule.time_us, dict(k.schedule.predicted)
+
+
+_RATIOS: dict[str, float] = {}
+
+
+def _ratio(name: str, spec: tuple, pin: dict, measured: float) -> float:
+    if name not in _RATIOS:
+        _RATIOS[name] = measured / predicted(spec, pin)[0]
+    return _RATIOS[name]
+
+
+def test_ninety_percent_of_the_convolutions_within_the_band():
+    ratios = {name: _ratio(name, spec, pin, ms) for name, spec, pin, ms in MEASURED}
+    inside = [n for n, r in ratios.items() if BAND[0] <= r <= BAND[1]]
+    table = ", ".join(f"{n} {r:.2f}" for n, r in ratios.items())
+    assert len(inside) >= 0.9 * len(ratios), f"measured/predicted: {table}"
+
+
+@pytest.mark.parametrize("name,spec,pin,measured", [c for c in MEASURED if c[0] != "k1"],
+                         ids=[c[0] for c in MEASURED if c[0] != "k1"])
+def test_each_convolution_within_the_band(name, spec, pin, measured):
+    """Every convolution but the stem (see test_stem_is_the_known_outlier)."""
+    r = _ratio(name, spec, pin, measured)
+    assert BAND[0] <= r <= BAND[1], f"{name}: measured {measured} us, measured/predicted {r:.2f}"
+
+
+def test_stem_is_the_known_outlier():
+    """The 7x7/2 stem over 8 channels (3 and 5 zeros): every 16-byte run of a k-block comes from
+    a different tap (8 taps a k-block, each its own guard and half of a 32-byte sector), which no
+    term models beyond the gatherers' round trip; it measures about 1.25x the prediction. Pinned
+    so that a change that moves it either way is seen."""
+    name, spec, pin, measured = MEASURED[0]
+    assert name == "k1"
+    assert 1.0 <= _ratio(name, spec, pin, measured) <= 1.35
+
+
+def test_gather_round_trip_is_a_term():
+    """The round-trip floor is reported as its own term, and it is what bounds a 3x3 k-block."""
+    _, terms = predicted(MEASURED[1][1], MEASURED[1][2])
+    assert terms["t_gather_round_us"] >= max(terms["t_l2_us"], terms["t_compute_us"], terms["t_gather_us"])
