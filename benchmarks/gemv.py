@@ -112,7 +112,7 @@ def rope_model(rows: int, copies: int, hidden: int = 2048, heads: int = 32, kv_h
         v = node("Reshape", [linear(i, kv_heads * d), ints(0, 0, kv_heads, d)])
         for name, t, shape in (("q", rotate(q), [rows, heads, 1]), ("k", rotate(k), [rows, kv_heads, 1]),
                                ("v", v, [rows, 1, kv_heads])):
-            if weighted:
+            if weighted and name != "v":   # v is not rotated (and weighted it becomes a GEMM of its own)
                 t = node("Mul", [t, const(rng.standard_normal(d).astype(np.float32))])
             nodes.append(helper.make_node("ReduceSum", [t, ints(-1)], [f"{name}{i}"], keepdims=0))
             outs.append(helper.make_tensor_value_info(f"{name}{i}", TensorProto.FLOAT, shape))

@@ -277,3 +277,21 @@ def test_gemv_rotary_matches_numpy(rows, pin, precision, gpu_device):
         pytest.skip("outside the space at these rows (registers per thread)")
     model = rope_model(rows, 1, hidden=1000, heads=8, kv_heads=2, d=64, position=7, seed=rows, weighted=True)
     _run_against_numpy(model, pin, precision, gpu_device, ROTARY_RULE)
+
+
+def test_rotary_epilogue_before_a_reader_of_the_first_map():
+    """rotary_epilogue puts R where the first rotated map was: q's reader (a weighted sum) comes
+    before the k map, and read R's flat view before it was defined when R took the last map's place."""
+    from benchmarks.gemv import rope_model
+    from aicfc.ir.lowered import verify_program
+    from aicfc.passes.rotary_epilogue import ROTARY_RULE
+    from tests.test_pipeline import evaluate_ir, stages
+    model = rope_model(1, 1, hidden=256, heads=8, kv_heads=2, d=64, position=7, seed=3, weighted=True)
+    ir = stages(model, "fp16")
+    verify_program(ir["rotary_epilogue"])
+    assert any(r.rule == ROTARY_RULE and r.applied for r in ir["rotary_epilogue"].rewrites)
+    graph = import_model(model, None)
+    inputs = {v.name: np.random.default_rng(4).standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    refs = evaluate_graph(graph, inputs, dtype=np.float64)
+    got = evaluate_ir(ir["plan_memory"], inputs)
+    assert all(rel_err(got[n], refs[n]) <= 1e-2 for n in refs)

@@ -155,7 +155,10 @@ def fold_rotary(p: Program, precision: str, hw: Profile | None = None) -> Progra
         taken = sorted((g[1], g[1] + _heads(m, g[2])) for m, g in maps)
         if why is None and any(a[1] > b[0] for a, b in zip(taken, taken[1:])):
             why = "two rotated maps cover the same heads"
-        last_map = max(ops.index(m) for m, _ in maps)
+        # R (and its flat view) takes the place of the first rotated map: it reads only the
+        # contraction, which every map reads, so it is defined there; a reader of one map may
+        # come before another map (a q reader ahead of the k map), so not the last one's place.
+        first_map = min(ops.index(m) for m, _ in maps)
         for op, reason in plain:
             if why:
                 break
@@ -169,7 +172,7 @@ def fold_rotary(p: Program, precision: str, hw: Profile | None = None) -> Progra
                 if any(lo < b * D and a * D <= hi for a, b in taken):
                     why = f"{op.out!r} reads rotated columns" + (f" ({reason})" if isinstance(reason, str) else "")
                     break
-            if why is None and ops.index(op) < last_map:
+            if why is None and ops.index(op) < first_map:
                 why = f"{op.out!r} comes before a rotated map"
         rotated = {m.out for m, _ in maps}
         if why is None and any(ld.buffer in rotated and (ld.fill is not None or not all(isinstance(a, Affine) for a in ld.index))
@@ -212,7 +215,7 @@ def fold_rotary(p: Program, precision: str, hw: Profile | None = None) -> Progra
         out_ops = []
         for op in ops:
             if op.out in removed:
-                if op.out == ops[last_map].out:
+                if op.out == ops[first_map].out:
                     out_ops += [r, flat]
                 continue
             if isinstance(op, View) and root.get(op.source) == c.out and op.out != flat.out:
