@@ -502,13 +502,15 @@ def causal_mask(s: int, fill: float = -1e4) -> np.ndarray:
 
 def attention_model(b: int, h: int, s: int, d: int, causal: bool = False, mask_input: bool = False,
                     probs_output: bool = False, scores_output: bool = False, sk: int | None = None,
-                    ) -> onnx.ModelProto:
+                    alibi: bool = False) -> onnx.ModelProto:
     """softmax(q @ kᵀ · d^-½ (+ mask)) @ v on inputs q [B,H,S,D], k and v [B,H,Sk,D].
 
     As torch.onnx exports scaled_dot_product_attention: MatMul(q, Transpose(k)) → Mul scale →
     Add mask → Softmax(-1) → MatMul v. `causal`: the mask is a constant [S,S] initializer;
     `mask_input`: an additive mask input `mask` [B,1,1,Sk] (padding form). `probs_output` /
     `scores_output` also expose the probabilities / raw scores (the rule must decline).
+    `alibi`: ALiBi's additive bias slope_h · (j - i), computed by graph ops on constant positions
+    (Sub of a column and a row of positions, Mul by the per-head slopes 2^(-8(h+1)/H)).
     """
     sk = s if sk is None else sk
     n = helper.make_node
@@ -528,6 +530,14 @@ def attention_model(b: int, h: int, s: int, d: int, causal: bool = False, mask_i
         inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [b, 1, 1, sk]))
         nodes.append(n("Add", ["scores", "mask"], ["masked"], name="mask_add"))
         logits = "masked"
+    if alibi:
+        inits["pos_col"] = np.arange(sk, dtype=np.float32)[None, :]
+        inits["pos_row"] = np.arange(s, dtype=np.float32)[:, None]
+        inits["slopes"] = (2.0 ** (-8.0 * np.arange(1, h + 1) / h)).astype(np.float32).reshape(1, h, 1, 1)
+        nodes += [n("Sub", ["pos_col", "pos_row"], ["rel"], name="alibi_rel"),
+                  n("Mul", ["slopes", "rel"], ["alibi"], name="alibi_mul"),
+                  n("Add", [logits, "alibi"], ["biased"], name="alibi_add")]
+        logits = "biased"
     nodes += [n("Softmax", [logits], ["probs"], name="softmax", axis=-1),
               n("MatMul", ["probs", "v"], ["y"], name="pv_matmul")]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, h, s, d])]
@@ -573,6 +583,14 @@ def bert_attention_model(b: int, s: int, h: int, d: int, seed: int = 0, mask: bo
                   n("Mul", ["inv_mask", "neg_big"], ["ext_mask"], name="mask_mul"),
                   n("Add", ["scores", "ext_mask"], ["masked"], name="mask_add")]
         logits = "masked"
+    if alibi:
+        inits["pos_col"] = np.arange(sk, dtype=np.float32)[None, :]
+        inits["pos_row"] = np.arange(s, dtype=np.float32)[:, None]
+        inits["slopes"] = (2.0 ** (-8.0 * np.arange(1, h + 1) / h)).astype(np.float32).reshape(1, h, 1, 1)
+        nodes += [n("Sub", ["pos_col", "pos_row"], ["rel"], name="alibi_rel"),
+                  n("Mul", ["slopes", "rel"], ["alibi"], name="alibi_mul"),
+                  n("Add", [logits, "alibi"], ["biased"], name="alibi_add")]
+        logits = "biased"
     nodes += [n("Softmax", [logits], ["probs"], name="softmax", axis=-1),
               n("MatMul", ["probs", "v_heads"], ["ctx"], name="pv_matmul"),
               n("Transpose", ["ctx"], ["ctx_t"], name="ctx_transpose", perm=[0, 2, 1, 3]),

@@ -80,6 +80,16 @@ def test_bert_head_split(mask):
     assert k.schedule.param["unit"] == "mma" and k.schedule.param["causal"] == 0
 
 
+def test_alibi_bias_is_read_inside_the_attention():
+    """ALiBi's slope_h · (j - i), computed from constant positions, folds at compile time into one
+    constant [1, H, S, S] that the attention kernel reads as an additive bias: one kernel, no add apart."""
+    plan = plan_of(B.attention_model(2, 4, 33, 16, causal=True, alibi=True)).plan
+    assert len(plan.kernels) == 1
+    (k,) = attention_kernels(plan)
+    weights = {w.name: w.type.shape for w in plan.weights}
+    assert (1, 4, 33, 33) in {weights[ld.buffer] for op in k.ops for ld in loads(op.body) if ld.buffer in weights}
+
+
 def test_causal_constant_mask_is_detected():
     plan = plan_of(B.attention_model(2, 3, 45, 40, causal=True), "fp16").plan
     (k,) = plan.kernels
@@ -147,6 +157,7 @@ CPU_CASES = [
     ("mask_input", lambda: B.attention_model(2, 2, 17, 8, mask_input=True)),
     ("cross", lambda: B.attention_model(2, 2, 13, 8, sk=29)),
     ("bert", lambda: B.bert_attention_model(2, 12, 2, 8)),
+    ("alibi", lambda: B.attention_model(2, 4, 33, 16, causal=True, alibi=True)),
 ]
 
 
