@@ -583,14 +583,6 @@ def bert_attention_model(b: int, s: int, h: int, d: int, seed: int = 0, mask: bo
                   n("Mul", ["inv_mask", "neg_big"], ["ext_mask"], name="mask_mul"),
                   n("Add", ["scores", "ext_mask"], ["masked"], name="mask_add")]
         logits = "masked"
-    if alibi:
-        inits["pos_col"] = np.arange(sk, dtype=np.float32)[None, :]
-        inits["pos_row"] = np.arange(s, dtype=np.float32)[:, None]
-        inits["slopes"] = (2.0 ** (-8.0 * np.arange(1, h + 1) / h)).astype(np.float32).reshape(1, h, 1, 1)
-        nodes += [n("Sub", ["pos_col", "pos_row"], ["rel"], name="alibi_rel"),
-                  n("Mul", ["slopes", "rel"], ["alibi"], name="alibi_mul"),
-                  n("Add", [logits, "alibi"], ["biased"], name="alibi_add")]
-        logits = "biased"
     nodes += [n("Softmax", [logits], ["probs"], name="softmax", axis=-1),
               n("MatMul", ["probs", "v_heads"], ["ctx"], name="pv_matmul"),
               n("Transpose", ["ctx"], ["ctx_t"], name="ctx_transpose", perm=[0, 2, 1, 3]),
