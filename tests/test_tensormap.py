@@ -711,7 +711,7 @@ def test_payload_kernels_without_maps_get_an_empty_list(matmul_plan: Any) -> Non
     from aicfc.artifact.payload import _kernel
     index = {b.name: i for i, b in enumerate(matmul_plan.buffers)}
     types_ = matmul_plan.types()
-    kernels = [_kernel(k, index, 0, types_) for k in matmul_plan.kernels]
+    kernels = [_kernel(k, index, 0, types_, matmul_plan.launch) for k in matmul_plan.kernels]
     assert [k["family"] for k in kernels] == ["gemm", "row_reduce"]
     assert all(k["tensor_maps"] == [] for k in kernels)
 
@@ -732,7 +732,7 @@ def test_payload_records_maps_with_buffer_ids(matmul_plan: Any,
     tm = _operand_map(k)
     monkeypatch.setattr(tma, "tensor_maps", lambda kernel, params, types_: [tm] if kernel is k else [])
     index = {b.name: i for i, b in enumerate(matmul_plan.buffers)}
-    record_ = payload_module._kernel(k, index, 0, matmul_plan.types())["tensor_maps"]
+    record_ = payload_module._kernel(k, index, 0, matmul_plan.types(), matmul_plan.launch)["tensor_maps"]
     assert record_ == [{"buffer": index[tm.buffer], "dtype": "f32", "offset": 0,
                         "dims": [64, 64], "strides": [256], "box": [32, 64], "swizzle": 128}]
     with pytest.raises(AssertionError, match="not bundle buffers"):
