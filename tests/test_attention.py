@@ -293,6 +293,14 @@ def test_gpu_masks_and_cross(precision, gpu_device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_gpu_alibi_bias(precision, gpu_device):
+    """ALiBi's folded [1, H, S, S] bias read inside the kernel, causal, head dims 16 and 64."""
+    _check(B.attention_model(2, 4, 33, 16, causal=True, alibi=True), precision, gpu_device, seed=13)
+    _check(B.attention_model(1, 4, 130, 64, causal=True, alibi=True), precision, gpu_device, seed=14)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("mask", [False, True])
 def test_gpu_bert_head_split(mask, precision, gpu_device):

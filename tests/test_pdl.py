@@ -51,6 +51,19 @@ def test_instrument_puts_the_entry_first_in_the_named_kernel():
         pdl.instrument(source, "k9")
 
 
+def test_a_grid_of_several_waves_triggers_in_its_last_wave():
+    """One wave or less triggers at entry; more, from the last wave's first block (linear order)."""
+    from aicfc.planner.hardware import load_profile
+    hw = load_profile("sm_90")          # 132 SMs, 2048 threads an SM
+    assert pdl.trigger_from((132, 1, 1), (384, 1, 1), 200_000, 168, hw) == 0           # persistent
+    assert pdl.trigger_from((264, 1, 1), (1024, 1, 1), 0, 32, hw) == 0                  # 2 an SM: one wave
+    assert pdl.trigger_from((265, 1, 1), (1024, 1, 1), 0, 32, hw) == 264
+    assert pdl.trigger_from((8, 12, 4), (128, 1, 1), 100_000, 128, hw) == 264           # 2 an SM (smem): 384 blocks
+    assert pdl.trigger_from((1000, 1, 1), (256, 1, 1), 0, 32, hw) == 0                  # 8 an SM: 1056 a wave
+    out = pdl.instrument('extern "C" __global__ void k1(float* p) {\n}\n', "k1", 264)
+    assert "k1(float* p) {\n  aicf_pdl_entry(264u);\n}" in out
+
+
 def test_choose():
     assert pdl.choose("sm_90")[0] == pdl.choose("sm_90a")[0] == pdl.choose("sm_100")[0] == pdl.DEPENDENT
     assert pdl.choose("sm_80")[0] == pdl.choose("sm_89")[0] == pdl.STREAM

@@ -19,6 +19,14 @@ completed and its writes are visible. Every kernel of a plan compiled for sm_90 
   one's retire: the launch latency overlaps the work instead of following it;
 - run-ahead is one kernel: a kernel triggers only after its own wait has returned.
 
+Where a kernel's grid is more than one wave (more blocks than the SMs hold at once), a trigger at
+entry would let the next kernel's blocks take SM slots that this kernel's later waves need, and
+sit there waiting: those blocks trigger only in the last wave, `aicf_pdl_entry(from)` with `from`
+the first linear block index of the last wave (blocks are dispatched in linear order; a block
+before it triggers implicitly when it exits). The next launch then overlaps the last wave alone.
+`trigger_from` computes it from the schedule's grid and the blocks an SM holds
+(planner/hardware.blocks_per_sm); one wave or less gives 0, a trigger at entry.
+
 The wait is a no-op for a kernel launched without the attribute (the first of a plan, one
 launched alone to profile it, the interface casts), so the same cubin runs either way. The
 decision is the plan's `launch` mode ("dependent" or "stream"), recorded in the bundle per
@@ -29,17 +37,21 @@ from __future__ import annotations
 import re
 
 from aicfc.errors import AicfError
+from aicfc.planner.hardware import Profile, blocks_per_sm
 
 DEPENDENT, STREAM = "dependent", "stream"
 MIN_SM = 90
-ENTRY = "aicf_pdl_entry();"
+ENTRY = "aicf_pdl_entry("
 
 # Defined in every module's header; a no-op where the architecture has no griddepcontrol.
 HELPER = """// [Note: PDL] (aicfc/codegen/pdl.py): wait for the previous kernel of the plan to complete, then
-// let the next one launch; a no-op for a kernel launched without programmatic serialization.
-__device__ __forceinline__ void aicf_pdl_entry() {
+// let the next one launch (blocks from linear index `from` on: the last wave); a no-op for a kernel
+// launched without programmatic serialization.
+__device__ __forceinline__ void aicf_pdl_entry(unsigned from = 0u) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\\n\\tgriddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (from == 0u || blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) >= from)
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 """
@@ -57,11 +69,22 @@ def choose(target: str, enabled: bool = True) -> tuple[str, str]:
     if sm(target) < MIN_SM:
         return STREAM, f"{target} has no programmatic dependent launch (sm_{MIN_SM} and newer)"
     return DEPENDENT, ("each kernel waits for the previous one on the device (griddepcontrol.wait) and lets "
-                       "the next one launch early, so the launch latency between kernels overlaps their work")
+                       "the next one launch early (a grid of more than one wave from its last wave), so the launch latency "
+                       "between kernels overlaps their work")
 
 
-def instrument(source: str, name: str) -> str:
-    """`source` with ENTRY as the first statement of kernel `name`'s body."""
+def trigger_from(grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, registers: int | None,
+                 hw: Profile) -> int:
+    """The first linear block index of the grid's last wave; 0 when the grid fits in one wave."""
+    blocks = grid[0] * grid[1] * grid[2]
+    per_sm, _ = blocks_per_sm(block[0] * block[1] * block[2], smem, registers or 0, hw)
+    wave = max(1, per_sm) * hw.sm_count
+    return 0 if blocks <= wave else (blocks - 1) // wave * wave
+
+
+def instrument(source: str, name: str, from_block: int = 0) -> str:
+    """`source` with the entry (trigger from block `from_block`) as the first statement of kernel
+    `name`'s body."""
     m = re.search(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source)
     if m is None:
         raise AicfError(f"internal: kernel {name!r} has no __global__ definition to start with {ENTRY}")
@@ -72,4 +95,5 @@ def instrument(source: str, name: str) -> str:
     brace = source.index("{", i)
     if source[i:brace].strip(" \n\t") and not source[i:brace].strip().startswith("__"):
         raise AicfError(f"internal: kernel {name!r}: unexpected text before its body: {source[i:brace]!r}")
-    return source[:brace + 1] + "\n  " + ENTRY + source[brace + 1:]
+    entry = ENTRY + (f"{from_block}u);" if from_block else ");")
+    return source[:brace + 1] + "\n  " + entry + source[brace + 1:]

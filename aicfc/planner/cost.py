@@ -47,7 +47,7 @@ from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Call, Const, Expr, count_ops, indirect_dims, loads
 from aicfc.ir.types import ITEMSIZE
-from aicfc.planner.hardware import Profile
+from aicfc.planner.hardware import Profile, blocks_per_sm
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
@@ -97,20 +97,6 @@ class Estimate:
 def load_latency(hw: Profile) -> float:
     """The profile's `load_latency_us`, LOAD_LATENCY_US where it has none."""
     return hw.data.get("load_latency_us", LOAD_LATENCY_US)
-
-
-def blocks_per_sm(threads: int, smem: int, regs: int, hw: Profile) -> tuple[int, str]:
-    """Resident blocks per SM and the resource that limits it."""
-    warps = math.ceil(threads / 32)
-    regs_per_block = math.ceil(warps * 32 * max(regs, 1) / 256) * 256   # allocation granularity
-    limits = {
-        "threads": hw.max_threads_per_sm // (warps * 32),
-        "blocks": hw.max_blocks_per_sm,
-        "registers": hw.registers_per_sm // regs_per_block,
-        "shared memory": hw.smem_per_sm // smem if smem else hw.max_blocks_per_sm,
-    }
-    which = min(limits, key=lambda k: limits[k])
-    return limits[which], which
 
 
 def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float, pipeline: float,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -52,3 +53,17 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
     if data["arch"] != target:
         raise AicfError(f"--profile is for {data['arch']}, but --target is {target}; make them agree")
     return Profile(data)
+
+
+def blocks_per_sm(threads: int, smem: int, regs: int, hw: Profile) -> tuple[int, str]:
+    """Resident blocks per SM and the resource that limits it."""
+    warps = math.ceil(threads / 32)
+    regs_per_block = math.ceil(warps * 32 * max(regs, 1) / 256) * 256   # allocation granularity
+    limits = {
+        "threads": hw.max_threads_per_sm // (warps * 32),
+        "blocks": hw.max_blocks_per_sm,
+        "registers": hw.registers_per_sm // regs_per_block,
+        "shared memory": hw.smem_per_sm // smem if smem else hw.max_blocks_per_sm,
+    }
+    which = min(limits, key=lambda k: limits[k])
+    return limits[which], which
