@@ -41,7 +41,7 @@ def _predicted(model, pin: dict, precision: str = "fp16") -> tuple[float, dict]:
                          ids=[f"{'x'.join(map(str, s))}-PP{p['PP']}-BN{p['BN']}" for s, p, _ in MEASURED])
 def test_prediction_within_band_of_the_h200(shape, pin, measured):
     m, k, n = shape
-    predicted, params = _predicted(matmul(m, k, n, np.random.default_rng(0)), {"unit": "wgmma", **pin})
+    predicted, params = _predicted(matmul(m, k, n, np.random.default_rng(0)), {"unit": "wgmma", "CLUSTER": 1, **pin})
     assert params["unit"] == "wgmma" and params["OUT"] == 2
     assert 0.8 <= measured / predicted <= 1.25, f"measured {measured} us, predicted {predicted:.1f} us"
 
@@ -104,25 +104,23 @@ def test_mma_small_m_within_band_of_the_h200(shape, pin, measured):
     assert 0.8 <= measured / predicted <= 1.25, f"measured {measured} us, predicted {predicted:.1f} us"
 
 
-# CLUSTER=2 against CLUSTER=1 on an H100 (benchmarks/results/gemm_cluster_h100.txt: fp16, graph-replayed,
-# 2 rounds): (M, K, N), pinned schedule, measured us. Multicast halves B's L2 reads, but what each SM takes in
-# is unchanged, and the cluster adds a release across SMs to the ring's round trip and a fixed cost.
+# CLUSTER=2 against CLUSTER=1 on an H100 (fp16, graph-replayed, 2 rounds): (M, K, N), pinned schedule, measured us.
+# CLUSTER=1 rows of benchmarks/results/gemm_cluster_h100.txt (that file's CLUSTER=2 rows predate the producer tail
+# and paid ~1.7 us a launch at the exit's cluster barrier), and both of benchmarks/results/
+# gemm_wgmma_h100_session5.txt. Multicast halves B's L2 reads: in the k-blocks what each SM takes in is unchanged,
+# but every SM's first stage lands sooner; the cluster adds a release across SMs to the ring's round trip.
 CLUSTER_H100 = [
     ((4096, 3072, 768), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 31.65),
-    ((4096, 3072, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 35.87),
-    ((4096, 3072, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 31.95),
-    ((4096, 768, 768), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 11.20),
-    ((4096, 768, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 12.48),
-    ((4096, 768, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 12.88),
+    ((4096, 3072, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 29.83),
+    ((4096, 768, 768), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 3}, 10.88),
+    ((4096, 768, 768), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 11.52),
+    ((4096, 768, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 10.46),
+    ((4096, 768, 3072), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 3}, 33.08),
+    ((4096, 768, 3072), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 3}, 33.75),
+    ((4096, 768, 3072), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 33.21),
     ((4096, 4096, 4096), {"CLUSTER": 1, "PP": 0, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 3}, 202.59),
-    ((4096, 4096, 4096), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 3}, 203.35),
-    ((4096, 3072, 768), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 6, "OUT": 0}, 42.24),
-    ((4096, 3072, 768), {"CLUSTER": 1, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 44.60),
-    ((4096, 768, 768), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 6, "OUT": 0}, 17.53),
-    ((4096, 768, 768), {"CLUSTER": 1, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 14.84),
-    ((4096, 4096, 4096), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 5, "OUT": 0}, 249.72),
-    ((4096, 768, 3072), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 256, "NWG": 2, "STAGES": 5, "OUT": 0}, 46.97),
-    ((1024, 768, 768), {"CLUSTER": 2, "PP": 0, "MI": 1, "BN": 128, "NWG": 1, "STAGES": 7}, 7.25),
+    ((4096, 768, 768), {"CLUSTER": 1, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 11.83),
+    ((4096, 768, 768), {"CLUSTER": 2, "PP": 1, "MI": 1, "BN": 192, "NWG": 2, "STAGES": 4}, 12.20),
 ]
 
 
@@ -135,17 +133,15 @@ def test_cluster_prediction_within_band_of_the_h100(shape, pin, measured):
     assert 0.8 <= measured / predicted <= 1.25, f"measured {measured} us, predicted {predicted:.1f} us"
 
 
-@pytest.mark.parametrize("shape", [(4096, 3072, 768), (4096, 768, 768), (4096, 768, 3072), (4096, 4096, 4096),
-                                   (8192, 8192, 8192)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(4096, 3072, 768), (4096, 768, 768)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("precision", ("fp16", "bf16"))
-def test_cluster_is_not_chosen_where_it_measured_no_gain(shape, precision):
-    """The planner's pick is the CLUSTER=1 pick of before (clusters measured no faster on the H100), and
-    the best CLUSTER=2 point is predicted slower than it."""
+def test_cluster_is_chosen_where_it_measured_a_gain(shape, precision):
+    """One 128x192 tile per CTA (issue 16's 4096x768x768): the pair's first stages land sooner and B's L2 reads
+    halve, so the planner picks the 4-stage cluster, which measured 4% faster there than the best point alone."""
     model = matmul(*shape, np.random.default_rng(0))
     t, params = _predicted(model, {}, precision)
-    t1, p1 = _predicted(model, {"CLUSTER": 1}, precision)
-    t2, _ = _predicted(model, {"CLUSTER": 2}, precision)
-    assert params == p1 and params["CLUSTER"] == 1 and t2 > t1
+    t1, _ = _predicted(model, {"CLUSTER": 1}, precision)
+    assert params["CLUSTER"] == 2 and params["STAGES"] >= 4 and (params["BM"], params["BN"]) == (128, 192) and t < t1
 
 
 def test_cluster_would_pay_where_a_profile_says_an_sm_takes_bytes_in_faster():

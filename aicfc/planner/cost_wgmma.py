@@ -17,7 +17,7 @@ fetches the next tile:
                  benchmarks/results/sm_90_h200_fp16.json; about 76 GB/s, 38 B/cycle, per SM)
     t_ingress  = 128·(BM + BN) / sm_ingress                         the bytes landing in this SM's shared
                  memory, multicast or not (profile `sm_ingress_gbs`, per SM; default the same share,
-                 l2_bandwidth / SMs). Multicast lowers t_l2 alone, so it pays only where a profile says
+                 l2_bandwidth / SMs). Multicast lowers t_l2 alone, so in the k-blocks it pays only where a profile says
                  an SM takes bytes in faster than its share of L2 reads. On the H100 it did not: the
                  64x192 ping-pong tile, L2-bound here, measured 44.6 us alone and 42.2 clustered on
                  4096x3072x768 where halving B's L2 bytes predicted 31 us; 128x256 on 4096^3 201 and 203
@@ -34,9 +34,13 @@ fetches the next tile:
                  + split-k (SPLITK > 1): the partial tile written; the last split's reads of all
                  of them and splitk_overhead_us are added once (t_reduce, its critical path)
     t_fill     = load_latency · (1 + k-blocks the ring cannot cover)   first tile of each block
+                 + 128·(BM + BN/CLUSTER) / (l2_bandwidth / SMs)
+                                      the first k-block's bytes: every SM asks for its first stages at
+                                      once, so they cross L2 at the SM's share (a cluster pulls half of
+                                      B, multicast to both CTAs: its first stage lands sooner)
     t          = launch + t_fill + max(t_tiles + t_reduce, t_dram)
-                 + CLUSTER_US (CLUSTER = 2: the cluster barriers at start and exit and the two CTAs'
-                 start skew, which the first stages wait out)
+                 + CLUSTER_US (CLUSTER = 2: what a launch of clusters costs beyond that; 0 measured since
+                 the exit's cluster barrier gave way to the producer tail, codegen/gemm_wgmma.py)
     cluster scheduling: CLUSTER = 2 runs CTAS = 2·min(pairs, SMs/2) CTAs (a cluster needs two SMs
                  of one GPC: 66 clusters on 132 SMs; cuOccupancyMaxActiveClusters said 66 on the
                  H100 for the 128x192 and 128x256 tiles) and a CTA walks ceil(pairs / clusters)
@@ -70,12 +74,14 @@ EPILOGUE_US = 0.3          # fixed cost of a tile's epilogue: the wait, address 
 WGMMA_ISSUE_CYCLES = 8     # tensor-pipe cycles an m64nNk16 loses to its issue, against N/2 of work
 TMA_LATENCY_US = 1.0      # a TMA box's round trip from DRAM under load (profile: tma_latency_us)
 # CLUSTER = 2, measured on an H100 (fp16, graph-replayed, 2 rounds; benchmarks/results/gemm_cluster_h100.txt):
-# 128x192 tiles on 4096x3072x768 took 31.7 us alone, 35.9 us clustered with 3 stages and 32.0 with 4; on
-# 4096x768x768 11.2, 12.5 and 12.9 us. Three stages lose about 0.09 us a k-block: the release across SMs
-# adds about 0.26 us to the round trip the ring covers (profile: cluster_release_us); with the round trip
-# covered, about 1 us a launch remains (profile: cluster_overhead_us).
+# 128x192 tiles on 4096x3072x768 took 31.7 us alone, 35.9 us clustered with 3 stages and 32.0 with 4. Three
+# stages lose about 0.09 us a k-block: the release across SMs adds about 0.26 us to the round trip the ring
+# covers (profile: cluster_release_us). A fixed ~1.7 us a launch that those kernels also paid was the exit's
+# cluster barrier (its release semantics waited for the epilogue's stores); with the producer tail instead
+# (benchmarks/results/gemm_wgmma_h100_session5.txt) 4096x768x768 took 10.46 us clustered (4 stages) against
+# 10.88 alone, 4096x3072x768 29.8: nothing fixed is left to charge (profile: cluster_overhead_us).
 CLUSTER_RELEASE_US = 0.26
-CLUSTER_US = 1.0
+CLUSTER_US = 0.0
 EFF_DEFAULT = 0.85         # eff.wgmma_gemm when the profile has none
 
 
@@ -127,7 +133,10 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         per_sm = math.ceil(gemm_wgmma.pairs(k, p)[1] / (p["CTAS"] // 2))
     else:
         per_sm = math.ceil(tiles * sk / p["CTAS"])
-    t_fill = latency * (1 + max(0.0, math.ceil(t_load * ktiles / max(t_kblock * ktiles, 1e-9)) - 1))
+    # the first k-block waits for its bytes too: every SM asks for its first stages at once, so they cross L2 at
+    # the SM's share (a cluster pulls its half of B, multicast to both)
+    t_first = row * (bm + bn / cl) / l2_sm
+    t_fill = latency * (1 + max(0.0, math.ceil(t_load * ktiles / max(t_kblock * ktiles, 1e-9)) - 1)) + t_first
     # DRAM: each operand once; past L2, B is read again by every group of GROUP tile rows (A once)
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
