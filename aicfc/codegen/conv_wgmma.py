@@ -21,7 +21,9 @@ to the async proxy wgmma reads through (`fence.proxy.async`), then arrives on th
 barrier. The producer next waits for the consumers to free k-block it + 1 - STAGES, published
 already while LAG <= STAGES - 1; LAG = STAGES - 2 leaves the consumers one published stage of
 slack. So STAGES >= 3 (LAG >= 1: with LAG = 0 each gatherer would wait for the copies it has
-just issued).
+just issued). Measured (ResNet-50 B32, H200, benchmarks/results/*_session5_h200.txt): STAGES 5 and
+6 ran the 3x3 convolutions' k-blocks no faster than STAGES 3 and 4 did with one group pending, so
+the cost model does not credit the deeper lag (planner/cost_conv_wgmma.py, t_round).
 
 Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (not both
 2: that epilogue spills under ptxas), BN in
