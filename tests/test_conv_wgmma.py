@@ -355,3 +355,40 @@ def test_gpu_wgmma_residual_pairs(precision, gpu_device):
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1, seed=11)
     payload = _gpu_check(model, precision, gpu_device, {"unit": "wgmma"})
     assert {k["params"].get("unit") for k in payload["kernels"] if k["family"] in ("gemm", "conv")} == {"wgmma"}
+
+
+def test_gatherers_keep_stages_minus_one_groups_in_flight():
+    """The gathering producer publishes a stage STAGES - 2 k-blocks late (`gather_lag`): its
+    `cp.async.wait_group` leaves that many groups in flight, the barrier it arrives on is that
+    many k-blocks back, and the tail publishes what is left."""
+    from aicfc.codegen.conv_wgmma import gather_lag
+    from aicfc.codegen.module import render_module
+    model = _conv((2, 64, 14, 14), (64, 64, 3, 3), pads=[1, 1, 1, 1])
+    for st in (3, 4, 5, 6):
+        plan = _stages(model, pin={"unit": "wgmma", "NWG": 2, "BN": 64, "STAGES": st})["plan_memory"]
+        (k,) = [k for k in plan.kernels if k.family == "conv"]
+        assert k.schedule.param["STAGES"] == st
+        src = render_module(plan)
+        lag = gather_lag(st)
+        assert lag == st - 2
+        assert f"cp.async.wait_group {lag};" in src and "cp.async.wait_group 0;" in src
+        assert f"((it - {lag}) % {st})" in src
+
+
+GATHER_DEPTHS = [
+    # one k-block a tile, ~300 tiles over the CTAs: the gatherers' pending groups span tiles
+    ("1x1_s2_persistent", dict(x=(16, 64, 56, 56), w=(136, 64, 1, 1), strides=[2, 2])),
+    ("3x3_odd", dict(x=(3, 64, 30, 26), w=(96, 64, 3, 3), pads=[1, 1, 1, 1])),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages", [3, 4, 5, 6])
+@pytest.mark.parametrize("case", GATHER_DEPTHS, ids=[c for c, _ in GATHER_DEPTHS])
+def test_gpu_gather_depths(case, stages, gpu_device):
+    """Every gather lag (STAGES - 2 = 1 to 4 k-blocks) against numpy float64 at fp16."""
+    spec = dict(case[1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", **spec)
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "NWG": 2, "BN": 64, "STAGES": stages})
+    (k,) = [k for k in payload["kernels"] if k["family"] == "conv"]
+    assert k["params"]["unit"] == "wgmma" and k["params"]["STAGES"] == stages

@@ -14,10 +14,16 @@ run t % 8 of rows t / 8 + 16 j, splits the flat m and k back into loop variables
 the 128-byte swizzle puts it (run r of row i at i·128 + ((r ^ i % 8)·16), tiles 1024-byte
 aligned), so the consumers' wgmma descriptors are the GEMM's. One thread of it loads the
 filter tile with the TMA (the B tensor map). A stage is full when the TMA's bytes landed and
-all 128 gatherers arrived; each gatherer arrives one stage late: it waits for its previous
-group of copies (`cp.async.wait_group 1`), makes them visible to the async proxy wgmma reads
-through (`fence.proxy.async`), then arrives. So STAGES >= 3 (with 2, the producer would wait for
-a stage the consumers free only after the one it has not yet published).
+all 128 gatherers arrived. Each gatherer commits one group of copies a k-block and keeps up to
+`gather_lag(STAGES) + 1` = STAGES - 1 of them in flight: after committing k-block `it` it waits
+until LAG groups are pending (`cp.async.wait_group LAG`), makes k-block it - LAG's copies visible
+to the async proxy wgmma reads through (`fence.proxy.async`), then arrives on that stage's full
+barrier. The producer next waits for the consumers to free k-block it + 1 - STAGES, published
+already while LAG <= STAGES - 1; LAG = STAGES - 2 leaves the consumers one published stage of
+slack. So STAGES >= 3 (LAG >= 1: with LAG = 0 each gatherer would wait for the copies it has
+just issued). Measured (ResNet-50 B32, H200, benchmarks/results/*_session5_h200.txt): STAGES 5 and
+6 ran the 3x3 convolutions' k-blocks no faster than STAGES 3 and 4 did with one group pending, so
+the cost model does not credit the deeper lag (planner/cost_conv_wgmma.py, t_round).
 
 Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (not both
 2: that epilogue spills under ptxas), BN in
@@ -45,6 +51,13 @@ SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 
 RUN = 16                                  # bytes per gathered run
 PRODUCER_REGS, CONSUMER_REGS = 56, 224    # setmaxnreg with NWG = 2: 128·56 + 256·224 <= 65536
 GATHERERS = 128                           # the producer warpgroup's threads
+
+
+def gather_lag(stages: int) -> int:
+    """How many k-blocks late a gatherer publishes a stage (`cp.async.wait_group` of the template's
+    `gather_producer`): it has gather_lag + 1 groups of copies in flight."""
+    assert stages >= 3, stages
+    return stages - 2
 
 
 def k_order(k: Kernel, types: Mapping[str, TensorType]) -> tuple[str, ...] | str:
@@ -259,4 +272,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1,
                   gather=dict(arrivals=GATHERERS + 1, k_lines=klines, m_lines=mlines, rows=p["BM"] // 16, esize=esize,
+                              lag=gather_lag(p["STAGES"]),
                               B_BYTES=p["BN"] * ROW_BYTES, what=f"k = ({', '.join(order)}) flattened"))

@@ -12,13 +12,17 @@ operand gathered instead of loaded by the TMA:
                                                             arithmetic, one 16-byte run per
                                                             GATHER_OPS instructions, 128 per cycle
                  (a stage is published one k-block late, so STAGES - 2 k-blocks cover a round trip)
-    t_round    = GATHER_ROUND_TRIP_US / GATHER_GROUPS         the gatherers' own round trips: each
-                 waits for its previous group of copies (`cp.async.wait_group 1`) before it arrives,
-                 so GATHER_GROUPS = 2 k-blocks of its copies are in flight whatever STAGES is, and a
-                 k-block costs at least half a gathered copy's round trip through a loaded L2.
-                 Fitted: ResNet-50 B32 on an H200 ran every gathered convolution (3x3 and strided
-                 1x1, BN 64 to 256, STAGES 3 and 4) at 0.5-0.75 us a k-block, where the other terms
-                 said 0.3 (tests/test_cost_conv_wgmma.py pins those measurements).
+    t_round    = GATHER_ROUND_TRIP_US / GATHER_GROUPS         the gatherers' own round trips: a
+                 k-block costs at least half a gathered copy's round trip through a loaded L2,
+                 whatever STAGES is. Each gatherer keeps gather_lag + 1 = STAGES - 1 groups of copies
+                 in flight (`cp.async.wait_group STAGES - 2`), but on ResNet-50 B32 (H200, session 5)
+                 STAGES 5 and 6 (4 and 5 groups) ran every gathered 3x3 convolution at the k-block
+                 time STAGES 3 and 4 (2 groups, `wait_group 1`) had: 0.7-0.9 us, so the term does not
+                 divide by the groups in flight. (Suspected: each publication's `fence.proxy.async`
+                 waits for all of the thread's copies, not only the completed groups.) Fitted:
+                 ResNet-50 B32 on an H200 ran every gathered convolution (3x3 and strided 1x1, BN 64
+                 to 256, STAGES 3 to 6) at 0.5-0.9 us a k-block, where the other terms said 0.3
+                 (tests/test_cost_conv_wgmma.py pins those measurements).
     t_epilogue = BM·BN·out_bytes·STORE_WASTE / (l2_bandwidth / SMs) + EPILOGUE_US
                  + BM·BN·(epilogue instructions + STORE_OPS) / EPILOGUE_RATE·sqrt(warpgroups)
                  (one element per store from the accumulators: STORE_WASTE sectors' worth)
@@ -49,7 +53,7 @@ GATHER_OPS = 24     # integer instructions per gathered run: split m and k, the 
 STORE_WASTE = 4     # a 16-bit element stored alone uses a quarter of the 32-byte sector it touches
 CLOCK_MHZ = 1755    # the SM clock the producer's issue rate is counted at (profile: clock_mhz)
 GATHER_ROUND_TRIP_US = 1.3   # a gathered 16-byte copy's round trip under load (profile: conv_gather_round_trip_us)
-GATHER_GROUPS = 2            # k-blocks of copies a gatherer has in flight (`cp.async.wait_group 1`)
+GATHER_GROUPS = 2            # the groups of copies in flight that measured times bear out (not STAGES - 1: see t_round)
 
 
 def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
