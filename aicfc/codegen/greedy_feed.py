@@ -8,19 +8,20 @@ after the plan, on the same stream:
 - `argmax` (grid B, one block a row): the next token of each row is the argmax of the row's
   last logits, read in their storage dtype (fp16/bf16 widen to float exactly, so the order is
   the float32 interface's): the largest value, NaN above every number, the first index among
-  equals, as numpy's and torch's argmax. A row that met a stop token repeats it; a NaN sets a
-  flag, which the executor turns into the host path's error. The token goes to `last` in the
-  control words and to the log, at row `step % log_rows`.
+  equals, as numpy's and torch's argmax. A row that met a stop token repeats it. The first
+  step whose logits hold a NaN is recorded, and the executor refuses it as the host path does.
+  The token goes to `last` in the control words and to the log, at row `step % log_rows`.
 - `advance` (one warp): `last` into `input_ids` (in its dtype), step and position + 1, the
   position into `cache_position`. A second launch, so that nothing is written into the arena
   while a block still reads logits: the plan may have placed the inputs anywhere.
 
 The control words are int64 at device memory the executor allocates: [0] step, [1] position,
-[2] NaN flag, [3] number of stop tokens, [4, 4 + B) done flags, [4 + B, 4 + 2B) last tokens,
-[4 + 2B, 4 + 2B + max_stops) stop token ids (the `control` record). With them the executor
-captures plan + feed into one CUDA graph and replays it N times with no host sync between
-steps, reading the log back every few steps. Everything shape-dependent (B, V, vector width,
-offsets, thread count) is fixed here and recorded in the plan's `greedy` record.
+[2] the first step whose logits held a NaN, plus one (0: none), [3] number of stop tokens,
+[4, 4 + B) done flags, [4 + B, 4 + 2B) last tokens, [4 + 2B, 4 + 2B + max_stops) stop token
+ids (the `control` record). With them the executor captures plan + feed into one CUDA graph
+and replays it N times with no host sync between steps, reading the log back every few steps
+(aicf_run/greedy_feed.py). Everything shape-dependent (B, V, vector width, offsets, thread
+count) is fixed here and recorded in the plan's `greedy` record.
 """
 from __future__ import annotations
 
@@ -136,7 +137,8 @@ def add_greedy_feed(payload: dict[str, Any]) -> dict[str, Any]:
         "log_rows": LOG_ROWS, "max_stops": MAX_STOPS,
         "control": {"words": control_words(batch), "head": list(CONTROL_HEAD), "done": len(CONTROL_HEAD),
                     "last": len(CONTROL_HEAD) + batch, "stop_ids": len(CONTROL_HEAD) + 2 * batch},
-        "nan": "NaN is above every number (numpy's and torch's argmax); any NaN sets the control's nan flag",
+        "nan": "NaN is above every number (numpy's and torch's argmax); the first step meeting one is recorded "
+               "and aicf-run refuses it as the host path does",
         "ties": "the first index",
         "reason": reason,
     }
