@@ -302,7 +302,7 @@ def _decode_on_device(feed: GreedyFeed, tokens: list[np.ndarray], done: np.ndarr
                 finished = True
                 break
         if not finished:
-            if progress is not None:
+            if progress is not None and len(tokens) < max_new_tokens:   # generate reports the end
                 progress(len(tokens), max_new_tokens)
             if enqueued < steps:
                 enqueue()
