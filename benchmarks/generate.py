@@ -173,35 +173,49 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-pdl", action="store_true", help="compile with aicfc compile --no-pdl (plain launches)")
+    ap.add_argument("--compile-only", action="store_true", help="build the model and compile its bundles, then stop")
+    ap.add_argument("--reuse", action="store_true", help="use the bundles already in --folder (an earlier "
+                    "--compile-only with the same options) instead of compiling")
     args = ap.parse_args()
     cfg = DecoderConfig(2048, args.layers, 32, 8, 5632, 32000, args.prompt + args.new)
     folder = Path(args.folder)
     rng = np.random.default_rng(0)
     start = time.perf_counter()
     weights = {n: random_weight(n, s, rng) for n, s in weight_shapes(cfg).items()}
-    path = build(folder, cfg, weights)
+    path = folder / "model.onnx" if args.reuse else build(folder, cfg, weights)
     print(f"model: {cfg.parameters / 1e9:.2f} B parameters, {args.layers} layers, cache {cfg.slots} slots; "
           f"built in {time.perf_counter() - start:.0f} s", flush=True)
     from aicfc.artifact import write_bundle
     from aicfc.driver import compile_plans
-    bw = copy_bandwidth_gbs()
-    print(f"copy bandwidth: {bw:.0f} GB/s (read + write)", flush=True)
+    bw = None if args.compile_only else copy_bandwidth_gbs()
+    if bw is not None:
+        print(f"copy bandwidth: {bw:.0f} GB/s (read + write)", flush=True)
     results = {"config": cfg.__dict__, "parameters": cfg.parameters, "copy_bandwidth_gbs": bw, "runs": []}
     for batch in args.batch:
         start = time.perf_counter()
         bundle = folder / f"model_b{batch}.aicf"
-        payload = compile_plans(str(path), [shape_set(cfg, batch, args.prompt), shape_set(cfg, batch, 1)],
-                                precision="fp16", jobs=args.jobs, dependent_launch=not args.no_pdl)
-        write_bundle(payload, bundle)
-        del payload
-        compiled = time.perf_counter() - start
-        print(f"B{batch}: compiled 2 plans in {compiled:.0f} s", flush=True)
+        if args.reuse and bundle.is_file():
+            print(f"B{batch}: the bundle compiled earlier, {bundle}", flush=True)
+            compiled = float("nan")
+        else:
+            payload = compile_plans(str(path), [shape_set(cfg, batch, args.prompt), shape_set(cfg, batch, 1)],
+                                    precision="fp16", jobs=args.jobs, dependent_launch=not args.no_pdl)
+            write_bundle(payload, bundle)
+            del payload
+            compiled = time.perf_counter() - start
+            print(f"B{batch}: compiled 2 plans in {compiled:.0f} s", flush=True)
+        if args.compile_only:
+            continue
+        assert bw is not None
         prompt = np.random.default_rng(batch).integers(0, cfg.vocab, (batch, args.prompt)).astype(np.int64)
         ours = aicf_side(bundle, cfg, batch, prompt, args.new, args.profile)
         row = {"batch": batch, "compile_s": compiled, "aicf": ours}
         live = args.prompt + args.new / 2
         limit_step_ms = step_bytes(cfg, batch, live) / (bw * 1e9) * 1e3
         row["bandwidth_limit_step_ms"] = limit_step_ms
+        print(f"B{batch} P{args.prompt} +{args.new}: aicf TTFT {ours['ttft_ms']:.2f} ms, step {ours['step_ms']:.3f} ms "
+              f"(greedy on the device), host greedy step {ours['host_greedy_step_ms']:.3f} ms, decode plan replay "
+              f"{ours['decode_plan_replay_us'] / 1e3:.3f} ms", flush=True)
         if not args.no_peer:
             peer = peer_side(cfg, weights, prompt, args.new)
             row["peer"] = peer
