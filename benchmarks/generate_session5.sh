@@ -1,3 +1,5 @@
+# The device command of session 5 (issue 19), as run: it produced benchmarks/results/generate_session5_h100.txt.
+# (compute-sanitizer was not run: the shared device budget left no second run.)
 set -x
 date -u
 nvidia-smi --query-gpu=name --format=csv,noheader
