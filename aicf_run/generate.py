@@ -11,14 +11,29 @@ steps only the token ids and one position go to the GPU and only the last positi
 come back. The next token is chosen on the host from those logits: greedy (argmax, the first
 on ties, as torch's), or sampled with a temperature, top-k and top-p from a seeded generator.
 
+Greedy decoding of a bundle whose decode plan has a greedy feed ([Note: greedy feed] in
+aicfc/codegen/greedy_feed.py; aicf_run/greedy_feed.py) chooses on the device instead: the first
+token still comes from the host (from the prefill's logits), then [decode plan + argmax +
+advance] is one CUDA graph replayed step after step with no host work in between; the host
+reads the device's token log back every CHUNK_STEPS steps, keeping one chunk in flight while it
+reads the previous one. The device applies the same rules (first index on ties, a row that met
+a stop token repeats it, logits holding NaN are refused at the step that meets them), so the
+tokens are the host path's; when every row has stopped, the steps already enqueued (at most two
+chunks) still run, and their tokens are dropped. Sampling, more stop tokens than the feed
+holds, `device_greedy=False` and bundles without a feed take the host path.
+
 Times are wall-clock on the host around GPU work it waits for: time to first token is the
 prefill plus the first choice; decode is every later step, so tokens per second counts the
-tokens after the first, per sequence (times B for the batch).
+tokens after the first, per sequence (times B for the batch). On the device path decode ends
+when the GPU is idle again, the steps past the last stop included; the feed's one-time setup
+(its module, memory and graph capture, at the executor's first greedy generation) is outside
+both times, as the plans' own graph captures at load are.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +41,16 @@ from typing import Any
 import numpy as np
 
 from aicf_run.errors import RunError
+from aicf_run.greedy_feed import SLOTS, GreedyFeed, greedy_feed
 from aicf_run.plan_set import PlanSet, same_state
 
 IDS, POSITION, LOGITS = "input_ids", "cache_position", "logits"
 _INTEGER = ("int64", "int32")
+# Steps between read-backs of the device's token log on the greedy device path: a read-back
+# costs the host tens of microseconds against a step of a millisecond, and at most two chunks
+# run past the step where the last row stopped.
+CHUNK_STEPS = 8
+_NAN = "the model's logits hold NaN; check the bundle with `aicf-run BUNDLE --check MODEL.onnx`"
 
 
 @dataclass(frozen=True)
@@ -161,7 +182,7 @@ def prefill_lengths(length: int, available: Sequence[int]) -> list[int]:
 def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
     """The next token of every row of `logits` [B, V] ([Note: generation])."""
     if np.isnan(logits).any():
-        raise RunError("the model's logits hold NaN; check the bundle with `aicf-run BUNDLE --check MODEL.onnx`")
+        raise RunError(_NAN)
     if sampling.greedy:
         return logits.argmax(axis=-1)
     scaled = logits.astype(np.float64) / sampling.temperature
@@ -181,10 +202,11 @@ def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> 
 
 def generate(model: Any, prompt: np.ndarray, max_new_tokens: int, sampling: Sampling = Sampling(),
              stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
-             reset: bool = True) -> Generation:
+             reset: bool = True, device_greedy: bool = True) -> Generation:
     """Generate up to `max_new_tokens` after `prompt` [B, P] (integer token ids) on a loaded
     decoder bundle (aicf_run.load); stops early once every row has produced a stop token. The
-    cache is zeroed first unless `reset=False`. See [Note: generation]."""
+    cache is zeroed first unless `reset=False`. Greedy decoding runs on the device where the
+    bundle has a greedy feed, unless `device_greedy=False`. See [Note: generation]."""
     plans, by_length = decoder_plans(model)
     prompt = np.asarray(prompt)
     if prompt.ndim == 1:
@@ -200,6 +222,12 @@ def generate(model: Any, prompt: np.ndarray, max_new_tokens: int, sampling: Samp
     ids_dtype, pos_dtype = np.dtype(plans.ids_dtype), np.dtype(plans.position_dtype)
     rng = np.random.default_rng(sampling.seed)
     stops = np.asarray(list(stop_tokens), dtype=np.int64)
+    step = by_length[1]
+    feed = None
+    if device_greedy and sampling.greedy and max_new_tokens > 1:
+        feed = greedy_feed(step)   # built once per executor, before the clocks start
+        if feed is not None and len(stops) > feed.max_stops:
+            feed = None
     if reset:
         model.reset_state()
     start = time.perf_counter()
@@ -215,8 +243,9 @@ def generate(model: Any, prompt: np.ndarray, max_new_tokens: int, sampling: Samp
     ttft = time.perf_counter() - start
     tokens = [token]
     done = np.isin(token, stops)
-    step = by_length[1]
     decode_start = time.perf_counter()
+    if feed is not None and not done.all():
+        tokens, done = _decode_on_device(feed, tokens, done, at, stops, max_new_tokens, progress)
     position = np.empty(1, dtype=pos_dtype)
     while len(tokens) < max_new_tokens and not done.all():
         if progress is not None:
@@ -233,3 +262,56 @@ def generate(model: Any, prompt: np.ndarray, max_new_tokens: int, sampling: Samp
         progress(len(tokens), max_new_tokens)
     return Generation(np.stack(tokens, axis=1).astype(np.int64), int(prompt.shape[1]), ttft, decode, runs,
                       [bool(d) for d in done])
+
+
+def _decode_on_device(feed: GreedyFeed, tokens: list[np.ndarray], done: np.ndarray, at: int, stops: np.ndarray,
+                      max_new_tokens: int, progress: Callable[[int, int], None] | None
+                      ) -> tuple[list[np.ndarray], np.ndarray]:
+    """The greedy decode steps on the device ([Note: generation]): `tokens` (the first one,
+    chosen on the host) with the rest appended, up to `max_new_tokens` or until every row has
+    stopped, and the rows' done flags. Returns with the GPU idle."""
+    steps = max_new_tokens - len(tokens)
+    chunk = max(1, min(CHUNK_STEPS, feed.log_rows))
+    feed.start(tokens[-1], at, stops, done)
+    pending: deque[tuple[int, int, int]] = deque()   # (first step, steps, read-back slot)
+    enqueued = chunks = 0
+
+    def enqueue() -> None:
+        nonlocal enqueued, chunks
+        count = min(chunk, steps - enqueued)
+        slot = chunks % SLOTS
+        feed.launch(count)
+        feed.read_back(slot)
+        pending.append((enqueued, count, slot))
+        enqueued += count
+        chunks += 1
+
+    while len(pending) < SLOTS and enqueued < steps:
+        enqueue()
+    finished = False
+    while pending and not finished:
+        first, count, slot = pending.popleft()
+        rows, nan_step = feed.collect(slot, first, count)
+        for j, row in enumerate(rows):
+            if nan_step == first + j:
+                _drain(feed, pending)
+                raise RunError(_NAN)
+            tokens.append(row)
+            done = done | np.isin(row, stops)
+            if done.all():
+                finished = True
+                break
+        if not finished:
+            if progress is not None and len(tokens) < max_new_tokens:   # generate reports the end
+                progress(len(tokens), max_new_tokens)
+            if enqueued < steps:
+                enqueue()
+    _drain(feed, pending)
+    return tokens, done
+
+
+def _drain(feed: GreedyFeed, pending: deque[tuple[int, int, int]]) -> None:
+    """Wait for the chunks still in flight (steps past the last stop), so the GPU is idle."""
+    while pending:
+        first, count, slot = pending.popleft()
+        feed.collect(slot, first, count)

@@ -42,16 +42,19 @@ from aicf_run.errors import RunError
 @click.option("--json", "as_json", is_flag=True, help="Print the report (tokens and timings) as JSON.")
 @click.option("--device", "device_ordinal", default=0, show_default=True, type=click.IntRange(min=0))
 @click.option("--no-graph", is_flag=True, help="Launch kernels one by one instead of replaying CUDA graphs.")
+@click.option("--host-greedy", is_flag=True,
+              help="Choose greedy tokens on the host after every step instead of on the device (the bundle's "
+                   "greedy feed).")
 def generate_command(bundle_path: str, prompt: str | None, prompt_length: int | None, vocab: int | None,
                      max_new_tokens: int, temperature: float, top_k: int, top_p: float, seed: int,
                      stop_tokens: tuple[int, ...], output: str | None, as_json: bool, device_ordinal: int,
-                     no_graph: bool) -> None:
+                     no_graph: bool, host_greedy: bool) -> None:
     """Generate tokens with a decoder BUNDLE whose KV cache is state: the prompt through its
     prefill plans, then one token at a time through its decode plan (S = 1)."""
     from aicf_run.cli import _fail
     try:
         _generate(bundle_path, prompt, prompt_length, vocab, max_new_tokens, temperature, top_k, top_p, seed,
-                  stop_tokens, output, as_json, device_ordinal, not no_graph)
+                  stop_tokens, output, as_json, device_ordinal, not no_graph, not host_greedy)
     except RunError as err:
         _fail(str(err))
     except OSError as err:
@@ -84,7 +87,7 @@ def _prompt_ids(prompt: str | None, length: int | None, batch: int, vocab: int, 
 
 def _generate(bundle_path: str, prompt: str | None, length: int | None, vocab: int | None, max_new: int,
               temperature: float, top_k: int, top_p: float, seed: int, stops: tuple[int, ...],
-              output: str | None, as_json: bool, device_ordinal: int, graph: bool) -> None:
+              output: str | None, as_json: bool, device_ordinal: int, graph: bool, device_greedy: bool) -> None:
     from aicf_run.bundle import read_bundle
     from aicf_run.generate import LOGITS, Sampling, decoder_interface, generate
 
@@ -113,7 +116,8 @@ def _generate(bundle_path: str, prompt: str | None, length: int | None, vocab: i
             if now - shown[0] >= 0.5 or done == total:
                 shown[0] = now
                 click.echo(f"\rgenerating: {done}/{total} tokens", err=True, nl=done == total)
-        result = generate(model, ids, max_new, sampling, stops, progress=None if as_json else progress)
+        result = generate(model, ids, max_new, sampling, stops, progress=None if as_json else progress,
+                          device_greedy=device_greedy)
         gpu = device.name
     finally:
         device.close()

@@ -12,6 +12,7 @@ import onnx
 from aicfc.artifact.payload import build_payload, converted
 from aicfc.artifact.plans import merge_plans
 from aicfc.codegen import pdl
+from aicfc.codegen.greedy_feed import add_greedy_feed
 from aicfc.codegen.io_cast import build_casts
 from aicfc.codegen.module import OnKernel, build_modules, count_registers, resolve_jobs
 from aicfc.errors import AicfError
@@ -68,6 +69,9 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
         (Path(dump_ir) / f"module_{len(modules)}.cu").write_text(casts[0].source)
     payload = build_payload(result, plan, modules, profile, precision, digest, casts)
     payload["launch"] = {"mode": launch, "reason": why}
+    payload = add_greedy_feed(payload)   # [Note: greedy feed]: decode plans of decoders only
+    if dump_ir is not None and "greedy" in payload:
+        (Path(dump_ir) / f"module_{payload['greedy']['module']}.cu").write_text(payload["modules"][-1]["source"])
     return payload
 
 

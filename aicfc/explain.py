@@ -17,6 +17,8 @@ KERNEL_KEYS = ("name", "onnx_nodes", "family", "params", "grid", "block", "smem_
 CANDIDATE_KEYS = ("params", "predicted_time_us", "rejected_because")
 INPLACE_KEYS = ("kernel", "output", "reuses", "reason")
 REWRITE_KEYS = ("kind", "rule", "target", "applied", "reason", "bytes_saved")
+# [Note: greedy feed] in codegen/greedy_feed.py: a decode plan's device-side greedy step
+GREEDY_KEYS = ("argmax", "advance", "batch", "vocab", "vector", "log_rows", "max_stops", "nan", "ties", "reason")
 
 
 def _only(record: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -52,7 +54,7 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         # [Note: PDL]: how the kernels follow each other (absent in bundles from before: "stream")
         "launch": {"mode": payload.get("launch", {}).get("mode", "stream"),
                    "reason": payload.get("launch", {}).get("reason", "")},
-    }
+    } | ({"greedy": _only(payload["greedy"], GREEDY_KEYS)} if "greedy" in payload else {})
 
 
 def check_explainable(payload: dict[str, Any]) -> None:
@@ -205,6 +207,10 @@ def explain_text(payload: dict[str, Any]) -> str:
     for st in e["state"]:
         out.append(f"    {st['name']} -> {st['output']} {st['dtype']}{st['shape']}: {st['kernel']} writes "
                    f"{_bytes(st['write_bytes'])} per run instead of {_bytes(st['copy_bytes'])} for a copy; {st['reason']}")
+    if "greedy" in e:
+        g = e["greedy"]
+        out.append(f"greedy feed: {g['argmax']['symbol']} grid={g['argmax']['grid']} block={g['argmax']['block']}, "
+                   f"then {g['advance']['symbol']}; {g['reason']}; ties: {g['ties']}; {g['nan']}")
     out.append("")
     out.append("rewrites considered:")
     for r in e["rewrites"]:

@@ -13,7 +13,9 @@ fp16, `cache_implementation="static"`, its forward compiled with mode="reduce-ov
 
 Both sides are timed the same way, wall-clock around whole `generate` calls that end with the
 GPU idle: time to first token = a 1-token generation; decode = (t(new) - t(1)) / (new - 1) per
-step; medians of 3 runs after warm-up runs of both lengths. The bandwidth limit: the bytes one
+step; medians of 3 runs after warm-up runs of both lengths. aicf's greedy tokens are chosen on
+the device ([Note: greedy feed]); the host path (logits back and argmax on the host every step)
+is timed too, as `host greedy`. The bandwidth limit: the bytes one
 decode step must read (every weight but the embedding table, which is read by row, plus the
 live K/V cache at the mean length, prompt + new / 2) over the copy bandwidth measured here
 (a device-to-device copy of 2 GiB, bytes read + written per second). `--profile` also times
@@ -95,9 +97,15 @@ def aicf_side(path: Path, cfg: DecoderConfig, batch: int, prompt: np.ndarray, ne
         t1 = timed(lambda: model.generate(prompt, 1))
         tn = timed(lambda: model.generate(prompt, new))
         result = model.generate(prompt, new)
+        # the host path ([Note: generation]): every step's logits back and argmax on the host
+        model.generate(prompt, 4, device_greedy=False)
+        th = timed(lambda: model.generate(prompt, new, device_greedy=False))
+        host = model.generate(prompt, new, device_greedy=False)
         decode_plan = next(i for i, p in enumerate(model.plans) if p.shapes["input_ids"][1] == 1)
         replay = model.bench(50, graph=True, plan=decode_plan)
         out = {"ttft_ms": 1e3 * t1, "step_ms": 1e3 * (tn - t1) / (new - 1),
+               "host_greedy_step_ms": 1e3 * (th - t1) / (new - 1),
+               "device_equals_host": bool((result.tokens == host.tokens).all()),
                "internal": {k: v for k, v in result.as_dict().items() if k != "tokens"},
                "tokens": result.tokens[:, :32].tolist(),
                "decode_plan_replay_us": replay.graph.median_us}
@@ -165,35 +173,49 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-pdl", action="store_true", help="compile with aicfc compile --no-pdl (plain launches)")
+    ap.add_argument("--compile-only", action="store_true", help="build the model and compile its bundles, then stop")
+    ap.add_argument("--reuse", action="store_true", help="use the bundles already in --folder (an earlier "
+                    "--compile-only with the same options) instead of compiling")
     args = ap.parse_args()
     cfg = DecoderConfig(2048, args.layers, 32, 8, 5632, 32000, args.prompt + args.new)
     folder = Path(args.folder)
     rng = np.random.default_rng(0)
     start = time.perf_counter()
     weights = {n: random_weight(n, s, rng) for n, s in weight_shapes(cfg).items()}
-    path = build(folder, cfg, weights)
+    path = folder / "model.onnx" if args.reuse else build(folder, cfg, weights)
     print(f"model: {cfg.parameters / 1e9:.2f} B parameters, {args.layers} layers, cache {cfg.slots} slots; "
           f"built in {time.perf_counter() - start:.0f} s", flush=True)
     from aicfc.artifact import write_bundle
     from aicfc.driver import compile_plans
-    bw = copy_bandwidth_gbs()
-    print(f"copy bandwidth: {bw:.0f} GB/s (read + write)", flush=True)
+    bw = None if args.compile_only else copy_bandwidth_gbs()
+    if bw is not None:
+        print(f"copy bandwidth: {bw:.0f} GB/s (read + write)", flush=True)
     results = {"config": cfg.__dict__, "parameters": cfg.parameters, "copy_bandwidth_gbs": bw, "runs": []}
     for batch in args.batch:
         start = time.perf_counter()
         bundle = folder / f"model_b{batch}.aicf"
-        payload = compile_plans(str(path), [shape_set(cfg, batch, args.prompt), shape_set(cfg, batch, 1)],
-                                precision="fp16", jobs=args.jobs, dependent_launch=not args.no_pdl)
-        write_bundle(payload, bundle)
-        del payload
-        compiled = time.perf_counter() - start
-        print(f"B{batch}: compiled 2 plans in {compiled:.0f} s", flush=True)
+        if args.reuse and bundle.is_file():
+            print(f"B{batch}: the bundle compiled earlier, {bundle}", flush=True)
+            compiled = float("nan")
+        else:
+            payload = compile_plans(str(path), [shape_set(cfg, batch, args.prompt), shape_set(cfg, batch, 1)],
+                                    precision="fp16", jobs=args.jobs, dependent_launch=not args.no_pdl)
+            write_bundle(payload, bundle)
+            del payload
+            compiled = time.perf_counter() - start
+            print(f"B{batch}: compiled 2 plans in {compiled:.0f} s", flush=True)
+        if args.compile_only:
+            continue
+        assert bw is not None
         prompt = np.random.default_rng(batch).integers(0, cfg.vocab, (batch, args.prompt)).astype(np.int64)
         ours = aicf_side(bundle, cfg, batch, prompt, args.new, args.profile)
         row = {"batch": batch, "compile_s": compiled, "aicf": ours}
         live = args.prompt + args.new / 2
         limit_step_ms = step_bytes(cfg, batch, live) / (bw * 1e9) * 1e3
         row["bandwidth_limit_step_ms"] = limit_step_ms
+        print(f"B{batch} P{args.prompt} +{args.new}: aicf TTFT {ours['ttft_ms']:.2f} ms, step {ours['step_ms']:.3f} ms "
+              f"(greedy on the device), host greedy step {ours['host_greedy_step_ms']:.3f} ms, decode plan replay "
+              f"{ours['decode_plan_replay_us'] / 1e3:.3f} ms", flush=True)
         if not args.no_peer:
             peer = peer_side(cfg, weights, prompt, args.new)
             row["peer"] = peer
@@ -202,8 +224,10 @@ def main() -> None:
             row["greedy_agreement_first_32"] = agree
         results["runs"].append(row)
         line = (f"B{batch} P{args.prompt} +{args.new}: aicf TTFT {ours['ttft_ms']:.2f} ms, step {ours['step_ms']:.3f} ms "
-                f"({1e3 / ours['step_ms']:.0f} tok/s per sequence); bandwidth limit step {limit_step_ms:.3f} ms "
-                f"-> {100 * limit_step_ms / ours['step_ms']:.0f}% of it")
+                f"({1e3 / ours['step_ms']:.0f} tok/s per sequence; greedy on the device; host greedy "
+                f"{ours['host_greedy_step_ms']:.3f} ms, decode plan replay {ours['decode_plan_replay_us'] / 1e3:.3f} ms, "
+                f"device tokens == host tokens: {ours['device_equals_host']}); bandwidth limit step "
+                f"{limit_step_ms:.3f} ms -> {100 * limit_step_ms / ours['step_ms']:.0f}% of it")
         if "peer" in row:
             p = row["peer"]
             line += (f"; transformers+compile TTFT {p['ttft_ms']:.2f} ms, step {p['step_ms']:.3f} ms: "

@@ -126,3 +126,130 @@ def test_cli_generate(tmp_path, gpu_device, expected):
     text = CliRunner().invoke(run_main, ["generate", str(path), "--prompt", str(prompt), "--stop-token", str(stop),
                                          "--temperature", "0.7", "--top-k", "5", "--seed", "3"])
     assert text.exit_code == 0 and "time to first token" in text.output, text.output
+
+
+# ---------------------------------------------------------------- greedy on the device ([Note: greedy feed])
+
+
+def _counting_choose(monkeypatch) -> list[int]:
+    """Count the host's choices: the device path makes one (the first token), the host path one a step."""
+    import aicf_run.generate as gen
+    calls, choose = [], gen.choose
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return choose(*args, **kwargs)
+    monkeypatch.setattr(gen, "choose", counted)
+    return calls
+
+
+@pytest.mark.parametrize("logits,ids,batch,rows,vocab", [("float16", "int64", 5, 1, 32000),
+                                                          ("bfloat16", "int32", 5, 3, 1000),
+                                                          ("float32", "int64", 5, 1, 131)])
+def test_feed_kernels_are_numpys_argmax(gpu_device, logits, ids, batch, rows, vocab):
+    """The argmax and advance kernels alone, on crafted rows: ties, -inf, NaN, the last index,
+    a row already done, a stop token; against numpy's argmax of the float32 widening."""
+    from aicfc.codegen.greedy_feed import CONTROL_HEAD, control_words, plan_feed, render_feed
+    from aicfc.codegen.nvcc import build
+    from tests.test_generate_feed import fake_payload
+    values = plan_feed(fake_payload(batch, rows, vocab, logits, ids))
+    cuda = gpu_device.driver
+    module = cuda.module_from_buffer(build(render_feed(values), gpu_device.arch).cubin)
+    argmax, advance = module.get_function(values["argmax"]), module.get_function(values["advance"])
+    rng = np.random.default_rng(vocab)
+    x = rng.standard_normal((batch, rows, vocab)).astype(np.float32)
+    last = x[:, -1]
+    last[0, [7, vocab // 2]] = 50.0                    # a tie: the first index
+    last[1] = -np.inf                                  # all -inf: index 0
+    last[2, [5, vocab - 3]] = np.nan                   # NaN above everything, the first NaN
+    last[2, 9] = np.inf
+    last[3, vocab - 1] = 60.0                          # the last index
+    last[4, 0] = last[4, vocab - 1] = 70.0             # first and last equal
+    if logits == "bfloat16":   # the top 16 bits of float32 (truncated), widened back exactly
+        x = (x.view(np.uint32) >> 16).astype(np.uint16)
+        wide = (x.astype(np.uint32) << 16).view(np.float32)
+    else:
+        x = x.astype(np.float16 if logits == "float16" else np.float32)
+        wide = x.astype(np.float32)
+    want = wide[:, -1].argmax(-1)
+    assert want[0] == 7 and want[1] == 0 and want[2] == 5 and want[3] == vocab - 1 and want[4] == 0
+    head = len(CONTROL_HEAD)
+    control = np.zeros(control_words(batch), np.int64)
+    control[1], control[3] = 41, 1                     # position, one stop token
+    control[head + 3] = 0
+    control[head + 4] = 1                              # row 4 is done: it repeats its last token
+    control[head + batch + 4] = 123
+    control[head + 2 * batch] = vocab - 1              # row 3 meets the stop token
+    allocations = [cuda.mem_alloc(n) for n in (x.nbytes, 64 * batch * 8, control.nbytes, batch * 8, 8)]
+    try:
+        d_logits, d_log, d_control, d_ids, d_pos = allocations
+        cuda.memcpy_htod(d_logits, np.ascontiguousarray(x).view(np.uint8))
+        cuda.memcpy_htod(d_control, control)
+        argmax(d_logits, d_log, d_control, grid=(batch, 1), block=(values["threads"], 1, 1))
+        advance(d_ids, d_pos, d_control, grid=(1, 1), block=(32, 1, 1))
+        gpu_device.context.synchronize()
+        log = np.empty((64, batch), np.int64)
+        cuda.memcpy_dtoh(log, d_log)
+        cuda.memcpy_dtoh(control, d_control)
+        got_ids = np.empty(batch, np.dtype(ids))
+        cuda.memcpy_dtoh(got_ids, d_ids)
+        pos = np.empty(1, np.int64)
+        cuda.memcpy_dtoh(pos, d_pos)
+    finally:
+        for a in allocations:
+            a.free()
+    expect = want.copy()
+    expect[4] = 123
+    assert log[0].tolist() == expect.tolist() and got_ids.tolist() == expect.tolist()
+    assert control[0] == 1 and control[1] == 42 and control[2] == 1       # step, position, NaN at step 0
+    assert control[head:head + batch].tolist() == [0, 0, 0, 1, 1]         # row 3 stopped, row 4 stays done
+    assert pos[0] == 42
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_device_greedy_equals_the_host_path(tmp_path, gpu_device, expected, precision, monkeypatch):
+    model = load(bundle(tmp_path, precision, [16, 1]), gpu_device)
+    try:
+        calls = _counting_choose(monkeypatch)
+        device = model.generate(expected["prompt"], 64)
+        assert len(calls) == 1, "the device path chooses only the first token on the host"
+        host = model.generate(expected["prompt"], 64, device_greedy=False)
+        assert len(calls) == 1 + 64
+        assert device.tokens.tolist() == host.tokens.tolist()
+        if precision == "fp32":
+            assert (device.tokens == expected["tokens"]).all()
+        assert device.ttft_s > 0 and device.decode_s > 0 and device.tokens_per_s > 0
+        # a stop token met mid-chunk (step 5 of chunks of 8) and one met in the first token
+        for stop in (int(host.tokens[0, 5]), int(host.tokens[0, 0])):
+            want = model.generate(expected["prompt"], 64, stop_tokens=[stop], device_greedy=False)
+            got = model.generate(expected["prompt"], 64, stop_tokens=[stop])
+            assert got.tokens.tolist() == want.tokens.tolist() and got.stopped == want.stopped == [True]
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_device_greedy_at_batch_2_with_stops(tmp_path, gpu_device, graph):
+    """A random decoder at batch 2 (tests/test_generate_feed.py's): the rows stop at different
+    steps, one mid-chunk; equal tokens on both paths, with and without CUDA graphs."""
+    from aicf_run.bundle import read_bundle
+    from aicf_run.plan_set import PlanSet
+    from benchmarks.decoder_graph import DecoderConfig, cache_names, decoder_model, random_weight, weight_shapes
+    from tests.test_generate import shapes
+    cfg = DecoderConfig(64, 1, 1, 1, 64, 40, 48)
+    rng = np.random.default_rng(3)
+    built = decoder_model(cfg, lambda name: random_weight(name, weight_shapes(cfg)[name], rng), batch="batch")
+    sets = [shapes(s, 2) | {n: cfg.cache_shape(2) for n, _ in cache_names(cfg)} for s in (4, 1)]
+    path = tmp_path / "small.aicf"
+    write_bundle(compile_plans(built, sets, precision="fp16"), path)
+    model = PlanSet(read_bundle(path), gpu_device, graph=graph)
+    try:
+        prompt = np.random.default_rng(5).integers(0, 40, (2, 6))
+        free = model.generate(prompt, 40, device_greedy=False).tokens
+        assert (model.generate(prompt, 40).tokens == free).all()
+        stops = [int(free[0, 3]), int(free[1, 12])]
+        want = model.generate(prompt, 40, stop_tokens=stops, device_greedy=False)
+        got = model.generate(prompt, 40, stop_tokens=stops)
+        assert got.tokens.tolist() == want.tokens.tolist() and got.stopped == want.stopped
+    finally:
+        model.close()

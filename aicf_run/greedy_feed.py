@@ -1,0 +1,190 @@
+"""Greedy decoding on the device: the decode plan and its feed kernels replayed back to back.
+
+The compiler gave the decode plan a `greedy` record and a feed module ([Note: greedy feed] in
+aicfc/codegen/greedy_feed.py): an argmax that writes each row's next token into a log and the
+control words, and an advance that writes the tokens into `input_ids` and the next position
+into `cache_position`. Here they are loaded, their memory allocated (the log, the control
+words, page-locked copies of both for reading back) and [plan + argmax + advance] captured as
+one CUDA graph (launched kernel by kernel when the executor runs without graphs). One
+`launch(n)` enqueues n steps and nothing else; `read_back(slot)` enqueues copies of the log and
+the control words and an event; `collect` waits for that event only. aicf_run.generate drives it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from aicf_run.errors import RunError
+from aicf_run.graph import Graph
+
+_KEYS = ("module", "argmax", "advance", "buffers", "dtypes", "batch", "vocab", "log_rows", "max_stops", "control")
+SLOTS = 2   # read-backs in flight: one chunk is read while the next one runs
+_FEEDS: "weakref.WeakKeyDictionary[Any, GreedyFeed]" = weakref.WeakKeyDictionary()
+
+
+def greedy_feed(step: Any) -> "GreedyFeed | None":
+    """The feed of a decode plan's executor (built at its first use, then kept with it), or None
+    when its bundle has no `greedy` record (compiled before it, or not an aicf_run Executor)."""
+    bundle = getattr(step, "bundle", None)
+    payload = getattr(bundle, "payload", None)
+    if not isinstance(payload, dict) or "greedy" not in payload or not hasattr(step, "launch"):
+        return None
+    feed = _FEEDS.get(step)
+    if feed is None or feed.closed:
+        feed = GreedyFeed(step)
+        _FEEDS[step] = feed
+    return feed
+
+
+class GreedyFeed:
+    """A decode plan's executor with its feed kernels ready to replay (module docstring)."""
+
+    def __init__(self, step: Any) -> None:
+        record = step.bundle.payload["greedy"]
+        missing = [k for k in _KEYS if k not in record]
+        if missing:
+            raise RunError(f"the bundle's greedy record lacks {missing}; recompile the model with `aicfc compile`")
+        self.record = record
+        self.step = step
+        self.batch = int(record["batch"])
+        self.log_rows = int(record["log_rows"])
+        self.max_stops = int(record["max_stops"])
+        control = record["control"]
+        self._done, self._last, self._stop_ids = int(control["done"]), int(control["last"]), int(control["stop_ids"])
+        self._words = int(control["words"])
+        self.closed = False
+        self._graph: Graph | None = None
+        self._log = self._control = None
+        cuda = self._cuda = step.device.driver
+        self._stream = step.stream
+        module_record = step.bundle.modules[record["module"]]
+        try:
+            module = cuda.module_from_buffer(module_record["cubin"])
+            self._argmax = module.get_function(record["argmax"]["symbol"])
+            self._advance = module.get_function(record["advance"]["symbol"])
+        except cuda.Error as err:
+            raise RunError(f"cannot load the greedy feed module {module_record['name']} ({_one_line(err)}); "
+                           f"recompile the model with `aicfc compile`") from None
+        self._module = module
+        self._argmax.prepare("PPP")
+        self._advance.prepare("PPP")
+        pointers = _interface_pointers(step)
+        buffers = record["buffers"]
+        try:
+            self._logits, self._ids, self._position = (pointers[buffers[k]] for k in ("logits", "ids", "position"))
+        except KeyError:
+            raise RunError("the bundle's greedy record names buffers that are not the decode plan's input_ids, "
+                           "cache_position and logits; recompile the model with `aicfc compile`") from None
+        self._ids_dtype = np.dtype(record["dtypes"]["ids"])
+        self._position_dtype = np.dtype(record["dtypes"]["position"])
+        step.device.on_close(self.close)
+        try:
+            self._log = cuda.mem_alloc(self.log_rows * self.batch * 8)
+            self._control = cuda.mem_alloc(self._words * 8)
+            self._host_log = [cuda.pagelocked_empty((self.log_rows, self.batch), np.int64) for _ in range(SLOTS)]
+            self._host_control = [cuda.pagelocked_empty(self._words, np.int64) for _ in range(SLOTS)]
+            self._start = cuda.pagelocked_empty(self._words, np.int64)
+            self._start_ids = cuda.pagelocked_empty(self.batch, self._ids_dtype)
+            self._start_position = cuda.pagelocked_empty(1, self._position_dtype)
+            self._events = [cuda.Event() for _ in range(SLOTS)]
+        except (cuda.Error, MemoryError) as err:
+            self.close()
+            raise RunError(f"cannot allocate the greedy feed's memory ({_one_line(err)})") from None
+        if step.uses_graph:
+            self._graph = Graph.capture(self._stream, self._enqueue_step)
+            try:
+                self._graph.upload(self._stream)
+            except RunError:
+                self.close()
+                raise
+
+    def start(self, tokens: np.ndarray, position: int, stops: np.ndarray, done: np.ndarray) -> None:
+        """Enqueue the first decode step's inputs: `tokens` [B] into input_ids, `position` into
+        cache_position, and the control words (step 0, the stop tokens, the rows already done)."""
+        if len(stops) > self.max_stops:
+            raise RunError(f"{len(stops)} stop tokens; the greedy feed holds {self.max_stops}")
+        ctl = self._start
+        ctl[:] = 0
+        ctl[1], ctl[3] = position, len(stops)
+        ctl[self._done:self._done + self.batch] = done
+        ctl[self._last:self._last + self.batch] = tokens
+        ctl[self._stop_ids:self._stop_ids + len(stops)] = stops
+        self._start_ids[:] = tokens
+        self._start_position[0] = position
+        cuda, stream = self._cuda, self._stream
+        cuda.memcpy_htod_async(int(self._control), ctl, stream)
+        cuda.memcpy_htod_async(self._ids, self._start_ids, stream)
+        cuda.memcpy_htod_async(self._position, self._start_position, stream)
+
+    def launch(self, steps: int) -> None:
+        """Enqueue `steps` decode steps, each [plan, argmax, advance]; no sync."""
+        for _ in range(steps):
+            if self._graph is not None:
+                self._graph.launch(self._stream)
+            else:
+                self._enqueue_step()
+
+    def read_back(self, slot: int) -> None:
+        """Enqueue copies of the log and the control words into page-locked slot `slot`."""
+        cuda, stream = self._cuda, self._stream
+        cuda.memcpy_dtoh_async(self._host_log[slot], int(self._log), stream)
+        cuda.memcpy_dtoh_async(self._host_control[slot], int(self._control), stream)
+        self._events[slot].record(stream)
+
+    def collect(self, slot: int, first: int, count: int) -> tuple[np.ndarray, int]:
+        """Wait for read-back `slot`; the tokens of steps first..first+count-1 ([count, B]) and
+        the first step whose logits held a NaN (-1: none so far)."""
+        try:
+            self._events[slot].synchronize()
+        except self._cuda.Error as err:
+            self.step.device.lost = True
+            raise RunError(f"a kernel failed while generating ({_one_line(err)}); the GPU context is unusable "
+                           f"now; rerun with CUDA_LAUNCH_BLOCKING=1 to find the kernel") from None
+        rows = (first + np.arange(count)) % self.log_rows
+        return self._host_log[slot][rows].copy(), int(self._host_control[slot][2]) - 1
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._graph is not None:
+            try:
+                self._graph.close()
+            except RunError:
+                pass   # a lost context frees the graph when it goes
+            self._graph = None
+        for allocation in (self._log, self._control):
+            if allocation is not None:
+                try:
+                    allocation.free()
+                except self._cuda.Error:
+                    pass
+        self._log = self._control = None
+
+    def _enqueue_step(self) -> None:
+        self.step.launch(graph=False)
+        record, stream = self.record, self._stream
+        try:
+            self._argmax.prepared_async_call(tuple(record["argmax"]["grid"]), tuple(record["argmax"]["block"]),
+                                             stream, self._logits, int(self._log), int(self._control))
+            self._advance.prepared_async_call(tuple(record["advance"]["grid"]), tuple(record["advance"]["block"]),
+                                              stream, self._ids, self._position, int(self._control))
+        except self._cuda.Error as err:
+            raise RunError(f"the greedy feed kernels failed to launch ({_one_line(err)}); recompile the model "
+                           f"with `aicfc compile` for this GPU") from None
+
+
+def _interface_pointers(step: Any) -> dict[int, int]:
+    """{buffer id: device address} of the decode plan's inputs and outputs (its executor's own
+    transfers, so the addresses are the ones its kernels use)."""
+    bundle = step.bundle
+    items = list(bundle.inputs) + list(bundle.outputs)
+    transfers = list(step._inputs) + list(step._outputs)
+    return {item["buffer"]: transfer.pointer for item, transfer in zip(items, transfers)}
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300] or type(err).__name__

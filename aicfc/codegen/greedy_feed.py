@@ -1,0 +1,147 @@
+"""Greedy feed: the kernels that let aicf-run decode greedily without the host between steps.
+
+[Note: greedy feed] A decoder's decode plan ([Note: generation] in aicf_run/generate.py:
+inputs `input_ids` [B, 1] and `cache_position` [1], output `logits` [B, L, V], the KV cache
+as state) gets a module of its own, `<model>_feed`, with two kernels the executor launches
+after the plan, on the same stream:
+
+- `argmax` (grid B, one block a row): the next token of each row is the argmax of the row's
+  last logits, read in their storage dtype (fp16/bf16 widen to float exactly, so the order is
+  the float32 interface's): the largest value, NaN above every number, the first index among
+  equals, as numpy's and torch's argmax. A row that met a stop token repeats it. The first
+  step whose logits hold a NaN is recorded, and the executor refuses it as the host path does.
+  The token goes to `last` in the control words and to the log, at row `step % log_rows`.
+- `advance` (one warp): `last` into `input_ids` (in its dtype), step and position + 1, the
+  position into `cache_position`. A second launch, so that nothing is written into the arena
+  while a block still reads logits: the plan may have placed the inputs anywhere.
+
+The control words are int64 at device memory the executor allocates: [0] step, [1] position,
+[2] the first step whose logits held a NaN, plus one (0: none), [3] number of stop tokens,
+[4, 4 + B) done flags, [4 + B, 4 + 2B) last tokens, [4 + 2B, 4 + 2B + max_stops) stop token
+ids (the `control` record). With them the executor captures plan + feed into one CUDA graph
+and replays it N times with no host sync between steps, reading the log back every few steps
+(aicf_run/greedy_feed.py). Everything shape-dependent (B, V, vector width, offsets, thread
+count) is fixed here and recorded in the plan's `greedy` record.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from aicfc.codegen.common import render
+from aicfc.codegen.nvcc import build
+
+IDS, POSITION, LOGITS = "input_ids", "cache_position", "logits"
+LOG_ROWS = 64      # steps the device log holds; the executor reads it back at most this many steps apart
+MAX_STOPS = 16     # stop tokens the control words hold; more go through the host path
+CONTROL_HEAD = ("step", "position", "nan", "stops")
+# bundle dtype -> (C type, bytes)
+LOGIT_TYPES = {"float32": ("float", 4), "float16": ("__half", 2), "bfloat16": ("__nv_bfloat16", 2)}
+INT_TYPES = {"int64": "long long", "int32": "int"}
+PACKS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short"}
+
+
+def control_words(batch: int) -> int:
+    return len(CONTROL_HEAD) + 2 * batch + MAX_STOPS
+
+
+def vector_width(vocab: int, itemsize: int, strides_bytes: list[int]) -> int:
+    """The most logits one aligned load can read (16 bytes at most): every row's start must be a
+    multiple of the load's size, so it divides the buffer offset and the row stride in bytes."""
+    width = 16 // itemsize
+    while width > 1 and any(s % (width * itemsize) for s in strides_bytes):
+        width //= 2
+    return width
+
+
+def threads_for(vectors: int) -> int:
+    """About 8 loads a thread, a power of two from one warp to 1024."""
+    threads = 32
+    while threads < 1024 and threads * 8 < vectors:
+        threads *= 2
+    return threads
+
+
+def decode_interface(payload: dict[str, Any]) -> tuple[dict, dict, dict] | str:
+    """(input_ids, cache_position, logits) of a decode plan, or why the payload is none."""
+    inputs = {t["name"]: t for t in payload["inputs"]}
+    outputs = {t["name"]: t for t in payload["outputs"]}
+    if not payload.get("state"):
+        return "no state (KV cache)"
+    if set(inputs) != {IDS, POSITION} or LOGITS not in outputs:
+        return f"not the generation interface ({IDS}, {POSITION} -> {LOGITS})"
+    ids, pos, logits = inputs[IDS], inputs[POSITION], outputs[LOGITS]
+    if len(ids["shape"]) != 2 or ids["shape"][1] != 1 or list(pos["shape"]) != [1]:
+        return f"not a decode plan ({IDS} {ids['shape']}, {POSITION} {pos['shape']})"
+    if len(logits["shape"]) != 3 or logits["shape"][0] != ids["shape"][0] or logits["shape"][2] < 1:
+        return f"{LOGITS} {logits['shape']} is not [B, L, V]"
+    buffers = payload["buffers"]
+    if (buffers[ids["buffer"]]["dtype"] not in INT_TYPES or buffers[pos["buffer"]]["dtype"] not in INT_TYPES
+            or buffers[logits["buffer"]]["dtype"] not in LOGIT_TYPES):
+        return "dtypes the feed does not cover"
+    if any(buffers[t["buffer"]]["region"] != "arena" for t in (ids, pos, logits)):
+        return "interface tensors outside the arena"
+    return ids, pos, logits
+
+
+def plan_feed(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The template values of a decode plan's feed, or None when the payload is no decode plan."""
+    found = decode_interface(payload)
+    if isinstance(found, str):
+        return None
+    ids, pos, logits = found
+    buffers = payload["buffers"]
+    batch, rows, vocab = logits["shape"]
+    logit_dtype = buffers[logits["buffer"]]["dtype"]
+    c_type, itemsize = LOGIT_TYPES[logit_dtype]
+    stride, last = rows * vocab, (rows - 1) * vocab
+    vec = vector_width(vocab, itemsize, [buffers[logits["buffer"]]["offset"], stride * itemsize, last * itemsize])
+    return {"model": payload["model"]["name"], "batch": batch, "vocab": vocab, "row_stride": stride,
+            "last_offset": last, "vec": vec, "threads": threads_for(-(-vocab // vec)), "log_rows": LOG_ROWS,
+            "max_stops": MAX_STOPS, "logits_c": c_type, "pack_c": PACKS[vec * itemsize],
+            "ids_c": INT_TYPES[buffers[ids["buffer"]]["dtype"]],
+            "position_c": INT_TYPES[buffers[pos["buffer"]]["dtype"]],
+            "argmax": f"aicf_feed_argmax_b{batch}_v{vocab}", "advance": f"aicf_feed_advance_b{batch}",
+            "buffers": {"logits": logits["buffer"], "ids": ids["buffer"], "position": pos["buffer"]},
+            "dtypes": {"logits": logit_dtype, "ids": buffers[ids["buffer"]]["dtype"],
+                       "position": buffers[pos["buffer"]]["dtype"]}}
+
+
+def render_feed(values: dict[str, Any]) -> str:
+    return render("greedy_feed.cu.j2", **values)
+
+
+def add_greedy_feed(payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` (one plan, as compile_model builds it) with its feed module, `greedy` record and
+    decision added when it is a decode plan ([Note: greedy feed]); else `payload` itself."""
+    values = plan_feed(payload)
+    if values is None:
+        return payload
+    source = render_feed(values)
+    built = build(source, payload["target"]["arch"])
+    module = {"name": f"{values['model']}_feed", "arch": payload["target"]["arch"], "cubin": built.cubin,
+              "cubin_sha256": hashlib.sha256(built.cubin).hexdigest(),
+              "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "source": source}
+    index = len(payload["modules"])
+    batch = values["batch"]
+    reason = (f"decode plan of a decoder (state, {IDS} [{batch}, 1], {POSITION} [1]): greedy tokens chosen and "
+              f"fed back on the device, argmax over {values['vocab']} logits ({values['dtypes']['logits']}, "
+              f"{values['vec']} a load, {values['threads']} threads a row), so decode steps replay with no host "
+              f"round trip")
+    record = {
+        "module": index,
+        "argmax": {"symbol": values["argmax"], "grid": [batch, 1, 1], "block": [values["threads"], 1, 1]},
+        "advance": {"symbol": values["advance"], "grid": [1, 1, 1], "block": [32, 1, 1]},
+        "buffers": values["buffers"], "dtypes": values["dtypes"],
+        "batch": batch, "vocab": values["vocab"], "vector": values["vec"],
+        "log_rows": LOG_ROWS, "max_stops": MAX_STOPS,
+        "control": {"words": control_words(batch), "head": list(CONTROL_HEAD), "done": len(CONTROL_HEAD),
+                    "last": len(CONTROL_HEAD) + batch, "stop_ids": len(CONTROL_HEAD) + 2 * batch},
+        "nan": "NaN is above every number (numpy's and torch's argmax); the first step meeting one is recorded "
+               "and aicf-run refuses it as the host path does",
+        "ties": "the first index",
+        "reason": reason,
+    }
+    decision = {"kind": "greedy_feed", "kernel": values["argmax"], "advance": values["advance"], "reason": reason}
+    return {**payload, "modules": [*payload["modules"], module], "greedy": record,
+            "decisions": [*payload["decisions"], decision]}
