@@ -33,8 +33,8 @@ from aicfc.errors import AicfError
 from aicfc.ir.decision import Candidate, Kernel, Plan, Schedule
 from aicfc.ir.lowered import Load, Rewrite, map_loads
 from aicfc.ir.types import TensorType
-from aicfc.planner.cost import Estimate, blocks_per_sm, cost, estimate_registers
-from aicfc.planner.hardware import Profile
+from aicfc.planner.cost import Estimate, cost, estimate_registers
+from aicfc.planner.hardware import Profile, blocks_per_sm
 
 MAX_GRID = (2**31 - 1, 65535, 65535)   # blocks per launch along x, y, z (every sm_30+ GPU)
 KEEP_RUNNERS_UP = 6
