@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from benchmarks.onnx_graph import GraphBuilder
 
 FLT_MAX = 3.4028234663852886e38
 
@@ -89,24 +91,10 @@ def decoder_model(cfg: DecoderConfig, weight: Callable[[str], np.ndarray], batch
     """The graph over `weight(name)` (transformers names, float32) for `batch` sequences, the
     sequence length symbolic; `store(array, name)` makes each initializer (default: in the
     model; a big model's go to external data as they are made)."""
-    store = store or (lambda array, name: numpy_helper.from_array(array, name))
     h, d, hq, hkv = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads
     group, half = hq // hkv, d // 2
-    nodes: list[onnx.NodeProto] = []
-    inits: list[onnx.TensorProto] = []
-    count = [0]
-
-    def const(array: np.ndarray, name: str | None = None) -> str:
-        count[0] += 1
-        name = name or f"c{count[0]}"
-        inits.append(store(np.asarray(array), name))
-        return name
-
-    def node(op: str, inputs: list[str], **attrs) -> str:
-        count[0] += 1
-        out = f"{op.lower()}_{count[0]}"
-        nodes.append(helper.make_node(op, inputs, [out], name=f"node_{out}", **attrs))
-        return out
+    g = GraphBuilder(store)
+    nodes, inits, const, node = g.nodes, g.inits, g.const, g.node
 
     def ints(*values: int) -> str:
         return const(np.asarray(values, np.int64))

@@ -17,7 +17,9 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from benchmarks.onnx_graph import GraphBuilder
 
 
 def llama_model(hidden: int, heads: int, kv_heads: int, seq: int, inter: int, layers: int = 1,
@@ -29,25 +31,11 @@ def llama_model(hidden: int, heads: int, kv_heads: int, seq: int, inter: int, la
     memory. `dtype` is the type the random weights are drawn in (float32 halves the time and
     memory of a big one; the default keeps the committed tests' values)."""
     rng = np.random.default_rng(seed)
-    store = store or (lambda array, name: numpy_helper.from_array(array, name))
     d = hidden // heads
     half = d // 2
     group = heads // kv_heads
-    nodes: list[onnx.NodeProto] = []
-    inits: list[onnx.TensorProto] = []
-    count = [0]
-
-    def const(array: np.ndarray, name: str | None = None) -> str:
-        count[0] += 1
-        name = name or f"c{count[0]}"
-        inits.append(store(np.asarray(array), name))
-        return name
-
-    def node(op: str, inputs: list[str], **attrs) -> str:
-        count[0] += 1
-        out = f"{op.lower()}_{count[0]}"
-        nodes.append(helper.make_node(op, inputs, [out], name=f"node_{out}", **attrs))
-        return out
+    g = GraphBuilder(store)
+    nodes, inits, const, node = g.nodes, g.inits, g.const, g.node
 
     def weight(*shape: int) -> str:
         return const((rng.standard_normal(shape, dtype=dtype) * 0.02).astype(np.float32))
