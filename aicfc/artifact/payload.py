@@ -23,6 +23,12 @@ def _sha(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+def module_record(m: ModuleBuild, arch: str) -> dict[str, Any]:
+    """A built module as the bundle's `modules` list holds it."""
+    return {"name": m.name, "arch": arch, "cubin": m.built.cubin, "cubin_sha256": _sha(m.built.cubin),
+            "source_sha256": _sha(m.source.encode()), "source": m.source}
+
+
 def _kernel(k, index: dict[str, int], module: int, types, launch: str) -> dict[str, Any]:
     s = k.schedule
     return {
@@ -108,9 +114,7 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
                      "dtype": b.type.bundle_name, "shape": list(b.type.shape)} for i, b in enumerate(buffers)],
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
         "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
-        "modules": [{"name": m.name, "arch": plan.target, "cubin": m.built.cubin,
-                     "cubin_sha256": _sha(m.built.cubin), "source_sha256": _sha(m.source.encode()),
-                     "source": m.source} for m in modules],
+        "modules": [module_record(m, plan.target) for m in modules],
         "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch) for k in plan.kernels],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [

@@ -25,10 +25,11 @@ count) is fixed here and recorded in the plan's `greedy` record.
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
+from aicfc.artifact.payload import module_record
 from aicfc.codegen.common import render
+from aicfc.codegen.module import ModuleBuild
 from aicfc.codegen.nvcc import build
 
 IDS, POSITION, LOGITS = "input_ids", "cache_position", "logits"
@@ -117,11 +118,9 @@ def add_greedy_feed(payload: dict[str, Any]) -> dict[str, Any]:
     values = plan_feed(payload)
     if values is None:
         return payload
-    source = render_feed(values)
-    built = build(source, payload["target"]["arch"])
-    module = {"name": f"{values['model']}_feed", "arch": payload["target"]["arch"], "cubin": built.cubin,
-              "cubin_sha256": hashlib.sha256(built.cubin).hexdigest(),
-              "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "source": source}
+    source, arch = render_feed(values), payload["target"]["arch"]
+    module = module_record(ModuleBuild(f"{values['model']}_feed", source, build(source, arch),
+                                      (values["argmax"], values["advance"])), arch)
     index = len(payload["modules"])
     batch = values["batch"]
     reason = (f"decode plan of a decoder (state, {IDS} [{batch}, 1], {POSITION} [1]): greedy tokens chosen and "
