@@ -285,10 +285,10 @@ def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> Non
 def _check_tensor_map(record: dict, where: str, buffers: list[dict]) -> None:
     """One [Note: TMA record] (aicfc/codegen/tma.py): the driver's rules for
     cuTensorMapEncodeTiled, and every element the map spans inside its buffer."""
-    extra = sorted(str(key) for key in record if key not in tensormap.KEYS)
+    extra = sorted(str(key) for key in record if key not in tensormap.KEYS + (tensormap.IM2COL,))
     if extra:
         _fail(where, f"has unknown keys {extra}; a tensor map has exactly "
-                     f"{', '.join(tensormap.KEYS)}")
+                     f"{', '.join(tensormap.KEYS)} (and optionally {tensormap.IM2COL})")
     buffer_id = _buffer_ref(record, "buffer", where, len(buffers))
     buf = buffers[buffer_id]
     dtype = _str(record, "dtype", where)
@@ -312,6 +312,10 @@ def _check_tensor_map(record: dict, where: str, buffers: list[dict]) -> None:
     if inner % 16 or (swizzle and inner > swizzle):
         _fail(f"{where}.box", f"inner box of {inner} bytes must be a multiple of 16"
                               + (f" and at most the {swizzle}-byte swizzle" if swizzle else ""))
+    if tensormap.IM2COL in record:
+        why = tensormap.im2col_problem(record[tensormap.IM2COL], len(dims), box)
+        if why:
+            _fail(f"{where}.{tensormap.IM2COL}", why)
     start = buf["offset"] + offset * esize   # region bases are 256-byte aligned
     if start % tensormap.ADDRESS_ALIGN:
         _fail(f"{where}.offset", f"element {offset} of buffer {buffer_id} is at byte {start} of "

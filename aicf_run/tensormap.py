@@ -12,6 +12,10 @@ value: PyCUDA launches with a packed parameter buffer, and on an H200 (driver 58
 with a grid-constant 128-byte parameter read that buffer wrongly (faulting on the pointer
 after it), while the same struct without `__grid_constant__` echoed correctly.
 
+A record with the key `im2col` ([Note: TMA im2col record] in aicfc/codegen/tma.py) is encoded
+with `cuTensorMapEncodeIm2col` instead: its box is [channelsPerPixel, pixelsPerColumn, 1, ...],
+and it carries the pixel box's corners and the element strides (a convolution's stride).
+
 The encoding is fixed: no interleave, L2 promotion of 256 bytes, out-of-bound elements read as
 zeros (OOB fill NONE), element strides 1. Records are checked here before any value reaches
 ctypes (which would silently truncate an oversized integer), so a bad record is a one-line
@@ -43,6 +47,10 @@ INTERLEAVE_NONE = 0
 L2_PROMOTION_256B = 3
 OOB_FILL_NONE = 0
 KEYS = ("buffer", "dtype", "offset", "dims", "strides", "box", "swizzle")
+IM2COL = "im2col"                                       # the optional key of an im2col map
+IM2COL_KEYS = ("lower", "upper", "element_strides")
+IM2COL_CORNER = {3: 2**15, 4: 2**7, 5: 2**4}            # corners in [-c, c - 1] at each rank (cuda.h)
+IM2COL_MAX_STRIDE = 8
 
 _RECOMPILE = "recompile the model with `aicfc compile`"
 _U32, _U64 = ctypes.c_uint32, ctypes.c_uint64
@@ -53,6 +61,15 @@ _U32, _U64 = ctypes.c_uint32, ctypes.c_uint64
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int, _U32, ctypes.c_void_p, ctypes.POINTER(_U64),
              ctypes.POINTER(_U64), ctypes.POINTER(_U32), ctypes.POINTER(_U32), ctypes.c_int,
              ctypes.c_int, ctypes.c_int, ctypes.c_int]
+# CUresult cuTensorMapEncodeIm2col(CUtensorMap*, CUtensorMapDataType, cuuint32_t rank,
+#   void* globalAddress, const cuuint64_t* globalDim, const cuuint64_t* globalStrides,
+#   const int* pixelBoxLowerCorner, const int* pixelBoxUpperCorner, cuuint32_t channelsPerPixel,
+#   cuuint32_t pixelsPerColumn, const cuuint32_t* elementStrides, CUtensorMapInterleave,
+#   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill)
+_IM2COL_ARGTYPES = [ctypes.c_void_p, ctypes.c_int, _U32, ctypes.c_void_p, ctypes.POINTER(_U64),
+                    ctypes.POINTER(_U64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                    _U32, _U32, ctypes.POINTER(_U32), ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                    ctypes.c_int]
 
 
 def problem(record: Any) -> str | None:
@@ -63,8 +80,8 @@ def problem(record: Any) -> str | None:
     """
     if not isinstance(record, Mapping):
         return f"a record must be a map, got {type(record).__name__}"
-    if set(record) != set(KEYS):
-        return f"keys are {sorted(map(str, record))}, expected {sorted(KEYS)}"
+    if set(record) - {IM2COL} != set(KEYS):
+        return f"keys are {sorted(map(str, record))}, expected {sorted(KEYS)} (and optionally {IM2COL})"
     if not isinstance(record["dtype"], str) or record["dtype"] not in DATA_TYPES:
         return f"dtype {_short(record['dtype'])} is not one of {', '.join(DATA_TYPES)}"
     esize = DATA_TYPES[record["dtype"]][1]
@@ -88,6 +105,26 @@ def problem(record: Any) -> str | None:
         return f"the inner box is {inner} bytes, not a multiple of 16"
     if record["swizzle"] and inner > record["swizzle"]:
         return f"the inner box is {inner} bytes, over the {record['swizzle']}-byte swizzle"
+    if IM2COL in record:
+        return im2col_problem(record[IM2COL], len(dims), box)
+    return None
+
+
+def im2col_problem(im2col: Any, rank: int, box: Sequence[int]) -> str | None:
+    """Why an im2col record's own part is not one the driver could encode (None when it is)."""
+    if not isinstance(im2col, Mapping) or set(im2col) != set(IM2COL_KEYS):
+        return f"im2col must be a map with keys {', '.join(IM2COL_KEYS)}"
+    limit = IM2COL_CORNER.get(rank)
+    if limit is None:
+        return f"an im2col map has rank 3 to 5, not {rank}"
+    for key in ("lower", "upper"):
+        if not _ints(im2col[key], -limit, limit - 1) or len(im2col[key]) != rank - 2:
+            return f"im2col.{key} {_short(im2col[key])} must be {rank - 2} ints in {-limit}..{limit - 1}"
+    if not _ints(im2col["element_strides"], 1, IM2COL_MAX_STRIDE) or len(im2col["element_strides"]) != rank:
+        return (f"im2col.element_strides {_short(im2col['element_strides'])} must be {rank} ints "
+                f"in 1..{IM2COL_MAX_STRIDE}")
+    if any(b != 1 for b in box[2:]):
+        return f"an im2col box is [channels, pixels, 1, ...], got {_short(list(box))}"
     return None
 
 
@@ -107,25 +144,32 @@ def encode(record: Mapping[str, Any], address: int, lib: Any = None,
     if not 0 < start < 2**64 or start % ADDRESS_ALIGN:
         raise RunError(f"{name}: the map starts at address {start:#x}, not a {ADDRESS_ALIGN}-byte "
                        f"aligned device address; {_RECOMPILE}")
-    lib, function = _entry(lib, name)
+    im2col = record.get(IM2COL)
+    lib, function = _entry(lib, name, "cuTensorMapEncodeIm2col" if im2col else "cuTensorMapEncodeTiled")
     rank = len(record["dims"])
     # CUtensorMap is 64-byte aligned: a 64-byte aligned window of a larger buffer holds it.
     storage = (_U64 * ((MAP_BYTES + MAP_ALIGN) // 8))()
     at = -ctypes.addressof(storage) % MAP_ALIGN + ctypes.addressof(storage)
     tensor_map = (_U64 * (MAP_BYTES // 8)).from_address(at)
     strides = list(record["strides"]) or [0]   # rank 1 has none; the driver reads none
+    entry = "cuTensorMapEncodeIm2col" if im2col else "cuTensorMapEncodeTiled"
+    tail = (ctypes.c_int(INTERLEAVE_NONE), ctypes.c_int(SWIZZLES[record["swizzle"]]),
+            ctypes.c_int(L2_PROMOTION_256B), ctypes.c_int(OOB_FILL_NONE))
     try:
-        result = function(ctypes.c_void_p(at), ctypes.c_int(data_type), _U32(rank),
-                          ctypes.c_void_p(start), (_U64 * rank)(*record["dims"]),
-                          (_U64 * len(strides))(*strides), (_U32 * rank)(*record["box"]),
-                          (_U32 * rank)(*[1] * rank), ctypes.c_int(INTERLEAVE_NONE),
-                          ctypes.c_int(SWIZZLES[record["swizzle"]]),
-                          ctypes.c_int(L2_PROMOTION_256B), ctypes.c_int(OOB_FILL_NONE))
+        head = (ctypes.c_void_p(at), ctypes.c_int(data_type), _U32(rank), ctypes.c_void_p(start),
+                (_U64 * rank)(*record["dims"]), (_U64 * len(strides))(*strides))
+        if im2col:
+            corners = rank - 2
+            result = function(*head, (ctypes.c_int * corners)(*im2col["lower"]),
+                              (ctypes.c_int * corners)(*im2col["upper"]), _U32(record["box"][0]),
+                              _U32(record["box"][1]), (_U32 * rank)(*im2col["element_strides"]), *tail)
+        else:
+            result = function(*head, (_U32 * rank)(*record["box"]), (_U32 * rank)(*[1] * rank), *tail)
     except (ctypes.ArgumentError, TypeError, OverflowError) as err:
-        raise RunError(f"{name}: cuTensorMapEncodeTiled could not be called "
+        raise RunError(f"{name}: {entry} could not be called "
                        f"({_one_line(err)}); {_RECOMPILE}") from None
     if result != 0:
-        raise RunError(f"{name}: cuTensorMapEncodeTiled refused {describe(record)}: "
+        raise RunError(f"{name}: {entry} refused {describe(record)}: "
                        f"{_graph.error_name(lib, result)} ({result}); "
                        f"{_RECOMPILE} for this GPU")
     return ctypes.string_at(ctypes.addressof(tensor_map), MAP_BYTES)
@@ -135,7 +179,7 @@ def describe(record: Mapping[str, Any]) -> str:
     """One line for messages: "f16 dims [64, 32] strides [128] box [64, 32] swizzle 128"."""
     return (f"{record.get('dtype')} dims {list(record.get('dims', []))} strides "
             f"{list(record.get('strides', []))} box {list(record.get('box', []))} swizzle "
-            f"{record.get('swizzle')}")
+            f"{record.get('swizzle')}" + (f" im2col {dict(record[IM2COL])}" if IM2COL in record else ""))
 
 
 def arg_format(maps: int, pointers: int) -> str:
@@ -170,8 +214,9 @@ def upload(cuda: Any, tables: Sequence[Sequence[bytes]], what: str) -> tuple[Any
     return allocation, addresses
 
 
-def _entry(lib: Any, name: str) -> tuple[Any, Any]:
-    """`lib` (default the driver library) and its cuTensorMapEncodeTiled, prototype set."""
+def _entry(lib: Any, name: str, entry: str = "cuTensorMapEncodeTiled") -> tuple[Any, Any]:
+    """`lib` (default the driver library) and its `entry` (cuTensorMapEncodeTiled or
+    cuTensorMapEncodeIm2col), prototype set."""
     if lib is None:
         try:
             lib = _graph.libcuda()
@@ -179,12 +224,12 @@ def _entry(lib: Any, name: str) -> tuple[Any, Any]:
             raise RunError(f"{name}: cannot load the CUDA driver library {_graph.LIBRARY} to "
                            f"encode TMA tensor maps; check the NVIDIA driver "
                            f"installation") from None
-    function = getattr(lib, "cuTensorMapEncodeTiled", None)
+    function = getattr(lib, entry, None)
     if function is None:
-        raise RunError(f"{name}: this CUDA driver has no cuTensorMapEncodeTiled (CUDA 12 or "
+        raise RunError(f"{name}: this CUDA driver has no {entry} (CUDA 12 or "
                        f"later has it); update the NVIDIA driver, or recompile for sm_80")
     if hasattr(function, "argtypes"):   # a ctypes function (a test's fake library has none)
-        function.argtypes = _ARGTYPES
+        function.argtypes = _IM2COL_ARGTYPES if entry == "cuTensorMapEncodeIm2col" else _ARGTYPES
         function.restype = ctypes.c_int
     return lib, function
 

@@ -365,7 +365,7 @@ def test_gatherers_keep_stages_minus_one_groups_in_flight():
     from aicfc.codegen.module import render_module
     model = _conv((2, 64, 14, 14), (64, 64, 3, 3), pads=[1, 1, 1, 1])
     for st in (3, 4, 5, 6):
-        plan = _stages(model, pin={"unit": "wgmma", "NWG": 2, "BN": 64, "STAGES": st})["plan_memory"]
+        plan = _stages(model, pin={"unit": "wgmma", "NWG": 2, "BN": 64, "STAGES": st, "A": "gather"})["plan_memory"]
         (k,) = [k for k in plan.kernels if k.family == "conv"]
         assert k.schedule.param["STAGES"] == st
         src = render_module(plan)
@@ -389,6 +389,112 @@ def test_gpu_gather_depths(case, stages, gpu_device):
     """Every gather lag (STAGES - 2 = 1 to 4 k-blocks) against numpy float64 at fp16."""
     spec = dict(case[1])
     model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", **spec)
-    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "NWG": 2, "BN": 64, "STAGES": stages})
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "NWG": 2, "BN": 64, "STAGES": stages, "A": "gather"})
     (k,) = [k for k in payload["kernels"] if k["family"] == "conv"]
     assert k["params"]["unit"] == "wgmma" and k["params"]["STAGES"] == stages
+
+
+# ---------------------------------------------------------------- A by the TMA's im2col mode
+
+
+IM2COL_CASES = [
+    # name, conv, expected (lower, upper, element strides) of the image's map
+    ("3x3_s1_p1", dict(x=(2, 64, 17, 17), w=(96, 64, 3, 3), pads=[1, 1, 1, 1]), ((-1, -1), (-1, -1), (1, 1, 1, 1))),
+    ("3x3_s2_p1", dict(x=(1, 64, 15, 15), w=(40, 64, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1]),
+     ((-1, -1), (-1, -1), (1, 2, 2, 1))),
+    ("1x1_s2", dict(x=(2, 64, 14, 14), w=(136, 64, 1, 1), strides=[2, 2]), ((0, 0), (-1, -1), (1, 2, 2, 1))),
+    ("dilation2", dict(x=(1, 64, 13, 13), w=(64, 64, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2]),
+     ((-2, -2), (-2, -2), (1, 1, 1, 1))),
+    ("odd_asym_pads", dict(x=(3, 64, 11, 7), w=(72, 64, 3, 3), pads=[0, 1, 1, 0]), ((-1, 0), (-2, -1), (1, 1, 1, 1))),
+    ("wide_k", dict(x=(2, 256, 9, 9), w=(256, 256, 3, 3), pads=[1, 1, 1, 1]), ((-1, -1), (-1, -1), (1, 1, 1, 1))),
+]
+
+
+def _im2col_kernel(case, pin=None):
+    spec = dict(case[1])
+    model = _conv(spec.pop("x"), spec.pop("w"), **spec)
+    plan = _stages(model, pin=dict(pin or {}, unit="wgmma", A="tma"))["plan_memory"]
+    (k,) = [k for k in plan.kernels if k.family == "conv"]
+    return plan, k
+
+
+@pytest.mark.parametrize("case", IM2COL_CASES, ids=[c for c, _, _ in IM2COL_CASES])
+def test_im2col_map_follows_the_convolution(case):
+    """The image's map: dims (C, W, H, N) innermost first, one copy of BM pixels x 64 channels,
+    the corners making the walk take OW (OH) positions a row (column), the stride as element
+    strides; the walk's length ceil((W + upper - lower) / stride) is the output's size."""
+    from aicfc.codegen.tma import tensor_maps
+    plan, k = _im2col_kernel(case)
+    p = dict(k.schedule.param)
+    a, b = tensor_maps(k, None, plan.types())
+    lower, upper, strides = case[2]
+    n, c, h, w = case[1]["x"]
+    assert a.im2col is not None and b.im2col is None and a.problems() is None
+    assert a.dims == (c, w, h, n) and a.box == (64, p["BM"], 1, 1) and a.swizzle == 128
+    assert (a.im2col.lower, a.im2col.upper, a.im2col.element_strides) == (lower, upper, strides)
+    kh, kw = case[1]["w"][2:]
+    pt, pl, pb, pr = case[1].get("pads", [0] * 4)
+    d = case[1].get("dilations", [1, 1])[0]
+    s = case[1].get("strides", [1, 1])[0]
+    oh, ow = ((h + pt + pb - d * (kh - 1) - 1) // s + 1, (w + pl + pr - d * (kw - 1) - 1) // s + 1)   # ONNX's
+    assert -(-(w + upper[0] - lower[0]) // strides[1]) == ow and -(-(h + upper[1] - lower[1]) // strides[2]) == oh
+    assert "im2col" in a.record({a.buffer: 0, b.buffer: 1})
+
+
+def test_im2col_declined_with_reasons():
+    """Channels that are not whole k-blocks keep the gatherers (A=gather only)."""
+    from aicfc.codegen.conv_wgmma import im2col_geometry
+    model = _conv((2, 16, 9, 9), (24, 16, 3, 3), pads=[1, 1, 1, 1])
+    plan = _stages(model, pin={"unit": "wgmma"})["plan_memory"]
+    (k,) = [k for k in plan.kernels if k.family == "conv"]
+    assert "whole k-blocks" in im2col_geometry(k, plan.types())
+    assert k.schedule.param["A"] == "gather"
+
+
+def test_im2col_kernel_source():
+    """The producer issues one im2col copy a k-block (no gatherers), with the tap's offsets."""
+    from aicfc.codegen.module import render_module
+    plan, k = _im2col_kernel(IM2COL_CASES[1])
+    src = render_module(plan)
+    assert ".im2col.mbarrier::complete_tx::bytes" in src and "cp.async.cg" not in src
+    assert "const unsigned short ow_ = tkw * 1, oh_ = tkh * 1;" in src
+    assert "const int cw = tow * 2 - 1, ch = toh * 2 - 1, cn = tn;" in src
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("pin", NVCC_PINS[:3], ids=["nwg1", "nwg2_bn256", "mi2"])
+def test_im2col_builds_without_spills(pin, tmp_path, monkeypatch):
+    from aicfc.codegen.module import render_module
+    from aicfc.codegen.nvcc import build
+    monkeypatch.setenv("AICF_CACHE_DIR", str(tmp_path))
+    plan, k = _im2col_kernel(IM2COL_CASES[-1], pin)
+    built = build(render_module(plan), "sm_90")
+    assert built.spills.get(k.name, 0) == 0, built.spills
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("pin", [{}, {"NWG": 2, "BN": 64}, {"NWG": 1, "MI": 2, "BN": 128}], ids=["cost", "nwg2", "mi2"])
+@pytest.mark.parametrize("case", IM2COL_CASES, ids=[c for c, _, _ in IM2COL_CASES])
+def test_gpu_conv_im2col(case, pin, precision, gpu_device):
+    """A loaded by the TMA in im2col mode (padding, strides, dilation, asymmetric pads, tiles
+    crossing rows and images, the last tile past the last image), against numpy float64."""
+    spec = dict(case[1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", **spec)
+    try:
+        payload = _gpu_check(model, precision, gpu_device, dict(pin, unit="wgmma", A="tma"))
+    except Exception as e:  # noqa: BLE001 - a pin outside this convolution's space (BN wider than its channels)
+        if "no feasible conv candidate matches --pin" in str(e):
+            pytest.skip(str(e))
+        raise
+    (k,) = [k for k in payload["kernels"] if k["family"] == "conv"]
+    assert k["params"]["A"] == "tma" and len(k["tensor_maps"]) == 2 and "im2col" in k["tensor_maps"][0]
+
+
+@pytest.mark.gpu
+def test_gpu_resnet_stage_im2col(gpu_device):
+    """Two ResNet-50 bottlenecks with every eligible convolution on im2col loads, against
+    onnxruntime at fp16."""
+    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2)
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "A": "tma"}, ref="onnxruntime")
+    assert any(k["params"].get("A") == "tma" for k in payload["kernels"] if k["family"] == "conv")

@@ -41,13 +41,13 @@ from aicfc.codegen import gemm_wgmma
 from aicfc.codegen.cexpr import c_affine, flat_offset, guard_condition
 from aicfc.codegen.common import decompose, render
 from aicfc.codegen.gemm_wgmma import KSTEP, MAX_ACC, ROW_BYTES, Operand, bk
-from aicfc.codegen.tma import TensorMap
+from aicfc.codegen.tma import Im2col, TensorMap
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.properties import implicit_gemm
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = gemm_wgmma.TARGET
-SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6)}
+SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6), "A": ("gather", "tma")}
 RUN = 16                                  # bytes per gathered run
 PRODUCER_REGS, CONSUMER_REGS = 56, 224    # setmaxnreg with NWG = 2: 128·56 + 256·224 <= 65536
 GATHERERS = 128                           # the producer warpgroup's threads
@@ -85,6 +85,93 @@ def k_order(k: Kernel, types: Mapping[str, TensorType]) -> tuple[str, ...] | str
     if g.a.fill is not None and dim in g.a.guarded_dims:
         return "the padding guard depends on the channel"
     return tuple(r for r in op.reduce_vars if r != c) + (c,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Im2colGeometry:
+    """A 2-D convolution over a channels-last image [N, H, W, C] the TMA can read in im2col mode
+    ([Note: TMA im2col record] in codegen/tma.py): the image's loop variables and its geometry."""
+    n: str | None                    # the batch variable (None: the image has one)
+    oh: str | None
+    ow: str | None
+    kh: str | None
+    kw: str | None
+    c: str
+    image: tuple[int, int, int, int]     # N, H, W, C
+    out: tuple[int, int]                 # OH, OW
+    stride: tuple[int, int]              # h, w
+    dilation: tuple[int, int]
+    pad: tuple[int, int]                 # top, left (the index's constant, negated)
+
+    def lower(self) -> tuple[int, int]:
+        return (-self.pad[1], -self.pad[0])
+
+    def upper(self) -> tuple[int, int]:
+        """The corner making the walk along w (h) take OW (OH) positions: W + upper - lower =
+        (OW - 1)·stride + 1."""
+        (_, h, w, _), (oh, ow) = self.image, self.out
+        return ((ow - 1) * self.stride[1] + 1 - w - self.pad[1], (oh - 1) * self.stride[0] + 1 - h - self.pad[0])
+
+
+def _spatial(ix, domain: set, reduce: set, ext: Mapping[str, int]) -> tuple | str:
+    """(output var, its stride, filter var, its dilation, pad) of one spatial index, or why not."""
+    outs = [(v, c) for v, c in ix.terms if v in domain and ext[v] > 1]
+    taps = [(v, c) for v, c in ix.terms if v in reduce and ext[v] > 1]
+    if len(outs) > 1 or len(taps) > 1 or len(outs) + len(taps) != len([t for t in ix.terms if ext[t[0]] > 1]):
+        return "a spatial index is not output·stride + tap·dilation - pad"
+    (o, s), (t, d) = (outs or [(None, 1)])[0], (taps or [(None, 1)])[0]
+    if s < 1 or d < 1:
+        return "a spatial index has a negative stride or dilation"
+    return o, s, t, d, -ix.const
+
+
+def im2col_geometry(k: Kernel, types: Mapping[str, TensorType]) -> Im2colGeometry | str:
+    """The convolution's geometry where the TMA's im2col mode reads its image tile by tile (one
+    k-block = one filter tap x 64 channels), or why it cannot."""
+    op = k.ops[0]
+    g = implicit_gemm(op)
+    if g is None:
+        return "not an implicit GEMM"
+    ta = types[g.a.buffer]
+    order = k_order(k, types)
+    if isinstance(order, str):
+        return order
+    if len(ta.shape) != 4 or len(g.a.index) != 4:
+        return f"the image has rank {len(ta.shape)}; the im2col load reads 2-D convolutions (rank 4)"
+    ext = op.extents()
+    domain, reduce = set(op.domain_vars), set(op.reduce_vars)
+    c = order[-1]
+    per_block = ROW_BYTES // ITEMSIZE[ta.dtype]
+    if ext[c] % per_block:
+        return f"{ext[c]} channels are not whole k-blocks of {per_block}"
+    ixn, ixh, ixw, ixc = g.a.index
+    if ixc.terms != ((c, 1),) or ixc.const:
+        return "the channel index is not the channel variable"
+    live_n = [(v, co) for v, co in ixn.terms if ext[v] > 1]
+    if ixn.const or len(live_n) > 1 or (live_n and (live_n[0][1] != 1 or live_n[0][0] not in domain)):
+        return "the batch index is not a batch variable"
+    nv = live_n[0][0] if live_n else None
+    hh, ww = _spatial(ixh, domain, reduce, ext), _spatial(ixw, domain, reduce, ext)
+    for part in (hh, ww):
+        if isinstance(part, str):
+            return part
+    (oh, sh, kh, dh, ph), (ow, sw, kw, dw, pw) = hh, ww
+    if g.a.fill is not None and (g.a.fill != 0.0 or g.a.guard or not set(g.a.guarded_dims) <= {1, 2}):
+        return "the image's padding is not zeros outside its bounds"
+    if tuple(v for v in (nv, oh, ow) if v) != tuple(g.m):
+        return "the GEMM rows are not the output pixels (n, oh, ow) in order"
+    if tuple(v for v in order[:-1] if ext[v] > 1) != tuple(v for v in (kh, kw) if v):
+        return "the filter taps are not ordered (kh, kw) outside the channel"
+    geo = Im2colGeometry(nv, oh, ow, kh, kw, c, tuple(ta.shape), (ext[oh] if oh else 1, ext[ow] if ow else 1),
+                         (sh, sw), (dh, dw), (ph, pw))
+    lim = 128
+    if any(not -lim <= v < lim for v in geo.lower() + geo.upper()):
+        return f"the pixel box's corners {geo.lower()}, {geo.upper()} exceed the TMA's [-128, 127]"
+    if max(sh, sw) > 8:
+        return f"stride {max(sh, sw)} exceeds the TMA's 8"
+    if max((ext[kh] - 1) * dh if kh else 0, (ext[kw] - 1) * dw if kw else 0) >= 2**16:
+        return "the filter's extent exceeds the im2col offsets' 16 bits"
+    return geo
 
 
 def _filter(k: Kernel, types: Mapping[str, TensorType], order: tuple[str, ...], bn: int, dtype: str) -> Operand | str:
@@ -172,6 +259,8 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
         return []
     dtype = dtype_of(k, plan)
     m, n, _ = dims(k)
+    # A by the TMA's im2col mode where it can read the image, else gathered by the producer warpgroup
+    loads = ("gather", "tma") if not isinstance(im2col_geometry(k, plan.types()), str) else ("gather",)
     points = []
     for nwg in SPACE["NWG"]:
         for mi in SPACE["MI"]:
@@ -184,9 +273,10 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                      "MI": mi}
                 p["CTAS"] = min(tiles(k, p)[2], hw_sms)
                 for st in SPACE["STAGES"]:
-                    q = dict(p, STAGES=st)
-                    if smem_bytes(q) + static_smem(q) <= smem_limit:
-                        points.append(q)
+                    for load in loads:
+                        q = dict(p, STAGES=st, A=load)
+                        if smem_bytes(q) + static_smem(q) <= smem_limit:
+                            points.append(q)
     return points
 
 
@@ -195,7 +285,39 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     assert not isinstance(order, str), order
     b = _filter(k, types, order, p["BN"], p["dtype"])
     assert not isinstance(b, str), b
-    return [b.tensor_map(implicit_gemm(k.ops[0]).b.buffer, p["dtype"])]
+    maps = [b.tensor_map(implicit_gemm(k.ops[0]).b.buffer, p["dtype"])]
+    if p.get("A") == "tma":
+        maps.insert(0, image_map(k, p, types))
+    return maps
+
+
+def image_map(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> TensorMap:
+    """The image's im2col tensor map: BM pixels of one k-block's 64 channels a copy."""
+    geo = im2col_geometry(k, types)
+    assert not isinstance(geo, str), geo
+    g = implicit_gemm(k.ops[0])
+    t = types[g.a.buffer]
+    (n, h, w, c), e = geo.image, ITEMSIZE[t.dtype]
+    return TensorMap(g.a.buffer, p["dtype"], 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e),
+                     (ROW_BYTES // e, p["BM"], 1, 1), ROW_BYTES,
+                     Im2col(geo.lower(), geo.upper(), (1, geo.stride[1], geo.stride[0], 1)))
+
+
+def im2col_lines(k: Kernel, types: Mapping[str, TensorType]) -> dict:
+    """The producer's lines for the im2col load: per tile, the first pixel's coordinates (cw, ch,
+    cn) from m0; per k-block, the tap's offsets (ow_, oh_) and the channel start (c0) from k0."""
+    geo = im2col_geometry(k, types)
+    assert not isinstance(geo, str), geo
+    ext = k.ops[0].extents()
+    n = geo.image[0]
+    (oh, ow), (sh, sw), (dh, dw), (ph, pw) = geo.out, geo.stride, geo.dilation, geo.pad
+    tile = decompose("m0", [("tn", n), ("toh", oh), ("tow", ow)], "int")
+    tile.append(f"const int cw = tow * {sw} - {pw}, ch = toh * {sh} - {ph}, cn = tn;")
+    taps = decompose("k0", [("tkh", ext[geo.kh] if geo.kh else 1), ("tkw", ext[geo.kw] if geo.kw else 1),
+                            ("c0", geo.image[3])], "int")
+    taps.append(f"const unsigned short ow_ = tkw * {dw}, oh_ = tkh * {dh};")
+    return {"tile_lines": tile, "k_lines": taps, "what": (f"{geo.image} NHWC image, stride {geo.stride}, "
+                                                          f"dilation {geo.dilation}, pad {geo.pad}")}
 
 
 def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str,
@@ -261,7 +383,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     esize = ITEMSIZE[dtype]
     a = Operand("a", None, p["BM"], True, (("r0", kk, 1), ("gm", m, kk)), 0, esize, bk(dtype), KSTEP[dtype])
     tm, tn, total = tiles(k, p)
-    klines, mlines = gather_lines(k, types, parts["params"], parts["idx"], order)
+    tma_a = p.get("A") == "tma"
+    if not tma_a:
+        klines, mlines = gather_lines(k, types, parts["params"], parts["idx"], order)
     return render("gemm_wgmma.cu.j2", name=name, batch=1, M=m, N=n, K=kk, dtype=dtype, KSTEP=KSTEP[dtype],
                   BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"], PP=0, CT=128 * p["NWG"],
                   OUT_WG_BYTES=0, LDS=p["BN"], STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm,
@@ -271,6 +395,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   paired=paired_lines(k, types, parts["params"], parts["idx"]), staged=None, SPLITK=1,
                   KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1,
-                  gather=dict(arrivals=GATHERERS + 1, k_lines=klines, m_lines=mlines, rows=p["BM"] // 16, esize=esize,
-                              lag=gather_lag(p["STAGES"]),
-                              B_BYTES=p["BN"] * ROW_BYTES, what=f"k = ({', '.join(order)}) flattened"))
+                  im2col=im2col_lines(k, types) if tma_a else None,
+                  gather=None if tma_a else dict(
+                      arrivals=GATHERERS + 1, k_lines=klines, m_lines=mlines, rows=p["BM"] // 16, esize=esize,
+                      lag=gather_lag(p["STAGES"]), B_BYTES=p["BN"] * ROW_BYTES,
+                      what=f"k = ({', '.join(order)}) flattened"))

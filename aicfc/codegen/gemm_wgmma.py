@@ -316,4 +316,4 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   paired=parts["paired"], staged=parts["staged"] if p.get("OUT") else None, SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
                   partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
                   CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1],
-                  gather=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it instead)
+                  gather=None, im2col=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)

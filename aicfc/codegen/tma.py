@@ -20,6 +20,19 @@ the H200 with driver 580 a kernel with a grid-constant parameter read that buffe
   swizzle   0, 32, 64 or 128 (bytes of the swizzle pattern)
 Out-of-bounds elements of a box are filled with zeros (the map's OOB fill NONE), which is what
 lets a GEMM tile hang over the tensor's edge without predicates.
+
+[Note: TMA im2col record]
+A map with the key `im2col` is encoded with `cuTensorMapEncodeIm2col` instead: the tensor is a
+channels-last image (dims C, W, H, N innermost first: rank 4), and one copy moves
+`box[1]` pixels (pixelsPerColumn) of `box[0]` channels (channelsPerPixel); box[2:] are 1.
+  lower           [w, h]: the pixel box's lower corner, -pad (each in -128..127 at rank 4)
+  upper           [w, h]: its upper corner, so that ceil((W + upper - lower) / stride) = OW
+  element_strides [1, stride_w, stride_h, 1]: the convolution's stride (each 1..8)
+A copy at coordinates (c, w, h, n) with offsets (kw·dw, kh·dh) reads, for output pixels
+m0, m0 + 1, ... walked w fastest, then h, then n, the pixel (n, h + kh·dh, w + kw·dw) of each, where
+(w, h) = (ow·stride_w - pad_w, oh·stride_h - pad_h) of m0; pixels outside the image (padding, and
+n >= N) are zeros. Shared memory receives row i = pixel i, 128-byte swizzled as a tiled
+[pixels x channels] box would be, so wgmma reads it with the same descriptors.
 """
 from __future__ import annotations
 
@@ -33,6 +46,20 @@ MAX_BOX = 256
 SWIZZLES = (0, 32, 64, 128)
 
 
+IM2COL_CORNER = {3: 2**15, 4: 2**7, 5: 2**4}   # corners lie in [-c, c - 1] at each rank (cuda.h)
+IM2COL_MAX_STRIDE = 8
+
+
+@dataclass(frozen=True)
+class Im2col:
+    lower: tuple[int, ...]
+    upper: tuple[int, ...]
+    element_strides: tuple[int, ...]
+
+    def record(self) -> dict[str, Any]:
+        return {"lower": list(self.lower), "upper": list(self.upper), "element_strides": list(self.element_strides)}
+
+
 @dataclass(frozen=True)
 class TensorMap:
     buffer: str
@@ -42,6 +69,7 @@ class TensorMap:
     strides: tuple[int, ...]
     box: tuple[int, ...]
     swizzle: int
+    im2col: Im2col | None = None
 
     def problems(self) -> str | None:
         """Why the driver would refuse this map (None when it would not)."""
@@ -61,13 +89,29 @@ class TensorMap:
             return f"inner box {self.box[0] * esize} B exceeds the {self.swizzle}-byte swizzle"
         if (self.box[0] * esize) % 16:
             return f"inner box {self.box[0] * esize} B is not a multiple of 16"
+        if self.im2col is not None:
+            rank = len(self.dims)
+            lim = IM2COL_CORNER.get(rank)
+            if lim is None:
+                return f"an im2col map has rank 3 to 5, not {rank}"
+            for what, corner in (("lower", self.im2col.lower), ("upper", self.im2col.upper)):
+                if len(corner) != rank - 2 or any(not -lim <= v < lim for v in corner):
+                    return f"im2col {what} corner {corner} outside [{-lim}, {lim - 1}] (rank {rank})"
+            es = self.im2col.element_strides
+            if len(es) != rank or any(not 1 <= v <= IM2COL_MAX_STRIDE for v in es):
+                return f"im2col element strides {es} outside 1..{IM2COL_MAX_STRIDE}"
+            if any(b != 1 for b in self.box[2:]):
+                return f"an im2col box is [channels, pixels, 1...], not {self.box}"
         return None
 
     def record(self, index: Mapping[str, int]) -> dict[str, Any]:
         """The bundle's form (docs/bundle-format.md): the buffer as its id."""
-        return {"buffer": index[self.buffer], "dtype": self.dtype, "offset": self.offset,
-                "dims": list(self.dims), "strides": list(self.strides), "box": list(self.box),
-                "swizzle": self.swizzle}
+        rec = {"buffer": index[self.buffer], "dtype": self.dtype, "offset": self.offset,
+               "dims": list(self.dims), "strides": list(self.strides), "box": list(self.box),
+               "swizzle": self.swizzle}
+        if self.im2col is not None:
+            rec["im2col"] = self.im2col.record()
+        return rec
 
 
 def tensor_maps(k: Any, params: Mapping | None, types: Mapping) -> list[TensorMap]:

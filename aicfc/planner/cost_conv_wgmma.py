@@ -46,7 +46,8 @@ from typing import Mapping
 
 from aicfc.codegen import conv_wgmma, gemm_wgmma
 from aicfc.codegen.gemm_wgmma import ROW_BYTES
-from aicfc.planner.cost_wgmma import EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, STORE_OPS, epilogue_ops, n_eff
+from aicfc.planner.cost_wgmma import (EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, STORE_OPS, TMA_LATENCY_US, epilogue_ops,
+                                      n_eff)
 from aicfc.ir.types import ITEMSIZE
 
 GATHER_OPS = 24     # integer instructions per gathered run: split m and k, the guard, the address, the copy
@@ -67,10 +68,17 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     l2_sm = hw.l2_bandwidth_gbs * 1e3 / sms
     t_mma = 2.0 * bm * bn * bkk / sm_rate
     t_smem = ROW_BYTES * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
-    t_load = ROW_BYTES * (bm + bn) / l2_sm
-    t_gather = bm * (ROW_BYTES // 16) * GATHER_OPS / (128.0 * hw.data.get("clock_mhz", CLOCK_MHZ))
-    t_latency = latency / max(1, st - 2)
-    t_round = hw.data.get("conv_gather_round_trip_us", GATHER_ROUND_TRIP_US) / GATHER_GROUPS
+    if p.get("A") == "tma":
+        # A by the TMA in im2col mode: the GEMM engine's load terms (cost_wgmma.py), no gatherers
+        sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3
+        t_load = max(ROW_BYTES * (bm + bn) / sm_in, ROW_BYTES * (bm + bn) / l2_sm)
+        t_gather = t_round = 0.0
+        t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
+    else:
+        t_load = ROW_BYTES * (bm + bn) / l2_sm
+        t_gather = bm * (ROW_BYTES // 16) * GATHER_OPS / (128.0 * hw.data.get("clock_mhz", CLOCK_MHZ))
+        t_latency = latency / max(1, st - 2)
+        t_round = hw.data.get("conv_gather_round_trip_us", GATHER_ROUND_TRIP_US) / GATHER_GROUPS
     t_kblock = max(t_mma, t_smem, t_load, t_gather, t_round, t_latency)
     ktiles = math.ceil(kk / bkk)
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
