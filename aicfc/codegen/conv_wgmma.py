@@ -49,6 +49,7 @@ from aicfc.ir.types import ITEMSIZE, TensorType
 TARGET = gemm_wgmma.TARGET
 SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6), "A": ("gather", "tma")}
 RUN = 16                                  # bytes per gathered run
+NARROW = 16                               # bytes of a pixel's channels an im2col copy may read as core-matrix rows
 PRODUCER_REGS, CONSUMER_REGS = 56, 224    # setmaxnreg with NWG = 2: 128·56 + 256·224 <= 65536
 GATHERERS = 128                           # the producer warpgroup's threads
 
@@ -102,6 +103,12 @@ class Im2colGeometry:
     stride: tuple[int, int]              # h, w
     dilation: tuple[int, int]
     pad: tuple[int, int]                 # top, left (the index's constant, negated)
+    taps: tuple[int, int] = (1, 1)       # KH, KW
+
+    @property
+    def narrow(self) -> bool:
+        """A pixel's channels are one 16-byte run (the 8-channel stem): a k-block is 64 / C taps."""
+        return self.image[3] * 2 == NARROW
 
     def lower(self) -> tuple[int, int]:
         return (-self.pad[1], -self.pad[0])
@@ -142,8 +149,9 @@ def im2col_geometry(k: Kernel, types: Mapping[str, TensorType]) -> Im2colGeometr
     domain, reduce = set(op.domain_vars), set(op.reduce_vars)
     c = order[-1]
     per_block = ROW_BYTES // ITEMSIZE[ta.dtype]
-    if ext[c] % per_block:
-        return f"{ext[c]} channels are not whole k-blocks of {per_block}"
+    if ext[c] % per_block and ext[c] * ITEMSIZE[ta.dtype] != NARROW:
+        return (f"{ext[c]} channels are neither whole k-blocks of {per_block} nor one {NARROW}-byte run a pixel "
+                "(an im2col copy reads one filter tap of whole 128-byte rows, or 16-byte rows into core matrices)")
     ixn, ixh, ixw, ixc = g.a.index
     if ixc.terms != ((c, 1),) or ixc.const:
         return "the channel index is not the channel variable"
@@ -163,7 +171,7 @@ def im2col_geometry(k: Kernel, types: Mapping[str, TensorType]) -> Im2colGeometr
     if tuple(v for v in order[:-1] if ext[v] > 1) != tuple(v for v in (kh, kw) if v):
         return "the filter taps are not ordered (kh, kw) outside the channel"
     geo = Im2colGeometry(nv, oh, ow, kh, kw, c, tuple(ta.shape), (ext[oh] if oh else 1, ext[ow] if ow else 1),
-                         (sh, sw), (dh, dw), (ph, pw))
+                         (sh, sw), (dh, dw), (ph, pw), (ext[kh] if kh else 1, ext[kw] if kw else 1))
     lim = 128
     if any(not -lim <= v < lim for v in geo.lower() + geo.upper()):
         return f"the pixel box's corners {geo.lower()}, {geo.upper()} exceed the TMA's [-128, 127]"
@@ -299,7 +307,7 @@ def image_map(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> TensorM
     t = types[g.a.buffer]
     (n, h, w, c), e = geo.image, ITEMSIZE[t.dtype]
     return TensorMap(g.a.buffer, p["dtype"], 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e),
-                     (ROW_BYTES // e, p["BM"], 1, 1), ROW_BYTES,
+                     (c if geo.narrow else ROW_BYTES // e, p["BM"], 1, 1), 0 if geo.narrow else ROW_BYTES,
                      Im2col(geo.lower(), geo.upper(), (1, geo.stride[1], geo.stride[0], 1)))
 
 
@@ -313,11 +321,41 @@ def im2col_lines(k: Kernel, types: Mapping[str, TensorType]) -> dict:
     (oh, ow), (sh, sw), (dh, dw), (ph, pw) = geo.out, geo.stride, geo.dilation, geo.pad
     tile = decompose("m0", [("tn", n), ("toh", oh), ("tow", ow)], "int")
     tile.append(f"const int cw = tow * {sw} - {pw}, ch = toh * {sh} - {ph}, cn = tn;")
+    what = f"{geo.image} NHWC image, stride {geo.stride}, dilation {geo.dilation}, pad {geo.pad}"
+    if geo.narrow:
+        kh, kw = geo.taps
+        return {"tile_lines": tile, "what": what, "taps": ROW_BYTES // NARROW, "last_tap": kh * kw - 1,
+                "channels": geo.image[3],
+                "k_lines": [f"const int tkh = tap / {kw}, tkw = tap % {kw};",
+                            f"const unsigned short ow_ = tkw * {dw}, oh_ = tkh * {dh};"]}
     taps = decompose("k0", [("tkh", ext[geo.kh] if geo.kh else 1), ("tkw", ext[geo.kw] if geo.kw else 1),
                             ("c0", geo.image[3])], "int")
     taps.append(f"const unsigned short ow_ = tkw * {dw}, oh_ = tkh * {dh};")
-    return {"tile_lines": tile, "k_lines": taps, "what": (f"{geo.image} NHWC image, stride {geo.stride}, "
-                                                          f"dilation {geo.dilation}, pad {geo.pad}")}
+    return {"tile_lines": tile, "k_lines": taps, "what": what, "taps": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainA:
+    """The narrow im2col A tile as wgmma reads it: no swizzle, a k-block's 8 taps each a run of
+    BM rows x 16 bytes (8-row core matrices 128 bytes apart along M, the next tap BM·16 bytes on
+    along K); a k16 step is two taps."""
+    rows: int
+    desc = "aicf_wgg_desc_plain"
+    sbo = 128
+
+    @property
+    def lbo(self) -> int:
+        return self.rows * NARROW
+
+    def block_at(self, i: str) -> str:
+        return f"({i}) * {64 * NARROW}"
+
+    def kstep(self, kk: str) -> str:
+        return f"({kk}) * {2 * self.rows * NARROW}"
+
+    @property
+    def describe(self) -> str:
+        return f"im2col, {ROW_BYTES // NARROW} taps of {self.rows} x {NARROW} B per stage, no swizzle"
 
 
 def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str,
@@ -384,6 +422,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     a = Operand("a", None, p["BM"], True, (("r0", kk, 1), ("gm", m, kk)), 0, esize, bk(dtype), KSTEP[dtype])
     tm, tn, total = tiles(k, p)
     tma_a = p.get("A") == "tma"
+    if tma_a and im2col_geometry(k, types).narrow:
+        a = PlainA(p["BM"])
     if not tma_a:
         klines, mlines = gather_lines(k, types, parts["params"], parts["idx"], order)
     return render("gemm_wgmma.cu.j2", name=name, batch=1, M=m, N=n, K=kk, dtype=dtype, KSTEP=KSTEP[dtype],

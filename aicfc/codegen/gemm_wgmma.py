@@ -159,6 +159,9 @@ class Operand:
         """Leading byte offset: unused by K-major tiles (1 unit), the next 64 columns otherwise."""
         return 16 if self.k_major else self.BK * ROW_BYTES
 
+    desc = "aicf_wgg_desc"                 # the template's descriptor maker (128-byte swizzle)
+    sbo = 1024                             # stride byte offset: 8 swizzled rows
+
     def block_at(self, i: str) -> str:
         """Byte offset of m64 block `i` (A only): 64 rows of 128 B, or the i-th 64-column box."""
         return f"({i}) * {64 * ROW_BYTES if self.k_major else self.BK * ROW_BYTES}"

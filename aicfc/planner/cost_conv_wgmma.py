@@ -54,7 +54,13 @@ GATHER_OPS = 24     # integer instructions per gathered run: split m and k, the 
 STORE_WASTE = 4     # a 16-bit element stored alone uses a quarter of the 32-byte sector it touches
 CLOCK_MHZ = 1755    # the SM clock the producer's issue rate is counted at (profile: clock_mhz)
 GATHER_ROUND_TRIP_US = 1.3   # a gathered 16-byte copy's round trip under load (profile: conv_gather_round_trip_us)
+IM2COL_PIXELS_PER_US = 620  # pixels an SM's TMA walks a microsecond in im2col mode (profile: im2col_pixels_per_us)
 GATHER_GROUPS = 2            # the groups of copies in flight that measured times bear out (not STAGES - 1: see t_round)
+
+
+def narrow(k, types: Mapping) -> bool:
+    geo = conv_wgmma.im2col_geometry(k, types)
+    return not isinstance(geo, str) and geo.narrow
 
 
 def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
@@ -72,7 +78,11 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         # A by the TMA in im2col mode: the GEMM engine's load terms (cost_wgmma.py), no gatherers
         sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3
         t_load = max(ROW_BYTES * (bm + bn) / sm_in, ROW_BYTES * (bm + bn) / l2_sm)
-        t_gather = t_round = 0.0
+        t_round = 0.0
+        # the TMA walks an im2col box a pixel at a time: one pixel row per copy and tap (8 taps of 16 bytes a
+        # k-block for the 8-channel stem, one 128-byte row otherwise)
+        copies = ROW_BYTES // (ITEMSIZE[p["dtype"]] * types[g.a.buffer].shape[-1]) if narrow(k, types) else 1
+        t_gather = copies * bm / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
         t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
     else:
         t_load = ROW_BYTES * (bm + bn) / l2_sm
