@@ -62,6 +62,21 @@ class FakeEncodeLib:
             ctypes.memmove(tensor_map.value, known(len(self.calls) - 1), len(KNOWN))
         return self.result
 
+    def cuTensorMapEncodeIm2col(self, tensor_map: Any, dtype: Any, rank: Any, address: Any,
+                                dims: Any, strides: Any, lower: Any, upper: Any, channels: Any,
+                                pixels: Any, element_strides: Any, interleave: Any, swizzle: Any,
+                                l2: Any, oob: Any) -> int:
+        r = rank.value
+        self.calls.append({
+            "im2col": True, "map": tensor_map.value, "dtype": dtype.value, "rank": r,
+            "address": address.value, "dims": list(dims)[:r], "strides": list(strides)[:r - 1],
+            "lower": list(lower)[:r - 2], "upper": list(upper)[:r - 2], "channels": channels.value,
+            "pixels": pixels.value, "element_strides": list(element_strides)[:r],
+            "interleave": interleave.value, "swizzle": swizzle.value, "l2": l2.value, "oob": oob.value})
+        if self.result == 0:
+            ctypes.memmove(tensor_map.value, known(len(self.calls) - 1), len(KNOWN))
+        return self.result
+
     def cuGetErrorName(self, result: int, name: Any) -> int:
         if result not in self.NAMES:
             return INVALID_VALUE
@@ -93,6 +108,61 @@ def test_encode_passes_every_field_to_the_driver() -> None:
                     "dims": [96, 80, 3], "strides": [256, 20480], "box": [64, 128, 1],
                     "element_strides": [1, 1, 1], "interleave": 0, "swizzle": 3, "l2": 3,
                     "oob": 0}
+
+
+IM2COL = {"lower": [-1, -1], "upper": [-2, -2], "element_strides": [1, 2, 2, 1]}
+
+
+def im2col_record(**changes: Any) -> dict[str, Any]:
+    """A valid im2col record: a [2, 15, 15, 64] fp16 NHWC image, 128 pixels of 64 channels a
+    copy, a 3x3/2 convolution's corners (pad 1, 8x8 out)."""
+    return record(dims=[64, 15, 15, 2], strides=[128, 1920, 28800], box=[64, 128, 1, 1],
+                  im2col=copy.deepcopy(IM2COL)) | changes
+
+
+def test_encode_im2col_passes_every_field_to_the_driver() -> None:
+    lib = FakeEncodeLib()
+    assert tensormap.encode(im2col_record(offset=8), BASE, lib=lib) == KNOWN
+    (call,) = lib.calls
+    assert call == {"im2col": True, "map": call["map"], "dtype": 6, "rank": 4, "address": BASE + 16,
+                    "dims": [64, 15, 15, 2], "strides": [128, 1920, 28800], "lower": [-1, -1],
+                    "upper": [-2, -2], "channels": 64, "pixels": 128, "element_strides": [1, 2, 2, 1],
+                    "interleave": 0, "swizzle": 3, "l2": 3, "oob": 0}
+
+
+def test_im2col_refusal_names_the_entry() -> None:
+    with pytest.raises(RunError) as info:
+        tensormap.encode(im2col_record(), BASE, lib=FakeEncodeLib(result=INVALID_VALUE), name="map 0")
+    assert str(info.value).startswith("map 0: cuTensorMapEncodeIm2col refused f16 dims [64, 15, 15, 2]")
+
+
+@pytest.mark.parametrize("im2col,why", [
+    ({"lower": [-1], "upper": [-2, -2], "element_strides": [1, 2, 2, 1]}, "im2col.lower"),
+    ({"lower": [-129, 0], "upper": [-2, -2], "element_strides": [1, 2, 2, 1]}, "im2col.lower"),
+    ({"lower": [-1, -1], "upper": [128, 0], "element_strides": [1, 2, 2, 1]}, "im2col.upper"),
+    ({"lower": [-1, -1], "upper": [-2, -2], "element_strides": [1, 9, 2, 1]}, "im2col.element_strides"),
+    ({"lower": [-1, -1], "upper": [-2, -2]}, "im2col must be a map"),
+    ([1, 2], "im2col must be a map"),
+])
+def test_im2col_problems(im2col: Any, why: str) -> None:
+    assert why in tensormap.problem(im2col_record(im2col=im2col))
+
+
+def test_im2col_box_and_rank() -> None:
+    assert "[channels, pixels, 1, ...]" in tensormap.problem(im2col_record(box=[64, 128, 2, 1]))
+    assert "rank 3 to 5" in tensormap.problem(record(im2col=copy.deepcopy(IM2COL)))
+
+
+def test_compiler_im2col_record_is_what_the_runtime_encodes() -> None:
+    """aicfc's TensorMap with an Im2col writes the record aicf_run checks and encodes."""
+    from aicfc.codegen.tma import Im2col, TensorMap
+    m = TensorMap("x", "f16", 0, (64, 15, 15, 2), (128, 1920, 28800), (64, 128, 1, 1), 128,
+                  Im2col((-1, -1), (-2, -2), (1, 2, 2, 1)))
+    assert m.problems() is None
+    rec = m.record({"x": 0})
+    assert tensormap.problem(rec) is None and rec == im2col_record()
+    assert "corner" in TensorMap("x", "f16", 0, (64, 15, 15, 2), (128, 1920, 28800), (64, 128, 1, 1), 128,
+                                 Im2col((-200, -1), (-2, -2), (1, 2, 2, 1))).problems()
 
 
 @pytest.mark.parametrize("dtype,enum,itemsize", [("f16", 6, 2), ("bf16", 9, 2), ("f32", 7, 4)])
@@ -330,6 +400,29 @@ SCHEMA_CASES: list[tuple[str, Callable[[dict], None], str]] = [
     ("past_the_buffer_by_rank", lambda p: p["kernels"][0]["tensor_maps"][0].update(
         dims=[64, 64, 2], strides=[128, 8192], box=[64, 64, 1]), f"{MAP}: spans"),
 ]
+
+
+def _im2col_map(**changes: Any) -> Callable[[dict], None]:
+    """Kernel 0's map over buffer 3 (fp16 [64, 64]) as an im2col map of a [1, 8, 8, 64] image."""
+    def mutate(payload: dict) -> None:
+        payload["kernels"][0]["tensor_maps"] = [im2col_record(
+            buffer=3, dims=[64, 8, 8, 1], strides=[128, 1024, 8192], box=[64, 64, 1, 1],
+            im2col={"lower": [-1, -1], "upper": [-1, -1], "element_strides": [1, 1, 1, 1]}) | changes]
+    return mutate
+
+
+SCHEMA_CASES += [
+    ("im2col_not_a_map", _im2col_map(im2col=3), f"{MAP}.im2col: im2col must be a map"),
+    ("im2col_corner", _im2col_map(im2col={"lower": [-1, -1], "upper": [-1, 200], "element_strides": [1] * 4}),
+     f"{MAP}.im2col: im2col.upper"),
+    ("im2col_box", _im2col_map(box=[64, 64, 2, 1]), f"{MAP}.im2col: an im2col box"),
+]
+
+
+def test_schema_accepts_an_im2col_map() -> None:
+    payload = tma_payload()
+    _im2col_map()(payload)
+    validate_payload(payload)
 
 
 @pytest.mark.parametrize("mutate,field", [(m, f) for _, m, f in SCHEMA_CASES],

@@ -25,10 +25,23 @@ just issued). Measured (ResNet-50 B32, H200, benchmarks/results/*_session5_h200.
 6 ran the 3x3 convolutions' k-blocks no faster than STAGES 3 and 4 did with one group pending, so
 the cost model does not credit the deeper lag (planner/cost_conv_wgmma.py, t_round).
 
+A by the TMA (A = "tma", chosen by cost beside A = "gather" where `im2col_geometry` allows): the
+TMA's im2col mode reads the A tile itself ([Note: TMA im2col record] in codegen/tma.py). One
+thread issues, per k-block, one copy of BM output pixels' 64 channels at one tap: coordinates
+(c0, ow·sw - pw, oh·sh - ph, n) of the tile's first pixel, offsets (kw·dw, kh·dh) of the tap; the
+TMA walks the pixels w fastest, then h, then n, zero-filling the padding and past the last image,
+and writes 128-byte swizzled rows, so the consumers' descriptors are unchanged. For an 8-channel
+image (the stem, its input copy padded to 8) a k-block is 8 taps of 16 bytes a pixel: 8 copies,
+each into its own BM x 16-byte run of unswizzled core matrices (`PlainA`: LBO = BM·16 between
+taps, SBO = 128 between 8-row groups); a tap past the filter's last re-reads that one, whose
+weights the filter's map reads as zeros. The map's corners: lower = -pad, upper chosen so the walk
+takes OW positions a row (ceil((W + upper - lower) / stride) = OW).
+
 Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (not both
 2: that epilogue spills under ptxas), BN in
 {64, 128, 256} (at most MAX_ACC accumulators per thread), STAGES 3 to 6 while the ring fits,
-persistent CTAS = min(tiles, SMs); no split-k, no ping-pong, epilogue from registers (OUT = 0).
+persistent CTAS = min(tiles, SMs), A in {gather, tma}; no split-k, no ping-pong, epilogue from registers
+(OUT = 0).
 Cost terms: `planner/cost_conv_wgmma.py`.
 """
 from __future__ import annotations

@@ -35,6 +35,17 @@ operand gathered instead of loaded by the TMA:
                  (ResNet-50's 56x56 1x1/2 projection, 2 column tiles: measured 33.7 us, where
                  charging the 51 MB image twice predicted 47.6)
 
+A by the TMA in im2col mode (A = "tma", codegen/conv_wgmma.py `im2col_geometry`): no gatherers,
+the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
+
+    t_load     = max(128·(BM + BN) / sm_ingress, 128·(BM + BN) / (l2_bandwidth / SMs))
+    t_latency  = tma_latency / (STAGES - 1)
+    t_gather   = copies · BM / IM2COL_PIXELS_PER_US      one copy a k-block (128-byte rows) or, for an
+                 8-channel image, 8 (one 16-byte row a pixel and tap). Fitted: the ResNet-50 B32 stem
+                 on an H100 ran 311 us on 8 copies a k-block (1.85 us a k-block of 1024 pixel rows),
+                 where the 128-byte 3x3 convolutions (128 rows a copy) measured 0.93-1.02 of the other
+                 terms (benchmarks/results/profile_resnet50_b32_session6_h100.txt)
+
 Halo reuse: the KH·KW taps of neighbouring output pixels re-read the same image rows; they hit
 in L2 (t_load counts them at L2 bandwidth, DRAM once) while the image fits there, which the
 `gathered_bytes` term reports (the im2col matrix's size, the L2 traffic of A).
