@@ -163,6 +163,8 @@ class GreedyFeed:
                 except self._cuda.Error:
                     pass
         self._log = self._control = None
+        # the functions, then the module: unloaded now, while the context is alive (as Executor.close does)
+        self._argmax = self._advance = self._module = None
 
     def _enqueue_step(self) -> None:
         self.step.launch(graph=False)

@@ -54,7 +54,7 @@ from aicfc.codegen import gemm_wgmma
 from aicfc.codegen.cexpr import c_affine, flat_offset, guard_condition
 from aicfc.codegen.common import decompose, render
 from aicfc.codegen.gemm_wgmma import KSTEP, MAX_ACC, ROW_BYTES, Operand, bk
-from aicfc.codegen.tma import Im2col, TensorMap
+from aicfc.codegen.tma import IM2COL_CORNER, IM2COL_MAX_STRIDE, Im2col, TensorMap
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.properties import implicit_gemm
 from aicfc.ir.types import ITEMSIZE, TensorType
@@ -116,12 +116,13 @@ class Im2colGeometry:
     stride: tuple[int, int]              # h, w
     dilation: tuple[int, int]
     pad: tuple[int, int]                 # top, left (the index's constant, negated)
-    taps: tuple[int, int] = (1, 1)       # KH, KW
+    taps: tuple[int, int]                # KH, KW
+    esize: int                           # the image's bytes per element
 
     @property
     def narrow(self) -> bool:
         """A pixel's channels are one 16-byte run (the 8-channel stem): a k-block is 64 / C taps."""
-        return self.image[3] * 2 == NARROW
+        return self.image[3] * self.esize == NARROW
 
     def lower(self) -> tuple[int, int]:
         return (-self.pad[1], -self.pad[0])
@@ -184,12 +185,13 @@ def im2col_geometry(k: Kernel, types: Mapping[str, TensorType]) -> Im2colGeometr
     if tuple(v for v in order[:-1] if ext[v] > 1) != tuple(v for v in (kh, kw) if v):
         return "the filter taps are not ordered (kh, kw) outside the channel"
     geo = Im2colGeometry(nv, oh, ow, kh, kw, c, tuple(ta.shape), (ext[oh] if oh else 1, ext[ow] if ow else 1),
-                         (sh, sw), (dh, dw), (ph, pw), (ext[kh] if kh else 1, ext[kw] if kw else 1))
-    lim = 128
+                         (sh, sw), (dh, dw), (ph, pw), (ext[kh] if kh else 1, ext[kw] if kw else 1),
+                         ITEMSIZE[ta.dtype])
+    lim = IM2COL_CORNER[4]
     if any(not -lim <= v < lim for v in geo.lower() + geo.upper()):
-        return f"the pixel box's corners {geo.lower()}, {geo.upper()} exceed the TMA's [-128, 127]"
-    if max(sh, sw) > 8:
-        return f"stride {max(sh, sw)} exceeds the TMA's 8"
+        return f"the pixel box's corners {geo.lower()}, {geo.upper()} exceed the TMA's [{-lim}, {lim - 1}]"
+    if max(sh, sw) > IM2COL_MAX_STRIDE:
+        return f"stride {max(sh, sw)} exceeds the TMA's {IM2COL_MAX_STRIDE}"
     if max((ext[kh] - 1) * dh if kh else 0, (ext[kw] - 1) * dw if kw else 0) >= 2**16:
         return "the filter's extent exceeds the im2col offsets' 16 bits"
     return geo
