@@ -530,3 +530,12 @@ def test_gpu_stem_im2col(precision, gpu_device):
     payload = _gpu_check(model, precision, gpu_device, {"unit": "wgmma", "A": "tma"})
     (k,) = [k for k in payload["kernels"] if k["family"] == "conv"]
     assert k["params"]["A"] == "tma" and k["tensor_maps"][0]["swizzle"] == 0
+
+
+def test_explain_keeps_the_best_of_each_variant():
+    """What the choice beat includes the best gathered schedule and the best mma one, beyond the
+    runners-up of the chosen variant (`plan_schedules.runners_up`)."""
+    plan, k = _im2col_kernel(IM2COL_CASES[0], {})
+    assert k.schedule.param["A"] == "tma"
+    shown = [dict(c.params) for c in k.schedule.candidates if not c.rejected_because]
+    assert any(p.get("A") == "gather" for p in shown) and any(p.get("unit") == "mma" for p in shown)

@@ -175,6 +175,23 @@ def structure(k: Kernel, types: Mapping[str, TensorType]) -> Hashable:
     return (k.family, ops, stores, tuple(sorted((c, types[n]) for n, c in names.items() if n in types)))
 
 
+def runners_up(ranked: list[Ranked]) -> list[Ranked]:
+    """What `explain` shows the choice beat: the KEEP_RUNNERS_UP next in rank, then the best of
+    every other variant (unit, and how A is loaded) the ranking holds, so that the alternative
+    one might expect (mma against wgmma, a gathered image against im2col) is there with its time."""
+    shown = list(ranked[1:1 + KEEP_RUNNERS_UP])
+    seen = {_variant(r.params) for r in ranked[:1] + shown}
+    for r in ranked[1 + KEEP_RUNNERS_UP:]:
+        if _variant(r.params) not in seen:
+            seen.add(_variant(r.params))
+            shown.append(r)
+    return shown
+
+
+def _variant(p: dict[str, Any]) -> tuple:
+    return p.get("unit"), p.get("A")
+
+
 def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
     return all(str(p.get(key)) == str(value) for key, value in pin.items())
 
@@ -219,7 +236,7 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
             if kind not in seen_reasons and len(kept_rejected) < KEEP_REJECTED:
                 seen_reasons.add(kind)
                 kept_rejected.append(c)
-        candidates = tuple(Candidate(_params(r.params), round(r.time_us, 4)) for r in ranked[1:1 + KEEP_RUNNERS_UP])
+        candidates = tuple(Candidate(_params(r.params), round(r.time_us, 4)) for r in runners_up(ranked))
         schedule = Schedule(_params(best.params), best.grid, best.block, best.dyn_smem, None,
                             best.estimate.as_items(), candidates + tuple(kept_rejected))
         kernels.append(k.replace(schedule=schedule))
