@@ -70,6 +70,7 @@ _IM2COL_ARGTYPES = [ctypes.c_void_p, ctypes.c_int, _U32, ctypes.c_void_p, ctypes
                     ctypes.POINTER(_U64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
                     _U32, _U32, ctypes.POINTER(_U32), ctypes.c_int, ctypes.c_int, ctypes.c_int,
                     ctypes.c_int]
+_PROTOTYPES = {"cuTensorMapEncodeTiled": _ARGTYPES, "cuTensorMapEncodeIm2col": _IM2COL_ARGTYPES}
 
 
 def problem(record: Any) -> str | None:
@@ -145,14 +146,14 @@ def encode(record: Mapping[str, Any], address: int, lib: Any = None,
         raise RunError(f"{name}: the map starts at address {start:#x}, not a {ADDRESS_ALIGN}-byte "
                        f"aligned device address; {_RECOMPILE}")
     im2col = record.get(IM2COL)
-    lib, function = _entry(lib, name, "cuTensorMapEncodeIm2col" if im2col else "cuTensorMapEncodeTiled")
+    entry = "cuTensorMapEncodeIm2col" if im2col else "cuTensorMapEncodeTiled"
+    lib, function = _entry(lib, name, entry)
     rank = len(record["dims"])
     # CUtensorMap is 64-byte aligned: a 64-byte aligned window of a larger buffer holds it.
     storage = (_U64 * ((MAP_BYTES + MAP_ALIGN) // 8))()
     at = -ctypes.addressof(storage) % MAP_ALIGN + ctypes.addressof(storage)
     tensor_map = (_U64 * (MAP_BYTES // 8)).from_address(at)
     strides = list(record["strides"]) or [0]   # rank 1 has none; the driver reads none
-    entry = "cuTensorMapEncodeIm2col" if im2col else "cuTensorMapEncodeTiled"
     tail = (ctypes.c_int(INTERLEAVE_NONE), ctypes.c_int(SWIZZLES[record["swizzle"]]),
             ctypes.c_int(L2_PROMOTION_256B), ctypes.c_int(OOB_FILL_NONE))
     try:
@@ -229,7 +230,7 @@ def _entry(lib: Any, name: str, entry: str = "cuTensorMapEncodeTiled") -> tuple[
         raise RunError(f"{name}: this CUDA driver has no {entry} (CUDA 12 or "
                        f"later has it); update the NVIDIA driver, or recompile for sm_80")
     if hasattr(function, "argtypes"):   # a ctypes function (a test's fake library has none)
-        function.argtypes = _IM2COL_ARGTYPES if entry == "cuTensorMapEncodeIm2col" else _ARGTYPES
+        function.argtypes = _PROTOTYPES[entry]
         function.restype = ctypes.c_int
     return lib, function
 

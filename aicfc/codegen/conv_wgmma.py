@@ -434,11 +434,13 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     b = dataclasses.replace(b, smem_at=p["BM"] * ROW_BYTES)
     m, n, kk = dims(k)
     esize = ITEMSIZE[dtype]
-    a = Operand("a", None, p["BM"], True, (("r0", kk, 1), ("gm", m, kk)), 0, esize, bk(dtype), KSTEP[dtype])
     tm, tn, total = tiles(k, p)
     tma_a = p.get("A") == "tma"
-    if tma_a and im2col_geometry(k, types).narrow:
+    im2col = im2col_lines(k, types) if tma_a else None
+    if im2col and im2col["taps"]:
         a = PlainA(p["BM"])
+    else:
+        a = Operand("a", None, p["BM"], True, (("r0", kk, 1), ("gm", m, kk)), 0, esize, bk(dtype), KSTEP[dtype])
     if not tma_a:
         klines, mlines = gather_lines(k, types, parts["params"], parts["idx"], order)
     return render("gemm_wgmma.cu.j2", name=name, batch=1, M=m, N=n, K=kk, dtype=dtype, KSTEP=KSTEP[dtype],
@@ -450,7 +452,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   paired=paired_lines(k, types, parts["params"], parts["idx"]), staged=None, SPLITK=1,
                   KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1,
-                  im2col=im2col_lines(k, types) if tma_a else None,
+                  im2col=im2col,
                   gather=None if tma_a else dict(
                       arrivals=GATHERERS + 1, k_lines=klines, m_lines=mlines, rows=p["BM"] // 16, esize=esize,
                       lag=gather_lag(p["STAGES"]), B_BYTES=p["BN"] * ROW_BYTES,

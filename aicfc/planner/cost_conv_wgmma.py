@@ -69,11 +69,6 @@ IM2COL_PIXELS_PER_US = 620  # pixels an SM's TMA walks a microsecond in im2col m
 GATHER_GROUPS = 2            # the groups of copies in flight that measured times bear out (not STAGES - 1: see t_round)
 
 
-def narrow(k, types: Mapping) -> bool:
-    geo = conv_wgmma.im2col_geometry(k, types)
-    return not isinstance(geo, str) and geo.narrow
-
-
 def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
     from aicfc.ir.properties import implicit_gemm
     m, n, kk = conv_wgmma.dims(k)
@@ -92,7 +87,8 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         t_round = 0.0
         # the TMA walks an im2col box a pixel at a time: one pixel row per copy and tap (8 taps of 16 bytes a
         # k-block for the 8-channel stem, one 128-byte row otherwise)
-        copies = ROW_BYTES // (ITEMSIZE[p["dtype"]] * types[g.a.buffer].shape[-1]) if narrow(k, types) else 1
+        # (the image is channels-last: 64 or more channels a pixel are one copy, 8 are 8)
+        copies = max(1, ROW_BYTES // (ITEMSIZE[p["dtype"]] * types[g.a.buffer].shape[-1]))
         t_gather = copies * bm / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
         t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
     else:
