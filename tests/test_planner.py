@@ -153,3 +153,27 @@ def test_compile_checks_registers_with_ptxas_unless_told_not_to(tmp_path, monkey
     assert checked["predicted"]["registers_ptxas"] == checked["registers"]
     blind = only_kernel(aicfc.compile(matmul(256, 512, 512), precision="fp32", check_registers=False))
     assert "registers_ptxas" not in blind["predicted"]
+
+
+def batched_matmul(b: int, m: int, k: int, n: int, shared: bool):
+    w = np.random.default_rng(0).standard_normal((k, n) if shared else (b, k, n)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "bmm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [b, m, n])],
+                          [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_weight_shared_by_the_batch_is_read_by_every_batch_item(shared):
+    """ResNet-50's stage-4 1x1 convolutions as a batched GEMM (32 images of 49 pixels, M = 49 per
+    batch item): a 64x128 mma tile's L2 re-reads are A 15 times over (16 column tiles) and the
+    weight once per batch item beyond the first, 31 times, not 0 (`cost.tile_rereads`); a weight
+    of its own per batch item is read once."""
+    from aicfc.planner.hardware import load_profile
+    k = only_kernel(aicfc.compile(batched_matmul(32, 49, 512, 2048, shared), precision="fp16",
+                                  pin={"unit": "mma", "BM": "64", "BN": "128"}, check_registers=False))
+    assert k["grid"] == [16, 1, 32]
+    a, w = 32 * 49 * 512 * 2, (32 if not shared else 1) * 512 * 2048 * 2
+    l2 = k["predicted"]["t_l2_us"] * load_profile("sm_90").l2_bandwidth_gbs * 1e3
+    assert l2 == pytest.approx(15 * a + (31 * w if shared else 0), rel=1e-4)

@@ -9,6 +9,7 @@ Every family's cost is the same formula over family-specific counts:
                                                                   re-reads that do not fit in L2
     t_l2         = l2_bytes / l2_bandwidth                        re-reads that hit in L2
                    (row passes: `_row_cost` counts the row re-reads its schedule makes)
+                   (tiled GEMMs: `tile_rereads`, every batch item re-reading a shared operand)
     t_compute    = flops_issued / (peak_unit * eff.unit * issue_eff)
                    unit: fp32_simt, or the tensor-core rate of the mma type (eff.mma_sync)
     t_smem       = shared-memory bytes read and written / (SMs * smem_bandwidth_per_sm)
@@ -45,7 +46,8 @@ from typing import Callable, Mapping
 from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_reduce
 from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Call, Const, Expr, count_ops, indirect_dims, loads
+from aicfc.ir.lowered import Call, Const, Expr, Load, count_ops, indirect_dims, loads
+from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
@@ -366,8 +368,7 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     read, write = gemm.smem_traffic(p, *gemm.operand_k_fast(k, types))
     warp_steps = nb * math.ceil(m / bm) * math.ceil(n / bn) * ksteps * math.ceil(threads / 32)
     smem = warp_steps * (read + write) * 128.0
-    a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
-    l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
+    l2 = tile_rereads(c, m, n, bm, bn, batch, types)
     waves = math.ceil(blocks / (hw.sm_count * bps))
     # A block's K step: its multiply at the SM's rate, then the wait for the tiles fetched at its
     # start; other resident blocks fill that wait, a lone block (bps = 1) cannot.
@@ -381,6 +382,33 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     est.terms["issue_eff"] = issue_eff
     est.terms["ilp"] = ilp
     return est
+
+
+def tile_rereads(c: Contraction, m: int, n: int, bm: int, bn: int, batch: list[tuple[str, int]],
+                 types: Mapping) -> float:
+    """L2 bytes a tiled GEMM's blocks read beyond each operand's one DRAM read. Every block of
+    batch item b and tile (i, j) reads A's row panel (i of b) and B's column panel (j of b), so
+    A is read ceil(N/BN)·nb/nb_A times over and B ceil(M/BM)·nb/nb_B, where nb_A (nb_B) is the
+    product of the batch extents the operand's index uses:
+
+        l2 = A·(ceil(N/BN)·nb/nb_A - 1) + B·(ceil(M/BM)·nb/nb_B - 1)
+
+    An operand that ignores the batch (a weight under a batched activation: ResNet-50's
+    channels-last 1x1 convolutions, 32 images of 49 pixels each as batch items of M = 49) is
+    read whole by every batch item. Counting it once per tile row, as for an unbatched GEMM,
+    missed 31 of the 32 reads of stage 4's 2 MB weights (64 MB of L2 traffic, about 6.4 us
+    at 10 TB/s): their mma plans (BM=64 BN=128 and BN=256 SPLITK=2) measured 19.0-24.4 us on
+    the H100 and H200 against 13.5-13.6 predicted (profile_resnet50_b32_session6_h100.txt,
+    profile_resnet50_b32_wgmma_h200.txt); with the re-reads the model says 18.1 and 20.2."""
+    nb = math.prod(e for _, e in batch)
+
+    def per_item(ld: Load) -> float:   # how many batch items share one copy of the operand
+        used = {v for ix in ld.index for v, _ in ix.terms}
+        return nb / math.prod(e for v, e in batch if v in used)
+
+    a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
+    return (a_bytes * (math.ceil(n / bn) * per_item(c.a) - 1)
+            + b_bytes * (math.ceil(m / bm) * per_item(c.b) - 1))
 
 
 SPLITK_OVERHEAD_US = 4.0   # fence, ticket and reduction of a split-k GEMM (default of the profile field)
@@ -405,8 +433,7 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     # about twice the shared-memory time of an ldmatrix read of the same bytes
     frag = 2.0 if p["dtype"] == "tf32" else 1.0
     smem = nb * tiles * ksteps * bk * esize * ((bm + bn) + frag * p["WM"] * p["WN"] * (wtm + wtn))
-    a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
-    l2 = a_bytes * (math.ceil(n / bn) - 1) + b_bytes * (math.ceil(m / bm) - 1)
+    l2 = tile_rereads(c, m, n, bm, bn, batch, types)
     splits = p.get("SPLITK", 1)
     latency = load_latency(hw)
     waves = math.ceil(blocks / (hw.sm_count * bps))
