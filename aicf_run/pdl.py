@@ -45,6 +45,8 @@ _PROTOTYPES: dict[str, list[Any]] = {
     "cuModuleUnload": [_P],
     "cuFuncSetAttribute": [_P, ctypes.c_int, ctypes.c_int],
     "cuLaunchKernelEx": [ctypes.POINTER(_Config), _P, ctypes.POINTER(_P), ctypes.POINTER(_P)],
+    "cuModuleGetGlobal_v2": [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), _P, ctypes.c_char_p],
+    "cuMemcpyHtoD_v2": [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t],
 }
 
 
@@ -90,6 +92,18 @@ class Modules:
             _check(self._lib, "cuFuncSetAttribute",
                    self._lib.cuFuncSetAttribute(handle, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes), what)
         return handle.value
+
+    def write_global(self, module: int, symbol: str, data: bytes, what: str) -> None:
+        """Copy `data` into the module's global (or constant) variable `symbol`, which must be
+        exactly that size: a kernel's tensor maps in constant memory ([Note: TMA maps in constant
+        memory] in aicfc/codegen/tma.py), in this instance of the module as in PyCUDA's."""
+        address, size = ctypes.c_uint64(), ctypes.c_size_t()
+        _check(self._lib, "cuModuleGetGlobal", self._lib.cuModuleGetGlobal_v2(
+            ctypes.byref(address), ctypes.byref(size), _P(self.handles[module]), symbol.encode()), what)
+        if size.value != len(data):
+            raise RunError(f"{what}: {symbol} holds {size.value} bytes, not the {len(data)} of its tensor maps; "
+                           f"the bundle is inconsistent, recompile it with aicfc compile")
+        _check(self._lib, "cuMemcpyHtoD", self._lib.cuMemcpyHtoD_v2(address, data, len(data)), what)
 
     def close(self) -> None:
         handles, self.handles = self.handles, []

@@ -33,6 +33,7 @@ ITEMSIZE: dict[str, int] = {
     "int64": 8, "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
 }
 IO_DTYPES = frozenset(ITEMSIZE) - {"bfloat16"}
+_MAX_SYMBOL = 256   # a kernel's constant array of tensor maps: a C identifier
 _MAX_GRID = (2**31 - 1, 65535, 65535)
 _MAX_BLOCK = (1024, 1024, 64)
 _MAX_THREADS = 1024
@@ -280,6 +281,12 @@ def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> Non
         if "tensor_maps" in kernel:   # optional: bundles from before TMA kernels have none
             for map_where, record in _records(kernel, "tensor_maps", where):
                 _check_tensor_map(record, map_where, buffers)
+        if "maps_symbol" in kernel:   # optional: [Note: TMA maps in constant memory] (aicfc/codegen/tma.py)
+            symbol = _str(kernel, "maps_symbol", where)
+            if not (0 < len(symbol) <= _MAX_SYMBOL and symbol.isidentifier() and symbol.isascii()):
+                _fail(f"{where}.maps_symbol", f"{_describe(symbol)} is not a C identifier of at most {_MAX_SYMBOL} characters")
+            if not kernel.get("tensor_maps"):
+                _fail(f"{where}.maps_symbol", "names a constant array, but the kernel has no tensor_maps")
 
 
 def _check_tensor_map(record: dict, where: str, buffers: list[dict]) -> None:

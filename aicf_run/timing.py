@@ -122,15 +122,26 @@ class KernelBench:
             return None
 
     def time_us(self, symbol: str, grid: tuple[int, int, int], block: tuple[int, int, int],
-                smem: int, tensor_maps: Sequence[Mapping[str, Any]] = ()) -> float:
+                smem: int, tensor_maps: Sequence[Mapping[str, Any]] = (), maps_symbol: str | None = None) -> float:
         """Median time per launch of `symbol` in microseconds; LaunchRefused if it cannot run.
 
         `tensor_maps`: the kernel's TMA records ([Note: TMA record]) in argument order, each
-        with `buffer` the index of the argument (of the bench's arrays) the map reads.
+        with `buffer` the index of the argument (of the bench's arrays) the map reads;
+        `maps_symbol`: the module's constant array the kernel reads them from instead, if any.
         """
         cuda = self._cuda
         function = self._function(symbol)
-        maps, (table,) = tensormap.upload(cuda, [self._encode(symbol, tensor_maps)], symbol)
+        encoded = self._encode(symbol, tensor_maps)
+        if maps_symbol is not None and encoded:
+            try:
+                address, size = self._module.get_global(maps_symbol)
+            except cuda.Error as err:
+                raise RunError(f"kernel {symbol}: no constant array {maps_symbol} in its tuning module "
+                               f"({_one_line(err)}); this is an aicfc bug") from None
+            if size != sum(len(m) for m in encoded):
+                raise RunError(f"kernel {symbol}: {maps_symbol} holds {size} bytes, not its maps'; this is an aicfc bug")
+            cuda.memcpy_htod(address, b"".join(encoded))
+        maps, (table,) = tensormap.upload(cuda, [encoded], symbol)
         try:
             return self._time(symbol, function, grid, block, smem, (table, *self._pointers) if maps else self._pointers)
         finally:

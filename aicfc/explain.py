@@ -39,6 +39,7 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         "inputs": [{k: v[k] for k in ("name", "dtype", "shape")} for v in payload["inputs"]],
         "outputs": [{k: v[k] for k in ("name", "dtype", "shape")} for v in payload["outputs"]],
         "kernels": [{k: kern.get(k) for k in KERNEL_KEYS} | {"stores": kern.get("stores", []),
+                                                             "tensor_maps": _maps_in(kern),
                                                              "candidates": [_only(c, CANDIDATE_KEYS) for c in kern["candidates"]],
                                                              "registers_source": "ptxas"
                     if kern.get("registers") is not None else "unknown"} for kern in payload["kernels"]],
@@ -178,6 +179,8 @@ def explain_text(payload: dict[str, Any]) -> str:
                    f"; rewrites: {', '.join(k['rewrites']) or 'none'}")
         out.append(f"    schedule {_fmt_params(k['params'])}  grid={k['grid']} block={k['block']} "
                    f"smem={k['smem_bytes']} B  {regs}")
+        if k["tensor_maps"]:
+            out.append(f"    tensor maps: {k['tensor_maps']}")
         out.append(f"    predicted {p['time_us']:.2f} us = {_formula(p)};  {p['flops']:.3g} FLOP, {_bytes(p['bytes'])}")
         beaten = [c for c in k["candidates"] if "predicted_time_us" in c]
         rejected = [c for c in k["candidates"] if "rejected_because" in c]
@@ -248,3 +251,13 @@ def explain_plans_text(views: list[dict[str, Any]], section_bytes: int) -> str:
         out.append(f"=== plan {p['index']} of {len(views)}: {p['name']} ===")
         out.append(explain_text(view))
     return "\n".join(out)
+
+
+def _maps_in(kernel: dict) -> str:
+    """Where a kernel's TMA maps live ([Note: TMA maps in constant memory] in codegen/tma.py)."""
+    n = len(kernel.get("tensor_maps") or ())
+    if not n:
+        return ""
+    if kernel.get("maps_symbol"):
+        return f"{n} in constant memory ({kernel['maps_symbol']}), read without fences"
+    return f"{n} in global memory, each fenced once a block (about 0.25 us each before the first copy)"

@@ -28,7 +28,7 @@ from aicf_run.timing import SPIN_SOURCE
 from aicfc.codegen import FAMILIES
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.scratch import scratch
-from aicfc.codegen.tma import records
+from aicfc.codegen.tma import maps_symbol, records
 from aicfc.codegen.module import count_registers, module_header, resolve_jobs
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
@@ -184,7 +184,9 @@ def source(plan: Plan, kt: KernelTune) -> str:
     """One CUDA module holding every candidate of one kernel, and the timer's spin kernel."""
     types = plan.types()
     family = FAMILIES[kt.family]
-    kernels = [family.render_kernel(kt.kernel, c.params, types, symbol(kt, c)) for c in kt.candidates]
+    # maps in constant memory, as the compiled plan has them ([Note: TMA maps in constant memory])
+    kernels = [family.render_kernel(kt.kernel, dict(c.params, MAPS=maps_symbol(symbol(kt, c))), types, symbol(kt, c))
+               for c in kt.candidates]
     return "\n".join([module_header(plan, len(kt.candidates)), SPIN_SOURCE, *kernels])
 
 
@@ -312,7 +314,9 @@ def _measure(device: Any, kt: KernelTune, built: Built,
                 name = symbol(kt, c)
                 c.registers = built.registers.get(name)
                 try:
-                    t = bench.time_us(name, c.grid, c.block, c.dyn_smem, map_records(c))
+                    records = map_records(c)
+                    t = bench.time_us(name, c.grid, c.block, c.dyn_smem, records,
+                                      maps_symbol(name) if records else None)
                 except LaunchRefused as e:
                     c.failed = str(e)
                 else:

@@ -211,3 +211,108 @@ def test_wgmma_register_stores_where_staging_was_possible(precision, gpu_device)
     """N = 264: 16-byte rows, stored from registers by choice (partial tiles in M and N)."""
     _check(gemm_transb_bias_relu(200, 136, 264, np.random.default_rng(11)), precision,
            {"unit": "wgmma", "OUT": 0, "BN": 256}, gpu_device, seed=12)
+
+
+# ------------------------------------------------------------------ TMA stores (TS = 1)
+
+def test_tma_store_is_a_choice_where_the_output_is_staged():
+    """TS = 1 candidates exist beside the staged stores where the output can be staged, and the kernel then
+    takes a third tensor map: the output's, boxes of one 128-byte row by a warpgroup's rows."""
+    plan = _plan(matmul(300, 256, 192, np.random.default_rng(0)), pin={"unit": "wgmma", "TS": 1, "MI": 2, "BN": 128})
+    k = _gemm_kernel(plan)
+    assert k.schedule.param["TS"] == 1 and k.schedule.param["OUT"] == 2
+    maps = tensor_maps(k, None, plan.types())
+    assert len(maps) == 3
+    out = maps[2]
+    assert out.buffer == k.stores[0] and out.dims == (192, 300) and out.strides == (384,)
+    assert out.box == (64, 128) and out.swizzle == 128
+    with pytest.raises(AicfError, match="--pin"):   # N = 77: no 16-byte rows, so nothing to stage or store by TMA
+        _plan(gemm_transb_bias_relu(64, 136, 77, np.random.default_rng(0)), pin={"unit": "wgmma", "TS": 1})
+
+
+def test_tma_store_map_has_one_dimension_per_batch_variable():
+    plan = _plan(two_inputs_batched(72, 136, 88, np.random.default_rng(0)), pin={"unit": "wgmma", "TS": 1})
+    k = _gemm_kernel(plan)
+    out = tensor_maps(k, None, plan.types())[2]
+    assert len(out.dims) == 3 and out.dims[:2] == (88, 72) and out.problems() is None
+
+
+def test_tma_store_template_builds():
+    payload = aicfc.compile(matmul(256, 512, 384, np.random.default_rng(0)), target="sm_90", precision="fp16",
+                            pin={"unit": "wgmma", "TS": 1})
+    k = payload["kernels"][0]
+    assert k["params"]["TS"] == 1 and len(k["tensor_maps"]) == 3
+
+
+TMA_STORE = [({"NWG": 2, "PP": 0, "MI": 1, "BN": 192}, "fp16"), ({"NWG": 2, "PP": 0, "MI": 1, "BN": 256}, "bf16"),
+             ({"NWG": 2, "PP": 1, "MI": 2, "BN": 128}, "fp16"), ({"NWG": 1, "PP": 0, "MI": 2, "BN": 64}, "bf16"),
+             ({"NWG": 2, "PP": 0, "MI": 1, "BN": 128}, "tf32"), ({"NWG": 2, "PP": 1, "MI": 1, "BN": 256}, "tf32"),
+             ({"NWG": 2, "PP": 0, "MI": 1, "BN": 192, "CLUSTER": 2}, "fp16")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile,precision", TMA_STORE, ids=lambda v: "-".join(f"{a}{b}" for a, b in v.items())
+                         if isinstance(v, dict) else v)
+def test_wgmma_tma_store(tile, precision, gpu_device):
+    """The output written by TMA stores: edges in M and N (the TMA clips them), several tiles per block
+    (a warpgroup's next tile waits for its last store to have read the staging), and a bias + ReLU."""
+    _check(gemm_transb_bias_relu(700, 512, 1000, np.random.default_rng(21)), precision,
+           {"unit": "wgmma", "TS": 1, **tile}, gpu_device, seed=22)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp16", "bf16"))
+@pytest.mark.parametrize("build,shape", LAYOUTS, ids=[f"{f.__name__}-{'x'.join(map(str, s))}" for f, s in LAYOUTS])
+def test_wgmma_tma_store_layouts(build, shape, precision, gpu_device):
+    _check(build(*shape, np.random.default_rng(sum(shape))), precision, {"unit": "wgmma", "TS": 1}, gpu_device,
+           seed=sum(shape) + 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", (2, 4))
+def test_wgmma_tma_store_split_k(splits, gpu_device):
+    _check(gemm_transb_bias_relu(128, 3072, 768, np.random.default_rng(23)), "fp16",
+           {"unit": "wgmma", "TS": 1, "SPLITK": splits}, gpu_device, seed=24)
+
+
+# ------------------------------------------------------------------ maps in constant memory
+
+def test_maps_live_in_constant_memory_without_fences():
+    """[Note: TMA maps in constant memory]: the kernel declares its maps' constant array, reads them there
+    unfenced, and the bundle names the array for aicf_run."""
+    payload = aicfc.compile(matmul(256, 512, 384, np.random.default_rng(0)), target="sm_90", precision="fp16",
+                            pin={"unit": "wgmma", "TS": 1})
+    k = payload["kernels"][0]
+    source = payload["modules"][k["module"]]["source"]
+    assert k["maps_symbol"] == "k0_tmaps" and len(k["tensor_maps"]) == 3
+    assert "__constant__ AicfTmap k0_tmaps[3];" in source and "fence.proxy.tensormap" not in source
+
+
+def test_maps_past_the_constant_budget_stay_in_global_memory_fenced(monkeypatch):
+    from aicfc.codegen import tma
+    monkeypatch.setattr(tma, "CONST_BUDGET", 0)
+    payload = aicfc.compile(matmul(256, 512, 384, np.random.default_rng(0)), target="sm_90", precision="fp16",
+                            pin={"unit": "wgmma"})
+    k = payload["kernels"][0]
+    source = payload["modules"][k["module"]]["source"]
+    assert "maps_symbol" not in k and "__constant__ AicfTmap" not in source
+    assert source.count("fence.proxy.tensormap::generic.acquire") == 2
+
+
+def test_constant_budget_is_taken_in_launch_order(monkeypatch):
+    from aicfc.codegen import tma
+    monkeypatch.setattr(tma, "CONST_BUDGET", 256)   # one kernel's two maps
+    plan = _plan(two_inputs_batched(72, 136, 88, np.random.default_rng(0)), pin={"unit": "wgmma", "TS": 0})
+    two = plan.replace(kernels=plan.kernels + tuple(k.replace(name=k.name + "b") for k in plan.kernels))
+    names = [k.name for k in two.kernels if tensor_maps(k, None, two.types())]
+    assert tma.constant_maps(two) == frozenset(names[:1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ts", (0, 1))
+def test_wgmma_maps_in_global_memory(ts, gpu_device, monkeypatch):
+    """The fenced maps in global memory (past the constant budget) still run, staged and TMA-stored."""
+    from aicfc.codegen import tma
+    monkeypatch.setattr(tma, "CONST_BUDGET", 0)
+    _check(gemm_transb_bias_relu(700, 512, 1000, np.random.default_rng(25)), "fp16",
+           {"unit": "wgmma", "TS": ts, "BN": 128}, gpu_device, seed=26)

@@ -419,6 +419,21 @@ SCHEMA_CASES += [
 ]
 
 
+SCHEMA_CASES += [
+    ("maps_symbol_not_a_str", lambda p: p["kernels"][0].update(maps_symbol=7), "kernels[0].maps_symbol"),
+    ("maps_symbol_not_an_identifier", lambda p: p["kernels"][0].update(maps_symbol="k0 maps"),
+     "kernels[0].maps_symbol"),
+    ("maps_symbol_without_maps", lambda p: p["kernels"][0].update(maps_symbol="k0_tmaps", tensor_maps=[]),
+     "kernels[0].maps_symbol"),
+]
+
+
+def test_schema_accepts_a_maps_symbol() -> None:
+    payload = tma_payload()
+    payload["kernels"][0]["maps_symbol"] = "k0_tmaps"
+    validate_payload(payload)
+
+
 def test_schema_accepts_an_im2col_map() -> None:
     payload = tma_payload()
     _im2col_map()(payload)

@@ -9,7 +9,7 @@ from aicfc import __version__
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.io_cast import Converted
 from aicfc.codegen.module import ModuleBuild
-from aicfc.codegen.tma import records
+from aicfc.codegen.tma import constant_maps, maps_symbol, records
 from aicfc.ir.decision import Plan
 from aicfc.passes.pipeline import Result
 from aicfc.ir.types import ITEMSIZE
@@ -29,14 +29,16 @@ def module_record(m: ModuleBuild, arch: str) -> dict[str, Any]:
             "source_sha256": _sha(m.source.encode()), "source": m.source}
 
 
-def _kernel(k, index: dict[str, int], module: int, types, launch: str) -> dict[str, Any]:
+def _kernel(k, index: dict[str, int], module: int, types, launch: str,
+            constant: frozenset[str] = frozenset()) -> dict[str, Any]:
     s = k.schedule
+    maps_in = {"maps_symbol": maps_symbol(k.name)} if k.name in constant else {}
     return {
         "name": k.name, "module": module, "symbol": k.name, "family": k.family,
         "params": dict(s.params), "grid": list(s.grid), "block": list(s.block),
         "smem_bytes": s.smem_bytes, "registers": s.registers,
         "args": [index[b] for b in kernel_args(k)],
-        "tensor_maps": records(k, None, types, index),
+        "tensor_maps": records(k, None, types, index), **maps_in,
         "onnx_nodes": list(k.origins), "properties": list(k.properties), "rewrites": list(k.rewrites),
         "stores": list(k.stores),
         "launch": launch,
@@ -97,6 +99,7 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         return [{"name": n, "dtype": host.get(n, types[n]).bundle_name, "shape": list(types[n].shape), "buffer": index[n],
                  **({"cast": cast_records[n]} if n in cast_records else {})}
                 for n in names]
+    constant = constant_maps(plan)   # [Note: TMA maps in constant memory], as codegen/module.py rendered them
     return {
         "format_version": FORMAT_VERSION,
         "compiler": {"name": "aicfc", "version": __version__},
@@ -115,7 +118,7 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
         "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
         "modules": [module_record(m, plan.target) for m in modules],
-        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch) for k in plan.kernels],
+        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant) for k in plan.kernels],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [
             {"kind": "state", "input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,

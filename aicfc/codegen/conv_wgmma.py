@@ -451,7 +451,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   decompose=parts["decompose"], epilogue=parts["epilogue"],
                   paired=paired_lines(k, types, parts["params"], parts["idx"]), staged=None, SPLITK=1,
                   KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, ROT_D=None,
-                  PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1,
+                  PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, TS=None, MAPS=p.get("MAPS"),
                   im2col=im2col,
                   gather=None if tma_a else dict(
                       arrivals=GATHERERS + 1, k_lines=klines, m_lines=mlines, rows=p["BM"] // 16, esize=esize,

@@ -26,6 +26,15 @@ candidates where staging is possible: a staged fp32 tile costs as much shared me
 ring (128x256 tf32 does not fit beside 3 stages), and a quad of threads' fp32 pairs already
 fills a 32-byte sector, so the cost model charges register stores of 16-bit outputs alone the
 half-sector penalty.
+TS = 1 (with OUT > 0, where `output_map` finds the output's tensor map): the staged tile is laid
+out as the TMA boxes of the output's map (BN·OUT/128 boxes of 128-byte rows by 64·MI rows, 128-byte
+swizzled) and one thread of the warpgroup hands them to the TMA (`cp.async.bulk.tensor` shared ->
+global, bulk groups), which writes whole lines and clips the tile at M and N; the warpgroup only
+waits for the TMA to have read its staging before it stages the next tile. The output's map is
+the kernel's third. Not with PP = 1: ping-pong tiles with TMA stores measured about a third
+slower than staged stores (ResNet-50 B32's 1x1 GEMMs, 64x128 tiles: 22.2-23.1 us against
+16.6-16.9; benchmarks/results/profile_resnet50_b32_session7_h100.txt), the stores apparently
+holding up the other warpgroup's loads in the TMA unit; the cause is not measured further.
 PP = 1 (ping-pong, NWG = 2): each warpgroup owns whole tiles of BM = 64·MI rows and the two take
 a block's work units in turn, so one's epilogue runs under the other's k-blocks (the ring is
 shared in unit order);
@@ -75,7 +84,7 @@ from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = "sm_90"          # wgmma and setmaxnreg are sm_90a features: Hopper only
 SPACE = {"NWG": (1, 2), "PP": (0, 1), "MI": (1, 2), "BN": (64, 128, 192, 256), "STAGES": (2, 3, 4, 5, 6, 7, 8),
-         "SPLITK": (1, 2, 3, 4, 6, 8), "CLUSTER": (1, 2)}
+         "SPLITK": (1, 2, 3, 4, 6, 8), "CLUSTER": (1, 2), "TS": (0, 1)}
 KSTEP = {"f16": 16, "bf16": 16, "tf32": 8}
 ROW_BYTES = 128           # one swizzle row: BK·itemsize
 GROUP = 8                 # tile rows per raster group
@@ -104,6 +113,12 @@ def stage_bytes(p: Mapping) -> int:
 def out_wg_bytes(p: Mapping) -> int:
     """A consumer warpgroup's staging region for the output tile (0: stores from registers)."""
     return 64 * p["MI"] * (p["BN"] * p["OUT"] + 16) if p.get("OUT") else 0
+
+
+def out_box(p: Mapping) -> tuple[int, int]:
+    """(columns, rows) of one box of the output's tensor map (TS = 1): one 128-byte swizzle row of
+    columns, a warpgroup's 64·MI rows; BN / columns boxes a warpgroup's tile."""
+    return ROW_BYTES // p["OUT"], 64 * p["MI"]
 
 
 def smem_bytes(p: Mapping) -> int:
@@ -215,6 +230,31 @@ def operand(name: str, ld: Load, t: TensorType, var: str | None, extents: Mappin
     return f"operand {name.upper()}: {why}" if why else op
 
 
+def output_map(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> TensorMap | str:
+    """The output's tensor map for a TMA store (TS = 1), or why there is none: the staged layout
+    (`gemm.staged_layout`: one stored tensor, contiguous along n, 16-byte chunks) indexed by m, n and
+    the batch alone, at most 5 dimensions (n, m, the batch variables that step it)."""
+    from aicfc.codegen.gemm import dims, staged_layout, store_target
+    c, m, n, _, batch = dims(k)
+    layout = staged_layout(k, types, n)
+    if layout is None:
+        return "the output cannot be staged (not one tensor contiguous along n in 16-byte chunks)"
+    off, dt = layout
+    ext = dict(batch) | ({c.m: m} if c.m else {}) | {c.n: n}
+    if any(v not in ext for v, _ in off.terms):
+        return "the output is indexed by a variable outside m, n and the batch"
+    esize = ITEMSIZE[dt]
+    mdim = (m, off.coeff(c.m) * esize) if c.m and off.coeff(c.m) else (1, -(-n * esize // 16) * 16)
+    rest = [(ext[v], off.coeff(v) * esize) for v, _ in batch if off.coeff(v) and ext[v] > 1]
+    if len(rest) + 2 > 5:
+        return f"the output needs a rank-{len(rest) + 2} tensor map (TMA: at most 5)"
+    cols, rows = out_box({"OUT": esize, "MI": p["MI"]})
+    tm = TensorMap(store_target(k, types)[0].out, dt, off.const, (n, mdim[0]) + tuple(e for e, _ in rest),
+                   (mdim[1],) + tuple(s for _, s in rest), (cols, rows) + (1,) * len(rest), ROW_BYTES)
+    why = tm.problems()
+    return f"output: {why}" if why else tm
+
+
 def operands(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> tuple[Operand | str, Operand | str]:
     from aicfc.codegen.gemm import dims
     c, m, n, kk, batch = dims(k)
@@ -245,6 +285,8 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
     _, m, n, kk, batch = dims(k)
     layout = staged_layout(k, plan.types(), n)
     out = ITEMSIZE[layout[1]] if layout else 0   # bytes per staged output element; 0: no staging
+    tma_out = out and isinstance(output_map(k, {"MI": 1}, plan.types()), TensorMap)
+    stores = [(out, 0)] + ([(out, 1)] if tma_out else []) + ([(0, 0)] if out else [])   # (OUT, TS)
     nb = math.prod(e for _, e in batch)
     points = []
     for nwg, pp in ((n, pp) for n in SPACE["NWG"] for pp in SPACE["PP"] if n > 1 or not pp):
@@ -263,9 +305,9 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                         continue   # see the module note
                     pairs = math.ceil(math.ceil(m / bm) / 2) * math.ceil(n / bn) * nb
                     ctas = 2 * min(pairs, hw_sms // 2) if cl > 1 else min(tiles * sk, hw_sms)
-                    for st, o in ((st, o) for st in SPACE["STAGES"] for o in dict.fromkeys((out, 0))):
+                    for st, (o, ts) in ((st, o) for st in SPACE["STAGES"] for o in stores if not (pp and o[1])):
                         p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
-                             "MI": mi, "OUT": o, "STAGES": st, "SPLITK": sk, "CLUSTER": cl, "CTAS": ctas}
+                             "MI": mi, "OUT": o, "TS": ts, "STAGES": st, "SPLITK": sk, "CLUSTER": cl, "CTAS": ctas}
                         if smem_bytes(p) + static_smem(p) <= smem_limit:
                             points.append(p)
     return points
@@ -300,7 +342,12 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     a, b = operands(k, p, types)
     assert isinstance(a, Operand) and isinstance(b, Operand), (a, b)
     mapdt = "f32" if p["dtype"] == "tf32" else p["dtype"]
-    return [a.tensor_map(c.a.buffer, mapdt), b.tensor_map(c.b.buffer, mapdt)]
+    maps = [a.tensor_map(c.a.buffer, mapdt), b.tensor_map(c.b.buffer, mapdt)]
+    if p.get("TS"):
+        out = output_map(k, p, types)
+        assert isinstance(out, TensorMap), out
+        maps.append(out)
+    return maps
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
@@ -319,4 +366,19 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   paired=parts["paired"], staged=parts["staged"] if p.get("OUT") else None, SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
                   partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
                   CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1],
+                  TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"),
                   gather=None, im2col=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
+
+
+def store_coords(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> dict:
+    """What the template's TMA store needs: the boxes of a warpgroup's tile and the map's
+    coordinates past (n, m), the batch variables that step the output."""
+    out = output_map(k, p, types)
+    assert isinstance(out, TensorMap), out
+    from aicfc.codegen.gemm import dims, staged_layout
+    c, _, n, _, batch = dims(k)
+    off = staged_layout(k, types, n)[0]
+    cols, rows = out_box(p)
+    rest = [v for v, e in batch if off.coeff(v) and e > 1]
+    return {"rank": len(out.dims), "cols": cols, "rows": rows, "boxes": p["BN"] // cols,
+            "box_bytes": rows * ROW_BYTES, "batch": "".join(f", (int){v}" for v in rest)}

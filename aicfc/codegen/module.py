@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from aicfc import __version__
 from aicfc.codegen import FAMILIES
-from aicfc.codegen import pdl
+from aicfc.codegen import pdl, tma
 from aicfc.codegen.common import render
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
@@ -82,10 +82,12 @@ def module_header(plan: Plan, count: int) -> str:
 def _render_kernels(plan: Plan) -> list[str]:
     types = plan.types()
     hw = load_profile(plan.target)
+    constant = tma.constant_maps(plan)   # [Note: TMA maps in constant memory]
     out = []
     for k in plan.kernels:
         assert k.schedule is not None, f"kernel {k.name} has no schedule; plan_schedules must run first"
-        body = FAMILIES[k.family].render_kernel(k, k.schedule.param, types, k.name)
+        param = dict(k.schedule.param, MAPS=tma.maps_symbol(k.name)) if k.name in constant else k.schedule.param
+        body = FAMILIES[k.family].render_kernel(k, param, types, k.name)
         if plan.launch == pdl.DEPENDENT:
             s = k.schedule
             body = pdl.instrument(body, k.name, pdl.trigger_from(s.grid, s.block, s.smem_bytes, s.registers, hw))

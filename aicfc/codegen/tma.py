@@ -10,6 +10,26 @@ computes nothing: the global address is the buffer's base plus `offset` elements
 (Not `__grid_constant__` parameters: PyCUDA launches with a packed parameter buffer, and on
 the H200 with driver 580 a kernel with a grid-constant parameter read that buffer wrongly.)
 
+[Note: TMA maps in constant memory]
+Maps in global memory were written through the generic proxy, so every block must fence each
+one (`fence.proxy.tensormap::generic.acquire`) before the TMA reads it. Maps in `__constant__`
+memory, written by the host before the launch, need no fence (CUDA programming guide, "tensor
+maps"). So a kernel of `constant_maps(plan)` declares `__constant__ AicfTmap <symbol>[n]`
+(symbol: `maps_symbol`) and reads its maps there; the bundle records the symbol, and `aicf_run`
+writes the encoded maps into it in every instance of the module it loads (the kernel's pointer
+argument still comes first and points at the same maps in global memory, unused). A module's
+constant bank holds 64 KB, so a plan puts its first CONST_BUDGET bytes of maps (launch order)
+there; the rest stay in global memory, fenced.
+What it buys, measured on an H100 (benchmarks/results/gemm_tma_store_session7_h100.txt): three
+fences in one kernel cost 0.7 us before its first copy (4096x768x768 with TMA stores, 11.1 us
+against 10.4 with none), serial whichever threads issue them. In one process, the shipped GEMMs
+with their two maps in constant memory against the same kernels fenced in global memory measured
+the same within the rounds' spread (4096x64x768 5.34 against 5.24 us, 4096x768x768 10.52 against
+10.65, 4096x768x3072 34.33 against 34.77): either a map's first read from the constant bank costs
+about what two fences do, or two fences cost less than these kernels' spread; not separated.
+ResNet-50 B32's 3x3 convolutions measured 1.0-1.5 us faster each than in the session before, on
+another H100: not an A/B.
+
 [Note: TMA record]
   buffer    the tensor the map reads (a buffer name here, its id in the bundle)
   dtype     "f16" | "bf16" | "f32" (the map's element type; tf32 operands are f32 in memory)
@@ -42,6 +62,8 @@ from typing import Any, Mapping
 from aicfc.ir.types import ITEMSIZE
 
 MAX_RANK = 5
+MAP_BYTES = 128
+CONST_BUDGET = 32 * 1024   # bytes of a plan's maps in constant memory (half a module's 64 KB bank)
 MAX_BOX = 256
 SWIZZLES = (0, 32, 64, 128)
 
@@ -131,3 +153,21 @@ def records(k: Any, params: Mapping | None, types: Mapping, index: Mapping[str, 
     missing = [m.buffer for m in maps if m.buffer not in index]
     assert not missing, f"{k.name}: tensor maps over {missing}, which are not {what}"
     return [m.record(index) for m in maps]
+
+
+def maps_symbol(kernel_name: str) -> str:
+    """The `__constant__` array a kernel of `constant_maps` reads its maps from."""
+    return f"{kernel_name}_tmaps"
+
+
+def constant_maps(plan: Any) -> frozenset[str]:
+    """The kernels whose maps live in constant memory ([Note: TMA maps in constant memory]): in
+    launch order, while the plan's maps there stay within CONST_BUDGET bytes."""
+    types = plan.types()
+    names, used = [], 0
+    for k in plan.kernels:
+        n = len(tensor_maps(k, None, types)) * MAP_BYTES
+        if n and used + n <= CONST_BUDGET:
+            names.append(k.name)
+            used += n
+    return frozenset(names)

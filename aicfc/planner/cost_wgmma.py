@@ -29,10 +29,15 @@ fetches the next tile:
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
                  + EPILOGUE_US        16-bit stores from registers count twice their bytes (half
                                       sectors); fp32 ones, and staged ones (OUT > 0), once
-                 + BM·BN·(epilogue instructions + STORE_OPS) / (EPILOGUE_RATE · sqrt(warpgroups))
+                 + BM·BN·(epilogue instructions + STORE_OPS) / (EPILOGUE_RATE · COOP_EPILOGUE_SCALE
+                                      for two cooperative warpgroups)
                                       (an erf-GELU is 32 instructions an element: exposed unless PP)
                  + split-k (SPLITK > 1): the partial tile written; the last split's reads of all
                  of them and splitk_overhead_us are added once (t_reduce, its critical path)
+    TMA stores (TS = 1): a warpgroup stages its tile and hands it to the TMA, which writes it while the
+                 warpgroup starts its next tile, so of every tile but the block's last only
+                 (1 - TS_HIDDEN) of the bytes term stays on the critical path (t_store); the output's map
+                 adds one fence before the first copy (MAP_FENCE_US, t_fill)
     t_fill     = load_latency · (1 + k-blocks the ring cannot cover)   first tile of each block
                  + 128·(BM + BN/CLUSTER) / (l2_bandwidth / SMs)
                                       the first k-block's bytes: every SM asks for its first stages at
@@ -69,6 +74,11 @@ SPLITK_OVERHEAD_US = 4.0   # the last split's fence, ticket and reduction start 
 # cooperative 128x256 tile's on two warpgroups about 13 us (88e3/us). Far below the issue rate: the
 # epilogue's loads and conversions leave its few warps waiting. Profile: wgmma_epilogue_rate.
 EPILOGUE_RATE = 60e3
+# Two cooperative warpgroups retire a tile's epilogue this much faster than one. sqrt(2) from the H200's register
+# epilogue; on the H100 with the staged one, BERT's FFN1 (4096x768x3072 + bias + erf-GELU, 128x256 tiles, 3 an SM)
+# measured 84.1 us cooperative against 32.2 for the plain GEMM: 17 us a tile for 128x256x35 instructions, 67e3/us
+# (benchmarks/results/gemm_tma_store_session7_h100.txt). Ping-pong measured 69.0 us.
+COOP_EPILOGUE_SCALE = 1.12
 STORE_OPS = 3              # per output element: the conversion, the shared store, the address
 EPILOGUE_US = 0.3          # fixed cost of a tile's epilogue: the wait, address arithmetic, store issue
 WGMMA_ISSUE_CYCLES = 8     # tensor-pipe cycles an m64nNk16 loses to its issue, against N/2 of work
@@ -83,6 +93,16 @@ TMA_LATENCY_US = 1.0      # a TMA box's round trip from DRAM under load (profile
 CLUSTER_RELEASE_US = 0.26
 CLUSTER_US = 0.0
 EFF_DEFAULT = 0.85         # eff.wgmma_gemm when the profile has none
+# The output's map (TS = 1), a kernel's third: fenced in global memory, three fences measured 11.07-11.15 us against
+# none 10.37-10.42 on 4096x768x768 (H100, 3 rounds each), about 0.25 us each. The launch overhead was fitted on
+# kernels with two maps, so only the third is charged. In constant memory ([Note: TMA maps in constant memory] in
+# codegen/tma.py) two maps measured the same as two fenced ones; the third is charged alike.
+MAP_FENCE_US = 0.25
+# TMA stores (TS = 1), H100, fp16, 3 rounds each (benchmarks/results/gemm_tma_store_session7_h100.txt): 4096x768x3072
+# (128x256 tiles, 3 an SM) 31.9-33.3 us against 33.1-33.8 staged: about 0.8 us for two stores of 0.87 us each left
+# under the next tile, less the fence: about half of a store's bytes leave the critical path. One tile an SM
+# (4096x768x768) gains nothing and pays the fence: 10.4 us (no fences) against 10.2-10.5.
+TS_HIDDEN = 0.5
 
 
 def n_eff(bn: int) -> float:
@@ -115,12 +135,12 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # a quad of threads stores 4 column pairs of a row from registers: 16 bytes of a 32-byte sector for
     # 16-bit outputs (each sector written twice), a whole one for fp32; staged stores write whole sectors
     half = not p.get("OUT") and any(ITEMSIZE[types[s].dtype] < 4 for s in k.stores)
-    t_epi = bm * bn * out_bytes * (2 if half else 1) / l2_sm + bm * bn * extra / l2_sm \
-        + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
+    t_store = bm * bn * out_bytes * (2 if half else 1) / l2_sm
+    t_epi = t_store + bm * bn * extra / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
     # the epilogue's arithmetic on the tile's consumer warps, at EPILOGUE_RATE thread-instructions per us
-    # per SM for one warpgroup, times sqrt(warpgroups) for more
-    warps = 4 * (1 if p.get("PP") else p["NWG"])
-    issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(warps / 4)
+    # per SM for one warpgroup, COOP_EPILOGUE_SCALE times that for two cooperative ones
+    coop = not p.get("PP") and p["NWG"] > 1
+    issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * (COOP_EPILOGUE_SCALE if coop else 1.0)
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
     t_reduce = 0.0
     if sk > 1:
@@ -142,11 +162,15 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
     rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
+    # TMA stores: all but the last tile's leave TS_HIDDEN of their bytes under the next tile
+    hidden = TS_HIDDEN * t_store if p.get("TS") else 0.0
+    if p.get("TS"):
+        t_fill += MAP_FENCE_US
     if p.get("PP"):
         # ping-pong: a warpgroup's epilogue runs under the other's k-blocks; the last one stays exposed
-        t_tiles = per_sm * max(ktiles * t_kblock, t_epi) + t_epi
+        t_tiles = per_sm * max(ktiles * t_kblock, t_epi - hidden) + t_epi
     else:
-        t_tiles = per_sm * (ktiles * t_kblock + t_epi)
+        t_tiles = per_sm * (ktiles * t_kblock + t_epi - hidden) + hidden
     t_cluster = hw.data.get("cluster_overhead_us", CLUSTER_US) if cl > 1 else 0.0
     time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram) + t_cluster
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
