@@ -245,9 +245,16 @@ def test_tma_store_template_builds():
 
 
 TMA_STORE = [({"NWG": 2, "PP": 0, "MI": 1, "BN": 192}, "fp16"), ({"NWG": 2, "PP": 0, "MI": 1, "BN": 256}, "bf16"),
-             ({"NWG": 2, "PP": 1, "MI": 2, "BN": 128}, "fp16"), ({"NWG": 1, "PP": 0, "MI": 2, "BN": 64}, "bf16"),
-             ({"NWG": 2, "PP": 0, "MI": 1, "BN": 128}, "tf32"), ({"NWG": 2, "PP": 1, "MI": 1, "BN": 256}, "tf32"),
+             ({"NWG": 1, "PP": 0, "MI": 2, "BN": 64}, "bf16"), ({"NWG": 2, "PP": 0, "MI": 1, "BN": 128}, "tf32"),
              ({"NWG": 2, "PP": 0, "MI": 1, "BN": 192, "CLUSTER": 2}, "fp16")]
+
+
+def test_tma_store_is_not_offered_with_ping_pong():
+    """Ping-pong tiles with TMA stores measured about a third slower than staged (ResNet-50's 1x1 GEMMs,
+    profile_resnet50_b32_session7_h100.txt): the space has no such point."""
+    plan = _plan(matmul(700, 512, 1000, np.random.default_rng(0)))
+    space = gemm_wgmma.space(_gemm_kernel(plan), plan, "f16", 132, 232448)
+    assert any(p["TS"] for p in space) and not any(p["TS"] and p["PP"] for p in space)
 
 
 @pytest.mark.gpu
