@@ -858,7 +858,7 @@ def test_tune_hands_the_bench_maps_by_argument_position(matmul_plan: Any,
     import aicfc.codegen.tma as tma
     monkeypatch.setattr(tma, "tensor_maps", lambda kernel, params, types_: [tm])
     types_ = matmul_plan.types()
-    timed: list[tuple[str, list]] = []
+    timed: list[tuple[str, list, str | None]] = []
 
     class Bench:
         def __init__(self, device: Any, cubin: bytes, arrays: list) -> None:
@@ -870,8 +870,9 @@ def test_tune_hands_the_bench_maps_by_argument_position(matmul_plan: Any,
         def __exit__(self, *exc: object) -> None:
             pass
 
-        def time_us(self, name: str, grid: Any, block: Any, smem: int, maps: list) -> float:
-            timed.append((name, maps))
+        def time_us(self, name: str, grid: Any, block: Any, smem: int, maps: list,
+                    maps_symbol: str | None = None) -> float:
+            timed.append((name, maps, maps_symbol))
             return 1.0
 
         def registers(self, name: str) -> int:
@@ -882,10 +883,11 @@ def test_tune_hands_the_bench_maps_by_argument_position(matmul_plan: Any,
     tune._measure(None, kt, built, lambda c: tune._argument_types(kt.kernel, c.params, types_),
                   np.random.default_rng(0), lambda label: None,
                   lambda c: tune._tensor_map_records(kt.kernel, c.params, types_))
-    assert [name for name, _ in timed] == [f"{kt.name}_c{c.rank}" for c in kt.candidates]
-    for c, (_, maps) in zip(kt.candidates, timed):
+    assert [name for name, _, _ in timed] == [f"{kt.name}_c{c.rank}" for c in kt.candidates]
+    for c, (name, maps, symbol) in zip(kt.candidates, timed):
         position = list(kernel_args(kt.kernel, c.params)).index(tm.buffer)
         assert maps == [tm.record({tm.buffer: position})]
+        assert symbol == tma.maps_symbol(name)   # the candidates read their maps from constant memory, as plans do
     assert all(c.measured_us == 1.0 for c in kt.candidates)
 
 
