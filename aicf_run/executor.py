@@ -615,22 +615,6 @@ class Executor:
         function.prepare("PPQ")   # source, destination, element count
         return _Cast(function=function, grid=tuple(record["grid"]), block=tuple(record["block"]))
 
-    def _write_maps(self, module: Any, index: int, symbol: str, blob: bytes, what: str) -> None:
-        """A kernel's encoded maps into its module's constant array `symbol`, in PyCUDA's instance
-        of the module and, for dependent launches, the driver API's (aicf_run/pdl.py)."""
-        cuda = self._cuda
-        try:
-            address, size = module.get_global(symbol)
-        except cuda.Error as err:
-            raise RunError(f"{what}: its tensor maps' symbol {symbol!r} is not in module {index} "
-                           f"({_one_line(err)}); the bundle is inconsistent, {_RECOMPILE}") from None
-        if size != len(blob):
-            raise RunError(f"{what}: {symbol} holds {size} bytes, not the {len(blob)} of its tensor maps; "
-                           f"the bundle is inconsistent, {_RECOMPILE}")
-        cuda.memcpy_htod(address, blob)
-        if self._pdl is not None:
-            self._pdl.write_global(index, symbol, blob, what)
-
     def _load_module(self, module: dict) -> Any:
         try:
             return self._cuda.module_from_buffer(module["cubin"])
@@ -690,8 +674,12 @@ class Executor:
             for i, record in enumerate(kernel.get("tensor_maps", ())))
         symbol = kernel.get("maps_symbol")   # optional: [Note: TMA maps in constant memory] (aicfc/codegen/tma.py)
         if symbol is not None and maps:
-            self._write_maps(modules[kernel["module"]], kernel["module"], symbol, b"".join(maps),
-                             f"kernel {index} ({name})")
+            # in PyCUDA's instance of the module and, for dependent launches, the driver API's (aicf_run/pdl.py)
+            what = f"kernel {index} ({name})"
+            fix = f"the bundle is inconsistent, {_RECOMPILE}"
+            tensormap.write_constant(cuda, modules[kernel["module"]], symbol, maps, what, fix)
+            if self._pdl is not None:
+                self._pdl.write_global(kernel["module"], symbol, b"".join(maps), what)
         function.prepare(tensormap.arg_format(len(maps), len(args)))
         smem_bytes = kernel["smem_bytes"]
         if smem_bytes > _DEFAULT_SMEM_LIMIT:

@@ -215,6 +215,21 @@ def upload(cuda: Any, tables: Sequence[Sequence[bytes]], what: str) -> tuple[Any
     return allocation, addresses
 
 
+def write_constant(cuda: Any, module: Any, symbol: str, maps: Sequence[bytes], what: str, fix: str) -> None:
+    """Encoded maps, in order, into the PyCUDA module's constant array `symbol`, which must hold
+    exactly them ([Note: TMA maps in constant memory] in aicfc/codegen/tma.py); RunError naming
+    `what` and ending in `fix` otherwise."""
+    blob = b"".join(maps)
+    try:
+        address, size = module.get_global(symbol)
+    except cuda.Error as err:
+        raise RunError(f"{what}: its tensor maps' symbol {symbol!r} is not in its module "
+                       f"({_one_line(err)}); {fix}") from None
+    if size != len(blob):
+        raise RunError(f"{what}: {symbol} holds {size} bytes, not the {len(blob)} of its tensor maps; {fix}")
+    cuda.memcpy_htod(address, blob)
+
+
 def _entry(lib: Any, name: str, entry: str = "cuTensorMapEncodeTiled") -> tuple[Any, Any]:
     """`lib` (default the driver library) and its `entry` (cuTensorMapEncodeTiled or
     cuTensorMapEncodeIm2col), prototype set."""

@@ -133,14 +133,8 @@ class KernelBench:
         function = self._function(symbol)
         encoded = self._encode(symbol, tensor_maps)
         if maps_symbol is not None and encoded:
-            try:
-                address, size = self._module.get_global(maps_symbol)
-            except cuda.Error as err:
-                raise RunError(f"kernel {symbol}: no constant array {maps_symbol} in its tuning module "
-                               f"({_one_line(err)}); this is an aicfc bug") from None
-            if size != sum(len(m) for m in encoded):
-                raise RunError(f"kernel {symbol}: {maps_symbol} holds {size} bytes, not its maps'; this is an aicfc bug")
-            cuda.memcpy_htod(address, b"".join(encoded))
+            tensormap.write_constant(cuda, self._module, maps_symbol, encoded, f"kernel {symbol}",
+                                     "this is an aicfc bug")
         maps, (table,) = tensormap.upload(cuda, [encoded], symbol)
         try:
             return self._time(symbol, function, grid, block, smem, (table, *self._pointers) if maps else self._pointers)

@@ -314,9 +314,8 @@ def _measure(device: Any, kt: KernelTune, built: Built,
                 name = symbol(kt, c)
                 c.registers = built.registers.get(name)
                 try:
-                    records = map_records(c)
-                    t = bench.time_us(name, c.grid, c.block, c.dyn_smem, records,
-                                      maps_symbol(name) if records else None)
+                    maps = map_records(c)
+                    t = bench.time_us(name, c.grid, c.block, c.dyn_smem, maps, maps_symbol(name) if maps else None)
                 except LaunchRefused as e:
                     c.failed = str(e)
                 else:

@@ -59,10 +59,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from aicf_run.tensormap import MAP_BYTES   # a CUtensorMap's size: the runtime owns the format
 from aicfc.ir.types import ITEMSIZE
 
 MAX_RANK = 5
-MAP_BYTES = 128
 CONST_BUDGET = 32 * 1024   # bytes of a plan's maps in constant memory (half a module's 64 KB bank)
 MAX_BOX = 256
 SWIZZLES = (0, 32, 64, 128)

@@ -162,13 +162,14 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
     rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
-    # TMA stores: all but the last tile's leave TS_HIDDEN of their bytes under the next tile
+    # TMA stores (cooperative tiles only: gemm_wgmma.space): all but the last tile's leave TS_HIDDEN of their bytes
+    # under the next tile
     hidden = TS_HIDDEN * t_store if p.get("TS") else 0.0
     if p.get("TS"):
         t_fill += MAP_FENCE_US
     if p.get("PP"):
         # ping-pong: a warpgroup's epilogue runs under the other's k-blocks; the last one stays exposed
-        t_tiles = per_sm * max(ktiles * t_kblock, t_epi - hidden) + t_epi
+        t_tiles = per_sm * max(ktiles * t_kblock, t_epi) + t_epi
     else:
         t_tiles = per_sm * (ktiles * t_kblock + t_epi - hidden) + hidden
     t_cluster = hw.data.get("cluster_overhead_us", CLUSTER_US) if cl > 1 else 0.0
