@@ -133,6 +133,32 @@ def test_pinned_gemv_source():
     assert "as a weight stream (gemv" in source and "__ldcs" in source and "__shfl_xor_sync" in source
 
 
+def _source_of_gemv(model) -> tuple[dict, str]:
+    payload = aicfc.compile(model, target="sm_90", precision="fp16", pin={"unit": "gemv", "BN": 64, "SPLITK": 2})
+    (k,) = [k for k in payload["kernels"] if k["family"] == "gemm"]
+    source = "".join(m["source"] for m in payload["modules"])
+    return k["params"], source[source.index(f" {k['name']}("):]
+
+
+def test_gemv_requests_a_constant_weight_before_the_dependent_launch_wait():
+    """[Note: gemv weights before the wait]: with the weight an initializer, the first step's
+    weight loads come before the kernel's griddepcontrol entry and the activation loads after
+    it; with the right operand an input (written by whoever runs before), the entry is first."""
+    from aicfc.codegen import pdl
+    params, body = _source_of_gemv(rows_model(1, 2048, 1024, np.random.default_rng(2)))
+    assert params["PRE"] == 1 and pdl.MARK not in body
+    entry = body.index(pdl.ENTRY)
+    assert body.index("__ldcs(") < entry < body.index("acur[u][m] = ")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 256])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [256, 512])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 512])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x, w], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    params, body = _source_of_gemv(model)
+    assert "PRE" not in params
+    assert body.index(pdl.ENTRY) < body.index("__ldcs(")
+
+
 def test_gemv_space_bounds_registers_and_shared_memory():
     for m in range(1, gemm_gemv.MAX_ROWS + 1):
         space = gemm_gemv.space(m, 4096, 4096)

@@ -51,6 +51,15 @@ def test_instrument_puts_the_entry_first_in_the_named_kernel():
         pdl.instrument(source, "k9")
 
 
+def test_instrument_puts_the_entry_at_the_kernels_mark():
+    """A template's pdl.MARK in the named kernel's body takes the entry; another kernel's mark is left."""
+    source = (f'extern "C" __global__ void k1(const float* w, float* p) {{\n  float a = w[0];\n  {pdl.MARK}\n  p[0] = a;\n}}\n'
+              f'extern "C" __global__ void k2(float* p) {{\n  {pdl.MARK}\n}}\n')
+    out = pdl.instrument(source, "k1", 264)
+    assert "float a = w[0];\n  aicf_pdl_entry(264u);\n  p[0] = a;" in out
+    assert out.count(pdl.ENTRY) == 1 and out.count(pdl.MARK) == 1 and out.index(pdl.MARK) > out.index("k2(")
+
+
 def test_a_grid_of_several_waves_triggers_in_its_last_wave():
     """One wave or less triggers at entry; more, from the last wave's first block (linear order)."""
     from aicfc.planner.hardware import load_profile

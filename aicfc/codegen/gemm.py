@@ -106,7 +106,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
         hw = load_profile(plan.target)
         out += gemm_wgmma.space(k, plan, dtype, hw.sm_count, hw.smem_per_block_optin)
     if gemm_gemv.why_not(k, plan, dtype) is None:
-        out += gemm_gemv.space(m * math.prod(e for _, e in batch), n, kk)
+        weights = {w.name for w in plan.weights}
+        out += gemm_gemv.space(m * math.prod(e for _, e in batch), n, kk, early=dims(k)[0].b.buffer in weights)
     rot = rotary(k)
     return out if rot is None else [p for p in out if why_not_rotary(rot, p) is None]
 

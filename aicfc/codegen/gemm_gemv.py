@@ -32,6 +32,17 @@ LM head 45.0 us, cuBLAS 18.1 and 46.7), the small ones carry ~4 us of launch and
 6.8 us, cuBLAS 6.2); at M = 8 the kernel is 1.5-2x slower than cuBLAS: 181 registers at 8 rows
 leave one block per SM, and the FMAs (8 a weight) are not hidden (cost_gemv's exposed term).
 
+[Note: gemv weights before the wait]
+In a plan of dependent launches ([Note: PDL], codegen/pdl.py) a kernel's blocks sit on the SMs
+while the kernel before it runs. Where the weight is a constant of the plan (no kernel writes
+it), the gemv requests its first step of weight vectors before `griddepcontrol.wait`, and only
+the activations wait (PRE = 1; the template puts pdl.MARK after those loads). Measured on an
+H100, the 4-layer decode plan of benchmarks/generate.py's Llama, replayed as one graph, 5
+alternating rounds: 280.6 us against 285.5 without (`benchmarks/results/gemv_prewait_session8_h100.txt`).
+Prefetching more of the slice into L2 (`prefetch.global.L2`, 32 KB a block) made each gemv
+faster timed alone but the plan slower: 295.7 us with the prefetch before the wait, 297.2 after
+it, 318.8 with a rolling prefetch two steps ahead; so the kernel keeps no L2 prefetch.
+
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with
 rows 16-byte aligned (N and the k stride multiples of 8 elements). Parameter space: SPACE, with
@@ -43,6 +54,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+from aicfc.codegen import pdl
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.codegen.common import CTYPES, render
 from aicfc.ir.decision import Kernel, Plan
@@ -96,8 +108,10 @@ def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
     return None
 
 
-def space(m: int, n: int, kk: int) -> list[dict]:
-    """`m`: every row, the batch variables' included (BM: all of them)."""
+def space(m: int, n: int, kk: int, early: bool = False) -> list[dict]:
+    """`m`: every row, the batch variables' included (BM: all of them); `early`: the weight is a
+    constant of the plan, so its first bytes are requested before the dependent-launch wait
+    (PRE = 1, [Note: gemv weights before the wait])."""
     out = []
     for bn in SPACE["BN"]:
         seg = lanes(bn)[2]
@@ -114,6 +128,8 @@ def space(m: int, n: int, kk: int) -> list[dict]:
                         if cl and not 1 < sk <= CLUSTER_MAX:
                             continue
                         p = {"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
+                        if early:
+                            p["PRE"] = 1
                         if sk > 1 and math.ceil(kk / sk) < k_step(p):
                             continue
                         out.append(p)
@@ -136,5 +152,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     ln, rw, seg = lanes(p["BN"])
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
+                  PRE=p.get("PRE", 0), PDL_MARK=pdl.MARK,
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

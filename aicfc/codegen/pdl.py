@@ -42,6 +42,10 @@ from aicfc.planner.hardware import Profile, blocks_per_sm
 DEPENDENT, STREAM = "dependent", "stream"
 MIN_SM = 90
 ENTRY = "aicf_pdl_entry("
+# A template may place this line where its kernel's entry belongs, after work that reads only
+# the plan's constants (the gemv's first weight loads); without it the entry is the first
+# statement. Left as it is (a comment) in a plan of plain launches.
+MARK = "// [Note: PDL] the entry goes here"
 
 # Defined in every module's header; a no-op where the architecture has no griddepcontrol.
 HELPER = """// [Note: PDL] (aicfc/codegen/pdl.py): wait for the previous kernel of the plan to complete, then
@@ -84,7 +88,7 @@ def trigger_from(grid: tuple[int, int, int], block: tuple[int, int, int], smem: 
 
 def instrument(source: str, name: str, from_block: int = 0) -> str:
     """`source` with the entry (trigger from block `from_block`) as the first statement of kernel
-    `name`'s body."""
+    `name`'s body, or in place of the body's MARK line where it has one."""
     m = re.search(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source)
     if m is None:
         raise AicfError(f"internal: kernel {name!r} has no __global__ definition to start with {ENTRY}")
@@ -96,4 +100,8 @@ def instrument(source: str, name: str, from_block: int = 0) -> str:
     if source[i:brace].strip(" \n\t") and not source[i:brace].strip().startswith("__"):
         raise AicfError(f"internal: kernel {name!r}: unexpected text before its body: {source[i:brace]!r}")
     entry = ENTRY + (f"{from_block}u);" if from_block else ");")
+    nxt = source.find("__global__", brace)
+    mark = source.find(MARK, brace, len(source) if nxt < 0 else nxt)
+    if mark >= 0:
+        return source[:mark] + entry + source[mark + len(MARK):]
     return source[:brace + 1] + "\n  " + entry + source[brace + 1:]
