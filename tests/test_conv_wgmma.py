@@ -265,15 +265,18 @@ def test_nvcc_builds_without_spills(case, tmp_path, monkeypatch):
 @pytest.mark.skipif(shutil.which("nvcc") is None or _cuobjdump() is None, reason="nvcc or cuobjdump not found")
 @pytest.mark.parametrize("case", NVCC_CASES[:2], ids=[c for c, _ in NVCC_CASES[:2]])
 def test_sass_has_hgmma_and_no_local_memory(case, tmp_path, monkeypatch):
+    """The activation tile comes in by the producers' cp.async gather (LDGSTS) or by the TMA's
+    im2col mode (UTMALDG), as the pin says; the weights always by the TMA (UTMALDG)."""
     for pin in NVCC_PINS:
-        got = _built(case, pin, tmp_path, monkeypatch)
-        if got is None:
-            continue
-        cubin = tmp_path / "k.cubin"
-        cubin.write_bytes(got[1].cubin)
-        sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True).stdout
-        assert "HGMMA" in sass and "LDGSTS" in sass, pin
-        assert not any(f" {op}" in sass for op in ("LDL", "STL")), pin
+        for a, op in (("gather", "LDGSTS"), ("tma", "UTMALDG")):
+            got = _built(case, dict(pin, A=a), tmp_path, monkeypatch)
+            if got is None:
+                continue
+            cubin = tmp_path / "k.cubin"
+            cubin.write_bytes(got[1].cubin)
+            sass = subprocess.run([_cuobjdump(), "-sass", str(cubin)], capture_output=True, text=True).stdout
+            assert "HGMMA" in sass and op in sass and "UTMALDG" in sass, (pin, a)
+            assert not any(f" {op}" in sass for op in ("LDL", "STL")), (pin, a)
 
 
 # ---------------------------------------------------------------- GPU
