@@ -23,8 +23,10 @@ Every family's cost is the same formula over family-specific counts:
                    divided by the memory duty cycle of an SM's resident blocks (`_row_cost`)
     mem_eff      = parallel_eff, or where the family states the bytes each block keeps in
                    flight (GEMMs: the tiles staged ahead), Little's law:
-                   (active SMs / SMs) * min(1, bytes in flight per SM / (DRAM bandwidth per SM
-                   * load_latency_us))
+                   drawn * min(1, bytes in flight per SM / (DRAM bandwidth · drawn / active SMs
+                   * load_latency_us)),  drawn = min(1, active SMs * sm_l2_port / l2_bandwidth):
+                   the share of the memory system the active SMs' L2 ports can draw
+                   ([Note: L2 share of a small grid] in planner/hardware.py)
     smem_eff     = parallel_eff, or for tensor-core GEMMs, Little's law on the fragment bytes a
                    warp has in flight against SMEM_LATENCY_US
     wave_eff     = (blocks / per_wave) / ceil(blocks / per_wave)  when more than one wave
@@ -49,7 +51,7 @@ from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Call, Const, Expr, Load, count_ops, indirect_dims, loads
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
-from aicfc.planner.hardware import Profile, blocks_per_sm
+from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
@@ -122,8 +124,12 @@ def _combine(hw: Profile, *, flops: float, issued: float, dram: float, l2: float
         1.0, warps_per_sm / used * min(ilp, ilp_max) * SUBPARTITIONS / eff["min_warps_per_sm"])
     mem_parallel = parallel
     if inflight:
-        need = hw.dram_bandwidth_gbs * 1e3 / hw.sm_count * load_latency(hw)
-        mem_parallel = active_sms / hw.sm_count * min(1.0, min(blocks, per_wave) / active_sms * inflight / need)
+        # the share of the memory system the active SMs can draw: all of it once their L2 ports add up to the
+        # L2's bandwidth ([Note: L2 share of a small grid] in planner/hardware.py); each active SM then needs
+        # its share of DRAM's bandwidth times a load's round trip in flight (Little's law)
+        drawn = active_sms * l2_share_gbs(hw, active_sms) / hw.l2_bandwidth_gbs
+        need = hw.dram_bandwidth_gbs * 1e3 * drawn / active_sms * load_latency(hw)
+        mem_parallel = drawn * min(1.0, min(blocks, per_wave) / active_sms * inflight / need)
     smem_parallel = parallel
     if smem_inflight:
         need = hw.smem_bandwidth_gbs_per_sm * 1e3 * SMEM_LATENCY_US
@@ -273,11 +279,21 @@ def fast_math(k: Kernel, types: Mapping) -> bool:
 
 def instructions(e: Expr, invariant: Callable[[Expr], bool] = lambda e: False, fast: bool = False) -> int:
     """fp32 instructions one element of `e` issues (loads excluded; `invariant` subexpressions,
-    the same for every element, are computed once and cost nothing per element)."""
-    if not isinstance(e, Call) or invariant(e):
-        return 0
+    the same for every element, are computed once and cost nothing per element). A subexpression
+    the tree repeats is counted once: nvcc computes it once. GPT-2's tanh-GELU epilogue names
+    its biased input five times; counted per use, its 25 instructions were 29, and its FFN1 GEMM
+    (4096x768x3072, epilogue-bound ping-pong tiles) was predicted 66.1 us against 48.9-54.6
+    measured on an H100 (benchmarks/results/gemm_predictions_session8_h100.txt)."""
     table = FAST_CALL_INSTRUCTIONS if fast else CALL_INSTRUCTIONS
-    return table.get(e.fn, 1) + sum(instructions(a, invariant, fast) for a in e.args)
+    seen: set[Expr] = set()
+
+    def count(x: Expr) -> int:
+        if not isinstance(x, Call) or x in seen or invariant(x):
+            return 0
+        seen.add(x)
+        return table.get(x.fn, 1) + sum(count(a) for a in x.args)
+
+    return count(e)
 
 
 def _pointwise_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,

@@ -10,14 +10,17 @@ fetches the next tile:
     t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
     t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm      every m64 wgmma reads its A and B
     t_load     = max(t_ingress, t_l2)                              the k-block's TMA boxes, two limits:
-    t_l2       = 128·(BM + BN/CLUSTER) / (l2_bandwidth / SMs)      L2 -> SM: the bytes this SM's copies pull
+    t_l2       = 128·(BM + BN/CLUSTER) / l2_share                  L2 -> SM: the bytes this SM's copies pull
                  from L2 (its A box and its share of B's: a cluster of 2 pulls B once for both CTAs and
                  multicasts it), at the SM's share of the L2's bandwidth (`l2_bandwidth_gbs` of the
                  profile: 10 TB/s on sm_90, what `aicfc tune` fitted on the H200, 9975 GB/s in
                  benchmarks/results/sm_90_h200_fp16.json; about 76 GB/s, 38 B/cycle, per SM)
     t_ingress  = 128·(BM + BN) / sm_ingress                         the bytes landing in this SM's shared
-                 memory, multicast or not (profile `sm_ingress_gbs`, per SM; default the same share,
-                 l2_bandwidth / SMs). Multicast lowers t_l2 alone, so in the k-blocks it pays only where a profile says
+                 memory, multicast or not (profile `sm_ingress_gbs`, per SM; default the same share).
+                 l2_share = min(l2_bandwidth / min(CTAS, SMs), sm_l2_port_gbs): the CTAs of
+                 a small grid split the L2 among fewer SMs ([Note: L2 share of a small grid] in
+                 planner/hardware.py); a full grid gets l2_bandwidth / SMs. Multicast lowers t_l2
+                 alone, so in the k-blocks it pays only where a profile says
                  an SM takes bytes in faster than its share of L2 reads. On the H100 it did not: the
                  64x192 ping-pong tile, L2-bound here, measured 44.6 us alone and 42.2 clustered on
                  4096x3072x768 where halving B's L2 bytes predicted 31 us; 128x256 on 4096^3 201 and 203
@@ -67,6 +70,7 @@ from typing import Mapping
 
 from aicfc.codegen import gemm, gemm_wgmma
 from aicfc.ir.types import ITEMSIZE
+from aicfc.planner.hardware import l2_share_gbs
 
 SPLITK_OVERHEAD_US = 4.0   # the last split's fence, ticket and reduction start (profile: splitk_overhead_us)
 # Thread-instructions of epilogue a warpgroup retires per us per SM: measured on the H200 with erf-GELU
@@ -117,12 +121,14 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc", "tf32": "tf32_tc"}[p["dtype"]]
     eff = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
     sm_rate = hw.peak_tflops[unit] * 1e6 / sms * eff                       # flops per us per SM
-    l2_sm = hw.l2_bandwidth_gbs * 1e3 / sms                                 # bytes per us per SM
+    # bytes per us per SM: the L2's bandwidth over the CTAs that stream from it ([Note: L2 share of a small grid])
+    share = l2_share_gbs(hw, p["CTAS"])
+    l2_sm = share * 1e3
     row = gemm_wgmma.ROW_BYTES
     t_mma = 2.0 * bm * bn * bkk / sm_rate
     t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     cl = p.get("CLUSTER", 1)
-    sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3                # bytes per us into one SM
+    sm_in = hw.data.get("sm_ingress_gbs", share) * 1e3                # bytes per us into one SM
     t_load = max(row * (bm + bn) / sm_in, row * (bm + bn / cl) / l2_sm)
     # STAGES - 1 k-blocks in flight must cover one TMA round trip (and, clustered, the release across SMs)
     trip = hw.data.get("tma_latency_us", TMA_LATENCY_US) + (hw.data.get("cluster_release_us", CLUSTER_RELEASE_US) if cl > 1 else 0.0)
