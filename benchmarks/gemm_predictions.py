@@ -159,7 +159,7 @@ def summary_text(s: dict) -> str:
 
 
 def run_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, pin: dict,
-             families=FAMILIES) -> dict:
+             families=FAMILIES, profile: Path | None = None) -> dict:
     import torch
 
     import aicfc
@@ -170,7 +170,8 @@ def run_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, pin: 
     path = work / f"{name}_b{batch}_s{seq}.onnx"
     t_export = export(model, inputs, path)
     t = time.perf_counter()
-    payload = aicfc.compile(str(path), target=dev.arch if dev else "sm_90", precision="fp16", pin=pin or None)
+    payload = aicfc.compile(str(path), target=dev.arch if dev else "sm_90", precision="fp16", pin=pin or None,
+                            profile_path=profile)
     t_compile = time.perf_counter() - t
     path.unlink(missing_ok=True)
     case = {"case": format_case((name, batch, seq)), "model": name, "batch": batch, "seq": seq, "tiny": tiny,
@@ -200,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                     ",".join(map(format_case, CASES)) + ")")
     ap.add_argument("--pin", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to aicfc as `aicfc compile --pin` (repeatable), e.g. unit=mma")
+    ap.add_argument("--profile", type=Path, metavar="F",
+                    help="the hardware profile aicfc plans with (`aicfc compile --profile`: e.g. one that sets "
+                         "sm_l2_port_gbs, planner/hardware.py's [Note: L2 share of a small grid])")
     ap.add_argument("--families", default=",".join(FAMILIES),
                     help="comma-separated kernel families to report (default: gemm; e.g. gemm,conv)")
     ap.add_argument("--tiny", action="store_true", help="small configs (2 layers, hidden 64)")
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, batch, seq in cases:
             label = format_case((name, batch, seq))
             try:
-                case = run_case(dev, name, batch, seq, args.tiny, Path(tmp), pin, families)
+                case = run_case(dev, name, batch, seq, args.tiny, Path(tmp), pin, families, args.profile)
             except Exception as e:   # one case's failure is a line, not the end
                 bad.append(f"{label}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
                 print(f"{label}: FAILED {bad[-1]}", flush=True)

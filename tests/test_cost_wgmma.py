@@ -29,9 +29,9 @@ MEASURED = [
 ]
 
 
-def _predicted(model, pin: dict, precision: str = "fp16") -> tuple[float, dict]:
+def _predicted(model, pin: dict, precision: str = "fp16", profile=None) -> tuple[float, dict]:
     graph = import_model(model, None)
-    plan = run_pipeline(graph, Options("sm_90", load_profile("sm_90"), precision,
+    plan = run_pipeline(graph, Options("sm_90", load_profile("sm_90", profile), precision,
                                        pin=tuple((k, str(v)) for k, v in pin.items()))).plan
     k = next(k for k in plan.kernels if k.family == "gemm")
     return k.schedule.time_us, k.schedule.param
