@@ -47,7 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
-from benchmarks.timing import (aicf_graph_us, aicf_launches_us, median_us, replays_for,  # noqa: E402
+from benchmarks.timing import (aicf_graph_us, aicf_launches_us, median_us, paired_graphs_us, replays_for,  # noqa: E402
                                torch_graph_us)
 
 SQUARE = [(n, n, n) for n in (1024, 2048, 4096, 8192)]
@@ -178,19 +178,25 @@ def torch_side(m: int, k: int, n: int, precision: str, x: np.ndarray, w: np.ndar
     err_graph = rel_err(c.float().cpu().numpy(), ref)   # the graph's output, for what it is worth
     return {"ref": ref, "torch_us": t, "torch_err": rel_err(yt, ref), "torch_graph_err": err_graph,
             "per": per, "torch_single_us": rough,
-            "again": lambda: torch_graph_us(lambda: torch.matmul(xt, wt, out=c), per, reps)}
+            "again": lambda: torch_graph_us(lambda: torch.matmul(xt, wt, out=c), per, reps),
+            "fn": lambda: torch.matmul(xt, wt, out=c)}
 
 
 def aicf_side(dev, payload: dict, x: np.ndarray, per: int, reps: int,
-              torch_again=None, rounds: int = 1) -> tuple[np.ndarray, list[float], float, list[float]]:
+              torch_again=None, rounds: int = 1, paired=None) -> tuple[np.ndarray, list[float], float, list[float]]:
     """aicf: (output of one run, graph-of-PER times, host-launched launch() time, cuBLAS times).
     With `rounds` > 1 the two sides' graph timings alternate (aicf, cuBLAS, aicf, ...), so that
-    clock and temperature drift reach both alike (4096^3 fp16 moved 0.85-0.97x between runs)."""
+    clock and temperature drift reach both alike (4096^3 fp16 moved 0.85-0.97x between runs).
+    With `paired` (cuBLAS's call) the two graphs alternate replay by replay instead
+    (timing.paired_graphs_us): the times returned are the `reps` pairs'."""
     from aicf_run.bundle import Bundle
     from aicf_run.executor import Executor
     ex = Executor(Bundle.from_payload(payload), dev)
     try:
         y = ex.run({"x": x})["y"]
+        if paired is not None:
+            ours, theirs = paired_graphs_us(ex, paired, per, reps)
+            return y, ours, aicf_launches_us(ex, per, reps), theirs
         ours, theirs = [aicf_graph_us(ex, per, reps)], []
         for _ in range(rounds - 1):
             theirs.append(torch_again())
@@ -201,15 +207,17 @@ def aicf_side(dev, payload: dict, x: np.ndarray, per: int, reps: int,
 
 
 def bench_shape(dev, m: int, k: int, n: int, precision: str, pin: dict, compare_units: bool,
-                per_max: int = PER_REPLAY, reps: int = REPS, rounds: int = 1) -> list[dict]:
+                per_max: int = PER_REPLAY, reps: int = REPS, rounds: int = 1, paired: bool = False) -> list[dict]:
     """One row per aicf variant (see `variants`), against the same cuBLAS timing; with `rounds` > 1,
     both sides timed `rounds` times alternately, the medians compared (`ratio_lo`/`ratio_hi`: the
-    rounds' extremes of cuBLAS / aicf, each round against the cuBLAS timing just before it)."""
+    rounds' extremes of cuBLAS / aicf, each round against the cuBLAS timing just before it). With
+    `paired`, both sides' graphs replayed in turn `reps` times (timing.paired_us): the ratio is the
+    median of the pairs' cuBLAS / aicf, `ratio_lo`/`ratio_hi` their quartiles."""
     x, w = operands(m, k, n)
     import torch
     tside = torch_side(m, k, n, precision, x, w, per_max, reps)
-    ref, per, again = tside.pop("ref"), tside["per"], tside.pop("again")
-    if rounds == 1:
+    ref, per, again, fn = tside.pop("ref"), tside["per"], tside.pop("again"), tside.pop("fn")
+    if rounds == 1 and not paired:
         again = None
         torch.cuda.empty_cache()   # torch_side's tensors are gone; the aicf side gets the memory
     flops = 2.0 * m * n * k
@@ -222,26 +230,37 @@ def bench_shape(dev, m: int, k: int, n: int, precision: str, pin: dict, compare_
             payload = aicfc.compile(matmul_model(m, k, n, w), target=dev.arch, precision=precision,
                                     pin=vpin or None)
             kerns = payload["kernels"]
-            y, ours, t_launch, theirs = aicf_side(dev, payload, x, per, reps, again, rounds)
+            y, ours, t_launch, theirs = aicf_side(dev, payload, x, per, reps, again, rounds, fn if paired else None)
         except Exception as e:   # one variant's failure is a row, not the end
             row.update(error=f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", ok=False)
             rows.append(row)
             continue
         err = rel_err(y, ref)
         t_aicf = float(np.median(ours))
-        if theirs:
+        if paired:
+            row.update(paired_ratio(theirs, ours), torch_us=float(np.median(theirs)), paired=len(ours))
+            row["torch_tflops"] = flops / row["torch_us"] / 1e6
+        elif theirs:
             ratios = [tside["torch_us"] / ours[0]] + [t / o for t, o in zip(theirs, ours[1:])]
             row.update(torch_us=float(np.median([tside["torch_us"]] + theirs)), rounds=rounds,
                        ratio_lo=min(ratios), ratio_hi=max(ratios))
             row["torch_tflops"] = flops / row["torch_us"] / 1e6
         row.update({"aicf_us": t_aicf, "aicf_launch_us": t_launch, "aicf_tflops": flops / t_aicf / 1e6,
-                    "ratio": row["torch_us"] / t_aicf, "aicf_err": err,
+                    "ratio": row.get("ratio", row["torch_us"] / t_aicf), "aicf_err": err,
                     "ok": passes(err, precision), "torch_ok": passes(tside["torch_err"], precision),
                     "kernels": len(kerns),
                     "predicted_us": sum(kk["predicted"]["time_us"] for kk in kerns),
                     "params": kerns[0]["params"] if len(kerns) == 1 else [kk["params"] for kk in kerns]})
         rows.append(row)
     return rows
+
+
+def paired_ratio(theirs: list[float], ours: list[float]) -> dict:
+    """cuBLAS / aicf of each pair of replays timed in turn: the median ("ratio") and the quartiles
+    ("ratio_lo", "ratio_hi")."""
+    r = sorted(t / o for t, o in zip(theirs, ours))
+    q = np.quantile(r, [0.25, 0.5, 0.75])
+    return {"ratio": float(q[1]), "ratio_lo": float(q[0]), "ratio_hi": float(q[2])}
 
 
 HEADER = (f"{'precision':<9} {'M x K x N':<16} {'aicf':<12} {'aicf us':>9} {'launch us':>9} {'cuBLAS us':>9} "
@@ -262,7 +281,8 @@ def format_row(r: dict) -> str:
             f"{r['aicf_tflops']:>9.1f} {r['torch_tflops']:>11.1f} {r['ratio']:>6.2f} "
             f"{r['predicted_us']:>8.1f} {r['aicf_err']:>8.1e} {r['torch_err']:>10.1e} {r['per_replay']:>3}  "
             f"{sched}{'' if r['ok'] else '  FAIL'}"
-            + (f"  [{r['rounds']} rounds: {r['ratio_lo']:.2f}-{r['ratio_hi']:.2f}]" if "rounds" in r else ""))
+            + (f"  [{r['rounds']} rounds: {r['ratio_lo']:.2f}-{r['ratio_hi']:.2f}]" if "rounds" in r else "")
+            + (f"  [{r['paired']} pairs, quartiles {r['ratio_lo']:.2f}-{r['ratio_hi']:.2f}]" if "paired" in r else ""))
 
 
 def geomean(values: list[float]) -> float:
@@ -281,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="passed to aicfc as `aicfc compile --pin` (repeatable), e.g. unit=mma, unit=wgmma")
     ap.add_argument("--compare-units", action="store_true",
                     help="run every shape both as the planner picks (under --pin) and pinned to unit=mma")
+    ap.add_argument("--paired", action="store_true", help="replay both sides' graphs in turn, pair by pair "
+                    "(--reps pairs); the ratio is the median of the pairs' (timing.paired_us)")
     ap.add_argument("--rounds", type=int, default=1, help="time both sides this many times, alternating "
                     "(clock drift reaches both alike); medians compared, the rounds' range printed")
     ap.add_argument("--reps", type=int, default=REPS, help=f"graph replays timed per side (median; {REPS})")
@@ -314,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if args.reps < 1 or args.per_replay < 1 or args.rounds < 1:
         ap.error("--reps, --per-replay and --rounds must be >= 1")
+    if args.paired and args.rounds > 1:
+        ap.error("--paired and --rounds are two ways to alternate the sides; give one")
     from aicf_run.device import open_device
     dev = open_device(0)
     gpu = dev.name
@@ -328,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     print(f"torch {torch.__version__}; both sides: back-to-back calls in one CUDA graph, CUDA events per replay, "
           f"median of {args.reps}; `per` calls per replay; ratio = cuBLAS us / aicf us"
+          + ("; the sides' replays in turn, ratio = the median of the pairs'" if args.paired else "")
           + (f"; pin {pin}" if pin else ""))
     print(HEADER, flush=True)
     rows: list[dict] = []
@@ -335,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         for m, k, n in shapes:
             try:
                 new = bench_shape(dev, m, k, n, precision, pin, args.compare_units, args.per_replay, args.reps,
-                                  args.rounds)
+                                  args.rounds, args.paired)
             except Exception as e:   # the torch side failed: a row, not the end
                 new = [{"shape": [m, k, n], "precision": precision, "variant": "-", "ok": False,
                         "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}]

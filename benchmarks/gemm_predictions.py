@@ -8,13 +8,16 @@ exporter, opset 18, float32 at the case's static shape), compiled by aicfc at fp
 KEY=VALUE passed through), loaded by aicf_run and run once on random inputs; then
 `Executor.profile()` (aicf_run/profile.py) times every kernel alone: GRAPH_LAUNCHES back-to-back
 launches of it captured into a graph, replays between CUDA events, the median per launch.
+Then the plan's graph is replayed under torch.profiler and each kernel's slot in it (the start of
+the next kernel minus its own; [Note: in-plan slots] in benchmarks/in_plan.py) is its in-plan time.
 For every kernel of a GEMM family (`gemm`; --families to change) printed: its name, M x N x K
 (from the bundle's decision IR, the contraction's result shape and reduced extent, else from
 the stored buffer and K = predicted FLOPs / (2 M N); N is the last extent, M the others
 multiplied, so batch and sequence are folded into M), the chosen schedule (unit,
 tile BMxBNxBK, stages, split-k), the predicted time (`predicted.time_us`, launch included), the
-measured time, and measured / predicted. Then, per case and over all cases, the share of those
-kernels with measured / predicted within [0.8, 1.25], and the geometric mean of the ratio.
+measured time, measured / predicted, the in-plan time and in-plan / predicted. Then, per case and
+over all cases, the share of those kernels within [0.8, 1.25], and the geometric mean of the
+ratio, for both timings.
 With --no-gpu the same table is printed with the predictions alone.
 """
 from __future__ import annotations
@@ -105,9 +108,11 @@ def schedule_text(params: dict) -> str:
     return " ".join(x for x in [unit, tile, *extra] if x)
 
 
-def gemm_rows(payload: dict, measured: list[float | None] | None, families=FAMILIES) -> list[dict]:
+def gemm_rows(payload: dict, measured: list[float | None] | None, families=FAMILIES,
+              in_plan: dict[int, float] | None = None) -> list[dict]:
     """One row per kernel of `families` in `payload`; `measured` the profile's times by kernel
-    index (None: not measured)."""
+    index (None: not measured); `in_plan` each kernel's slot in the plan's replays by index
+    (benchmarks/in_plan.py), where it was measured."""
     rows = []
     contractions = ir_contractions((payload.get("ir") or {}).get("decision", ""))
     for i, k in enumerate(payload["kernels"]):
@@ -124,38 +129,51 @@ def gemm_rows(payload: dict, measured: list[float | None] | None, families=FAMIL
                      "schedule": schedule_text(k.get("params", {})),
                      "predicted_us": pred, "measured_us": meas,
                      "ratio": meas / pred if meas is not None and pred else None,
+                     "in_plan_us": (in_plan or {}).get(i),
+                     "in_plan_ratio": (in_plan or {}).get(i, 0.0) / pred if pred and i in (in_plan or {}) else None,
                      "flops": (k.get("predicted") or {}).get("flops")})
     return rows
 
 
 def format_rows(rows: list[dict]) -> list[str]:
     out = [f"  {'#':>4} {'kernel':<10} {'M x N x K':<20} {'schedule':<34} {'pred us':>9} {'meas us':>9} "
-           f"{'meas/pred':>9}  onnx nodes"]
+           f"{'meas/pred':>9} {'in plan':>9} {'plan/pred':>9}  onnx nodes"]
     for r in rows:
         dims = f"{r['m']}x{r['n']}x{r['k']}" if r["m"] is not None else "?"
         f = lambda v, p=2: f"{v:>9.{p}f}" if v is not None else f"{'-':>9}"  # noqa: E731
-        flag = "" if r["ratio"] is None or BAND[0] <= r["ratio"] <= BAND[1] else " *"
+        flag = lambda v: "  " if v is None or BAND[0] <= v <= BAND[1] else " *"  # noqa: E731
         nodes = ", ".join(r["onnx_nodes"][:3]) + (" ..." if len(r["onnx_nodes"]) > 3 else "")
         out.append(f"  {r['index']:>4} {r['name']:<10} {dims:<20} {r['schedule'][:34]:<34} {f(r['predicted_us'])} "
-                   f"{f(r['measured_us'])} {f(r['ratio'])}{flag}  {nodes}")
+                   f"{f(r['measured_us'])} {f(r['ratio'])}{flag(r['ratio'])}"
+                   f"{f(r.get('in_plan_us'))} {f(r.get('in_plan_ratio'))}{flag(r.get('in_plan_ratio'))}  {nodes}")
     return out
 
 
 def summary(rows: list[dict]) -> dict:
     ratios = [r["ratio"] for r in rows if r["measured_us"] is not None]
     good, total, frac = within_band(ratios)
+    placed = [r.get("in_plan_ratio") for r in rows if r.get("in_plan_us") is not None]
+    p_good, p_total, p_frac = within_band(placed)
     return {"kernels": len(rows), "measured": total, "within": good, "fraction": frac,
             "geomean_ratio": geomean(ratios), "band": list(BAND),
             "predicted_sum_us": sum(r["predicted_us"] or 0.0 for r in rows),
-            "measured_sum_us": sum(r["measured_us"] for r in rows if r["measured_us"] is not None)}
+            "measured_sum_us": sum(r["measured_us"] for r in rows if r["measured_us"] is not None),
+            "in_plan_measured": p_total, "in_plan_within": p_good, "in_plan_fraction": p_frac,
+            "in_plan_geomean_ratio": geomean(placed),
+            "in_plan_sum_us": sum(r["in_plan_us"] for r in rows if r.get("in_plan_us") is not None)}
 
 
 def summary_text(s: dict) -> str:
     if not s["measured"]:
         return f"  {s['kernels']} GEMM kernels, predicted sum {s['predicted_sum_us']:.1f} us (not measured)"
-    return (f"  {s['within']}/{s['measured']} GEMM kernels within [{BAND[0]}, {BAND[1]}] of predicted "
+    text = (f"  {s['within']}/{s['measured']} GEMM kernels within [{BAND[0]}, {BAND[1]}] of predicted "
             f"({100 * s['fraction']:.0f}%); geometric mean measured/predicted {s['geomean_ratio']:.2f}; "
             f"sums: predicted {s['predicted_sum_us']:.1f} us, measured {s['measured_sum_us']:.1f} us")
+    if s.get("in_plan_measured"):
+        text += (f"\n  in the plan (each kernel's slot in the graph's replays, benchmarks/in_plan.py): "
+                 f"{s['in_plan_within']}/{s['in_plan_measured']} within ({100 * s['in_plan_fraction']:.0f}%); "
+                 f"geometric mean {s['in_plan_geomean_ratio']:.2f}; sum {s['in_plan_sum_us']:.1f} us")
+    return text
 
 
 def run_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, pin: dict,
@@ -176,7 +194,7 @@ def run_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, pin: 
     path.unlink(missing_ok=True)
     case = {"case": format_case((name, batch, seq)), "model": name, "batch": batch, "seq": seq, "tiny": tiny,
             "kernels": len(payload["kernels"]), "export_s": t_export, "compile_s": t_compile, "pin": pin}
-    measured = None
+    measured, in_plan = None, None
     if dev is not None:
         from aicf_run.bundle import Bundle
         from aicf_run.executor import Executor
@@ -184,12 +202,18 @@ def run_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, pin: 
         try:
             ex.run(inputs)   # the arena holds a real run's values when each kernel is timed
             report = ex.profile()
+            try:   # [Note: in-plan slots] in benchmarks/in_plan.py
+                from benchmarks.in_plan import measure
+                in_plan = measure(ex, [k["symbol"] for k in payload["kernels"]])
+                case["in_plan_slot_sum_us"] = sum(in_plan.values()) if len(in_plan) == len(payload["kernels"]) else None
+            except Exception as e:   # tracing is a second opinion; its failure is a field, not the end
+                case["in_plan_error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
         finally:
             ex.close()
         measured = [k.measured_us for k in report.kernels]
         case.update({"plan_us": report.plan_us, "kernel_sum_us": report.kernel_sum_us,
                      "predicted_sum_all_us": report.predicted_sum_us, "profile_mode": report.mode})
-    rows = gemm_rows(payload, measured, families)
+    rows = gemm_rows(payload, measured, families, in_plan)
     case["gemms"] = rows
     case["summary"] = summary(rows)
     return case
@@ -240,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append(case)
             plan = (f"; plan {case['plan_us']:.1f} us, kernels alone {case['kernel_sum_us']:.1f} us"
                     if "plan_us" in case else "")
+            if case.get("in_plan_slot_sum_us") is not None:
+                plan += f", in-plan slots {case['in_plan_slot_sum_us']:.1f} us"
+            if "in_plan_error" in case:
+                plan += f"; in-plan slots not measured ({case['in_plan_error']})"
             print(f"{label}{' (tiny)' if args.tiny else ''}: {case['kernels']} kernels, "
                   f"{len(case['gemms'])} {'/'.join(families)}; export {case['export_s']:.1f} s, "
                   f"aicfc {case['compile_s']:.1f} s{plan}", flush=True)
@@ -261,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def json_doc(gpu: str | None, results: list[dict], failures: list[str], pin: dict) -> dict:
     return {"gpu": gpu, "precision": "fp16", "pin": pin, "band": list(BAND),
-            "timing": "Executor.profile(): each kernel alone, graph of back-to-back launches, CUDA events",
+            "timing": "Executor.profile(): each kernel alone, graph of back-to-back launches, CUDA events; "
+                      "in_plan: each kernel's slot in replays of the plan's graph (benchmarks/in_plan.py)",
             "cases": results, "overall": summary([r for c in results for r in c["gemms"]]),
             "failures": failures}
 

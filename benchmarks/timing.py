@@ -45,23 +45,39 @@ def events_median_us(enqueue, start, stop, reps: int = 50, warmup: int = 5, per:
     `enqueue` must put its work on that same stream. No host synchronisation happens between
     the two records, so when `enqueue` is one graph replay the GPU runs its calls back to back.
     """
-    def record(event):
+    for _ in range(warmup):
+        enqueue()
+    return statistics.median(_timed(enqueue, start, stop, stream, per) for _ in range(reps))
+
+
+def _timed(enqueue, start, stop, stream, per: int) -> float:
+    """One `enqueue()` between `start` and `stop` recorded on `stream`, in us per call."""
+    for event in (start, stop):
+        if event is stop:
+            enqueue()
         if stream is None:
             event.record()
         else:
             event.record(stream)
+    stop.synchronize()
+    ms = stop.time_since(start) if hasattr(stop, "time_since") else start.elapsed_time(stop)
+    return ms / per * 1e3
 
+
+def paired_us(a, b, reps: int = 50, warmup: int = 5, per: int = 1) -> tuple[list[float], list[float]]:
+    """Two sides timed replay by replay in turn: `a` and `b` are (enqueue, start, stop, stream)
+    as `events_median_us` takes them. Each rep times one enqueue of each, the side that goes
+    first alternating, so that a clock or temperature drift slower than one pair (a few ms)
+    reaches both alike; compare them by the median of the per-pair ratios. Returns the
+    `reps` times of each side, us per call (`per` calls an enqueue)."""
     for _ in range(warmup):
-        enqueue()
-    times = []
-    for _ in range(reps):
-        record(start)
-        enqueue()
-        record(stop)
-        stop.synchronize()
-        ms = stop.time_since(start) if hasattr(stop, "time_since") else start.elapsed_time(stop)
-        times.append(ms / per)
-    return statistics.median(times) * 1e3
+        a[0]()
+        b[0]()
+    ta, tb = [], []
+    for i in range(reps):
+        for side in ((a, b) if i % 2 == 0 else (b, a)):
+            (ta if side is a else tb).append(_timed(*side, per))
+    return ta, tb
 
 
 def replays_for(one_call_us: float, most: int = 20, budget_us: float = 2000.0) -> int:
@@ -118,6 +134,19 @@ def torch_graph_us(fn, per: int = 20, reps: int = 50, warmup: int = 5) -> float:
     current stream, / `per`; median of `reps`. `fn` must write preallocated outputs (e.g.
     `torch.matmul(a, b, out=c)`) and allocate nothing."""
     import torch
+    graph = torch_graph(fn, per)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    try:
+        return events_median_us(graph.replay, start, stop, reps, warmup, per)
+    finally:
+        torch.cuda.synchronize()
+        del graph
+
+
+def torch_graph(fn, per: int):
+    """`per` back-to-back `fn()` calls captured into one torch.cuda.CUDAGraph, after warm-up on a
+    side stream as torch requires for cuBLAS (what torch_graph_us times)."""
+    import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -129,9 +158,28 @@ def torch_graph_us(fn, per: int = 20, reps: int = 50, warmup: int = 5) -> float:
     with torch.cuda.graph(graph):
         for _ in range(per):
             fn()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    return graph
+
+
+def paired_graphs_us(ex, fn, per: int = 20, reps: int = 50, warmup: int = 5) -> tuple[list[float], list[float]]:
+    """aicf and torch in turn, replay by replay (`paired_us`): `per` runs of `ex`'s plan in one
+    graph on its stream, as aicf_graph_us captures them, against `per` `fn()` calls in one torch
+    graph, as torch_graph_us captures them. Returns (aicf times, torch times), us per call."""
+    import torch
+    from aicf_run.graph import Graph
+
+    def plans() -> None:
+        for _ in range(per):
+            ex.launch(graph=False)
+    ours = Graph.capture(ex.stream, plans)
+    theirs = torch_graph(fn, per)
     try:
-        return events_median_us(graph.replay, start, stop, reps, warmup, per)
+        ours.upload(ex.stream)
+        a = (lambda: ours.launch(ex.stream), *ex.events(), ex.stream)
+        b = (theirs.replay, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), None)
+        return paired_us(a, b, reps, warmup, per)
     finally:
+        ex.synchronize()
         torch.cuda.synchronize()
-        del graph
+        ours.close()
+        del theirs

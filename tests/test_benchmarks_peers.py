@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks import gemm, gemm_predictions, models, timing
+from benchmarks import gemm, gemm_predictions, in_plan, models, timing
 
 
 # ------------------------------------------------------------------ models.py: cases
@@ -240,6 +240,35 @@ def test_events_median_us(event_class):
     assert set(start.streams) == {"S"}
 
 
+def test_paired_us_alternates_and_times_each_side():
+    clock = _Clock()
+    order = []
+    # a drifts 1.0, 1.1, 1.2 ... ms; b takes twice a's time of the same rep: every pair's ratio is 2
+    state = {"a": 0, "b": 0}
+
+    def side(name, base):
+        def enqueue():
+            order.append(name)
+            clock.t += base * (1.0 + 0.1 * (state[name] - 1))
+            state[name] += 1
+        return enqueue
+    a = (side("a", 1.0), _PycudaEvent(clock), _PycudaEvent(clock), "SA")
+    b = (side("b", 2.0), _TorchEvent(clock), _TorchEvent(clock), None)
+    ta, tb = timing.paired_us(a, b, reps=4, warmup=1, per=2)
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]   # warm-up, then the first side alternates
+    assert ta == pytest.approx([500.0, 550.0, 600.0, 650.0]) and tb == pytest.approx([1000.0, 1100.0, 1200.0, 1300.0])
+    assert set(a[1].streams) == {"SA"} and set(b[1].streams) == {None}
+    r = gemm.paired_ratio(tb, ta)
+    assert r["ratio"] == pytest.approx(2.0) and r["ratio_lo"] == pytest.approx(2.0) == r["ratio_hi"]
+    assert gemm.paired_ratio([1.0, 3.0, 2.0], [1.0, 1.0, 1.0])["ratio"] == pytest.approx(2.0)
+
+
+def test_gemm_paired_and_rounds_exclusive(capsys):
+    with pytest.raises(SystemExit):
+        gemm.main(["--paired", "--rounds", "3", "--shape", "64x64x64"])
+    assert "give one" in capsys.readouterr().err
+
+
 def test_replays_for():
     assert timing.replays_for(3.0) == 20
     assert timing.replays_for(100.0) == 20
@@ -372,9 +401,40 @@ def test_gemm_rows_unmeasured_and_json():
     assert {"name", "m", "n", "k", "unit", "schedule", "params", "predicted_us", "measured_us", "ratio"} <= row.keys()
 
 
+def test_gemm_rows_in_plan_band():
+    rows = gemm_predictions.gemm_rows(_payload(), [1.0, 4.4, 6.0, 4.0], in_plan={1: 4.0, 2: 3.9})
+    k1, k2, k3 = rows
+    assert k1["in_plan_ratio"] == pytest.approx(1.0) and k2["in_plan_ratio"] == pytest.approx(0.975)
+    assert k3["in_plan_us"] is None and k3["in_plan_ratio"] is None
+    s = gemm_predictions.summary(rows)
+    assert (s["in_plan_within"], s["in_plan_measured"]) == (2, 2) and s["in_plan_sum_us"] == pytest.approx(7.9)
+    assert "in the plan" in gemm_predictions.summary_text(s) and "2/2" in gemm_predictions.summary_text(s)
+    assert "in the plan" not in gemm_predictions.summary_text(gemm_predictions.summary(
+        gemm_predictions.gemm_rows(_payload(), [1.0, 4.4, 6.0, 4.0])))
+
+
+def _trace(starts_durs: list[tuple[str, float, float]]) -> list[dict]:
+    return [{"name": n, "ts": t, "dur": d, "cat": "kernel"} for n, t, d in starts_durs]
+
+
+def test_in_plan_slots_from_a_trace():
+    # two replays of k0, k1, k2 (k1 overlaps k0's tail, as a dependent launch does), a foreign kernel
+    # between k1 and k2 in the second, and events out of order
+    events = _trace([("k0", 0.0, 5.0), ("k1", 4.0, 10.0), ("k2", 15.0, 3.0),
+                     ("k1", 104.0, 9.0), ("k0", 100.0, 5.0), ("memcpy_kernel", 114.0, 1.0),
+                     ("k2(float*, int)", 116.0, 3.0)])
+    got = in_plan.slots(events, ["k0", "k1", "k2"])
+    assert got == {0: 4.0, 1: pytest.approx(10.5), 2: 3.0}    # k1: 11 and 10; k2: its duration
+    assert in_plan.slots(events, []) == {}
+    # a replay that lost a kernel starts over at the plan's first: k0's slot there is not counted twice
+    lost = _trace([("k0", 0.0, 2.0), ("k1", 3.0, 2.0), ("k0", 10.0, 2.0), ("k1", 13.0, 2.0), ("k2", 16.0, 1.0)])
+    assert in_plan.slots(lost, ["k0", "k1", "k2"]) == {0: 3.0, 1: 3.0, 2: 1.0}
+
+
 def test_gemm_predictions_parser():
     args = gemm_predictions.build_parser().parse_args(["--tiny", "--no-gpu", "--pin", "unit=mma"])
     assert args.tiny and args.no_gpu and args.pin == ["unit=mma"]
+    assert gemm_predictions.build_parser().parse_args(["--profile", "p.json"]).profile.name == "p.json"
     assert set(gemm_predictions.CASES) == {("bert", 8, 512), ("bert", 1, 128), ("gpt2", 8, 512), ("gpt2", 1, 128)}
 
 
