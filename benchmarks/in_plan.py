@@ -74,6 +74,7 @@ def measure(executor: Any, symbols: Sequence[str], replays: int = REPLAYS) -> di
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    torch.cuda.synchronize()                 # torch's CUDA state (the same primary context) before CUPTI starts
     executor.launch()
     executor.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
