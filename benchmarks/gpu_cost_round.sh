@@ -16,7 +16,7 @@ case "$1" in
     python3 - <<'EOF'
 import json
 from aicfc.planner.hardware import load_profile
-json.dump({**load_profile("sm_90").data, "sm_l2_port_gbs": 127.0}, open("/tmp/sm_90_port.json", "w"))
+json.dump({**load_profile("sm_90").data, "sm_l2_port_gbs": 130.0}, open("/tmp/sm_90_port.json", "w"))
 EOF
     python3 benchmarks/gemm_predictions.py --json "$OUT/pred_default.json" 2>&1 | quiet > "$OUT/pred_default.txt"
     tail -4 "$OUT/pred_default.txt"

@@ -57,10 +57,10 @@ def test_l2_share_is_the_old_one_unless_a_profile_names_the_port():
     hw = _profile()
     full = hw.l2_bandwidth_gbs / hw.sm_count
     assert l2_share_gbs(hw, 72) == l2_share_gbs(hw, 132) == full
-    ported = _profile(sm_l2_port_gbs=127.0)
+    ported = _profile(sm_l2_port_gbs=130.0)
     assert l2_share_gbs(ported, 132) == full == l2_share_gbs(ported, 500)   # a full grid as before
     assert l2_share_gbs(ported, 96) == ported.l2_bandwidth_gbs / 96           # the L2 split among 96 SMs
-    assert l2_share_gbs(ported, 8) == 127.0                                   # one SM's port bounds it
+    assert l2_share_gbs(ported, 8) == 130.0                                   # one SM's port bounds it
     assert l2_share_gbs(_profile(sm_l2_port_gbs=10.0), 8) == full             # never below the full grid's
 
 
@@ -71,7 +71,7 @@ def test_a_port_speeds_a_small_grid_and_leaves_a_full_one(tmp_path):
     QKV GEMM, 132 CTAs) is predicted as before."""
     pin = {"unit": "wgmma", "BM": 64, "BN": 64, "CLUSTER": 2, "STAGES": 7, "NWG": 1, "PP": 0}
     path = tmp_path / "sm_90_port.json"
-    path.write_text(json.dumps({**load_profile("sm_90").data, "sm_l2_port_gbs": 127.0}))
+    path.write_text(json.dumps({**load_profile("sm_90").data, "sm_l2_port_gbs": 130.0}))
     before, _ = _predicted(matmul(128, 768, 2304, np.random.default_rng(0)), pin)
     after, params = _predicted(matmul(128, 768, 2304, np.random.default_rng(0)), pin, profile=path)
     assert params["CTAS"] == 72

@@ -63,15 +63,16 @@ def l2_share_gbs(hw: Profile, active: int) -> float:
     the rest idle, and each busy SM can then get l2_bandwidth / active, up to what its own port
     takes (`sm_l2_port_gbs`, GB/s). Charging every SM 1/SMs of the L2 whatever the grid's size
     over-predicts small GEMMs: on an H100 the B1 S128 QKV GEMMs of BERT and GPT-2 (72 CTAs of
-    64x64 wgmma tiles) measured 4.30-4.51 us against 5.84 predicted, and ResNet-50's stage-4
-    batched GEMMs streamed about 130 GB/s an SM where the model allowed 76
-    (benchmarks/results/gemm_predictions_session8_h100.txt, profile_resnet50_b32_session7_h100.txt).
-    With a port of 127 GB/s (64 B a cycle at 1.98 GHz) the QKV kernels' clustered 7-stage schedule is
-    predicted 5.65 us rather than 5.84: its k-blocks are then bound by the TMA round trip the ring covers
+    64x64 wgmma tiles) measured 4.30-4.51 us against 5.84 predicted
+    (benchmarks/results/gemm_predictions_session8_h100.txt). How much one SM can take: ResNet-50's
+    stage-4 batched 1x1 GEMMs, full grids, streamed about 130 GB/s an SM where the model allowed
+    76 (profile_resnet50_b32_session7_h100.txt), so a port of 130 GB/s or more.
+    With a port of 130 GB/s the QKV kernels' clustered 7-stage schedule is predicted 5.65 us
+    rather than 5.84: its k-blocks are then bound by the TMA round trip the ring covers
     (tma_latency_us + cluster_release_us over 6 stages), not by the L2; and the picks move (the QKV
-    GEMMs leave clusters for 8 stages, predicted 4.88; GPT-2's B1 FFN1 goes from a wgmma tile measured
-    at 5.09 us to an mma tile not yet measured). So the term is off (the old share, whatever the grid)
-    until a profile names the port, with the GPU run that times those picks:
+    GEMMs leave clusters for 8 stages, predicted 4.88; GPT-2's B1 FFN1 goes from a wgmma tile
+    measured at 5.09 us to an mma tile not yet measured). So the term is off (the old share,
+    whatever the grid) until a profile names the port, with the GPU run that times those picks:
     `benchmarks/gemm_predictions.py --profile F` plans with such a profile."""
     port = hw.data.get("sm_l2_port_gbs")
     full = hw.l2_bandwidth_gbs / hw.sm_count
