@@ -51,14 +51,16 @@ def events_median_us(enqueue, start, stop, reps: int = 50, warmup: int = 5, per:
 
 
 def _timed(enqueue, start, stop, stream, per: int) -> float:
-    """One `enqueue()` between `start` and `stop` recorded on `stream`, in us per call."""
-    for event in (start, stop):
-        if event is stop:
-            enqueue()
+    """One `enqueue()` between `start` and `stop` recorded on `stream` (None: the library's
+    current one), in us per call."""
+    def record(event) -> None:
         if stream is None:
             event.record()
         else:
             event.record(stream)
+    record(start)
+    enqueue()
+    record(stop)
     stop.synchronize()
     ms = stop.time_since(start) if hasattr(stop, "time_since") else start.elapsed_time(stop)
     return ms / per * 1e3
@@ -95,21 +97,32 @@ def aicf_graph_us(ex, per: int = 20, reps: int = 50, warmup: int = 5) -> float:
     the executor's stream; replays timed between CUDA events on that stream, / `per`; median
     of `reps`. The GPU runs the plans back to back, so a small kernel is timed, not the host's
     launch rate."""
-    from aicf_run.graph import Graph
     stream = ex.stream
-
-    def plans() -> None:
-        for _ in range(per):
-            ex.launch(graph=False)
-    graph = Graph.capture(stream, plans)
+    graph = aicf_graph(ex, per)
     try:
-        graph.upload(stream)
         start, stop = ex.events()
         t = events_median_us(lambda: graph.launch(stream), start, stop, reps, warmup, per, stream)
         ex.synchronize()
         return t
     finally:
         graph.close()
+
+
+def aicf_graph(ex, per: int):
+    """`per` back-to-back runs of `ex`'s plan (its kernels launched one by one) captured into one
+    CUDA graph on the executor's stream and uploaded (what aicf_graph_us times); close() it."""
+    from aicf_run.graph import Graph
+
+    def plans() -> None:
+        for _ in range(per):
+            ex.launch(graph=False)
+    graph = Graph.capture(ex.stream, plans)
+    try:
+        graph.upload(ex.stream)
+    except BaseException:
+        graph.close()
+        raise
+    return graph
 
 
 def aicf_launches_us(ex, per: int = 20, reps: int = 50, warmup: int = 5) -> float:
@@ -166,15 +179,9 @@ def paired_graphs_us(ex, fn, per: int = 20, reps: int = 50, warmup: int = 5) -> 
     graph on its stream, as aicf_graph_us captures them, against `per` `fn()` calls in one torch
     graph, as torch_graph_us captures them. Returns (aicf times, torch times), us per call."""
     import torch
-    from aicf_run.graph import Graph
-
-    def plans() -> None:
-        for _ in range(per):
-            ex.launch(graph=False)
-    ours = Graph.capture(ex.stream, plans)
+    ours = aicf_graph(ex, per)
     theirs = torch_graph(fn, per)
     try:
-        ours.upload(ex.stream)
         a = (lambda: ours.launch(ex.stream), *ex.events(), ex.stream)
         b = (theirs.replay, torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), None)
         return paired_us(a, b, reps, warmup, per)
