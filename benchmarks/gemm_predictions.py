@@ -120,6 +120,7 @@ def gemm_rows(payload: dict, measured: list[float | None] | None, families=FAMIL
             continue
         pred = (k.get("predicted") or {}).get("time_us")
         meas = measured[i] if measured is not None else None
+        placed = (in_plan or {}).get(i)
         dims = gemm_dims(k, payload.get("buffers", []), contractions.get(k["name"]))
         rows.append({"index": i, "name": k["name"], "family": k.get("family"),
                      "onnx_nodes": list(k.get("onnx_nodes", [])),
@@ -129,8 +130,8 @@ def gemm_rows(payload: dict, measured: list[float | None] | None, families=FAMIL
                      "schedule": schedule_text(k.get("params", {})),
                      "predicted_us": pred, "measured_us": meas,
                      "ratio": meas / pred if meas is not None and pred else None,
-                     "in_plan_us": (in_plan or {}).get(i),
-                     "in_plan_ratio": (in_plan or {}).get(i, 0.0) / pred if pred and i in (in_plan or {}) else None,
+                     "in_plan_us": placed,
+                     "in_plan_ratio": placed / pred if placed is not None and pred else None,
                      "flops": (k.get("predicted") or {}).get("flops")})
     return rows
 
