@@ -206,7 +206,7 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
     from aicfc.passes.plan_schedules import rank
-    from aicfc.planner.hardware import load_profile
+    from aicfc.planner.hardware import load_profile, plan_launch_us
     hw = load_profile(plan.target)
     if not copied or (pin or {}).get("unit") == "wgmma":
         return _orient(first, hw)
@@ -222,7 +222,9 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
         without = _relabel(plan, {x: ""}, {})
         origins = {k.origins for k in readers}
         before = [k for k in without.kernels if k.origins in origins]
-        t_copy, t_with, t_without = best(first, writer), best(first, readers), best(without, before)
+        # the copy is one more kernel of the plan: its gap too ([Note: launch overhead and the plan gap])
+        t_copy = best(first, writer) + len(writer) * (plan_launch_us(hw) - hw.launch_overhead_us)
+        t_with, t_without = best(first, readers), best(without, before)
         numbers = (f"predicted {t_with:.2f} us for its convolutions channels-last + {t_copy:.2f} us for the copy "
                    f"against {t_without:.2f} us reading it NCHW")
         if t_with + t_copy < t_without:

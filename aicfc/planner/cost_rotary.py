@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from aicfc.planner.hardware import Profile
+from aicfc.planner.hardware import Profile, plan_launch_us
 
 ROTARY_OPS = 7              # instructions an element of C (SASS count above)
 ROTARY_OPS_UNHOISTED = 39   # the same before the digits and bands were constants (the tests' record of the B8 loss)
@@ -42,5 +42,5 @@ def rotary_fusion_cost(rows: int, cols: int, rotated: list[int], table_elements:
     rate = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(2) * hw.sm_count
     fused = rows * cols * ops / rate
     bandwidth = hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"]
-    separate = sum(hw.launch_overhead_us + (2 * n + 2 * table_elements) * esize / bandwidth for n in rotated)
+    separate = sum(plan_launch_us(hw) + (2 * n + 2 * table_elements) * esize / bandwidth for n in rotated)
     return fused, separate

@@ -55,6 +55,24 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
     return Profile(data)
 
 
+def plan_launch_us(hw: Profile) -> float:
+    """What one more kernel costs a plan: its own launch overhead and the plan's gap.
+
+    [Note: launch overhead and the plan gap]
+    `launch_overhead_us` is what a kernel adds to its own work when it runs back to back with
+    itself, which is how `aicf-run --profile` and `aicfc tune` time it (and what the per-kernel
+    predictions are held to). In a plan a kernel costs more: the kernels before it differ and
+    their tails do not overlap its start as well, `plan_gap_us` a kernel more. On an H200 the
+    B1 S128 plans of BERT-base and GPT-2 small (85 kernels each) ran 494 and 428 us where their
+    kernels alone summed 385 and 346 (1.0-1.3 us a kernel more), and their GEMMs alone measured
+    about 1 us under a prediction with a 2.0 us launch term
+    (benchmarks/results/gemm_predictions_session10_h200.txt); the sm_90 profile now splits the
+    2.0 us into 1.5 + 0.5. A decision that adds or removes a kernel (a separate rotary map, a
+    channels-last copy) charges this sum; one that picks among a kernel's schedules is not
+    moved by either."""
+    return hw.launch_overhead_us + hw.data.get("plan_gap_us", 0.0)
+
+
 def l2_share_gbs(hw: Profile, active: int) -> float:
     """An active SM's share of the L2's bandwidth (GB/s) while `active` SMs stream from it.
 
@@ -71,9 +89,12 @@ def l2_share_gbs(hw: Profile, active: int) -> float:
     rather than 5.84: its k-blocks are then bound by the TMA round trip the ring covers
     (tma_latency_us + cluster_release_us over 6 stages), not by the L2; and the picks move (the QKV
     GEMMs leave clusters for 8 stages, predicted 4.88; GPT-2's B1 FFN1 goes from a wgmma tile
-    measured at 5.09 us to an mma tile not yet measured). So the term is off (the old share,
-    whatever the grid) until a profile names the port, with the GPU run that times those picks:
-    `benchmarks/gemm_predictions.py --profile F` plans with such a profile."""
+    measured at 5.09 us to an mma tile not yet measured). Timed on an H200 with the port at 130
+    (benchmarks/results/gemm_predictions_port_session10_h200.txt against the default's run): the
+    QKV GEMMs without clusters ran 3.89 us against 4.40, but GPT-2's FFN1 on the mma tile 6.45 us
+    against 5.22 on wgmma (the wgmma tile's prediction, 7.3 us, is the one that is off). So the
+    term stays off (the old share, whatever the grid) until the wgmma model ranks those two
+    right; `benchmarks/gemm_predictions.py --profile F` plans with such a profile."""
     port = hw.data.get("sm_l2_port_gbs")
     full = hw.l2_bandwidth_gbs / hw.sm_count
     if port is None:
