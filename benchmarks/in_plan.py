@@ -11,10 +11,14 @@ than their kernels alone summed (benchmarks/results/gemm_predictions_session8_h1
 S128 480.5 us against 377.9, 85 kernels). The cost model's launch term charges that start-up,
 so a small kernel timed alone reads as over-predicted. Here the plan's graph is replayed under
 torch.profiler (CUPTI sees every kernel of the process's primary context, aicf_run's too); in
-each replay kernel i's slot is the start of the next kernel on the GPU minus its own start
-(the last kernel of a replay: its duration). The median over replays is its in-plan time, and
-the slots of a replay add up to the replay's span, so their sum is the plan's time as the
-GPU ran it. Tracing costs something per kernel; the report prints the slots' sum beside the
+each replay kernel i's slot is its end minus the end of kernel i - 1 (the first kernel of a
+replay: its duration). The median over replays is its in-plan time, and the slots of a replay
+add up to the replay's span, so their sum is the plan's time as the GPU ran it. Ends, not
+starts: under dependent launches ([Note: PDL]) a kernel's blocks start on the SMs while its
+predecessor runs and wait there, so start-to-start slots measured the launch stagger. Session
+10's H200 run with start-to-start slots put 42 of 156 GEMM kernels in band at ratios from
+0.14 to 1.77 (benchmarks/results/gemm_predictions_session10_h200.txt); those in-plan figures
+are void, and the end-to-end slots have not yet run on a GPU. Tracing costs something per kernel; the report prints the slots' sum beside the
 plan's time from CUDA events, so that cost shows.
 """
 from __future__ import annotations
@@ -32,33 +36,29 @@ def slots(events: Sequence[dict[str, Any]], symbols: Sequence[str]) -> dict[int,
     """{kernel index: median slot in us} from chrome-trace kernel events (`name`, `ts`, `dur`,
     in us) of back-to-back replays of a plan whose kernels, in launch order, are `symbols`.
 
-    Events are walked in start order and matched against the plan's sequence, replay after
-    replay; where the plan's first kernel comes before the replay's last, a kernel went missing:
-    matching starts over and the slot before the gap is not counted. Events of other kernels
-    (another library's) count only as the start that ends a slot."""
+    A kernel's slot is its end minus its predecessor's end in the same replay (the first
+    kernel of a replay: its duration). Events are walked in start order and matched against
+    the plan's sequence, replay after replay; where the plan's first kernel comes before the
+    replay's last, a kernel went missing and matching starts over; a kernel whose predecessor
+    was not matched gets no slot in that replay. Events of other kernels are skipped."""
     if not symbols:
         return {}
     ordered = sorted((e for e in events if "ts" in e and "dur" in e), key=lambda e: float(e["ts"]))
     found: dict[int, list[float]] = {i: [] for i in range(len(symbols))}
     at = 0                                   # the plan's kernel expected next
-    open_slot: tuple[int, float, float] | None = None   # (index, start, duration) awaiting the next start
+    last: tuple[int, float] | None = None    # (index, end) of the kernel matched last
     for e in ordered:
         name, ts, dur = _short(e.get("name", "")), float(e["ts"]), float(e["dur"])
-        restart = name != symbols[at] and name == symbols[0]   # a replay started over: a kernel went missing
-        if open_slot is not None:
-            i, start, length = open_slot
-            if i == len(symbols) - 1:        # the last kernel of a replay: the host starts the next one
-                found[i].append(length)
-            elif not restart:                # else its successor's start (a foreign kernel's counts)
-                found[i].append(ts - start)
-            open_slot = None
-        if name == symbols[at]:
-            open_slot = (at, ts, dur)
-            at = (at + 1) % len(symbols)
-        elif restart:
-            open_slot, at = (0, ts, dur), 1 % len(symbols)
-    if open_slot is not None and open_slot[0] == len(symbols) - 1:
-        found[open_slot[0]].append(open_slot[2])
+        if name != symbols[at] and name == symbols[0]:   # a replay started over: a kernel went missing
+            at, last = 0, None
+        if name != symbols[at]:
+            continue
+        if at == 0:
+            found[0].append(dur)
+        elif last is not None and last[0] == at - 1:
+            found[at].append(ts + dur - last[1])
+        last = (at, ts + dur)
+        at = (at + 1) % len(symbols)
     return {i: statistics.median(v) for i, v in found.items() if v}
 
 

@@ -424,11 +424,13 @@ def test_in_plan_slots_from_a_trace():
                      ("k1", 104.0, 9.0), ("k0", 100.0, 5.0), ("memcpy_kernel", 114.0, 1.0),
                      ("k2(float*, int)", 116.0, 3.0)])
     got = in_plan.slots(events, ["k0", "k1", "k2"])
-    assert got == {0: 4.0, 1: pytest.approx(10.5), 2: 3.0}    # k1: 11 and 10; k2: its duration
+    # end to end: k0 its duration (5, 5); k1 14 - 5 and 113 - 105; k2 18 - 14 and 119 - 113
+    assert got == {0: 5.0, 1: pytest.approx(8.5), 2: pytest.approx(5.0)}
     assert in_plan.slots(events, []) == {}
-    # a replay that lost a kernel starts over at the plan's first: k0's slot there is not counted twice
-    lost = _trace([("k0", 0.0, 2.0), ("k1", 3.0, 2.0), ("k0", 10.0, 2.0), ("k1", 13.0, 2.0), ("k2", 16.0, 1.0)])
-    assert in_plan.slots(lost, ["k0", "k1", "k2"]) == {0: 3.0, 1: 3.0, 2: 1.0}
+    # a replay that lost k2 starts over at the plan's first; a kernel after a missing one has no slot
+    lost = _trace([("k0", 0.0, 2.0), ("k1", 3.0, 2.0), ("k0", 10.0, 2.0), ("k1", 13.0, 2.0), ("k2", 16.0, 1.0),
+                   ("k0", 20.0, 2.0), ("k2", 24.0, 1.0)])
+    assert in_plan.slots(lost, ["k0", "k1", "k2"]) == {0: 2.0, 1: 3.0, 2: 2.0}
 
 
 def test_gemm_predictions_parser():
@@ -441,3 +443,12 @@ def test_gemm_predictions_parser():
 def test_modules_import_without_torch():
     # the helpers above ran without torch; the GPU paths import it lazily
     assert isinstance(models, types.ModuleType) and "torch" not in models.__dict__
+
+
+def test_decode_ab_variants():
+    from benchmarks import decode_ab
+    assert decode_ab.parse_variant("a:pin.PRE=1,env.X=1,run.Y=2") == ("a", {"PRE": "1"}, {"X": "1"}, {"Y": "2"})
+    assert decode_ab.parse_variant("base:") == ("base", {}, {}, {})
+    for bad in (":pin.PRE=1", "a:PRE=1", "a:pin.PRE"):
+        with pytest.raises(SystemExit):
+            decode_ab.parse_variant(bad)
