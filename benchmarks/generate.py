@@ -2,7 +2,7 @@
 "reduce-overhead") in one process on one GPU, and against the bandwidth limit (issue 19).
 
     python3 benchmarks/generate.py [--layers 20] [--batch 1 8] [--prompt 512] [--new 256]
-        [--folder /tmp/aicf-gen] [--jobs 16] [--no-peer] [--profile] [--json FILE] [--no-pdl]
+        [--folder /tmp/aicf-gen] [--jobs 16] [--no-peer] [--profile] [--json FILE] [--no-pdl] [--pin KEY=VALUE]
 
 The model is a Llama architecture with random weights (benchmarks/decoder_graph.py): hidden
 2048, 32 heads over 8 key/value heads, FFN 5632, vocabulary 32000, `--layers` layers (20: 1.03
@@ -173,6 +173,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-pdl", action="store_true", help="compile with aicfc compile --no-pdl (plain launches)")
+    ap.add_argument("--pin", action="append", default=[], metavar="KEY=VALUE",
+                    help="restrict the schedules as aicfc compile --pin does (an A/B's other side)")
     ap.add_argument("--compile-only", action="store_true", help="build the model and compile its bundles, then stop")
     ap.add_argument("--reuse", action="store_true", help="use the bundles already in --folder (an earlier "
                     "--compile-only with the same options) instead of compiling")
@@ -199,7 +201,8 @@ def main() -> None:
             compiled = float("nan")
         else:
             payload = compile_plans(str(path), [shape_set(cfg, batch, args.prompt), shape_set(cfg, batch, 1)],
-                                    precision="fp16", jobs=args.jobs, dependent_launch=not args.no_pdl)
+                                    precision="fp16", jobs=args.jobs, dependent_launch=not args.no_pdl,
+                                    pin=dict(x.split("=", 1) for x in args.pin) or None)
             write_bundle(payload, bundle)
             del payload
             compiled = time.perf_counter() - start

@@ -42,6 +42,14 @@ alternating rounds: 280.6 us against 285.5 without (`benchmarks/results/gemv_pre
 Prefetching more of the slice into L2 (`prefetch.global.L2`, 32 KB a block) made each gemv
 faster timed alone but the plan slower: 295.7 us with the prefetch before the wait, 297.2 after
 it, 318.8 with a rolling prefetch two steps ahead; so the kernel keeps no L2 prefetch.
+Staging more of the slice in shared memory fared the same (session 10, an H200, the same plan,
+benchmarks/decode_ab.py on the branch session10-gemv-staged; results in
+benchmarks/results/decode_ab*_session10_h200.txt): the first steps of each block's weight
+copied by cp.async before the wait, up to 96 KB a block (the whole slice of the O- and
+QKV-projections), their activations into shared memory after it. Every gemv but the QKV ran
+faster alone (the kernels alone summed 201.3 us against 218.6), but the plan replayed in
+247.0 us against 227.9. Setting every kernel's shared-memory carveout to the most made both
+sides slower (243.3 and 255.9 us). So the copy before the wait stays at one step of registers.
 
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with

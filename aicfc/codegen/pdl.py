@@ -17,7 +17,10 @@ completed and its writes are visible. Every kernel of a plan compiled for sm_90 
   returns only when the previous kernel is complete, which itself waited for the one before;
 - the next kernel is launched while this one runs and its blocks wait on the SMs as this
   one's retire: the launch latency overlaps the work instead of following it;
-- run-ahead is one kernel: a kernel triggers only after its own wait has returned.
+- run-ahead is one kernel: a kernel triggers only after its own wait has returned. Triggering
+  before the wait instead (every kernel's blocks then land while two kernels before them still
+  run) measured slower on an H200: a 4-layer decode plan of a 1 B Llama replayed in 300.4 us
+  against 228.6 (benchmarks/results/decode_ab_session10_h200.txt).
 
 Where a kernel's grid is more than one wave (more blocks than the SMs hold at once), a trigger at
 entry would let the next kernel's blocks take SM slots that this kernel's later waves need, and

@@ -1,0 +1,158 @@
+"""A/B of decode-step variants of one Llama decoder in one process (issue 19): each variant is a
+bundle of the same model compiled with different schedule pins and kernel-entry settings; their
+decode plans are replayed as CUDA graphs in alternating rounds, and a greedy generation checks
+that every variant produces the same tokens.
+
+    python3 benchmarks/decode_ab.py [--layers 6] [--prompt 512] [--new 256] [--rounds 5]
+        [--variant NAME:KEY=VALUE,...] ... [--folder /tmp/aicf-ab] [--jobs 16] [--json FILE] [--profile]
+
+A variant is `name:` followed by comma-separated settings: `pin.KEY=VALUE` restricts the
+schedules (as `aicfc compile --pin`; a key only the decode step's kernels have, such as the
+gemv's PRE), `env.NAME=VALUE` is set while its bundle compiles and `run.NAME=VALUE` while it
+loads (an experiment's switches). Session 10's A/B of gemv weights staged in shared memory, an
+early dependent-launch trigger and the shared-memory carveout ran this script on the branch
+session10-gemv-staged (results: benchmarks/results/decode_ab*_session10_h200.txt).
+The model is benchmarks/generate.py's (hidden 2048, 32 heads over 8 key/value heads, FFN 5632,
+vocabulary 32000; cache prompt + new slots), fp16, batch 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.decoder_graph import DecoderConfig, random_weight, weight_shapes  # noqa: E402
+from benchmarks.generate import build, shape_set  # noqa: E402
+
+DEFAULT_VARIANTS = ["base:"]
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, str], dict[str, str], dict[str, str]]:
+    """(name, pins, compile environment, load environment) of `name:pin.K=V,env.N=V,run.N=V`."""
+    name, _, rest = spec.partition(":")
+    if not name:
+        raise SystemExit(f"--variant {spec!r}: give it a name, e.g. base:pin.ST=0")
+    pins, env, run = {}, {}, {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        kind, _, key = key.partition(".")
+        if not eq or kind not in ("pin", "env", "run") or not key:
+            raise SystemExit(f"--variant {spec!r}: {item!r} is not pin.KEY=VALUE, env.NAME=VALUE or run.NAME=VALUE")
+        {"pin": pins, "env": env, "run": run}[kind][key] = value
+    return name, pins, env, run
+
+
+class environment:
+    """`with environment(values):` sets the variables, then puts back what was there."""
+
+    def __init__(self, values: dict[str, str]):
+        self.values, self.saved = values, {k: os.environ.get(k) for k in values}
+
+    def __enter__(self):
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env: dict, out: Path, jobs: int) -> float:
+    from aicfc.artifact import write_bundle
+    from aicfc.driver import compile_plans
+    start = time.perf_counter()
+    with environment(env):
+        payload = compile_plans(str(path), [shape_set(cfg, 1, prompt), shape_set(cfg, 1, 1)], precision="fp16",
+                                jobs=jobs, pin=pins or None)
+        write_bundle(payload, out)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--variant", action="append", default=None, metavar="NAME:SETTINGS")
+    ap.add_argument("--folder", default="/tmp/aicf-ab")
+    ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true", help="also time every decode kernel of each variant alone")
+    args = ap.parse_args()
+    variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
+    cfg = DecoderConfig(2048, args.layers, 32, 8, 5632, 32000, args.prompt + args.new)
+    folder = Path(args.folder)
+    rng = np.random.default_rng(0)
+    weights = {n: random_weight(n, s, rng) for n, s in weight_shapes(cfg).items()}
+    path = build(folder, cfg, weights)
+    del weights
+    bundles = {}
+    loads = {}
+    for name, pins, env, run in variants:
+        bundles[name], loads[name] = folder / f"{name}.aicf", run
+        took = compile_variant(path, cfg, args.prompt, pins, env, bundles[name], args.jobs)
+        print(f"{name}: compiled in {took:.0f} s (pins {pins or '-'}, env {env or '-'}, at load {run or '-'})", flush=True)
+    import aicf_run
+    models = {}
+    for name, b in bundles.items():
+        with environment(loads[name]):
+            models[name] = aicf_run.load(b)
+    prompt = np.random.default_rng(1).integers(0, cfg.vocab, (1, args.prompt)).astype(np.int64)
+    result = {"config": cfg.__dict__, "variants": {}, "rounds": args.rounds}
+    try:
+        tokens, decode = {}, {}
+        for name, model in models.items():
+            model.generate(prompt, 4)
+            tokens[name] = model.generate(prompt, args.new).tokens
+            decode[name] = next(i for i, p in enumerate(model.plans) if p.shapes["input_ids"][1] == 1)
+        replay = {name: [] for name in models}
+        step = {name: [] for name in models}
+        for _ in range(args.rounds):
+            for name, model in models.items():
+                replay[name].append(model.bench(args.replays, graph=True, plan=decode[name]).graph.median_us)
+                start = time.perf_counter()
+                model.generate(prompt, args.new)
+                t_new = time.perf_counter() - start
+                start = time.perf_counter()
+                model.generate(prompt, 1)
+                t_one = time.perf_counter() - start
+                step[name].append(1e3 * (t_new - t_one) / (args.new - 1))
+        first = next(iter(tokens.values()))
+        same = all(np.array_equal(t, first) for t in tokens.values())
+        base = statistics.median(replay[variants[0][0]])
+        for name in models:
+            r, s = statistics.median(replay[name]), statistics.median(step[name])
+            print(f"{name:10} decode plan replay median {r:8.1f} us ({base / r:.3f}x of {variants[0][0]}) "
+                  f"{['%.1f' % x for x in replay[name]]}; generate step median {s:.4f} ms {['%.4f' % x for x in step[name]]}",
+                  flush=True)
+            result["variants"][name] = {"replay_us": replay[name], "step_ms": step[name], "replay_median_us": r,
+                                        "step_median_ms": s}
+        print(f"tokens equal across variants: {same}")
+        if args.profile:
+            from aicf_run.profile import format_profile
+            for name, model in models.items():
+                print(f"# {name}: each decode kernel alone", flush=True)
+                print(format_profile(model.profile(plan=decode[name])), flush=True)
+        result["tokens_equal"] = same
+    finally:
+        for model in models.values():
+            model.device.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
