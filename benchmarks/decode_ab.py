@@ -40,7 +40,7 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str], dict[str, str], dict[
     """(name, pins, compile environment, load environment) of `name:pin.K=V,env.N=V,run.N=V`."""
     name, _, rest = spec.partition(":")
     if not name:
-        raise SystemExit(f"--variant {spec!r}: give it a name, e.g. base:pin.ST=0")
+        raise SystemExit(f"--variant {spec!r}: give it a name, e.g. base:pin.PRE=1")
     pins, env, run = {}, {}, {}
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")

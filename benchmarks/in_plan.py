@@ -8,18 +8,20 @@
 launches overlap each other's start-up, and a kernel of the plan waits for a different
 predecessor: on an H100 the plans of BERT-base and GPT-2 small ran 1.2-2.0 us a kernel longer
 than their kernels alone summed (benchmarks/results/gemm_predictions_session8_h100.txt: BERT B1
-S128 480.5 us against 377.9, 85 kernels). The cost model's launch term charges that start-up,
-so a small kernel timed alone reads as over-predicted. Here the plan's graph is replayed under
-torch.profiler (CUPTI sees every kernel of the process's primary context, aicf_run's too); in
-each replay kernel i's slot is its end minus the end of kernel i - 1 (the first kernel of a
-replay: its duration). The median over replays is its in-plan time, and the slots of a replay
-add up to the replay's span, so their sum is the plan's time as the GPU ran it. Ends, not
-starts: under dependent launches ([Note: PDL]) a kernel's blocks start on the SMs while its
-predecessor runs and wait there, so start-to-start slots measured the launch stagger. Session
-10's H200 run with start-to-start slots put 42 of 156 GEMM kernels in band at ratios from
-0.14 to 1.77 (benchmarks/results/gemm_predictions_session10_h200.txt); those in-plan figures
-are void, and the end-to-end slots have not yet run on a GPU. Tracing costs something per kernel; the report prints the slots' sum beside the
-plan's time from CUDA events, so that cost shows.
+S128 480.5 us against 377.9, 85 kernels). The cost model charges a kernel its launch as timed
+alone and the plan's extra as a separate gap ([Note: launch overhead and the plan gap] in
+aicfc/planner/hardware.py), so a kernel's slot should read about plan_gap_us over its
+prediction. Here the plan's graph is replayed under torch.profiler (CUPTI sees every kernel of
+the process's primary context, aicf_run's too); in each replay kernel i's slot is its end minus
+the end of kernel i - 1 (the first kernel of a replay: its duration). The median over replays
+is its in-plan time, and the slots of a replay add up to the replay's span, so their sum is the
+plan's time as the GPU ran it. Ends, not starts: under dependent launches ([Note: PDL]) a
+kernel's blocks start on the SMs while its predecessor runs and wait there, so start-to-start
+slots measured the launch stagger. Session 10's H200 run with start-to-start slots put 42 of
+156 GEMM kernels in band at ratios from 0.14 to 1.77
+(benchmarks/results/gemm_predictions_session10_h200.txt); those in-plan figures are void, and
+the end-to-end slots have not yet run on a GPU. Tracing costs something per kernel; the report
+prints the slots' sum beside the plan's time from CUDA events, so that cost shows.
 """
 from __future__ import annotations
 
