@@ -25,6 +25,12 @@ def _only(record: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: record[k] for k in keys if k in record}
 
 
+def _plan_gap(payload: dict[str, Any]) -> float:
+    """What the plan adds to each kernel's predicted time (absent in profiles before it: 0)."""
+    gap = payload["target"]["profile"].get("plan_gap_us", 0.0)
+    return float(gap) if isinstance(gap, (int, float)) and 0 <= gap < 1e3 else 0.0
+
+
 def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
     """The stable JSON view of a bundle's payload (one that `aicf_run.bundle` validated)."""
     check_explainable(payload)
@@ -51,7 +57,10 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         # [Note: state] tensors kept on the device across runs, updated in place (absent: none)
         "state": [{k: st[k] for k in ("name", "output", "dtype", "shape", "kernel", "write_bytes", "copy_bytes",
                                       "reason")} for st in payload.get("state", [])],
-        "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in payload["kernels"]), 3),
+        # the kernels' predictions and the plan's gap between them ([Note: launch overhead and the plan gap])
+        "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in payload["kernels"])
+                                    + len(payload["kernels"]) * _plan_gap(payload), 3),
+        "plan_gap_us": _plan_gap(payload),
         # [Note: PDL]: how the kernels follow each other (absent in bundles from before: "stream")
         "launch": {"mode": payload.get("launch", {}).get("mode", "stream"),
                    "reason": payload.get("launch", {}).get("reason", "")},
@@ -167,7 +176,8 @@ def explain_text(payload: dict[str, Any]) -> str:
         f"target: {e['target']} ({e['target_name']}), precision {e['precision']}",
         f"inputs: {sig(e['inputs'])}",
         f"outputs: {sig(e['outputs'])}",
-        f"{len(e['kernels'])} kernel(s), predicted total {e['predicted_total_us']} us",
+        f"{len(e['kernels'])} kernel(s), predicted total {e['predicted_total_us']} us"
+        + (f" (the kernels' predictions + {e['plan_gap_us']} us a kernel between them)" if e["plan_gap_us"] else ""),
         f"launches: {e['launch']['mode']}" + (f" ({e['launch']['reason']})" if e["launch"]["reason"] else ""),
         "",
     ]

@@ -96,3 +96,14 @@ def test_a_plan_charges_a_kernel_its_launch_and_the_gap():
     assert plan_launch_us(other) == other.launch_overhead_us
     _, separate = rotary_fusion_cost(1, 64, [64], 64, 2, hw)
     assert plan_launch_us(hw) < separate < plan_launch_us(hw) + 0.01
+
+
+def test_explain_adds_the_plan_gap_to_the_kernels():
+    import aicfc
+    from aicfc.explain import explain_json
+    payload = aicfc.compile(matmul(64, 64, 64, np.random.default_rng(0)), target="sm_90", precision="fp16",
+                            check_registers=False)
+    e = explain_json(payload)
+    kernels = sum(k["predicted"]["time_us"] for k in payload["kernels"])
+    assert e["plan_gap_us"] == 0.5
+    assert e["predicted_total_us"] == pytest.approx(kernels + 0.5 * len(payload["kernels"]), abs=1e-3)
