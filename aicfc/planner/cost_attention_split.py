@@ -23,7 +23,14 @@ that of one SM's blocks plus the combine:
 SPLITS trades the chunk's tiles (fewer with more splits) against the combine's reads and the
 SMs' blocks (more with more splits, past one wave). The coefficients are the profile's (load
 latency, clock from the fp32 peak, L2 bandwidth), not yet fitted to a measurement of this
-kernel: benchmarks/generate.py --profile reports measured against predicted for it.
+kernel: benchmarks/generate.py --profile reports measured against predicted for it. Measured, it
+is under-predicted: a 1 B Llama's decode step at B1 (8 K/V heads of 4 query rows, 767 live keys
+of 768, BN 64, SPLITS 12) ran 6.93-6.99 us alone on an H200 against 4.1 predicted
+(benchmarks/results/decode_ab2_session10_h200.txt, base), and at B8 (BN 128, SPLITS 2) 17.5 us
+on an H100 against 6.5 (generate_b8_profile_session6_h100.txt). At B1 the gap, 2.9 us, is
+several dependent round trips more than FIXED and the combine count (the fence before the
+ticket among them); at B8 it grows with the tiles, so the per-tile issue count is short too.
+Refitting them needs timings of the kernel with its splits and tiles varied.
 """
 from __future__ import annotations
 
