@@ -5,9 +5,9 @@ its last load.
     t = launch + max(t_dram, t_sm, t_fma) + t_exposed + t_reduce + t_split
 
     (the first load's round trip is not added: it lies inside the profile's launch overhead,
-    1.5 us on sm_90 (2.0 before session 10), where a kernel that loads and stores a few bytes measured 1.1 us back to
-    back in a graph on an H200, benchmarks/results/generate_h200.txt; the other gemm units'
-    costs leave it there too)
+    1.5 us on sm_90 (2.0 before session 10), where a kernel that loads and stores a few bytes
+    measured 1.1 us back to back in a graph on an H200, benchmarks/results/generate_h200.txt;
+    the other gemm units' costs leave it there too)
 
     t_dram   = every byte once (weight, activations, epilogue operands, output)
                / (dram_bandwidth · gemv_read_eff)       a read stream: no write turnarounds,
