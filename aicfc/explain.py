@@ -35,6 +35,7 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
     """The stable JSON view of a bundle's payload (one that `aicf_run.bundle` validated)."""
     check_explainable(payload)
     mem = payload["memory"]
+    gap = _plan_gap(payload)
     return {
         "format_version": payload["format_version"],
         "compiler": {k: payload["compiler"][k] for k in ("name", "version")},
@@ -59,8 +60,8 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
                                       "reason")} for st in payload.get("state", [])],
         # the kernels' predictions and the plan's gap between them ([Note: launch overhead and the plan gap])
         "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in payload["kernels"])
-                                    + len(payload["kernels"]) * _plan_gap(payload), 3),
-        "plan_gap_us": _plan_gap(payload),
+                                    + len(payload["kernels"]) * gap, 3),
+        "plan_gap_us": gap,
         # [Note: PDL]: how the kernels follow each other (absent in bundles from before: "stream")
         "launch": {"mode": payload.get("launch", {}).get("mode", "stream"),
                    "reason": payload.get("launch", {}).get("reason", "")},

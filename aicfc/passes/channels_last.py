@@ -206,7 +206,7 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
     from aicfc.passes.plan_schedules import rank
-    from aicfc.planner.hardware import load_profile, plan_launch_us
+    from aicfc.planner.hardware import load_profile, plan_gap_us
     hw = load_profile(plan.target)
     if not copied or (pin or {}).get("unit") == "wgmma":
         return _orient(first, hw)
@@ -223,7 +223,7 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
         origins = {k.origins for k in readers}
         before = [k for k in without.kernels if k.origins in origins]
         # the copy is one more kernel of the plan: its gap too ([Note: launch overhead and the plan gap])
-        t_copy = best(first, writer) + len(writer) * (plan_launch_us(hw) - hw.launch_overhead_us)
+        t_copy = best(first, writer) + len(writer) * plan_gap_us(hw)
         t_with, t_without = best(first, readers), best(without, before)
         numbers = (f"predicted {t_with:.2f} us for its convolutions channels-last + {t_copy:.2f} us for the copy "
                    f"against {t_without:.2f} us reading it NCHW")

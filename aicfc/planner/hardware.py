@@ -71,7 +71,13 @@ def plan_launch_us(hw: Profile) -> float:
     2.0 us into 1.5 + 0.5. A decision that adds or removes a kernel (a separate rotary map, a
     channels-last copy) charges this sum; one that picks among a kernel's schedules is not
     moved by either."""
-    return hw.launch_overhead_us + hw.data.get("plan_gap_us", 0.0)
+    return hw.launch_overhead_us + plan_gap_us(hw)
+
+
+def plan_gap_us(hw: Profile) -> float:
+    """What a plan adds to a kernel beyond its launch ([Note: launch overhead and the plan gap]);
+    0 for a profile without the entry."""
+    return hw.data.get("plan_gap_us", 0.0)
 
 
 def l2_share_gbs(hw: Profile, active: int) -> float:
