@@ -8,8 +8,8 @@ exporter, opset 18, float32 at the case's static shape), compiled by aicfc at fp
 KEY=VALUE passed through), loaded by aicf_run and run once on random inputs; then
 `Executor.profile()` (aicf_run/profile.py) times every kernel alone: GRAPH_LAUNCHES back-to-back
 launches of it captured into a graph, replays between CUDA events, the median per launch.
-Then the plan's graph is replayed under torch.profiler and each kernel's slot in it (the start of
-the next kernel minus its own; [Note: in-plan slots] in benchmarks/in_plan.py) is its in-plan time.
+Then the plan's graph is replayed under torch.profiler and each kernel's slot in it (its end
+minus its predecessor's; [Note: in-plan slots] in benchmarks/in_plan.py) is its in-plan time.
 For every kernel of a GEMM family (`gemm`; --families to change) printed: its name, M x N x K
 (from the bundle's decision IR, the contraction's result shape and reduced extent, else from
 the stored buffer and K = predicted FLOPs / (2 M N); N is the last extent, M the others
