@@ -18,6 +18,7 @@ vocabulary 32000; cache prompt + new slots), fp16, batch 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -51,17 +52,15 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str], dict[str, str], dict[
     return name, pins, env, run
 
 
-class environment:
-    """`with environment(values):` sets the variables, then puts back what was there."""
-
-    def __init__(self, values: dict[str, str]):
-        self.values, self.saved = values, {k: os.environ.get(k) for k in values}
-
-    def __enter__(self):
-        os.environ.update(self.values)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
+@contextlib.contextmanager
+def environment(values: dict[str, str]):
+    """Sets the variables for the `with` block, then puts back what was there."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
