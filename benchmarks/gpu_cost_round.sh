@@ -13,46 +13,51 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu_$1.txt"
 quiet() { grep -v -i "warn\|onnxscript\|exporter\|^\s*$"; }
+# profile NAME JSON: /tmp/sm_90_NAME.json, the sm_90 profile with JSON's keys changed
+profile() {
+  python3 -c 'import json, sys
+from aicfc.planner.hardware import load_profile
+json.dump({**load_profile("sm_90").data, **json.loads(sys.argv[2])}, open(f"/tmp/sm_90_{sys.argv[1]}.json", "w"))' "$1" "$2"
+}
+# predict NAME [PROFILE]: gemm_predictions.py (under PROFILE) into $OUT/pred_NAME.txt and .json
+predict() {
+  python3 benchmarks/gemm_predictions.py ${2:+--profile "$2"} --json "$OUT/pred_$1.json" 2>&1 | quiet > "$OUT/pred_$1.txt"
+  tail -4 "$OUT/pred_$1.txt"
+}
+# paired REPS SECONDS: the GEMMs against cuBLAS, replays paired (fp16/bf16 with REPS pairs, tf32 with half),
+# each gemm.py run stopped after SECONDS (0: not stopped); into $OUT/gemm.txt
+paired() {
+  timeout "$2" python3 benchmarks/gemm.py --precision fp16 --precision bf16 --shape 4096x4096x4096 \
+      --shape 8192x8192x8192 --shape 4096x768x768 --shape 4096x3072x768 --shape 4096x768x3072 --paired --reps "$1" \
+      2>&1 | tee "$OUT/gemm.txt" | grep -v "^\s*$" | tail -14
+  timeout "$2" python3 benchmarks/gemm.py --precision tf32 --shape 4096x4096x4096 --paired --reps $(( $1 / 2 )) 2>&1 \
+      | tee -a "$OUT/gemm.txt" | tail -3
+}
 case "$1" in
   predictions)
-    python3 - <<'EOF'
-import json
-from aicfc.planner.hardware import load_profile
-json.dump({**load_profile("sm_90").data, "sm_l2_port_gbs": 130.0}, open("/tmp/sm_90_port.json", "w"))
-EOF
-    python3 benchmarks/gemm_predictions.py --json "$OUT/pred_default.json" 2>&1 | quiet > "$OUT/pred_default.txt"
-    tail -4 "$OUT/pred_default.txt"
-    python3 benchmarks/gemm_predictions.py --profile /tmp/sm_90_port.json --json "$OUT/pred_port.json" 2>&1 | quiet \
-        > "$OUT/pred_port.txt"
-    tail -4 "$OUT/pred_port.txt"
+    profile port '{"sm_l2_port_gbs": 130.0}'
+    predict default
+    predict port /tmp/sm_90_port.json
     ;;
   refit)
     # bash benchmarks/gpu_cost_round.sh refit NAME '{profile keys}' [NAME '{...}' ...]: the predictions round
     # under the sm_90 profile with those keys changed, one pass per NAME
     shift
     while [ $# -ge 2 ]; do
-      python3 -c 'import json, sys
-from aicfc.planner.hardware import load_profile
-json.dump({**load_profile("sm_90").data, **json.loads(sys.argv[2])}, open(f"/tmp/sm_90_{sys.argv[1]}.json", "w"))' "$1" "$2"
-      python3 benchmarks/gemm_predictions.py --profile "/tmp/sm_90_$1.json" --json "$OUT/pred_$1.json" 2>&1 | quiet \
-          > "$OUT/pred_$1.txt"
-      tail -4 "$OUT/pred_$1.txt"
+      profile "$1" "$2"
+      predict "$1" "/tmp/sm_90_$1.json"
       shift 2
     done
     ;;
   verify)
     # session 10's closing round: the GEMM kernels against the current profile's predictions, GEMMs against
     # cuBLAS (paired replays), ResNet-50 B32's per-kernel profile
-    python3 benchmarks/gemm_predictions.py --json "$OUT/pred_current.json" 2>&1 | quiet > "$OUT/pred_current.txt"
-    tail -3 "$OUT/pred_current.txt"
+    predict current
     W=/tmp/r50; mkdir -p $W
     ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
       python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q ) > $W/compile.log 2>&1 &
     CP=$!
-    timeout 200 python3 benchmarks/gemm.py --precision fp16 --precision bf16 --shape 4096x4096x4096 --shape 8192x8192x8192 \
-        --shape 4096x768x768 --shape 4096x3072x768 --shape 4096x768x3072 --paired --reps 40 2>&1 | tee "$OUT/gemm.txt" \
-        | grep -v "^\s*$" | tail -12
-    timeout 60 python3 benchmarks/gemm.py --precision tf32 --shape 4096x4096x4096 --paired --reps 20 2>&1 | tee -a "$OUT/gemm.txt" | tail -2
+    paired 40 200
     wait $CP; echo "resnet compile rc=$?"; tail -2 $W/compile.log
     timeout 60 python3 -m aicf_run $W/r32.aicf --check $W/resnet50_b32.onnx --input $W/resnet50_b32_inputs.npz 2>&1 \
         | tail -2 | tee "$OUT/profile_r32.txt"
@@ -60,10 +65,7 @@ json.dump({**load_profile("sm_90").data, **json.loads(sys.argv[2])}, open(f"/tmp
     python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" 2>&1 | tail -8
     ;;
   gemm)
-    python3 benchmarks/gemm.py --precision fp16 --precision bf16 --shape 4096x4096x4096 --shape 8192x8192x8192 \
-        --shape 4096x768x768 --shape 4096x3072x768 --shape 4096x768x3072 --paired --reps 60 2>&1 | tee "$OUT/gemm.txt" \
-        | grep -v "^\s*$" | tail -14
-    python3 benchmarks/gemm.py --precision tf32 --shape 4096x4096x4096 --paired --reps 30 2>&1 | tee -a "$OUT/gemm.txt" | tail -3
+    paired 60 0
     python3 -m pytest -m gpu -q -n 14 tests/test_gemm_wgmma.py tests/test_gemm_gpu.py tests/test_gemm_wgmma_cluster.py \
         2>&1 | tail -4 | tee "$OUT/tests.txt"
     ;;
