@@ -160,9 +160,10 @@ def test_declined_with_reasons():
 
 def test_stem_channels_padded_to_eight():
     """A 3-channel 7x7 stem on wgmma: the input copy writes 8 channels (zeros past 3), the filter
-    gets 5 zero channels, the convolution sums over 8; the interpreter's outputs do not change."""
+    gets 5 zero channels, the convolution sums over 8; the interpreter's outputs do not change.
+    (unfold=0: the padded copy as channels_last makes it; test_unfold_taps.py unfolds it.)"""
     model = B.conv_model((2, 3, 32, 32), (64, 3, 7, 7), bn=True, act="relu", strides=[2, 2], pads=[3, 3, 3, 3])
-    st = _stages(model, pin={"unit": "wgmma"})
+    st = _stages(model, pin={"unit": "wgmma", "unfold": "0"})
     plan = st["plan_memory"]
     copy, k = plan.kernels
     assert copy.family == "pointwise" and copy.ops[0].type.shape == (2, 32, 32, 8)
@@ -420,7 +421,8 @@ IM2COL_CASES = [
 def _im2col_kernel(case, pin=None):
     spec = dict(case[1])
     model = _conv(spec.pop("x"), spec.pop("w"), **spec)
-    plan = _stages(model, pin=dict(pin or {}, unit="wgmma", A="tma"))["plan_memory"]
+    # unfold=0: the map of the convolution as given (an 8-channel input's 7x7 would be unfolded: test_unfold_taps.py)
+    plan = _stages(model, pin=dict(pin or {}, unit="wgmma", A="tma", unfold="0"))["plan_memory"]
     (k,) = [k for k in plan.kernels if k.family == "conv"]
     return plan, k
 
@@ -454,7 +456,8 @@ def test_im2col_declined_with_reasons():
     """Channels that are not whole k-blocks keep the gatherers (A=gather only)."""
     from aicfc.codegen.conv_wgmma import im2col_geometry
     model = _conv((2, 16, 9, 9), (24, 16, 3, 3), pads=[1, 1, 1, 1])
-    plan = _stages(model, pin={"unit": "wgmma"})["plan_memory"]
+    # unfold=0: unfolded, this input's 3 filter columns of 16 channels would be one 128-byte row (test_unfold_taps.py)
+    plan = _stages(model, pin={"unit": "wgmma", "unfold": "0"})["plan_memory"]
     (k,) = [k for k in plan.kernels if k.family == "conv"]
     assert "neither whole k-blocks" in im2col_geometry(k, plan.types())
     assert k.schedule.param["A"] == "gather"
@@ -506,7 +509,7 @@ def test_gpu_conv_im2col(case, pin, precision, gpu_device):
     spec = dict(case[1])
     model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", **spec)
     try:
-        payload = _gpu_check(model, precision, gpu_device, dict(pin, unit="wgmma", A="tma"))
+        payload = _gpu_check(model, precision, gpu_device, dict(pin, unit="wgmma", A="tma", unfold="0"))
     except Exception as e:  # noqa: BLE001 - a pin outside this convolution's space (BN wider than its channels)
         if "no feasible conv candidate matches --pin" in str(e):
             pytest.skip(str(e))
@@ -528,9 +531,9 @@ def test_gpu_resnet_stage_im2col(gpu_device):
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_gpu_stem_im2col(precision, gpu_device):
     """The 3-channel 7x7/2 stem (its input copied channels-last and zero-padded to 8 channels)
-    on narrow im2col loads, against numpy float64."""
+    on narrow im2col loads (its filter columns not unfolded: unfold=0), against numpy float64."""
     model = B.conv_model((2, 3, 64, 64), (64, 3, 7, 7), bn=True, act="relu", strides=[2, 2], pads=[3, 3, 3, 3])
-    payload = _gpu_check(model, precision, gpu_device, {"unit": "wgmma", "A": "tma"})
+    payload = _gpu_check(model, precision, gpu_device, {"unit": "wgmma", "A": "tma", "unfold": "0"})
     (k,) = [k for k in payload["kernels"] if k["family"] == "conv"]
     assert k["params"]["A"] == "tma" and k["tensor_maps"][0]["swizzle"] == 0
 

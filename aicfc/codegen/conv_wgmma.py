@@ -40,8 +40,15 @@ takes OW positions a row (ceil((W + upper - lower) / stride) = OW).
 Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (not both
 2: that epilogue spills under ptxas), BN in
 {64, 128, 256} (at most MAX_ACC accumulators per thread), STAGES 3 to 6 while the ring fits,
-persistent CTAS = min(tiles, SMs), A in {gather, tma}; no split-k, no ping-pong, epilogue from registers
-(OUT = 0).
+persistent CTAS = min(tiles·SPLITK, SMs), A in {gather, tma}, SPLITK where the output tiles leave
+SMs idle (the GEMM engine's rule, `split_ks`); no ping-pong, epilogue from registers (OUT = 0).
+
+Split-k (SPLITK > 1): the late layers' convolutions have few output tiles and long K (ResNet-50
+B32's 14x14 3x3: 98 tiles of 128x128 over 36 k-blocks on 132 SMs; its 7x7 ones 52-104 tiles over
+72): a work unit is (tile, k-split) as in the GEMM engine, whose template publishes each split's
+fp32 partial tile and lets the last to take the tile's ticket add them in split order and run
+the epilogue (`codegen/scratch.py` gives the buffers). The producer walks the same units (gather
+or im2col, its k-block index is the split's), so nothing else changes.
 Cost terms: `planner/cost_conv_wgmma.py`.
 """
 from __future__ import annotations
@@ -60,7 +67,8 @@ from aicfc.ir.properties import implicit_gemm
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = gemm_wgmma.TARGET
-SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6), "A": ("gather", "tma")}
+SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6), "A": ("gather", "tma"),
+         "SPLITK": (1, 2, 3, 4, 6)}
 RUN = 16                                  # bytes per gathered run
 NARROW = 16                               # bytes of a pixel's channels an im2col copy may read as core-matrix rows
 PRODUCER_REGS, CONSUMER_REGS = 56, 224    # setmaxnreg with NWG = 2: 128·56 + 256·224 <= 65536
@@ -294,13 +302,25 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                     continue
                 p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * nwg, "BN": bn, "BK": bk(dtype), "NWG": nwg,
                      "MI": mi}
-                p["CTAS"] = min(tiles(k, p)[2], hw_sms)
-                for st in SPACE["STAGES"]:
-                    for load in loads:
-                        q = dict(p, STAGES=st, A=load)
-                        if smem_bytes(q) + static_smem(q) <= smem_limit:
-                            points.append(q)
+                for sk in split_ks(tiles(k, p)[2], math.ceil(dims(k)[2] / p["BK"]), hw_sms):
+                    p["SPLITK"], p["CTAS"] = sk, min(tiles(k, p)[2] * sk, hw_sms)
+                    for st in SPACE["STAGES"]:
+                        for load in loads:
+                            q = dict(p, STAGES=st, A=load)
+                            if smem_bytes(q) + static_smem(q) <= smem_limit:
+                                points.append(q)
     return points
+
+
+def split_ks(tiles: int, ktiles: int, hw_sms: int) -> list[int]:
+    """The k-splits offered: 1, and where the tiles leave SMs idle those that fill at most two
+    waves and leave every split at least two k-blocks (gemm_wgmma.space's rule)."""
+    out = [1]
+    for sk in SPACE["SPLITK"][1:]:
+        per = math.ceil(ktiles / sk)
+        if tiles < hw_sms and tiles * sk <= 2 * hw_sms and per >= 2 and (sk - 1) * per < ktiles:
+            out.append(sk)
+    return out
 
 
 def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[TensorMap]:
@@ -435,6 +455,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     m, n, kk = dims(k)
     esize = ITEMSIZE[dtype]
     tm, tn, total = tiles(k, p)
+    sk = p.get("SPLITK", 1)
     tma_a = p.get("A") == "tma"
     im2col = im2col_lines(k, types) if tma_a else None
     if im2col and im2col["taps"]:
@@ -449,8 +470,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   TILES_N=tn, GROUP=gemm_wgmma.GROUP, KT=math.ceil(kk / p["BK"]), STAGE_BYTES=stage_bytes(p),
                   threads=threads(p), TA=0, TB=0, a=a, b=b, idx=parts["idx"], signature=parts["signature"],
                   decompose=parts["decompose"], epilogue=parts["epilogue"],
-                  paired=paired_lines(k, types, parts["params"], parts["idx"]), staged=None, SPLITK=1,
-                  KT_PER=math.ceil(kk / p["BK"]), partials=None, tickets=None, ROT_D=None,
+                  paired=paired_lines(k, types, parts["params"], parts["idx"]), staged=None, SPLITK=sk,
+                  KT_PER=gemm_wgmma.kt_per(p, kk), partials=parts["params"].get(f"{k.name}.partials"),
+                  tickets=parts["params"].get(f"{k.name}.tickets"), ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, TS=None, MAPS=p.get("MAPS"),
                   im2col=im2col,
                   gather=None if tma_a else dict(

@@ -1,6 +1,6 @@
 """Kernel-private buffers a schedule needs beyond the tensors it computes.
 
-A split-k GEMM (`SPLITK > 1`) needs two:
+A split-k GEMM (`SPLITK > 1`, the `gemm` family's or a Hopper convolution's) needs two:
 
 - `<kernel>.partials` (arena, f32): every split's partial accumulator tile. It is live only
   during its kernel, so memory planning lets other tensors reuse its bytes.
@@ -41,6 +41,11 @@ def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]
         return [Scratch(f"{k.name}.partials", TensorType("f32", (attention_split.partial_floats(sp.nkv, sp.rows, dv, p["SPLITS"]),)), False),
                 Scratch(f"{k.name}.tickets", TensorType("i32", (sp.nkv,)), True)]
     splits = int(p.get("SPLITK", 1))
+    if k.family == "conv" and p.get("unit") == "wgmma" and splits > 1:
+        from aicfc.codegen import conv_wgmma
+        tiles = conv_wgmma.tiles(k, p)[2]
+        return [Scratch(f"{k.name}.partials", TensorType("f32", (tiles * splits * p["BM"] * p["BN"],)), False),
+                Scratch(f"{k.name}.tickets", TensorType("i32", (tiles,)), True)]
     if k.family != "gemm" or splits <= 1 or p.get("CL"):   # gemv CL=1: splits add in the cluster's shared memory
         return []
     from aicfc.codegen.gemm import dims

@@ -32,6 +32,7 @@ from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.plan_schedules import RegisterCheck, plan_schedules
 from aicfc.passes.read_grouped_heads import read_grouped_heads
 from aicfc.passes.relayout_weights import relayout_weights
+from aicfc.passes.unfold_taps import unfold_taps
 from aicfc.passes.rotary_epilogue import fold_rotary
 from aicfc.passes.sink_views import sink_views
 from aicfc.planner.hardware import Profile
@@ -76,6 +77,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("declare_state", "decision", "decision", lambda p, o: declare_state(p)),
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
     Stage("channels_last", "decision", "decision", lambda p, o: channels_last(p, dict(o.pin))),
+    Stage("unfold_taps", "decision", "decision", lambda p, o: unfold_taps(p, dict(o.pin))),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p)),

@@ -199,7 +199,10 @@ def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
 def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
                    check: RegisterCheck | None = None) -> Plan:
     """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys;
-    `check` counts the leading candidates' registers (`check_leaders`)."""
+    `check` counts the leading candidates' registers (`check_leaders`). Keys that switch a
+    rewrite rather than a schedule (`unfold`, passes/unfold_taps.py) were the passes' to read and are dropped."""
+    from aicfc.passes.unfold_taps import PIN as UNFOLD_PIN
+    pin = {key: value for key, value in (pin or {}).items() if key != UNFOLD_PIN}
     kernels, records = [], []
     types = plan.types()
     solved: dict[Hashable, tuple[Kernel, list[Ranked], list[Candidate]]] = {}

@@ -26,7 +26,12 @@ operand gathered instead of loaded by the TMA:
     t_epilogue = BM·BN·out_bytes·STORE_WASTE / (l2_bandwidth / SMs) + EPILOGUE_US
                  + BM·BN·(epilogue instructions + STORE_OPS) / EPILOGUE_RATE·sqrt(warpgroups)
                  (one element per store from the accumulators: STORE_WASTE sectors' worth)
-    t          = launch + load_latency + max(ceil(tiles / CTAS) · (KT·t_kblock + t_epilogue), t_dram)
+    t          = launch + load_latency + max(ceil(tiles·SPLITK / CTAS) · (KT/SPLITK·t_kblock + t_epilogue)
+                 + t_reduce, t_dram)
+    split-k    (SPLITK > 1: a work unit is a tile's k-split, KT/SPLITK k-blocks): each unit's epilogue
+                 also writes its fp32 partial tile, and the last split's reads of all of them plus
+                 splitk_overhead_us (fence, ticket) are on the critical path once: the GEMM engine's
+                 terms (cost_wgmma.py), whose template runs both
     t_dram     = (image + filter + output + epilogue reads) / (dram_bandwidth · eff.dram)
                  + the image again per column tile past the first where it does not fit in L2 and
                  the column tiles of a raster group (GROUP row tiles x all column tiles, run by
@@ -57,8 +62,8 @@ from typing import Mapping
 
 from aicfc.codegen import conv_wgmma, gemm_wgmma
 from aicfc.codegen.gemm_wgmma import ROW_BYTES
-from aicfc.planner.cost_wgmma import (EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, STORE_OPS, TMA_LATENCY_US, epilogue_ops,
-                                      n_eff)
+from aicfc.planner.cost_wgmma import (EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, SPLITK_OVERHEAD_US, STORE_OPS,
+                                      TMA_LATENCY_US, epilogue_ops, n_eff)
 from aicfc.ir.types import ITEMSIZE
 
 GATHER_OPS = 24     # integer instructions per gathered run: split m and k, the guard, the address, the copy
@@ -97,24 +102,29 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         t_latency = latency / max(1, st - 2)
         t_round = hw.data.get("conv_gather_round_trip_us", GATHER_ROUND_TRIP_US) / GATHER_GROUPS
     t_kblock = max(t_mma, t_smem, t_load, t_gather, t_round, t_latency)
-    ktiles = math.ceil(kk / bkk)
+    sk = p.get("SPLITK", 1)
+    ktiles = gemm_wgmma.kt_per(p, kk)              # k-blocks of one work unit (a tile's split)
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
     t_epi = bm * bn * out_bytes * STORE_WASTE / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
     issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(p["NWG"])
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
+    t_reduce = 0.0
+    if sk > 1:
+        t_epi += bm * bn * 4.0 / l2_sm
+        t_reduce = bm * bn * 4.0 * sk / l2_sm + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
     tm, tn, tiles = conv_wgmma.tiles(k, p)
-    per_sm = math.ceil(tiles / p["CTAS"])
+    per_sm = math.ceil(tiles * sk / p["CTAS"])
     a_bytes = types[g.a.buffer].nbytes
     together = gemm_wgmma.GROUP * tn <= p["CTAS"]   # a raster group's column tiles all run in one wave
     rereads = (tn - 1) * a_bytes if a_bytes > hw.l2_bytes / 2 and not together else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
     t_tiles = per_sm * (ktiles * t_kblock + t_epi)
-    time = hw.launch_overhead_us + latency + max(t_tiles, t_dram)
+    time = hw.launch_overhead_us + latency + max(t_tiles + t_reduce, t_dram)
     return {"time_us": time, "dram": io_bytes + rereads, "t_compute_us": per_sm * ktiles * t_mma,
             "t_smem_us": per_sm * ktiles * t_smem, "t_l2_us": per_sm * ktiles * t_load,
             "t_gather_us": per_sm * ktiles * t_gather, "t_gather_round_us": per_sm * ktiles * t_round, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - max(t_mma, t_smem, t_load, t_gather, t_round)),
-            "tiles_per_sm": per_sm, "wave_eff": tiles / (per_sm * p["CTAS"]), "n_eff": n_eff(bn),
+            "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]), "t_reduce_us": t_reduce, "n_eff": n_eff(bn),
             "gathered_bytes": float(m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
             "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, sms) / sms, "stages": st}

@@ -1,0 +1,201 @@
+"""unfold_taps: Decision IR → Decision IR; a thin-channel convolution of a graph input (the
+stem) reads an input copy whose pixels hold its filter's columns, where that is cheaper.
+
+After `channels_last`, the ResNet stem (3 channels, 7x7, stride 2) reads its input's copy
+X'[n, h, w, 8] (the channels padded to one 16-byte run) and sums over k = (kh, kw, c) = 392. Its
+k-blocks of 64 are 8 taps of 16 bytes a pixel: the gatherers copy 16-byte runs and the TMA's
+im2col mode one 16-byte row a tap, so either moves an eighth of what a k-block of 128-byte rows
+would per copy, and the convolution runs at a tenth of the tensor cores' rate (ResNet-50 B32 on
+an H200: 169 us, 13.6% of its roofline; benchmarks/results/profile_resnet50_b32_session10_h200.txt).
+
+The rewrite: let the copy hold, for every output column ow, the filter's KW columns side by side,
+
+    U[n, h, ow, s, c] = X[n, c, h, sw·ow + dw·s - pw]      (zero outside X, for c >= C, s >= KW)
+
+with S·Cp = 64 (S = 8 slots of Cp = 8 channels), viewed as U4[n, h, ow, 64]. Then
+
+    y[n, oh, ow, o] = sum over kh, j < 64 of U4[n, sh·oh + dh·kh - ph, ow, j] · W'[o, kh, 0, j]
+    W'[o, kh, 0, s·Cp + c] = W[o, kh, s, c]   (zero for s >= KW: 0·x adds nothing)
+
+is the same sum (each (kh, kw, c) term once; the added ones are products with zero weights, and
+U reads inside X or zero), a KH x 1 convolution over 64 channels: one 128-byte row a pixel and
+tap, which the TMA's im2col mode reads a whole k-block at a time. The copy writes S/1 = 8 times the
+columns of the padded copy (OW·S·Cp against W·Cp elements a row: 4x at stride 2), so this is a
+cost decision: the planner's best predicted times of (copy, convolution) both ways; both
+figures go in the record (RULE), and `explain` shows them.
+
+Eligible: a `conv` kernel whose image is the channels-last copy of a graph input made by
+`channels_last` (INPUT_RULE) and read by nothing else, whose filter it alone reads, with a
+per-tap channel run Cp (the padded channel count) and KW taps along w that fit 64 elements
+(KW·Cp <= 64, Cp dividing 64), and whose image index is [n, sh·oh + dh·kh - ph, sw·ow + dw·kw -
+pw, c] (a 2-D convolution, channels innermost). Preconditions: after channels_last, before
+relayout_weights and plan_schedules. `--pin unfold=0` / `unfold=1` overrides the cost (both
+figures are still recorded); plan_schedules drops the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Affine, Compute, Load, Rewrite, View, loads, map_loads
+from aicfc.ir.properties import implicit_gemm, properties
+from aicfc.ir.types import TensorType, Weight
+
+PIN = "unfold"     # --pin unfold=0 keeps the padded copy, unfold=1 unfolds wherever eligible, whatever the cost
+RULE = "conv(x'[n, h, w, c]) => conv(u[n, h, ow, (kw, c)]) (a thin-channel stem's filter columns unfolded into its copy)"
+ROW = 64          # elements of a 128-byte row of fp16/bf16: one im2col copy a pixel and tap
+TARGET = "sm_90"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stem:
+    """An eligible convolution: its kernel, the copy kernel it reads, and the geometry."""
+    conv: Kernel
+    copy: Kernel
+    source: str                 # the graph input the copy reads (NCHW)
+    filt: str                   # the filter, [O, KH, KW, Cp]
+    cp: int                     # channels a tap (padded)
+    kw: int                     # filter columns
+    stride: int                 # along w
+    dilation: int
+    pad: int                    # along w (the index's constant, negated)
+    out_w: int                  # OW
+    kh_var: str
+    kw_var: str
+    c_var: str
+
+
+def _find(k: Kernel, plan: Plan, copies: dict[str, Kernel], readers: dict[str, int]) -> Stem | str:
+    if k.family != "conv":
+        return "not a convolution"
+    g = implicit_gemm(k.ops[0])
+    if g is None:
+        return "not an implicit GEMM"
+    weights = {w.name for w in plan.weights}
+    a, b = (g.a, g.b) if g.b.buffer in weights else (g.b, g.a)
+    if a.buffer not in copies or b.buffer not in weights:
+        return "its image is not a graph input's channels-last copy"
+    if readers.get(a.buffer, 0) != 1 or readers.get(b.buffer, 0) != 1:
+        return "the copy or the filter has other readers"
+    if any(v.source in (a.buffer, b.buffer) for v in plan.views):
+        return "a view aliases the copy or the filter"
+    copy = copies[a.buffer]
+    src = copy.ops[0].body
+    if not isinstance(src, Load) or len(src.index) != 4:
+        return "the copy is not a plain 4-D move"
+    ext = k.ops[0].extents()
+    if len(a.index) != 4 or any(not isinstance(x, Affine) for x in a.index):
+        return "not a 2-D convolution"
+    _, ih, iw, ic = a.index
+    if len(ic.terms) != 1 or ic.const or ic.terms[0][1] != 1:
+        return "the channel index is not one variable"
+    c = ic.terms[0][0]
+    cp = ext[c]
+    taps = [(v, s) for v, s in iw.terms if v in k.ops[0].reduce_vars]
+    outs = [(v, s) for v, s in iw.terms if v in k.ops[0].domain_vars]
+    if len(taps) != 1 or len(outs) != 1 or len(iw.terms) != 2:
+        return "the width index is not stride·ow + dilation·kw - pad"
+    (kwv, dw), (owv, sw) = taps[0], outs[0]
+    kw = ext[kwv]
+    if ROW % cp or kw * cp > ROW or kw < 2:
+        return f"{kw} filter columns of {cp} channels do not fit one {ROW}-element row"
+    if any(kwv in dict(x.terms) for x in (a.index[0], ih)):
+        return "the filter column indexes another axis"
+    bi = b.index
+    if len(bi) != 4 or bi[2] != Affine.var(kwv) or bi[3] != Affine.var(c):
+        return "the filter is not [o, kh, kw, c] at plain variables"
+    return Stem(k, copy, src.buffer, b.buffer, cp, kw, sw, dw, -iw.const, ext[owv],
+                next((v for v, _ in ih.terms if v in k.ops[0].reduce_vars), ""), kwv, c)
+
+
+def _rewritten(plan: Plan, st: Stem) -> Plan:
+    """The plan with `st`'s copy and convolution unfolded (see the module note)."""
+    types = plan.types()
+    n, _, h, _ = types[st.source].shape
+    slots = ROW // st.cp
+    name = f"{st.source}.unfold"
+    ut = TensorType(types[st.source].dtype, (n, h, st.out_w, slots, st.cp))
+    v = [Affine.var(f"i{d}") for d in range(5)]
+    col = Affine.of({"i2": st.stride, "i3": st.dilation}, -st.pad)
+    op = Compute(name, ut, "map", (), Load(st.source, (v[0], v[4], v[1], col), 0.0, (1,)), ())
+    copy = Kernel("", "pointwise", (op,), (tuple((x, Affine.var(x)) for x in op.domain_vars),), (name,),
+                  properties(op), st.copy.rewrites + (RULE,))
+    view = View(f"{name}.rows", TensorType(ut.dtype, (n, h, st.out_w, ROW)), name)
+    conv = st.conv.ops[0]
+    pos = {r: i for i, r in enumerate(conv.reduce_vars)}
+
+    def load(ld: Load) -> Load:
+        if ld.buffer == st.copy.ops[0].out:
+            return dataclasses.replace(ld, buffer=view.out, index=(ld.index[0], ld.index[1], Affine.var(
+                next(x for x, _ in ld.index[2].terms if x in conv.domain_vars)), ld.index[3]))
+        return ld
+    reduce = list(conv.reduce)
+    reduce[pos[st.c_var]], reduce[pos[st.kw_var]] = ROW, 1
+    new = dataclasses.replace(conv, body=map_loads(conv.body, load), reduce=tuple(reduce))
+    kernel = st.conv.replace(ops=(new,) + st.conv.ops[1:], rewrites=st.conv.rewrites + (RULE,))
+    weights = []
+    for wt in plan.weights:
+        if wt.name == st.filt:
+            arr = wt.raw()
+            arr = np.pad(arr, [(0, 0), (0, 0), (0, slots - st.kw), (0, 0)])
+            arr = np.ascontiguousarray(arr.reshape(arr.shape[0], arr.shape[1], 1, ROW))
+            wt = Weight(wt.name, dataclasses.replace(wt.type, shape=tuple(arr.shape)), arr.tobytes())
+        weights.append(wt)
+    kernels = []
+    for k in plan.kernels:
+        if k is st.copy:
+            kernels.append(copy.replace(name=k.name))
+        elif k is st.conv:
+            kernels.append(kernel)
+        else:
+            kernels.append(k)
+    return plan.replace(kernels=tuple(kernels), weights=tuple(weights), views=plan.views + (view,))
+
+
+def unfold_taps(plan: Plan, pin: dict | None = None) -> Plan:
+    if plan.target != TARGET or plan.precision not in ("fp16", "bf16"):
+        return plan
+    forced = (pin or {}).get(PIN)
+    if forced is not None and str(forced) not in ("0", "1"):
+        from aicfc.errors import AicfError
+        raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (keep the padded copy) or {PIN}=1 (unfold)")
+    from aicfc.passes.channels_last import INPUT_RULE
+    inputs = {v.name for v in plan.inputs}
+    copies = {k.ops[0].out: k for k in plan.kernels if k.family == "pointwise" and INPUT_RULE in k.rewrites
+              and isinstance(k.ops[0].body, Load) and k.ops[0].body.buffer in inputs}
+    if not copies:
+        return plan
+    readers: dict[str, int] = {}
+    for k in plan.kernels:
+        for b in {ld.buffer for op in k.ops for ld in loads(op.body)}:
+            readers[b] = readers.get(b, 0) + 1
+    from aicfc.passes.plan_schedules import rank
+    from aicfc.planner.hardware import load_profile
+    hw = load_profile(plan.target)
+
+    def best(p: Plan, k: Kernel) -> float:
+        return min((r.time_us for r in rank(k, p, hw)[0]), default=math.inf)
+    records = []
+    for k in plan.kernels:
+        st = _find(k, plan, copies, readers)
+        if isinstance(st, str):
+            continue
+        new = _rewritten(plan, st)
+        nk = {x.name: x for x in new.kernels}
+        t_old = best(plan, st.copy) + best(plan, st.conv)
+        t_new = best(new, nk[st.copy.name]) + best(new, nk[st.conv.name])
+        numbers = (f"predicted {t_new:.2f} us for the unfolded copy and convolution against {t_old:.2f} us "
+                   f"for the padded copy and {st.cp}-channel taps")
+        types = new.types()
+        grown = types[f"{st.source}.unfold"].nbytes - plan.types()[st.copy.ops[0].out].nbytes
+        how = f"; --pin {PIN}={forced}" if forced is not None else ""
+        if (t_new < t_old if forced is None else str(forced) == "1"):
+            records.append(Rewrite(RULE, st.source, True, f"{st.kw} filter columns of {st.cp} channels in one "
+                                   f"{ROW}-element row a pixel; {numbers}{how}", -grown))
+            plan = new
+        else:
+            records.append(Rewrite(RULE, st.source, False, f"kept the padded copy: {numbers}{how}"))
+    return plan.replace(rewrites=plan.rewrites + tuple(records)) if records else plan
