@@ -27,3 +27,4 @@ for b in r32 r32_fold; do
   python3 benchmarks/conv_profile_summary.py "$OUT/profile_$b.txt" 2>&1 | tail -3
   grep -E "^\s+[01]\s+k|whole plan" "$OUT/profile_$b.txt"
 done
+timeout 150 python3 benchmarks/conv_split_ab.py 2>&1 | grep -v -i warn | tee "$OUT/split_ab.txt"
