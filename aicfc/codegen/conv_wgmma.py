@@ -48,7 +48,11 @@ B32's 14x14 3x3: 98 tiles of 128x128 over 36 k-blocks on 132 SMs; its 7x7 ones 5
 72): a work unit is (tile, k-split) as in the GEMM engine, whose template publishes each split's
 fp32 partial tile and lets the last to take the tile's ticket add them in split order and run
 the epilogue (`codegen/scratch.py` gives the buffers). The producer walks the same units (gather
-or im2col, its k-block index is the split's), so nothing else changes.
+or im2col, its k-block index is the split's), so nothing else changes. Measured (H200, benchmarks/results/
+conv_split_ab_session11_h200.txt, each kernel alone): on those convolutions split-k never paid.
+14x14x256: 18.8 us unsplit against 36.0 / 60.3 / 58.1 at 2 / 3 / 4 splits; 7x7x512: 23.1 against
+24.8 / 41.3 / 38.1. The cost terms predicted each split slower too (so the planner keeps SPLITK =
+1 there), though 1.17-1.44x under what the splits measured.
 Cost terms: `planner/cost_conv_wgmma.py`.
 """
 from __future__ import annotations
@@ -67,7 +71,7 @@ from aicfc.ir.properties import implicit_gemm
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = gemm_wgmma.TARGET
-SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6), "A": ("gather", "tma"),
+SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6), "A": ("gather", "tma", "halo"),
          "SPLITK": (1, 2, 3, 4, 6)}
 RUN = 16                                  # bytes per gathered run
 NARROW = 16                               # bytes of a pixel's channels an im2col copy may read as core-matrix rows
@@ -205,6 +209,94 @@ def im2col_geometry(k: Kernel, types: Mapping[str, TensorType]) -> Im2colGeometr
     return geo
 
 
+@dataclasses.dataclass(frozen=True)
+class Halo:
+    """A = halo: an output tile is R whole output rows of one image (slots of PITCH columns, those
+    past OW computed and not stored), and its A operand for every tap is one image tile in shared
+    memory, shifted ([Note: halo tiles])."""
+    geo: Im2colGeometry
+    pitch: int          # slots a row: a power of two >= OW + (KW - 1)·dw
+    rows: int           # R = BM / PITCH output rows a tile
+    tile_rows: int      # RH = R + (KH - 1)·dh image rows a tile reads
+    oh_pad: int         # OH rounded up to whole tiles of R rows
+
+    @property
+    def region(self) -> int:
+        """Bytes of one 8-channel chunk of the tile: RH·PITCH 16-byte slots, plus the last taps' reach
+        past them (read only for slots that are not stored), 128-byte aligned."""
+        slots = self.tile_rows * self.pitch + (self.geo.taps[1] - 1) * self.geo.dilation[1]
+        return -(-slots * 16 // 128) * 128
+
+    @property
+    def tile_bytes(self) -> int:
+        return 8 * self.region
+
+    @property
+    def loaded(self) -> int:
+        """Bytes the 8 copies of a tile land (what its full barrier expects)."""
+        return 8 * self.tile_rows * self.pitch * 16
+
+
+def halo_geometry(k: Kernel, types: Mapping[str, TensorType], bm: int) -> Halo | str:
+    """The image-tile geometry of a stride-1 convolution for BM-row tiles, or why there is none.
+
+    [Note: halo tiles] Under im2col every tap re-reads the image: a 3x3 convolution brings each
+    pixel into shared memory 9 times (ResNet-50 B32's 56x56x64 ones: 115 MB of A through L2 for
+    13 MB of image, 31% of the tensor-core roofline). With stride 1 the taps' rows are shifts of
+    each other: output slot m = (r, c) of a tile reads image row r + kh·dh, column c + kw·dw. So a
+    tile stores its image rows once, RH = R + (KH - 1)·dh rows of PITCH columns from column -pw
+    (the TMA's tiled mode, zeros outside the image), 8 channels a chunk, each chunk
+    [RH·PITCH slots][16 bytes]: wgmma's K-major layout without swizzle, whose 8-row x 16-byte core
+    matrices may start at any 16-byte slot. Tap (kh, kw) is then the same descriptor moved
+    kh·dh·PITCH + kw·dw slots (LBO = the chunk's bytes, SBO = 128). Slots past OW (PITCH is a
+    power of two, so a tile of BM rows is BM / PITCH whole rows) and rows past OH are computed
+    and not stored: the price, paid in tensor-core time, is OW·OH / (PITCH·OHP) of the tile used."""
+    geo = im2col_geometry(k, types)
+    if isinstance(geo, str):
+        return geo
+    if geo.narrow:
+        return "8 channels a pixel: the narrow im2col load, not an image tile"
+    if geo.stride != (1, 1):
+        return f"stride {geo.stride}: the taps' rows are not shifts of one image tile"
+    kh, kw = geo.taps
+    if kh * kw == 1:
+        return "one tap: each pixel is read once already"
+    (oh, ow), (dh, dw) = geo.out, geo.dilation
+    pitch = max(8, 1 << (ow + (kw - 1) * dw - 1).bit_length())
+    if pitch > bm:
+        return f"a row of {pitch} slots exceeds the tile's {bm} rows"
+    rows = bm // pitch
+    h = Halo(geo, pitch, rows, rows + (kh - 1) * dh, -(-oh // rows) * rows)
+    if max(pitch, h.tile_rows) > 256:
+        return f"the image tile's box [{pitch}, {h.tile_rows}] exceeds the TMA's 256"
+    return h
+
+
+def halo_of(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> Halo:
+    h = halo_geometry(k, types, p["BM"])
+    assert not isinstance(h, str) and (h.pitch, h.oh_pad) == (p["PITCH"], p["OHP"]), (h, p)
+    return h
+
+
+def halo_map(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> TensorMap:
+    """The image's tiled map: 8 channels x PITCH columns x RH rows of one image a copy, no swizzle."""
+    h = halo_of(k, p, types)
+    g = implicit_gemm(k.ops[0])
+    (n, hh, w, c), e = h.geo.image, ITEMSIZE[types[g.a.buffer].dtype]
+    return TensorMap(g.a.buffer, p["dtype"], 0, (c, w, hh, n), (c * e, w * c * e, hh * w * c * e),
+                     (8, h.pitch, h.tile_rows, 1), 0)
+
+
+def halo_lines(k: Kernel, p: Mapping, types: Mapping[str, TensorType], lines: list[str], idx: str) -> list[str]:
+    """An epilogue's `lines` for GEMM row `gm` of slot space: stored only for a slot inside the
+    output, with gm the output pixel's flat index there."""
+    h = halo_of(k, p, types)
+    (oh, ow), pitch, ohp = h.geo.out, h.pitch, h.oh_pad
+    return [f"const {idx} hq = gm / {pitch}, hw = gm % {pitch}, ho = hq % {ohp}, hb = hq / {ohp};",
+            f"if (hw < {ow} && ho < {oh}) {{", f"const {idx} hgm = (hb * {oh} + ho) * {ow} + hw;", "{",
+            f"const {idx} gm = hgm;", *lines, "}", "}"]
+
+
 def _filter(k: Kernel, types: Mapping[str, TensorType], order: tuple[str, ...], bn: int, dtype: str) -> Operand | str:
     """The filter as the K-major [N, K] TMA operand, or why it is not one."""
     op = k.ops[0]
@@ -264,15 +356,16 @@ def block_m(p: Mapping) -> int:
 
 
 def stage_bytes(p: Mapping) -> int:
-    return (p["BM"] + p["BN"]) * ROW_BYTES
+    """A ring stage: A's and B's k-blocks, or B's alone where A is an image tile of its own (A = halo)."""
+    return (0 if p.get("A") == "halo" else p["BM"]) * ROW_BYTES + p["BN"] * ROW_BYTES
 
 
 def smem_bytes(p: Mapping) -> int:
-    return p["STAGES"] * stage_bytes(p) + gemm_wgmma.SMEM_SLACK
+    return p["STAGES"] * stage_bytes(p) + 2 * p.get("TILE_BYTES", 0) + gemm_wgmma.SMEM_SLACK
 
 
 def static_smem(p: Mapping) -> int:
-    return 16 * p["STAGES"]
+    return 16 * p["STAGES"] + (32 if p.get("A") == "halo" else 0)
 
 
 def threads(p: Mapping) -> int:
@@ -281,8 +374,19 @@ def threads(p: Mapping) -> int:
 
 def tiles(k: Kernel, p: Mapping) -> tuple[int, int, int]:
     m, n, _ = dims(k)
+    if p.get("A") == "halo":
+        m = virtual_m(k, p)
     tm, tn = math.ceil(m / p["BM"]), math.ceil(n / p["BN"])
     return tm, tn, tm * tn
+
+
+def virtual_m(k: Kernel, p: Mapping) -> int:
+    """A = halo: the GEMM rows are slots (image, output row padded to OHP, column padded to PITCH)."""
+    g = implicit_gemm(k.ops[0])
+    ext = k.ops[0].extents()
+    m = math.prod(ext[v] for v in g.m)
+    oh, ow = ext[g.m[-2]], ext[g.m[-1]]
+    return m // (oh * ow) * p["OHP"] * p["PITCH"]
 
 
 def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
@@ -293,6 +397,20 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
     # A by the TMA's im2col mode where it can read the image, else gathered by the producer warpgroup
     loads = ("gather", "tma") if not isinstance(im2col_geometry(k, plan.types()), str) else ("gather",)
     points = []
+    for nwg, mi in ((a, b) for a in SPACE["NWG"] for b in SPACE["MI"] if not (a == 2 and b == 2)):
+        h = halo_geometry(k, plan.types(), 64 * mi * nwg)
+        if isinstance(h, str):
+            continue
+        for bn in SPACE["BN"]:
+            if mi * bn // 2 > MAX_ACC or (bn > 64 and bn // 2 >= n):
+                continue
+            p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * nwg, "BN": bn, "BK": bk(dtype), "NWG": nwg, "MI": mi,
+                 "A": "halo", "PITCH": h.pitch, "OHP": h.oh_pad, "TILE_BYTES": h.tile_bytes, "SPLITK": 1}
+            p["CTAS"] = min(tiles(k, p)[2], hw_sms)
+            for st in SPACE["STAGES"]:
+                q = dict(p, STAGES=st)
+                if smem_bytes(q) + static_smem(q) <= smem_limit:
+                    points.append(q)
     for nwg in SPACE["NWG"]:
         for mi in SPACE["MI"]:
             for bn in SPACE["BN"]:
@@ -331,6 +449,8 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     maps = [b.tensor_map(implicit_gemm(k.ops[0]).b.buffer, p["dtype"])]
     if p.get("A") == "tma":
         maps.insert(0, image_map(k, p, types))
+    elif p.get("A") == "halo":
+        maps.insert(0, halo_map(k, p, types))
     return maps
 
 
@@ -451,13 +571,20 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     assert not isinstance(order, str), order
     b = _filter(k, types, order, p["BN"], dtype)
     assert not isinstance(b, str), b
-    b = dataclasses.replace(b, smem_at=p["BM"] * ROW_BYTES)
+    halo = halo_of(k, p, types) if p.get("A") == "halo" else None
+    b = dataclasses.replace(b, smem_at=0 if halo else p["BM"] * ROW_BYTES)
     m, n, kk = dims(k)
     esize = ITEMSIZE[dtype]
     tm, tn, total = tiles(k, p)
     sk = p.get("SPLITK", 1)
-    tma_a = p.get("A") == "tma"
-    im2col = im2col_lines(k, types) if tma_a else None
+    tma_a = p.get("A") in ("tma", "halo")
+    im2col = im2col_lines(k, types) if p.get("A") == "tma" else None
+    paired = paired_lines(k, types, parts["params"], parts["idx"])
+    epilogue = parts["epilogue"]
+    if halo:
+        m = virtual_m(k, p)
+        paired = paired and halo_lines(k, p, types, paired, parts["idx"])
+        epilogue = halo_lines(k, p, types, epilogue, parts["idx"])
     if im2col and im2col["taps"]:
         a = PlainA(p["BM"])
     else:
@@ -469,12 +596,16 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   OUT_WG_BYTES=0, LDS=p["BN"], STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm,
                   TILES_N=tn, GROUP=gemm_wgmma.GROUP, KT=math.ceil(kk / p["BK"]), STAGE_BYTES=stage_bytes(p),
                   threads=threads(p), TA=0, TB=0, a=a, b=b, idx=parts["idx"], signature=parts["signature"],
-                  decompose=parts["decompose"], epilogue=parts["epilogue"],
-                  paired=paired_lines(k, types, parts["params"], parts["idx"]), staged=None, SPLITK=sk,
+                  decompose=parts["decompose"], epilogue=epilogue, paired=paired, staged=None, SPLITK=sk,
                   KT_PER=gemm_wgmma.kt_per(p, kk), partials=parts["params"].get(f"{k.name}.partials"),
                   tickets=parts["params"].get(f"{k.name}.tickets"), ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, TS=None, MAPS=p.get("MAPS"),
-                  im2col=im2col,
+                  im2col=im2col, halo=halo and dict(
+                      PITCH=halo.pitch, OHP=halo.oh_pad, RH=halo.tile_rows, REGION=halo.region, A_BYTES=halo.tile_bytes,
+                      LOADED=halo.loaded, CB=halo.geo.image[3] // 64, C=halo.geo.image[3], T=halo.geo.taps[0] * halo.geo.taps[1],
+                      KW=halo.geo.taps[1], DW=halo.geo.dilation[1], ROW_SHIFT=halo.geo.dilation[0] * halo.pitch,
+                      PH=halo.geo.pad[0], PW=halo.geo.pad[1],
+                      what=f"{halo.geo.image} NHWC image, {halo.rows} output rows of {halo.pitch} slots a tile"),
                   gather=None if tma_a else dict(
                       arrivals=GATHERERS + 1, k_lines=klines, m_lines=mlines, rows=p["BM"] // 16, esize=esize,
                       lag=gather_lag(p["STAGES"]), B_BYTES=p["BN"] * ROW_BYTES,

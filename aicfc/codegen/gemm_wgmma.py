@@ -367,7 +367,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
                   CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1],
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"),
-                  gather=None, im2col=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
+                  gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 
 
 def store_coords(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> dict:

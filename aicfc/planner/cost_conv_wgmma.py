@@ -51,9 +51,18 @@ the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
                  where the 128-byte 3x3 convolutions (128 rows a copy) measured 0.93-1.02 of the other
                  terms (benchmarks/results/profile_resnet50_b32_session6_h100.txt)
 
-Halo reuse: the KH·KW taps of neighbouring output pixels re-read the same image rows; they hit
-in L2 (t_load counts them at L2 bandwidth, DRAM once) while the image fits there, which the
-`gathered_bytes` term reports (the im2col matrix's size, the L2 traffic of A).
+Halo reuse: under gather and im2col the KH·KW taps of neighbouring output pixels re-read the same
+image rows; they hit in L2 (t_load counts them at L2 bandwidth, DRAM once) while the image fits
+there, which the `gathered_bytes` term reports (the im2col matrix's size, the L2 traffic of A).
+A = halo (stride 1; codegen/conv_wgmma.py [Note: halo tiles]) reads each tile's image rows once:
+
+    t_load     = max(m, n) over (128·BN + tile bytes / taps) / sm_ingress and / (l2_bandwidth / SMs)
+    t_latency  = tma_latency / (STAGES - 1)
+    tiles      over the slot space (images x OHP x PITCH rows): the slots past OW and rows past OH
+                 are computed, not stored
+    t_drain    = C/64 · t_mma a tile: the last products of each image tile finish before its slot
+                 goes back to the producer
+    gathered_bytes = the tiles' image bytes through L2
 """
 from __future__ import annotations
 
@@ -85,7 +94,16 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     l2_sm = hw.l2_bandwidth_gbs * 1e3 / sms
     t_mma = 2.0 * bm * bn * bkk / sm_rate
     t_smem = ROW_BYTES * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
-    if p.get("A") == "tma":
+    halo = conv_wgmma.halo_of(k, p, types) if p.get("A") == "halo" else None
+    if halo:
+        # A as one image tile per output tile and 64 channels, read by every tap (codegen/conv_wgmma.py [Note: halo
+        # tiles]): a k-block brings B's box and 1/taps of the tile through L2
+        sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3
+        moved = ROW_BYTES * bn + halo.loaded / (halo.geo.taps[0] * halo.geo.taps[1])
+        t_load = max(moved / sm_in, moved / l2_sm)
+        t_round = t_gather = 0.0
+        t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
+    elif p.get("A") == "tma":
         # A by the TMA in im2col mode: the GEMM engine's load terms (cost_wgmma.py), no gatherers
         sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3
         t_load = max(ROW_BYTES * (bm + bn) / sm_in, ROW_BYTES * (bm + bn) / l2_sm)
@@ -118,13 +136,16 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     together = gemm_wgmma.GROUP * tn <= p["CTAS"]   # a raster group's column tiles all run in one wave
     rereads = (tn - 1) * a_bytes if a_bytes > hw.l2_bytes / 2 and not together else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
-    t_tiles = per_sm * (ktiles * t_kblock + t_epi)
+    # an image tile's last products drain before its slot goes back (once per 64 channels)
+    t_drain = (halo.geo.image[3] // 64) * t_mma if halo else 0.0
+    t_tiles = per_sm * (ktiles * t_kblock + t_epi + t_drain)
     time = hw.launch_overhead_us + latency + max(t_tiles + t_reduce, t_dram)
     return {"time_us": time, "dram": io_bytes + rereads, "t_compute_us": per_sm * ktiles * t_mma,
             "t_smem_us": per_sm * ktiles * t_smem, "t_l2_us": per_sm * ktiles * t_load,
             "t_gather_us": per_sm * ktiles * t_gather, "t_gather_round_us": per_sm * ktiles * t_round, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - max(t_mma, t_smem, t_load, t_gather, t_round)),
             "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]), "t_reduce_us": t_reduce, "n_eff": n_eff(bn),
-            "gathered_bytes": float(m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
+            "gathered_bytes": float(tiles * (halo.geo.image[3] // 64) * halo.loaded if halo
+                                    else m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
             "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, sms) / sms, "stages": st}

@@ -1,8 +1,8 @@
-"""ResNet-50 B32's late 3x3 convolutions (14x14x256 and 7x7x512, BN + ReLU epilogue) compiled with
-their k-split pinned and by cost, each kernel timed alone (`aicf-run --profile`'s method), measured
-against predicted: whether split-k pays on the Hopper conv engine and whether its cost terms say so.
+"""ResNet-50 B32's stride-1 3x3 convolutions (56x56x64 to 7x7x512, BN + ReLU epilogue) compiled by
+cost and with schedule keys pinned, each kernel timed alone (`aicf-run --profile`'s method), in one
+process: measured against predicted, and the variants against each other (A = tma / halo, k-splits).
 
-    python3 benchmarks/conv_split_ab.py [--splits 1 2 3 4]
+    python3 benchmarks/conv_ab.py [--cases s3 s4] [--pins A=tma A=halo SPLITK=2,A=tma ...]
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CASES = {"s3_3x3": ((32, 256, 14, 14), (256, 256, 3, 3)), "s4_3x3": ((32, 512, 7, 7), (512, 512, 3, 3))}
+CASES = {"s1": ((32, 64, 56, 56), (64, 64, 3, 3)), "s2": ((32, 128, 28, 28), (128, 128, 3, 3)),
+         "s3": ((32, 256, 14, 14), (256, 256, 3, 3)), "s4": ((32, 512, 7, 7), (512, 512, 3, 3))}
 
 
 def main() -> int:
@@ -22,18 +23,23 @@ def main() -> int:
     from aicf_run.executor import Executor
     from tests import onnx_builders as B
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--pins", nargs="+", default=["A=tma", "A=halo"],
+                    help="pin sets beside the cost's choice, each KEY=VALUE[,KEY=VALUE]")
     args = ap.parse_args()
+    pins = [dict(kv.split("=", 1) for kv in spec.split(",")) for spec in args.pins]
     device = open_device(0)
     try:
-        for name, (x, w) in CASES.items():
+        for name in args.cases:
+            x, w = CASES[name]
             model = B.conv_model(x, w, bn=True, act="relu", pads=[1, 1, 1, 1])
-            for sk in [None] + args.splits:
-                pin = {"unit": "wgmma"} | ({"SPLITK": sk} if sk else {})
+            for extra in [None] + pins:
+                pin = {"unit": "wgmma"} | (extra or {})
+                label = "cost" if extra is None else "pin " + ",".join(f"{a}={b}" for a, b in extra.items())
                 try:
                     payload = aicfc.compile(model, target="sm_90", precision="fp16", pin=pin)
                 except Exception as e:  # noqa: BLE001 - a split outside the space
-                    print(f"{name} SPLITK={sk}: {str(e).splitlines()[0][:100]}")
+                    print(f"{name} {label}: {str(e).splitlines()[0][:100]}")
                     continue
                 ex = Executor(Bundle.from_payload(payload), device)
                 try:
@@ -43,7 +49,7 @@ def main() -> int:
                 conv = next(k for k in payload["kernels"] if k["family"] == "conv")
                 kp = next(k for k in rep.kernels if k.name == conv["name"])
                 p = conv["params"]
-                print(f"{name} {'cost' if sk is None else f'pin SPLITK={sk}'}: BM {p['BM']} BN {p['BN']} A {p['A']} "
+                print(f"{name} {label}: BM {p['BM']} BN {p['BN']} A {p['A']} "
                       f"STAGES {p['STAGES']} SPLITK {p.get('SPLITK', 1)} CTAS {p['CTAS']}: measured {kp.measured_us:.2f} us, "
                       f"predicted {kp.predicted_us:.2f} us ({kp.measured_us / kp.predicted_us:.2f}), "
                       f"{kp.tflops:.0f} TFLOP/s", flush=True)
