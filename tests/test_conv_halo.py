@@ -45,7 +45,7 @@ def _kernel(case, pin=None):
 @pytest.mark.parametrize("case", HALO, ids=[c[0] for c in HALO])
 def test_halo_geometry(case):
     """PITCH is the power of two holding a row and the taps' reach; a tile is whole rows; the
-    map reads RH = R + (KH - 1)·dh rows of PITCH columns, 8 channels a copy, unswizzled."""
+    map reads RH = R + (KH - 1)·dh rows of PITCH columns, 64 channels a copy, 128-byte swizzled."""
     plan, k = _kernel(case)
     p = k.schedule.param
     _, (n, c, h, w), (o, _, kh, kw), attrs = case
@@ -57,7 +57,7 @@ def test_halo_geometry(case):
     rows = p["BM"] // pitch
     assert p["OHP"] % rows == 0 and p["OHP"] - rows < oh <= p["OHP"]
     a, b = conv_wgmma.tensor_maps(k, p, plan.types())
-    assert a.dims == (c, w, h, n) and a.box == (8, pitch, rows + (kh - 1) * d[0], 1) and a.swizzle == 0 and a.im2col is None
+    assert a.dims == (c, w, h, n) and a.box == (64, pitch, rows + (kh - 1) * d[0], 1) and a.swizzle == 128 and a.im2col is None
     assert a.problems() is None and b.problems() is None
     assert conv_wgmma.tiles(k, p)[0] == n * p["OHP"] * pitch // p["BM"]
 
@@ -93,7 +93,7 @@ def test_halo_kernel_source():
     from aicfc.codegen.module import render_module
     plan, _ = _kernel(HALO[0], {"NWG": 2, "MI": 1, "BN": 64})
     src = render_module(plan)
-    assert "aicf_wgg_desc_plain(sa + (wg * 1 + i) * 1024" in src and "aicf_wgg_tma4(" in src
+    assert "aicf_wgg_desc(sa + (wg * 1 + i) * 8192 + kk * 32, 16, 1024)" in src and "aicf_wgg_tma4(" in src
     assert "hw < 14 && ho < 14" in src and "cp.async.cg" not in src and ".im2col" not in src
 
 

@@ -221,20 +221,16 @@ class Halo:
     oh_pad: int         # OH rounded up to whole tiles of R rows
 
     @property
-    def region(self) -> int:
-        """Bytes of one 8-channel chunk of the tile: RH·PITCH 16-byte slots, plus the last taps' reach
-        past them (read only for slots that are not stored), 128-byte aligned."""
-        slots = self.tile_rows * self.pitch + (self.geo.taps[1] - 1) * self.geo.dilation[1]
-        return -(-slots * 16 // 128) * 128
-
-    @property
     def tile_bytes(self) -> int:
-        return 8 * self.region
+        """Bytes of the tile's slot: RH·PITCH swizzled 128-byte rows, plus the last taps' reach past
+        them (read only for slots that are not stored), whole 1024-byte swizzle atoms."""
+        slots = self.tile_rows * self.pitch + (self.geo.taps[1] - 1) * self.geo.dilation[1]
+        return -(-slots * ROW_BYTES // 1024) * 1024
 
     @property
     def loaded(self) -> int:
-        """Bytes the 8 copies of a tile land (what its full barrier expects)."""
-        return 8 * self.tile_rows * self.pitch * 16
+        """Bytes one copy lands (what the tile's full barrier expects)."""
+        return self.tile_rows * self.pitch * ROW_BYTES
 
 
 def halo_geometry(k: Kernel, types: Mapping[str, TensorType], bm: int) -> Halo | str:
@@ -245,10 +241,15 @@ def halo_geometry(k: Kernel, types: Mapping[str, TensorType], bm: int) -> Halo |
     13 MB of image, 31% of the tensor-core roofline). With stride 1 the taps' rows are shifts of
     each other: output slot m = (r, c) of a tile reads image row r + kh·dh, column c + kw·dw. So a
     tile stores its image rows once, RH = R + (KH - 1)·dh rows of PITCH columns from column -pw
-    (the TMA's tiled mode, zeros outside the image), 8 channels a chunk, each chunk
-    [RH·PITCH slots][16 bytes]: wgmma's K-major layout without swizzle, whose 8-row x 16-byte core
-    matrices may start at any 16-byte slot. Tap (kh, kw) is then the same descriptor moved
-    kh·dh·PITCH + kw·dw slots (LBO = the chunk's bytes, SBO = 128). Slots past OW (PITCH is a
+    (the TMA's tiled mode, zeros outside the image), one 128-byte row of 64 channels a slot in the
+    128-byte swizzle: the layout the GEMM's K-major tiles have. Tap (kh, kw) is the same descriptor
+    moved kh·dh·PITCH + kw·dw rows: the swizzle is a function of the row's address (bits 7-9), which
+    the TMA wrote by and wgmma reads by, so a start on any row of a 1024-byte atom reads what was
+    written (base offset 0: the pattern itself starts on the atom). A first version kept 8-channel
+    chunks unswizzled (16-byte core matrices may start at any slot) and loaded them as 8 copies of
+    16-byte rows a slot: the TMA moved about 270 of those rows a microsecond per SM, and the
+    convolutions ran 1.3-1.4x slower than under im2col (benchmarks/results/conv_halo_ab_session11_h200.txt).
+    Slots past OW (PITCH is a
     power of two, so a tile of BM rows is BM / PITCH whole rows) and rows past OH are computed
     and not stored: the price, paid in tensor-core time, is OW·OH / (PITCH·OHP) of the tile used."""
     geo = im2col_geometry(k, types)
@@ -279,12 +280,12 @@ def halo_of(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> Halo:
 
 
 def halo_map(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> TensorMap:
-    """The image's tiled map: 8 channels x PITCH columns x RH rows of one image a copy, no swizzle."""
+    """The image's tiled map: 64 channels x PITCH columns x RH rows of one image a copy, 128-byte swizzle."""
     h = halo_of(k, p, types)
     g = implicit_gemm(k.ops[0])
     (n, hh, w, c), e = h.geo.image, ITEMSIZE[types[g.a.buffer].dtype]
     return TensorMap(g.a.buffer, p["dtype"], 0, (c, w, hh, n), (c * e, w * c * e, hh * w * c * e),
-                     (8, h.pitch, h.tile_rows, 1), 0)
+                     (ROW_BYTES // e, h.pitch, h.tile_rows, 1), ROW_BYTES)
 
 
 def halo_lines(k: Kernel, p: Mapping, types: Mapping[str, TensorType], lines: list[str], idx: str) -> list[str]:
@@ -601,7 +602,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   tickets=parts["params"].get(f"{k.name}.tickets"), ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, TS=None, MAPS=p.get("MAPS"),
                   im2col=im2col, halo=halo and dict(
-                      PITCH=halo.pitch, OHP=halo.oh_pad, RH=halo.tile_rows, REGION=halo.region, A_BYTES=halo.tile_bytes,
+                      PITCH=halo.pitch, OHP=halo.oh_pad, RH=halo.tile_rows, A_BYTES=halo.tile_bytes,
                       LOADED=halo.loaded, CB=halo.geo.image[3] // 64, C=halo.geo.image[3], T=halo.geo.taps[0] * halo.geo.taps[1],
                       KW=halo.geo.taps[1], DW=halo.geo.dilation[1], ROW_SHIFT=halo.geo.dilation[0] * halo.pitch,
                       PH=halo.geo.pad[0], PW=halo.geo.pad[1],

@@ -99,7 +99,7 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         # A as one image tile per output tile and 64 channels, read by every tap (codegen/conv_wgmma.py [Note: halo
         # tiles]): a k-block brings B's box and 1/taps of the tile through L2
         sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3
-        moved = ROW_BYTES * bn + halo.loaded / (halo.geo.taps[0] * halo.geo.taps[1])
+        moved = ROW_BYTES * bn + halo.loaded / (halo.geo.taps[0] * halo.geo.taps[1])   # one 128-byte row a slot
         t_load = max(moved / sm_in, moved / l2_sm)
         t_round = t_gather = 0.0
         t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
