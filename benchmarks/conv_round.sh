@@ -5,6 +5,8 @@
 #                                          # checked and profiled with and without the unfolded stem; split-k A/B
 #   bash benchmarks/conv_round.sh halo     # image tiles (A = halo): tests, memcheck; ResNet-50 B32 checked and
 #                                          # profiled; the 3x3 convolutions by cost, im2col and halo, pinned
+#   bash benchmarks/conv_round.sh final    # ResNet-50 B32 checked and profiled; ResNet-50 B32 and B1 against
+#                                          # torch.compile(mode="reduce-overhead") (benchmarks/models.py)
 set -uo pipefail
 source .gpu/env.sh
 export PYTHONUNBUFFERED=1
@@ -48,5 +50,13 @@ case "${1:-}" in
     timeout 200 python3 -m pytest -m gpu -q -n 8 tests/test_conv_wgmma.py tests/test_unfold_taps.py tests/test_conv.py 2>&1 \
         | tail -4 | tee "$OUT/tests_conv.txt"
     ;;
-  *) echo "usage: $0 unfold|halo" >&2; exit 2 ;;
+  final)
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
+    echo "resnet compile rc=$?"; tail -2 $W/compile.log
+    profile r32
+    timeout 300 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
+    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final" >&2; exit 2 ;;
 esac

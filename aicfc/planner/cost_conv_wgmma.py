@@ -56,7 +56,15 @@ image rows; they hit in L2 (t_load counts them at L2 bandwidth, DRAM once) while
 there, which the `gathered_bytes` term reports (the im2col matrix's size, the L2 traffic of A).
 A = halo (stride 1; codegen/conv_wgmma.py [Note: halo tiles]) reads each tile's image rows once:
 
-    t_load     = max(m, n) over (128·BN + tile bytes / taps) / sm_ingress and / (l2_bandwidth / SMs)
+    t_load     = max over (128·BN + tile bytes / taps) / sm_ingress and / (l2_bandwidth / SMs)
+    t_smem     = 128·(BM·HALO_A_SMEM + BM/64·BN) / smem_bandwidth_per_sm: the taps read A from rows
+                 that start mid swizzle atom (kw·dw not a multiple of 8), which costs shared-memory
+                 time the aligned tiles do not. Fitted: ResNet-50 B32 on an H200 ran its 56x56x64 3x3
+                 convolutions (BN 64, where shared memory binds first) at 31.5 us on image tiles
+                 against 24.6 under im2col, 0.29 us a k-block where the unfitted terms said 0.22 (HALO_A_SMEM = 1
+                 would be aligned reads); its 28x28 and 14x14 ones (BN 128, tensor-core bound) ran as fast
+                 as under im2col, 20.2 / 16.6 us against 20.3 / 16.7
+                 (benchmarks/results/conv_profile_r32{,_halo}_session11_h200.txt).
     t_latency  = tma_latency / (STAGES - 1)
     tiles      over the slot space (images x OHP x PITCH rows): the slots past OW and rows past OH
                  are computed, not stored
@@ -80,6 +88,7 @@ STORE_WASTE = 4     # a 16-bit element stored alone uses a quarter of the 32-byt
 CLOCK_MHZ = 1755    # the SM clock the producer's issue rate is counted at (profile: clock_mhz)
 GATHER_ROUND_TRIP_US = 1.3   # a gathered 16-byte copy's round trip under load (profile: conv_gather_round_trip_us)
 IM2COL_PIXELS_PER_US = 620  # pixels an SM's TMA walks a microsecond in im2col mode (profile: im2col_pixels_per_us)
+HALO_A_SMEM = 2.9           # A's shared-memory reads under halo tiles, in aligned tiles' worth (profile: conv_halo_a_smem)
 GATHER_GROUPS = 2            # the groups of copies in flight that measured times bear out (not STAGES - 1: see t_round)
 
 
@@ -101,6 +110,8 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3
         moved = ROW_BYTES * bn + halo.loaded / (halo.geo.taps[0] * halo.geo.taps[1])   # one 128-byte row a slot
         t_load = max(moved / sm_in, moved / l2_sm)
+        a_smem = hw.data.get("conv_halo_a_smem", HALO_A_SMEM)
+        t_smem = ROW_BYTES * (bm * a_smem + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
         t_round = t_gather = 0.0
         t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
     elif p.get("A") == "tma":
