@@ -5,8 +5,8 @@ planner/cost_conv_wgmma.py).
 CPU: which convolutions have an image-tile geometry and why the others do not; the planner
 picks it by cost for ResNet-50's 3x3 convolutions; the kernel source and its SASS (HGMMA, the
 TMA, no local memory, no spills). GPU (`gpu`): against numpy float64 on fresh random inputs
-(fp16 1e-2, bf16 2e-2 of the output's max), rows and columns past the output included, and a
-ResNet stage against onnxruntime.
+(fp16 1e-2, bf16 2e-2 of the output's max), rows and columns past the output included (a ResNet
+stage on image tiles against onnxruntime: test_conv_wgmma.py's test_gpu_resnet_stage_im2col).
 """
 from __future__ import annotations
 
@@ -133,12 +133,3 @@ def test_gpu_conv_halo(case, pin, precision, gpu_device):
         raise
     (k,) = [k for k in payload["kernels"] if k["family"] == "conv"]
     assert k["params"]["A"] == "halo"
-
-
-@pytest.mark.gpu
-def test_gpu_resnet_stage_halo(gpu_device):
-    """Two ResNet-50 bottlenecks (their stride-1 3x3 on image tiles, the residual epilogues), against
-    onnxruntime at fp16."""
-    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1)
-    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "A": "halo"}, ref="onnxruntime")
-    assert any(k["params"].get("A") == "halo" for k in payload["kernels"] if k["family"] == "conv")

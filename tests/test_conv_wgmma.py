@@ -519,12 +519,13 @@ def test_gpu_conv_im2col(case, pin, precision, gpu_device):
 
 
 @pytest.mark.gpu
-def test_gpu_resnet_stage_im2col(gpu_device):
-    """Two ResNet-50 bottlenecks with every eligible convolution on im2col loads, against
-    onnxruntime at fp16."""
-    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2)
-    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "A": "tma"}, ref="onnxruntime")
-    assert any(k["params"].get("A") == "tma" for k in payload["kernels"] if k["family"] == "conv")
+@pytest.mark.parametrize("a,stride", [("tma", 2), ("halo", 1)], ids=["im2col", "halo"])
+def test_gpu_resnet_stage_im2col(a, stride, gpu_device):
+    """Two ResNet-50 bottlenecks with every convolution on im2col loads (A = tma) or, their 3x3
+    at stride 1, on image tiles (A = halo, tests/test_conv_halo.py), against onnxruntime at fp16."""
+    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=stride)
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "A": a}, ref="onnxruntime")
+    assert any(k["params"].get("A") == a for k in payload["kernels"] if k["family"] == "conv")
 
 
 @pytest.mark.gpu

@@ -40,8 +40,11 @@ takes OW positions a row (ceil((W + upper - lower) / stride) = OW).
 Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (not both
 2: that epilogue spills under ptxas), BN in
 {64, 128, 256} (at most MAX_ACC accumulators per thread), STAGES 3 to 6 while the ring fits,
-persistent CTAS = min(tiles·SPLITK, SMs), A in {gather, tma}, SPLITK where the output tiles leave
-SMs idle (the GEMM engine's rule, `split_ks`); no ping-pong, epilogue from registers (OUT = 0).
+persistent CTAS = min(tiles·SPLITK, SMs), A in {gather, tma, halo} (halo: stride-1 convolutions,
+[Note: halo tiles], its PITCH / OHP / TILE_BYTES recorded with it; the B ring then holds the
+filter's k-blocks alone and two image-tile slots follow it), SPLITK where the output tiles leave
+SMs idle (the GEMM engine's rule, `split_ks`; not with halo); no ping-pong, epilogue from
+registers (OUT = 0).
 
 Split-k (SPLITK > 1): the late layers' convolutions have few output tiles and long K (ResNet-50
 B32's 14x14 3x3: 98 tiles of 128x128 over 36 k-blocks on 132 SMs; its 7x7 ones 52-104 tiles over
