@@ -84,7 +84,8 @@ def test_stem_unfolds_by_cost_and_pins_override():
 def test_ineligible_convolutions_are_left_alone():
     """64 channels (a tap is already a 128-byte row), an intermediate image, and a bad pin value."""
     wide = _stages(B.conv_model((2, 64, 14, 14), (64, 64, 3, 3), pads=[1, 1, 1, 1]), pin={"unit": "wgmma"})
-    assert not _records(wide["plan_memory"], RULE)
+    (r,) = _records(wide["plan_memory"], RULE)
+    assert not r.applied and r.target == "in0" and "3 filter columns of 64 channels do not fit" in r.reason
     stage = _stages(B.resnet_stage_model((2, 64, 28, 28), mid=64, out=256, stride=2))["plan_memory"]
     assert not _records(stage, RULE)
     from aicfc.errors import AicfError

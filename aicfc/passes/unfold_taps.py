@@ -19,9 +19,8 @@ with S·Cp = 64 (S = 8 slots of Cp = 8 channels), viewed as U4[n, h, ow, 64]. Th
 
 is the same sum (each (kh, kw, c) term once; the added ones are products with zero weights, and
 U reads inside X or zero), a KH x 1 convolution over 64 channels: one 128-byte row a pixel and
-tap, which the TMA's im2col mode reads a whole k-block at a time. The copy writes S/1 = 8 times the
-columns of the padded copy (OW·S·Cp against W·Cp elements a row: 4x at stride 2), so this is a
-cost decision: the planner's best predicted times of (copy, convolution) both ways; both
+tap, which the TMA's im2col mode reads a whole k-block at a time. The copy writes OW·S·Cp elements
+a row where the padded copy wrote W·Cp (4x at stride 2 with 8 slots), so this is a cost decision: the planner's best predicted times of (copy, convolution) both ways; both
 figures go in the record (RULE), and `explain` shows them.
 
 Measured (ResNet-50 B32, fp16, H200, both plans in one session: benchmarks/results/
@@ -68,7 +67,6 @@ class Stem:
     dilation: int
     pad: int                    # along w (the index's constant, negated)
     out_w: int                  # OW
-    kh_var: str
     kw_var: str
     c_var: str
 
@@ -112,8 +110,7 @@ def _find(k: Kernel, plan: Plan, copies: dict[str, Kernel], readers: dict[str, i
     bi = b.index
     if len(bi) != 4 or bi[2] != Affine.var(kwv) or bi[3] != Affine.var(c):
         return "the filter is not [o, kh, kw, c] at plain variables"
-    return Stem(k, copy, src.buffer, b.buffer, cp, kw, sw, dw, -iw.const, ext[owv],
-                next((v for v, _ in ih.terms if v in k.ops[0].reduce_vars), ""), kwv, c)
+    return Stem(k, copy, src.buffer, b.buffer, cp, kw, sw, dw, -iw.const, ext[owv], kwv, c)
 
 
 def _rewritten(plan: Plan, st: Stem) -> Plan:
@@ -185,8 +182,13 @@ def unfold_taps(plan: Plan, pin: dict | None = None) -> Plan:
         return min((r.time_us for r in rank(k, p, hw)[0]), default=math.inf)
     records = []
     for k in plan.kernels:
+        reads = {ld.buffer for op in k.ops for ld in loads(op.body)}
+        if not reads & set(copies):
+            continue
         st = _find(k, plan, copies, readers)
         if isinstance(st, str):
+            source = next(copies[b].ops[0].body.buffer for b in sorted(reads & set(copies)))
+            records.append(Rewrite(RULE, source, False, f"convolution {k.name}: {st}"))
             continue
         new = _rewritten(plan, st)
         nk = {x.name: x for x in new.kernels}
