@@ -103,15 +103,18 @@ def test_halo_kernel_source():
 NVCC_PINS = [dict(NWG=1, MI=1, BN=64), dict(NWG=2, MI=1, BN=128), dict(NWG=1, MI=2, BN=128), dict(NWG=2, MI=1, BN=256)]
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("cuobjdump") is None, reason="nvcc or cuobjdump not found")
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("pin", NVCC_PINS, ids=["nwg1", "nwg2_bn128", "mi2", "nwg2_bn256"])
 def test_halo_builds_without_spills(pin, tmp_path, monkeypatch):
+    """ptxas: no spills; and where cuobjdump exists, HGMMA and the TMA in the SASS, no local memory."""
     from aicfc.codegen.module import render_module
     from aicfc.codegen.nvcc import build
     monkeypatch.setenv("AICF_CACHE_DIR", str(tmp_path))
-    plan, k = _kernel(HALO[1], pin)
+    plan, k = _kernel(HALO[3], pin)       # 136 output channels: every pin's BN fits
     built = build(render_module(plan), "sm_90")
     assert built.spills.get(k.name, 0) == 0, built.spills
+    if shutil.which("cuobjdump") is None:
+        return
     cubin = tmp_path / "k.cubin"
     cubin.write_bytes(built.cubin)
     sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True).stdout
