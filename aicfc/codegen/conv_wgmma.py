@@ -251,7 +251,10 @@ def halo_geometry(k: Kernel, types: Mapping[str, TensorType], bm: int) -> Halo |
     written (base offset 0: the pattern itself starts on the atom). A first version kept 8-channel
     chunks unswizzled (16-byte core matrices may start at any slot) and loaded them as 8 copies of
     16-byte rows a slot: the TMA moved about 270 of those rows a microsecond per SM, and the
-    convolutions ran 1.3-1.4x slower than under im2col (benchmarks/results/conv_halo_ab_session11_h200.txt).
+    convolutions ran 1.3-1.7x slower than under im2col (benchmarks/results/conv_halo_ab_session11_h200.txt).
+    This version, in ResNet-50 B32 on the H200: the 28x28 and 14x14 3x3 convolutions as fast as under
+    im2col (20.2 / 16.6 us against 20.3 / 16.7), the 56x56 ones slower (31.5 against 24.6; the cost
+    terms' HALO_A_SMEM); so far the saved L2 traffic has bought no time.
     Slots past OW (PITCH is a
     power of two, so a tile of BM rows is BM / PITCH whole rows) and rows past OH are computed
     and not stored: the price, paid in tensor-core time, is OW·OH / (PITCH·OHP) of the tile used."""
