@@ -96,7 +96,7 @@ def test_halo_kernel_source():
     from aicfc.codegen.module import render_module
     plan, _ = _kernel(HALO[0], {"NWG": 2, "MI": 1, "BN": 64})
     src = render_module(plan)
-    assert "aicf_wgg_desc(sa + (wg * 1 + i) * 8192 + kk * 32, 16, 1024)" in src and "aicf_wgg_tma4(" in src
+    assert "aicf_wgg_desc(sa + ((wg * 1 + i)) * 8192 + (kk) * 32, 16, 1024)" in src and "aicf_wgg_tma4(" in src
     assert "hw < 14 && ho < 14" in src and "cp.async.cg" not in src and ".im2col" not in src
 
 

@@ -235,6 +235,11 @@ class Halo:
         """Bytes one copy lands (what the tile's full barrier expects)."""
         return self.tile_rows * self.pitch * ROW_BYTES
 
+    @property
+    def channel_blocks(self) -> int:
+        """Image tiles an output tile loads: one per 64 channels."""
+        return self.geo.image[3] // 64
+
 
 def halo_geometry(k: Kernel, types: Mapping[str, TensorType], bm: int) -> Halo | str:
     """The image-tile geometry of a stride-1 convolution for BM-row tiles, or why there is none.
@@ -400,24 +405,16 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
     if why_not(k, plan):
         return []
     dtype = dtype_of(k, plan)
-    m, n, _ = dims(k)
+    types = plan.types()
+    _, n, kk = dims(k)
     # A by the TMA's im2col mode where it can read the image, else gathered by the producer warpgroup
-    loads = ("gather", "tma") if not isinstance(im2col_geometry(k, plan.types()), str) else ("gather",)
-    points = []
-    for nwg, mi in ((a, b) for a in SPACE["NWG"] for b in SPACE["MI"] if not (a == 2 and b == 2)):
-        h = halo_geometry(k, plan.types(), 64 * mi * nwg)
-        if isinstance(h, str):
-            continue
-        for bn in SPACE["BN"]:
-            if mi * bn // 2 > MAX_ACC or (bn > 64 and bn // 2 >= n):
-                continue
-            p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * nwg, "BN": bn, "BK": bk(dtype), "NWG": nwg, "MI": mi,
-                 "A": "halo", "PITCH": h.pitch, "OHP": h.oh_pad, "TILE_BYTES": h.tile_bytes, "SPLITK": 1}
-            p["CTAS"] = min(tiles(k, p)[2], hw_sms)
-            for st in SPACE["STAGES"]:
-                q = dict(p, STAGES=st)
-                if smem_bytes(q) + static_smem(q) <= smem_limit:
-                    points.append(q)
+    loads = ("gather", "tma") if not isinstance(im2col_geometry(k, types), str) else ("gather",)
+
+    def staged(p: dict, variants: list[dict]) -> list[dict]:
+        """`p` with every STAGES and variant whose ring fits the shared memory."""
+        return [q for st in SPACE["STAGES"] for v in variants
+                if smem_bytes(q := dict(p, STAGES=st, **v)) + static_smem(q) <= smem_limit]
+    halos, points = [], []
     for nwg in SPACE["NWG"]:
         for mi in SPACE["MI"]:
             for bn in SPACE["BN"]:
@@ -427,14 +424,13 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                     continue
                 p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * nwg, "BN": bn, "BK": bk(dtype), "NWG": nwg,
                      "MI": mi}
-                for sk in split_ks(tiles(k, p)[2], math.ceil(dims(k)[2] / p["BK"]), hw_sms):
-                    p["SPLITK"], p["CTAS"] = sk, min(tiles(k, p)[2] * sk, hw_sms)
-                    for st in SPACE["STAGES"]:
-                        for load in loads:
-                            q = dict(p, STAGES=st, A=load)
-                            if smem_bytes(q) + static_smem(q) <= smem_limit:
-                                points.append(q)
-    return points
+                h = halo_geometry(k, types, p["BM"])
+                if not isinstance(h, str):
+                    q = dict(p, A="halo", PITCH=h.pitch, OHP=h.oh_pad, TILE_BYTES=h.tile_bytes, SPLITK=1)
+                    halos += staged(dict(q, CTAS=min(tiles(k, q)[2], hw_sms)), [{}])
+                for sk in split_ks(tiles(k, p)[2], math.ceil(kk / p["BK"]), hw_sms):
+                    points += staged(dict(p, SPLITK=sk, CTAS=min(tiles(k, p)[2] * sk, hw_sms)), [{"A": a} for a in loads])
+    return halos + points
 
 
 def split_ks(tiles: int, ktiles: int, hw_sms: int) -> list[int]:
@@ -609,7 +605,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, TS=None, MAPS=p.get("MAPS"),
                   im2col=im2col, halo=halo and dict(
                       PITCH=halo.pitch, OHP=halo.oh_pad, RH=halo.tile_rows, A_BYTES=halo.tile_bytes,
-                      LOADED=halo.loaded, CB=halo.geo.image[3] // 64, C=halo.geo.image[3], T=halo.geo.taps[0] * halo.geo.taps[1],
+                      LOADED=halo.loaded, CB=halo.channel_blocks, C=halo.geo.image[3], T=halo.geo.taps[0] * halo.geo.taps[1],
                       KW=halo.geo.taps[1], DW=halo.geo.dilation[1], ROW_SHIFT=halo.geo.dilation[0] * halo.pitch,
                       PH=halo.geo.pad[0], PW=halo.geo.pad[1],
                       what=f"{halo.geo.image} NHWC image, {halo.rows} output rows of {halo.pitch} slots a tile"),

@@ -41,17 +41,18 @@ def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]
         return [Scratch(f"{k.name}.partials", TensorType("f32", (attention_split.partial_floats(sp.nkv, sp.rows, dv, p["SPLITS"]),)), False),
                 Scratch(f"{k.name}.tickets", TensorType("i32", (sp.nkv,)), True)]
     splits = int(p.get("SPLITK", 1))
-    if k.family == "conv" and p.get("unit") == "wgmma" and splits > 1:
+    if splits <= 1 or p.get("CL"):   # gemv CL=1: splits add in the cluster's shared memory
+        return []
+    if k.family == "conv" and p.get("unit") == "wgmma":
         from aicfc.codegen import conv_wgmma
         tiles = conv_wgmma.tiles(k, p)[2]
-        return [Scratch(f"{k.name}.partials", TensorType("f32", (tiles * splits * p["BM"] * p["BN"],)), False),
-                Scratch(f"{k.name}.tickets", TensorType("i32", (tiles,)), True)]
-    if k.family != "gemm" or splits <= 1 or p.get("CL"):   # gemv CL=1: splits add in the cluster's shared memory
+    elif k.family == "gemm":
+        from aicfc.codegen.gemm import dims
+        _, m, n, _, batch = dims(k)
+        tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"]) * math.prod(e for _, e in batch)
+        if p.get("unit") == "gemv":   # BM holds every row, the batch's included
+            tiles = math.ceil(n / p["BN"])
+    else:
         return []
-    from aicfc.codegen.gemm import dims
-    _, m, n, _, batch = dims(k)
-    tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"]) * math.prod(e for _, e in batch)
-    if p.get("unit") == "gemv":   # BM holds every row, the batch's included
-        tiles = math.ceil(n / p["BN"])
     return [Scratch(f"{k.name}.partials", TensorType("f32", (tiles * splits * p["BM"] * p["BN"],)), False),
             Scratch(f"{k.name}.tickets", TensorType("i32", (tiles,)), True)]

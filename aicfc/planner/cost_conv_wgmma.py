@@ -102,21 +102,19 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     sm_rate = hw.peak_tflops[unit] * 1e6 / sms * hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
     l2_sm = hw.l2_bandwidth_gbs * 1e3 / sms
     t_mma = 2.0 * bm * bn * bkk / sm_rate
-    t_smem = ROW_BYTES * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     halo = conv_wgmma.halo_of(k, p, types) if p.get("A") == "halo" else None
+    a_smem = hw.data.get("conv_halo_a_smem", HALO_A_SMEM) if halo else 1.0
+    t_smem = ROW_BYTES * (bm * a_smem + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+    sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3   # what the TMA brings into one SM
     if halo:
         # A as one image tile per output tile and 64 channels, read by every tap (codegen/conv_wgmma.py [Note: halo
         # tiles]): a k-block brings B's box and 1/taps of the tile through L2
-        sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3
         moved = ROW_BYTES * bn + halo.loaded / (halo.geo.taps[0] * halo.geo.taps[1])   # one 128-byte row a slot
         t_load = max(moved / sm_in, moved / l2_sm)
-        a_smem = hw.data.get("conv_halo_a_smem", HALO_A_SMEM)
-        t_smem = ROW_BYTES * (bm * a_smem + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
         t_round = t_gather = 0.0
         t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
     elif p.get("A") == "tma":
         # A by the TMA in im2col mode: the GEMM engine's load terms (cost_wgmma.py), no gatherers
-        sm_in = hw.data.get("sm_ingress_gbs", hw.l2_bandwidth_gbs / sms) * 1e3
         t_load = max(ROW_BYTES * (bm + bn) / sm_in, ROW_BYTES * (bm + bn) / l2_sm)
         t_round = 0.0
         # the TMA walks an im2col box a pixel at a time: one pixel row per copy and tap (8 taps of 16 bytes a
@@ -148,7 +146,7 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     rereads = (tn - 1) * a_bytes if a_bytes > hw.l2_bytes / 2 and not together else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
     # an image tile's last products drain before its slot goes back (once per 64 channels)
-    t_drain = (halo.geo.image[3] // 64) * t_mma if halo else 0.0
+    t_drain = halo.channel_blocks * t_mma if halo else 0.0
     t_tiles = per_sm * (ktiles * t_kblock + t_epi + t_drain)
     time = hw.launch_overhead_us + latency + max(t_tiles + t_reduce, t_dram)
     return {"time_us": time, "dram": io_bytes + rereads, "t_compute_us": per_sm * ktiles * t_mma,
@@ -156,7 +154,7 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
             "t_gather_us": per_sm * ktiles * t_gather, "t_gather_round_us": per_sm * ktiles * t_round, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - max(t_mma, t_smem, t_load, t_gather, t_round)),
             "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]), "t_reduce_us": t_reduce, "n_eff": n_eff(bn),
-            "gathered_bytes": float(tiles * (halo.geo.image[3] // 64) * halo.loaded if halo
+            "gathered_bytes": float(tiles * halo.channel_blocks * halo.loaded if halo
                                     else m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
             "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, sms) / sms, "stages": st}
