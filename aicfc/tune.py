@@ -190,14 +190,29 @@ def source(plan: Plan, kt: KernelTune) -> str:
     return "\n".join([module_header(plan, len(kt.candidates)), SPIN_SOURCE, *kernels])
 
 
-def random_argument(t: TensorType, rng: np.random.Generator) -> np.ndarray:
-    """Host bytes for a device buffer of type `t`: standard normal floats, zero integers."""
+RANDOM_INT_BOUND = 1 << 20   # integers drawn from [0, this): ids and positions past any extent
+
+
+def random_argument(t: TensorType, rng: np.random.Generator, zeroed: bool = False) -> np.ndarray:
+    """Host bytes for a device buffer of type `t`: standard normal floats; integers drawn from
+    [0, RANDOM_INT_BOUND); false booleans; zeros where the buffer must start zeroed (a split's
+    tickets, codegen/scratch.py).
+
+    Integers are ids and positions: a gather clamps an id into its table ([Note: Indirect
+    index]), so random ids read scattered rows as a model's do, where zero ids would all read
+    one; a decode attention bounds its keys by the position + 1 ([Note: live keys]), so a large
+    one times the full cache the cost model assumes, where zero left one key live (session 12's
+    tune of a decode step measured its split attention over a single key)."""
+    if zeroed:
+        return np.zeros(t.nbytes, np.uint8)
     if t.dtype == "bf16":
         return to_device(rng.standard_normal(t.numel, dtype=np.float32), "bfloat16")
     if t.dtype in ("f32", "f16"):
         return rng.standard_normal(t.numel, dtype=np.float32).astype(t.np_dtype, copy=False)
     if t.dtype == "f64":
         return rng.standard_normal(t.numel)
+    if t.dtype in ("i32", "i64"):
+        return rng.integers(0, RANDOM_INT_BOUND, t.numel, dtype=t.np_dtype)
     return np.zeros(t.nbytes, np.uint8)
 
 
@@ -280,11 +295,11 @@ def _build_all(plan: Plan, kernels: list[KernelTune], step: Callable[[str], None
 
 
 def _argument_types(k: Kernel, params: dict[str, Any],
-                    types: dict[str, TensorType]) -> tuple[TensorType, ...]:
-    """The types of one candidate's arguments, in order: its schedule may add scratch buffers
-    (split-k partials and zeroed tickets, `codegen/scratch.py`)."""
-    extra = {s.name: s.type for s in scratch(k, params)}
-    return tuple(extra.get(b) or types[b] for b in kernel_args(k, params))
+                    types: dict[str, TensorType]) -> tuple[tuple[TensorType, bool], ...]:
+    """The types of one candidate's arguments, in order, each with whether it must start zeroed:
+    its schedule may add scratch buffers (split-k partials and zeroed tickets, `codegen/scratch.py`)."""
+    extra = {s.name: s for s in scratch(k, params)}
+    return tuple((extra[b].type, extra[b].zeroed) if b in extra else (types[b], False) for b in kernel_args(k, params))
 
 
 def _tensor_map_records(k: Kernel, params: dict[str, Any],
@@ -297,18 +312,18 @@ def _tensor_map_records(k: Kernel, params: dict[str, Any],
 
 
 def _measure(device: Any, kt: KernelTune, built: Built,
-             argument_types: Callable[[Measured], tuple[TensorType, ...]], rng: np.random.Generator,
+             argument_types: Callable[[Measured], tuple[tuple[TensorType, bool], ...]], rng: np.random.Generator,
              step: Callable[[str], None],
              map_records: Callable[[Measured], list[dict[str, Any]]] = lambda c: []) -> None:
     from aicf_run.timing import KernelBench, LaunchRefused
 
     # Scratch sizes differ between schedules: one set of buffers per list of argument types,
     # filled once (random normal data for 65536 x 4096 takes seconds to draw).
-    groups: dict[tuple[TensorType, ...], list[Measured]] = {}
+    groups: dict[tuple[tuple[TensorType, bool], ...], list[Measured]] = {}
     for c in kt.candidates:
         groups.setdefault(argument_types(c), []).append(c)
     for arg_types, members in groups.items():
-        arrays = [random_argument(t, rng) for t in arg_types]
+        arrays = [random_argument(t, rng, zeroed) for t, zeroed in arg_types]
         with KernelBench(device, built.cubin, arrays) as bench:
             for c in members:
                 name = symbol(kt, c)

@@ -345,3 +345,19 @@ def test_tune_matmul_on_the_gpu(gpu_device, tmp_path: Path):
     path = tmp_path / "fitted.json"
     path.write_text(json.dumps(fitted, allow_nan=False))
     assert load_profile(report.target, path).data["calibration"]["gpu"] == gpu_device.name
+
+
+def test_random_arguments_give_ids_and_positions_past_any_extent():
+    """Integer inputs are ids and positions: drawn large and scattered (a decode attention then
+    times its full cache, a gather reads scattered rows); tickets stay zero; booleans false."""
+    from aicfc import tune
+    from aicfc.ir.types import TensorType
+    rng = np.random.default_rng(0)
+    ids = tune.random_argument(TensorType("i64", (4096,)), rng)
+    assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < tune.RANDOM_INT_BOUND
+    assert len(np.unique(ids)) > 4000
+    tickets = tune.random_argument(TensorType("i32", (64,)), rng, zeroed=True)
+    assert tickets.nbytes == 256 and not tickets.any()
+    assert not tune.random_argument(TensorType("bool", (16,)), rng).any()
+    x = tune.random_argument(TensorType("f16", (1024,)), rng)
+    assert x.dtype == np.float16 and 0.5 < float(np.std(x.astype(np.float32))) < 1.5
