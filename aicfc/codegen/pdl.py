@@ -22,6 +22,12 @@ completed and its writes are visible. Every kernel of a plan compiled for sm_90 
   run) measured slower on an H200: a 4-layer decode plan of a 1 B Llama replayed in 300.4 us
   against 228.6 (benchmarks/results/decode_ab_session10_h200.txt).
 
+The alternative, one persistent kernel whose resident blocks run the kernels as phases between
+grid barriers, measured slower on an H200: that 4-layer decode plan in 253.4 us against 220.5,
+and 282.1 us with each phase requesting the next one's weights into L2 ahead (branch
+session12-persistent-phases, benchmarks/results/persist_ab_session12_h200.txt): a grid barrier
+costs about 1 us more than a dependent launch's boundary.
+
 Where a kernel's grid is more than one wave (more blocks than the SMs hold at once), a trigger at
 entry would let the next kernel's blocks take SM slots that this kernel's later waves need, and
 sit there waiting: those blocks trigger only in the last wave, `aicf_pdl_entry(from)` with `from`
