@@ -529,6 +529,7 @@ def test_a_single_row_gets_every_thread_of_its_block():
     """A decode step's RMSNorm is one row: row slots without a row add no parallelism, so the
     planner does not pick blocks of several slots over it (benchmarks/results/
     row_reduce_one_row_session12_h200.txt: 256 threads on the row measured faster than 8 slots of 128)."""
+    from aicfc.passes.pipeline import Options, run_pipeline
     from benchmarks.decoder_graph import DecoderConfig, decoder_model, random_weight, weight_shapes
     from benchmarks.generate import shape_set
     cfg = DecoderConfig(512, 1, 8, 2, 1024, 1000, 64)
@@ -536,7 +537,6 @@ def test_a_single_row_gets_every_thread_of_its_block():
     shapes = weight_shapes(cfg)
     model = decoder_model(cfg, lambda n: random_weight(n, shapes[n], rng), batch=1)
     graph = import_model(model, shape_set(cfg, 1, 1), name="dec")
-    from aicfc.passes.pipeline import Options, run_pipeline
     plan = run_pipeline(graph, Options("sm_90", HW, "fp16")).plan
     rows = [k for k in plan.kernels if k.family == "row_reduce"]
     assert rows and all(k.schedule.param["rpb"] == 1 for k in rows)
