@@ -20,8 +20,9 @@ with S·Cp = 64 (S = 8 slots of Cp = 8 channels), viewed as U4[n, h, ow, 64]. Th
 is the same sum (each (kh, kw, c) term once; the added ones are products with zero weights, and
 U reads inside X or zero), a KH x 1 convolution over 64 channels: one 128-byte row a pixel and
 tap, which the TMA's im2col mode reads a whole k-block at a time. The copy writes OW·S·Cp elements
-a row where the padded copy wrote W·Cp (4x at stride 2 with 8 slots), so this is a cost decision: the planner's best predicted times of (copy, convolution) both ways; both
-figures go in the record (RULE), and `explain` shows them.
+a row where the padded copy wrote W·Cp (4x at stride 2 with 8 slots), so this is a cost decision:
+the planner's best predicted times of (copy, convolution) both ways; both figures go in the
+record (RULE), and `explain` shows them.
 
 Measured (ResNet-50 B32, fp16, H200, both plans in one session: benchmarks/results/
 conv_profile_r32{,_fold}_session11_h200.txt): the copy 9.85 -> 33.4 us (3.4 TB/s), the stem

@@ -355,12 +355,11 @@ def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     dram, l2 = (io, reread) if fits else (io + reread, 0.0)
     # The duty cycle caps the DRAM rate an SM reaches however many warps it holds (a barrier
     # stalls all of a block's warps at once); ROW_ILP scales the warps needed to hide latency.
-    # A block of rpb row slots over fewer rows (a decode step's one row) has threads with no row:
-    # they add no memory parallelism (measured: one row at 256 threads x 1 row ran faster than at
-    # 128 x 8, benchmarks/results/row_reduce_one_row_session12_h200.txt).
-    working = p["tpr"] * min(p["rpb"], nrows)
+    # Only threads with a row count: a block of rpb row slots over fewer rows (a decode step's one
+    # row) adds no memory parallelism with the rest (measured: one row at 256 threads x 1 row ran
+    # faster than at 128 x 8, benchmarks/results/row_reduce_one_row_session12_h200.txt).
     est = _combine(hw, flops=flops, issued=issued / lane_eff, dram=dram / lane_eff / duty, l2=l2 / lane_eff,
-                   pipeline=pipeline, blocks=blocks, threads=min(threads, working), bps=bps, ilp=ROW_ILP)
+                   pipeline=pipeline, blocks=blocks, threads=p["tpr"] * min(p["rpb"], nrows), bps=bps, ilp=ROW_ILP)
     est.terms.update(lane_eff=lane_eff, rows=nrows, reread_bytes=reread, duty=duty,
                      cached_per_thread=row_reduce.cached_elements(k, p))
     return est
