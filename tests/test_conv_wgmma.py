@@ -20,7 +20,7 @@ import pytest
 from aicfc.codegen import conv_wgmma
 from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.channels_last import INPUT_RULE, RULE, WEIGHT_RULE
-from aicfc.passes.pipeline import PIPELINE, Options
+from aicfc.passes.pipeline import PIPELINE, Options, run_pipeline
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
 from tests.test_pipeline import evaluate_ir, rel_err
@@ -477,7 +477,7 @@ def test_narrow_im2col_kernel_source():
     """8 channels a pixel: 8 copies a k-block into unswizzled core matrices, a tap past the
     filter's 49 clamped to the last, and wgmma's A descriptor without a swizzle."""
     from aicfc.codegen.module import render_module
-    plan, k = _im2col_kernel(IM2COL_CASES[-2], {"NWG": 2, "MI": 1})
+    plan, k = _im2col_kernel(IM2COL_CASES[-2], {"NWG": 2, "MI": 1, "PP": 0})
     src = render_module(plan)
     assert "const int tap = min(kb * 8 + j, 48);" in src and "j * 2048" in src
     assert "aicf_wgg_desc_plain(sa + ((wg * 1 + i)) * 1024 + (kk) * 4096, 2048, 128)" in src
@@ -546,3 +546,31 @@ def test_explain_keeps_the_best_of_each_variant():
     assert k.schedule.param["A"] == "tma"
     shown = [dict(c.params) for c in k.schedule.candidates if not c.rejected_because]
     assert any(p.get("A") == "gather" for p in shown) and any(p.get("unit") == "mma" for p in shown)
+
+
+# ---------------------------------------------------------------- ping-pong (branch session12-conv-pingpong)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("a", ["tma", "gather"])
+def test_pingpong_convolution_builds_without_spills(a):
+    """Two consumer warpgroups taking whole tiles in turn (PP), over im2col or gathered loads."""
+    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2)
+    graph = import_model(model, name="pp")
+    plan = run_pipeline(graph, Options("sm_90", load_profile("sm_90"), "fp16", (("A", a), ("PP", "1"), ("unit", "wgmma")))).plan
+    convs = [k for k in plan.kernels if k.family == "conv"]
+    assert convs and all(k.schedule.param.get("PP") == 1 and k.schedule.param["BM"] == 64 * k.schedule.param["MI"]
+                         for k in convs)
+    from aicfc.codegen.module import render_module
+    from aicfc.codegen.nvcc import build
+    built = build(render_module(plan), "sm_90")
+    assert all(built.spills.get(k.name, 0) == 0 for k in convs), built.spills
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a", ["tma", "gather"])
+def test_gpu_resnet_stage_pingpong(a, gpu_device):
+    """Two ResNet-50 bottlenecks with every convolution in ping-pong (PP=1) against onnxruntime at fp16."""
+    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2)
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "A": a, "PP": "1"}, ref="onnxruntime")
+    assert all(k["params"].get("PP") == 1 for k in payload["kernels"] if k["family"] == "conv")

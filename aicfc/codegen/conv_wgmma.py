@@ -415,17 +415,18 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
         return [q for st in SPACE["STAGES"] for v in variants
                 if smem_bytes(q := dict(p, STAGES=st, **v)) + static_smem(q) <= smem_limit]
     halos, points = [], []
-    for nwg in SPACE["NWG"]:
+    for nwg, pp in ((n_, pp_) for n_ in SPACE["NWG"] for pp_ in (0, 1) if n_ > 1 or not pp_):
         for mi in SPACE["MI"]:
             for bn in SPACE["BN"]:
                 # two warpgroups of two m64 blocks: the register epilogue's index splitting spills past
-                # the 168 registers a thread of 384 may have (ptxas, CUDA 13)
-                if mi * bn // 2 > MAX_ACC or (bn > 64 and bn // 2 >= n) or (nwg == 2 and mi == 2):
+                # the 168 registers a thread of 384 may have (ptxas, CUDA 13); under ping-pong (PP) each
+                # warpgroup holds a whole tile of MI m64 blocks, as one warpgroup does
+                if mi * bn // 2 > MAX_ACC or (bn > 64 and bn // 2 >= n) or (nwg == 2 and mi == 2 and not pp):
                     continue
-                p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * nwg, "BN": bn, "BK": bk(dtype), "NWG": nwg,
-                     "MI": mi}
+                p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * (1 if pp else nwg), "BN": bn, "BK": bk(dtype),
+                     "NWG": nwg, "MI": mi, "PP": pp}
                 h = halo_geometry(k, types, p["BM"])
-                if not isinstance(h, str):
+                if not isinstance(h, str) and not pp:   # (the halo loops do not take turns)
                     q = dict(p, A="halo", PITCH=h.pitch, OHP=h.oh_pad, TILE_BYTES=h.tile_bytes, SPLITK=1)
                     halos += staged(dict(q, CTAS=min(tiles(k, q)[2], hw_sms)), [{}])
                 for sk in split_ks(tiles(k, p)[2], math.ceil(kk / p["BK"]), hw_sms):
@@ -595,7 +596,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     if not tma_a:
         klines, mlines = gather_lines(k, types, parts["params"], parts["idx"], order)
     return render("gemm_wgmma.cu.j2", name=name, batch=1, M=m, N=n, K=kk, dtype=dtype, KSTEP=KSTEP[dtype],
-                  BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"], PP=0, CT=128 * p["NWG"],
+                  BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"], PP=p.get("PP", 0),
+                  CT=128 if p.get("PP") else 128 * p["NWG"],
                   OUT_WG_BYTES=0, LDS=p["BN"], STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm,
                   TILES_N=tn, GROUP=gemm_wgmma.GROUP, KT=math.ceil(kk / p["BK"]), STAGE_BYTES=stage_bytes(p),
                   threads=threads(p), TA=0, TB=0, a=a, b=b, idx=parts["idx"], signature=parts["signature"],

@@ -133,7 +133,7 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     ktiles = gemm_wgmma.kt_per(p, kk)              # k-blocks of one work unit (a tile's split)
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
     t_epi = bm * bn * out_bytes * STORE_WASTE / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
-    issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(p["NWG"])
+    issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(1 if p.get("PP") else p["NWG"])
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
     t_reduce = 0.0
     if sk > 1:
@@ -147,7 +147,10 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
     # an image tile's last products drain before its slot goes back (once per 64 channels)
     t_drain = halo.channel_blocks * t_mma if halo else 0.0
-    t_tiles = per_sm * (ktiles * t_kblock + t_epi + t_drain)
+    if p.get("PP"):   # ping-pong: one warpgroup's epilogue under the other's k-blocks (cost_wgmma.py's rule)
+        t_tiles = per_sm * max(ktiles * t_kblock, t_epi) + t_epi
+    else:
+        t_tiles = per_sm * (ktiles * t_kblock + t_epi + t_drain)
     time = hw.launch_overhead_us + latency + max(t_tiles + t_reduce, t_dram)
     return {"time_us": time, "dram": io_bytes + rereads, "t_compute_us": per_sm * ktiles * t_mma,
             "t_smem_us": per_sm * ktiles * t_smem, "t_l2_us": per_sm * ktiles * t_load,
