@@ -259,3 +259,38 @@ def test_folded_cache_writes_build_without_spills():
     built = build(source, "sm_90")
     for k in att:
         assert built.spills.get(k.name, 0) == 0 and 0 < built.registers[k.name] <= 255
+
+
+def test_decode_attention_reads_its_cache_before_the_wait():
+    """[Note: attention reads before the wait]: the Llama fixture's decode attentions, whose caches
+    they update themselves and whose positions are an input, request the positions and their first
+    tile before the dependent-launch entry; the query rows after it. The same attention without the
+    folded writes (a separate scatter writes its cache) keeps the entry first."""
+    from pathlib import Path
+    from aicfc.codegen import pdl
+    from aicfc.passes.fold_cache_writes import EARLY_RULE, why_not_early
+    from tests.test_state import plan_of as state_plan
+    model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
+    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16")
+    att = [k for k in plan.kernels if k.family == "attention"]
+    assert att and all(k.schedule.param.get("PRE") == 1 for k in att)
+    assert all(r.applied for r in plan.rewrites if r.rule == EARLY_RULE) and \
+        {r.target for r in plan.rewrites if r.rule == EARLY_RULE} == {k.name for k in att}
+    source = render_module(plan.replace(kernels=tuple(att), launch=pdl.DEPENDENT))
+    body = source.split(att[0].name + "(", 1)[1].split("__global__", 1)[0]
+    first_tile, entry, query = body.index("load_kv(0, c0);"), body.index(pdl.ENTRY), body.index("Qs[x] =")
+    assert first_tile < entry < query and body.count(pdl.ENTRY) == 1
+    # unfolded: the cache is written by the scatter kernel, which may run beside the attention's early part
+    unfolded = att[0].replace(ops=tuple(op for op in att[0].ops if not op.out.startswith(att[0].stores[-1])))
+    assert why_not_early(unfolded, plan) is not None
+
+
+def test_pin_early_0_keeps_the_entry_first():
+    from pathlib import Path
+    from aicfc.passes.fold_cache_writes import EARLY_RULE
+    model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
+    opts = Options("sm_90", load_profile("sm_90"), "fp16", (("early", "0"),))
+    plan = run_pipeline(import_model(model, {"input_ids": (1, 1), "cache_position": (1,)}), opts).plan
+    att = [k for k in plan.kernels if k.family == "attention"]
+    assert att and not any(k.schedule.param.get("PRE") for k in att)
+    assert all(not r.applied and "early=0" in r.reason for r in plan.rewrites if r.rule == EARLY_RULE)

@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from aicfc.codegen import pdl
 from aicfc.codegen.common import CTYPES, decompose, render
 from aicfc.ir.decision import Kernel
 from aicfc.ir.properties import Attention
@@ -166,4 +167,5 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   kv_decompose=decompose("kvb", sp.kv, idx), row_decompose=decompose("r", sp.group + [("gi", g.sq)], idx),
                   q=operands["q"], k=operands["k"], v=operands["v"], o=store, live=live, logit_lines=logit_lines,
                   logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
-                  stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), **tm)
+                  stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), PRE=p.get("PRE", 0),
+                  PDL_MARK=pdl.MARK, **tm)

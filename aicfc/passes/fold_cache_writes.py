@@ -18,6 +18,18 @@ block of each K/V head, after every chunk of that head has been read (its ticket
 head's new rows into the cache. Other heads' blocks never read them. So the state semantics stay
 those of declare_state (the elements not written already hold x), one launch per update fewer.
 
+[Note: attention reads before the wait]
+After the fold, the attention's K and V are state buffers written by no kernel but itself (its last
+blocks, after every chunk is read), and the live-key positions a plan input no kernel writes. In a
+plan of dependent launches ([Note: PDL], codegen/pdl.py) such a kernel reads them before
+`griddepcontrol.wait`: the positions, the live length and its first tile of cache rows (cp.async)
+are requested while the previous kernel (the QKV projection) still runs, and only the query rows
+and the new rows wait (schedule parameter PRE = 1, rule EARLY_RULE; the cost model drops the two
+round trips from the block's chain, planner/cost_attention_split.py; `--pin early=0` keeps the
+entry first, for an A/B). Legal because a kernel's
+blocks start early only beside the kernel right before it, which has itself waited for every
+earlier one; none of them writes those buffers.
+
 The alternative, writing the rows from the QKV GEMM's epilogue, would put a data-dependent scatter
 into every GEMM unit's template (mma, wgmma, gemv) for one consumer; the attention already reads
 the new row and knows the positions. The rule applies only to split-KV attention: the tile units
@@ -31,10 +43,15 @@ from __future__ import annotations
 
 import dataclasses
 
+from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, Rewrite, loads
+from aicfc.planner.hardware import Profile
 
 FOLD_RULE = "scatter(cache, pos, new) read only by a split-KV attention => the attention writes the new rows"
+PIN = "early"      # --pin early=0: the attention's entry stays its first statement
+EARLY_RULE = ("cache and positions written by no other kernel => a split-KV attention reads them before the "
+              "dependent-launch wait")
 
 
 def cache_writes(k: Kernel) -> tuple[str, ...]:
@@ -101,7 +118,36 @@ def why_not(scatter: Kernel, readers: list[Kernel]) -> str | None:
     return "the attention reads the cache other than as its K or V"
 
 
-def fold_cache_writes(plan: Plan) -> Plan:
+def why_not_early(k: Kernel, plan: Plan) -> str | None:
+    """Why split-KV attention `k` may not read its K/V and positions before the wait, or None."""
+    from aicfc.codegen import attention
+    from aicfc.ir.properties import live_key_position
+    att = attention.roles(k)
+    pos = live_key_position(att)
+    if pos is None:
+        return "its key loop is not bounded by positions"
+    own, inputs = set(cache_writes(k)), {v.name for v in plan.inputs}
+    written = {s for other in plan.kernels if other.name != k.name for s in other.stores}
+    for role, buf in (("K", att.k.buffer), ("V", att.v.buffer)):
+        if buf not in own:
+            return f"its {role} is not a cache it updates itself"
+    if pos.buffer not in inputs or pos.buffer in written:
+        return "its positions are not a plan input that no kernel writes"
+    return None
+
+
+def read_early(k: Kernel, plan: Plan, hw: Profile) -> Kernel:
+    """`k` with PRE = 1 and its prediction re-costed."""
+    from aicfc.codegen import FAMILIES
+    from aicfc.planner.cost import cost, estimate_registers
+    s = k.schedule
+    p = dict(s.param, PRE=1)
+    smem = FAMILIES[k.family].static_smem(k, p) + s.smem_bytes
+    est = cost(k, p, s.grid, s.block, smem, estimate_registers(k, p), plan.types(), hw)
+    return k.replace(schedule=dataclasses.replace(s, params=tuple(sorted(p.items())), predicted=est.as_items()))
+
+
+def fold_cache_writes(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> Plan:
     kernels = list(plan.kernels)
     records: list[Rewrite] = []
     moved: dict[str, str] = {}
@@ -129,5 +175,20 @@ def fold_cache_writes(plan: Plan) -> Plan:
     if not moved:
         return plan.replace(rewrites=plan.rewrites + tuple(records)) if records else plan
     state = tuple(dataclasses.replace(st, kernel=moved.get(st.kernel, st.kernel)) for st in plan.state)
-    return plan.replace(kernels=tuple(k for k in kernels if k is not None), state=state,
-                        rewrites=plan.rewrites + tuple(records))
+    plan = plan.replace(kernels=tuple(k for k in kernels if k is not None), state=state)
+    forced = (pin or {}).get(PIN)
+    if forced not in (None, "0", "1", 0, 1):
+        raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (the entry first) or {PIN}=1 (reads before the wait)")
+    if hw is not None:
+        kernels = list(plan.kernels)
+        for i, k in enumerate(kernels):
+            if k.name not in moved.values():
+                continue
+            why = why_not_early(k, plan) if str(forced) != "0" else f"--pin {PIN}=0"
+            if why is None:
+                kernels[i] = read_early(k, plan, hw)
+            records.append(Rewrite(EARLY_RULE, k.name, why is None, why or (
+                f"the positions and the first tile of cache rows are requested while the previous kernel runs "
+                f"(predicted {k.schedule.time_us:.2f} -> {kernels[i].schedule.time_us:.2f} us)")))
+        plan = plan.replace(kernels=tuple(kernels))
+    return plan.replace(rewrites=plan.rewrites + tuple(records))

@@ -80,7 +80,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("unfold_taps", "decision", "decision", lambda p, o: unfold_taps(p, dict(o.pin))),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
-    Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p)),
+    Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 

@@ -200,9 +200,11 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
                    check: RegisterCheck | None = None) -> Plan:
     """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys;
     `check` counts the leading candidates' registers (`check_leaders`). Keys that switch a
-    rewrite rather than a schedule (`unfold`, passes/unfold_taps.py) were the passes' to read and are dropped."""
+    rewrite rather than a schedule (`unfold`, passes/unfold_taps.py; `early`, passes/fold_cache_writes.py)
+    were the passes' to read and are dropped."""
+    from aicfc.passes.fold_cache_writes import PIN as EARLY_PIN
     from aicfc.passes.unfold_taps import PIN as UNFOLD_PIN
-    pin = {key: value for key, value in (pin or {}).items() if key != UNFOLD_PIN}
+    pin = {key: value for key, value in (pin or {}).items() if key not in (UNFOLD_PIN, EARLY_PIN)}
     kernels, records = [], []
     types = plan.types()
     solved: dict[Hashable, tuple[Kernel, list[Ranked], list[Candidate]]] = {}

@@ -12,7 +12,11 @@ that of one SM's blocks plus the combine:
     t_tile     = max(t_issue, load latency)       double-buffered: tile j+1 loads during tile j
     t_block    = FIXED + tiles a chunk · t_tile   FIXED: the positions' read, then Q and the first
                                                  tile (two round trips), the partial's publication
-                                                 with its fence and ticket (one)
+                                                 with its fence and ticket (one); under PRE (the
+                                                 positions and the first tile read before the
+                                                 dependent-launch wait, passes/fold_cache_writes.py)
+                                                 the first two overlap the previous kernel: Q and
+                                                 the publication remain
     t_sched    = rounds · (FIXED + tiles · max(m · t_issue, load latency))   an SM's n = ceil(blocks
                  / SMs) blocks in rounds = ceil(n / blocks_per_sm), m = ceil(n / rounds) of them
                  resident together, sharing the SM's issue
@@ -70,7 +74,7 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
                 + math.ceil(rows / warps) * (bn // 32) * ISSUE_SOFTMAX
                 + tm["NP"] * (bn // tm["KS"]) * ISSUE_PV_KEY)
     t_issue = per_warp * math.ceil(warps / 4) / (clock_ghz(hw) * 1e3) + BARRIERS * BARRIER_US
-    fixed = 3 * latency
+    fixed = (2 if p.get("PRE") else 3) * latency
     blocks = nkv * splits
     n = math.ceil(blocks / hw.sm_count)
     rounds = math.ceil(n / max(1, bps))
