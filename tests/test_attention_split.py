@@ -119,7 +119,9 @@ def test_decode_picks_split(b):
     lost = {dict(c.params).get("unit") for c in k.schedule.candidates if c.predicted_time_us is not None}
     assert "wgmma" in lost or "mma" in lost or any(dict(c.params).get("unit") == "split" for c in k.schedule.candidates)
     best_other = min(r.time_us for r in rank(k, plan, load_profile("sm_90"))[0] if r.params["unit"] != "split")
-    assert dict(k.schedule.predicted)["time_us"] < best_other / 2   # latency-bound tiles of one row lose
+    # latency-bound tiles of one row lose (measured at B1 on an H200: split 7.1-7.9 us, the tile units'
+    # best 11.2; benchmarks/results/tune_attention_split_session13_h200.txt)
+    assert dict(k.schedule.predicted)["time_us"] < best_other / 1.3
 
 
 def test_many_rows_do_not_split():
@@ -249,9 +251,9 @@ def test_folded_cache_writes_build_without_spills():
     (passes/fold_cache_writes.py, after ptxas checked the leaders) builds for sm_90a unspilled."""
     from pathlib import Path
     from aicfc.passes.fold_cache_writes import FOLD_RULE
-    from tests.test_state import plan_of as state_plan
+    from tests.test_state import SPLIT, plan_of as state_plan
     model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
-    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16")
+    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16", SPLIT)
     att = [k for k in plan.kernels if k.family == "attention"]
     assert att and all(FOLD_RULE in k.rewrites for k in att)
     source = render_module(plan.replace(kernels=tuple(att)))
@@ -269,9 +271,9 @@ def test_decode_attention_reads_its_cache_before_the_wait():
     from pathlib import Path
     from aicfc.codegen import pdl
     from aicfc.passes.fold_cache_writes import EARLY_RULE, why_not_early
-    from tests.test_state import plan_of as state_plan
+    from tests.test_state import SPLIT, plan_of as state_plan
     model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
-    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16")
+    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16", SPLIT)
     att = [k for k in plan.kernels if k.family == "attention"]
     assert att and all(k.schedule.param.get("PRE") == 1 for k in att)
     assert all(r.applied for r in plan.rewrites if r.rule == EARLY_RULE) and \
@@ -289,8 +291,9 @@ def test_pin_early_0_keeps_the_entry_first():
     from pathlib import Path
     from aicfc.passes.fold_cache_writes import EARLY_RULE
     model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
-    opts = Options("sm_90", load_profile("sm_90"), "fp16", (("early", "0"),))
+    opts = Options("sm_90", load_profile("sm_90"), "fp16", (("SPLITS", 2), ("early", "0")))
     plan = run_pipeline(import_model(model, {"input_ids": (1, 1), "cache_position": (1,)}), opts).plan
     att = [k for k in plan.kernels if k.family == "attention"]
-    assert att and not any(k.schedule.param.get("PRE") for k in att)
-    assert all(not r.applied and "early=0" in r.reason for r in plan.rewrites if r.rule == EARLY_RULE)
+    assert att and all(k.schedule.param["unit"] == "split" and not k.schedule.param.get("PRE") for k in att)
+    early = [r for r in plan.rewrites if r.rule == EARLY_RULE]
+    assert len(early) == len(att) and all(not r.applied and "early=0" in r.reason for r in early)

@@ -30,7 +30,7 @@ from aicfc.passes.streaming_attention import LIVE_RULE
 from benchmarks.decoder_graph import DecoderConfig, cache_names, decoder_model, random_weight, weight_shapes
 from benchmarks.light_models import onnxruntime_reference
 from tests.test_pipeline import evaluate_ir, rel_err
-from tests.test_state import plan_of
+from tests.test_state import SPLIT, plan_of
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kvcache"
 MODEL, EXPECTED = FIXTURES / "llama_gen.onnx", FIXTURES / "llama_gen_expected.npz"
@@ -106,7 +106,7 @@ def test_built_graph_equals_the_torch_export(model):
 def test_attention_reads_only_live_keys(model, seq):
     """The cache mask is restated in the attention kernel, whose key loop stops after the
     block's largest position; the stored mask kernel is gone."""
-    plan = plan_of(model, shapes(seq), "fp16")
+    plan = plan_of(model, shapes(seq), "fp16", SPLIT if seq == 1 else None)
     att = [k for k in plan.kernels if k.family == "attention"]
     assert len(att) == 2 and all(LIVE_RULE in k.rewrites for k in att)
     assert all(any(ld == "cache_position" for op in k.ops for ld in _reads(op)) for k in att)
@@ -115,7 +115,7 @@ def test_attention_reads_only_live_keys(model, seq):
     # 9 a layer (4 of them rotary tables and the cache writes), 5 shared; a decode step's split-KV
     # attention writes the cache rows itself (passes/fold_cache_writes.py): 7 a layer
     assert len(plan.kernels) == (23 if seq > 1 else 19)
-    payload = aicfc.compile(model, precision="fp16", shapes=shapes(seq))
+    payload = aicfc.compile(model, precision="fp16", shapes=shapes(seq), pin=SPLIT if seq == 1 else None)
     sources = "".join(m["source"] for m in payload["modules"])
     bound = "n_tiles = min(n_tiles" if seq > 1 else "if (split >= n_live) return;"   # tiles / split-KV chunks
     assert "[Note: live keys]" in sources and bound in sources
@@ -124,7 +124,7 @@ def test_attention_reads_only_live_keys(model, seq):
 def test_decode_folds_the_cache_writes_into_the_attention(model):
     """Decode: no scatter kernel; each split-KV attention writes its layer's K and V rows, and the
     state names it as their writer. Prefill (16 rows a head: tile units) keeps the scatters."""
-    plan = plan_of(model, shapes(1), "fp16")
+    plan = plan_of(model, shapes(1), "fp16", SPLIT)
     att = [k for k in plan.kernels if k.family == "attention"]
     assert not [k for k in plan.kernels if k.family == "scatter"]
     assert all(k.schedule.param["unit"] == "split" and FOLD_RULE in k.rewrites for k in att)

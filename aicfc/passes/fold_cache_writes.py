@@ -137,13 +137,14 @@ def why_not_early(k: Kernel, plan: Plan) -> str | None:
 
 
 def read_early(k: Kernel, plan: Plan, hw: Profile) -> Kernel:
-    """`k` with PRE = 1 and its prediction re-costed."""
+    """`k` with PRE = 1 and its prediction re-costed (as plan_schedules costed it: the attention
+    without its folded writes, whose stores are the whole caches)."""
     from aicfc.codegen import FAMILIES
     from aicfc.planner.cost import cost, estimate_registers
-    s = k.schedule
+    s, a = k.schedule, attention_part(k)
     p = dict(s.param, PRE=1)
-    smem = FAMILIES[k.family].static_smem(k, p) + s.smem_bytes
-    est = cost(k, p, s.grid, s.block, smem, estimate_registers(k, p), plan.types(), hw)
+    smem = FAMILIES[k.family].static_smem(a, p) + s.smem_bytes
+    est = cost(a, p, s.grid, s.block, smem, estimate_registers(a, p), plan.types(), hw)
     return k.replace(schedule=dataclasses.replace(s, params=tuple(sorted(p.items())), predicted=est.as_items()))
 
 

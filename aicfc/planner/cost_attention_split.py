@@ -8,33 +8,30 @@ that of one SM's blocks plus the combine:
     t_issue    = warp instructions of one key tile (scores: RT rows x D/8 steps of two shared
                  loads and 8 FMAs, the K row's load and conversion; the score expression; the
                  softmax's BN/32 values a row; P·V: NP pairs x BN/KS keys of two loads, one
-                 conversion, two FMAs) x warps a scheduler / clock + 3 barriers
-    t_tile     = max(t_issue, load latency)       double-buffered: tile j+1 loads during tile j
-    t_block    = FIXED + tiles a chunk · t_tile   FIXED: the positions' read, then Q and the first
-                                                 tile (two round trips), the partial's publication
-                                                 with its fence and ticket (one); under PRE (the
-                                                 positions and the first tile read before the
-                                                 dependent-launch wait, passes/fold_cache_writes.py)
-                                                 the first two overlap the previous kernel: Q and
-                                                 the publication remain
-    t_sched    = rounds · (FIXED + tiles · max(m · t_issue, load latency))   an SM's n = ceil(blocks
-                 / SMs) blocks in rounds = ceil(n / blocks_per_sm), m = ceil(n / rounds) of them
-                 resident together, sharing the SM's issue
-    t_combine  = 2 load latencies (the fence, the partials' first read) + SPLITS·R·(Dv + 2)·4 bytes
-                 read from L2 at an SM's share of its bandwidth
+                 conversion, two FMAs) x warps a scheduler / clock x ISSUE_SCALE + 3 barriers
+    t_tile     = TILE_LATENCY + m · t_issue      the tile's wait (cp.async, barriers) and then its
+                                                 work: the next tile loads during this one, but
+                                                 its wait does not hide this one's issue
+    t_sched    = rounds · (FIXED + tiles · t_tile)   an SM's n = ceil(blocks / SMs) blocks in
+                 rounds = ceil(n / blocks_per_sm), m = ceil(n / rounds) of them resident
+                 together, sharing the SM's issue. FIXED = 3 round trips (the positions' read,
+                 then Q and the first tile, the partial's publication with its fence and
+                 ticket); 2 under PRE (the positions and the first tile read before the
+                 dependent-launch wait, passes/fold_cache_writes.py, overlap the previous kernel)
+    t_combine  = COMBINE (the fence, the ticket, the partials' first read) + SPLITS·R·(Dv + 2)·4
+                 bytes read from L2 at an SM's share of its bandwidth
     t          = launch + max(t_sched + t_combine, t_dram)
 
 SPLITS trades the chunk's tiles (fewer with more splits) against the combine's reads and the
-SMs' blocks (more with more splits, past one wave). The coefficients are the profile's (load
-latency, clock from the fp32 peak, L2 bandwidth), not yet fitted to a measurement of this
-kernel: benchmarks/generate.py --profile reports measured against predicted for it. Measured, it
-is under-predicted: a 1 B Llama's decode step at B1 (8 K/V heads of 4 query rows, 767 live keys
-of 768, BN 64, SPLITS 12) ran 6.93-6.99 us alone on an H200 against 4.1 predicted
-(benchmarks/results/decode_ab2_session10_h200.txt, base), and at B8 (BN 128, SPLITS 2) 17.5 us
-on an H100 against 6.5 (generate_b8_profile_session6_h100.txt). At B1 the gap, 2.9 us, is
-several dependent round trips more than FIXED and the combine count (the fence before the
-ticket among them); at B8 it grows with the tiles, so the per-tile issue count is short too.
-Refitting them needs timings of the kernel with its splits and tiles varied.
+SMs' blocks (more with more splits, past one wave). ISSUE_SCALE, TILE_LATENCY_US,
+ROUND_TRIP_US and COMBINE_US are fitted (least squares on log time) to `aicfc tune` of the
+decode attention alone on an H200 (benchmarks/results/tune_attention_split_session13_h200.txt:
+8 and 64 K/V heads of 4 query rows over 768 live keys, 59 schedules, BN 32-128, 4 or 8 warps,
+1-24 splits; tune's plain launches less the 0.88 us they add to the profile's graph timing of
+the same kernel): 53 of 59 within [0.8, 1.25]. Before the fit (the load latency for every
+round trip, max(issue, latency) a tile) the per-tile cost was 3-4x short: measured, a tile of
+64 keys costs 1.7 us at 8 warps and 2.2 at 4, not 0.43; every schedule was predicted 1.7-3x
+fast. Still out of band: BN 128 at 4 warps (issue-bound, 1.2-1.6x slow).
 """
 from __future__ import annotations
 
@@ -49,6 +46,11 @@ ISSUE_SOFTMAX = 14        # a row's value in the softmax: load, max, exp2, sum, 
 ISSUE_SCORE_EXPR = 8      # a score's expression beyond its own operations: index clamps, the row loop
 BARRIERS = 3              # barriers a tile (plus a cp.async wait)
 BARRIER_US = 0.04         # one barrier step (cost.SYNC_LATENCY_US)
+# fitted (module docstring)
+ISSUE_SCALE = 1.5         # the instruction counts above against the measured per-key slope
+TILE_LATENCY_US = 1.0     # a tile's wait: its cp.async group, the barriers between its phases
+ROUND_TRIP_US = 0.8       # one of the block's dependent round trips (FIXED)
+COMBINE_US = 1.2          # the fence, the ticket and the last block's first read of the partials
 
 
 def clock_ghz(hw) -> float:
@@ -73,17 +75,17 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
                 + tm["RT"] * (logit_ops + ISSUE_SCORE_EXPR)
                 + math.ceil(rows / warps) * (bn // 32) * ISSUE_SOFTMAX
                 + tm["NP"] * (bn // tm["KS"]) * ISSUE_PV_KEY)
-    t_issue = per_warp * math.ceil(warps / 4) / (clock_ghz(hw) * 1e3) + BARRIERS * BARRIER_US
-    fixed = (2 if p.get("PRE") else 3) * latency
+    t_issue = ISSUE_SCALE * per_warp * math.ceil(warps / 4) / (clock_ghz(hw) * 1e3) + BARRIERS * BARRIER_US
+    fixed = (2 if p.get("PRE") else 3) * ROUND_TRIP_US
     blocks = nkv * splits
     n = math.ceil(blocks / hw.sm_count)
     rounds = math.ceil(n / max(1, bps))
     per_round = math.ceil(n / rounds)
-    t_sched = rounds * (fixed + tiles * max(per_round * t_issue, latency))
+    t_sched = rounds * (fixed + tiles * (TILE_LATENCY_US + per_round * t_issue))
     combine_bytes = splits * rows * (dv + 2) * 4.0
-    t_combine = 2 * latency + combine_bytes / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
+    t_combine = COMBINE_US + combine_bytes / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
     t = hw.launch_overhead_us + max(t_sched + t_combine, t_dram)
     return {"time_us": t, "t_compute_us": t_sched, "t_dram_us": t_dram, "t_pipeline_us": fixed,
-            "t_smem_us": 0.0, "t_tile_us": max(t_issue, latency), "t_issue_tile_us": t_issue,
+            "t_smem_us": 0.0, "t_tile_us": TILE_LATENCY_US + t_issue, "t_issue_tile_us": t_issue,
             "t_combine_us": t_combine, "key_tiles": nkv * splits * tiles, "tiles_per_chunk": tiles,
             "blocks": blocks, "blocks_per_sm": bps, "launch_us": hw.launch_overhead_us}
