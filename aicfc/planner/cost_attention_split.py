@@ -8,7 +8,9 @@ that of one SM's blocks plus the combine:
     t_issue    = warp instructions of one key tile (scores: RT rows x D/8 steps of two shared
                  loads and 8 FMAs, the K row's load and conversion; the score expression; the
                  softmax's BN/32 values a row; P·V: NP pairs x BN/KS keys of two loads, one
-                 conversion, two FMAs) x warps a scheduler / clock x ISSUE_SCALE + 3 barriers
+                 conversion, two FMAs) x warps a scheduler / clock x ISSUE_SCALE + 3 barriers;
+                 x STALL_WARPS / w where a scheduler holds w < STALL_WARPS warps (the block's and
+                 its SM neighbours'): one warp's dependent instructions wait on each other
     t_tile     = TILE_LATENCY + m · t_issue      the tile's wait (cp.async, barriers) and then its
                                                  work: the next tile loads during this one, but
                                                  its wait does not hide this one's issue
@@ -18,20 +20,20 @@ that of one SM's blocks plus the combine:
                  then Q and the first tile, the partial's publication with its fence and
                  ticket); 2 under PRE (the positions and the first tile read before the
                  dependent-launch wait, passes/fold_cache_writes.py, overlap the previous kernel)
-    t_combine  = COMBINE (the fence, the ticket, the partials' first read) + SPLITS·R·(Dv + 2)·4
+    t_combine  = COMBINE (the ticket and the partials' first read) + SPLITS·R·(Dv + 2)·4
                  bytes read from L2 at an SM's share of its bandwidth
     t          = launch + max(t_sched + t_combine, t_dram)
 
 SPLITS trades the chunk's tiles (fewer with more splits) against the combine's reads and the
-SMs' blocks (more with more splits, past one wave). ISSUE_SCALE, TILE_LATENCY_US,
+SMs' blocks (more with more splits, past one wave). ISSUE_SCALE, STALL_WARPS, TILE_LATENCY_US,
 ROUND_TRIP_US and COMBINE_US are fitted (least squares on log time) to `aicfc tune` of the
 decode attention alone on an H200 (benchmarks/results/tune_attention_split_session13_h200.txt:
 8 and 64 K/V heads of 4 query rows over 768 live keys, 59 schedules, BN 32-128, 4 or 8 warps,
 1-24 splits; tune's plain launches less the 0.88 us they add to the profile's graph timing of
-the same kernel): 53 of 59 within [0.8, 1.25]. Before the fit (the load latency for every
-round trip, max(issue, latency) a tile) the per-tile cost was 3-4x short: measured, a tile of
-64 keys costs 1.7 us at 8 warps and 2.2 at 4, not 0.43; every schedule was predicted 1.7-3x
-fast. Still out of band: BN 128 at 4 warps (issue-bound, 1.2-1.6x slow).
+the same kernel): 59 of 59 within [0.8, 1.25], mean squared log error 0.005. Before the fit
+(the load latency for every round trip, max(issue, latency) a tile) the per-tile cost was 3-4x
+short: measured, a tile of 64 keys costs 1.7 us at 8 warps and 2.2 at 4, not 0.43; every
+schedule was predicted 1.7-3x fast, and the model picked 4 warps where 8 measured 10% faster.
 """
 from __future__ import annotations
 
@@ -48,9 +50,10 @@ BARRIERS = 3              # barriers a tile (plus a cp.async wait)
 BARRIER_US = 0.04         # one barrier step (cost.SYNC_LATENCY_US)
 # fitted (module docstring)
 ISSUE_SCALE = 1.5         # the instruction counts above against the measured per-key slope
-TILE_LATENCY_US = 1.0     # a tile's wait: its cp.async group, the barriers between its phases
-ROUND_TRIP_US = 0.8       # one of the block's dependent round trips (FIXED)
-COMBINE_US = 1.2          # the fence, the ticket and the last block's first read of the partials
+STALL_WARPS = 2.75        # warps a scheduler needs to issue back to back
+TILE_LATENCY_US = 0.5     # a tile's wait: its cp.async group, the barriers between its phases
+ROUND_TRIP_US = 1.0       # one of the block's dependent round trips (FIXED)
+COMBINE_US = 0.4          # the ticket and the last block's first read of the partials
 
 
 def clock_ghz(hw) -> float:
@@ -81,11 +84,12 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
     n = math.ceil(blocks / hw.sm_count)
     rounds = math.ceil(n / max(1, bps))
     per_round = math.ceil(n / rounds)
-    t_sched = rounds * (fixed + tiles * (TILE_LATENCY_US + per_round * t_issue))
+    stall = max(1.0, STALL_WARPS / (per_round * warps / 4))   # warps a scheduler: the SM's resident blocks'
+    t_sched = rounds * (fixed + tiles * (TILE_LATENCY_US + per_round * t_issue * stall))
     combine_bytes = splits * rows * (dv + 2) * 4.0
     t_combine = COMBINE_US + combine_bytes / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
     t = hw.launch_overhead_us + max(t_sched + t_combine, t_dram)
     return {"time_us": t, "t_compute_us": t_sched, "t_dram_us": t_dram, "t_pipeline_us": fixed,
-            "t_smem_us": 0.0, "t_tile_us": TILE_LATENCY_US + t_issue, "t_issue_tile_us": t_issue,
+            "t_smem_us": 0.0, "t_tile_us": TILE_LATENCY_US + per_round * t_issue * stall, "stall": stall, "t_issue_tile_us": t_issue,
             "t_combine_us": t_combine, "key_tiles": nkv * splits * tiles, "tiles_per_chunk": tiles,
             "blocks": blocks, "blocks_per_sm": bps, "launch_us": hw.launch_overhead_us}
