@@ -147,14 +147,14 @@ def test_space_is_every_distinct_split():
 
 def test_cost_terms_trade_tiles_for_combine():
     hw = load_profile("sm_90")
-    t = {s: split_attention_terms(8, 4, 768, 64, 64, {"BN": 64, "SPLITS": s, "warps": 4}, 8, hw, 0.5, 0.4, 10)
+    t = {s: split_attention_terms(8, 4, 768, 64, 64, {"BN": 64, "SPLITS": s, "warps": 4}, 8, hw, 0.5, 10)
          for s in (1, 3, 12)}
     assert t[1]["tiles_per_chunk"] == 12 and t[12]["tiles_per_chunk"] == 1
     assert t[1]["t_compute_us"] > t[3]["t_compute_us"] > t[12]["t_compute_us"]
     assert t[1]["t_combine_us"] < t[12]["t_combine_us"]
     assert t[12]["time_us"] < t[1]["time_us"]
     # past one wave of blocks an SM runs several: its issue is shared
-    many = split_attention_terms(1024, 4, 768, 64, 64, {"BN": 64, "SPLITS": 12, "warps": 4}, 8, hw, 0.5, 0.4, 10)
+    many = split_attention_terms(1024, 4, 768, 64, 64, {"BN": 64, "SPLITS": 12, "warps": 4}, 8, hw, 0.5, 10)
     assert many["t_compute_us"] > t[12]["t_compute_us"]
 
 

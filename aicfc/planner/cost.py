@@ -614,8 +614,7 @@ def _split_attention_cost(k: Kernel, p: Mapping, bps: int, types: Mapping, hw: P
     dram = _io_bytes(k, types) + partials
     t_dram = dram / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
     att = attention.roles(k)
-    terms = split_attention_terms(sp.nkv, sp.rows, sk, d, dv, dict(p), bps, hw, t_dram, load_latency(hw),
-                                  instructions(att.logits))
+    terms = split_attention_terms(sp.nkv, sp.rows, sk, d, dv, dict(p), bps, hw, t_dram, instructions(att.logits))
     return Estimate(terms.pop("time_us"), 2.0 * nb * sq * sk * (d + dv), dram, terms)
 
 

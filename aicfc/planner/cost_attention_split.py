@@ -68,7 +68,7 @@ def registers(rows: int, d: int, dv: int, p: dict, ops: int) -> int:
 
 
 def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict, bps: int, hw,
-                          t_dram: float, latency: float, logit_ops: int) -> dict[str, float]:
+                          t_dram: float, logit_ops: int) -> dict[str, float]:
     """The time and its terms (module docstring) for `nkv` K/V heads of `rows` query rows each
     over `sk` keys, every key assumed live (the cost of a full cache; a step reads its live part)."""
     bn, splits, warps = p["BN"], p["SPLITS"], p["warps"]
@@ -90,6 +90,7 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
     t_combine = COMBINE_US + combine_bytes / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
     t = hw.launch_overhead_us + max(t_sched + t_combine, t_dram)
     return {"time_us": t, "t_compute_us": t_sched, "t_dram_us": t_dram, "t_pipeline_us": fixed,
-            "t_smem_us": 0.0, "t_tile_us": TILE_LATENCY_US + per_round * t_issue * stall, "stall": stall, "t_issue_tile_us": t_issue,
+            "t_smem_us": 0.0, "t_tile_us": TILE_LATENCY_US + per_round * t_issue * stall, "stall": stall,
+            "t_issue_tile_us": t_issue,
             "t_combine_us": t_combine, "key_tiles": nkv * splits * tiles, "tiles_per_chunk": tiles,
             "blocks": blocks, "blocks_per_sm": bps, "launch_us": hw.launch_overhead_us}
