@@ -246,14 +246,20 @@ def test_gpu_split_counts_and_rows(splits, gpu_device):
             assert rel_err(got, ref) <= RTOL["fp16"]
 
 
+def fixture_decode_plan(pin: dict):
+    """The Llama fixture's decode step (tests/fixtures/kvcache/llama_gen.onnx), fp16, under `pin`."""
+    from pathlib import Path
+    from tests.test_state import plan_of as state_plan
+    model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
+    return state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16", pin)
+
+
 def test_folded_cache_writes_build_without_spills():
     """The Llama fixture's decode step: the attention with its layer's K and V writes folded in
     (passes/fold_cache_writes.py, after ptxas checked the leaders) builds for sm_90a unspilled."""
-    from pathlib import Path
     from aicfc.passes.fold_cache_writes import FOLD_RULE
-    from tests.test_state import SPLIT, plan_of as state_plan
-    model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
-    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16", SPLIT)
+    from tests.test_state import SPLIT
+    plan = fixture_decode_plan(SPLIT)
     att = [k for k in plan.kernels if k.family == "attention"]
     assert att and all(FOLD_RULE in k.rewrites for k in att)
     source = render_module(plan.replace(kernels=tuple(att)))
@@ -268,12 +274,10 @@ def test_decode_attention_reads_its_cache_before_the_wait():
     they update themselves and whose positions are an input, request the positions and their first
     tile before the dependent-launch entry; the query rows after it. The same attention without the
     folded writes (a separate scatter writes its cache) keeps the entry first."""
-    from pathlib import Path
     from aicfc.codegen import pdl
     from aicfc.passes.fold_cache_writes import EARLY_RULE, why_not_early
-    from tests.test_state import SPLIT, plan_of as state_plan
-    model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
-    plan = state_plan(model, {"input_ids": (1, 1), "cache_position": (1,)}, "fp16", SPLIT)
+    from tests.test_state import SPLIT
+    plan = fixture_decode_plan(SPLIT)
     att = [k for k in plan.kernels if k.family == "attention"]
     assert att and all(k.schedule.param.get("PRE") == 1 for k in att)
     assert all(r.applied for r in plan.rewrites if r.rule == EARLY_RULE) and \
@@ -288,11 +292,9 @@ def test_decode_attention_reads_its_cache_before_the_wait():
 
 
 def test_pin_early_0_keeps_the_entry_first():
-    from pathlib import Path
     from aicfc.passes.fold_cache_writes import EARLY_RULE
-    model = onnx.load(str(Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"))
-    opts = Options("sm_90", load_profile("sm_90"), "fp16", (("SPLITS", 2), ("early", "0")))
-    plan = run_pipeline(import_model(model, {"input_ids": (1, 1), "cache_position": (1,)}), opts).plan
+    from tests.test_state import SPLIT
+    plan = fixture_decode_plan({**SPLIT, "early": "0"})
     att = [k for k in plan.kernels if k.family == "attention"]
     assert att and all(k.schedule.param["unit"] == "split" and not k.schedule.param.get("PRE") for k in att)
     early = [r for r in plan.rewrites if r.rule == EARLY_RULE]

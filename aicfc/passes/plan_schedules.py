@@ -67,6 +67,13 @@ class Ranked:
         return self.estimate.time_us
 
 
+def recost(k: Kernel, params: dict[str, Any], grid: tuple[int, int, int], block: tuple[int, int, int],
+           dyn_smem: int, regs: int, types: Mapping[str, TensorType], hw: Profile) -> Estimate:
+    """The cost of `k` on a candidate whose launch is known, with `regs` registers a thread."""
+    smem = FAMILIES[k.family].static_smem(k, params) + dyn_smem
+    return cost(k, params, grid, block, smem, regs, types, hw)
+
+
 def rank(k: Kernel, plan: Plan, hw: Profile) -> tuple[list[Ranked], list[Candidate]]:
     """Every candidate of `k`'s space: the feasible ones cheapest first, and the rejected."""
     types = plan.types()
@@ -133,11 +140,9 @@ def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list
         counts = check(plan, [(problems[i][0], [r.params for r in windows[i]]) for i in batch])
         for i, found in zip(batch, counts):
             k = problems[i][0]
-            family = FAMILIES[k.family]
             for r, (regs, spill) in zip(windows[i], found):
-                smem = family.static_smem(k, r.params) + r.dyn_smem
                 again = Ranked(r.params, r.grid, r.block, r.dyn_smem,
-                               cost(k, r.params, r.grid, r.block, smem, regs, types, hw), regs)
+                               recost(k, r.params, r.grid, r.block, r.dyn_smem, regs, types, hw), regs)
                 again.estimate.terms["registers_ptxas"] = regs
                 results[i].append((again, spill))
         pending = [i for i in batch if all(spill for _, spill in results[i])]
