@@ -50,6 +50,13 @@ QKV-projections), their activations into shared memory after it. Every gemv but 
 faster alone (the kernels alone summed 201.3 us against 218.6), but the plan replayed in
 247.0 us against 227.9. Setting every kernel's shared-memory carveout to the most made both
 sides slower (243.3 and 255.9 us). So the copy before the wait stays at one step of registers.
+An RMSNorm folded into the gemv that reads it fared the same (session 14, an H200, branch
+session14-fold-row-scale, benchmarks/results/fold_row_scale_session14_h200.txt): every block read
+its rows once (the statistics and the activation) and scaled its sums before the epilogue, one
+launch fewer per norm. Alone the folded kernels cost what the norm and the gemv cost apart (the
+4-layer plan's kernels summed 202.7 us against 202.8), but the plan replayed in 249-256 us
+against 215-218, with the activation re-read each step, staged in shared memory or in an L2
+scratch. So the norms stay row passes of their own.
 
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with
