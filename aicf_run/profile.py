@@ -96,6 +96,33 @@ def profile(executor: Executor) -> ProfileReport:
         plan_us=plan_us, mode="graph" if executor.uses_graph else "launches", repeats=REPEATS)
 
 
+def marginals(executor: Executor) -> list[float]:
+    """Each kernel's in-plan marginal time in us: the whole plan's time less the time of the plan
+    without that kernel, both timed as `profile` times the plan (graph replays, or launches from
+    the host). A kernel timed alone follows itself; this is what it costs after the kernel the
+    plan puts before it (launch overlap, placement beside that kernel, L2 contents). The plan
+    without a kernel reads what the last run left in that kernel's outputs: the times, not the
+    values, are what it measures. The difference of two medians: noisy to a few tenths of a us."""
+    n = len(executor.bundle.kernels)
+    plan_us = _median_us(executor, executor.launch)
+    out = []
+    for skip in range(n):
+        def enqueue(skip: int = skip) -> None:
+            for index in range(n):
+                if index != skip:
+                    executor.launch_kernel(index)
+        if not executor.uses_graph:
+            out.append(plan_us - _median_us(executor, enqueue))
+            continue
+        graph = Graph.capture(executor.stream, enqueue)
+        try:
+            graph.upload(executor.stream)
+            out.append(plan_us - _median_us(executor, lambda: graph.launch(executor.stream)))
+        finally:
+            graph.close()
+    return out
+
+
 def peak_unit(kernel: dict[str, Any]) -> str | None:
     """The `peak_tflops` entry that bounds `kernel` (None for an mma dtype not known here)."""
     params = kernel.get("params", {})

@@ -4,7 +4,7 @@ decode plans are replayed as CUDA graphs in alternating rounds, and a greedy gen
 that every variant produces the same tokens.
 
     python3 benchmarks/decode_ab.py [--layers 6] [--prompt 512] [--new 256] [--rounds 5]
-        [--variant NAME:KEY=VALUE,...] ... [--folder /tmp/aicf-ab] [--jobs 16] [--json FILE] [--profile]
+        [--variant NAME:KEY=VALUE,...] ... [--folder /tmp/aicf-ab] [--jobs 16] [--json FILE] [--profile] [--marginal]
 
 A variant is `name:` followed by comma-separated settings: `pin.KEY=VALUE` restricts the
 schedules (as `aicfc compile --pin`; a key only the decode step's kernels have, such as the
@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="also time every decode kernel of each variant alone")
+    ap.add_argument("--marginal", action="store_true",
+                    help="also time every decode kernel's in-plan marginal cost (the plan less the plan without it)")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
     cfg = DecoderConfig(2048, args.layers, 32, 8, 5632, 32000, args.prompt + args.new)
@@ -145,6 +147,18 @@ def main() -> None:
             for name, model in models.items():
                 print(f"# {name}: each decode kernel alone", flush=True)
                 print(format_profile(model.profile(plan=decode[name])), flush=True)
+        if args.marginal:
+            from aicf_run.profile import marginals
+            for name, model in models.items():
+                ex = model.plan(decode[name])
+                alone = model.profile(plan=decode[name])
+                costs = marginals(ex)
+                print(f"# {name}: each decode kernel in the plan (the plan's replay less the replay without it) "
+                      f"and alone; sums {sum(costs):.1f} / {alone.kernel_sum_us:.1f} us, plan {alone.plan_us:.1f} us", flush=True)
+                for k, cost in zip(alone.kernels, costs):
+                    print(f"  {k.index:3d} {k.name:6} in plan {cost:7.2f} us  alone {k.measured_us:7.2f} us  "
+                          f"{', '.join(k.onnx_nodes)[:90]}", flush=True)
+                result["variants"][name]["marginal_us"] = costs
         result["tokens_equal"] = same
     finally:
         for model in models.values():

@@ -3,8 +3,9 @@
 Without a GPU: every bad flag combination is one line and exit 2, refused before the GPU is
 touched; and the reports on the fake GPU of tests/test_run_cli.py, whose virtual clock makes
 every timing exact (a kernel takes KERNEL_US, a launch call HOST_LAUNCH_US more, a graph
-replay GRAPH_LAUNCH_US once). On a GPU (marked `gpu`): graph and plain launches give the same
-bits, repeated runs allocate nothing, and the reports of the compiled examples have their shape.
+replay GRAPH_LAUNCH_US once), the in-plan marginal cost included. On a GPU (marked `gpu`): graph
+and plain launches give the same bits, repeated runs allocate nothing, and the reports of the
+compiled examples have their shape.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from aicf_run.bundle import Bundle, read_bundle
 from aicf_run.device import open_device
 from aicf_run.errors import RunError
 from aicf_run.executor import Executor
-from aicf_run.profile import GRAPH_LAUNCHES
+from aicf_run.profile import GRAPH_LAUNCHES, marginals
 from aicfc.artifact import write_bundle
 from tests.conftest import gpu_alone
 from tests.test_bundle_format import WEIGHT, make_payload
@@ -215,6 +216,16 @@ def test_executor_api(bundle_path: Path, fake_gpu: FakeDriver) -> None:
         executor.launch()
 
 
+def test_marginal_is_the_plan_less_the_plan_without_the_kernel(bundle_path: Path, fake_gpu: FakeDriver) -> None:
+    """On the fake clock a kernel costs KERNEL_US wherever it runs; the plan without the fake
+    bundle's one kernel is an empty graph's replay."""
+    device = open_device()
+    for graph in (True, False):
+        executor = Executor(read_bundle(bundle_path), device, graph=graph)
+        assert marginals(executor) == pytest.approx([KERNEL_US if graph else PLAIN_US])
+    device.close()
+
+
 # --- on a real GPU ---
 
 EXAMPLES = [("mlp", "fp32"), ("block", "fp32"), ("block", "fp16"), ("mlp", "bf16")]
@@ -297,6 +308,7 @@ def test_bench_and_profile_reports(payloads: dict, gpu_device: Any) -> None:
         before = executor.run(inputs)["y"]
         report = executor.bench(30)
         profile = executor.profile()
+        costs = marginals(executor)
         after = executor.run(inputs)["y"]
     finally:
         executor.close()
@@ -317,6 +329,8 @@ def test_bench_and_profile_reports(payloads: dict, gpu_device: Any) -> None:
     assert profile.plan_us > 0 and profile.mode == "graph"
     first = json.loads(json.dumps(profile.as_dict()))["kernels"][0]
     assert first["name"] == bundle.kernels[0]["name"]
+    # every kernel costs time in the plan (to within the two medians' noise)
+    assert len(costs) == kernels and all(np.isfinite(costs)) and sum(costs) > 0
 
 
 @pytest.mark.gpu
