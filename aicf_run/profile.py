@@ -11,7 +11,8 @@ to back, and the time per launch is the kernel's own. With graph=False the kerne
 launched from the host, and the report says so. The whole plan is timed the same way
 (back-to-back replays of its graph, or of its launches), so the sum of the kernel times and
 the plan time compare like for like: their difference is what running the kernels together
-saves or costs (L2 reuse, launch gaps).
+saves or costs (L2 reuse, launch gaps). `marginals` places that difference: each kernel's cost in
+the plan, the plan's time less the time of the plan without it.
 
 The kernels run on the arena as the last run left it. A kernel that works in place reads its
 own output again when repeated; its values drift, the memory it touches does not. The next
@@ -102,9 +103,9 @@ def marginals(executor: Executor) -> list[float]:
     the host). A kernel timed alone follows itself; this is what it costs after the kernel the
     plan puts before it (launch overlap, placement beside that kernel, L2 contents). The plan
     without a kernel reads what the last run left in that kernel's outputs: the times, not the
-    values, are what it measures. The difference of two medians: noisy to a few tenths of a us."""
+    values, are what it measures. The difference of two medians, each pair timed one after the
+    other (clocks drift over a long profile): noisy to a few tenths of a us."""
     n = len(executor.bundle.kernels)
-    plan_us = _median_us(executor, executor.launch)
     out = []
     for skip in range(n):
         def enqueue(skip: int = skip) -> None:
@@ -112,12 +113,12 @@ def marginals(executor: Executor) -> list[float]:
                 if index != skip:
                     executor.launch_kernel(index)
         if not executor.uses_graph:
-            out.append(plan_us - _median_us(executor, enqueue))
+            out.append(_median_us(executor, executor.launch) - _median_us(executor, enqueue))
             continue
         graph = Graph.capture(executor.stream, enqueue)
         try:
             graph.upload(executor.stream)
-            out.append(plan_us - _median_us(executor, lambda: graph.launch(executor.stream)))
+            out.append(_median_us(executor, executor.launch) - _median_us(executor, lambda: graph.launch(executor.stream)))
         finally:
             graph.close()
     return out
