@@ -108,19 +108,11 @@ def marginals(executor: Executor) -> list[float]:
     n = len(executor.bundle.kernels)
     out = []
     for skip in range(n):
-        def enqueue(skip: int = skip) -> None:
+        def without(skip: int = skip) -> None:
             for index in range(n):
                 if index != skip:
                     executor.launch_kernel(index)
-        if not executor.uses_graph:
-            out.append(_median_us(executor, executor.launch) - _median_us(executor, enqueue))
-            continue
-        graph = Graph.capture(executor.stream, enqueue)
-        try:
-            graph.upload(executor.stream)
-            out.append(_median_us(executor, executor.launch) - _median_us(executor, lambda: graph.launch(executor.stream)))
-        finally:
-            graph.close()
+        out.append(_median_us(executor, executor.launch) - _timed_us(executor, without))
     return out
 
 
@@ -192,16 +184,24 @@ def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
 def _kernel_us(executor: Executor, index: int) -> float:
     """Kernel `index` alone: through a graph of GRAPH_LAUNCHES launches, or from the host."""
     if not executor.uses_graph:
-        return _median_us(executor, lambda: executor.launch_kernel(index))
-    stream = executor.stream
+        return _timed_us(executor, lambda: executor.launch_kernel(index))
 
     def launches() -> None:
         for _ in range(GRAPH_LAUNCHES):
             executor.launch_kernel(index)
-    graph = Graph.capture(stream, launches)
+    return _timed_us(executor, launches) / GRAPH_LAUNCHES
+
+
+def _timed_us(executor: Executor, enqueue: Callable[[], None]) -> float:
+    """Median time per `enqueue()` in us: replays of a graph of it where the executor replays
+    graphs, else `enqueue()` itself from the host."""
+    if not executor.uses_graph:
+        return _median_us(executor, enqueue)
+    stream = executor.stream
+    graph = Graph.capture(stream, enqueue)
     try:
         graph.upload(stream)
-        return _median_us(executor, lambda: graph.launch(stream)) / GRAPH_LAUNCHES
+        return _median_us(executor, lambda: graph.launch(stream))
     finally:
         graph.close()
 

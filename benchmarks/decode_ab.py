@@ -142,17 +142,16 @@ def main() -> None:
             result["variants"][name] = {"replay_us": replay[name], "step_ms": step[name], "replay_median_us": r,
                                         "step_median_ms": s}
         print(f"tokens equal across variants: {same}")
-        if args.profile:
-            from aicf_run.profile import format_profile
+        if args.profile or args.marginal:
+            from aicf_run.profile import format_profile, marginals
             for name, model in models.items():
-                print(f"# {name}: each decode kernel alone", flush=True)
-                print(format_profile(model.profile(plan=decode[name])), flush=True)
-        if args.marginal:
-            from aicf_run.profile import marginals
-            for name, model in models.items():
-                ex = model.plan(decode[name])
                 alone = model.profile(plan=decode[name])
-                costs = marginals(ex)
+                if args.profile:
+                    print(f"# {name}: each decode kernel alone", flush=True)
+                    print(format_profile(alone), flush=True)
+                if not args.marginal:
+                    continue
+                costs = marginals(model.plan(decode[name]))
                 print(f"# {name}: each decode kernel in the plan (the plan's replay less the replay without it) "
                       f"and alone; sums {sum(costs):.1f} / {alone.kernel_sum_us:.1f} us, plan {alone.plan_us:.1f} us", flush=True)
                 for k, cost in zip(alone.kernels, costs):
