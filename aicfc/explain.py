@@ -148,7 +148,8 @@ def _share(part: int, whole: int) -> str:
 
 
 def _formula(p: dict[str, Any]) -> str:
-    """The cost model's formula with this kernel's terms (planner/cost.py, cost_wgmma.py, cost_attention_wgmma.py)."""
+    """The cost model's formula with this kernel's terms (planner/cost.py, cost_wgmma.py, cost_attention_wgmma.py,
+    cost_gemv.py)."""
     if "tiles_per_sm" in p:   # the persistent Hopper engine: per-SM tiles of k-blocks, each its slowest rate
         return (f"fill {p['t_pipeline_us']:.2f} + max(the busiest SM's {p['tiles_per_sm']:.0f} tiles: k-blocks at "
                 f"max(tensor {p['t_compute_us']:.2f}, smem {p['t_smem_us']:.2f}, TMA {p['t_l2_us']:.2f}) + epilogues "
@@ -162,6 +163,13 @@ def _formula(p: dict[str, Any]) -> str:
         return (f"latency + max(the blocks' schedule {p['t_compute_us']:.2f} ({p['key_tiles']:.0f} key tiles at "
                 f"{p['t_tile_us']:.3f}: products {p['t_tc_tile_us']:.3f}, softmax {p['t_softmax_tile_us']:.3f}; "
                 f"longest block {p['t_block_max_us']:.2f}, {p['blocks_per_sm']:.0f} a SM), dram {p['t_dram_us']:.2f}) "
+                f"+ launch {p['launch_us']:.2f}")
+    if "t_full_us" in p:     # gemv: a weight stream (planner/cost_gemv.py)
+        return (f"max(stream {p['t_sm_us']:.2f} ({p['inflight_per_sm'] / 1024:.0f} KB in flight an SM, "
+                f"{p['blocks']:.0f} blocks, the busiest SM {p['blocks_busiest_sm']:.0f}; asymptote {p['t_dram_us']:.2f}), "
+                f"FMAs {p['t_fma_us']:.2f}) "
+                f"+ exposed FMAs {p['t_fma_exposed_us']:.2f} + later rounds {p['t_rounds_us']:.2f} "
+                f"+ full grid {p['t_full_us']:.2f} + reduce {p['t_reduce_us']:.2f} + split {p['t_split_us']:.2f} "
                 f"+ launch {p['launch_us']:.2f}")
     return (f"max(dram {p.get('t_dram_us', 0):.2f} + l2 {p.get('t_l2_us', 0):.2f}, "
             f"compute {p.get('t_compute_us', 0):.2f}, pipeline {p.get('t_pipeline_us', 0):.2f}) "

@@ -4,7 +4,8 @@ decode plans are replayed as CUDA graphs in alternating rounds, and a greedy gen
 that every variant produces the same tokens.
 
     python3 benchmarks/decode_ab.py [--layers 6] [--prompt 512] [--new 256] [--rounds 5]
-        [--variant NAME:KEY=VALUE,...] ... [--folder /tmp/aicf-ab] [--jobs 16] [--json FILE] [--profile] [--marginal]
+        [--variant NAME:KEY=VALUE,...] ... [--bundle NAME=PATH] ... [--compile-only] [--folder /tmp/aicf-ab]
+        [--jobs 16] [--json FILE] [--profile] [--marginal]
 
 A variant is `name:` followed by comma-separated settings: `pin.KEY=VALUE` restricts the
 schedules (as `aicfc compile --pin`; a key only the decode step's kernels have, such as the
@@ -75,6 +76,11 @@ def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env
         payload = compile_plans(str(path), [shape_set(cfg, 1, prompt), shape_set(cfg, 1, 1)], precision="fp16",
                                 jobs=jobs, pin=pins or None)
         write_bundle(payload, out)
+    decode = [p for p in payload["plans"] if p["inputs"][0]["shape"][1] == 1]
+    for plan in decode:
+        picks = [" ".join(f"{k}{v}" for k, v in sorted(k["params"].items()) if k != "unit")
+                 for k in plan["kernels"] if k["params"].get("unit") == "gemv"]
+        print(f"  {out.stem} decode gemvs: {' | '.join(dict.fromkeys(picks))}", flush=True)
     return time.perf_counter() - start
 
 
@@ -89,11 +95,15 @@ def main() -> None:
     ap.add_argument("--folder", default="/tmp/aicf-ab")
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--bundle", action="append", default=[], metavar="NAME=PATH",
+                    help="a variant compiled beforehand (another checkout's compiler, for an A/B across versions): "
+                         "the same model, which `--compile-only` writes with this script's --layers/--prompt/--new")
+    ap.add_argument("--compile-only", action="store_true", help="write the variants' bundles into --folder and stop")
     ap.add_argument("--profile", action="store_true", help="also time every decode kernel of each variant alone")
     ap.add_argument("--marginal", action="store_true",
                     help="also time every decode kernel's in-plan marginal cost (the plan less the plan without it)")
     args = ap.parse_args()
-    variants = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
+    variants = [parse_variant(v) for v in (args.variant or ([] if args.bundle else DEFAULT_VARIANTS))]
     cfg = DecoderConfig(2048, args.layers, 32, 8, 5632, 32000, args.prompt + args.new)
     folder = Path(args.folder)
     rng = np.random.default_rng(0)
@@ -106,6 +116,15 @@ def main() -> None:
         bundles[name], loads[name] = folder / f"{name}.aicf", run
         took = compile_variant(path, cfg, args.prompt, pins, env, bundles[name], args.jobs)
         print(f"{name}: compiled in {took:.0f} s (pins {pins or '-'}, env {env or '-'}, at load {run or '-'})", flush=True)
+    if args.compile_only:
+        return
+    for spec in args.bundle:
+        name, eq, where = spec.partition("=")
+        if not eq or not Path(where).is_file():
+            raise SystemExit(f"--bundle {spec!r}: give NAME=PATH of a bundle file")
+        bundles[name], loads[name] = Path(where), {}
+        variants.append((name, {}, {}, {}))
+        print(f"{name}: compiled beforehand ({where})", flush=True)
     import aicf_run
     models = {}
     for name, b in bundles.items():

@@ -216,13 +216,13 @@ def check(ex, payload: dict, model: onnx.ModelProto, rows: int, k: int) -> float
     return float(np.max(np.abs(y[:, 0] - ref)) / np.max(np.abs(ref))) if np.isfinite(y).all() else float("inf")
 
 
-def bench(dev, pool, name: str, rows: int, k: int, n: int, top: int, bw: float) -> list[dict]:
+def bench(dev, pool, name: str, rows: int, k: int, n: int, top: int, bw: float, cands: list[dict]) -> list[dict]:
     from aicf_run.bundle import Bundle
     from aicf_run.executor import Executor
     rotary = name == "qkv_rope"
     copies = copies_for(k, n)
     build = (lambda c: rope_model(rows, c)) if rotary else (lambda c: plain_model(rows, k, n, c))
-    pins = ranked_gemv(build(1), top)
+    pins = cands or ranked_gemv(build(1), top)
     model = build(copies)
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "m.onnx")
@@ -249,7 +249,7 @@ def bench(dev, pool, name: str, rows: int, k: int, n: int, top: int, bw: float) 
                "rel_err": err, "registers": kern["registers"], "terms": pred}
         out.append(row)
         p = kern["params"]
-        desc = (f"gemv BN{p['BN']} W{p['WARPS']} U{p['U']} S{p['SPLITK']}" if p.get("unit") == "gemv"
+        desc = (f"gemv BN{p['BN']} W{p['WARPS']} U{p['U']} S{p['SPLITK']} CL{p.get('CL', 0)}" if p.get("unit") == "gemv"
                 else " ".join(f"{a}={b}" for a, b in sorted(p.items())))
         bad = "" if err is None or err <= 1e-2 else f"  FAIL rel err {err:.1e}"
         print(f"  {name:8s} M{rows} {label:4s} {desc:34s} {us:7.2f} us {gbs:7.0f} GB/s {row['pct_copy']:5.1f}%  "
@@ -263,9 +263,19 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="+", default=[s for s, _, _ in SHAPES])
     ap.add_argument("--top", type=int, default=4, help="gemv candidates timed per shape (half the best predicted, "
                     "half spread over the rest); 6 took about 4.7 minutes on the H100 machine, 4 should take under 4")
+    ap.add_argument("--cand", action="append", default=[], metavar="SHAPE:KEY=VALUE,...",
+                    help="time these gemv pins for SHAPE instead of the planner's --top (repeatable)")
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    cands: dict[str, list[dict]] = {}
+    for spec in args.cand:
+        shape, _, rest = spec.partition(":")
+        pin = {"unit": "gemv"}
+        for item in filter(None, rest.split(",")):
+            key, _, value = item.partition("=")
+            pin[key] = int(value)
+        cands.setdefault(shape, []).append(pin)
     from aicf_run.device import open_device
     import multiprocessing
     dev = open_device(0)
@@ -277,7 +287,7 @@ def main() -> int:
             if name not in args.shapes:
                 continue
             for m in args.rows:
-                rows += bench(dev, pool, name, m, k, n, args.top, bw)
+                rows += bench(dev, pool, name, m, k, n, args.top, bw, cands.get(name, []))
     dev.close()
     print("summary: per shape, aicf's pick, the fastest gemv candidate measured, cuBLAS (us); "
           "'ok' when the pick is within 10% of that fastest")

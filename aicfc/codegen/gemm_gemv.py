@@ -17,7 +17,7 @@ fp16/bf16 (contiguous along n: a k-row of a column tile is BN·2 >= 128 contiguo
   block; the planner picks the grid (N/BN tiles x SPLITK) so that every SM gets its share;
 - reduction tail, all in a fixed order (the same bits every run): the RW sub-rows of a warp
   by shuffles, the warps through shared memory (one barrier, each element added in warp order
-  by one thread), then the splits: CL = 1 (SPLITK <= 8) makes the splits of a column tile one
+  by one thread), then the splits: CL = 1 (SPLITK of 2, 4 or 8) makes the splits of a column tile one
   thread block cluster, and rank 0 adds the others' sums from their shared memory in rank order
   (two cluster barriers, no global traffic); CL = 0 writes partial rows to the kernel's scratch
   and the last split to take a ticket adds them in split order (codegen/scratch.py);
@@ -77,8 +77,10 @@ from aicfc.ir.types import TensorType
 
 MAX_ROWS = 8
 VEC = 8            # columns of a 16-byte vector of fp16/bf16
-SPACE = {"BN": (64, 128, 256, 512), "WARPS": (4, 8), "U": (4, 8), "SPLITK": (1, 2, 4, 8, 16, 32), "CL": (0, 1)}
-CLUSTER_MAX = 8    # blocks of a portable thread block cluster (sm_90)
+SPACE = {"BN": (64, 128, 256, 512), "WARPS": (4, 8), "U": (4, 8), "SPLITK": (1, 2, 3, 4, 6, 8, 12, 16, 32), "CL": (0, 1)}
+# Splits that may be one thread block cluster (at most 8 blocks, portable on sm_90): 2, 4 or 8. Clusters of 3 and 6 ran the gate/up 16.4-16.8 us
+# where the same grid without them ran 13.4 (an H200, benchmarks/results/gemv_session15_h200.txt).
+CLUSTER_SPLITS = (2, 4, 8)
 MAX_ACC = 64       # fp32 accumulators per thread (BM x SEG x 8)
 MAX_HELD = 192     # accumulators + two buffers of a step's weight vectors (4 registers each) and activations (1)
 SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows, and the split's flag
@@ -140,7 +142,7 @@ def space(m: int, n: int, kk: int, early: bool = False) -> list[dict]:
                     continue
                 for sk in SPACE["SPLITK"]:
                     for cl in SPACE["CL"]:
-                        if cl and not 1 < sk <= CLUSTER_MAX:
+                        if cl and sk not in CLUSTER_SPLITS:
                             continue
                         p = {"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
                         if early:

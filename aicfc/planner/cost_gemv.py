@@ -1,80 +1,109 @@
-"""Cost terms of the `gemv` unit (codegen/gemm_gemv.py): a weight stream limited by the bytes
-each SM keeps in flight, quantised by the blocks an SM gets, plus the tails a block runs after
-its last load.
+"""Cost terms of the `gemv` unit (codegen/gemm_gemv.py): a weight stream whose rate is set by
+the bytes an SM keeps in flight, stretched where the blocks do not spread evenly over the SMs,
+plus the tails a block runs after its last load.
 
-    t = launch + max(t_dram, t_sm, t_fma) + t_exposed + t_reduce + t_split
+    t = launch + max(t_sm, t_fma) + t_exposed + t_rounds + t_full + t_reduce + t_split
 
-    (the first load's round trip is not added: it lies inside the profile's launch overhead,
-    1.5 us on sm_90 (2.0 before session 10), where a kernel that loads and stores a few bytes
-    measured 1.1 us back to back in a graph on an H200, benchmarks/results/generate_h200.txt;
-    the other gemm units' costs leave it there too)
-
-    t_dram   = every byte once (weight, activations, epilogue operands, output)
-               / (dram_bandwidth · gemv_read_eff)       a read stream: no write turnarounds,
-                                                         so above the profile's eff.dram (a
-                                                         copy's, reads and writes mixed)
-    t_sm     = q · block_bytes / r_sm                       the busiest SM's share of the weight
-               q        = ceil(blocks / SMs)                blocks the busiest SM runs (waves
-                                                            quantised: 133 blocks put 2 on one SM)
-               r_sm     = min(gemv_sm_gbs, resident · inflight / gemv_latency_us)   Little's law
-               resident = min(q, blocks_per_sm)              blocks an SM holds at once
-               inflight = threads · U·SEG · 16 bytes         one step of a thread's loads (the
-                          SASS reuses a buffer's registers as soon as it is added, so about one
-                          step is in flight), at most the block's bytes
+    t_dram   = every byte once (weight, activations, epilogue operands, output) / gemv_stream_gbs
+               (the stream's asymptote; reported, and the floor of t_sm)
+    t_sm     = t_dram · (F + gemv_half_inflight) / F · (1 + gemv_imbalance · (q / a - 1))
+               F        = min(a, blocks_per_sm) · inflight   bytes in flight on an average SM
+               a        = blocks / SMs                       the average SM's blocks
+               q        = ceil(blocks / SMs)                 the busiest SM's (133 blocks: 2)
+               inflight = threads · U·SEG · 16 bytes         one step of a thread's loads, at
+                          most the block's bytes
+               The rate F / (F + half) · stream is Little's law with a latency that grows with
+               the load: half the asymptote at gemv_half_inflight bytes an SM.
     t_fma    = q · block FMAs (M per weight element, plus its conversion) / (an SM's fp32 rate)
     t_exposed = t_fma · max(0, 1 - resident·WARPS / gemv_hiding_warps)   the FMAs not hidden
                under loads when few warps are resident (8 rows: 181 registers, one block an SM)
+    t_rounds = (ceil(q / blocks_per_sm) - 1) · gemv_wave_us  a block started after another
+               ended pays its first loads' round trip while the SM's stream thins
+    t_full   = gemv_full_us where blocks >= blocks_per_sm · SMs   [Note: a gemv leaves room]
     t_reduce = gemv_reduce_us                               shuffles, one barrier, the warps'
-                                                            ordered adds, the epilogue's stores
+                                                            ordered adds, the epilogue's stores,
+                                                            the first load's round trip
     t_split  = gemv_split_us + SPLITK · BM · BN · 4 / r_l2  (SPLITK > 1, CL = 0) partial rows to
                L2, a fence and a ticket, and the last block reading every split's rows back
                at one SM's L2 rate r_l2 = gemv_sm_gbs
              = gemv_cluster_us + SPLITK · BM · BN · 4 / r_l2  (CL = 1) two cluster barriers, rank
                0 reading the others' sums from their shared memory
 
-Numbers the stream needs (Little's law): 4.25 TB/s measured copy bandwidth (H200) over 132 SMs
-is 32 GB/s an SM; at about 1 us a loaded DRAM round trip that is 32 KB in flight on every SM.
-A block of 8 warps with U = 8 keeps 256 · 8 · 16 B = 32 KB in flight, so one such block per SM
-takes an SM's share; with 4 warps and U = 4, 8 KB, and four blocks per SM are needed.
-Measured (benchmarks/results/gemv_h100.txt, H100, 70 candidates of 10 decode shapes): with
-one step in flight and a 1.0 us round trip, the M = 1 picks land within 10% of the fastest
-candidate measured (gate/up: 4 warps x U = 4 ran 24.5 us, 8 x 8 17.7 us, as Little's law says);
-the M = 8 predictions are 0.8-2.1x off and their picks 15-40% from the best (no fit of these
-terms got more than 6 of the 10 picks within 10%): the M = 8 kernel itself is the problem.
-The constants are hand-set from that run, not a least-squares fit; a profile may set each
-(`gemv_latency_us`, `gemv_sm_gbs`, `gemv_reduce_us`, `gemv_split_us`, `gemv_cluster_us`,
-`gemv_read_eff`, `gemv_hiding_warps`), and `benchmarks/gemv.py --json` prints every term beside
-the measured time of every candidate it runs, which is what refitting them needs.
+Fitted (session 15, one H200; benchmarks/results/gemv_session15_h200.txt): 39 schedules of the 1 B
+Llama's five decode projections at M = 1, each timed in a graph of copies that streams weights not
+in L2, fitted by a grid search on the log error: stream 5000 GB/s, half at 10 KB an SM, imbalance
+0.25, launch 1.5 + tails 0.5 us, the ticket 1.2 us and the cluster 0.4; the one two-round grid
+(528 blocks of 107 registers, two an SM) ran 0.8 us over the one-round fit, gemv_wave_us. All 39 land within
+[0.88, 1.12] of the measured times, where the model it replaced (a DRAM term at the profile's
+nominal bandwidth, which is the H100's 3.35 TB/s, and a per-SM rate capped by Little's law at a
+fixed 1 us) predicted 0.63-0.98 and ranked a 13.0 us gate/up schedule below a 15.2 us one. What
+the run showed:
+- bytes in flight an SM decide the rate: 15, 30 and 61 KB an SM streamed the LM head's 131 MB at
+  3.0, 3.9 and 4.2 TB/s;
+- an uneven grid costs: the gate/up's 352 blocks (3 on some SMs, 2 on others) ran 15.2 us where
+  528 blocks (4 on every SM) ran 13.0-13.4; 176 blocks of 128 threads 22.1;
+- clusters of 3 or 6 blocks ran 16.4-16.8 us where the same grid without them ran 13.4, so
+  clusters are only of 2, 4 or 8 blocks (codegen/gemm_gemv.space).
+Two terms come from plans, not from kernels alone:
+- clusters of 8 blocks on SMs that hold 2 (107 registers) streamed 13-36% slower than the others'
+  fit (O-projection 5.56 us, down 10.64): t_sm grows by gemv_cluster_spread where SPLITK > 2 · bps;
+- [Note: a gemv leaves room] Under dependent launches the next kernel's blocks start on the SMs,
+  and request their first weights, while this kernel's last blocks run, but only where a block
+  slot is free. A grid that fills every slot (the gate/up's 528 blocks, 4 an SM) ran 1.7 us
+  faster alone than the 352 of split 2 in clusters (13.3 against 15.0 us), yet the 4-layer decode
+  plan replayed slower with it: 216.5 us against 213.7 (benchmarks/decode_ab.py, 7 alternating
+  rounds, one process; benchmarks/results/gemv_session15_h200.txt). So a full grid is charged
+  what it cost in the plan, about 2 us, and the gate/up keeps the split of 2.
+The stream's asymptote is the H200's: on an H100 (3.35 TB/s) a profile should set
+`gemv_stream_gbs` near 3500. The M = 8 terms (t_fma, t_exposed) are the H100 run's
+(benchmarks/results/gemv_h100.txt), where the M = 8 kernel was 1.5-2x slower than cuBLAS.
+A profile may set each constant (`gemv_stream_gbs`, `gemv_half_inflight`, `gemv_imbalance`,
+`gemv_sm_gbs`, `gemv_reduce_us`, `gemv_split_us`, `gemv_cluster_us`, `gemv_hiding_warps`), and
+`benchmarks/gemv.py --json` prints every term beside the measured time of every candidate it
+runs, which is what refitting them needs.
 """
 from __future__ import annotations
 
 import math
+import os
 from typing import Mapping
 
 from aicfc.codegen import gemm_gemv
 
 CONSTANTS = {
-    "gemv_latency_us": 1.0,   # a DRAM load's round trip while the stream runs (Little's law)
-    "gemv_sm_gbs": 60.0,      # the most one SM's loads draw from DRAM however many are in flight
-    "gemv_reduce_us": 0.3,    # after the last add: shuffles, barrier, warps' ordered adds, epilogue, stores
-    "gemv_split_us": 1.2,     # split-k: partial rows to L2, fence, ticket, a second barrier (~2 L2 round trips)
-    "gemv_cluster_us": 0.4,   # split-k in a cluster: two cluster barriers and the remote shared-memory reads
-    "gemv_read_eff": 0.92,
-    "gemv_hiding_warps": 16,  # resident warps an SM needs to hide a step's FMAs under the next step's loads    # a read stream's share of the nominal DRAM bandwidth (HBM3/3e reads: 0.9-0.93)
+    "gemv_stream_gbs": 5000.0,      # the stream's asymptote (GB/s) with every SM keeping plenty in flight
+    "gemv_half_inflight": 10240.0,  # bytes in flight an SM at which the stream runs at half of it
+    "gemv_imbalance": 0.25,         # how much of the busiest SM's extra share the stream pays
+    "gemv_wave_us": 0.8,            # a round of blocks an SM starts after its first: their first loads' round trip
+    "gemv_sm_gbs": 60.0,            # one SM's L2 rate for the split's partial rows (GB/s)
+    "gemv_reduce_us": 0.5,          # after the last add: shuffles, barrier, warps' ordered adds, epilogue, stores
+    "gemv_split_us": 1.2,           # split-k: partial rows to L2, fence, ticket, a second barrier (~2 L2 round trips)
+    "gemv_cluster_us": 0.4,         # split-k in a cluster: two cluster barriers and the remote shared-memory reads
+    "gemv_hiding_warps": 16,        # resident warps an SM needs to hide a step's FMAs under the next step's loads
+    "gemv_full_us": 2.0,            # a grid that fills every block slot: the next kernel's blocks cannot start early
+    "gemv_cluster_spread": 0.3,     # clusters of more than two SMs' blocks: the stream's loss
 }
 
 
 def constants(data: Mapping) -> dict[str, float]:
-    """CONSTANTS, each overridden by the hardware profile's entry of the same name."""
-    return {key: float(data.get(key, value)) for key, value in CONSTANTS.items()}
+    """CONSTANTS, each overridden by the hardware profile's entry of the same name, then by
+    AICF_GEMV_CONSTANTS=name=value,... (an experiment's switch: benchmarks/decode_ab.py's
+    env.AICF_GEMV_CONSTANTS compiles a variant under other constants)."""
+    out = {key: float(data.get(key, value)) for key, value in CONSTANTS.items()}
+    for item in filter(None, os.environ.get("AICF_GEMV_CONSTANTS", "").split(";")):
+        key, _, value = item.partition("=")
+        if key not in out:
+            raise ValueError(f"AICF_GEMV_CONSTANTS: {key!r} is not one of {', '.join(CONSTANTS)}")
+        out[key] = float(value)
+    return out
 
 
 def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float, *, sm_count: int,
                bps: int, dram_gbs: float, fp32_tflops: float, c: Mapping[str, float] = CONSTANTS) -> dict[str, float]:
     """The terms above (us), and `time_us` without the launch overhead. `dram_gbs` is the
-    profile's nominal bandwidth; `fp32_tflops` its fp32 rate times its efficiency (an FMA
-    counts as two); `c`: `constants(profile data)`."""
-    lat, sm_gbs = c["gemv_latency_us"], c["gemv_sm_gbs"]
+    profile's nominal bandwidth (reported only: the stream's asymptote is `gemv_stream_gbs`);
+    `fp32_tflops` its fp32 rate times its efficiency (an FMA counts as two); `c`:
+    `constants(profile data)`."""
     ln, rw, seg = gemm_gemv.lanes(p["BN"])
     tiles = math.ceil(n / p["BN"])
     blocks = tiles * p["SPLITK"]
@@ -82,21 +111,29 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     block_bytes = kper * min(p["BN"], n) * esize
     threads = gemm_gemv.threads(p)
     inflight = min(block_bytes, threads * p["U"] * seg * 16)
-    q = math.ceil(blocks / sm_count)
+    avg = blocks / sm_count
+    q = math.ceil(avg)
     resident = max(1, min(q, bps))
-    r_sm = min(sm_gbs, resident * inflight / lat / 1e3)        # GB/s
-    t_dram = io_bytes / (dram_gbs * c["gemv_read_eff"] * 1e3)
-    t_sm = q * block_bytes / (r_sm * 1e3)
+    f = min(avg, bps) * inflight                                    # bytes in flight on an average SM
+    t_dram = io_bytes / (c["gemv_stream_gbs"] * 1e3)
+    t_sm = t_dram * (f + c["gemv_half_inflight"]) / f * (1.0 + c["gemv_imbalance"] * (q / avg - 1.0))
+    if p.get("CL") and p["SPLITK"] > 2 * bps:
+        t_sm *= 1.0 + c["gemv_cluster_spread"]
+    t_full = c["gemv_full_us"] if blocks >= bps * sm_count else 0.0
     # fp32 FMAs: M per weight element and one for its conversion, at an SM's share of the peak
     t_fma = q * kper * min(p["BN"], n) * (m + 0.5) * 2 / (fp32_tflops * 1e6 / sm_count)
     t_split = 0.0
     if p["SPLITK"] > 1:
-        t_split = c["gemv_cluster_us" if p.get("CL") else "gemv_split_us"] + p["SPLITK"] * p["BM"] * p["BN"] * 4 / (sm_gbs * 1e3)
+        t_split = (c["gemv_cluster_us" if p.get("CL") else "gemv_split_us"]
+                   + p["SPLITK"] * p["BM"] * p["BN"] * 4 / (c["gemv_sm_gbs"] * 1e3))
     # FMAs hidden under the loads only with enough resident warps: the rest is exposed
     t_exposed = t_fma * max(0.0, 1.0 - resident * p["WARPS"] / c["gemv_hiding_warps"])
-    time = max(t_dram, t_sm, t_fma) + t_exposed + c["gemv_reduce_us"] + t_split
-    return {"time_us": time, "t_dram_us": t_dram, "t_sm_us": t_sm, "t_fma_us": t_fma, "t_split_us": t_split, "t_fma_exposed_us": t_exposed,
-            "t_pipeline_us": c["gemv_reduce_us"] + t_split,
-            "t_compute_us": t_fma, "t_smem_us": 0.0, "t_reduce_us": c["gemv_reduce_us"], "sm_gbs": r_sm,
-            "inflight_per_sm": resident * inflight, "blocks": blocks, "blocks_busiest_sm": q,
-            "blocks_per_sm": bps}
+    rounds = math.ceil(q / max(1, bps))                              # the busiest SM's rounds of blocks
+    t_rounds = (rounds - 1) * c["gemv_wave_us"]
+    time = max(t_sm, t_fma) + t_exposed + t_rounds + t_full + c["gemv_reduce_us"] + t_split
+    return {"time_us": time, "t_dram_us": t_dram, "t_sm_us": t_sm, "t_fma_us": t_fma, "t_split_us": t_split,
+            "t_fma_exposed_us": t_exposed, "t_pipeline_us": c["gemv_reduce_us"] + t_split,
+            "t_compute_us": t_fma, "t_smem_us": 0.0, "t_reduce_us": c["gemv_reduce_us"],
+            "sm_gbs": io_bytes / t_sm / 1e3 / sm_count, "inflight_per_sm": f, "blocks": blocks,
+            "blocks_busiest_sm": q, "blocks_per_sm": bps, "rounds": rounds, "t_rounds_us": t_rounds, "t_full_us": t_full,
+            "nominal_dram_gbs": dram_gbs}
