@@ -1008,3 +1008,38 @@ def _data_cases() -> list[tuple[str, ModelBuilder]]:
 
 
 OP_CASES += _data_cases()
+
+
+def inverted_residual_model(x: Shape, expand: int = 4, stride: int = 1, kernel: int = 3, act: str = "relu6",
+                            seed: int = 0, stem: bool = True) -> onnx.ModelProto:
+    """[a 3x3 stem conv →] MobileNetV2's block: 1x1 expand → act → depthwise kxk (stride) → act →
+    1x1 project, and the residual add where the stride is 1. `act`: relu6 (Clip 0..6) or silu
+    (x·sigmoid(x), EfficientNet). The stem is what makes a real network channels-last at fp16 on
+    sm_90 (the Hopper implicit GEMM's layout), so the block's depthwise reads the channel innermost."""
+    rng = np.random.default_rng(seed)
+    c = x[1]
+    hidden = c * expand
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / math.sqrt(math.prod(shape[1:]))).astype(np.float32)
+    inits = {"we": w(hidden, c, 1, 1), "be": (0.1 * rng.standard_normal(hidden)).astype(np.float32),
+             "wd": w(hidden, 1, kernel, kernel), "bd": (0.1 * rng.standard_normal(hidden)).astype(np.float32),
+             "wp": w(c, hidden, 1, 1), "bp": (0.1 * rng.standard_normal(c)).astype(np.float32),
+             "lo": _scalar(0.0), "hi": _scalar(6.0), "ws": w(c, c, 3, 3)}
+
+    def activation(src: str, dst: str) -> list[onnx.NodeProto]:
+        if act == "relu6":
+            return [helper.make_node("Clip", [src, "lo", "hi"], [dst])]
+        return [helper.make_node("Sigmoid", [src], [dst + "_s"]), helper.make_node("Mul", [src, dst + "_s"], [dst])]
+    pad = kernel // 2
+    src = "in0"
+    nodes = []
+    if stem:
+        nodes, src = [helper.make_node("Conv", ["in0", "ws"], ["s"], pads=[1, 1, 1, 1])], "s"
+    nodes += [helper.make_node("Conv", [src, "we", "be"], ["e"])] + activation("e", "ea") + [
+        helper.make_node("Conv", ["ea", "wd", "bd"], ["d"], group=hidden, strides=[stride, stride],
+                         pads=[pad, pad, pad, pad], kernel_shape=[kernel, kernel])] + activation("d", "da") + [
+        helper.make_node("Conv", ["da", "wp", "bp"], ["p" if stride == 1 else "out"])]
+    if stride == 1:
+        nodes.append(helper.make_node("Add", ["p", src], ["out"]))
+    return _infer_output(_graph_model(nodes, "inverted_residual", {"in0": x}, {}, inits))

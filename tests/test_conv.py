@@ -170,6 +170,18 @@ def test_light_model_compiles(name):
     assert sum(k.family == "conv" for k in plan.kernels) == 5
 
 
+def test_depthwise_weight_is_stored_channel_last_for_vector_taps():
+    """[Note: a depthwise weight, channel last]: in an inverted residual block the depthwise
+    convolution reads a channels-last image, its weight is stored [1, 3, 3, C], and the window
+    takes 8 fp16 channels a thread, its bias and activation on each (the interpreters run every
+    stage against onnxruntime in test_spatial/test_pipeline; here, the decision)."""
+    from aicfc.passes.relayout_weights import WINDOW_RULE
+    plan = _compile(B.inverted_residual_model((2, 16, 10, 10)), "fp16")
+    (k,) = [k for k in plan.kernels if k.family == "window"]
+    assert WINDOW_RULE in k.rewrites and k.schedule.param.get("vec") == 8, (k.rewrites, k.schedule.param)
+    assert any(r.rule == WINDOW_RULE and r.applied and "[1, 3, 3, 64]" in r.reason for r in plan.rewrites)
+
+
 # ---------------------------------------------------------------- GPU
 
 
@@ -227,6 +239,20 @@ def test_gpu_conv_pinned_units(unit, gpu_device):
     model = B.conv_model((2, 19, 13, 11), (37, 19, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1], act="relu")
     payload = _gpu_check(model, "fp16", gpu_device, {"unit": unit})
     assert [k["params"]["unit"] for k in payload["kernels"] if k["family"] == "conv"] == [unit]
+
+
+INVERTED = [("s1_relu6", dict(x=(2, 16, 10, 10))), ("s2_relu6", dict(x=(3, 24, 13, 11), stride=2)),
+            ("s1_silu_k5", dict(x=(1, 8, 9, 9), kernel=5, act="silu")), ("s2_silu_odd", dict(x=(2, 12, 7, 9), stride=2, act="silu")),
+            ("s1_c18", dict(x=(2, 6, 9, 9), expand=3))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("case", INVERTED, ids=[c for c, _ in INVERTED])
+def test_gpu_inverted_residual(case, precision, gpu_device):
+    """MobileNetV2 / EfficientNet blocks: the depthwise convolution as a vector window over the
+    channels-last image with its weight channel-last, bias and activation in the epilogue."""
+    _gpu_check(B.inverted_residual_model(**case[1]), precision, gpu_device)
 
 
 @pytest.mark.gpu

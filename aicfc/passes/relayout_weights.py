@@ -1,5 +1,6 @@
 """relayout_weights: Decision IR → Decision IR with constant GEMM operands stored K-major where
-the Hopper engine needs them so.
+the Hopper engine needs them so, and a window's constant operand stored with the dimension its
+outputs' innermost variable walks last, where the window's vector loads need it so.
 
 A weight is a constant: its layout is the compiler's to choose, and the model's interface does
 not see it. Storing W[..., k, n] as W'[..., n, k] and swapping the last two index entries of
@@ -18,6 +19,18 @@ entries is an identity whatever those entries are.)
     kernel k0 gemm { y[i0, i1] = sum_r0 x[i0, r0] * w[r0, i1] }     w: f32[768, 3072]
   becomes
     kernel k0 gemm { y[i0, i1] = sum_r0 x[i0, r0] * w[i1, r0] }     w: f32[3072, 768]
+
+[Note: a depthwise weight, channel last]
+A depthwise convolution over a channels-last image is a `window` kernel whose outputs' innermost
+variable is the channel: its taps read the image along the channel, 8 fp16 channels in one
+16-byte load (codegen/window.py's vectors), but ONNX's weight [C, 1, kh, kw] puts the channel
+first, so the weight's taps are 9 elements apart and the kernel fell back to one output per
+thread (MobileNetV2 at B32 on an H200: its depthwise convolutions ran at 370-420 GB/s, 740 of
+the model's 1290 us, benchmarks/results/cnn_profiles_session15_h200.txt). The weight is stored
+[1, kh, kw, C] instead: moving one dimension last, and the same entry of every load's index
+with it, is an identity. Applied where a window kernel reads a constant through an index whose
+only entry that uses the innermost variable is that variable itself, not already last; declined
+like the GEMM rule (views, guarded loads).
 """
 from __future__ import annotations
 
@@ -29,10 +42,11 @@ import numpy as np
 from aicfc.codegen import gemm, gemm_wgmma
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Load, Rewrite, loads, map_loads
+from aicfc.ir.lowered import Affine, Load, Rewrite, loads, map_loads
 from aicfc.ir.types import ITEMSIZE, TensorType, Weight
 
 RULE = "weight[.., k, n] => weight[.., n, k] (K-major for wgmma)"
+WINDOW_RULE = "weight[.., c, ..] => weight[.., c] (the window's vector loads along its innermost variable)"
 
 
 def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight], types: Mapping[str, TensorType]) -> tuple[str, str] | None:
@@ -56,46 +70,70 @@ def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight], types: Mapping[st
     return None
 
 
-def _swap(ld: Load) -> Load:
-    return dataclasses.replace(ld, index=ld.index[:-2] + (ld.index[-1], ld.index[-2]))
+def _window_wanted(k: Kernel, weights: dict[str, Weight]) -> list[tuple[str, int]]:
+    """(weight, dimension) pairs a window kernel reads with that dimension's entry exactly its
+    outputs' innermost variable, the only entry that uses it, and not the last
+    ([Note: a depthwise weight, channel last])."""
+    if k.family != "window" or not k.ops[0].domain_vars:
+        return []
+    inner = k.ops[0].domain_vars[-1]
+    out = []
+    for ld in loads(k.ops[0].body):
+        if ld.buffer not in weights or len(ld.index) < 2:
+            continue
+        uses = [d for d, a in enumerate(ld.index) if a.coeff(inner)]
+        if len(uses) == 1 and uses[0] != len(ld.index) - 1 and ld.index[uses[0]] == Affine.var(inner):
+            out.append((ld.buffer, uses[0]))
+    return out
+
+
+def _move_last(ld: Load, dim: int) -> Load:
+    return dataclasses.replace(ld, index=ld.index[:dim] + ld.index[dim + 1:] + (ld.index[dim],))
 
 
 def relayout_weights(plan: Plan) -> Plan:
     weights = {w.name: w for w in plan.weights}
     types = plan.types()
-    wanted = dict(w for k in plan.kernels if (w := _wanted(k, plan, weights, types)))
+    # weight -> (the dimension moved last, why, rule); the GEMM rule swaps the last two
+    wanted: dict[str, tuple[int, str, str]] = {}
+    for k in plan.kernels:
+        if (w := _wanted(k, plan, weights, types)):
+            wanted[w[0]] = (len(weights[w[0]].type.shape) - 2, w[1], RULE)
+    for k in plan.kernels:
+        for name, dim in _window_wanted(k, weights):
+            if name not in wanted:
+                wanted[name] = (dim, "its taps are then one vector along the window's innermost variable", WINDOW_RULE)
     if not wanted:
         return plan
-    records, done = [], set()
+    records, done = [], {}
     aliased = {v.source for v in plan.views}
-    for name, why in wanted.items():
+    for name, (dim, why, rule) in wanted.items():
         w = weights[name]
         readers = [ld for k in plan.kernels for op in k.ops for ld in loads(op.body) if ld.buffer == name]
         if name in aliased:
-            records.append(Rewrite(RULE, name, False, "a view reads the weight in its ONNX layout"))
+            records.append(Rewrite(rule, name, False, "a view reads the weight in its ONNX layout"))
             continue
         if len(w.type.shape) < 2 or any(ld.guard or ld.fill is not None for ld in readers):
-            records.append(Rewrite(RULE, name, False, "a load of it is guarded or the weight is not a matrix"))
+            records.append(Rewrite(rule, name, False, "a load of it is guarded or the weight is not a matrix"))
             continue
-        done.add(name)
-        records.append(Rewrite(RULE, name, True, f"{why}; stored as "
-                                                 f"[{', '.join(map(str, w.type.shape[:-2] + w.type.shape[::-1][:2]))}]"))
+        done[name] = (dim, rule)
+        shape = w.type.shape[:dim] + w.type.shape[dim + 1:] + (w.type.shape[dim],)
+        records.append(Rewrite(rule, name, True, f"{why}; stored as [{', '.join(map(str, shape))}]"))
     if not done:
         return plan.replace(rewrites=plan.rewrites + tuple(records))
     new_weights = []
     for w in plan.weights:
         if w.name in done:
             # moved as raw elements of their storage size (bf16 has no numpy type of its own)
-            arr = np.ascontiguousarray(np.swapaxes(w.raw(), -1, -2))
+            arr = np.ascontiguousarray(np.moveaxis(w.raw(), done[w.name][0], -1))
             w = Weight(w.name, dataclasses.replace(w.type, shape=tuple(arr.shape)), arr.tobytes())
         new_weights.append(w)
 
     def load(ld: Load) -> Load:
-        return _swap(ld) if ld.buffer in done else ld
+        return _move_last(ld, done[ld.buffer][0]) if ld.buffer in done else ld
     kernels = []
     for k in plan.kernels:
-        reads = any(ld.buffer in done for op in k.ops for ld in loads(op.body))
+        rules = tuple(dict.fromkeys(done[ld.buffer][1] for op in k.ops for ld in loads(op.body) if ld.buffer in done))
         kernels.append(k.replace(ops=tuple(dataclasses.replace(op, body=map_loads(op.body, load)) for op in k.ops),
-                                 rewrites=k.rewrites + ((RULE,) if reads else ())))
-    kernels = tuple(kernels)
-    return plan.replace(weights=tuple(new_weights), kernels=kernels, rewrites=plan.rewrites + tuple(records))
+                                 rewrites=k.rewrites + rules))
+    return plan.replace(weights=tuple(new_weights), kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))

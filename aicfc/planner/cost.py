@@ -48,7 +48,7 @@ from typing import Callable, Mapping
 from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_reduce
 from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Call, Const, Expr, Load, count_ops, indirect_dims, loads
+from aicfc.ir.lowered import Affine, Call, Const, Expr, Load, count_ops, indirect_dims, loads
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
@@ -675,15 +675,29 @@ def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Esti
     return Estimate(time, 2.0 * m * n * kk, dram, t)
 
 
+def _window_l2_bytes(red, ld, taps: int, blocks: int, types: Mapping) -> float:
+    """What one load of a window's taps draws from L2. A table indexed by no output variable but
+    the innermost (a depthwise weight, per channel) stays in L1: each block reads it once. The
+    image: a block's neighbouring outputs share their taps along the window's last axis (they
+    hit in L1), so it reaches L2 once per row of taps (MobileNetV2's depthwise 3x3 at B32:
+    session 15, benchmarks/results/cnn_profiles_session15_h200.txt)."""
+    t = types[ld.buffer]
+    size = ITEMSIZE[t.dtype]
+    used = {v for a in ld.index if isinstance(a, Affine) for v, _ in a.terms}
+    if not used & set(red.domain_vars[:-1]):
+        return blocks * min(t.numel, taps / max(1, blocks)) * size
+    return taps * size / (red.reduce[-1] if red.reduce else 1)
+
+
 def _window_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping,
                  hw: Profile) -> Estimate:
     """A direct window reduction: every tap is a load and the body's instructions; inputs move
-    from DRAM once (overlapping windows re-read from L1/L2, counted as L2 traffic). With `vec`
-    outputs a thread, a load (and its address) serves `vec` taps."""
+    from DRAM once (overlapping windows re-read from L1/L2, `_window_l2_bytes` counts what L2
+    serves). With `vec` outputs a thread, a load (and its address) serves `vec` taps."""
     red = k.ops[0]
     taps = red.type.numel * math.prod(red.reduce)
     per_tap = max(1, instructions(red.body)) + 2 * len(loads(red.body)) / p.get("vec", 1)
     flops = taps * max(1, count_ops(red.body))
-    l2 = taps * sum(ITEMSIZE[types[ld.buffer].dtype] for ld in loads(red.body))
+    l2 = sum(_window_l2_bytes(red, ld, taps, blocks, types) for ld in loads(red.body))
     return _combine(hw, flops=flops, issued=2.0 * taps * per_tap, dram=_io_bytes(k, types), l2=l2, pipeline=0.0,
                     blocks=blocks, threads=threads, bps=bps, ilp=2.0)
