@@ -79,7 +79,7 @@ def _window_wanted(k: Kernel, weights: dict[str, Weight]) -> list[tuple[str, int
     inner = k.ops[0].domain_vars[-1]
     out = []
     for ld in loads(k.ops[0].body):
-        if ld.buffer not in weights or len(ld.index) < 2:
+        if ld.buffer not in weights or len(ld.index) < 2 or not all(isinstance(a, Affine) for a in ld.index):
             continue
         uses = [d for d, a in enumerate(ld.index) if a.coeff(inner)]
         if len(uses) == 1 and uses[0] != len(ld.index) - 1 and ld.index[uses[0]] == Affine.var(inner):

@@ -57,8 +57,8 @@ Two terms come from plans, not from kernels alone:
 The stream's asymptote is the H200's: on an H100 (3.35 TB/s) a profile should set
 `gemv_stream_gbs` near 3500. The M = 8 terms (t_fma, t_exposed) are the H100 run's
 (benchmarks/results/gemv_h100.txt), where the M = 8 kernel was 1.5-2x slower than cuBLAS.
-A profile may set each constant (`gemv_stream_gbs`, `gemv_half_inflight`, `gemv_imbalance`,
-`gemv_sm_gbs`, `gemv_reduce_us`, `gemv_split_us`, `gemv_cluster_us`, `gemv_hiding_warps`), and
+A profile may set each constant (CONSTANTS: `gemv_stream_gbs`, `gemv_half_inflight`,
+`gemv_imbalance`, `gemv_wave_us`, `gemv_full_us`, `gemv_cluster_spread`, ...), and
 `benchmarks/gemv.py --json` prints every term beside the measured time of every candidate it
 runs, which is what refitting them needs.
 """
@@ -69,6 +69,7 @@ import os
 from typing import Mapping
 
 from aicfc.codegen import gemm_gemv
+from aicfc.errors import AicfError
 
 CONSTANTS = {
     "gemv_stream_gbs": 5000.0,      # the stream's asymptote (GB/s) with every SM keeping plenty in flight
@@ -81,20 +82,23 @@ CONSTANTS = {
     "gemv_cluster_us": 0.4,         # split-k in a cluster: two cluster barriers and the remote shared-memory reads
     "gemv_hiding_warps": 16,        # resident warps an SM needs to hide a step's FMAs under the next step's loads
     "gemv_full_us": 2.0,            # a grid that fills every block slot: the next kernel's blocks cannot start early
-    "gemv_cluster_spread": 0.3,     # clusters of more than two SMs' blocks: the stream's loss
+    "gemv_cluster_spread": 0.3,     # a cluster spread over more than two SMs (SPLITK > 2 x blocks an SM): the stream's loss
 }
 
 
 def constants(data: Mapping) -> dict[str, float]:
     """CONSTANTS, each overridden by the hardware profile's entry of the same name, then by
-    AICF_GEMV_CONSTANTS=name=value,... (an experiment's switch: benchmarks/decode_ab.py's
+    AICF_GEMV_CONSTANTS=name=value;name=value (an experiment's switch: benchmarks/decode_ab.py's
     env.AICF_GEMV_CONSTANTS compiles a variant under other constants)."""
     out = {key: float(data.get(key, value)) for key, value in CONSTANTS.items()}
     for item in filter(None, os.environ.get("AICF_GEMV_CONSTANTS", "").split(";")):
         key, _, value = item.partition("=")
         if key not in out:
-            raise ValueError(f"AICF_GEMV_CONSTANTS: {key!r} is not one of {', '.join(CONSTANTS)}")
-        out[key] = float(value)
+            raise AicfError(f"AICF_GEMV_CONSTANTS: {key!r} is not one of {', '.join(CONSTANTS)}")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise AicfError(f"AICF_GEMV_CONSTANTS: {key}={value!r} is not a number") from None
     return out
 
 
