@@ -182,6 +182,22 @@ def test_depthwise_weight_is_stored_channel_last_for_vector_taps():
     assert any(r.rule == WINDOW_RULE and r.applied and "[1, 3, 3, 64]" in r.reason for r in plan.rewrites)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("spec", [dict(x=(2, 16, 10, 10)), dict(x=(1, 8, 9, 9), kernel=5, act="silu"),
+                                  dict(x=(2, 6, 9, 9), expand=3)], ids=["relu6", "silu_k5", "c18"])
+def test_vector_depthwise_windows_build_without_spills(spec):
+    """Every schedule of the vector depthwise window (8 or 2 channels a thread, with its
+    epilogue) compiles for sm_90a with no local memory (ptxas -v)."""
+    from aicfc.codegen import window
+    from aicfc.codegen.module import count_registers
+    plan = _compile(B.inverted_residual_model(**spec), "fp16")
+    (k,) = [k for k in plan.kernels if k.family == "window"]
+    space = window.space(k, plan)
+    assert all(p.get("vec", 1) > 1 for p in space)
+    (found,) = count_registers(plan, [(k, space)])
+    assert all(not spill and 0 < regs <= 64 for regs, spill in found), found
+
+
 # ---------------------------------------------------------------- GPU
 
 
