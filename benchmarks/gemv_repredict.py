@@ -12,23 +12,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aicfc.planner.cost_gemv import constants, gemv_terms  # noqa: E402
+from aicfc.codegen import gemm_gemv  # noqa: E402
+from aicfc.planner.cost_gemv import profile_terms  # noqa: E402
 from aicfc.planner.hardware import blocks_per_sm, load_profile  # noqa: E402
 
 
 def main(paths: list[str]) -> int:
     hw = load_profile("sm_90")
-    c = constants(hw.data)
     ok = n = 0
     for path in paths:
         for r in json.loads(Path(path).read_text())["rows"]:
             p = r["params"]
             if p.get("unit") != "gemv":
                 continue
-            bps, _ = blocks_per_sm(32 * p["WARPS"], p["WARPS"] * p["BM"] * p["BN"] * 4, r["registers"], hw)
-            t = gemv_terms(p, r["rows"], r["N"], r["K"], 2, r["terms"]["bytes"], sm_count=hw.sm_count, bps=bps,
-                           dram_gbs=hw.dram_bandwidth_gbs, c=c,
-                           fp32_tflops=hw.peak_tflops["fp32_simt"] * hw.efficiency["fp32_simt"])
+            bps, _ = blocks_per_sm(gemm_gemv.threads(p), gemm_gemv.static_smem(p), r["registers"], hw)
+            t = profile_terms(p, r["rows"], r["N"], r["K"], 2, r["terms"]["bytes"], bps, hw)
             pred = t["time_us"] + hw.launch_overhead_us
             ratio = r["measured_us"] / pred
             n += 1

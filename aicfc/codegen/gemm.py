@@ -184,7 +184,7 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 
 def static_smem(k: Kernel, p: Mapping) -> int:
     if p["unit"] == "gemv":
-        return 4 * p["WARPS"] * p["BM"] * p["BN"] + 16
+        return gemm_gemv.static_smem(p)
     if p["unit"] == "wgmma":
         return gemm_wgmma.static_smem(p)
     if p["unit"] == "mma":

@@ -153,6 +153,11 @@ def space(m: int, n: int, kk: int, early: bool = False) -> list[dict]:
     return out
 
 
+def static_smem(p: Mapping) -> int:
+    """The warps' partial rows, and the split's flag."""
+    return 4 * p["WARPS"] * p["BM"] * p["BN"] + 16
+
+
 def threads(p: Mapping) -> int:
     return 32 * p["WARPS"]
 

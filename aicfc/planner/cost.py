@@ -48,14 +48,14 @@ from typing import Callable, Mapping
 from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_reduce
 from aicfc.codegen.cexpr import reciprocal_divisions
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Affine, Call, Const, Expr, Load, count_ops, indirect_dims, loads
+from aicfc.ir.lowered import Call, Const, Expr, Load, count_ops, index_vars, indirect_dims, loads
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
-from aicfc.planner.cost_gemv import constants as gemv_constants, gemv_terms
+from aicfc.planner.cost_gemv import profile_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
@@ -494,9 +494,7 @@ def _gemv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     c, m, n, kk, batch = gemm.dims(k)
     rows = m * math.prod(e for _, e in batch)
     dram = _io_bytes(k, types)
-    t = gemv_terms(p, rows, n, kk, ITEMSIZE[types[c.b.buffer].dtype], dram, sm_count=hw.sm_count, bps=bps,
-                   dram_gbs=hw.dram_bandwidth_gbs, c=gemv_constants(hw.data),
-                   fp32_tflops=hw.peak_tflops["fp32_simt"] * hw.efficiency["fp32_simt"])
+    t = profile_terms(p, rows, n, kk, ITEMSIZE[types[c.b.buffer].dtype], dram, bps, hw)
     time = t.pop("time_us") + hw.launch_overhead_us
     t["launch_us"] = hw.launch_overhead_us
     return Estimate(time, 2.0 * rows * n * kk, dram, t)
@@ -683,7 +681,7 @@ def _window_l2_bytes(red, ld, taps: int, blocks: int, types: Mapping) -> float:
     session 15, benchmarks/results/cnn_profiles_session15_h200.txt)."""
     t = types[ld.buffer]
     size = ITEMSIZE[t.dtype]
-    used = {v for a in ld.index if isinstance(a, Affine) for v, _ in a.terms}
+    used = {v for a in ld.index for v in index_vars(a)}
     if not used & set(red.domain_vars[:-1]):
         return blocks * min(t.numel, taps / max(1, blocks)) * size
     return taps * size / (red.reduce[-1] if red.reduce else 1)

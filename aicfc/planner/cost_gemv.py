@@ -70,6 +70,7 @@ from typing import Mapping
 
 from aicfc.codegen import gemm_gemv
 from aicfc.errors import AicfError
+from aicfc.planner.hardware import Profile
 
 CONSTANTS = {
     "gemv_stream_gbs": 5000.0,      # the stream's asymptote (GB/s) with every SM keeping plenty in flight
@@ -100,6 +101,12 @@ def constants(data: Mapping) -> dict[str, float]:
         except ValueError:
             raise AicfError(f"AICF_GEMV_CONSTANTS: {key}={value!r} is not a number") from None
     return out
+
+
+def profile_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float, bps: int, hw: Profile) -> dict[str, float]:
+    """`gemv_terms` on `hw`'s SMs, bandwidth, fp32 rate and constants."""
+    return gemv_terms(p, m, n, kk, esize, io_bytes, sm_count=hw.sm_count, bps=bps, dram_gbs=hw.dram_bandwidth_gbs,
+                      fp32_tflops=hw.peak_tflops["fp32_simt"] * hw.efficiency["fp32_simt"], c=constants(hw.data))
 
 
 def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float, *, sm_count: int,
