@@ -771,9 +771,11 @@ SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS
 
 
 def conv_model(x: Shape, w: Shape, bias: bool = True, seed: int = 0, bn: bool = False, act: str | None = None,
-               **attrs) -> onnx.ModelProto:
-    """in0 → Conv(w, b) [→ BatchNormalization] [→ Relu | Clip(0, 6)] → out. Weights are scaled by
-    1/sqrt(fan-in) so outputs stay O(1); `attrs` go to the Conv (strides, pads, group, ...)."""
+               follow: int = 0, **attrs) -> onnx.ModelProto:
+    """in0 → Conv(w, b) [→ BatchNormalization] [→ Relu | Clip(0, 6)] [→ Conv 1x1 to `follow` channels] → out.
+    Weights are scaled by 1/sqrt(fan-in) so outputs stay O(1); `attrs` go to the first Conv (strides,
+    pads, group, ...). With `follow`, the first convolution's output is inside the graph (the layout
+    pass may keep it channels-last)."""
     rng = np.random.default_rng(seed)
     inits = {"w": (rng.standard_normal(w) / math.sqrt(math.prod(w[1:]))).astype(np.float32)}
     ins = ["in0", "w"]
@@ -795,6 +797,11 @@ def conv_model(x: Shape, w: Shape, bias: bool = True, seed: int = 0, bn: bool = 
     elif act == "relu6":
         inits.update({"lo": _scalar(0.0), "hi": _scalar(6.0)})
         nodes.append(helper.make_node("Clip", [y, "lo", "hi"], ["out"], name="clip_0"))
+    if follow:
+        last = nodes[-1]
+        last.output[0] = "mid"
+        inits["w2"] = (rng.standard_normal((follow, w[0], 1, 1)) / math.sqrt(w[0])).astype(np.float32)
+        nodes.append(helper.make_node("Conv", ["mid", "w2"], ["out"], name="conv_1"))
     model = _graph_model(nodes, "conv", {"in0": x}, {}, inits)
     return _infer_output(model)
 

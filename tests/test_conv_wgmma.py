@@ -235,21 +235,22 @@ def _cuobjdump() -> str | None:
     return shutil.which("cuobjdump")
 
 
-def _built(case, pin: dict, tmp_path, monkeypatch):
+def _built(case, pin: dict, tmp_path, monkeypatch, follow: int = 0):
     """(kernel, Built) of the convolution `case` pinned to wgmma with `pin`, or None when the pin
-    is outside its space (BN wider than its channels)."""
+    is outside its space (BN wider than its channels); with `follow`, a 1x1 convolution follows it
+    (so it stores a channels-last tensor inside the graph, not the NCHW output)."""
     from aicfc.codegen.module import render_module
     from aicfc.codegen.nvcc import build
     from aicfc.errors import AicfError
     monkeypatch.setenv("AICF_CACHE_DIR", str(tmp_path))
     spec = dict(case[1])
-    model = _conv(spec.pop("x"), spec.pop("w"), **spec)
+    model = _conv(spec.pop("x"), spec.pop("w"), follow=follow, **spec)
     try:
         plan = _stages(model, pin=dict(pin, unit="wgmma"))["plan_memory"]
     except AicfError as e:
         assert "no feasible conv candidate matches --pin" in str(e)
         return None
-    (k,) = [k for k in plan.kernels if k.family == "conv"]
+    k = [k for k in plan.kernels if k.family == "conv"][0]
     assert k.schedule.param["unit"] == "wgmma"
     return k, build(render_module(plan), "sm_90")
 
@@ -574,3 +575,67 @@ def test_gpu_resnet_stage_pingpong(a, gpu_device):
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2)
     payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "A": a, "PP": "1"}, ref="onnxruntime")
     assert all(k["params"].get("PP") == 1 for k in payload["kernels"] if k["family"] == "conv")
+
+
+# ---------------------------------------------------------------- staged epilogue (OUT)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("case", NVCC_CASES[:3], ids=[c for c, _ in NVCC_CASES[:3]])
+@pytest.mark.parametrize("a,pp", [("gather", 0), ("tma", 0), ("tma", 1)], ids=["gather", "tma", "tma_pp"])
+def test_staged_epilogue_builds_without_spills(case, a, pp, tmp_path, monkeypatch):
+    """The epilogue staged in shared memory and copied out in 16-byte chunks (OUT = 2) builds for
+    sm_90a without spills, its source staging the tile (the template's copy-out loop)."""
+    built = []
+    for pin in NVCC_PINS:
+        if pp and pin["NWG"] == 1:
+            continue
+        got = _built(case, dict(pin, A=a, OUT=2, PP=pp), tmp_path, monkeypatch, follow=16)
+        if got is not None:
+            assert got[0].schedule.param["OUT"] == 2
+            built.append(got)
+    assert built
+    for k, b in built:
+        assert b.spills.get(k.name, 0) == 0, b.spills
+
+
+def test_staged_epilogue_only_for_a_row_major_output():
+    """OUT = 2 is offered where the convolution stores the row-major [pixels, channels] matrix
+    (channels-last, inside a graph) and not where it stores the graph's NCHW output."""
+    for follow, inside in ((16, True), (0, False)):
+        model = _conv((2, 64, 14, 14), (96, 64, 3, 3), follow=follow, pads=[1, 1, 1, 1])
+        plan = _stages(model, pin={"A": "tma"})["plan_memory"]
+        k = [k for k in plan.kernels if k.family == "conv"][0]
+        assert conv_wgmma.row_major_out(k, plan.types()) == inside
+        space = conv_wgmma.space(k, plan, 132, 232448)
+        assert any(p.get("OUT") for p in space) == inside
+        assert all(p.get("A") != "halo" for p in space if p.get("OUT"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a,pp", [("gather", 0), ("tma", 0), ("tma", 1)], ids=["gather", "tma", "tma_pp"])
+@pytest.mark.parametrize("case", [GPU_CONVS[i] for i in (0, 2, 5, 6)], ids=[GPU_CONVS[i][0] for i in (0, 2, 5, 6)])
+def test_gpu_staged_epilogue(case, a, pp, gpu_device):
+    """The staged epilogue (OUT = 2: BatchNorm and ReLU on the tile in shared memory, copied out in
+    16-byte chunks) against numpy float64: edge tiles past M (odd sizes), strides, 8-channel taps."""
+    spec = dict(case[1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", follow=16, **spec)
+    pin = {"unit": "wgmma", "A": a, "OUT": 2, "PP": pp, "unfold": "0"}
+    try:
+        payload = _gpu_check(model, "fp16", gpu_device, pin)
+    except Exception as e:  # noqa: BLE001 - a pin outside this convolution's space
+        if "no feasible" in str(e):
+            pytest.skip(str(e))
+        raise
+    k = [k for k in payload["kernels"] if k["family"] == "conv"][0]
+    assert (k["params"]["OUT"], k["params"]["A"], k["params"]["PP"]) == (2, a, pp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pp", [0, 1])
+def test_gpu_staged_epilogue_residual(pp, gpu_device):
+    """Two ResNet-50 bottlenecks (BatchNorm, ReLU and the residual add in the epilogues) with every
+    convolution's and GEMM's epilogue staged (OUT = 2), against onnxruntime at fp16."""
+    model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1)
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "OUT": 2, "PP": pp}, ref="onnxruntime")
+    assert any(k["params"].get("OUT") == 2 for k in payload["kernels"] if k["family"] == "conv")

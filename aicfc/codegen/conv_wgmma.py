@@ -43,8 +43,19 @@ Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64
 persistent CTAS = min(tiles·SPLITK, SMs), A in {gather, tma, halo} (halo: stride-1 convolutions,
 [Note: halo tiles], its PITCH / OHP / TILE_BYTES recorded with it; the B ring then holds the
 filter's k-blocks alone and two image-tile slots follow it), SPLITK where the output tiles leave
-SMs idle (the GEMM engine's rule, `split_ks`; not with halo); no ping-pong, epilogue from
-registers (OUT = 0).
+SMs idle (the GEMM engine's rule, `split_ks`; not with halo); PP (ping-pong: two warpgroups
+take whole tiles in turn); OUT, the epilogue: from registers a pair of channels a store (OUT =
+0), or staged (OUT = the stored element's bytes) where the output is the row-major [M, N] matrix
+(`row_major_out`: NHWC inside the graph; not under halo, whose rows are slots).
+
+Staged epilogue (OUT): each consumer warpgroup writes its values (bias, BatchNorm, activation,
+residual) into its own shared-memory region, rows padded by 16 bytes, then copies them out in
+16-byte chunks, whole 32-byte sectors of each output row: the template's and the GEMM engine's
+`staged` path (`staged_parts` gives the lines, the copy-out offset is gm·N + gn). From registers
+a quad of threads writes half a sector per row and store. Measured on ResNet-50 B32 (H200,
+benchmarks/results/profile_resnet50_b32_session16_h200.txt, each kernel alone): the stem 91.9 ->
+61.7 us, stage 1's 3x3 24.9 -> 20.8, stage 2's 18.9 -> 14.9, stage 3's 16.7 -> 13.9, the strided
+1x1 projections 30.1 -> 20.8 and 19.0 -> 13.7; the plan 1170 -> 1076 us.
 
 Split-k (SPLITK > 1): the late layers' convolutions have few output tiles and long K (ResNet-50
 B32's 14x14 3x3: 98 tiles of 128x128 over 36 k-blocks on 132 SMs; its 7x7 ones 52-104 tiles over
@@ -373,7 +384,8 @@ def stage_bytes(p: Mapping) -> int:
 
 
 def smem_bytes(p: Mapping) -> int:
-    return p["STAGES"] * stage_bytes(p) + 2 * p.get("TILE_BYTES", 0) + gemm_wgmma.SMEM_SLACK
+    return (p["STAGES"] * stage_bytes(p) + 2 * p.get("TILE_BYTES", 0) + p["NWG"] * gemm_wgmma.out_wg_bytes(p)
+            + gemm_wgmma.SMEM_SLACK)
 
 
 def static_smem(p: Mapping) -> int:
@@ -409,6 +421,9 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
     _, n, kk = dims(k)
     # A by the TMA's im2col mode where it can read the image, else gathered by the producer warpgroup
     loads = ("gather", "tma") if not isinstance(im2col_geometry(k, types), str) else ("gather",)
+    # the epilogue from registers (OUT = 0) or staged in shared memory and copied out in 16-byte chunks (OUT = the
+    # stored element's bytes) where the output is the row-major [M, N] matrix; not under halo tiles (slot rows)
+    outs = (0, ITEMSIZE[types[k.ops[-1].out].dtype]) if row_major_out(k, types) else (0,)
 
     def staged(p: dict, variants: list[dict]) -> list[dict]:
         """`p` with every STAGES and variant whose ring fits the shared memory."""
@@ -430,7 +445,8 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                     q = dict(p, A="halo", PITCH=h.pitch, OHP=h.oh_pad, TILE_BYTES=h.tile_bytes, SPLITK=1)
                     halos += staged(dict(q, CTAS=min(tiles(k, q)[2], hw_sms)), [{}])
                 for sk in split_ks(tiles(k, p)[2], math.ceil(kk / p["BK"]), hw_sms):
-                    points += staged(dict(p, SPLITK=sk, CTAS=min(tiles(k, p)[2] * sk, hw_sms)), [{"A": a} for a in loads])
+                    points += staged(dict(p, SPLITK=sk, CTAS=min(tiles(k, p)[2] * sk, hw_sms)),
+                                     [{"A": a, "OUT": o} for a in loads for o in outs])
     return halos + points
 
 
@@ -539,12 +555,11 @@ def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str
     return klines, mlines
 
 
-def paired_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str) -> list[str] | None:
-    """The epilogue of output columns gn and gn + 1 of row gm (accumulators `accv`, `accv1`)
-    ending in one 2-element store, or None where the stored tensor is not contiguous and 2-aligned
-    along the output channel (an NCHW graph output) or the channel count is odd."""
+def _pair_values(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str):
+    """(lines splitting `gm` and computing what the two values need, the values of columns gn and
+    gn + 1 of row gm, the stored tensor's offset, the names) where the stored tensor is contiguous
+    and 2-aligned along the output channel; else None (an NCHW graph output, an odd channel count)."""
     from aicfc.codegen.cexpr import Emitter
-    from aicfc.codegen.gemm import PAIR_TYPES
     from aicfc.ir.lowered import Affine
     op = k.ops[0]
     g = implicit_gemm(op)
@@ -564,9 +579,60 @@ def paired_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str
         values = [em.emit(last.body, names | {n: col}, {op.out: acc}) for col, acc in (("gn", "accv"), ("gn1", "accv1"))]
     else:
         values = ["accv", "accv1"]
-    vec_t, vec = PAIR_TYPES[types[last.out].dtype]
-    return lines + em.take() + [f"*reinterpret_cast<{vec_t}*>({params[last.out]} + ({c_affine(off, names | {n: 'gn'})})) = "
-                                f"{vec}({values[0]}, {values[1]});"]
+    return lines + em.take(), values, off, names | {n: "gn"}
+
+
+def paired_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str) -> list[str] | None:
+    """The epilogue of output columns gn and gn + 1 of row gm (accumulators `accv`, `accv1`)
+    ending in one 2-element store, or None where the stored tensor is not contiguous and 2-aligned
+    along the output channel (an NCHW graph output) or the channel count is odd."""
+    from aicfc.codegen.gemm import PAIR_TYPES
+    pv = _pair_values(k, types, params, idx)
+    if pv is None:
+        return None
+    lines, values, off, names = pv
+    vec_t, vec = PAIR_TYPES[types[k.ops[-1].out].dtype]
+    return lines + [f"*reinterpret_cast<{vec_t}*>({params[k.ops[-1].out]} + ({c_affine(off, names)})) = "
+                    f"{vec}({values[0]}, {values[1]});"]
+
+
+def row_major_out(k: Kernel, types: Mapping[str, TensorType]) -> bool:
+    """Whether the stored tensor is the [M, N] matrix row-major (NHWC, output pixel m = (n, oh, ow)
+    flattened, channel innermost, nothing else stored), 16-byte chunks of a row aligned: what a staged
+    epilogue (OUT) copies out in 16-byte chunks at gm·N + gn."""
+    from aicfc.ir.lowered import Affine
+    op = k.ops[0]
+    g = implicit_gemm(op)
+    ext = op.extents()
+    last = k.ops[-1]
+    if len(g.n) != 1 or len(k.stores) != 1 or k.stores[0] != last.out:
+        return False
+    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
+    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+    n = ext[g.n[0]]
+    if n % (16 // ITEMSIZE[last.type.dtype]) or off.const or off.coeff(g.n[0]) != 1:
+        return False
+    stride, want = n, {g.n[0]: 1}
+    for v in reversed(g.m):
+        want[v] = stride if ext[v] > 1 else off.coeff(v)
+        stride *= ext[v]
+    return all(off.coeff(v) == c for v, c in want.items()) and {v for v, _ in off.terms} <= set(want)
+
+
+def staged_parts(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str):
+    """The epilogue as values staged in shared memory and copied out in 16-byte chunks (a
+    `gemm.Staged`), or None where the output is not the row-major [M, N] matrix (`row_major_out`)."""
+    from aicfc.codegen.common import CTYPES
+    from aicfc.codegen.gemm import PAIR_TYPES, Staged
+    pv = _pair_values(k, types, params, idx)
+    if pv is None or not row_major_out(k, types):
+        return None
+    lines, values, _, _ = pv
+    dt = types[k.ops[-1].out].dtype
+    vec_t, vec = PAIR_TYPES[dt]
+    _, n, _ = dims(k)
+    return Staged(tuple(lines) + (f"const float sv0 = {values[0]};", f"const float sv1 = {values[1]};"),
+                  CTYPES[dt], vec_t, vec, params[k.ops[-1].out], f"gm * {n} + gn", ITEMSIZE[dt])
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
@@ -598,10 +664,11 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     return render("gemm_wgmma.cu.j2", name=name, batch=1, M=m, N=n, K=kk, dtype=dtype, KSTEP=KSTEP[dtype],
                   BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"], PP=p.get("PP", 0),
                   CT=128 if p.get("PP") else 128 * p["NWG"],
-                  OUT_WG_BYTES=0, LDS=p["BN"], STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm,
+                  OUT_WG_BYTES=gemm_wgmma.out_wg_bytes(p), LDS=p["BN"] + 16 // max(p.get("OUT", 0), 1), STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm,
                   TILES_N=tn, GROUP=gemm_wgmma.GROUP, KT=math.ceil(kk / p["BK"]), STAGE_BYTES=stage_bytes(p),
                   threads=threads(p), TA=0, TB=0, a=a, b=b, idx=parts["idx"], signature=parts["signature"],
-                  decompose=parts["decompose"], epilogue=epilogue, paired=paired, staged=None, SPLITK=sk,
+                  decompose=parts["decompose"], epilogue=epilogue, paired=paired, SPLITK=sk,
+                  staged=staged_parts(k, types, parts["params"], parts["idx"]) if p.get("OUT") else None,
                   KT_PER=gemm_wgmma.kt_per(p, kk), partials=parts["params"].get(f"{k.name}.partials"),
                   tickets=parts["params"].get(f"{k.name}.tickets"), ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, TS=None, MAPS=p.get("MAPS"),

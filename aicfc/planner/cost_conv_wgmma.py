@@ -25,7 +25,8 @@ operand gathered instead of loaded by the TMA:
                  (tests/test_cost_conv_wgmma.py pins those measurements).
     t_epilogue = BM·BN·out_bytes·STORE_WASTE / (l2_bandwidth / SMs) + EPILOGUE_US
                  + BM·BN·(epilogue instructions + STORE_OPS) / EPILOGUE_RATE·sqrt(warpgroups)
-                 (one element per store from the accumulators: STORE_WASTE sectors' worth)
+                 (one element per store from the accumulators: STORE_WASTE sectors' worth; staged
+                 in shared memory and copied out in 16-byte chunks (OUT): whole sectors)
     t          = launch + load_latency + max(ceil(tiles·SPLITK / CTAS) · (KT/SPLITK·t_kblock + t_epilogue)
                  + t_reduce, t_dram)
     split-k    (SPLITK > 1: a work unit is a tile's k-split, KT/SPLITK k-blocks): each unit's epilogue
@@ -132,7 +133,8 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     sk = p.get("SPLITK", 1)
     ktiles = gemm_wgmma.kt_per(p, kk)              # k-blocks of one work unit (a tile's split)
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
-    t_store = bm * bn * out_bytes * STORE_WASTE / l2_sm
+    # from registers a 16-bit pair at a time (STORE_WASTE sectors' worth); staged (OUT), whole sectors
+    t_store = bm * bn * out_bytes * (1 if p.get("OUT") else STORE_WASTE) / l2_sm
     t_epi = t_store + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
     issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(1 if p.get("PP") else p["NWG"])
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
