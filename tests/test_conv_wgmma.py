@@ -639,3 +639,33 @@ def test_gpu_staged_epilogue_residual(pp, gpu_device):
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1)
     payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "OUT": 2, "PP": pp}, ref="onnxruntime")
     assert any(k["params"].get("OUT") == 2 for k in payload["kernels"] if k["family"] == "conv")
+
+
+# ---------------------------------------------------------------- stream-k (STREAM = 1)
+
+
+STREAM_CONVS = [
+    ("14x14x256", dict(x=(4, 256, 14, 14), w=(256, 256, 3, 3), pads=[1, 1, 1, 1])),
+    ("7x7x512_b8", dict(x=(8, 512, 7, 7), w=(512, 512, 3, 3), pads=[1, 1, 1, 1])),
+    ("s2_odd", dict(x=(16, 64, 15, 15), w=(136, 64, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1])),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a,pp,out", [("tma", 0, 2), ("tma", 1, 2), ("gather", 0, 2), ("tma", 0, 0)],
+                         ids=["tma", "tma_pp", "gather", "tma_regs"])
+@pytest.mark.parametrize("case", STREAM_CONVS, ids=[c for c, _ in STREAM_CONVS])
+def test_gpu_conv_stream_k(case, a, pp, out, gpu_device):
+    """Stream-k convolutions (every SM an even share of all tiles' k-blocks, partial tiles added by
+    each tile's last block) against numpy float64, with staged and register epilogues."""
+    spec = dict(case[1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", follow="pool", **spec)
+    pin = {"unit": "wgmma", "A": a, "PP": pp, "OUT": out, "STREAM": 1}
+    try:
+        payload = _gpu_check(model, "fp16", gpu_device, pin)
+    except Exception as e:  # noqa: BLE001 - a pin outside this convolution's space
+        if "no feasible" in str(e):
+            pytest.skip(str(e))
+        raise
+    k = next(k for k in payload["kernels"] if k["family"] == "conv")
+    assert k["params"]["STREAM"] == 1 and k["params"]["CTAS"] == 132

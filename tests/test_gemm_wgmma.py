@@ -323,3 +323,55 @@ def test_wgmma_maps_in_global_memory(ts, gpu_device, monkeypatch):
     monkeypatch.setattr(tma, "CONST_BUDGET", 0)
     _check(gemm_transb_bias_relu(700, 512, 1000, np.random.default_rng(25)), "fp16",
            {"unit": "wgmma", "TS": ts, "BN": 128}, gpu_device, seed=26)
+
+
+# ---------------------------------------------------------------- stream-k (STREAM = 1)
+
+
+@pytest.mark.parametrize("tiles,kt,ctas", [(98, 36, 132), (52, 72, 132), (196, 18, 132), (7, 5, 8), (130, 3, 132)])
+def test_stream_k_shares_cover_every_k_block_once(tiles, kt, ctas):
+    """Block c's share is [floor(c·T / C), floor((c + 1)·T / C)); `stream_share` inverts it, and
+    `stream_parts` is the most blocks a tile is cut among (its scratch slots)."""
+    total = tiles * kt
+    begin = [c * total // ctas for c in range(ctas + 1)]
+    owner = [next(c for c in range(ctas) if begin[c] <= q < begin[c + 1]) for q in range(total)]
+    assert all(gemm_wgmma.stream_share(q, total, ctas) == owner[q] for q in range(total))
+    parts = max(len({owner[q] for q in range(t * kt, (t + 1) * kt)}) for t in range(tiles))
+    assert gemm_wgmma.stream_parts(tiles, kt, ctas) == parts
+
+
+def test_stream_k_offered_where_the_last_wave_is_short():
+    plan = _plan(matmul(1568, 2048, 512, np.random.default_rng(0)))   # ResNet-50 B32's stage-4 1x1: 100 tiles
+    hw = load_profile("sm_90")
+    pts = gemm_wgmma.space(_gemm_kernel(plan), plan, "f16", hw.sm_count, hw.smem_per_block_optin)
+    stream = [p for p in pts if p["STREAM"]]
+    assert stream and all(p["CTAS"] == hw.sm_count and p["SPLITK"] == 1 and p["CLUSTER"] == 1 for p in stream)
+    from aicfc.codegen.scratch import scratch
+    # by default the planner does not run it (measured slower everywhere: plan_schedules.OPT_IN) and explain says so
+    k = _gemm_kernel(_plan(matmul(1568, 2048, 512, np.random.default_rng(0))))
+    assert k.schedule.param["STREAM"] == 0
+    assert any("--pin STREAM=1" in c.rejected_because for c in k.schedule.candidates)
+    k = _gemm_kernel(_plan(matmul(1568, 2048, 512, np.random.default_rng(0)), pin={"unit": "wgmma", "STREAM": 1}))
+    p = k.schedule.param
+    assert p["STREAM"] == 1
+    parts = gemm_wgmma.stream_parts(gemm_wgmma.tiles(k, p)[2], 2048 // p["BK"], p["CTAS"])
+    partials, tickets = scratch(k)
+    assert partials.type.shape == (gemm_wgmma.tiles(k, p)[2] * parts * p["BM"] * p["BN"],)
+    assert tickets.type.shape == (gemm_wgmma.tiles(k, p)[2],) and tickets.zeroed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
+@pytest.mark.parametrize("pp", (0, 1))
+@pytest.mark.parametrize("shape", [(1568, 2048, 512), (77, 1000, 72), (700, 512, 1000)], ids=["r50_s4", "small", "edges"])
+def test_wgmma_stream_k(shape, pp, precision, gpu_device):
+    """Stream-k on two sets of fresh inputs, each compiled and run anew: tiles cut among blocks at
+    any k-block, partials added by the tile's last block, edges in M and N."""
+    model = gemm_transb_bias_relu(*shape, np.random.default_rng(8))
+    for seed in (9, 10):
+        try:
+            _check(model, precision, {"unit": "wgmma", "STREAM": 1, "PP": pp}, gpu_device, seed=seed)
+        except AicfError as e:
+            if "no feasible" in str(e):
+                pytest.skip(str(e))
+            raise

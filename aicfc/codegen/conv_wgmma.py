@@ -444,9 +444,12 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                 if not isinstance(h, str) and not pp:   # (the halo loops do not take turns)
                     q = dict(p, A="halo", PITCH=h.pitch, OHP=h.oh_pad, TILE_BYTES=h.tile_bytes, SPLITK=1)
                     halos += staged(dict(q, CTAS=min(tiles(k, q)[2], hw_sms)), [{}])
-                for sk in split_ks(tiles(k, p)[2], math.ceil(kk / p["BK"]), hw_sms):
-                    points += staged(dict(p, SPLITK=sk, CTAS=min(tiles(k, p)[2] * sk, hw_sms)),
+                nt, ktiles = tiles(k, p)[2], math.ceil(kk / p["BK"])
+                for sk in split_ks(nt, ktiles, hw_sms):
+                    points += staged(dict(p, SPLITK=sk, CTAS=min(nt * sk, hw_sms), STREAM=0),
                                      [{"A": a, "OUT": o} for a in loads for o in outs])
+                if gemm_wgmma.stream_ok(nt, ktiles, hw_sms):   # stream-k: an even share of all k-blocks a block
+                    points += staged(dict(p, SPLITK=1, CTAS=hw_sms, STREAM=1), [{"A": a, "OUT": o} for a in loads for o in outs])
     return halos + points
 
 
@@ -672,6 +675,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   KT_PER=gemm_wgmma.kt_per(p, kk), partials=parts["params"].get(f"{k.name}.partials"),
                   tickets=parts["params"].get(f"{k.name}.tickets"), ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, TS=None, MAPS=p.get("MAPS"),
+                  STREAM=p.get("STREAM", 0),
+                  MAXPARTS=gemm_wgmma.stream_parts(total, math.ceil(kk / p["BK"]), p["CTAS"]) if p.get("STREAM") else 0,
                   im2col=im2col, halo=halo and dict(
                       PITCH=halo.pitch, OHP=halo.oh_pad, RH=halo.tile_rows, A_BYTES=halo.tile_bytes,
                       LOADED=halo.loaded, CB=halo.channel_blocks, C=halo.geo.image[3], T=halo.geo.taps[0] * halo.geo.taps[1],

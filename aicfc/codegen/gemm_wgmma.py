@@ -45,6 +45,18 @@ fp32 partial tile to scratch and the last to take the tile's ticket adds them in
 and runs the epilogue (the scratch buffers of `codegen/scratch.py`, as for `mma`). At most MAX_ACC fp32 accumulators per consumer
 thread (MI·BN/2). CTAS = min(tiles, SMs).
 
+STREAM = 1 (stream-k): where the tiles leave the last wave short (`stream_ok`), every one of the
+SMs' blocks takes an even share of all tiles x KT k-blocks (block c from floor(c·total / CTAS)),
+cut at tile boundaries into work units; a tile cut among several blocks (`stream_parts` at most)
+goes through split-k's partials and ticket, its parts added in block order by the last to arrive.
+Correct on an H200 (tests/test_gemm_wgmma.py, tests/test_conv_wgmma.py: 20 GPU cases) but slower
+there than the data-parallel tiles on every shape measured: ResNet-50 B32's stage-4 1x1 GEMMs
+14.8-21.9 us against 9.2-13.8, its 3x3 convolutions 20.4-29.5 against 15.0-20.1
+(benchmarks/results/stream_k_session16_h200.txt). So it runs only under `--pin STREAM=1`
+(passes/plan_schedules.py OPT_IN: explain lists the candidates with that reason); its cost terms
+(cost_wgmma.stream_k) predicted those runs at 0.83-1.38 of what they measured. Why it is slower
+than its k-blocks (24-28 a block against 32-72) say is not found yet.
+
 CLUSTER = 2: thread-block clusters of two CTAs (`__cluster_dims__(2, 1, 1)`, so the ordinary launch
 and graph capture run them; CTAS = 2·min(pairs, SMs/2), even). The two CTAs of a cluster take the
 two tiles of a *pair*: tile rows 2u and 2u + 1 of one tile column, so they share B's box and each
@@ -305,9 +317,13 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                         continue   # see the module note
                     pairs = math.ceil(math.ceil(m / bm) / 2) * math.ceil(n / bn) * nb
                     ctas = 2 * min(pairs, hw_sms // 2) if cl > 1 else min(tiles * sk, hw_sms)
-                    for st, (o, ts) in ((st, o) for st in SPACE["STAGES"] for o in stores if not (pp and o[1])):
+                    # stream-k (STREAM = 1): every SM takes an even share of all the k-blocks
+                    streams = (0, 1) if sk == 1 and cl == 1 and stream_ok(tiles, ktiles, hw_sms) else (0,)
+                    for st, (o, ts), sm in ((st, o, sm) for st in SPACE["STAGES"] for o in stores for sm in streams
+                                            if not (pp and o[1])):
                         p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
-                             "MI": mi, "OUT": o, "TS": ts, "STAGES": st, "SPLITK": sk, "CLUSTER": cl, "CTAS": ctas}
+                             "MI": mi, "OUT": o, "TS": ts, "STAGES": st, "SPLITK": sk, "CLUSTER": cl,
+                             "CTAS": hw_sms if sm else ctas, "STREAM": sm}
                         if smem_bytes(p) + static_smem(p) <= smem_limit:
                             points.append(p)
     return points
@@ -332,6 +348,23 @@ def pairs(k: Kernel, p: Mapping) -> tuple[int, int]:
 def kt_per(p: Mapping, K: int) -> int:
     """k-blocks per split."""
     return math.ceil(math.ceil(K / p["BK"]) / p.get("SPLITK", 1))
+
+
+def stream_share(q: int, total: int, ctas: int) -> int:
+    """The block whose stream-k share holds k-block q of `total` (block c's starts at floor(c·total / ctas))."""
+    return ((q + 1) * ctas - 1) // total
+
+
+def stream_parts(tiles: int, kt: int, ctas: int) -> int:
+    """Stream-k (STREAM = 1): the most blocks one tile's k-blocks are cut among, its scratch slots."""
+    total = tiles * kt
+    return max(stream_share((t + 1) * kt - 1, total, ctas) - stream_share(t * kt, total, ctas) + 1 for t in range(tiles))
+
+
+def stream_ok(tiles: int, ktiles: int, hw_sms: int) -> bool:
+    """Where stream-k is offered: the tiles leave the last wave short (tiles not a multiple of the SMs)
+    and each block's share is at least two k-blocks."""
+    return tiles % hw_sms != 0 and tiles * ktiles >= 2 * hw_sms
 
 
 def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[TensorMap]:
@@ -366,6 +399,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   paired=parts["paired"], staged=parts["staged"] if p.get("OUT") else None, SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
                   partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
                   CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1],
+                  STREAM=p.get("STREAM", 0), MAXPARTS=stream_parts(total, math.ceil(parts["K"] / p["BK"]), p["CTAS"])
+                  if p.get("STREAM") else 0,
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"),
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 

@@ -1,6 +1,7 @@
 """Kernel-private buffers a schedule needs beyond the tensors it computes.
 
-A split-k GEMM (`SPLITK > 1`, the `gemm` family's or a Hopper convolution's) needs two:
+A split-k GEMM (`SPLITK > 1`, the `gemm` family's or a Hopper convolution's) or a stream-k one
+(`STREAM = 1`, a slot for each block a tile is cut among) needs two:
 
 - `<kernel>.partials` (arena, f32): every split's partial accumulator tile. It is live only
   during its kernel, so memory planning lets other tensors reuse its bytes.
@@ -41,7 +42,7 @@ def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]
         return [Scratch(f"{k.name}.partials", TensorType("f32", (attention_split.partial_floats(sp.nkv, sp.rows, dv, p["SPLITS"]),)), False),
                 Scratch(f"{k.name}.tickets", TensorType("i32", (sp.nkv,)), True)]
     splits = int(p.get("SPLITK", 1))
-    if splits <= 1 or p.get("CL"):   # gemv CL=1: splits add in the cluster's shared memory
+    if (splits <= 1 and not p.get("STREAM")) or p.get("CL"):   # gemv CL=1: splits add in the cluster's shared memory
         return []
     if k.family == "conv" and p.get("unit") == "wgmma":
         from aicfc.codegen import conv_wgmma
@@ -54,5 +55,9 @@ def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]
             tiles = math.ceil(n / p["BN"])
     else:
         return []
+    if p.get("STREAM"):   # stream-k: a slot for each block a tile's k-blocks are cut among
+        from aicfc.codegen import gemm_wgmma
+        kk = (conv_wgmma.dims(k)[2] if k.family == "conv" else dims(k)[3])
+        splits = gemm_wgmma.stream_parts(tiles, math.ceil(kk / p["BK"]), p["CTAS"])
     return [Scratch(f"{k.name}.partials", TensorType("f32", (tiles * splits * p["BM"] * p["BN"],)), False),
             Scratch(f"{k.name}.tickets", TensorType("i32", (tiles,)), True)]

@@ -74,14 +74,25 @@ def recost(k: Kernel, params: dict[str, Any], grid: tuple[int, int, int], block:
     return cost(k, params, grid, block, smem, regs, types, hw)
 
 
-def rank(k: Kernel, plan: Plan, hw: Profile) -> tuple[list[Ranked], list[Candidate]]:
-    """Every candidate of `k`'s space: the feasible ones cheapest first, and the rejected."""
+# Schedule keys whose candidates only a --pin of that key makes eligible (the space keeps them, so explain
+# shows them with this reason): measured, correct, and slower than the default everywhere they were timed.
+OPT_IN = {"STREAM": "stream-k runs only under --pin STREAM=1: on an H200 it measured 1.4-1.6x slower than "
+                    "data-parallel tiles on every shape timed (benchmarks/results/stream_k_session16_h200.txt)"}
+
+
+def rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str] = frozenset()) -> tuple[list[Ranked], list[Candidate]]:
+    """Every candidate of `k`'s space: the feasible ones cheapest first, and the rejected (those of
+    an OPT_IN key among them unless `pinned` names it)."""
     types = plan.types()
     family = FAMILIES[k.family]
     ranked, rejected = [], []
     for why_params, why in getattr(family, "declined", lambda k, plan: [])(k, plan):
         rejected.append(Candidate(_params(why_params), None, why))
     for p in family.space(k, plan):
+        opt = next((why for key, why in OPT_IN.items() if p.get(key) and key not in pinned), None)
+        if opt:
+            rejected.append(Candidate(_params(p), None, opt))
+            continue
         grid, block, dyn = family.launch(k, p)
         threads = block[0] * block[1] * block[2]
         static = family.static_smem(k, p)
@@ -216,7 +227,7 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
     for k in plan.kernels:
         key = structure(k, types)
         if key not in solved:
-            solved[key] = (k, *rank(k, plan, hw))
+            solved[key] = (k, *rank(k, plan, hw, frozenset(pin)))
     if check:
         problems = [v for v in solved.values() if v[1]]
         for (k, _, rejected), ranked in zip(problems, check_leaders(plan, hw, problems, check)):

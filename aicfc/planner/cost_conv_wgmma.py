@@ -44,13 +44,21 @@ operand gathered instead of loaded by the TMA:
 A by the TMA in im2col mode (A = "tma", codegen/conv_wgmma.py `im2col_geometry`): no gatherers,
 the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
 
-    t_load     = max(128·(BM + BN) / sm_ingress, 128·(BM + BN) / (l2_bandwidth / SMs))
+    t_load     = 128·(BM + BN) / TMA_PORT_GBS
     t_latency  = tma_latency / (STAGES - 1)
     t_gather   = copies · BM / IM2COL_PIXELS_PER_US      one copy a k-block (128-byte rows) or, for an
-                 8-channel image, 8 (one 16-byte row a pixel and tap). Fitted: the ResNet-50 B32 stem
-                 on an H100 ran 311 us on 8 copies a k-block (1.85 us a k-block of 1024 pixel rows),
-                 where the 128-byte 3x3 convolutions (128 rows a copy) measured 0.93-1.02 of the other
-                 terms (benchmarks/results/profile_resnet50_b32_session6_h100.txt)
+                 8-channel image, 8 (one 16-byte row a pixel and tap)
+    im2col refit (session 16, H200, the epilogues staged: profile_resnet50_b32_session16_h200.txt):
+                 with the stores no longer sharing the port at a quarter sector each, the 128x128 tiles
+                 (stage 2-4 3x3, BN 128) ran their k-blocks at the tensor term, 13.9-19.4 us where an
+                 even L2 share (l2_bandwidth / SMs, 76 GB/s) for the TMA's bytes had said 19-26; and
+                 the BN = 64 tiles (the stem, stage 1's 3x3), whose TMA bytes a k-block are fewer,
+                 ran at one walk rate whatever the row's width: 128 rows of 128 bytes a k-block in
+                 0.36 us (20.75 us for stage 1), 8 copies of 128 rows of 16 bytes in 2.9 us (61.7
+                 us for the stem). So the TMA's bytes are charged at the SM's port (TMA_PORT_GBS,
+                 the 130 GB/s an SM streamed in hardware.py's [Note: L2 share of a small grid]) and
+                 the walk at 360 pixel rows a microsecond (620 was fitted on an H100 in session 6,
+                 with the stores from registers)
 
 Halo reuse: under gather and im2col the KH·KW taps of neighbouring output pixels re-read the same
 image rows; they hit in L2 (t_load counts them at L2 bandwidth, DRAM once) while the image fits
@@ -80,7 +88,7 @@ from typing import Mapping
 
 from aicfc.codegen import conv_wgmma, gemm_wgmma
 from aicfc.codegen.gemm_wgmma import ROW_BYTES
-from aicfc.planner.cost_wgmma import (EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, SPLITK_OVERHEAD_US, STORE_OPS,
+from aicfc.planner.cost_wgmma import (EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, SPLITK_OVERHEAD_US, STORE_OPS, stream_k,
                                       TMA_LATENCY_US, epilogue_ops, n_eff)
 from aicfc.ir.types import ITEMSIZE
 
@@ -88,7 +96,8 @@ GATHER_OPS = 24     # integer instructions per gathered run: split m and k, the 
 STORE_WASTE = 4     # a 16-bit element stored alone uses a quarter of the 32-byte sector it touches
 CLOCK_MHZ = 1755    # the SM clock the producer's issue rate is counted at (profile: clock_mhz)
 GATHER_ROUND_TRIP_US = 1.3   # a gathered 16-byte copy's round trip under load (profile: conv_gather_round_trip_us)
-IM2COL_PIXELS_PER_US = 620  # pixels an SM's TMA walks a microsecond in im2col mode (profile: im2col_pixels_per_us)
+IM2COL_PIXELS_PER_US = 360  # pixel rows an SM's TMA walks a microsecond in im2col mode (profile: im2col_pixels_per_us)
+TMA_PORT_GBS = 130          # what one SM's TMA loads take in, GB/s (profile: conv_tma_port_gbs)
 HALO_A_SMEM = 2.9           # A's shared-memory reads under halo tiles, in aligned tiles' worth (profile: conv_halo_a_smem)
 GATHER_GROUPS = 2            # the groups of copies in flight that measured times bear out (not STAGES - 1: see t_round)
 
@@ -115,8 +124,9 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         t_round = t_gather = 0.0
         t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
     elif p.get("A") == "tma":
-        # A by the TMA in im2col mode: the GEMM engine's load terms (cost_wgmma.py), no gatherers
-        t_load = max(ROW_BYTES * (bm + bn) / sm_in, ROW_BYTES * (bm + bn) / l2_sm)
+        # A by the TMA in im2col mode: no gatherers; its bytes bounded by the SM's port, not by an even share of
+        # the L2 (see the module note, im2col refit)
+        t_load = ROW_BYTES * (bm + bn) / (hw.data.get("conv_tma_port_gbs", TMA_PORT_GBS) * 1e3)
         t_round = 0.0
         # the TMA walks an im2col box a pixel at a time: one pixel row per copy and tap (8 taps of 16 bytes a
         # k-block for the 8-channel stem, one 128-byte row otherwise)
@@ -155,7 +165,12 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     # Measured on ResNet-50 B32 (benchmarks/results/conv_pingpong_session13_h200.txt): the stem and
     # stage 1's 3x3 (port-bound) ran as without PP, 91.8 and 24.5 us; stage 2's 3x3 and a strided
     # stage-3 3x3 ran 7% and 18% faster.
-    if p.get("PP"):
+    if p.get("STREAM"):
+        # stream-k: the busiest block's share of k-blocks, its epilogues and partial tiles (cost_wgmma.stream_k)
+        share, epis, t_parts, t_reduce = stream_k(tiles, ktiles, p["CTAS"], bm, bn, l2_sm, hw)
+        t_tiles = share * t_kblock + epis * t_epi + t_parts
+        per_sm = share / ktiles
+    elif p.get("PP"):
         t_tiles = max(per_sm * max(ktiles * t_kblock, t_epi) + t_epi, per_sm * (ktiles * t_load + t_store))
     else:
         t_tiles = per_sm * (ktiles * t_kblock + t_epi + t_drain)
