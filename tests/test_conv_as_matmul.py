@@ -108,3 +108,40 @@ def test_bottleneck_every_stage_matches_onnxruntime(precision, tol):
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_gpu_bottleneck(precision, gpu_device):
     _gpu_check(bottleneck_model(n=4, c=64, mid=32, hw=14), precision, gpu_device)
+
+
+def squeeze_excite_model(n: int = 4, c: int = 32, s: int = 8, hw: int = 5, seed: int = 0) -> onnx.ModelProto:
+    """A squeeze-excite block (EfficientNet's): global mean → 1x1 conv (bias) → SiLU → 1x1 conv (bias) →
+    Sigmoid, scaling the input channel by channel."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": (rng.standard_normal((s, c, 1, 1)) / math.sqrt(c)).astype(np.float32),
+             "b1": (0.1 * rng.standard_normal(s)).astype(np.float32),
+             "w2": (rng.standard_normal((c, s, 1, 1)) / math.sqrt(s)).astype(np.float32),
+             "b2": (0.1 * rng.standard_normal(c)).astype(np.float32), "axes": np.array([2, 3], np.int64)}
+    nodes = [helper.make_node("ReduceMean", ["in0", "axes"], ["m"], keepdims=1, name="mean"),
+             helper.make_node("Conv", ["m", "w1", "b1"], ["c1"], name="fc1"),
+             helper.make_node("Sigmoid", ["c1"], ["s1"], name="sig1"), helper.make_node("Mul", ["c1", "s1"], ["a1"], name="silu"),
+             helper.make_node("Conv", ["a1", "w2", "b2"], ["c2"], name="fc2"),
+             helper.make_node("Sigmoid", ["c2"], ["g"], name="gate"), helper.make_node("Mul", ["in0", "g"], ["out"], name="scale")]
+    return B._infer_output(B._graph_model(nodes, "se", {"in0": (n, c, hw, hw)}, {}, inits))
+
+
+def test_squeeze_excite_fcs_take_the_images_as_rows():
+    """Where every image has one position (after a global pool) a pointwise conv is one GEMM of N
+    rows ([N, C] @ W^T), not N products of one row each; the block matches float64 at every stage."""
+    model = squeeze_excite_model()
+    result = run_pipeline(import_model(model, None), Options("sm_90", load_profile("sm_90"), "fp32"))
+    mms = [n for n in result.high.nodes if n.op == "MatMul"]
+    assert len(mms) == 2 and all(len(n.type.shape) == 2 and n.type.shape[0] == 4 for n in mms), [n.type for n in mms]
+    assert POINTWISE_CONV_RULE in {r.rule for r in result.plan.rewrites if r.applied}
+    inputs = B.random_inputs(model, seed=np.random.default_rng().integers(1 << 30))
+    ref = evaluate_graph(import_model(model, None), inputs, dtype=np.float64)["out"]
+    for ir in (result.high, result.lowered, result.plan):
+        got = evaluate_ir(ir, inputs)["out"]
+        assert np.isfinite(got).all() and rel_err(got, ref) <= 1e-5, type(ir).__name__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_gpu_squeeze_excite(precision, gpu_device):
+    _gpu_check(squeeze_excite_model(n=32, c=1152, s=48, hw=7), precision, gpu_device)

@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import vector
+from aicfc.codegen import row_cols, vector
 from aicfc.codegen.cexpr import Emitter, c_affine, contains, flat_offset, literal, reciprocal_divisions
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
@@ -181,7 +181,7 @@ def modes(k: Kernel) -> list[str]:
 def space(k: Kernel, plan: Plan) -> list[dict]:
     vec, _ = vector_width(k, plan.types())
     return [{"tpr": t, "rpb": r, "pass": m, "vec": vec} for m in modes(k)
-            for t in SPACE["tpr"] for r in SPACE["rpb"] if 32 <= t * r <= 1024]
+            for t in SPACE["tpr"] for r in SPACE["rpb"] if 32 <= t * r <= 1024] + row_cols.space(k, plan.types())
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
@@ -261,12 +261,16 @@ def traversals(k: Kernel, mode: str) -> list[set[str]]:
 
 
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    if p["pass"] == "cols":
+        return row_cols.launch(k, p)
     rows, _, _ = geometry(k)
     nrows = math.prod(n for _, n in rows)
     return (math.ceil(nrows / p["rpb"]), 1, 1), (p["tpr"], p["rpb"], 1), 0
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
+    if p["pass"] == "cols":
+        return row_cols.static_smem(p)
     return 4 * p["rpb"] * (p["tpr"] // 32) * state_vars(k, p) if p["tpr"] > 32 else 0
 
 
@@ -438,6 +442,8 @@ def _online(g: _Gen, ms: tuple[Merge, ...], values: Mapping[Load, str]) -> tuple
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
+    if p["pass"] == "cols":
+        return row_cols.render_kernel(k, p, types, name)
     g = _Gen(k, p, types)
     row = g.row
     pro = row.prologue

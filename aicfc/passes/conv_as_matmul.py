@@ -15,6 +15,11 @@ is one tap at the output's position); the rewrite is recorded as rule POINTWISE_
     %y.biased: f32[2,64,3136] = Add(%y.mm, %y.column)             %y.column: the bias as [64, 1]
     %y: f32[2,64,56,56] = Reshape(%y.b) {shape=[2, 64, 56, 56]}
 
+Where every image has one position (H·W = 1: a squeeze-excite block's FC after a global pool), the
+images are the rows instead: y[n, m] = sum_c x[n, c] · w[m, c] is MatMul(x[N, C], Transpose(w))
+plus the bias as a row (a Gemm with transB = 1, as canonicalize lowers one), one GEMM of N rows rather than N batched products of one row each (EfficientNet-B0
+B32's excite FCs ran 16-25 us each that way on an H200, at 5-8 GB/s: cnn_profiles_session15_h200.txt).
+
 Strided 1x1 convolutions (a downsampling projection) stay convolutions: their input rows are
 not one matrix. Channel-last layouts are the layout decision's to make, not this rewrite's.
 """
@@ -60,10 +65,11 @@ def rewrite(n: Node, types: dict, constants: dict[str, Weight]) -> tuple[list[No
         # A C-order reshape keeps the bytes: the new weight shares them (no copy, a lazy one stays lazy).
         return Weight(fresh(name), TensorType(w.type.dtype, shape), w.data)
 
+    rows = math.prod(spatial) == 1   # one position an image: the images are the GEMM's rows
     weights = [reshaped(f"{y}.matrix", constants[n.inputs[1]], (m, c))]
     types[weights[0].name] = weights[0].type
     if len(n.inputs) == 3:
-        weights.append(reshaped(f"{y}.column", constants[n.inputs[2]], (m, 1)))
+        weights.append(reshaped(f"{y}.row" if rows else f"{y}.column", constants[n.inputs[2]], (m,) if rows else (m, 1)))
         types[weights[1].name] = weights[1].type
     nodes: list[Node] = []
 
@@ -74,6 +80,15 @@ def rewrite(n: Node, types: dict, constants: dict[str, Weight]) -> tuple[list[No
         nodes.append(Node(op, inputs, out, t, make_attrs(at), origin))
         return out
 
+    if rows:
+        # [N, C] @ [M, C]^T (+ the bias as a row): one GEMM of N rows, not N products of one position each
+        flat = emit("Reshape", (x,), f"{y}.x", {"shape": (bn, c)})
+        wt = emit("Transpose", (weights[0].name,), f"{y}.matrix_t", {"perm": (1, 0)})
+        out = emit("MatMul", (flat, wt), f"{y}.mm", attrs)
+        if len(weights) == 2:
+            out = emit("Add", (out, weights[1].name), f"{y}.biased", {})
+        emit("Reshape", (out,), y, {"shape": (bn, m, *spatial)})
+        return nodes, weights
     flat = emit("Reshape", (x,), f"{y}.x", {"shape": (bn, c, math.prod(spatial))})
     out = emit("MatMul", (weights[0].name, flat), f"{y}.mm", attrs)
     if len(weights) == 2:

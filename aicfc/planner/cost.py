@@ -45,10 +45,10 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_reduce
-from aicfc.codegen.cexpr import reciprocal_divisions
+from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_cols, row_reduce
+from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Call, Const, Expr, Load, count_ops, index_vars, indirect_dims, loads
+from aicfc.ir.lowered import Affine, Call, Const, Expr, Load, count_ops, index_vars, indirect_dims, loads
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
@@ -230,6 +230,8 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
         return _wgmma_cost(k, p, types, hw)
     if k.family == "gemm":
         return _gemm_cost(k, p, blocks, threads, bps, types, hw)
+    if k.family == "row_reduce" and p["pass"] == "cols":
+        return _row_cols_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "row_reduce":
         return _row_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "attention":
@@ -314,6 +316,46 @@ def _pointwise_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     return est
 
 
+def _row_cols_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
+    """The `cols` pass (codegen/row_cols.py): the input read once, a warp's lanes·16-byte runs using
+    min(1, lanes·16 / 32) of each 32-byte sector, at the rate the resident blocks keep in flight
+    (UNROLL 16-byte vectors a thread; `_combine`'s Little's law); then the slices' tree, log2(slices)
+    + 1 barriers a block, once a wave."""
+    sector = min(1.0, p["lanes"] * 16 / 32)
+    row = row_reduce.analyze(k)
+    flops = sum(op.type.numel * math.prod(op.reduce) * max(1, count_ops(op.body)) for op in k.ops)
+    issued = 2.0 * sum(op.type.numel * math.prod(op.reduce)
+                       * max(1, instructions(row_reduce.body(row, op), row_reduce.invariant(row), fast_math(k, types)))
+                       for op in k.ops)
+    waves = math.ceil(blocks / (hw.sm_count * bps))
+    tree = waves * (math.log2(row_cols.slices(p)) + 1) * SYNC_LATENCY_US
+    est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types) / sector, l2=0.0, pipeline=tree,
+                   blocks=blocks, threads=threads, bps=bps, inflight=threads * row_cols.UNROLL * 16)
+    est.terms.update(sector_eff=sector, rows=math.prod(n for _, n in row.rows))
+    return est
+
+
+def _row_sector_eff(k: Kernel, p: Mapping, types: Mapping) -> float:
+    """The share of each 32-byte sector a warp's loads use where the row input is strided along j
+    (a channels-last image reduced over its positions): a warp reads min(tpr, 32) positions of
+    32 / min(tpr, 32) consecutive rows, contiguous only where the innermost row variable is; 1
+    where j is contiguous (the vectors). Measured: EfficientNet-B0 B32's squeezes at tpr = 8 ran
+    3-8.7x their prediction without it (benchmarks/results/cnn_profiles_session15_h200.txt)."""
+    row = row_reduce.analyze(k)
+    inner = row_cols.channel(row.rows)
+    eff = 1.0
+    for ld in row.row_loads([e for _, e in row.body]):
+        if not row.per_row(ld) or ld.buffer not in types or not all(isinstance(a, Affine) for a in ld.index):
+            continue
+        off = flat_offset(ld.index, types[ld.buffer])
+        if off.coeff(row.j) in (0, 1):
+            continue
+        esize = ITEMSIZE[types[ld.buffer].dtype]
+        rows_a_warp = 32 // min(p["tpr"], 32) if inner is not None and off.coeff(inner) == 1 else 1
+        eff = min(eff, min(1.0, rows_a_warp * esize / 32))
+    return eff
+
+
 def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
     """Row passes: inputs read once and outputs written once, plus the re-reads of the row the
     schedule makes (`row_reduce.traversals`: none under `regs`, the output pass under `online`,
@@ -360,9 +402,11 @@ def _row_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     # Only threads with a row count: a block of rpb row slots over fewer rows (a decode step's one
     # row) adds no memory parallelism with the rest (measured: one row at 256 threads x 1 row ran
     # faster than at 128 x 8, benchmarks/results/row_reduce_one_row_session12_h200.txt).
-    est = _combine(hw, flops=flops, issued=issued / lane_eff, dram=dram / lane_eff / duty, l2=l2 / lane_eff,
-                   pipeline=pipeline, blocks=blocks, threads=p["tpr"] * min(p["rpb"], nrows), bps=bps, ilp=ROW_ILP)
-    est.terms.update(lane_eff=lane_eff, rows=nrows, reread_bytes=reread, duty=duty,
+    sector = _row_sector_eff(k, p, types)
+    est = _combine(hw, flops=flops, issued=issued / lane_eff, dram=dram / lane_eff / duty / sector,
+                   l2=l2 / lane_eff / sector, pipeline=pipeline, blocks=blocks, threads=p["tpr"] * min(p["rpb"], nrows),
+                   bps=bps, ilp=ROW_ILP)
+    est.terms.update(lane_eff=lane_eff, sector_eff=sector, rows=nrows, reread_bytes=reread, duty=duty,
                      cached_per_thread=row_reduce.cached_elements(k, p))
     return est
 
