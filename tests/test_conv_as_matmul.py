@@ -117,8 +117,8 @@ def squeeze_excite_model(n: int = 4, c: int = 32, s: int = 8, hw: int = 5, seed:
     inits = {"w1": (rng.standard_normal((s, c, 1, 1)) / math.sqrt(c)).astype(np.float32),
              "b1": (0.1 * rng.standard_normal(s)).astype(np.float32),
              "w2": (rng.standard_normal((c, s, 1, 1)) / math.sqrt(s)).astype(np.float32),
-             "b2": (0.1 * rng.standard_normal(c)).astype(np.float32), "axes": np.array([2, 3], np.int64)}
-    nodes = [helper.make_node("ReduceMean", ["in0", "axes"], ["m"], keepdims=1, name="mean"),
+             "b2": (0.1 * rng.standard_normal(c)).astype(np.float32)}
+    nodes = [helper.make_node("ReduceMean", ["in0"], ["m"], axes=[2, 3], keepdims=1, name="mean"),   # opset 13
              helper.make_node("Conv", ["m", "w1", "b1"], ["c1"], name="fc1"),
              helper.make_node("Sigmoid", ["c1"], ["s1"], name="sig1"), helper.make_node("Mul", ["c1", "s1"], ["a1"], name="silu"),
              helper.make_node("Conv", ["a1", "w2", "b2"], ["c2"], name="fc2"),
