@@ -441,12 +441,45 @@ def _gemm_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     step = 2.0 * bm * bn * bk / sm_rate
     pipeline = waves * ksteps * max(step + load_latency(hw), bps * step) / bps
     ilp = max(1.0, tm * tn / FMA_CHAINS_PER_WARP)
-    est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=pipeline,
+    store_eff, out_bytes = _simt_store_eff(k, p, types)
+    est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types) + out_bytes * (1 / store_eff - 1), l2=l2,
+                   pipeline=pipeline,
                    blocks=blocks, threads=threads, bps=bps, issue_eff=issue_eff, ilp=ilp, ilp_max=SIMT_ILP_MAX,
                    smem=smem, inflight=(bm + bn) * bk * 4.0)
     est.terms["issue_eff"] = issue_eff
     est.terms["ilp"] = ilp
+    est.terms["store_eff"] = store_eff
     return est
+
+
+def _simt_store_eff(k: Kernel, p: Mapping, types: Mapping) -> tuple[float, float]:
+    """(the share of each 32-byte sector a warp's epilogue stores use, the stored bytes) of the SIMT
+    GEMM: the template stores one element per instruction; a warp's 32 threads are BN/TN columns
+    (tx, VN elements apart) by 32·TN/BN rows (ty, VM apart), so along a contiguous n a row's
+    elements of one store lie VN apart: BN/TN·esize bytes used of the sectors their span touches
+    (along a contiguous m, likewise with the rows). Measured on an H200 (fp16, the 1x1 expansions
+    of MobileNetV2 and EfficientNet-B0 at B32, channels-last, BN 32 TN 8 VN 4: a quarter of each
+    sector): 401408x16x96 147.5 us and 100352x24x144 67.9 us, where the DRAM terms said 37.0 and
+    24.8; mma and wgmma ran them in 61.1 / 25.7 and 41.5 / 17.2 (benchmarks/results/thin_k_gemm_session16_h200.txt)."""
+    c = gemm.dims(k)[0]
+    out = k.ops[-1]
+    esize = ITEMSIZE[out.type.dtype]
+    out_bytes = float(sum(types[s].nbytes for s in k.stores if s in types))
+    if c.m is None or c.n is None or len(k.stores) != 1:
+        return 1.0, out_bytes
+    bind = dict(k.binds[-1]) if len(k.ops) > 1 else {v: Affine.var(v) for v in out.domain_vars}
+    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in out.domain_vars), out.type)
+    vm, vn = gemm.vectors(p)
+    cols = p["BN"] // p["TN"]
+    rows = max(1, 32 // cols)
+    if off.coeff(c.n) == 1:
+        per, apart = min(cols, 32), vn
+    elif off.coeff(c.m) == 1:
+        per, apart = min(rows, 32), vm
+    else:
+        return esize / 32, out_bytes
+    span = ((per - 1) * apart + 1) * esize
+    return min(1.0, per * esize / (32 * math.ceil(span / 32))), out_bytes
 
 
 def tile_rereads(c: Contraction, m: int, n: int, bm: int, bn: int, batch: list[tuple[str, int]],
