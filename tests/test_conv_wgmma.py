@@ -612,22 +612,28 @@ def test_staged_epilogue_only_for_a_row_major_output():
         assert all(p.get("A") != "halo" for p in space if p.get("OUT"))
 
 
+def _pinned_conv_on_gpu(case, follow, pin: dict, device) -> dict:
+    """The bundle's first convolution kernel of `case` (BN + ReLU, then `follow`: a 1x1 conv's
+    channels or "pool") compiled under `pin` and checked against numpy float64 at fp16; skips
+    where the pin is outside the convolution's space."""
+    spec = dict(case[1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", follow=follow, **spec)
+    try:
+        payload = _gpu_check(model, "fp16", device, pin)
+    except Exception as e:  # noqa: BLE001 - a pin outside this convolution's space
+        if "no feasible" in str(e):
+            pytest.skip(str(e))
+        raise
+    return next(k for k in payload["kernels"] if k["family"] == "conv")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("a,pp", [("gather", 0), ("tma", 0), ("tma", 1)], ids=["gather", "tma", "tma_pp"])
 @pytest.mark.parametrize("case", [GPU_CONVS[i] for i in (0, 2, 5, 6)], ids=[GPU_CONVS[i][0] for i in (0, 2, 5, 6)])
 def test_gpu_staged_epilogue(case, a, pp, gpu_device):
     """The staged epilogue (OUT = 2: BatchNorm and ReLU on the tile in shared memory, copied out in
     16-byte chunks) against numpy float64: edge tiles past M (odd sizes), strides, 8-channel taps."""
-    spec = dict(case[1])
-    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", follow=16, **spec)
-    pin = {"unit": "wgmma", "A": a, "OUT": 2, "PP": pp, "unfold": "0"}
-    try:
-        payload = _gpu_check(model, "fp16", gpu_device, pin)
-    except Exception as e:  # noqa: BLE001 - a pin outside this convolution's space
-        if "no feasible" in str(e):
-            pytest.skip(str(e))
-        raise
-    k = [k for k in payload["kernels"] if k["family"] == "conv"][0]
+    k = _pinned_conv_on_gpu(case, 16, {"unit": "wgmma", "A": a, "OUT": 2, "PP": pp, "unfold": "0"}, gpu_device)
     assert (k["params"]["OUT"], k["params"]["A"], k["params"]["PP"]) == (2, a, pp)
 
 
@@ -658,14 +664,5 @@ STREAM_CONVS = [
 def test_gpu_conv_stream_k(case, a, pp, out, gpu_device):
     """Stream-k convolutions (every SM an even share of all tiles' k-blocks, partial tiles added by
     each tile's last block) against numpy float64, with staged and register epilogues."""
-    spec = dict(case[1])
-    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", follow="pool", **spec)
-    pin = {"unit": "wgmma", "A": a, "PP": pp, "OUT": out, "STREAM": 1}
-    try:
-        payload = _gpu_check(model, "fp16", gpu_device, pin)
-    except Exception as e:  # noqa: BLE001 - a pin outside this convolution's space
-        if "no feasible" in str(e):
-            pytest.skip(str(e))
-        raise
-    k = next(k for k in payload["kernels"] if k["family"] == "conv")
+    k = _pinned_conv_on_gpu(case, "pool", {"unit": "wgmma", "A": a, "PP": pp, "OUT": out, "STREAM": 1}, gpu_device)
     assert k["params"]["STREAM"] == 1 and k["params"]["CTAS"] == 132
