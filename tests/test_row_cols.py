@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from aicfc.codegen import row_cols
+from aicfc.codegen import row_cols, row_reduce
 from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.hardware import load_profile
@@ -47,7 +47,7 @@ def _reduce(plan):
 def test_channels_last_squeeze_takes_the_cols_pass():
     plan = _plan(conv_then_reduce())
     k = _reduce(plan)
-    g = row_cols.geometry(k, plan.types())
+    g = row_cols.geometry(row_reduce.analyze(k), plan.types())
     assert not isinstance(g, str) and g.vec == 8 and g.vcols == 17
     assert k.schedule.param["pass"] == "cols", dict(k.schedule.param)
 
@@ -56,7 +56,7 @@ def test_cols_declined_where_the_row_is_contiguous():
     """An NCHW image (fp32: no wgmma, no layout change) reduces along contiguous rows: not `cols`."""
     plan = _plan(conv_then_reduce(), precision="fp32")
     k = _reduce(plan)
-    assert "contiguous" in row_cols.geometry(k, plan.types())
+    assert "contiguous" in row_cols.geometry(row_reduce.analyze(k), plan.types())
     assert k.schedule.param["pass"] != "cols"
 
 

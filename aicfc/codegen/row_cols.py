@@ -48,10 +48,8 @@ class Cols:
     vcols: int                          # vectors a row holds: C / vec
 
 
-def geometry(k: Kernel, types: Mapping[str, TensorType]) -> Cols | str:
-    """The `cols` layout of `k`, or why it does not apply."""
-    from aicfc.codegen.row_reduce import analyze
-    row = analyze(k)
+def geometry(row, types: Mapping[str, TensorType]) -> Cols | str:
+    """The `cols` layout of the row kernel `row` (row_reduce.analyze's), or why it does not apply."""
     if row.anchor is not None or row.prologue is not None or len(row.stats) != 1:
         return "not one stored reduction (an element-wise output or several statistics)"
     stat = row.stats[0]
@@ -83,8 +81,8 @@ def channel(rows) -> str | None:
     return next((v for v, n in reversed(rows) if n > 1), None)
 
 
-def space(k: Kernel, types: Mapping[str, TensorType]) -> list[dict]:
-    g = geometry(k, types)
+def space(row, types: Mapping[str, TensorType]) -> list[dict]:
+    g = geometry(row, types)
     if isinstance(g, str):
         return []
     lanes = [n for n in LANES if n <= max(1, g.vcols) and (n == 1 or n // 2 < g.vcols)]
@@ -96,27 +94,24 @@ def slices(p: Mapping) -> int:
     return p["threads"] // p["lanes"]
 
 
-def blocks(k: Kernel, p: Mapping) -> int:
-    """ceil(C / vec / lanes) blocks a row of channels, times the outer rows."""
-    from aicfc.codegen.row_reduce import geometry as rows_of
-    rows, _, _ = rows_of(k)
+def blocks(rows, p: Mapping) -> int:
+    """ceil(C / vec / lanes) blocks a row of channels, times the outer rows (`rows`: the row variables)."""
     ext = dict(rows)
     c = channel(rows)
     return math.ceil(ext[c] // p["vec"] / p["lanes"]) * math.prod(n for v, n in rows if v != c)
 
 
-def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    return (blocks(k, p), 1, 1), (p["lanes"], slices(p), 1), 0
+def launch(rows, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    return (blocks(rows, p), 1, 1), (p["lanes"], slices(p), 1), 0
 
 
 def static_smem(p: Mapping) -> int:
     return 4 * p["threads"] * p["vec"]
 
 
-def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
-    from aicfc.codegen.row_reduce import analyze
-    row = analyze(k)
-    g = geometry(k, types)
+def render_kernel(k: Kernel, row, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
+    """The kernel `k` (analyzed as `row` by row_reduce) under the `cols` schedule `p`."""
+    g = geometry(row, types)
     assert not isinstance(g, str), g
     stat = row.stats[0]
     sig = signature(k, types)

@@ -181,7 +181,7 @@ def modes(k: Kernel) -> list[str]:
 def space(k: Kernel, plan: Plan) -> list[dict]:
     vec, _ = vector_width(k, plan.types())
     return [{"tpr": t, "rpb": r, "pass": m, "vec": vec} for m in modes(k)
-            for t in SPACE["tpr"] for r in SPACE["rpb"] if 32 <= t * r <= 1024] + row_cols.space(k, plan.types())
+            for t in SPACE["tpr"] for r in SPACE["rpb"] if 32 <= t * r <= 1024] + row_cols.space(analyze(k), plan.types())
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
@@ -262,7 +262,7 @@ def traversals(k: Kernel, mode: str) -> list[set[str]]:
 
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     if p["pass"] == "cols":
-        return row_cols.launch(k, p)
+        return row_cols.launch(geometry(k)[0], p)
     rows, _, _ = geometry(k)
     nrows = math.prod(n for _, n in rows)
     return (math.ceil(nrows / p["rpb"]), 1, 1), (p["tpr"], p["rpb"], 1), 0
@@ -443,7 +443,7 @@ def _online(g: _Gen, ms: tuple[Merge, ...], values: Mapping[Load, str]) -> tuple
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     if p["pass"] == "cols":
-        return row_cols.render_kernel(k, p, types, name)
+        return row_cols.render_kernel(k, analyze(k), p, types, name)
     g = _Gen(k, p, types)
     row = g.row
     pro = row.prologue
