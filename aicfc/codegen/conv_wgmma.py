@@ -46,7 +46,8 @@ filter's k-blocks alone and two image-tile slots follow it), SPLITK where the ou
 SMs idle (the GEMM engine's rule, `split_ks`; not with halo); PP (ping-pong: two warpgroups
 take whole tiles in turn); OUT, the epilogue: from registers a pair of channels a store (OUT =
 0), or staged (OUT = the stored element's bytes) where the output is the row-major [M, N] matrix
-(`row_major_out`: NHWC inside the graph; not under halo, whose rows are slots).
+(`row_major_out`: NHWC inside the graph; not under halo, whose rows are slots); STREAM
+(stream-k, the GEMM engine's: gemm_wgmma.py; not with halo; only under --pin STREAM=1).
 
 Staged epilogue (OUT): each consumer warpgroup writes its values (bias, BatchNorm, activation,
 residual) into its own shared-memory region, rows padded by 16 bytes, then copies them out in
