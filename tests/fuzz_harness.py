@@ -181,16 +181,16 @@ _RANKED: dict[Any, tuple[list, list]] = {}
 def planner_memo() -> Iterator[None]:
     """plan_schedules's `rank` answered from this process's earlier answers where the scheduling
     problem is the same: `structure` (what rank reads of the kernel and its tensors' types, the
-    key plan_schedules itself dedupes layers by) plus the plan's precision and target and the
-    profile, the rest of what the families' spaces read. A problem not seen before, and every
+    key plan_schedules itself dedupes layers by) plus the plan's precision and target, the
+    profile and the pinned keys (OPT_IN), the rest of what the families' spaces read. A problem not seen before, and every
     one that raised, runs the real `rank`. Restored on exit, so nothing else sees the memo."""
     from aicfc.passes import plan_schedules as ps
     real = ps.rank
 
-    def rank(k: Any, plan: Any, hw: Any) -> tuple[list, list]:
-        key = (ps.structure(k, plan.types()), plan.precision, plan.target, repr(sorted(hw.data.items())))
+    def rank(k: Any, plan: Any, hw: Any, pinned: frozenset[str] = frozenset()) -> tuple[list, list]:
+        key = (ps.structure(k, plan.types()), plan.precision, plan.target, repr(sorted(hw.data.items())), pinned)
         if key not in _RANKED:
-            _RANKED[key] = real(k, plan, hw)
+            _RANKED[key] = real(k, plan, hw, pinned)
         ranked, rejected = _RANKED[key]
         return list(ranked), list(rejected)
     ps.rank = rank
