@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
-from aicfc.codegen.common import decompose, render, signature
+from aicfc.codegen.common import CTYPES, decompose, render, signature
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.types import ITEMSIZE, TensorType
@@ -131,11 +131,6 @@ def render_kernel(k: Kernel, row, p: Mapping, types: Mapping[str, TensorType], n
     return render("row_cols.cu.j2", name=name, signature=sig.text, idx=idx, vec=g.vec, lanes=p["lanes"],
                   slices=slices(p), threads=p["threads"], cblocks=math.ceil(g.vcols / p["lanes"]), vcols=g.vcols,
                   j=row.j, cols=row.cols, decompose=decompose("outer", list(g.outer), idx),
-                  ctype=_ctype(t.dtype), ptr=sig.params[g.load.buffer], at=at, elements=elements,
+                  ctype=CTYPES[t.dtype], ptr=sig.params[g.load.buffer], at=at, elements=elements,
                   init=INIT[stat.combiner], combine=COMBINE[stat.combiner], stores=stores, comb=stat.combiner,
                   unroll=UNROLL, what=f"{stat.combiner} over {row.j} ({row.cols} steps) of {stat.out}")
-
-
-def _ctype(dtype: str) -> str:
-    from aicfc.codegen.common import CTYPES
-    return CTYPES[dtype]
