@@ -559,12 +559,20 @@ def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str
     return klines, mlines
 
 
+def stored_offset(k: Kernel):
+    """The stored element's flat offset in the convolution's variables (the epilogue's last op, its
+    variables bound to the convolution's)."""
+    from aicfc.ir.lowered import Affine
+    last = k.ops[-1]
+    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
+    return flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+
+
 def _pair_values(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str):
     """(lines splitting `gm` and computing what the two values need, the values of columns gn and
     gn + 1 of row gm, the stored tensor's offset, the names) where the stored tensor is contiguous
     and 2-aligned along the output channel; else None (an NCHW graph output, an odd channel count)."""
     from aicfc.codegen.cexpr import Emitter
-    from aicfc.ir.lowered import Affine
     op = k.ops[0]
     g = implicit_gemm(op)
     ext = op.extents()
@@ -572,8 +580,7 @@ def _pair_values(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str
         return None
     n = g.n[0]
     last = k.ops[-1]
-    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
-    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+    off = stored_offset(k)
     if off.coeff(n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != n):
         return None
     names = {v: ("0" if ext[v] == 1 else v) for v in op.domain_vars}
@@ -604,15 +611,13 @@ def row_major_out(k: Kernel, types: Mapping[str, TensorType]) -> bool:
     """Whether the stored tensor is the [M, N] matrix row-major (NHWC, output pixel m = (n, oh, ow)
     flattened, channel innermost, nothing else stored), 16-byte chunks of a row aligned: what a staged
     epilogue (OUT) copies out in 16-byte chunks at gm·N + gn."""
-    from aicfc.ir.lowered import Affine
     op = k.ops[0]
     g = implicit_gemm(op)
     ext = op.extents()
     last = k.ops[-1]
     if len(g.n) != 1 or len(k.stores) != 1 or k.stores[0] != last.out:
         return False
-    bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
-    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+    off = stored_offset(k)
     n = ext[g.n[0]]
     if n % (16 // ITEMSIZE[last.type.dtype]) or off.const or off.coeff(g.n[0]) != 1:
         return False

@@ -462,12 +462,11 @@ def _simt_store_eff(k: Kernel, p: Mapping, types: Mapping) -> tuple[float, float
     sector): 401408x16x96 147.5 us and 100352x24x144 67.9 us, where the DRAM terms said 37.0 and
     24.8; mma and wgmma ran them in 61.1 / 25.7 and 41.5 / 17.2 (benchmarks/results/thin_k_gemm_session16_h200.txt)."""
     c = gemm.dims(k)[0]
-    out = k.ops[-1]
-    esize = ITEMSIZE[out.type.dtype]
     out_bytes = float(sum(types[s].nbytes for s in k.stores if s in types))
     if c.m is None or c.n is None or len(k.stores) != 1:
         return 1.0, out_bytes
-    bind = dict(k.binds[-1]) if len(k.ops) > 1 else {v: Affine.var(v) for v in out.domain_vars}
+    out, bind = gemm.store_target(k, types)
+    esize = ITEMSIZE[out.type.dtype]
     off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in out.domain_vars), out.type)
     vm, vn = gemm.vectors(p)
     cols = p["BN"] // p["TN"]

@@ -169,9 +169,7 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     # stage-3 3x3 ran 7% and 18% faster.
     if p.get("STREAM"):
         # stream-k: the busiest block's share of k-blocks, its epilogues and partial tiles (cost_wgmma.stream_k)
-        share, epis, t_parts, t_reduce = stream_k(tiles, ktiles, p["CTAS"], bm, bn, l2_sm, hw)
-        t_tiles = share * t_kblock + epis * t_epi + t_parts
-        per_sm = share / ktiles
+        t_tiles, per_sm, t_reduce = stream_k(tiles, ktiles, p["CTAS"], bm, bn, t_kblock, t_epi, l2_sm, hw)
     elif p.get("PP"):
         t_tiles = max(per_sm * max(ktiles * t_kblock, t_epi) + t_epi, per_sm * (ktiles * t_load + t_store))
     else:

@@ -109,20 +109,21 @@ MAP_FENCE_US = 0.25
 TS_HIDDEN = 0.5
 
 
-def stream_k(tiles: int, kt: int, ctas: int, bm: int, bn: int, l2_sm: float, hw) -> tuple[int, int, float, float]:
+def stream_k(tiles: int, kt: int, ctas: int, bm: int, bn: int, t_kblock: float, t_epi: float, l2_sm: float,
+             hw) -> tuple[float, float, float]:
     """Stream-k (STREAM = 1: every block an even share of all tiles x kt k-blocks, codegen/gemm_wgmma.py):
-    (k-blocks of the busiest block, the epilogues it runs, its partial tiles' writes, the reduction
-    on the critical path). A block's share cuts at most two tiles, its first and its last, so it
-    writes at most two fp32 partial tiles; a tile's last block to arrive reads all of its parts
-    back after a fence and a ticket (splitk_overhead_us, as split-k) and runs its epilogue, so the
-    tiles' epilogues spread over the blocks."""
+    (the busiest block's time: its share of k-blocks, the epilogues it runs and its partial tiles'
+    writes; its share in tiles; the reduction on the critical path). A block's share cuts at most
+    two tiles, its first and its last, so it writes at most two fp32 partial tiles; a tile's last
+    block to arrive reads all of its parts back after a fence and a ticket (splitk_overhead_us, as
+    split-k) and runs its epilogue, so the tiles' epilogues spread over the blocks."""
     share = math.ceil(tiles * kt / ctas)
+    t_share = share * t_kblock + math.ceil(tiles / ctas) * t_epi
     parts = gemm_wgmma.stream_parts(tiles, kt, ctas)
-    part = bm * bn * 4.0 / l2_sm
     if parts == 1:
-        return share, math.ceil(tiles / ctas), 0.0, 0.0
-    return (share, math.ceil(tiles / ctas), 2 * part,
-            parts * part + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US))
+        return t_share, share / kt, 0.0
+    part = bm * bn * 4.0 / l2_sm
+    return t_share + 2 * part, share / kt, parts * part + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
 
 
 def n_eff(bn: int) -> float:
@@ -191,9 +192,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         t_fill += MAP_FENCE_US
     if p.get("STREAM"):
         # stream-k: the busiest block's share of k-blocks, its epilogues and partial tiles (`stream_k`)
-        share, epis, t_parts, t_reduce = stream_k(tiles, ktiles, p["CTAS"], bm, bn, l2_sm, hw)
-        t_tiles = share * t_kblock + epis * t_epi + t_parts
-        per_sm = share / ktiles
+        t_tiles, per_sm, t_reduce = stream_k(tiles, ktiles, p["CTAS"], bm, bn, t_kblock, t_epi, l2_sm, hw)
     elif p.get("PP"):
         # ping-pong: a warpgroup's epilogue runs under the other's k-blocks; the last one stays exposed
         t_tiles = per_sm * max(ktiles * t_kblock, t_epi) + t_epi
