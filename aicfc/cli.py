@@ -105,7 +105,8 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
               help="Launch the kernels plainly, one after the other finishes, instead of as dependent launches "
                    "(sm_90: each kernel launched while the previous one runs, waiting for it on the device).")
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after every pass into this folder.")
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Calibrated hardware profile (JSON).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
+              help="Calibrated hardware profile (JSON, from `aicfc tune`), or a bundled GPU's: h200.")
 @click.option("-j", "--jobs", type=int, metavar="N",
               help="Parallel nvcc runs, and at most N CUDA modules [default: $AICF_JOBS or the CPU count].")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")

@@ -317,7 +317,7 @@ def time_compiled(module, args: list, mode: str, ref: np.ndarray, reps: int) -> 
 
 
 def bench_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, modes: list[str] | None = None,
-               reps: int = REPS) -> dict:
+               reps: int = REPS, profile: str | None = None) -> dict:
     import torch
     import aicfc
     modes = peer_modes(False) if modes is None else modes
@@ -328,7 +328,8 @@ def bench_case(dev, name: str, batch: int, seq: int, tiny: bool, work: Path, mod
     path = work / f"{name}_b{batch}_s{seq}.onnx"
     t_export = export(model, inputs, path)
     t = time.perf_counter()
-    payload = aicfc.compile(str(path), target=dev.arch if dev else "sm_90", precision="fp16")
+    payload = aicfc.compile(str(path), target=dev.arch if dev else "sm_90", precision="fp16",
+                            profile_path=profile)
     t_compile = time.perf_counter() - t
     path.unlink(missing_ok=True)
     row = {"model": name, "batch": batch, "seq": seq, "tiny": tiny, "kernels": len(payload["kernels"]),
@@ -424,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tiny", action="store_true", help="small configs (2 layers, hidden 64; ResNet-18)")
     ap.add_argument("--no-gpu", action="store_true", help="export and compile only")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
+    ap.add_argument("--profile", help="aicfc's hardware profile: a file from `aicfc tune` or a bundled GPU's "
+                                      "(h200) [default: the target's]")
     return ap
 
 
@@ -450,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="aicf-models-") as tmp:
         for name, batch, seq in cases:
             try:
-                r = bench_case(dev, name, batch, seq, args.tiny, Path(tmp), modes, args.reps)
+                r = bench_case(dev, name, batch, seq, args.tiny, Path(tmp), modes, args.reps, args.profile)
             except Exception as e:   # report and go on: one model's failure is a row, not the end
                 bad.append(f"{name} b{batch} s{seq}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
                 print(f"{name:<9} {batch:>5} {seq:>4} FAILED {bad[-1]}", flush=True)

@@ -36,13 +36,29 @@ def targets() -> list[str]:
                   if p.name.endswith(".json"))
 
 
+def gpus() -> list[str]:
+    """The bundled GPU profiles (`aicfc/profiles/gpus/<name>.json`): a target's profile with the
+    figures where that GPU differs from the part the target's profile describes."""
+    return sorted(p.name[:-5] for p in resources.files("aicfc").joinpath("profiles", "gpus").iterdir()
+                  if p.name.endswith(".json"))
+
+
 def load_profile(target: str, path: str | Path | None = None) -> Profile:
-    """The profile for `target`, or the file at `path` (from `aicfc tune`) if given."""
-    if path is not None:
+    """The profile for `target`, or the file at `path` (from `aicfc tune`) if given, or the bundled
+    GPU profile `path` names (`--profile h200`) when no such file exists."""
+    if path is not None and not Path(path).exists() and str(path) in gpus():
+        data = json.loads(resources.files("aicfc").joinpath("profiles", "gpus", f"{path}.json").read_text())
+        base = data.pop("base")
+        if base != target:
+            raise AicfError(f"--profile {path} is an {base} GPU, but --target is {target}; use --target {base}")
+        data.pop("comment", None)
+        data = {**load_profile(base).data, **data}
+    elif path is not None:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
-            raise AicfError(f"--profile {path}: cannot read a JSON hardware profile ({e})") from None
+            raise AicfError(f"--profile {path}: cannot read a JSON hardware profile ({e}); give a file from "
+                            f"`aicfc tune` or a bundled GPU ({', '.join(gpus())})") from None
     else:
         if target not in targets():
             raise AicfError(f"--target {target}: unknown target; choose one of {', '.join(targets())}")
