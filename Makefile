@@ -35,8 +35,10 @@ demo: examples
 		echo "no working nvidia-smi: skipping aicf_run (the bundles are in out/)"; \
 	fi
 
+# One pytest worker per CPU (pytest-xdist), each test file on one worker so that its module-scoped
+# fixtures and its cubin cache are built once.
 test:
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n auto --dist loadfile
 
 gpu-test:
 	$(PYTHON) -m pytest -m gpu -q

@@ -1,10 +1,15 @@
 """Summarize an `aicf-run --profile` table of a CNN for issue 17: per convolution kernel (a kernel
-whose ONNX nodes include a Conv), measured/predicted and % of the roofline as the profile printed
-them, and the counts against the issue's bars (>= 50% of the roofline; meas/pred in [0.8, 1.25]).
+whose ONNX nodes include a Conv), measured/predicted, and the issue's bars: above 50% of the
+tensor cores' peak or, where the kernel is memory-bound, 80% of the measured copy bandwidth; and
+measured / predicted in [0.8, 1.25].
 
-    python3 benchmarks/conv_profile_summary.py PROFILE.txt [EXPLAIN.json]
+    python3 benchmarks/conv_profile_summary.py PROFILE.txt [EXPLAIN.json] [--copy-gbs 4239] [--peak-tflops 989.4]
 
-With the bundle's `aicfc explain --json`, each row also names the family and schedule.
+A kernel is memory-bound when its bytes (inputs once, outputs once: the profile's GB/s column) at
+the copy bandwidth take longer than its FLOPs at the peak. The copy bandwidth is measured
+(device-to-device copy, bytes read + written; benchmarks/generate.py and memory_bound.py print it),
+the peak is the profile's dense fp16 tensor-core figure. With the bundle's `aicfc explain --json`,
+each row also names the family and schedule.
 """
 from __future__ import annotations
 
@@ -20,32 +25,53 @@ def rows(text: str) -> list[dict]:
             continue
         try:
             out.append({"i": int(f[0]), "kernel": f[1], "meas": float(f[2]), "pred": float(f[3]),
-                        "ratio": float(f[4]), "roof": float(f[8].rstrip("%")), "nodes": " ".join(f[9:])})
+                        "ratio": float(f[4]), "gbs": float(f[6]), "tflops": float(f[7]),
+                        "roof": float(f[8].rstrip("%")), "nodes": " ".join(f[9:])})
         except ValueError:
             continue
     return out
 
 
+def bar(r: dict, copy_gbs: float, peak_tflops: float) -> tuple[str, float, bool]:
+    """(bound, fraction of its bar's figure, passes): memory-bound kernels against 80% of the copy
+    bandwidth, the others against 50% of the tensor cores' peak."""
+    mem, tc = r["gbs"] / copy_gbs, r["tflops"] / peak_tflops
+    if mem > tc:
+        return "memory", mem, mem >= 0.8
+    return "compute", tc, tc >= 0.5
+
+
 def main(argv: list[str]) -> int:
-    table = rows(open(argv[0]).read())
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profile")
+    ap.add_argument("explain", nargs="?")
+    ap.add_argument("--copy-gbs", type=float, default=4239.0,
+                    help="measured copy bandwidth, GB/s read + written (default: an H200's, session 15)")
+    ap.add_argument("--peak-tflops", type=float, default=989.4, help="dense fp16 tensor-core peak (sm_90)")
+    args = ap.parse_args(argv)
+    table = rows(open(args.profile).read())
     kinfo = {}
-    if len(argv) > 1:
-        doc = json.load(open(argv[1]))
+    if args.explain:
+        doc = json.load(open(args.explain))
         for k in doc["kernels"]:
             p = k.get("params", {})
-            kinfo[k["name"]] = f"{k['family']} " + " ".join(f"{x}={p[x]}" for x in ("unit", "BM", "BN", "NWG", "MI", "STAGES")
+            kinfo[k["name"]] = f"{k['family']} " + " ".join(f"{x}={p[x]}" for x in ("unit", "BM", "BN", "NWG", "PP", "STAGES")
                                                            if x in p)
     convs = [r for r in table if "Conv" in r["nodes"]]
-    print(f"{'kernel':>6} {'meas us':>9} {'pred us':>9} {'m/p':>6} {'roof%':>6}  schedule / nodes")
+    print(f"{'kernel':>6} {'meas us':>9} {'pred us':>9} {'m/p':>6} {'GB/s':>7} {'TFLOP/s':>8} {'bound':>8} {'of bar':>7} "
+          f"{'pass':>4}  schedule / nodes")
+    passed = 0
     for r in convs:
-        print(f"{r['kernel']:>6} {r['meas']:9.2f} {r['pred']:9.2f} {r['ratio']:6.2f} {r['roof']:6.1f}  "
-              f"{kinfo.get(r['kernel'], '')}  {r['nodes'].split()[0]}")
+        bound, frac, ok = bar(r, args.copy_gbs, args.peak_tflops)
+        passed += ok
+        print(f"{r['kernel']:>6} {r['meas']:9.2f} {r['pred']:9.2f} {r['ratio']:6.2f} {r['gbs']:7.0f} {r['tflops']:8.1f} "
+              f"{bound:>8} {100 * frac:6.1f}% {'yes' if ok else 'NO':>4}  {kinfo.get(r['kernel'], '')}  {r['nodes'].split()[0]}")
     n = len(convs)
-    roof = sum(r["roof"] >= 50 for r in convs)
     band = sum(0.8 <= r["ratio"] <= 1.25 for r in convs)
-    print(f"convolution kernels: {n}; >= 50% of roofline: {roof}; meas/pred in [0.8, 1.25]: {band} "
-          f"({100 * band / max(n, 1):.0f}%); conv time {sum(r['meas'] for r in convs):.1f} us of "
-          f"{sum(r['meas'] for r in table):.1f} us")
+    print(f"convolution kernels: {n}; at their bar (compute-bound >= 50% of {args.peak_tflops:.0f} TFLOP/s, memory-bound "
+          f">= 80% of {args.copy_gbs:.0f} GB/s): {passed}; meas/pred in [0.8, 1.25]: {band} ({100 * band / max(n, 1):.0f}%); "
+          f"conv time {sum(r['meas'] for r in convs):.1f} us of {sum(r['meas'] for r in table):.1f} us")
     return 0
 
 

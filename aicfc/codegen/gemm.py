@@ -380,6 +380,48 @@ def staged_layout(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[A
     return off, dt
 
 
+def extra_reads(k: Kernel, c: Contraction) -> list[str]:
+    """Tensors the epilogue reads per output element (bias rows are tiny; residuals are not)."""
+    out = []
+    if len(k.ops) == 2:
+        for ld in loads(k.ops[1].body):
+            if ld.buffer != k.ops[0].out and ld.buffer not in (c.a.buffer, c.b.buffer):
+                out.append(ld.buffer)
+    return list(dict.fromkeys(out))
+
+
+def prefetch_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[tuple[str, Affine]]:
+    """The epilogue's output-sized reads (a residual: `extra_reads`) with their flat offsets in the
+    epilogue's variables, where a tile row of them is a contiguous run of whole 16-byte chunks:
+    what a bulk L2 request of the row needs ([Note: epilogue prefetch] in codegen/gemm_wgmma.py)."""
+    c, m, n, _, batch = dims(k)
+    m *= math.prod(e for _, e in batch)
+    if c.n is None or c.m is None or len(k.ops) != 2 or rotary(k) is not None or gated(k):
+        return []
+    out: dict[str, Affine] = {}
+    reads = extra_reads(k, c)
+    for ld in loads(k.ops[1].body):
+        if ld.buffer not in reads or ld.buffer in out or indirect_dims(ld):
+            continue
+        t = types[ld.buffer]
+        ve = 16 // ITEMSIZE[t.dtype]
+        off = flat_offset(ld.index, t)
+        if (2 * t.numel >= m * n and n % ve == 0 and off.coeff(c.n) == 1 and off.const % ve == 0
+                and all(x % ve == 0 for v, x in off.terms if v != c.n)):
+            out[ld.buffer] = off
+    return list(out.items())
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """A residual the epilogue reads, as the producer's L2 requests of its tile rows take it
+    ([Note: epilogue prefetch] in codegen/gemm_wgmma.py)."""
+    buffer: str
+    ptr: str         # the kernel parameter
+    off: str         # flat offset of element (gm, gn), C
+    itemsize: int
+
+
 def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str], n: int) -> Staged | None:
     """The epilogue as values plus one 16-byte store per chunk of columns (`staged_layout`)."""
     layout = staged_layout(k, types, n)
@@ -423,6 +465,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
                  paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),
                  staged=staged_epilogue(k, types, sig, out_names, n) if p["unit"] == "wgmma" else None,
+                 prefetch=tuple(Prefetch(b, sig.params[b], c_affine(off, out_names), ITEMSIZE[types[b].dtype])
+                                for b, off in prefetch_reads(k, types)) if p["unit"] == "wgmma" else (),
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
                  rotary=getattr(rotary(k), "head", None))
     if p["unit"] == "gemv":

@@ -57,6 +57,26 @@ there than the data-parallel tiles on every shape measured: ResNet-50 B32's stag
 (cost_wgmma.stream_k) predicted those runs at 0.83-1.38 of what they measured. Why it is slower
 than its k-blocks (24-28 a block against 32-72) say is not found yet.
 
+[Note: epilogue prefetch]
+An epilogue that reads a tensor of the output's size (a residual add: `gemm.extra_reads`) loads it
+from registers after the tile's last k-block, so where a tile has a single k-block (ResNet's 1x1
+convolutions from 64 channels) nothing of the tile covers that read's DRAM round trip, and the
+other warpgroup's one k-block (ping-pong) covers little of it. For such tiles the producer thread
+requests the tile's rows of that tensor into L2 (`cp.async.bulk.prefetch.L2`, one request per row
+of min(BN, N - n0) elements, rows past M none) right after issuing the tile's k-block, up to
+STAGES - 1 tiles before the consumers reach its epilogue, whose loads then hit L2. Rendered where the
+rows are contiguous runs of whole 16-byte chunks (`gemm.prefetch_reads`), for unsplit tiles of one
+k-block (`prefetches`). Nothing is waited for, so it changes no result.
+Measured on ResNet-50 B32 (H200, each kernel alone, two rounds each against the same plan without
+requests; benchmarks/results/epilogue_prefetch_session17_h200.txt): the 56x56 1x1s with the
+residual add (K = 64, 64x256 ping-pong tiles) 42.8 -> 35.4 us, which is what the cost terms
+predicted for them (35.3: the reads at the SM's L2 share). Tiles of 2, 4 and 8 k-blocks measured
+slower with the row requests (22.1 -> 26.1, 15.8 -> 19.3, 11.0 -> 11.8 us: the requests, TMA
+operations, queue with the k-blocks' copies in the SM's TMA unit) and no faster with one request
+of the whole tile through a tensor map (+1-3%; the 56x56 ones 38.9 us); split tiles: most splits
+never run the epilogue. The convolution family does not request (ResNet's residual adds land in
+the 1x1 GEMMs the graph rewrites them into).
+
 CLUSTER = 2: thread-block clusters of two CTAs (`__cluster_dims__(2, 1, 1)`, so the ordinary launch
 and graph capture run them; CTAS = 2·min(pairs, SMs/2), even). The two CTAs of a cluster take the
 two tiles of a *pair*: tile rows 2u and 2u + 1 of one tile column, so they share B's box and each
@@ -367,6 +387,12 @@ def stream_ok(tiles: int, ktiles: int, hw_sms: int) -> bool:
     return tiles % hw_sms != 0 and tiles * ktiles >= 2 * hw_sms
 
 
+def prefetches(p: Mapping, K: int) -> bool:
+    """Whether the producer requests the epilogue's residual rows into L2 ([Note: epilogue
+    prefetch]): tiles of one k-block, unsplit."""
+    return p.get("SPLITK", 1) == 1 and not p.get("STREAM") and math.ceil(K / p["BK"]) == 1
+
+
 def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[TensorMap]:
     if p.get("unit") != "wgmma":
         return []
@@ -402,6 +428,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   STREAM=p.get("STREAM", 0), MAXPARTS=stream_parts(total, math.ceil(parts["K"] / p["BK"]), p["CTAS"])
                   if p.get("STREAM") else 0,
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"),
+                  prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (),
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 
 

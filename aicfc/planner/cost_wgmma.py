@@ -154,7 +154,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     sk = p.get("SPLITK", 1)
     ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
-    extra = sum(ITEMSIZE[types[b].dtype] for b in gemm_extra_reads(k, c) if 2 * types[b].numel >= m * n * nb)
+    extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, c) if 2 * types[b].numel >= m * n * nb)
     # a quad of threads stores 4 column pairs of a row from registers: 16 bytes of a 32-byte sector for
     # 16-bit outputs (each sector written twice), a whole one for fp32; staged stores write whole sectors
     half = not p.get("OUT") and any(ITEMSIZE[types[s].dtype] < 4 for s in k.stores)
@@ -221,14 +221,3 @@ def epilogue_ops(k, types: Mapping) -> int:
         return ROTARY_OPS
     from aicfc.planner.cost import fast_math, instructions
     return instructions(k.ops[1].body, fast=fast_math(k, types))
-
-
-def gemm_extra_reads(k, c) -> list[str]:
-    """Tensors the epilogue reads per output element (bias rows are tiny; residuals are not)."""
-    from aicfc.ir.lowered import loads
-    out = []
-    if len(k.ops) == 2:
-        for ld in loads(k.ops[1].body):
-            if ld.buffer != k.ops[0].out and ld.buffer not in (c.a.buffer, c.b.buffer):
-                out.append(ld.buffer)
-    return [b for b in dict.fromkeys(out)]
