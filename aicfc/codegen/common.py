@@ -80,8 +80,13 @@ def decompose(flat: str, variables: list[tuple[str, int]], idx: str) -> list[str
     return lines
 
 
+def element_offset(op: Compute, bind: Mapping[str, Affine]) -> Affine:
+    """The flat offset of `op`'s own element in its output, its variables placed by `bind` (a
+    kernel's binds: the op's variables in terms of the kernel's loop variables)."""
+    return flat_offset(tuple(Affine.var(v).substitute(bind) for v in op.domain_vars), op.type)
+
+
 def store_line(op: Compute, bind: Mapping[str, Affine], value: str, params: Mapping[str, str],
                names: Mapping[str, str]) -> str:
     """`p0[offset] = value;` for an op's own element, its variables placed by `bind`."""
-    index = tuple(Affine.var(v).substitute(bind) for v in op.domain_vars)
-    return f"{params[op.out]}[{c_affine(flat_offset(index, op.type), names)}] = {value};"
+    return f"{params[op.out]}[{c_affine(element_offset(op, bind), names)}] = {value};"

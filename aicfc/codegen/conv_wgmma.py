@@ -78,7 +78,7 @@ from typing import Mapping
 
 from aicfc.codegen import gemm_wgmma
 from aicfc.codegen.cexpr import c_affine, flat_offset, guard_condition
-from aicfc.codegen.common import decompose, render
+from aicfc.codegen.common import decompose, element_offset, render
 from aicfc.codegen.gemm_wgmma import KSTEP, MAX_ACC, ROW_BYTES, Operand, bk
 from aicfc.codegen.tma import IM2COL_CORNER, IM2COL_MAX_STRIDE, Im2col, TensorMap
 from aicfc.ir.decision import Kernel, Plan
@@ -565,7 +565,7 @@ def stored_offset(k: Kernel):
     from aicfc.ir.lowered import Affine
     last = k.ops[-1]
     bind = dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars}
-    return flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+    return element_offset(last, bind)
 
 
 def _pair_values(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str):

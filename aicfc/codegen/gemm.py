@@ -20,7 +20,7 @@ from typing import Mapping
 
 from aicfc.codegen import gemm_gemv, gemm_mma, gemm_wgmma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition, literal
-from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
+from aicfc.codegen.common import CTYPES, decompose, element_offset, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity
 from aicfc.ir.lowered import Affine, Compute, Load, indirect_dims, loads
@@ -279,7 +279,7 @@ def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dic
     None when the stored tensor is not contiguous and 2-aligned along n (or N is odd)."""
     c = dims(k)[0]
     last, bind = store_target(k, types)
-    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+    off = element_offset(last, bind)
     if c.n is None or n % 2 or off.coeff(c.n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != c.n):
         return None
     lines, values = _pair_values(k, types, sig, names)
@@ -374,7 +374,7 @@ def staged_layout(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[A
     last, bind = store_target(k, types)
     dt = last.type.dtype
     ve = 16 // ITEMSIZE[dt]
-    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in last.domain_vars), last.type)
+    off = element_offset(last, bind)
     if n % ve or off.coeff(c.n) != 1 or off.const % ve or any(x % ve for v, x in off.terms if v != c.n):
         return None
     return off, dt

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
-from aicfc.codegen.common import CTYPES, decompose, render, signature
+from aicfc.codegen.common import CTYPES, decompose, element_offset, render, signature
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.types import ITEMSIZE, TensorType
@@ -125,8 +125,8 @@ def render_kernel(k: Kernel, row, p: Mapping, types: Mapping[str, TensorType], n
     t = types[g.load.buffer]
     at = c_affine(flat_offset(g.load.index, t), names | {g.c: "c0"})
     bind = dict(k.binds[k.ops.index(stat)])
-    out_index = tuple(Affine.var(v).substitute(bind) for v in stat.domain_vars)
-    stores = [f"{sig.params[stat.out]}[{c_affine(flat_offset(out_index, stat.type), names | {g.c: f'(c0 + {v})'})}] = acc[{v}];"
+    out = element_offset(stat, bind)
+    stores = [f"{sig.params[stat.out]}[{c_affine(out, names | {g.c: f'(c0 + {v})'})}] = acc[{v}];"
               for v in range(g.vec)] if stat.out in k.stores else []
     return render("row_cols.cu.j2", name=name, signature=sig.text, idx=idx, vec=g.vec, lanes=p["lanes"],
                   slices=slices(p), threads=p["threads"], cblocks=math.ceil(g.vcols / p["lanes"]), vcols=g.vcols,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from aicfc.codegen import row_cols, vector
-from aicfc.codegen.cexpr import Emitter, c_affine, contains, flat_offset, literal, reciprocal_divisions
+from aicfc.codegen.cexpr import Emitter, contains, flat_offset, literal, reciprocal_divisions
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, index_vars, loads, substitute
@@ -357,9 +357,7 @@ class _Gen:
     def stat_store(self, op: Compute, value: str) -> str | None:
         if op.out not in self.k.stores:
             return None
-        bind = dict(self.k.binds[self.k.ops.index(op)])
-        index = tuple(Affine.var(v).substitute(bind) for v in op.domain_vars)
-        return f"{self.sig.params[op.out]}[{c_affine(flat_offset(index, op.type), self.names)}] = {value};"
+        return store_line(op, dict(self.k.binds[self.k.ops.index(op)]), value, self.sig.params, self.names)
 
 
 def _plain(g: _Gen, s: Compute, n: int, values: Mapping[Load, str]) -> tuple[list[str], list[str], list[str], str]:
