@@ -35,3 +35,59 @@ def test_a_file_of_that_name_wins(tmp_path, monkeypatch):
 def test_unknown_profile_names_the_bundled_ones(tmp_path):
     with pytest.raises(AicfError, match=r"--profile h900: cannot read .*a bundled GPU \(h200\)"):
         load_profile("sm_90", "h900")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[]", "not a hardware profile"),
+    ('"sm_90"', "not a hardware profile"),
+    ("{", "cannot read a JSON hardware profile"),
+])
+def test_a_file_that_is_not_a_profile_is_one_line(tmp_path, text, message):
+    f = tmp_path / "p.json"
+    f.write_text(text)
+    with pytest.raises(AicfError, match=message):
+        load_profile("sm_90", f)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("sm_count", "many", r'sm_count is "many", not a positive number'),
+    ("dram_bandwidth_gbs", 0, "dram_bandwidth_gbs is 0, not a positive number"),
+    ("l2_bandwidth_gbs", True, "l2_bandwidth_gbs is true, not a positive number"),
+    ("efficiency", None, "efficiency must map names to positive numbers"),
+    ("peak_tflops", {"fp16_tc": "fast"}, "peak_tflops must map names to positive numbers"),
+    ("arch", 90, "arch is int, not a string"),
+])
+def test_a_profile_with_a_bad_figure_is_refused_by_name(tmp_path, key, value, message):
+    data = dict(load_profile("sm_90").data, **{key: value})
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(data))
+    with pytest.raises(AicfError, match=message):
+        load_profile("sm_90", f)
+
+
+def test_an_oversized_profile_is_not_read(tmp_path, monkeypatch):
+    import aicfc.planner.hardware as H
+    monkeypatch.setattr(H, "MAX_PROFILE_BYTES", 100)
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(load_profile("sm_90").data))
+    with pytest.raises(AicfError, match="over 100"):
+        load_profile("sm_90", f)
+
+
+def test_every_bundled_profile_loads():
+    from aicfc.planner.hardware import targets
+    for t in targets():
+        assert load_profile(t).arch == t
+
+
+def test_cli_bad_profile_exits_2_with_one_line(tmp_path):
+    from click.testing import CliRunner
+    from aicfc.cli import main
+    from tests import onnx_builders as B
+    model = B.save(B.single_op_model("Relu", [(4, 8)]), tmp_path / "relu.onnx")
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(dict(load_profile("sm_90").data, efficiency=None)))
+    out = tmp_path / "m.aicf"
+    r = CliRunner().invoke(main, ["compile", str(model), "-o", str(out), "--profile", str(f)])
+    assert r.exit_code == 2 and not out.exists()
+    assert len(r.output.strip().splitlines()) == 1 and "efficiency" in r.output

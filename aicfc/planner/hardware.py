@@ -55,6 +55,8 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
         data = {**load_profile(base).data, **data}
     elif path is not None:
         try:
+            if Path(path).stat().st_size > MAX_PROFILE_BYTES:
+                raise ValueError(f"{Path(path).stat().st_size} bytes, over {MAX_PROFILE_BYTES}")
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise AicfError(f"--profile {path}: cannot read a JSON hardware profile ({e}); give a file from "
@@ -63,12 +65,39 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
         if target not in targets():
             raise AicfError(f"--target {target}: unknown target; choose one of {', '.join(targets())}")
         data = json.loads(resources.files("aicfc").joinpath("profiles", f"{target}.json").read_text())
+    if not isinstance(data, dict):
+        raise AicfError(f"--profile {path}: not a hardware profile (a JSON object of its figures); give a file "
+                        f"from `aicfc tune`")
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise AicfError(f"hardware profile for {target} lacks {', '.join(missing)}")
+    bad = _bad_figure(data)
+    if bad:
+        raise AicfError(f"hardware profile for {target}: {bad}; fix the file or rerun `aicfc tune`")
     if data["arch"] != target:
         raise AicfError(f"--profile is for {data['arch']}, but --target is {target}; make them agree")
     return Profile(data)
+
+
+MAX_PROFILE_BYTES = 1 << 20   # a profile is a few kB; a larger file is not one
+
+
+def _bad_figure(data: dict) -> str | None:
+    """What is wrong with a profile's required figures (None when nothing): every one a positive
+    number (`arch` a string; `peak_tflops` and `efficiency` objects of numbers)."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    for key in REQUIRED:
+        v = data[key]
+        if key == "arch":
+            if not isinstance(v, str):
+                return f"arch is {type(v).__name__}, not a string such as sm_90"
+        elif key in ("peak_tflops", "efficiency"):
+            if not isinstance(v, dict) or not all(isinstance(x, str) and number(y) for x, y in v.items()):
+                return f"{key} must map names to positive numbers"
+        elif not number(v):
+            return f"{key} is {json.dumps(v)[:40]}, not a positive number"
+    return None
 
 
 def plan_launch_us(hw: Profile) -> float:
