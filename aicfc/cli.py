@@ -12,6 +12,8 @@ import click
 from aicfc import __version__
 from aicfc.errors import AicfError
 
+MAX_SHAPE_SETS_BYTES = 1 << 20   # one line a plan: a larger --shape-sets file is not one
+
 EXIT_USAGE = 2
 
 
@@ -124,6 +126,9 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
 
     jobs = resolve_jobs(jobs)  # a bad --jobs fails before anything runs
     try:
+        if shape_sets_path and Path(shape_sets_path).stat().st_size > MAX_SHAPE_SETS_BYTES:
+            raise AicfError(f"--shape-sets {shape_sets_path}: over {MAX_SHAPE_SETS_BYTES} bytes; a shape-set file "
+                            f"holds one short line per plan")
         lines = Path(shape_sets_path).read_text().splitlines() if shape_sets_path else None
     except UnicodeDecodeError:
         raise AicfError(f"--shape-sets {shape_sets_path}: not a text file; write one shape set per line") from None

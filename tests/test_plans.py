@@ -336,6 +336,16 @@ def test_compile_shape_set_errors_are_one_line(compiled: dict[str, Path], tmp_pa
     assert not (tmp_path / "bad.aicf").exists()
 
 
+def test_an_oversized_shape_sets_file_is_not_read(compiled: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
+    from aicfc import cli
+    monkeypatch.setattr(cli, "MAX_SHAPE_SETS_BYTES", 16)
+    sets = tmp_path / "sets.txt"
+    sets.write_text("x=8x256\nx=1x256\nx=2x256\n")
+    result = aicfc("compile", compiled["model"], "-o", tmp_path / "big.aicf", "--shape-sets", sets)
+    assert result.exit_code == 2 and "over 16 bytes" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "big.aicf").exists()
+
+
 # --- on the GPU ---
 
 
