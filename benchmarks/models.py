@@ -411,6 +411,12 @@ def versions() -> dict:
     return out
 
 
+def gpu_profile(name: str | None) -> str | None:
+    """The bundled aicfc profile (aicfc/profiles/gpus/) whose name the GPU's name contains, if any."""
+    from aicfc.planner.hardware import gpus
+    return next((g for g in gpus() if name and g.lower() in name.lower()), None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="batch 1 only")
@@ -426,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-gpu", action="store_true", help="export and compile only")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON")
     ap.add_argument("--profile", help="aicfc's hardware profile: a file from `aicfc tune` or a bundled GPU's "
-                                      "(h200) [default: the target's]")
+                                      "(h200) [default: the bundled profile of the GPU it runs on, if there is one, "
+                                      "else the target's]")
     return ap
 
 
@@ -447,13 +454,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GPU: {dev.name} ({dev.arch}); fp16; medians of {args.reps} after warm-up; "
               f"x PEER = PEER time / aicf time; ro = torch.compile(mode='reduce-overhead')", flush=True)
     gpu = dev.name if dev else None
+    profile = args.profile or gpu_profile(gpu)
+    if profile:
+        print(f"aicfc plans with --profile {profile}", flush=True)
     vers = versions() if args.json else {}
     print(header(args.max_autotune), flush=True)
     rows, bad = [], []
     with tempfile.TemporaryDirectory(prefix="aicf-models-") as tmp:
         for name, batch, seq in cases:
             try:
-                r = bench_case(dev, name, batch, seq, args.tiny, Path(tmp), modes, args.reps, args.profile)
+                r = bench_case(dev, name, batch, seq, args.tiny, Path(tmp), modes, args.reps, profile)
             except Exception as e:   # report and go on: one model's failure is a row, not the end
                 bad.append(f"{name} b{batch} s{seq}: {type(e).__name__}: {' '.join(str(e).split())[:300]}")
                 print(f"{name:<9} {batch:>5} {seq:>4} FAILED {bad[-1]}", flush=True)

@@ -63,6 +63,11 @@ def test_models_cli_rejects_bad_cases(capsys):
     assert "bert:8x" in capsys.readouterr().err
 
 
+def test_models_plans_with_the_bundled_profile_of_its_gpu():
+    assert models.gpu_profile("NVIDIA H200") == "h200"
+    assert models.gpu_profile("NVIDIA H100 80GB HBM3") is None and models.gpu_profile(None) is None
+
+
 def test_peer_modes():
     assert models.peer_modes(False) == ["default", "reduce-overhead"]
     assert models.peer_modes(True) == ["default", "reduce-overhead", "max-autotune"]
