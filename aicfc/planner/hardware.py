@@ -14,6 +14,7 @@ REQUIRED = ("arch", "sm_count", "max_threads_per_block", "max_threads_per_sm", "
             "registers_per_sm", "max_registers_per_thread", "smem_per_sm", "smem_per_block_static",
             "smem_per_block_optin", "l2_bytes", "dram_bandwidth_gbs", "l2_bandwidth_gbs",
             "smem_bandwidth_gbs_per_sm", "peak_tflops", "launch_overhead_us", "efficiency")
+MAX_PROFILE_BYTES = 1 << 20   # a profile is a few kB; a larger file is not one
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,6 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
     if data["arch"] != target:
         raise AicfError(f"--profile is for {data['arch']}, but --target is {target}; make them agree")
     return Profile(data)
-
-
-MAX_PROFILE_BYTES = 1 << 20   # a profile is a few kB; a larger file is not one
 
 
 def _bad_figure(data: dict) -> str | None:
