@@ -273,6 +273,13 @@ def _gated_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict
     return em.take() + [store_line(epi, {v: Affine.var(v) for v in epi.domain_vars}, value, sig.params, where)]
 
 
+def runs_along(off: Affine, n_var: str, n: int, ve: int) -> bool:
+    """Whether the elements at flat offset `off` lie along `n_var` (n of them) in aligned runs of `ve`:
+    contiguous along it, and every run start a multiple of `ve` whatever the other variables."""
+    return (n % ve == 0 and off.coeff(n_var) == 1 and off.const % ve == 0
+            and all(x % ve == 0 for v, x in off.terms if v != n_var))
+
+
 def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
                      n: int) -> list[str] | None:
     """Epilogue for two adjacent columns (gn, gn+1) ending in one 2-element vector store, or
@@ -280,7 +287,7 @@ def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dic
     c = dims(k)[0]
     last, bind = store_target(k, types)
     off = element_offset(last, bind)
-    if c.n is None or n % 2 or off.coeff(c.n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != c.n):
+    if c.n is None or not runs_along(off, c.n, n, 2):
         return None
     lines, values = _pair_values(k, types, sig, names)
     vec_t, vec = PAIR_TYPES[types[last.out].dtype]
@@ -375,17 +382,20 @@ def staged_layout(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[A
     dt = last.type.dtype
     ve = 16 // ITEMSIZE[dt]
     off = element_offset(last, bind)
-    if n % ve or off.coeff(c.n) != 1 or off.const % ve or any(x % ve for v, x in off.terms if v != c.n):
+    if not runs_along(off, c.n, n, ve):
         return None
     return off, dt
 
 
-def extra_reads(k: Kernel, c: Contraction) -> list[str]:
-    """Tensors the epilogue reads per output element (bias rows are tiny; residuals are not)."""
+def extra_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[str]:
+    """Tensors of (at least half) the output's size the epilogue reads per output element: residuals,
+    not bias rows."""
+    c, m, n, _, batch = dims(k)
+    size = m * n * math.prod(e for _, e in batch)
     out = []
     if len(k.ops) == 2:
         for ld in loads(k.ops[1].body):
-            if ld.buffer != k.ops[0].out and ld.buffer not in (c.a.buffer, c.b.buffer):
+            if ld.buffer != k.ops[0].out and ld.buffer not in (c.a.buffer, c.b.buffer) and 2 * types[ld.buffer].numel >= size:
                 out.append(ld.buffer)
     return list(dict.fromkeys(out))
 
@@ -394,20 +404,17 @@ def prefetch_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[tuple[str
     """The epilogue's output-sized reads (a residual: `extra_reads`) with their flat offsets in the
     epilogue's variables, where a tile row of them is a contiguous run of whole 16-byte chunks:
     what a bulk L2 request of the row needs ([Note: epilogue prefetch] in codegen/gemm_wgmma.py)."""
-    c, m, n, _, batch = dims(k)
-    m *= math.prod(e for _, e in batch)
+    c, _, n, _, _ = dims(k)
     if c.n is None or c.m is None or len(k.ops) != 2 or rotary(k) is not None or gated(k):
         return []
     out: dict[str, Affine] = {}
-    reads = extra_reads(k, c)
+    reads = extra_reads(k, types)
     for ld in loads(k.ops[1].body):
         if ld.buffer not in reads or ld.buffer in out or indirect_dims(ld):
             continue
         t = types[ld.buffer]
-        ve = 16 // ITEMSIZE[t.dtype]
         off = flat_offset(ld.index, t)
-        if (2 * t.numel >= m * n and n % ve == 0 and off.coeff(c.n) == 1 and off.const % ve == 0
-                and all(x % ve == 0 for v, x in off.terms if v != c.n)):
+        if runs_along(off, c.n, n, 16 // ITEMSIZE[t.dtype]):
             out[ld.buffer] = off
     return list(out.items())
 

@@ -47,6 +47,7 @@ from typing import Callable, Mapping
 
 from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_cols, row_reduce
 from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
+from aicfc.codegen.common import element_offset
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Affine, Call, Const, Expr, Load, count_ops, index_vars, indirect_dims, loads
 from aicfc.ir.properties import Contraction
@@ -467,7 +468,7 @@ def _simt_store_eff(k: Kernel, p: Mapping, types: Mapping) -> tuple[float, float
         return 1.0, out_bytes
     out, bind = gemm.store_target(k, types)
     esize = ITEMSIZE[out.type.dtype]
-    off = flat_offset(tuple(Affine.var(v).substitute(bind) for v in out.domain_vars), out.type)
+    off = element_offset(out, bind)
     vm, vn = gemm.vectors(p)
     cols = p["BN"] // p["TN"]
     rows = max(1, 32 // cols)

@@ -131,8 +131,7 @@ def n_eff(bn: int) -> float:
 
 
 def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
-    c, m, n, kk, batch = gemm.dims(k)
-    nb = math.prod(e for _, e in batch)
+    c, _, _, kk, _ = gemm.dims(k)
     bm, bn, bkk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
     sms = hw.sm_count
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc", "tf32": "tf32_tc"}[p["dtype"]]
@@ -154,7 +153,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     sk = p.get("SPLITK", 1)
     ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
-    extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, c) if 2 * types[b].numel >= m * n * nb)
+    extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, types))
     # a quad of threads stores 4 column pairs of a row from registers: 16 bytes of a 32-byte sector for
     # 16-bit outputs (each sector written twice), a whole one for fp32; staged stores write whole sectors
     half = not p.get("OUT") and any(ITEMSIZE[types[s].dtype] < 4 for s in k.stores)

@@ -56,8 +56,9 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
         data = {**load_profile(base).data, **data}
     elif path is not None:
         try:
-            if Path(path).stat().st_size > MAX_PROFILE_BYTES:
-                raise ValueError(f"{Path(path).stat().st_size} bytes, over {MAX_PROFILE_BYTES}")
+            size = Path(path).stat().st_size
+            if size > MAX_PROFILE_BYTES:
+                raise ValueError(f"{size} bytes, over {MAX_PROFILE_BYTES}")
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise AicfError(f"--profile {path}: cannot read a JSON hardware profile ({e}); give a file from "
