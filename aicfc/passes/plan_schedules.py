@@ -121,11 +121,12 @@ def rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str] = frozenset(
 
 def _order(r: Ranked) -> tuple:
     """Ties on time (one bound, the same for both) go to the schedule with less exposed latency,
-    then to the one that issues less, then to the one that moves fewer bytes through shared
+    then to the one whose epilogues cost less (a DRAM-bound GEMM ties on DRAM whatever its
+    stores), then to the one that issues less, then to the one that moves fewer bytes through shared
     memory (its other bounds have more slack), then to a fixed order."""
     t = r.estimate.terms
-    return (round(r.time_us, 6), t["t_pipeline_us"], round(t["t_compute_us"], 6), round(t["t_smem_us"], 6),
-            _params(r.params))
+    return (round(r.time_us, 6), t["t_pipeline_us"], round(t.get("t_epilogue_us", 0.0), 6), round(t["t_compute_us"], 6),
+            round(t["t_smem_us"], 6), _params(r.params))
 
 
 def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list[Ranked], list[Candidate]]],
