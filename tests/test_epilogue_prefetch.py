@@ -41,7 +41,7 @@ def test_residual_gemms_prefetch_and_others_do_not():
     last 1x1: it writes the model's NCHW output (a GEMM of channels by pixels) and reads the
     channels-last residual across its rows, not along them."""
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1)
-    payload, sources = _sources(model, {"unit": "wgmma"})
+    payload, sources = _sources(model, {"unit": "wgmma", "RS": 0})
     prefetching = {k["name"] for k in payload["kernels"] if _prefetches(sources[k["name"]], k["symbol"])}
     adds = {k["name"]: k for k in payload["kernels"] if k["family"] == "gemm" and "b1.add" in k["onnx_nodes"]}
     (first,) = adds
@@ -66,7 +66,7 @@ def test_only_unsplit_tiles_of_one_k_block_prefetch(k, pin, want):
     """Tiles of one k-block request their residual rows; longer ones measured slower with the
     requests (they queue with the k-blocks' copies in the TMA unit), and under split-k most splits
     never run the epilogue. The requests need no tensor map."""
-    payload, sources = _sources(_matmul_residual(64, k, 256), {"unit": "wgmma", **pin})
+    payload, sources = _sources(_matmul_residual(64, k, 256), {"unit": "wgmma", "RS": 0, **pin})
     (kern,) = payload["kernels"]
     assert _prefetches(sources[kern["name"]], kern["symbol"]) is want
     assert len(kern["tensor_maps"]) == 2 + kern["params"].get("TS", 0)
@@ -78,7 +78,7 @@ def test_only_unsplit_tiles_of_one_k_block_prefetch(k, pin, want):
 def test_gpu_residual_epilogues_with_prefetch(pin, gpu_device):
     """Bottlenecks whose residual GEMMs prefetch, against onnxruntime at fp16, on each epilogue path."""
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1)
-    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", **pin}, ref="onnxruntime")
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "RS": 0, **pin}, ref="onnxruntime")
     assert any(PREFETCH in m["source"] for m in payload["modules"])
 
 
@@ -88,5 +88,5 @@ def test_gpu_residual_epilogues_with_prefetch(pin, gpu_device):
 def test_gpu_matmul_residual_edges(pin, gpu_device):
     """Edge tiles: rows past M get no request, the last tile column's run is cut at N."""
     model = _matmul_residual(300, 64, 264)
-    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", **pin})
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "RS": 0, **pin})
     assert any(PREFETCH in m["source"] for m in payload["modules"])

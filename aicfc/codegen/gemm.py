@@ -300,12 +300,13 @@ PAIR_TYPES = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2hal
               "bf16": ("__nv_bfloat162", "__floats2bfloat162_rn")}
 
 
-def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]) -> tuple[list[str], list[str]]:
+def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
+                 staged_reads: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
     """(lines, [value of column gn, value of column gn1]): the epilogue of the accumulators
     `accv`, `accv1` (the contraction itself when the kernel has no epilogue)."""
     em = Emitter(sig.params, types, prefix="v")
     if len(k.ops) == 2 and rotary(k) is None:
-        lines, cols = paired_loads(k, types, sig, names)
+        lines, cols = paired_loads(k, types, sig, names, staged_reads)
         if lines:
             mm, epi = k.ops
             n = dims(k)[0].n
@@ -323,13 +324,15 @@ PAIR_LOADS = {"f32": ("float2", "{r}.x", "{r}.y"), "f16": ("__half2", "__low2flo
               "bf16": ("__nv_bfloat162", "__low2float({r})", "__high2float({r})")}
 
 
-def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]
-                 ) -> tuple[list[str], tuple[dict, dict]]:
+def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
+                 staged_reads: Mapping[str, str] | None = None) -> tuple[list[str], tuple[dict, dict]]:
     """(lines, (values at column gn, values at gn + 1)): the epilogue's tensor reads (a residual,
     a per-column scale) that are contiguous along n and pair-aligned, each read once for both
     columns as a 2-element vector. Read as two scalars, a residual costs twice the load
     instructions and registers, so fewer of the tile's reads are in flight at once: a 1x1
-    convolution's residual epilogue was a chain of memory round trips."""
+    convolution's residual epilogue was a chain of memory round trips. A buffer of
+    `staged_reads` is read from the shared-memory element that expression names instead
+    ([Note: residual through the staging] in codegen/gemm_wgmma.py)."""
     mm, epi = k.ops
     n = dims(k)[0].n
     lines: list[str] = []
@@ -347,7 +350,11 @@ def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
         vec_t, low, high = PAIR_LOADS[t.dtype]
         r = f"pr{len(lo)}"
         at = c_affine(off, dict(names) | {n: "gn"})
-        lines.append(f"const {vec_t} {r} = __ldg(reinterpret_cast<const {vec_t}*>({sig.params[ld.buffer]} + ({at})));")
+        src = (staged_reads or {}).get(ld.buffer)
+        if src is not None:
+            lines.append(f"const {vec_t} {r} = *reinterpret_cast<const {vec_t}*>({src});")
+        else:
+            lines.append(f"const {vec_t} {r} = __ldg(reinterpret_cast<const {vec_t}*>({sig.params[ld.buffer]} + ({at})));")
         lo[ld], hi[ld] = low.format(r=r), high.format(r=r)
     return lines, (lo, hi)
 
@@ -429,16 +436,55 @@ class Prefetch:
     itemsize: int
 
 
-def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str], n: int) -> Staged | None:
-    """The epilogue as values plus one 16-byte store per chunk of columns (`staged_layout`)."""
+def staged_source(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[str, Affine] | None:
+    """(buffer, flat offset of element (gm, gn)) of the residual a staged epilogue can copy into its
+    staging ahead of the tile's k-blocks and read from there ([Note: residual through the staging]
+    in codegen/gemm_wgmma.py): the epilogue's one output-sized read, of the stored element's size,
+    a contiguous run of whole 16-byte chunks along n, read as pairs (`paired_loads`)."""
+    layout = staged_layout(k, types, n)
+    reads = extra_reads(k, types)
+    if layout is None or len(reads) != 1 or rotary(k) is not None:
+        return None
+    found = [(b, off) for b, off in prefetch_reads(k, types) if b == reads[0]]
+    if not found or ITEMSIZE[types[reads[0]].dtype] != ITEMSIZE[layout[1]]:
+        return None
+    if any(ld.buffer == reads[0] and ld.fill is not None for ld in loads(k.ops[1].body)):
+        return None
+    return found[0]
+
+
+@dataclass(frozen=True)
+class CopyIn:
+    """The residual a staged epilogue copies into its staging at the tile's start (`staged_source`)."""
+    ptr: str         # the kernel parameter
+    off: str         # flat offset of element (gm, gn), C
+
+
+def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str], n: int,
+                    staging_row: int = 0) -> Staged | None:
+    """The epilogue as values plus one 16-byte store per chunk of columns (`staged_layout`); with
+    `staging_row` (the staging's row pitch in elements), the residual of `staged_source` read from
+    the staged tile's element (r, cl)."""
     layout = staged_layout(k, types, n)
     if layout is None:
         return None
     off, dt = layout
-    body, values = _pair_values(k, types, sig, names)
+    reads = None
+    if staging_row:
+        src = staged_source(k, types, n)
+        if src is None:
+            return None
+        reads = {src[0]: f"st + r * {staging_row} + cl"}
+    body, values = _pair_values(k, types, sig, names, reads)
     lines = tuple(body) + (f"const float sv0 = {values[0]};", f"const float sv1 = {values[1]};")
     vec_t, vec = PAIR_TYPES[dt]
     return Staged(lines, CTYPES[dt], vec_t, vec, sig.params[k.ops[-1].out], c_affine(off, names), ITEMSIZE[dt])
+
+
+def _copy_in(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str], n: int) -> CopyIn:
+    src = staged_source(k, types, n)
+    assert src is not None, k.name
+    return CopyIn(sig.params[src[0]], c_affine(src[1], names))
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
@@ -471,7 +517,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
                  paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),
-                 staged=staged_epilogue(k, types, sig, out_names, n) if p["unit"] == "wgmma" else None,
+                 staged=staged_epilogue(k, types, sig, out_names, n,
+                                                gemm_wgmma.staging_row(p) if p.get("RS") else 0) if p["unit"] == "wgmma" else None,
+                 copy_in=_copy_in(k, types, sig, out_names, n) if p.get("RS") else None,
                  prefetch=tuple(Prefetch(b, sig.params[b], c_affine(off, out_names), ITEMSIZE[types[b].dtype])
                                 for b, off in prefetch_reads(k, types)) if p["unit"] == "wgmma" else (),
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),

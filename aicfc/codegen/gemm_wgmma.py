@@ -77,6 +77,26 @@ of the whole tile through a tensor map (+1-3%; the 56x56 ones 38.9 us); split ti
 never run the epilogue. The convolution family does not request (ResNet's residual adds land in
 the 1x1 GEMMs the graph rewrites them into).
 
+[Note: residual through the staging]
+RS = 1 (a staged, unsplit tile whose epilogue reads one residual of the output's element size, along n
+in whole 16-byte chunks: `gemm.staged_source`): at the start of each tile the consumer warpgroup copies
+its rows of the residual into its own output staging with 16-byte `cp.async` (whole sectors, nothing
+through registers), and the epilogue reads each pair of it from there, where it then stages its value:
+every element is read and overwritten by the same thread. The copies land under the tile's k-blocks;
+the warpgroup waits for them (`cp.async.wait_all`, then its barrier) just before the epilogue, and
+syncs once more before copying in, since the last tile's copy-out reads the same staging. The
+epilogue otherwise read the residual in the accumulators' layout, a quad of threads 16 bytes of a row,
+each a 4-byte load: under ncu (H200, ResNet-50 B32's 14x14 1x1 with the residual add, 64x128 ping-pong
+tiles of 4 k-blocks) the warps spent 43% of their cycles waiting on L1TEX with DRAM at 19% and L2 at
+45% of peak. Not with TS (the staging is then the TMA's swizzled boxes) nor split-k (most splits never
+run the epilogue); no L2 prefetch either (`prefetches`). Cost: the residual's bytes leave the
+epilogue's term and join the tile's k-blocks (planner/cost_wgmma.py). RS is a key of every candidate
+of such a kernel (0 or 1), so `--pin RS=0` keeps the epilogue's own loads for an A/B.
+Measured on an H200 (benchmarks/results/residual_staging_session18_h200.txt: torchvision ResNet-50 B32,
+each kernel alone, two alternating rounds against the --pin RS=0 plan): the 28x28 1x1s with the add
+22.0-27.0 -> 17.5-20.0 us, the 14x14 ones 15.9 -> 14.4, the 56x56 ones (one k-block, which the L2
+prefetch served before) 35.4 -> 34.1-34.6; the plan replayed in 981.5 us against 1022.3.
+
 CLUSTER = 2: thread-block clusters of two CTAs (`__cluster_dims__(2, 1, 1)`, so the ordinary launch
 and graph capture run them; CTAS = 2·min(pairs, SMs/2), even). The two CTAs of a cluster take the
 two tiles of a *pair*: tile rows 2u and 2u + 1 of one tile column, so they share B's box and each
@@ -145,6 +165,12 @@ def stage_bytes(p: Mapping) -> int:
 def out_wg_bytes(p: Mapping) -> int:
     """A consumer warpgroup's staging region for the output tile (0: stores from registers)."""
     return 64 * p["MI"] * (p["BN"] * p["OUT"] + 16) if p.get("OUT") else 0
+
+
+def staging_row(p: Mapping) -> int:
+    """The staging's row pitch in elements: BN and 16 bytes (the 8 rows a warp's pair store covers
+    fall in different banks; every row starts 16-byte aligned)."""
+    return p["BN"] + 16 // max(p.get("OUT", 0), 1)
 
 
 def out_box(p: Mapping) -> tuple[int, int]:
@@ -313,9 +339,10 @@ def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
 
 
 def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> list[dict]:
-    from aicfc.codegen.gemm import dims, staged_layout
+    from aicfc.codegen.gemm import dims, staged_layout, staged_source
     _, m, n, kk, batch = dims(k)
     layout = staged_layout(k, plan.types(), n)
+    copies_in = staged_source(k, plan.types(), n) is not None
     out = ITEMSIZE[layout[1]] if layout else 0   # bytes per staged output element; 0: no staging
     tma_out = out and isinstance(output_map(k, {"MI": 1}, plan.types()), TensorMap)
     stores = [(out, 0)] + ([(out, 1)] if tma_out else []) + ([(0, 0)] if out else [])   # (OUT, TS)
@@ -345,7 +372,10 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                              "MI": mi, "OUT": o, "TS": ts, "STAGES": st, "SPLITK": sk, "CLUSTER": cl,
                              "CTAS": hw_sms if sm else ctas, "STREAM": sm}
                         if smem_bytes(p) + static_smem(p) <= smem_limit:
-                            points.append(p)
+                            # [Note: residual through the staging]: where the epilogue has such a residual, RS
+                            # is a key of every candidate (so --pin RS=0 / RS=1 applies), 1 on staged, unsplit ones
+                            points += ([dict(p, RS=0)] + ([dict(p, RS=1)] if o and not ts and sk == 1 and not sm else [])
+                                       if copies_in else [p])
     return points
 
 
@@ -389,8 +419,8 @@ def stream_ok(tiles: int, ktiles: int, hw_sms: int) -> bool:
 
 def prefetches(p: Mapping, K: int) -> bool:
     """Whether the producer requests the epilogue's residual rows into L2 ([Note: epilogue
-    prefetch]): tiles of one k-block, unsplit."""
-    return p.get("SPLITK", 1) == 1 and not p.get("STREAM") and math.ceil(K / p["BK"]) == 1
+    prefetch]): tiles of one k-block, unsplit, whose consumers do not copy the residual in (RS)."""
+    return p.get("SPLITK", 1) == 1 and not p.get("STREAM") and not p.get("RS") and math.ceil(K / p["BK"]) == 1
 
 
 def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[TensorMap]:
@@ -417,7 +447,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     return render("gemm_wgmma.cu.j2", name=name, batch=parts["batch"], M=parts["M"], N=parts["N"], K=parts["K"],
                   dtype=dtype, KSTEP=KSTEP[dtype], BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"],
                   PP=p.get("PP", 0), CT=128 if p.get("PP") else 128 * p["NWG"],
-                  OUT_WG_BYTES=out_wg_bytes(p), LDS=p["BN"] + 16 // max(p.get("OUT", 0), 1),
+                  OUT_WG_BYTES=out_wg_bytes(p), LDS=staging_row(p),
                   STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm, TILES_N=tn, GROUP=GROUP,
                   KT=math.ceil(parts["K"] / p["BK"]), STAGE_BYTES=stage_bytes(p), threads=threads(p),
                   TA=int(not a.k_major), TB=int(not b.k_major), a=a, b=b, idx=parts["idx"],
@@ -428,7 +458,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   STREAM=p.get("STREAM", 0), MAXPARTS=stream_parts(total, math.ceil(parts["K"] / p["BK"]), p["CTAS"])
                   if p.get("STREAM") else 0,
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"),
-                  prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (),
+                  prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (), copy_in=parts["copy_in"],
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 
 

@@ -30,6 +30,8 @@ fetches the next tile:
                  only once both CTAs freed it (an arrival across SMs), and the pair runs at the pace
                  of its slower CTA
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
+                 (RS = 1: the residual's bytes move to the tile's k-blocks, t_copy; they share the
+                 SM's L2 port with its TMA loads)
                  + EPILOGUE_US        16-bit stores from registers count twice their bytes (half
                                       sectors); fp32 ones, and staged ones (OUT > 0), once
                  + BM·BN·(epilogue instructions + STORE_OPS) / (EPILOGUE_RATE · COOP_EPILOGUE_SCALE
@@ -158,12 +160,16 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # 16-bit outputs (each sector written twice), a whole one for fp32; staged stores write whole sectors
     half = not p.get("OUT") and any(ITEMSIZE[types[s].dtype] < 4 for s in k.stores)
     t_store = bm * bn * out_bytes * (2 if half else 1) / l2_sm
-    t_epi = t_store + bm * bn * extra / l2_sm + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
+    # the residual's bytes: read by the epilogue, or (RS) copied into the staging under the tile's k-blocks,
+    # whose loads they share the SM's L2 port with ([Note: residual through the staging])
+    t_res = bm * bn * extra / l2_sm
+    t_epi = t_store + (0.0 if p.get("RS") else t_res) + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
     # the epilogue's arithmetic on the tile's consumer warps, at EPILOGUE_RATE thread-instructions per us
     # per SM for one warpgroup, COOP_EPILOGUE_SCALE times that for two cooperative ones
     coop = not p.get("PP") and p["NWG"] > 1
     issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * (COOP_EPILOGUE_SCALE if coop else 1.0)
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
+    t_copy = t_res if p.get("RS") else 0.0
     t_reduce = 0.0
     if sk > 1:
         # every split writes its fp32 partial tile; the last to arrive reads all of them back after a fence
@@ -194,9 +200,9 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         t_tiles, per_sm, t_reduce = stream_k(tiles, ktiles, p["CTAS"], bm, bn, t_kblock, t_epi, l2_sm, hw)
     elif p.get("PP"):
         # ping-pong: a warpgroup's epilogue runs under the other's k-blocks; the last one stays exposed
-        t_tiles = per_sm * max(ktiles * t_kblock, t_epi) + t_epi
+        t_tiles = per_sm * max(ktiles * t_kblock + t_copy, t_epi) + t_epi
     else:
-        t_tiles = per_sm * (ktiles * t_kblock + t_epi - hidden) + hidden
+        t_tiles = per_sm * (ktiles * t_kblock + t_copy + t_epi - hidden) + hidden
     t_cluster = hw.data.get("cluster_overhead_us", CLUSTER_US) if cl > 1 else 0.0
     time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram) + t_cluster
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
