@@ -32,6 +32,20 @@ def test_a_file_of_that_name_wins(tmp_path, monkeypatch):
     assert load_profile("sm_90", "h200").name == "mine"
 
 
+def test_a_gpu_file_given_by_path_or_copied_overlays_its_base(tmp_path):
+    """`aicfc tune --profile aicfc/profiles/gpus/h200.json` (or an edited copy) reads as `--profile h200`:
+    its figures over its base target's."""
+    from importlib import resources
+    bundled = resources.files("aicfc").joinpath("profiles", "gpus", "h200.json")
+    assert load_profile("sm_90", str(bundled)).data == load_profile("sm_90", "h200").data
+    mine = dict(json.loads(bundled.read_text()), dram_bandwidth_gbs=4500)
+    (tmp_path / "mine.json").write_text(json.dumps(mine))
+    assert load_profile("sm_90", str(tmp_path / "mine.json")).dram_bandwidth_gbs == 4500
+    (tmp_path / "bad.json").write_text(json.dumps(dict(mine, base="sm_99")))
+    with pytest.raises(AicfError, match=r"base 'sm_99' is not a target"):
+        load_profile("sm_90", str(tmp_path / "bad.json"))
+
+
 def test_unknown_profile_names_the_bundled_ones(tmp_path):
     with pytest.raises(AicfError, match=r"--profile h900: cannot read .*a bundled GPU \(h200\)"):
         load_profile("sm_90", "h900")

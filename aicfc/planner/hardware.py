@@ -49,11 +49,6 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
     GPU profile `path` names (`--profile h200`) when no such file exists."""
     if path is not None and not Path(path).exists() and str(path) in gpus():
         data = json.loads(resources.files("aicfc").joinpath("profiles", "gpus", f"{path}.json").read_text())
-        base = data.pop("base")
-        if base != target:
-            raise AicfError(f"--profile {path} is an {base} GPU, but --target is {target}; use --target {base}")
-        data.pop("comment", None)
-        data = {**load_profile(base).data, **data}
     elif path is not None:
         try:
             size = Path(path).stat().st_size
@@ -70,6 +65,15 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
     if not isinstance(data, dict):
         raise AicfError(f"--profile {path}: not a hardware profile (a JSON object of its figures); give a file "
                         f"from `aicfc tune`")
+    if "base" in data:   # a GPU's figures over its architecture's (profiles/gpus/*.json, or a copy of one)
+        data = dict(data)
+        base = data.pop("base")
+        if base not in targets():
+            raise AicfError(f"--profile {path}: base {base!r} is not a target; use one of {', '.join(targets())}")
+        if base != target:
+            raise AicfError(f"--profile {path} is an {base} GPU, but --target is {target}; use --target {base}")
+        data.pop("comment", None)
+        data = {**load_profile(base).data, **data}
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise AicfError(f"hardware profile for {target} lacks {', '.join(missing)}")
