@@ -427,13 +427,18 @@ def prefetch_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[tuple[str
 
 
 @dataclass(frozen=True)
-class Prefetch:
-    """A residual the epilogue reads, as the producer's L2 requests of its tile rows take it
-    ([Note: epilogue prefetch] in codegen/gemm_wgmma.py)."""
+class ResidualRead:
+    """A residual the epilogue reads, as the template fetches it ahead: the producer's L2 requests
+    of its tile rows ([Note: epilogue prefetch]) or the consumers' copy into their staging ([Note:
+    residual through the staging]), both in codegen/gemm_wgmma.py."""
     buffer: str
     ptr: str         # the kernel parameter
     off: str         # flat offset of element (gm, gn), C
     itemsize: int
+
+
+def _residual_read(buffer: str, off: Affine, types: Mapping[str, TensorType], sig, names: dict[str, str]) -> ResidualRead:
+    return ResidualRead(buffer, sig.params[buffer], c_affine(off, names), ITEMSIZE[types[buffer].dtype])
 
 
 def staged_source(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[str, Affine] | None:
@@ -451,13 +456,6 @@ def staged_source(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[s
     if any(ld.buffer == reads[0] and ld.fill is not None for ld in loads(k.ops[1].body)):
         return None
     return found[0]
-
-
-@dataclass(frozen=True)
-class CopyIn:
-    """The residual a staged epilogue copies into its staging at the tile's start (`staged_source`)."""
-    ptr: str         # the kernel parameter
-    off: str         # flat offset of element (gm, gn), C
 
 
 def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str], n: int,
@@ -479,12 +477,6 @@ def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict
     lines = tuple(body) + (f"const float sv0 = {values[0]};", f"const float sv1 = {values[1]};")
     vec_t, vec = PAIR_TYPES[dt]
     return Staged(lines, CTYPES[dt], vec_t, vec, sig.params[k.ops[-1].out], c_affine(off, names), ITEMSIZE[dt])
-
-
-def _copy_in(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str], n: int) -> CopyIn:
-    src = staged_source(k, types, n)
-    assert src is not None, k.name
-    return CopyIn(sig.params[src[0]], c_affine(src[1], names))
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
@@ -519,8 +511,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),
                  staged=staged_epilogue(k, types, sig, out_names, n,
                                                 gemm_wgmma.staging_row(p) if p.get("RS") else 0) if p["unit"] == "wgmma" else None,
-                 copy_in=_copy_in(k, types, sig, out_names, n) if p.get("RS") else None,
-                 prefetch=tuple(Prefetch(b, sig.params[b], c_affine(off, out_names), ITEMSIZE[types[b].dtype])
+                 copy_in=_residual_read(*staged_source(k, types, n), types, sig, out_names) if p.get("RS") else None,
+                 prefetch=tuple(_residual_read(b, off, types, sig, out_names)
                                 for b, off in prefetch_reads(k, types)) if p["unit"] == "wgmma" else (),
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
                  rotary=getattr(rotary(k), "head", None))
