@@ -187,7 +187,9 @@ def test_decoder_state_in_the_bundle(seq):
     writers = [k for k in payload["kernels"] if STATE_RULE in k["rewrites"]]
     if seq > 1:
         assert len(scatters) == len(writers) == 4
-        assert all(k["grid"][0] * k["block"][0] >= 2 * seq * 16 for k in scatters)
+        # every element of the new rows has a thread, `vec` consecutive ones each (16-byte vectors of halves)
+        assert all(k["params"]["vec"] == 8 for k in scatters)
+        assert all(k["grid"][0] * k["block"][0] * k["params"]["vec"] >= 2 * seq * 16 for k in scatters)
     else:   # a decode step: each layer's split-KV attention writes its K and V rows (passes/fold_cache_writes.py)
         assert not scatters and len(writers) == 2
         assert all(k["family"] == "attention" and FOLD_RULE in k["rewrites"] for k in writers)
@@ -345,3 +347,16 @@ def test_fold_scatter_axes_permutes_the_updates():
     assert np.array_equal(evaluate_ir(folded, inputs)["y"], ref)
     plan = plan_of(model, {})
     assert np.array_equal(evaluate_ir(plan, inputs)["y"], ref) and [s.input for s in plan.state] == ["x"]
+
+
+@pytest.mark.parametrize("data,q,k,vec", [((6, 16), (3,), 1, 4), ((5, 4, 6), (2, 2), 1, 2), ((4, 6), (3,), 2, 1),
+                                          ((7, 2, 32), (2,), 2, 4)])
+def test_scatter_vector_width(data, q, k, vec):
+    """[Note: a scatter's rows as vectors]: the widest vector the state's innermost axis allows,
+    none where the ids index that axis; the kernel stores whole vectors."""
+    payload = aicfc.compile(scatter_model(data, q + (k,), q + data[k:]))
+    (kern,) = [x for x in payload["kernels"] if x["family"] == "scatter"]
+    assert kern["params"]["vec"] == vec
+    assert kern["grid"][0] * kern["block"][0] * vec >= int(np.prod(q + data[k:]))
+    source = next(m["source"] for m in payload["modules"] if kern["symbol"] in m["source"])
+    assert ("aicf_vstore<" in source) == (vec > 1)
