@@ -192,9 +192,11 @@ def test_every_split_candidate_builds_without_spills(b, h, hkv, slots, sq):
     k = the_kernel(plan)
     cands = [p for p in attention.space(k, plan) if p["unit"] == "split"]
     assert cands
-    picks = {(p["BN"], p["warps"]): p for p in cands}          # every tile shape, one split count each
+    picks = {(p["BN"], p["warps"], p["MMA"], p["STAGES"]): p for p in cands}   # every tile shape, one split count each
+    assert any(p["MMA"] for p in cands) and any(p["STAGES"] > 2 for p in cands) == (slots >= 3 * 64)
     for p in list(picks.values()) + [max(cands, key=lambda p: p["SPLITS"])]:
-        pinned = plan_of(model, pin={"unit": "split", "BN": p["BN"], "warps": p["warps"], "SPLITS": p["SPLITS"]})
+        pinned = plan_of(model, pin={"unit": "split", "BN": p["BN"], "warps": p["warps"], "SPLITS": p["SPLITS"],
+                                     "MMA": p["MMA"], "STAGES": p["STAGES"]})
         kk = the_kernel(pinned)
         built = build(render_module(pinned), "sm_90")
         assert built.spills.get(kk.name, 0) == 0, (p, built.spills)
@@ -246,6 +248,38 @@ def test_gpu_split_counts_and_rows(splits, gpu_device):
             assert rel_err(got, ref) <= RTOL["fp16"]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("bn,warps,stages", [(64, 4, 2), (128, 4, 4), (128, 8, 2), (64, 4, 8), (64, 4, 4)])
+@pytest.mark.parametrize("splits", [1, 3, 12])
+def test_gpu_split_on_tensor_cores(bn, warps, stages, splits, gpu_device):
+    """[Note: split attention on tensor cores]: 4 query rows a block (B1, 32 heads over 8), 16 (4
+    heads over 1 at Sq 4) and 32 (two row slices: 8 heads over 1 at Sq 4), chunks of several
+    tiles in flight, one block a K/V head (SPLITS=1) and the ticket's merge; live lengths that
+    end inside a warp's keys, NaN in the dead slots."""
+    if gpu_device.arch != "sm_90":
+        pytest.skip("the decode shapes are checked on sm_90")
+    cases = ((decode_attention(1, 32, 8, 768, 64), (1, 300, 768)), (decode_attention(2, 4, 1, 768, 64, sq=4), (4, 700)),
+             (decode_attention(1, 8, 1, 768, 64, sq=4), (37, 513)))
+    ran = 0
+    for model, lives in cases:
+        pin = {"unit": "split", "MMA": 1, "BN": bn, "warps": warps, "STAGES": stages, "SPLITS": splits}
+        plan = plan_of(model)
+        if not any(all(p.get(k_) == v for k_, v in pin.items()) for p in attention.space(the_kernel(plan), plan)):
+            continue   # e.g. 8 stages for a chunk of fewer than 7 tiles
+        ran += 1
+        payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin=pin)
+        (k,) = [k for k in payload["kernels"] if k["family"] == "attention"]
+        assert k["params"]["MMA"] == 1 and k["params"]["SPLITS"] == splits
+        for live in lives:
+            feeds = inputs_at(model, live, seed=splits * 1000 + live)
+            ref = reference(feeds)
+            for got in _run_twice(payload, feeds, gpu_device):
+                assert not np.isnan(got).any()
+                assert rel_err(got, ref) <= RTOL["fp16"], (live, rel_err(got, ref))
+    if not ran:
+        pytest.skip(f"no case has a chunk of {splits} splits that fills {stages} stages of {bn} keys")
+
+
 def fixture_decode_plan(pin: dict):
     """The Llama fixture's decode step (tests/fixtures/kvcache/llama_gen.onnx), fp16, under `pin`."""
     from pathlib import Path
@@ -284,7 +318,8 @@ def test_decode_attention_reads_its_cache_before_the_wait():
         {r.target for r in plan.rewrites if r.rule == EARLY_RULE} == {k.name for k in att}
     source = render_module(plan.replace(kernels=tuple(att), launch=pdl.DEPENDENT))
     body = source.split(att[0].name + "(", 1)[1].split("__global__", 1)[0]
-    first_tile, entry, query = body.index("load_kv(0, c0);"), body.index(pdl.ENTRY), body.index("Qs[x] =")
+    query = body.index("Qs[x] =" if "Qs[x] =" in body else "Qh[r * ")   # the SIMT or the tensor-core body's rows
+    first_tile, entry = body.index("load_kv(0, c0);"), body.index(pdl.ENTRY)
     assert first_tile < entry < query and body.count(pdl.ENTRY) == 1
     # unfolded: the cache is written by the scatter kernel, which may run beside the attention's early part
     unfolded = att[0].replace(ops=tuple(op for op in att[0].ops if not op.out.startswith(att[0].stores[-1])))

@@ -28,9 +28,22 @@ Arithmetic in fp32 on the SIMT cores (at R <= 32 rows the tensor cores' 64-row t
 mostly padding and the step is bound by latency, not issue). Scores in natural units, so a
 -FLT_MAX mask keeps a fully masked row's uniform softmax (as onnxruntime computes it).
 
+[Note: split attention on tensor cores]
+MMA = 1 runs a tile on the tensor cores instead (mma.sync m16n8k16, the fragment layouts of
+templates/attention.cu.j2): the block's R query rows are one A operand of 16·MI rows (R <= 16·MI,
+the rest zero), and warp w takes keys w·KW .. w·KW + KW - 1 of every tile (KW = BN / warps, a
+multiple of 16), keeping its own online softmax over them; the warps merge (m, l, O) once,
+through shared memory, after the key loop. A tile is then one barrier and a few dozen
+instructions a warp, where the SIMT body's three barriers and its shared-memory FMA chains took
+1.7 us a 64-key tile on an H200 (planner/cost_attention_split.py). P is rounded to the storage
+type for P·V, as in the `mma` unit. STAGES tiles are in flight (STAGES - 1 requested before the
+dependent-launch wait under PRE), so a chunk of several tiles streams, and SPLITS = 1 (one block
+a K/V head) needs no partials, no ticket and no combine: the block stores O itself.
+
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
-score rows a thread. Legal where the query is short (Sq <= MAX_SQ, R <= MAX_ROWS),
+score rows a thread (MMA = 0, STAGES = 2); and MMA = 1 with BN ∈ {64, 128}, KW >= 16,
+STAGES ∈ {2, 4, 8} (no more than a chunk's tiles plus one), where D and Dv are multiples of 16. Legal where the query is short (Sq <= MAX_SQ, R <= MAX_ROWS),
 q/k/v are fp16/bf16 rows contiguous along the head dimension and 16-byte aligned (what `mma`
 needs), and the mask is not the causal constant (which the tile units skip by tiles).
 """
@@ -47,6 +60,8 @@ from aicfc.ir.properties import Attention
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 SPACE = {"BN": (32, 64, 128), "warps": (4, 8)}
+MMA_SPACE = {"BN": (64, 128), "warps": (4, 8), "STAGES": (2, 4, 8)}
+SMEM_LIMIT = 227 * 1024   # an sm_90 block's dynamic shared memory
 MAX_SQ = 4          # query rows a head: a decode step, or a few speculative rows; longer queries fill
                     # the tile units' 64-row tiles (a prefill), where splitting the keys buys nothing
 MAX_ROWS = 32       # query rows of one block (G·Sq)
@@ -113,10 +128,23 @@ def space(g, dtype: str) -> list[dict]:
     out = []
     for bn in SPACE["BN"]:
         for w in SPACE["warps"]:
-            p = {"unit": "split", "dtype": dtype, "BN": bn, "warps": w, "causal": 0}
+            p = {"unit": "split", "dtype": dtype, "BN": bn, "warps": w, "causal": 0, "MMA": 0, "STAGES": 2}
             if bn > 32 * w or thread_map(rows, g.dv, p)["RT"] > MAX_RT:
                 continue
             out += [{**p, "SPLITS": s} for s in splits_of(g.sk, bn)]
+    if g.d % 16 or g.dv % 16:
+        return out
+    for bn in MMA_SPACE["BN"]:
+        for w in MMA_SPACE["warps"]:
+            if (bn // w) % 16:
+                continue
+            for s in splits_of(g.sk, bn):
+                tiles = chunk(g.sk, s, bn) // bn
+                for st in MMA_SPACE["STAGES"]:
+                    p = {"unit": "split", "dtype": dtype, "BN": bn, "warps": w, "causal": 0, "MMA": 1,
+                         "STAGES": st, "SPLITS": s}
+                    if (st == 2 or st <= tiles + 1) and smem_bytes(rows, g.d, g.dv, p) <= SMEM_LIMIT:
+                        out.append(p)
     return out
 
 
@@ -128,10 +156,14 @@ def thread_map(rows: int, dv: int, p: Mapping) -> dict[str, int]:
     """How the block's threads share the work. Scores: thread t takes key t % BN of the tile for
     rows t / BN + RS·k (RS = threads / BN, RT of them). P·V: column pairs R·Dv/2 (`pairs`); when
     there are fewer than threads, KS slices of the tile's keys each sum a part, merged at the
-    end; NP pairs per thread."""
+    end; NP pairs per thread. MMA = 1: warp w's keys KW = BN / warps, MI 16-row slices of rows;
+    after the merge every thread holds NP whole pairs (KS = 1)."""
     t = threads(p)
-    rs = t // p["BN"]
     pairs = rows * dv // 2
+    if p.get("MMA"):
+        return {"RS": 0, "RT": 0, "pairs": pairs, "KS": 1, "NP": math.ceil(pairs / t),
+                "KW": p["BN"] // p["warps"], "MI": math.ceil(rows / 16)}
+    rs = t // p["BN"]
     ks = max(1, t // pairs)
     while p["BN"] % ks:
         ks //= 2
@@ -140,8 +172,12 @@ def thread_map(rows: int, dv: int, p: Mapping) -> dict[str, int]:
 
 def smem_bytes(rows: int, d: int, dv: int, p: Mapping) -> int:
     esize = ITEMSIZE[p["dtype"]]
-    staged = 2 * p["BN"] * ((d + PAD) + (dv + PAD)) * esize
-    floats = rows * d + rows * p["BN"] + 3 * rows + rows * p["SPLITS"] + 2 * threads(p) + 4
+    staged = p.get("STAGES", 2) * p["BN"] * ((d + PAD) + (dv + PAD)) * esize
+    stats = 3 * rows + rows * p["SPLITS"] + 1
+    if p.get("MMA"):   # the query rows as 16-row slices, and every warp's (O, m, l) for the merge
+        mi = math.ceil(rows / 16)
+        return staged + 16 * mi * (d + PAD) * esize + 4 * (p["warps"] * 16 * mi * (dv + 2) + stats)
+    floats = rows * d + rows * p["BN"] + stats + 2 * threads(p) + 3
     return staged + 4 * floats
 
 
@@ -157,7 +193,7 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
     from aicfc.codegen.scratch import scratch
     sp = structure(g.att)
     idx = sig.index_type
-    part, tickets = (sig.params[s.name] for s in scratch(k, p))
+    part, tickets = (sig.params[s.name] for s in scratch(k, p)) if p["SPLITS"] > 1 else (None, None)
     tm = thread_map(sp.rows, g.dv, p)
     assert tm["KS"] == 1 or tm["NP"] == 1, tm
     return render("attention_split.cu.j2", name=name, signature=sig.text, idx=idx, T=CTYPES[p["dtype"]],
@@ -168,4 +204,4 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   q=operands["q"], k=operands["k"], v=operands["v"], o=store, live=live, logit_lines=logit_lines,
                   logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
                   stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), PRE=p.get("PRE", 0),
-                  PDL_MARK=pdl.MARK, **tm)
+                  PDL_MARK=pdl.MARK, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), **tm)

@@ -35,12 +35,14 @@ class Scratch:
 
 def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]:
     p = params if params is not None else (k.schedule.param if k.schedule else {})
-    if k.family == "attention" and p.get("unit") == "split":
+    if k.family == "attention" and p.get("unit") == "split" and p.get("SPLITS", 1) > 1:   # one chunk: no merge
         from aicfc.codegen import attention, attention_split
         _, _, _, _, dv = attention.dims(k)
         sp = attention_split.structure(attention.roles(k))
         return [Scratch(f"{k.name}.partials", TensorType("f32", (attention_split.partial_floats(sp.nkv, sp.rows, dv, p["SPLITS"]),)), False),
                 Scratch(f"{k.name}.tickets", TensorType("i32", (sp.nkv,)), True)]
+    if k.family == "attention":
+        return []
     splits = int(p.get("SPLITK", 1))
     if (splits <= 1 and not p.get("STREAM")) or p.get("CL"):   # gemv CL=1: splits add in the cluster's shared memory
         return []

@@ -62,9 +62,38 @@ def clock_ghz(hw) -> float:
 
 
 def registers(rows: int, d: int, dv: int, p: dict, ops: int) -> int:
-    """Scores' accumulators and one K step, the pairs' accumulators, addressing and loop state."""
+    """Scores' accumulators and one K step, the pairs' accumulators, addressing and loop state
+    (MMA = 1: the Q fragments, the scores' and O's accumulators of MI row slices)."""
     tm = attention_split.thread_map(rows, dv, p)
+    if p.get("MMA"):
+        return tm["MI"] * (2 * d // 8 + tm["KW"] // 2 + dv // 2) + 40 + min(ops, 16)
     return tm["RT"] + 8 + 8 + 2 * tm["NP"] + p["BN"] // 32 + 40 + min(ops, 16)
+
+
+# MMA = 1 ([Note: split attention on tensor cores] in codegen/attention_split.py): a warp's share of a tile.
+# Fitted (grid search on the log error) to `aicfc tune` of the decode attention alone on an H200
+# (benchmarks/results/tune_attention_mma_session19_h200.txt: 8 K/V heads of 4 query rows over 768 live
+# keys, 23 MMA schedules, BN 64/128, 4 or 8 warps, 1-12 splits, 2-8 stages; tune's plain launches less
+# 0.88 us): 23 of 23 within [0.8, 1.25], and the 34 SIMT schedules of the same run still 34 of 34. The
+# stream is slow: a chunk of 768 keys in one block (SPLITS=1) ran 8.8-13 us however deep its ring, so
+# one SM takes a chunk's cp.async bytes at about 30 GB/s, and few splits never pay.
+MMA_ISSUE_EXPR = 12       # a score's expression beyond its operations, the row's decomposition and the key test
+MMA_TILE_LATENCY_US = 0.6  # a tile's dependent chain: barrier, ldmatrix, the k-steps' mma, shuffles, exp2, P·V's mma
+MMA_MERGE_US = 0.0        # the warps' (m, l, O) through shared memory after the key loop (fitted: hidden)
+SM_STREAM_GBS = 30.0      # one SM's rate of a chunk's cp.async bytes
+
+
+def mma_tile_us(rows: int, d: int, dv: int, p: dict, hw, logit_ops: int, per_round: int) -> tuple[float, float]:
+    """(the tile's time, its issue) under MMA = 1: the chain or the issue of the block's warps, or the
+    SM's stream of the tile's bytes (the load of one tile per STAGES - 1 round trips), whichever is longer."""
+    tm = attention_split.thread_map(rows, dv, p)
+    kw, mi = tm["KW"], tm["MI"]
+    per_warp = ((kw // 16) * (d // 16) * (1 + 2 * mi) + mi * (kw // 8) * 4 * (logit_ops + MMA_ISSUE_EXPR)
+                + mi * 2 * ((kw // 8) * 8 + 8 + (dv // 8) * 2) + (kw // 16) * (4 * mi + (dv // 16) * (1 + 2 * mi)))
+    t_issue = ISSUE_SCALE * per_warp * per_round * math.ceil(p["warps"] / 4) / (clock_ghz(hw) * 1e3) + 2 * BARRIER_US
+    tile_bytes = p["BN"] * (d + dv) * attention_split.ITEMSIZE[p["dtype"]]
+    t_load = max(ROUND_TRIP_US / (p["STAGES"] - 1), per_round * tile_bytes / (SM_STREAM_GBS * 1e3))
+    return max(MMA_TILE_LATENCY_US + t_issue, t_load), t_issue
 
 
 def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict, bps: int, hw,
@@ -85,12 +114,18 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
     rounds = math.ceil(n / max(1, bps))
     per_round = math.ceil(n / rounds)
     stall = max(1.0, STALL_WARPS / (per_round * warps / 4))   # warps a scheduler: the SM's resident blocks'
-    t_sched = rounds * (fixed + tiles * (TILE_LATENCY_US + per_round * t_issue * stall))
+    t_tile = TILE_LATENCY_US + per_round * t_issue * stall
+    if splits == 1:   # no partial to publish: one round trip fewer, and the block stores O itself
+        fixed -= ROUND_TRIP_US
+    if p.get("MMA"):
+        t_tile, t_issue = mma_tile_us(rows, d, dv, p, hw, logit_ops, per_round)
+        fixed += MMA_MERGE_US
+    t_sched = rounds * (fixed + tiles * t_tile)
     combine_bytes = splits * rows * (dv + 2) * 4.0
-    t_combine = COMBINE_US + combine_bytes / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
+    t_combine = COMBINE_US + combine_bytes / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count) if splits > 1 else 0.0
     t = hw.launch_overhead_us + max(t_sched + t_combine, t_dram)
     return {"time_us": t, "t_compute_us": t_sched, "t_dram_us": t_dram, "t_pipeline_us": fixed,
-            "t_smem_us": 0.0, "t_tile_us": TILE_LATENCY_US + per_round * t_issue * stall, "stall": stall,
+            "t_smem_us": 0.0, "t_tile_us": t_tile, "stall": stall,
             "t_issue_tile_us": t_issue,
             "t_combine_us": t_combine, "key_tiles": nkv * splits * tiles, "tiles_per_chunk": tiles,
             "blocks": blocks, "blocks_per_sm": bps, "launch_us": hw.launch_overhead_us}
