@@ -28,7 +28,11 @@ fetches the next tile:
     t_latency  = (tma_latency + CLUSTER_RELEASE_US if CLUSTER = 2) / (STAGES - 1)
                  STAGES - 1 k-blocks in flight cover a TMA round trip; in a cluster a stage comes back
                  only once both CTAs freed it (an arrival across SMs), and the pair runs at the pace
-                 of its slower CTA
+                 of its slower CTA: t_kblock x (1 + cluster_pace) (profile; 0 unless measured). On an
+                 H200 (aicfc tune, benchmarks/results/tune_stage3_session18_h200.txt) the same 128x128
+                 tiles ran ResNet-50's 14x14 1x1 GEMMs 10.55 us clustered against 8.77 alone (16
+                 k-blocks a CTA: +26% of the k-loop) and 10.29 against 9.53 (ping-pong, 4 tiles of 4
+                 k-blocks: +11%), where the model had the cluster ahead by 0.1 us; h200.json says 0.18
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
                  (RS = 1: the residual's bytes move to the tile's k-blocks, t_copy; they share the
                  SM's L2 port with its TMA loads)
@@ -151,7 +155,10 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # STAGES - 1 k-blocks in flight must cover one TMA round trip (and, clustered, the release across SMs)
     trip = hw.data.get("tma_latency_us", TMA_LATENCY_US) + (hw.data.get("cluster_release_us", CLUSTER_RELEASE_US) if cl > 1 else 0.0)
     t_latency = trip / (st - 1)
-    t_kblock = max(t_mma, t_smem, t_load, t_latency)
+    # a cluster's pair advances at the pace of its slower CTA: every stage's B half comes from the peer, whose
+    # producer refills it only once both CTAs freed it (profile `cluster_pace`, a fraction of the k-block)
+    pace = 1.0 + (hw.data.get("cluster_pace", 0.0) if cl > 1 else 0.0)
+    t_kblock = max(t_mma, t_smem, t_load, t_latency) * pace
     sk = p.get("SPLITK", 1)
     ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
