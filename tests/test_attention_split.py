@@ -334,3 +334,29 @@ def test_pin_early_0_keeps_the_entry_first():
     assert att and all(k.schedule.param["unit"] == "split" and not k.schedule.param.get("PRE") for k in att)
     early = [r for r in plan.rewrites if r.rule == EARLY_RULE]
     assert len(early) == len(att) and all(not r.applied and "early=0" in r.reason for r in early)
+
+
+# measured on an H200 by `aicfc tune` (benchmarks/results/tune_attention_mma_session19_h200.txt), tune's plain
+# launch (0.88 us) taken off: (BN, warps, STAGES, SPLITS) of the tensor-core body, us
+MMA_MEASURED = [((64, 4, 2, 12), 5.60), ((128, 4, 2, 6), 5.92), ((64, 4, 4, 4), 6.69), ((128, 8, 4, 2), 7.67),
+                ((128, 4, 4, 1), 9.06), ((64, 4, 2, 1), 12.51), ((64, 4, 8, 1), 13.04)]
+
+
+@pytest.mark.parametrize("sched,measured", MMA_MEASURED, ids=[f"BN{s[0]}-w{s[1]}-st{s[2]}-sp{s[3]}" for s, _ in MMA_MEASURED])
+def test_tensor_core_body_within_band_of_the_h200(sched, measured):
+    """[Note: split attention on tensor cores]'s fitted terms against the tune run: 8 K/V heads of 4 rows,
+    768 live keys; one block a head (SPLITS=1) pays the SM's stream of its whole chunk and no combine."""
+    bn, warps, stages, splits = sched
+    hw = load_profile("sm_90", "aicfc/profiles/gpus/h200.json")
+    p = {"BN": bn, "warps": warps, "STAGES": stages, "SPLITS": splits, "MMA": 1, "dtype": "f16"}
+    t = split_attention_terms(8, 4, 768, 64, 64, p, 2, hw, 0.4, 2)
+    assert 0.8 <= measured / t["time_us"] <= 1.25, (measured, t["time_us"])
+    assert (t["t_combine_us"] == 0.0) == (splits == 1)
+
+
+def test_decode_picks_the_tensor_core_body_on_the_h200():
+    """The 1B Llama's decode attention (32 heads over 8, 768 slots) picks what measured fastest."""
+    opts = Options("sm_90", load_profile("sm_90", "aicfc/profiles/gpus/h200.json"), "fp16")
+    k = the_kernel(run_pipeline(import_model(decode_attention(1, 32, 8, 768, 64)), opts).plan)
+    p = k.schedule.param
+    assert (p["unit"], p["MMA"], p["BN"], p["warps"], p["SPLITS"]) == ("split", 1, 64, 4, 12)

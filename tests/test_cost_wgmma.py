@@ -173,3 +173,21 @@ def test_cluster_would_pay_where_a_profile_says_an_sm_takes_bytes_in_faster():
         times[cl] = [wgmma_terms(k, p, types, h, _io_bytes(k, types), load_latency(h))["t_l2_us"] for h in (hw, fast)]
     assert times[2][0] == times[1][0]           # the default profile: ingress binds, multicast changes nothing
     assert times[2][1] < 0.8 * times[1][1]      # a faster ingress: the halved B shows
+
+
+H200 = "aicfc/profiles/gpus/h200.json"
+
+
+def test_h200_paces_clusters_and_ties_go_to_the_deeper_ring():
+    """The 1B Llama prefill's gate/up shape (512 x 2048 -> 11264) under the h200 profile: a cluster
+    pair's k-blocks cost cluster_pace more, so the tile runs alone; 3 and 4 stages predict the same
+    time, and the tie goes to 4, which measured 44.8-47.0 us on an H200 where 3 stages took 48.6
+    (benchmarks/results/cluster_stages_llama_prefill_session19_h200.txt)."""
+    model = matmul(512, 2048, 11264, np.random.default_rng(0))
+    t, params = _predicted(model, {}, "fp16", H200)
+    assert params["CLUSTER"] == 1 and params["STAGES"] == 4 and (params["BM"], params["BN"]) == (128, 192)
+    fixed = {k: v for k, v in params.items() if k != "STAGES"}
+    assert _predicted(model, {**fixed, "STAGES": 3}, "fp16", H200)[0] == t
+    paired, _ = _predicted(model, {"BM": 128, "BN": 192, "CLUSTER": 2, "PP": 0, "NWG": 2}, "fp16", H200)
+    alone, _ = _predicted(model, {"BM": 128, "BN": 192, "CLUSTER": 2, "PP": 0, "NWG": 2}, "fp16")
+    assert paired > alone   # the same cluster costs more under the pace than under sm_90's profile

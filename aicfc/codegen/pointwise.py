@@ -89,18 +89,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                       decompose=decompose("t", variables, sig.index_type), loads=[], body=body, store=None)
     # One group of `vec` elements: `inner` runs over first .. first + vec - 1.
     inner = op.domain_vars[-1]
-    at = {**names, inner: "first"}
-    lines: list[str] = []
-    values: dict[Load, str] = {}
-    for n, ld in enumerate(dict.fromkeys(loads(op.body))):
-        kind = vector.kind(ld, types, inner, vec)
-        if kind == vector.BROADCAST:
-            values[ld] = f"u{n}"
-            lines.append(f"const float u{n} = {em.load(ld, at)};")
-        else:
-            values[ld] = f"a{n}[v]"
-            lines += [f"float a{n}[{vec}];"] + vector.load_lines(ld, kind, vec, f"a{n}", sig.params, types, names,
-                                                                  inner, "first")
+    lines, values = vector.group_loads(list(dict.fromkeys(loads(op.body))), em, sig.params, types, names, inner, vec, "v")
     # a divisor the same for the whole vector (a literal, a per-row value): one division per group
     grouped = reciprocal_divisions(op.body, lambda e: all(vector.kind(ld, types, inner, vec) == vector.BROADCAST
                                                           for ld in loads(e)))

@@ -137,17 +137,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         lines += em.take()
         lines.append(store_line(y, {v: Affine.var(v) for v in y.domain_vars}, value, sig.params, at))
     else:   # [Note: a scatter's rows as vectors]
-        values: dict[Load, str] = {}
-        for n, ld in enumerate(dict.fromkeys(loads(value_expr(k)))):
-            kind = vector.kind(ld, types, inner, vec)
-            if kind == vector.BROADCAST:
-                values[ld] = f"u{n}"
-                lines.append(f"const float u{n} = {em.load(ld, names)};")
-            else:
-                values[ld] = f"a{n}[e]"
-                lines += [f"float a{n}[{vec}];"] + vector.load_lines(ld, kind, vec, f"a{n}", sig.params, types,
-                                                                      {**names, inner: inner}, inner, "first")
-        value = em.emit(value_expr(k), {**names, inner: f"(first + e)"}, {}, values)
+        loaded, values = vector.group_loads(list(dict.fromkeys(loads(value_expr(k)))), em, sig.params, types,
+                                            {**names, inner: inner}, inner, vec, "e")
+        lines += loaded
+        value = em.emit(value_expr(k), {**names, inner: "(first + e)"}, {}, values)
         lines += [f"float o[{vec}];", "#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{"]
         lines += ["  " + x for x in em.take()] + [f"  o[e] = {value};", "}"]
         index = tuple(Affine.var(v) for v in y.domain_vars)

@@ -81,6 +81,25 @@ def load_lines(ld: Load, kind_: str, width: int, dest: str, params: Mapping[str,
             f"aicf_float({ptr}[{c_affine(off, at)}]);"]
 
 
+def group_loads(accesses, em, params: Mapping[str, str], types: Mapping[str, TensorType], names: Mapping[str, str],
+                var: str, width: int, lane: str) -> tuple[list[str], dict[Load, str]]:
+    """C lines reading each of `accesses` for a group of `width` values of `var` (var = first,
+    first + 1, ...: a broadcast one once, `u<n>`; the others into `a<n>[width]`), and what each
+    access is inside the group's loop over `lane`. `em` emits the broadcast loads."""
+    lines: list[str] = []
+    values: dict[Load, str] = {}
+    for n, ld in enumerate(accesses):
+        kind_ = kind(ld, types, var, width)
+        if kind_ == BROADCAST:
+            values[ld] = f"u{n}"
+            lines.append(f"const float u{n} = {em.load(ld, {**names, var: 'first'})};")
+        else:
+            values[ld] = f"a{n}[{lane}]"
+            lines += [f"float a{n}[{width}];"] + load_lines(ld, kind_, width, f"a{n}", params, types,
+                                                            {**names, var: var}, var, "first")
+    return lines, values
+
+
 def store_line(index: tuple[Affine, ...], t: TensorType, ptr: str, names: Mapping[str, str], var: str,
                first: str, width: int, src: str) -> str:
     """One vector store of `src[0..width)` at a contiguous access of a `t` output."""
