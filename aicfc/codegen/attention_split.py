@@ -24,7 +24,7 @@ at once without a ticket, and the combine counts only the ceil(L / CH) live chun
 past L inside the last live chunk are neither loaded (zero-filled) nor scored (-inf): the dead
 slots of a cache are never read, whatever they hold.
 
-Arithmetic in fp32 on the SIMT cores (at R <= 32 rows the tensor cores' 64-row tiles would be
+MMA = 0: arithmetic in fp32 on the SIMT cores (at R <= 32 rows the tensor cores' 64-row tiles would be
 mostly padding and the step is bound by latency, not issue). Scores in natural units, so a
 -FLT_MAX mask keeps a fully masked row's uniform softmax (as onnxruntime computes it).
 
@@ -33,17 +33,20 @@ MMA = 1 runs a tile on the tensor cores instead (mma.sync m16n8k16, the fragment
 templates/attention.cu.j2): the block's R query rows are one A operand of 16·MI rows (R <= 16·MI,
 the rest zero), and warp w takes keys w·KW .. w·KW + KW - 1 of every tile (KW = BN / warps, a
 multiple of 16), keeping its own online softmax over them; the warps merge (m, l, O) once,
-through shared memory, after the key loop. A tile is then one barrier and a few dozen
-instructions a warp, where the SIMT body's three barriers and its shared-memory FMA chains took
-1.7 us a 64-key tile on an H200 (planner/cost_attention_split.py). P is rounded to the storage
-type for P·V, as in the `mma` unit. STAGES tiles are in flight (STAGES - 1 requested before the
-dependent-launch wait under PRE), so a chunk of several tiles streams, and SPLITS = 1 (one block
-a K/V head) needs no partials, no ticket and no combine: the block stores O itself.
+through shared memory, after the key loop: one barrier a tile where the SIMT body has three,
+and no shared-memory FMA chains. P is rounded to the storage type for P·V, as in the `mma` unit.
+STAGES tiles are in flight (STAGES - 1 requested before the dependent-launch wait under PRE),
+and SPLITS = 1 (one block a K/V head) needs no partials, no ticket and no combine: the block
+stores O itself. Measured on an H200 (planner/cost_attention_split.py): a tile's chain is still
+about 0.6 us (the SIMT body's 64-key tile, 1.7), and one SM streams a chunk at about 30 GB/s, so
+many splits of one tile each win: the 1 B Llama's decode attention 6.48 us alone (tune's timing)
+against the SIMT body's 6.95, 6.1 against 7.0 in its plan.
 
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
-score rows a thread (MMA = 0, STAGES = 2); and MMA = 1 with BN ∈ {64, 128}, KW >= 16,
-STAGES ∈ {2, 4, 8} (no more than a chunk's tiles plus one), where D and Dv are multiples of 16. Legal where the query is short (Sq <= MAX_SQ, R <= MAX_ROWS),
+score rows a thread (MMA = 0, STAGES = 2); and MMA = 1 with BN ∈ {64, 128}, KW >= 16 and
+STAGES ∈ {2, 4, 8} (at most a chunk's tiles plus one), where D and Dv are multiples of 16.
+Legal where the query is short (Sq <= MAX_SQ, R <= MAX_ROWS),
 q/k/v are fp16/bf16 rows contiguous along the head dimension and 16-byte aligned (what `mma`
 needs), and the mask is not the causal constant (which the tile units skip by tiles).
 """

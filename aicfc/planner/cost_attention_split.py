@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 
 from aicfc.codegen import attention_split
+from aicfc.ir.types import ITEMSIZE
 
 ISSUE_SCORE_STEP = 10     # a row's 8-element step of a score: two 16-byte shared loads, 8 FMAs
 ISSUE_K_STEP = 10         # a key's 8-element step: one 16-byte shared load, 4 conversions of pairs
@@ -91,7 +92,7 @@ def mma_tile_us(rows: int, d: int, dv: int, p: dict, hw, logit_ops: int, per_rou
     per_warp = ((kw // 16) * (d // 16) * (1 + 2 * mi) + mi * (kw // 8) * 4 * (logit_ops + MMA_ISSUE_EXPR)
                 + mi * 2 * ((kw // 8) * 8 + 8 + (dv // 8) * 2) + (kw // 16) * (4 * mi + (dv // 16) * (1 + 2 * mi)))
     t_issue = ISSUE_SCALE * per_warp * per_round * math.ceil(p["warps"] / 4) / (clock_ghz(hw) * 1e3) + 2 * BARRIER_US
-    tile_bytes = p["BN"] * (d + dv) * attention_split.ITEMSIZE[p["dtype"]]
+    tile_bytes = p["BN"] * (d + dv) * ITEMSIZE[p["dtype"]]
     t_load = max(ROUND_TRIP_US / (p["STAGES"] - 1), per_round * tile_bytes / (SM_STREAM_GBS * 1e3))
     return max(MMA_TILE_LATENCY_US + t_issue, t_load), t_issue
 
