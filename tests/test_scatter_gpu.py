@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 
 import aicfc
-from tests.test_state import distinct_ids, scatter_model
+from tests.test_state import SCATTER_CASES, distinct_ids, scatter_model
 
 pytestmark = pytest.mark.gpu
-
-CASES = [((6, 16), (3,), 1, 4),          # rows of 16 floats: 4-float vectors
-         ((5, 4, 6), (2, 2), 1, 2),      # rows of 6: 2-float vectors
-         ((4, 6), (3,), 2, 1),           # the ids index the innermost axis: element by element
-         ((7, 2, 32), (2,), 2, 4)]
 
 
 def reference(x: np.ndarray, ids: np.ndarray, upd: np.ndarray) -> np.ndarray:
@@ -28,7 +23,7 @@ def reference(x: np.ndarray, ids: np.ndarray, upd: np.ndarray) -> np.ndarray:
     return y
 
 
-@pytest.mark.parametrize("data,q,k,vec", CASES)
+@pytest.mark.parametrize("data,q,k,vec", SCATTER_CASES)
 def test_scatter_rows_match_numpy(data, q, k, vec, gpu_device):
     from aicf_run.bundle import Bundle
     from aicf_run.executor import Executor

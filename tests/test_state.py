@@ -349,8 +349,12 @@ def test_fold_scatter_axes_permutes_the_updates():
     assert np.array_equal(evaluate_ir(plan, inputs)["y"], ref) and [s.input for s in plan.state] == ["x"]
 
 
-@pytest.mark.parametrize("data,q,k,vec", [((6, 16), (3,), 1, 4), ((5, 4, 6), (2, 2), 1, 2), ((4, 6), (3,), 2, 1),
-                                          ((7, 2, 32), (2,), 2, 4)])
+# (state shape, index tuples' shape, ids a tuple, vector width): rows of 16 floats as 4-float vectors, rows of 6 as
+# 2-float ones, ids that index the innermost axis (element by element), two indexed axes over rows of 32
+SCATTER_CASES = [((6, 16), (3,), 1, 4), ((5, 4, 6), (2, 2), 1, 2), ((4, 6), (3,), 2, 1), ((7, 2, 32), (2,), 2, 4)]
+
+
+@pytest.mark.parametrize("data,q,k,vec", SCATTER_CASES)
 def test_scatter_vector_width(data, q, k, vec):
     """[Note: a scatter's rows as vectors]: the widest vector the state's innermost axis allows,
     none where the ids index that axis; the kernel stores whole vectors."""

@@ -77,8 +77,8 @@ def value_expr(k: Kernel) -> Expr:
 
 def vector_width(k: Kernel, types: Mapping[str, TensorType]) -> tuple[int, str]:
     """(vec, why not wider) along the state's innermost axis ([Note: a scatter's rows as vectors])."""
-    hit, val, y, ids = parts(k)
-    count, rest = domain(k)
+    _, _, y, ids = parts(k)
+    _, rest = domain(k)
     last = len(y.type.shape) - 1
     if not rest or rest[-1] != last:
         return 1, "the ids index the state's innermost axis: no run of elements to move as a vector"
