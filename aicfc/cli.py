@@ -76,7 +76,7 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
     for item in pins:
         key, eq, value = item.partition("=")
         if not eq or not key or not value:
-            raise AicfError(f"--pin {item!r}: expected KEY=VALUE, e.g. --pin unit=simt")
+            raise AicfError(f"--pin {item!r}: expected KEY=VALUE or NODE:KEY=VALUE, e.g. --pin unit=simt")
         out[key.strip()] = value.strip()
     return out
 
@@ -95,9 +95,11 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
 @click.option("--shape-sets", "shape_sets_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Shape sets from FILE instead of --shape: one set per line, e.g. `ids=1x512 mask=1x512` "
                    "(# starts a comment); one plan per line.")
-@click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
-              help="Restrict every schedule space that has KEY to VALUE (e.g. unit=simt, BM=64); "
-                   "for experiments: the cost model still ranks what is left.")
+@click.option("--pin", "pins", multiple=True, metavar="[NODE:]KEY=VALUE",
+              help="Restrict every schedule space that has KEY to VALUE (e.g. unit=simt, BM=64), or with "
+                   "NODE: only the kernel covering that ONNX node (e.g. node_matmul_115:unit=gemv; "
+                   "`aicfc explain` lists each kernel's nodes); for experiments: the cost model still "
+                   "ranks what is left.")
 @click.option("--no-inplace", is_flag=True,
               help="Give every stored tensor bytes of its own (no in-place reuse); for debugging.")
 @click.option("--no-register-check", is_flag=True,

@@ -132,6 +132,13 @@ def test_bad_shape_flag(tmp_path: Path, spec: str, needle: str):
     assert_user_error(aicfc("compile", str(path), "-o", str(tmp_path / "x.aicf"), "--shape", spec), needle)
 
 
+@pytest.mark.parametrize("pin,needle", [("nowhere:unit=simt", "covers ONNX node 'nowhere'"), ("unit", "expected KEY=VALUE")])
+def test_bad_pin_flag(examples: Path, tmp_path: Path, pin: str, needle: str):
+    out = tmp_path / "x.aicf"
+    assert_user_error(aicfc("compile", str(examples / "mlp.onnx"), "-o", str(out), "--pin", pin), needle)
+    assert not out.exists()
+
+
 def test_external_data_outside_folder(tmp_path: Path):
     path = B.external_data_outside_model(tmp_path)
     assert_user_error(aicfc("compile", str(path), "-o", str(tmp_path / "x.aicf")), "outside the model's folder")

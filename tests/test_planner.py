@@ -65,6 +65,44 @@ def test_pin_restricts_and_is_recorded():
         aicfc.compile(matmul(256, 256, 256), precision="fp16", pin={"BM": "7"})
 
 
+def two_matmuls(m: int, k: int):
+    """x -> MatMul `first` (w1) -> MatMul `second` (w2): two kernels posing the same scheduling problem."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((k, k)).astype(np.float32) for _ in range(2))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["h"], name="first"),
+                           helper.make_node("MatMul", ["h", "w2"], ["y"], name="second")], "mm2",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, k])],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_node_pin_restricts_only_the_kernel_covering_that_node():
+    """`--pin NODE:KEY=VALUE`: the kernel covering ONNX node NODE gets the pin, the other kernel of
+    the very same scheduling problem keeps the model's pick (the two do not share a ranking)."""
+    free = aicfc.compile(two_matmuls(256, 256), precision="fp16")
+    assert [k["onnx_nodes"] for k in free["kernels"]] == [["first"], ["second"]]
+    assert free["kernels"][0]["params"] == free["kernels"][1]["params"] and free["kernels"][0]["params"]["unit"] != "simt"
+    payload = aicfc.compile(two_matmuls(256, 256), precision="fp16", pin={"second:unit": "simt", "second:BM": "64"})
+    by_node = {k["onnx_nodes"][-1]: k for k in payload["kernels"]}
+    assert by_node["second"]["params"]["unit"] == "simt" and by_node["second"]["params"]["BM"] == 64
+    assert by_node["first"]["params"] == free["kernels"][0]["params"]
+    rules = [d["rule"] for d in payload["decisions"] if d["kind"] == "rewrite" and d["rule"].startswith("--pin")]
+    assert rules == ["--pin second:BM=64 second:unit=simt"]
+
+
+@pytest.mark.parametrize("pin,message", [
+    ({"nowhere:unit": "simt"}, "no kernel of the plan covers ONNX node 'nowhere'"),
+    ({"second:FOO": "1"}, r"no gemm schedule of kernel k\d+ has this key \(FOO\)"),
+    ({"second:BM": "7"}, "no feasible gemm candidate matches --pin second:BM=7"),
+    ({"second:early": "0"}, "switches a rewrite for the whole plan"),
+    ({":unit": "simt"}, "expected NODE:KEY=VALUE"),
+])
+def test_node_pin_errors_name_the_problem(pin, message):
+    with pytest.raises(AicfError, match=message):
+        aicfc.compile(two_matmuls(256, 256), precision="fp16", pin=pin)
+
+
 def test_mma_candidates_respect_shared_memory_per_target():
     """sm_86 allows 99 KiB per block: the 4-stage 256x128x64 tile (192 KiB) is rejected there."""
     k = only_kernel(aicfc.compile(matmul(4096, 4096, 4096), target="sm_86", precision="fp16"))

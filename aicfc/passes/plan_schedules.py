@@ -216,40 +216,85 @@ def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
     return all(str(p.get(key)) == str(value) for key, value in pin.items())
 
 
+def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(pins of every kernel, pins by ONNX node): `--pin NODE:KEY=VALUE` restricts only the kernel
+    that covers ONNX node NODE (the names `aicfc explain` lists), `--pin KEY=VALUE` every kernel
+    whose space has KEY."""
+    from aicfc.passes.fold_cache_writes import PIN as EARLY_PIN
+    from aicfc.passes.unfold_taps import PIN as UNFOLD_PIN
+    every: dict[str, Any] = {}
+    by_node: dict[str, dict[str, Any]] = {}
+    for key, value in pin.items():
+        node, colon, name = key.rpartition(":")
+        if not colon:
+            if key not in (UNFOLD_PIN, EARLY_PIN):
+                every[key] = value
+            continue
+        if not node or not name:
+            raise AicfError(f"--pin {key}={value}: expected NODE:KEY=VALUE, e.g. --pin node_matmul_115:unit=gemv")
+        if name in (UNFOLD_PIN, EARLY_PIN):
+            raise AicfError(f"--pin {key}={value}: {name!r} switches a rewrite for the whole plan, not one "
+                            f"node's schedule; give it as --pin {name}={value}")
+        by_node.setdefault(node, {})[name] = value
+    return every, by_node
+
+
 def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
                    check: RegisterCheck | None = None) -> Plan:
-    """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys;
+    """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys, and
+    `--pin NODE:KEY=VALUE` the kernel covering ONNX node NODE, which must have KEY (`node_pins`);
     `check` counts the leading candidates' registers (`check_leaders`). Keys that switch a
     rewrite rather than a schedule (`unfold`, passes/unfold_taps.py; `early`, passes/fold_cache_writes.py)
     were the passes' to read and are dropped."""
-    from aicfc.passes.fold_cache_writes import PIN as EARLY_PIN
-    from aicfc.passes.unfold_taps import PIN as UNFOLD_PIN
-    pin = {key: value for key, value in (pin or {}).items() if key not in (UNFOLD_PIN, EARLY_PIN)}
+    every, by_node = node_pins(pin or {})
+    covered = {node for k in plan.kernels for node in k.origins}
+    missing = sorted(set(by_node) - covered)
+    if missing:
+        raise AicfError(f"--pin {missing[0]}:...: no kernel of the plan covers ONNX node {missing[0]!r}; "
+                        f"`aicfc explain` lists the nodes each kernel covers")
+
+    def pins_of(k: Kernel) -> dict[str, Any]:
+        out = dict(every)
+        for node in k.origins:
+            out.update(by_node.get(node, {}))
+        return out
     kernels, records = [], []
     types = plan.types()
     solved: dict[Hashable, tuple[Kernel, list[Ranked], list[Candidate]]] = {}
+
+    def problem(k: Kernel) -> Hashable:
+        return structure(k, types), frozenset(pins_of(k))
     for k in plan.kernels:
-        key = structure(k, types)
+        key = problem(k)
         if key not in solved:
-            solved[key] = (k, *rank(k, plan, hw, frozenset(pin)))
+            solved[key] = (k, *rank(k, plan, hw, frozenset(pins_of(k))))
     if check:
-        problems = [v for v in solved.values() if v[1]]
-        for (k, _, rejected), ranked in zip(problems, check_leaders(plan, hw, problems, check)):
-            solved[structure(k, types)] = (k, ranked, rejected)
+        problems = [(key, v) for key, v in solved.items() if v[1]]
+        for (key, (k, _, rejected)), ranked in zip(problems, check_leaders(plan, hw, [v for _, v in problems], check)):
+            solved[key] = (k, ranked, rejected)
     for k in plan.kernels:
-        _, ranked, rejected = solved[structure(k, types)]
+        _, ranked, rejected = solved[problem(k)]
+        own = {key: value for node in k.origins for key, value in by_node.get(node, {}).items()}
+        if own and ranked and not any(set(own) <= set(r.params) for r in ranked):
+            nodes = ", ".join(n for n in k.origins if n in by_node)
+            raise AicfError(f"--pin {nodes}:{'/'.join(sorted(own))}: no {k.family} schedule of kernel {k.name} has "
+                            f"{'these keys' if len(own) > 1 else 'this key'} ({', '.join(sorted(own))}); "
+                            f"`aicfc explain` lists its candidates and their keys")
         if not ranked:
             # the launch limits bind every candidate when they bind one: the reason worth naming
             grid = next((c.rejected_because for c in rejected if c.rejected_because.startswith("grid ")), None)
             why = grid or (rejected[0].rejected_because if rejected else "empty space")
             tail = "; the tensors are too large for one launch" if grid else ""
             raise AicfError(f"kernel {k.name}: no candidate of the {k.family} space fits {hw.arch} ({why}){tail}")
-        if pin and any(set(pin) <= set(r.params) for r in ranked):
+        # a node's own pins always apply; the plan-wide ones where the kernel's space has their keys
+        pin = {**(every if any(set(every) <= set(r.params) for r in ranked) else {}), **own}
+        if pin:
             pinned = [r for r in ranked if _matches(r.params, pin)]
+            scope = "".join(f"{n}:" for n in k.origins if n in by_node)
+            said = " ".join(f"{scope if a in own else ''}{a}={b}" for a, b in pin.items())
             if not pinned:
-                raise AicfError(f"kernel {k.name}: no feasible {k.family} candidate matches --pin "
-                                f"{' '.join(f'{a}={b}' for a, b in pin.items())}")
-            records.append(Rewrite("--pin " + " ".join(f"{a}={b}" for a, b in pin.items()), k.name, True,
+                raise AicfError(f"kernel {k.name}: no feasible {k.family} candidate matches --pin {said}")
+            records.append(Rewrite("--pin " + said, k.name, True,
                                    f"the user restricted the schedule to {len(pinned)} of {len(ranked)} feasible "
                                    f"candidates; the unpinned best was {ranked[0].time_us:.2f} us"))
             ranked = pinned + [r for r in ranked if not _matches(r.params, pin)]
