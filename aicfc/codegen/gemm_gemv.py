@@ -50,6 +50,10 @@ QKV-projections), their activations into shared memory after it. Every gemv but 
 faster alone (the kernels alone summed 201.3 us against 218.6), but the plan replayed in
 247.0 us against 227.9. Setting every kernel's shared-memory carveout to the most made both
 sides slower (243.3 and 255.9 us). So the copy before the wait stays at one step of registers.
+Measured again in session 20 (an H200, the 4-layer plan, 9 alternating rounds, one process;
+benchmarks/results/decode_ab_session20_h200.txt): without that step the plan replayed 214.6 us
+against 206.8, and the QKV and O projections' whole slices requested into L2 before the wait
+(`prefetch.global.L2`) 212.2 against 206.6.
 An RMSNorm folded into the gemv that reads it fared the same (session 14, an H200, branch
 session14-fold-row-scale, benchmarks/results/fold_row_scale_session14_h200.txt): every block read
 its rows once (the statistics and the activation) and scaled its sums before the epilogue, one

@@ -16,6 +16,13 @@ last to arrive (counted with an atomic ticket) adds them up and runs the epilogu
 (`codegen/scratch.py`). Constraints (besides the planner's hardware ones): warp tiles are
 multiples of 16 x 16 and hold at most 128 accumulators per thread; every split gets at least
 two k-tiles.
+
+At M = 1 (a decode step's gate/up and down projections, which the model puts here: the gemv's
+full grids cost the plan more, planner/cost_gemv.py) the 32x32 tiles stream the weight at about
+3.0 TB/s. Neither of two changes moved that (an H200, the 1 B Llama's 4-layer decode plan,
+benchmarks/results/decode_ab_session20_h200.txt): the ring's first STAGES-1 weight stages requested
+before the dependent-launch wait, A's after it (the plan 209.0 us against 206.6), and 6 or 8
+stages instead of 4 (the gate/up 15.04 us alone against 15.06; the plan 208.6-209.1 against 206.7).
 """
 from __future__ import annotations
 

@@ -25,6 +25,13 @@ declined with the reason):
   pass reads the row a second time (an L2 hit while the rows in flight fit in L2).
 - `multi`: one pass per statistic, then one for the output, each reading the row again.
 
+A decode step's norms are one row in one block, whose output pass reads the scale vector after
+the block's sum, a second load round trip. Holding the scale in registers, requested before the
+dependent-launch wait, with the row itself in registers (`regs`), made each norm faster alone
+(1.11-1.31 -> 0.97-1.12 us on an H200) but not the plan (the 1 B Llama's 4-layer decode plan
+210.1 us against 209.3, 9 alternating rounds; benchmarks/results/decode_ab_session20_h200.txt), so
+the norms keep the passes below.
+
 A stored element-wise map the pass reads as its row (form_kernels' rule "map + row pass =>
 stored prologue", a residual sum before a norm) is computed and stored in the first pass over
 the row, then read from registers (`regs`) or back from its own store.

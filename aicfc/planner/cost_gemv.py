@@ -53,7 +53,12 @@ Two terms come from plans, not from kernels alone:
   faster alone than the 352 of split 2 in clusters (13.3 against 15.0 us), yet the 4-layer decode
   plan replayed slower with it: 216.5 us against 213.7 (benchmarks/decode_ab.py, 7 alternating
   rounds, one process; benchmarks/results/gemv_session15_h200.txt). So a full grid is charged
-  what it cost in the plan, about 2 us, and the gate/up keeps the split of 2.
+  what it cost in the plan, about 2 us, and the gate/up keeps the split of 2. Session 20 (the same
+  plan with the gate/up on the mma unit, benchmarks/results/decode_ab_session20_h200.txt) forced the
+  gate/up onto the full-grid gemv (BN 64, 4 warps, U 8, split 3: 12.98 us alone against the mma
+  tile's 15.07) and the plan replayed 212.2 us against 207.2; with the down projection's gemv as well
+  (6.2-6.9 us alone against 8.7-9.1) 208.2. The alone figures are back-to-back launches of one
+  kernel, so a weight under the L2's 50 MB is partly an L2 hit there and not in a plan.
 The stream's asymptote is the H200's: on an H100 (3.35 TB/s) a profile should set
 `gemv_stream_gbs` near 3500. The M = 8 terms (t_fma, t_exposed) are the H100 run's
 (benchmarks/results/gemv_h100.txt), where the M = 8 kernel was 1.5-2x slower than cuBLAS.
