@@ -71,16 +71,6 @@ shape_option = click.option("--shape", "shapes", multiple=True, metavar="NAME=Dx
                             help="Static shape for an input with symbolic dimensions, e.g. x=2x64.")
 
 
-def _pins(pins: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for item in pins:
-        key, eq, value = item.partition("=")
-        if not eq or not key or not value:
-            raise AicfError(f"--pin {item!r}: expected KEY=VALUE or NODE:KEY=VALUE, e.g. --pin unit=simt")
-        out[key.strip()] = value.strip()
-    return out
-
-
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Bundle to write (.aicf).")
@@ -94,7 +84,8 @@ def _pins(pins: tuple[str, ...]) -> dict[str, str]:
                    "the plan whose shapes equal the inputs'.")
 @click.option("--shape-sets", "shape_sets_path", type=click.Path(dir_okay=False), metavar="FILE",
               help="Shape sets from FILE instead of --shape: one set per line, e.g. `ids=1x512 mask=1x512` "
-                   "(# starts a comment); one plan per line.")
+                   "(# starts a comment); one plan per line. A word pin:[NODE:]KEY=VALUE on a line "
+                   "pins that plan alone, as --pin does every plan.")
 @click.option("--pin", "pins", multiple=True, metavar="[NODE:]KEY=VALUE",
               help="Restrict every schedule space that has KEY to VALUE (e.g. unit=simt, BM=64), or with "
                    "NODE: only the kernel covering that ONNX node (e.g. node_matmul_115:unit=gemv; "
@@ -123,7 +114,7 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
     from aicfc.artifact import write_bundle
     from aicfc.artifact.plans import merge_plans
     from aicfc.codegen.module import ModuleBuild, resolve_jobs
-    from aicfc.driver import compile_model, shape_sets
+    from aicfc.driver import compile_model, parse_pins, shape_sets
     from aicfc.passes.pipeline import PIPELINE
 
     jobs = resolve_jobs(jobs)  # a bad --jobs fails before anything runs
@@ -145,7 +136,7 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
             cached += module.built.cached
 
     options: dict[str, Any] = dict(target=target, precision=precision, profile_path=profile_path, jobs=jobs,
-                                   pin=_pins(pins), inplace=not no_inplace, check_registers=not no_register_check,
+                                   pin=parse_pins(pins), inplace=not no_inplace, check_registers=not no_register_check,
                                    dependent_launch=not no_pdl)
 
     def one_plan(index: int, shapes: list[str]) -> dict[str, Any]:

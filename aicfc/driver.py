@@ -35,6 +35,28 @@ def load(model: Any) -> tuple[onnx.ModelProto, str, str]:
     return proto, path.stem, hashlib.sha256(data if data is not None else path.read_bytes()).hexdigest()
 
 
+PIN_WORD = "pin:"   # a --shape-sets line's word `pin:[NODE:]KEY=VALUE`: a --pin of that plan alone
+
+
+def parse_pins(items: list[str] | tuple[str, ...], what: str = "--pin {!r}",
+               example: str = "--pin unit=simt") -> dict[str, str]:
+    """`KEY=VALUE` / `NODE:KEY=VALUE` items as {key: value} (passes/plan_schedules.node_pins)."""
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise AicfError(f"{what.format(item)}: expected KEY=VALUE or NODE:KEY=VALUE, e.g. {example}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def split_set(words: list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """A shape set's shape specs and its own pins (its `pin:` words)."""
+    pins = [w[len(PIN_WORD):] for w in words if w.startswith(PIN_WORD)]
+    return ([w for w in words if not w.startswith(PIN_WORD)],
+            parse_pins(pins, what="shape set word 'pin:{}'", example="pin:unit=simt"))
+
+
 def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
                   shapes: dict[str, tuple[int, ...]] | list[str] | None = None,
                   dump_ir: str | Path | None = None, profile_path: str | Path | None = None,
@@ -50,7 +72,8 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     check_precision(precision)
     jobs = resolve_jobs(jobs)
     if isinstance(shapes, (list, tuple)):
-        shapes = parse_shape_overrides(shapes)
+        specs, own = split_set(shapes)   # a shape set's `pin:` words pin its plan alone
+        shapes, pin = parse_shape_overrides(specs), {**(pin or {}), **own}
     profile = load_profile(target, profile_path)
     proto, name, digest = load(model)
     graph = import_model(proto, shapes, name=name)
@@ -96,7 +119,8 @@ def shape_sets(specs: list[str] | tuple[str, ...], lines: list[str] | None = Non
 
     `--shape` options form one set until one names an input the current set already names:
     that option starts the next set (`--shape ids=1x512 --shape ids=1x1` is two sets). A file
-    holds one set per line (`ids=1x512 mask=1x512`; `#` starts a comment). Every set must name
+    holds one set per line (`ids=1x512 mask=1x512`; `#` starts a comment), where a word
+    `pin:[NODE:]KEY=VALUE` is a --pin of that set's plan alone. Every set must name
     the same inputs, and no two sets may be equal, so that each set is one plan and a plan is
     found by its shapes alone."""
     if lines is not None and specs:
@@ -115,9 +139,10 @@ def shape_sets(specs: list[str] | tuple[str, ...], lines: list[str] | None = Non
             if not sets or name in {s.rpartition("=")[0] for s in sets[-1]}:
                 sets.append([])
             sets[-1].append(spec)
-    parsed = [parse_shape_overrides(s) for s in sets]   # one-line errors for a bad spec
+    specs = [split_set(s)[0] for s in sets]              # one-line errors for a bad pin word
+    parsed = [parse_shape_overrides(s) for s in specs]   # and for a bad spec
     for i, shapes in enumerate(parsed):
-        if len(shapes) != len(sets[i]):
+        if len(shapes) != len(specs[i]):
             raise AicfError(f"shape set {i + 1} ({' '.join(sets[i])}) names an input twice")
         if set(shapes) != set(parsed[0]):
             raise AicfError(f"shape set {i + 1} names {', '.join(sorted(shapes))} but set 1 names "

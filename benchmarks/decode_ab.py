@@ -9,8 +9,8 @@ that every variant produces the same tokens.
 
 A variant is `name:` followed by comma-separated settings: `pin.KEY=VALUE` restricts the
 schedules (as `aicfc compile --pin`; a key only the decode step's kernels have, such as the
-gemv's PRE; `pin.NODE:KEY=VALUE` one kernel, e.g. `pin.node_matmul_115:unit=gemv`, which must then
-have KEY in the prefill plan too), `env.NAME=VALUE` is set while its bundle compiles and `run.NAME=VALUE` while it
+gemv's PRE; `pin.NODE:KEY=VALUE` one kernel, e.g. `pin.node_matmul_115:unit=gemv`, in both plans: a pin of
+the decode plan alone is `aicfc compile --shape-sets` with a `pin:` word, see the README), `env.NAME=VALUE` is set while its bundle compiles and `run.NAME=VALUE` while it
 loads (an experiment's switches). Session 10's A/B of gemv weights staged in shared memory, an
 early dependent-launch trigger and the shared-memory carveout ran this script on the branch
 session10-gemv-staged (results: benchmarks/results/decode_ab*_session10_h200.txt).

@@ -336,6 +336,28 @@ def test_compile_shape_set_errors_are_one_line(compiled: dict[str, Path], tmp_pa
     assert not (tmp_path / "bad.aicf").exists()
 
 
+def test_a_shape_sets_line_pins_its_plan_alone(compiled: dict[str, Path], tmp_path: Path) -> None:
+    """`pin:[NODE:]KEY=VALUE` words on a --shape-sets line: a --pin of that line's plan only."""
+    sets = tmp_path / "sets.txt"
+    sets.write_text("x=8x256 pin:BM=64\nx=1x256\n")
+    out = tmp_path / "p.aicf"
+    result = aicfc("compile", compiled["model"], "-o", out, "-q", "--no-register-check", "--shape-sets", sets)
+    assert result.exit_code == 0, result.output
+    data = json.loads(aicfc("explain", out, "--json").output)
+    free = json.loads(aicfc("explain", compiled["two"], "--json").output)
+
+    def tiles(plan: dict) -> list[int]:
+        return [k["params"]["BM"] for k in plan["kernels"] if k["family"] == "gemm"]
+    assert tiles(free["plans"][0]) and 64 not in tiles(free["plans"][0])
+    assert set(tiles(data["plans"][0])) == {64}
+    assert data["plans"][1]["kernels"] == free["plans"][1]["kernels"]   # plan 1 as without the pin
+    # a bad pin word is a one-line error naming the word; the file's sets are not compiled
+    sets.write_text("x=8x256 pin:unit\nx=1x256\n")
+    result = aicfc("compile", compiled["model"], "-o", tmp_path / "bad.aicf", "--shape-sets", sets)
+    assert result.exit_code == 2 and "shape set word 'pin:unit'" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "bad.aicf").exists()
+
+
 def test_an_oversized_shape_sets_file_is_not_read(compiled: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
     from aicfc import cli
     monkeypatch.setattr(cli, "MAX_SHAPE_SETS_BYTES", 16)
