@@ -116,14 +116,14 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def parse_pins(items: list[str]) -> dict[str, str]:
-    """['KEY=VALUE', ...] -> {KEY: VALUE}, as `aicfc compile --pin` takes them."""
-    out = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise ValueError(f"--pin {item!r}: expected KEY=VALUE, e.g. --pin unit=mma")
-        out[key.strip()] = value.strip()
-    return out
+    """['KEY=VALUE', ...] -> {KEY: VALUE}, as `aicfc compile --pin` takes them (aicfc.driver.parse_pins;
+    a bad item is a ValueError here, for argparse)."""
+    from aicfc.driver import parse_pins as compile_pins
+    from aicfc.errors import AicfError
+    try:
+        return compile_pins(items)
+    except AicfError as e:
+        raise ValueError(str(e)) from None
 
 
 def variants(pin: dict[str, str], compare_units: bool, precision: str) -> list[tuple[str, dict[str, str]]]:
