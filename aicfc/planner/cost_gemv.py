@@ -58,7 +58,8 @@ Two terms come from plans, not from kernels alone:
   gate/up onto the full-grid gemv (BN 64, 4 warps, U 8, split 3: 12.98 us alone against the mma
   tile's 15.07) and the plan replayed 212.2 us against 207.2; with the down projection's gemv as well
   (6.2-6.9 us alone against 8.7-9.1) 208.2. The alone figures are back-to-back launches of one
-  kernel, so a weight under the L2's 50 MB is partly an L2 hit there and not in a plan.
+  kernel, where a weight under the L2's 50 MB may be read partly from L2, which a plan does not
+  give it (not measured apart).
 The stream's asymptote is the H200's: on an H100 (3.35 TB/s) a profile should set
 `gemv_stream_gbs` near 3500. The M = 8 terms (t_fma, t_exposed) are the H100 run's
 (benchmarks/results/gemv_h100.txt), where the M = 8 kernel was 1.5-2x slower than cuBLAS.
