@@ -89,8 +89,7 @@ def vector_width(k: Kernel, types: Mapping[str, TensorType]) -> tuple[int, str]:
         return 1, "an integer state is moved element by element"
     if any(inner in {v for a in ld.index for v in index_vars(a)} for e, _ in ids for ld in loads(e)):
         return 1, f"the ids vary along {inner}"
-    width, why = vector.widest([types[ld.buffer].dtype for ld in accesses] + [y.type.dtype], y.type.shape[last])
-    return width, why
+    return vector.widest([types[ld.buffer].dtype for ld in accesses] + [y.type.dtype], y.type.shape[last])
 
 
 def space(k: Kernel, plan: Plan) -> list[dict]:

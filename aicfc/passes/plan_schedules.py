@@ -253,31 +253,30 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
         raise AicfError(f"--pin {missing[0]}:...: no kernel of the plan covers ONNX node {missing[0]!r}; "
                         f"`aicfc explain` lists the nodes each kernel covers")
 
-    def pins_of(k: Kernel) -> dict[str, Any]:
-        out = dict(every)
-        for node in k.origins:
-            out.update(by_node.get(node, {}))
-        return out
+    def own_of(k: Kernel) -> dict[str, Any]:
+        """The pins of the ONNX nodes `k` covers."""
+        return {key: value for node in k.origins for key, value in by_node.get(node, {}).items()}
     kernels, records = [], []
     types = plan.types()
     solved: dict[Hashable, tuple[Kernel, list[Ranked], list[Candidate]]] = {}
 
-    def problem(k: Kernel) -> Hashable:
-        return structure(k, types), frozenset(pins_of(k))
+    def problem(k: Kernel) -> tuple[Hashable, frozenset[str]]:
+        """What `rank` depends on: the kernel's structure and the keys pinned on it."""
+        return structure(k, types), frozenset(every) | frozenset(own_of(k))
     for k in plan.kernels:
         key = problem(k)
         if key not in solved:
-            solved[key] = (k, *rank(k, plan, hw, frozenset(pins_of(k))))
+            solved[key] = (k, *rank(k, plan, hw, key[1]))
     if check:
         problems = [(key, v) for key, v in solved.items() if v[1]]
         for (key, (k, _, rejected)), ranked in zip(problems, check_leaders(plan, hw, [v for _, v in problems], check)):
             solved[key] = (k, ranked, rejected)
     for k in plan.kernels:
         _, ranked, rejected = solved[problem(k)]
-        own = {key: value for node in k.origins for key, value in by_node.get(node, {}).items()}
+        own = own_of(k)
+        nodes = [n for n in k.origins if n in by_node]
         if own and ranked and not any(set(own) <= set(r.params) for r in ranked):
-            nodes = ", ".join(n for n in k.origins if n in by_node)
-            raise AicfError(f"--pin {nodes}:{'/'.join(sorted(own))}: no {k.family} schedule of kernel {k.name} has "
+            raise AicfError(f"--pin {', '.join(nodes)}:{'/'.join(sorted(own))}: no {k.family} schedule of kernel {k.name} has "
                             f"{'these keys' if len(own) > 1 else 'this key'} ({', '.join(sorted(own))}); "
                             f"`aicfc explain` lists its candidates and their keys")
         if not ranked:
@@ -290,7 +289,7 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
         pin = {**(every if any(set(every) <= set(r.params) for r in ranked) else {}), **own}
         if pin:
             pinned = [r for r in ranked if _matches(r.params, pin)]
-            scope = "".join(f"{n}:" for n in k.origins if n in by_node)
+            scope = "".join(f"{n}:" for n in nodes)
             said = " ".join(f"{scope if a in own else ''}{a}={b}" for a, b in pin.items())
             if not pinned:
                 raise AicfError(f"kernel {k.name}: no feasible {k.family} candidate matches --pin {said}")
