@@ -76,8 +76,10 @@ def test_resnet_stage_plan_is_channels_last_on_wgmma():
     """ResNet-50's layer2 entry at batch 8: both bottlenecks' 3x3 convolutions run on the Hopper
     engine; every intermediate is stored NHWC by its writer (no copy), the 1x1 GEMMs' outputs
     too; the filters are [O, KH, KW, C]; only the graph output keeps ONNX's layout. The strided
-    projection reads the graph input, whose copy to NHWC is a cost decision with its figures."""
-    plan = _stages(B.resnet_stage_model((8, 256, 28, 28), mid=128, out=512, stride=2))["plan_memory"]
+    projection reads the graph input, whose copy to NHWC is a cost decision with its figures. (The
+    projection kept apart from the block's last 1x1: tests/test_concat_projections.py merges them.)"""
+    plan = _stages(B.resnet_stage_model((8, 256, 28, 28), mid=128, out=512, stride=2),
+                   pin={"projection": "0"})["plan_memory"]
     convs = {k.origins[0]: k for k in plan.kernels if k.family == "conv"}
     assert set(convs) == {"b1.c2", "b2.c2", "b1.down"}
     for name in ("b1.c2", "b2.c2"):
@@ -105,10 +107,11 @@ def test_pointwise_convs_take_pixels_as_rows():
     image first (`channels_last.pixels_as_rows`, a cost decision recorded as ROWS_RULE): m is the pixel, n the output channel, the
     stored tensor's contiguous axis. So a residual add in their epilogue reads (and the store
     writes) two adjacent channels at once instead of lone elements 2·OC bytes apart; the
-    rendered epilogue reads the residual and stores the output as __half2 pairs."""
+    rendered epilogue reads the residual and stores the output as __half2 pairs. (The projection kept
+    apart, so that a residual add is there to read.)"""
     from aicfc.codegen import FAMILIES
     from aicfc.ir.properties import contraction
-    plan = _stages(B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2))["plan_memory"]
+    plan = _stages(B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2), pin={"projection": "0"})["plan_memory"]
     weights = {w.name for w in plan.weights}
     nhwc = {r.target for r in _records(plan, RULE) if r.applied}
     gemms = [k for k in plan.kernels if k.family == "gemm" and set(k.stores) <= nhwc]
@@ -327,11 +330,13 @@ def test_gpu_conv_wgmma(case, epilogue, precision, gpu_device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stem,pin", [(False, {}), (False, {"unit": "wgmma"}), (False, {"unit": "wgmma", "NWG": 2}),
-                                      (True, {})], ids=["by_cost", "wgmma", "wgmma_nwg2", "stem_by_cost"])
+                                      (True, {}), (False, {"projection": "0"}), (False, {"unit": "wgmma", "projection": "0"})],
+                         ids=["by_cost", "wgmma", "wgmma_nwg2", "stem_by_cost", "apart", "apart_wgmma"])
 def test_gpu_resnet_stage(stem, pin, gpu_device):
     """Two ResNet-50 bottlenecks (a strided projection, residual adds, ReLU epilogues), after a
     7x7 stem and max pool where `stem` (whose 3 channels keep it off wgmma, so it is not pinned),
-    against onnxruntime at fp16."""
+    against onnxruntime at fp16; by cost the projection and the block's last 1x1 are one GEMM over
+    a concatenation (passes/concat_projections.py), `projection=0` keeps the strided convolution."""
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=2, stem=stem)
     _gpu_check(model, "fp16", gpu_device, pin, ref="onnxruntime")
 

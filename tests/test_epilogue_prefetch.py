@@ -39,9 +39,10 @@ def test_residual_gemms_prefetch_and_others_do_not():
     channels-last like its own output, with K = 64: its producer requests those rows. The 1x1s with a
     BatchNorm bias alone and the convolutions request nothing, and neither does the second block's
     last 1x1: it writes the model's NCHW output (a GEMM of channels by pixels) and reads the
-    channels-last residual across its rows, not along them."""
+    channels-last residual across its rows, not along them. (The projection kept apart: merged with the
+    last 1x1, passes/concat_projections.py, there is no residual to request.)"""
     model = B.resnet_stage_model((4, 64, 28, 28), mid=64, out=256, stride=1)
-    payload, sources = _sources(model, {"unit": "wgmma", "RS": 0})
+    payload, sources = _sources(model, {"unit": "wgmma", "RS": 0, "projection": 0})
     prefetching = {k["name"] for k in payload["kernels"] if _prefetches(sources[k["name"]], k["symbol"])}
     adds = {k["name"]: k for k in payload["kernels"] if k["family"] == "gemm" and "b1.add" in k["onnx_nodes"]}
     (first,) = adds

@@ -22,14 +22,17 @@
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
+from aicfc.errors import AicfError
 from aicfc.frontend.spatial import CONV_TRANSPOSE_REASON, CONV_TRANSPOSE_RULE
 from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
 from aicfc.passes.cancel_views import VIEW_RULE, cancel_views
-from aicfc.passes import conv_as_matmul
+from aicfc.passes import concat_projections, conv_as_matmul
 from aicfc.passes.fold_scatter_axes import fold_scatter_axes
 
 BN_FOLD_RULE = "Conv + BatchNormalization => Conv with folded weights"
@@ -41,11 +44,15 @@ CANON_REASONS = {
     VIEW_RULE: "the reshape only merged runs of dimensions, which the transpose permuted whole: it is a transpose "
                "of the source (a pure access) followed by the merge",
     conv_as_matmul.POINTWISE_CONV_RULE: conv_as_matmul.POINTWISE_CONV_REASON,
+    concat_projections.CONCAT_PROJECTION_RULE: concat_projections.CONCAT_PROJECTION_REASON,
     CONV_TRANSPOSE_RULE: CONV_TRANSPOSE_REASON,
 }
 
 
-def canonicalize(g: Graph) -> Graph:
+def canonicalize(g: Graph, pin: dict | None = None, projections: Mapping[str, str] | None = None) -> Graph:
+    """`projections`: the projection shortcuts to merge with the 1x1 they are added to, by their Add's
+    output, each with why (passes/concat_projections.py; the pipeline decides them by cost); `pin`:
+    `--pin projection=0|1` overrides that; its other keys are later passes'."""
     nodes: list[Node] = []
     weights = list(g.weights)
     types = g.types()
@@ -97,9 +104,11 @@ def canonicalize(g: Graph) -> Graph:
             last = nodes.pop()
             nodes.append(Node(last.op, last.inputs, y, last.type, last.attrs, last.origin))
             types[y] = last.type
-    # After BatchNormalization folding (which rewrites the Conv before it): pointwise convolutions
-    # become batched MatMuls (passes/conv_as_matmul.py).
     wmap = {w.name: w for w in weights}
+    # After BatchNormalization folding: a projection shortcut's 1x1 and the 1x1 it is added to become
+    # one 1x1 over their inputs' channels (passes/concat_projections.py), where that moves fewer bytes.
+    nodes = _concat_projections(nodes, weights, wmap, types, g.outputs, (pin or {}).get(concat_projections.PIN), projections or {})
+    # Then pointwise convolutions become batched MatMuls (passes/conv_as_matmul.py).
     out_nodes: list[Node] = []
     for n in nodes:
         if conv_as_matmul.is_pointwise(n, types, wmap):
@@ -110,6 +119,47 @@ def canonicalize(g: Graph) -> Graph:
             out_nodes.append(n)
     return fold_scatter_axes(cancel_views(g.replace(nodes=tuple(out_nodes), weights=tuple(weights),
                                                     outputs=tuple(rename.get(o, o) for o in g.outputs))))
+
+
+def _concat_projections(nodes: list[Node], weights: list[Weight], wmap: dict[str, Weight], types: dict,
+                        outputs: tuple[str, ...], forced, chosen: Mapping[str, str]) -> list[Node]:
+    """Merge the sites `chosen` names (the Add's output -> why, the pipeline's cost decision:
+    passes/pipeline.decide_projections), or every legal one under `--pin projection=1`, none under 0."""
+    if forced is not None and str(forced) not in ("0", "1"):
+        raise AicfError(f"--pin {concat_projections.PIN}={forced}: expected {concat_projections.PIN}=0 (keep "
+                        f"projection shortcuts apart) or {concat_projections.PIN}=1 (merge wherever legal)")
+    if str(forced) == "0" or (forced is None and not chosen):
+        return nodes
+    producer = {n.output: n for n in nodes}
+    readers: dict[str, list[Node]] = {}
+    for n in nodes:
+        for i in dict.fromkeys(n.inputs):
+            readers.setdefault(i, []).append(n)
+    merged: dict[str, list[Node]] = {}   # the Add's output -> its replacement
+    gone: set[str] = set()               # the merged convolutions' outputs
+
+    def fresh(name: str) -> str:
+        while name in types or name in wmap:
+            name += "'"
+        return name
+
+    for n in nodes:
+        if forced is None and n.output not in chosen:
+            continue
+        found = concat_projections.match(n, producer, readers, outputs, wmap, types)
+        if found is None:
+            continue
+        why = chosen[n.output] if forced is None else f"--pin {concat_projections.PIN}={forced}"
+        made, new_weights = concat_projections.rewrite(n, *found, types, wmap, fresh, why)
+        merged[n.output] = made
+        weights += new_weights
+        gone.update(c.output for c in found)
+    out: list[Node] = []
+    for n in nodes:
+        if n.output in gone:
+            continue
+        out += merged.get(n.output, [n])
+    return out
 
 
 def _batch_norm(n: Node, ins: tuple[str, ...], nodes: list[Node], weights: list[Weight], wmap: dict[str, Weight],

@@ -248,6 +248,13 @@ LOWERINGS.update({"Cos": _pointwise(_call("cos")), "Sin": _pointwise(_call("sin"
 MAKING_CONSTANTS = CNN_LOWERINGS | ELEMENTWISE_LOWERINGS | DATA_LOWERINGS
 
 
+def _rule_record(n: Node) -> Rewrite:
+    """The record of the canonicalize rewrite that made `n` (its attribute `rule`; `why` and `saved`, where
+    the rewrite weighed bytes, give its numbers)."""
+    why = f"; {n.attr['why']}" if n.attr.get("why") else ""
+    return Rewrite(n.attr["rule"], n.output, True, CANON_REASONS[n.attr["rule"]] + why, n.attr.get("saved", 0))
+
+
 def lower(g: Graph) -> Program:
     types = g.types()
     scalars = {w.name: float(w.array().reshape(-1)[0]) for w in g.weights
@@ -261,8 +268,8 @@ def lower(g: Graph) -> Program:
             if n.op == "Conv" and "folded" in n.attr:
                 records.append(Rewrite(BN_FOLD_RULE, n.output, True, f"BatchNormalization {n.attr['folded']!r} "
                                        "folded into the weights and bias at compile time", 2 * n.type.nbytes))
-            if "rule" in n.attr:   # a Conv the importer wrote for a ConvTranspose
-                records.append(Rewrite(n.attr["rule"], n.output, True, CANON_REASONS[n.attr["rule"]]))
+            if "rule" in n.attr:   # a Conv the importer wrote for a ConvTranspose, a Concat of projections
+                records.append(_rule_record(n))
             continue
         if n.op not in LOWERINGS:
             raise AicfError(f"internal: no lowering for {n.op} (node {n.origin!r}); canonicalize must run first")
@@ -271,7 +278,7 @@ def lower(g: Graph) -> Program:
             records.append(Rewrite(BN_FOLD_RULE, n.output, True, f"BatchNormalization {n.attr['folded']!r} "
                                    "folded into the weights and bias at compile time", 2 * n.type.nbytes))
         if "rule" in n.attr:   # a canonicalize rewrite (SCALE_RULE, VIEW_RULE) made this node
-            records.append(Rewrite(n.attr["rule"], n.output, True, CANON_REASONS[n.attr["rule"]]))
+            records.append(_rule_record(n))
         if n.op == "LayerNormalization":
             records.append(Rewrite(NORM_RULE, n.output, True, f"{ONLINE}: mean and variance are sums "
                                    "whose partial (count, mean, M2) states merge (Chan), so one row pass suffices"))

@@ -222,17 +222,19 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     whose space has KEY."""
     from aicfc.passes.fold_cache_writes import PIN as EARLY_PIN
     from aicfc.passes.unfold_taps import PIN as UNFOLD_PIN
+    from aicfc.passes.concat_projections import PIN as PROJECTION_PIN
+    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():
         node, colon, name = key.rpartition(":")
         if not colon:
-            if key not in (UNFOLD_PIN, EARLY_PIN):
+            if key not in passes:
                 every[key] = value
             continue
         if not node or not name:
             raise AicfError(f"--pin {key}={value}: expected NODE:KEY=VALUE, e.g. --pin node_matmul_115:unit=gemv")
-        if name in (UNFOLD_PIN, EARLY_PIN):
+        if name in passes:
             raise AicfError(f"--pin {key}={value}: {name!r} switches a rewrite for the whole plan, not one "
                             f"node's schedule; give it as --pin {name}={value}")
         by_node.setdefault(node, {})[name] = value
@@ -244,8 +246,8 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
     """`pin` (from `--pin KEY=VALUE`) restricts every kernel whose space has those keys, and
     `--pin NODE:KEY=VALUE` the kernel covering ONNX node NODE, which must have KEY (`node_pins`);
     `check` counts the leading candidates' registers (`check_leaders`). Keys that switch a
-    rewrite rather than a schedule (`unfold`, passes/unfold_taps.py; `early`, passes/fold_cache_writes.py)
-    were the passes' to read and are dropped."""
+    rewrite rather than a schedule (`unfold`, passes/unfold_taps.py; `early`, passes/fold_cache_writes.py;
+    `projection`, passes/concat_projections.py) were the passes' to read and are dropped."""
     every, by_node = node_pins(pin or {})
     covered = {node for k in plan.kernels for node in k.origins}
     missing = sorted(set(by_node) - covered)

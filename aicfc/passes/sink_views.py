@@ -134,16 +134,27 @@ def _check(m: Sink, ctx: Context) -> str | None:
         if used:
             return (f"it reads {ld.buffer!r} at [{', '.join(map(str, ld.index))}], which uses merged "
                     f"variable(s) {used}: over {list(shape)} they have no variable of their own")
-    for c in ctx.readers.get(op.out, []):
+    readers = ctx.readers.get(op.out, [])
+
+    def stores_it(c: Op) -> bool:
+        """A reader for which the map is stored whatever this rule does: a view (inline_producers recomputes
+        no producer read through one), a contraction (its operands stay plain loads), or a reader whose every
+        load of it is guarded (a padded convolution's: inline_producers declines guarded reads)."""
+        if not isinstance(c, Compute):
+            return True
+        reads = [ld for ld in loads(c.body) if ld.buffer == op.out]
+        return (all(ld.fill is not None for ld in reads) or why_not_tile_compatible(c) is None
+                or implicit_gemm(c) is not None)
+    stored = any(stores_it(c) for c in readers)
+    for c in readers:
         if not isinstance(c, Compute):
             continue
         reads = [ld for ld in loads(c.body) if ld.buffer == op.out]
         rebuilt_too = c.out in ctx.sinking and all(_own_index(ld, c, ctx) for ld in reads)
-        # a reader whose every load is guarded (a padded convolution's) never recomputes the map
-        # (inline_producers declines guarded reads): the map is stored either way
-        guarded = all(ld.fill is not None for ld in reads)
-        contraction = why_not_tile_compatible(c) is None or implicit_gemm(c) is not None
-        if not rebuilt_too and not guarded and not contraction:
+        # a pure move (a strided Slice: one affine load) reads the map through the view back, which fold_views
+        # composes with its access; it costs nothing where the map is stored for another reader anyway
+        move = isinstance(c.body, Load) and c.body.fill is None and not indirect_dims(c.body)
+        if not rebuilt_too and not stores_it(c) and not (move and stored):
             return (f"its reader {c.out!r} is not rebuilt with it and is no contraction: it would read it through "
                     "the view back, and a producer read through a view is stored, no longer recomputed there")
     return None
