@@ -169,6 +169,33 @@ def test_a_reader_through_guarded_loads_or_a_convolution_does_not_keep_a_map_in_
     same_values(p, q, {"x": np.random.default_rng().standard_normal((8, 4)).astype(np.float32)})
 
 
+def test_a_pure_move_reader_keeps_no_map_in_place_that_is_stored_anyway():
+    """ResNet-50's stage-1 output feeds the next block's 1x1 (a contraction, through a view) and a strided
+    Slice (a pure move: one affine load, the projection's subsample before the concatenation). The map is
+    stored for the contraction anyway, so the move reads it through the view back (fold_views composes
+    the two) and the map still runs over the view's source, where a GEMM absorbs it as its epilogue.
+    Read by the move alone it stays in place (recomputed in the move instead)."""
+    text = """lowered "t" {
+  input %x: f32[2,16,4]
+  %v: f32[2,4,4,4] = view %x
+  %a: f32[2,4,4,4] = map max(load(%v, [i0, i1, i2, i3]), 0.0)
+  %s: f32[2,2,2,4] = map load(%a, [i0, 2*i1, 2*i2, i3])
+%READER%  output %s
+}"""
+    w = {"w": np.ones((4, 3), np.float32)}
+    p = program(text.replace("%READER%", """  %av: f32[2,16,4] = view %a
+  %y: f32[2,16,3] = sum[4] mul(load(%av, [i0, i1, r0]), load(%w, [r0, i2]))
+  output %y
+"""), w)
+    q = SV.sink_views(p)
+    verify_program(q)
+    assert [(r.target, r.applied) for r in records(q, SV.RULE)] == [("a", True)]
+    rng = np.random.default_rng()
+    same_values(p, q, {"x": rng.standard_normal((2, 16, 4)).astype(np.float32)})
+    alone = program(text.replace("%READER%", ""), {})
+    assert SV.sink_views(alone).ops == alone.ops
+
+
 def test_chain_moves_as_a_whole_and_view_chains_collapse():
     """map → map over a split view: both rebuilt; the merging view after them is then a view of
     a view, which fold_views collapses and folds into the reader."""
