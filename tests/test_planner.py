@@ -215,3 +215,42 @@ def test_a_weight_shared_by_the_batch_is_read_by_every_batch_item(shared):
     a, w = 32 * 49 * 512 * 2, (32 if not shared else 1) * 512 * 2048 * 2
     l2 = k["predicted"]["t_l2_us"] * load_profile("sm_90").l2_bandwidth_gbs * 1e3
     assert l2 == pytest.approx(15 * a + (31 * w if shared else 0), rel=1e-4)
+
+
+def test_rankings_remembered_within_a_compile():
+    """[Note: rankings remembered] (passes/plan_schedules.py): the same kernel of two plans of one graph is
+    ranked once (the second answer is the first's candidates), a profile with other data ranks again, and
+    run_pipeline forgets them at its end; the plan is the one ranking every time gives."""
+    import dataclasses
+    from aicfc.frontend.onnx_import import import_model
+    from aicfc.passes import plan_schedules as PS
+    from aicfc.passes.pipeline import PIPELINE, Options, run_pipeline
+    from aicfc.planner.hardware import Profile, load_profile
+    from tests import onnx_builders as B
+    model = B.resnet_stage_model((2, 64, 16, 16), mid=32, out=128, stride=2)
+    hw = load_profile("sm_90")
+    opts = Options("sm_90", hw, "fp16", projections=())
+    plans = []
+    for _ in range(2):
+        ir = import_model(model)
+        for stage in PIPELINE[:[s.name for s in PIPELINE].index("relayout_weights") + 1]:
+            ir = stage.run(ir, opts)
+        plans.append(ir)
+    k0, k1 = plans[0].kernels[1], plans[1].kernels[1]
+    assert k0 is not k1 and k0 == k1
+    PS.forget_rankings()
+    first = PS.rank(k0, plans[0], hw)
+    again = PS.rank(dataclasses.replace(k1, name="other"), plans[1], load_profile("sm_90"))
+    assert [r.params for r in again[0]] == [r.params for r in first[0]]
+    assert all(a is b for a, b in zip(again[0], first[0]))              # remembered, not recomputed
+    other = Profile(dict(hw.data, launch_overhead_us=hw.data.get("launch_overhead_us", 1.0) + 5.0))
+    assert not any(a is b for a, b in zip(PS.rank(k1, plans[1], other)[0], first[0]))
+    run_pipeline(import_model(model), Options("sm_90", hw, "fp16"))
+    assert not PS._ranked
+    PS.RANKED_KEEP, keep = 0, PS.RANKED_KEEP
+    try:
+        cold = run_pipeline(import_model(model), Options("sm_90", hw, "fp16")).plan
+    finally:
+        PS.RANKED_KEEP = keep
+    warm = run_pipeline(import_model(model), Options("sm_90", hw, "fp16")).plan
+    assert [k.schedule for k in cold.kernels] == [k.schedule for k in warm.kernels]

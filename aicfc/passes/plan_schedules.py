@@ -24,14 +24,16 @@ a transformer) are the same problem: it is solved once (`structure`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from aicfc.codegen import FAMILIES
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Candidate, Kernel, Plan, Schedule
-from aicfc.ir.lowered import Load, Rewrite, map_loads
+from aicfc.ir.lowered import Indirect, Load, Rewrite, loads, map_loads
 from aicfc.ir.types import TensorType
 from aicfc.planner.cost import Estimate, cost, estimate_registers
 from aicfc.planner.hardware import Profile, blocks_per_sm
@@ -80,9 +82,65 @@ OPT_IN = {"STREAM": "stream-k runs only under --pin STREAM=1: on an H200 it meas
                     "data-parallel tiles on every shape timed (benchmarks/results/stream_k_session16_h200.txt)"}
 
 
+# [Note: rankings remembered]
+# channels_last and unfold_taps rank kernels to decide layouts, plan_schedules ranks the kernels they leave,
+# and decide_projections (passes/pipeline.py) plans a graph's front stages two or three times: mostly the same
+# kernels, ranked again. `rank` keeps its last RANKED_KEEP answers, keyed by what it reads: the kernel (less
+# its name, schedule, memory plan and records), the types of every tensor it touches and which of them are
+# weights, the target, the precision, the profile and the keys pinned. ResNet-50 B32 (fp16, sm_90) planned in
+# 20.5 s of CPU with its projections decided, against 50.6 s ranking every time, the same schedules. A ranking
+# holds every candidate (about 1.6 thousand a kernel there, 190 MB for its 96 kernels), so run_pipeline forgets
+# them when it is done, and at most RANKED_KEEP are kept meanwhile.
+RANKED_KEEP = 256
+_ranked: OrderedDict[Hashable, tuple[tuple[Ranked, ...], tuple[Candidate, ...]]] = OrderedDict()
+_profiles: dict[int, tuple[Profile, str]] = {}   # id -> (the profile, its data as text): passes load their own copies
+
+
+def forget_rankings() -> None:
+    """Drop the remembered rankings ([Note: rankings remembered]): run_pipeline does at its end."""
+    _ranked.clear()
+    _profiles.clear()
+
+
+def _profile_key(hw: Profile) -> str:
+    known = _profiles.get(id(hw))
+    if known is None or known[0] is not hw:
+        known = _profiles[id(hw)] = (hw, json.dumps(hw.data, sort_keys=True, default=str))
+    return known[1]
+
+
+def _rank_key(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str]) -> Hashable:
+    types = plan.types()
+    touched: set[str] = set(k.stores)
+    for op in k.ops:
+        touched.add(op.out)
+        todo = loads(op.body)
+        while todo:
+            ld = todo.pop()
+            touched.add(ld.buffer)
+            todo += [a.ids for a in ld.index if isinstance(a, Indirect)]
+    weights = {w.name for w in plan.weights}
+    return (dataclasses.replace(k, name="", schedule=None, inplace=(), rewrites=()),
+            tuple(sorted((b, types.get(b)) for b in touched)), frozenset(touched & weights),
+            plan.target, plan.precision, _profile_key(hw), pinned)
+
+
 def rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str] = frozenset()) -> tuple[list[Ranked], list[Candidate]]:
     """Every candidate of `k`'s space: the feasible ones cheapest first, and the rejected (those of
-    an OPT_IN key among them unless `pinned` names it)."""
+    an OPT_IN key among them unless `pinned` names it). Remembered ([Note: rankings remembered])."""
+    key = _rank_key(k, plan, hw, pinned)
+    hit = _ranked.get(key)
+    if hit is not None:
+        _ranked.move_to_end(key)
+        return list(hit[0]), list(hit[1])
+    ranked, rejected = _rank(k, plan, hw, pinned)
+    _ranked[key] = (tuple(ranked), tuple(rejected))
+    while len(_ranked) > RANKED_KEEP:
+        _ranked.popitem(last=False)
+    return ranked, rejected
+
+
+def _rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str]) -> tuple[list[Ranked], list[Candidate]]:
     types = plan.types()
     family = FAMILIES[k.family]
     ranked, rejected = [], []
