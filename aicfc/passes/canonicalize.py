@@ -106,7 +106,7 @@ def canonicalize(g: Graph, pin: dict | None = None, projections: Mapping[str, st
             types[y] = last.type
     wmap = {w.name: w for w in weights}
     # After BatchNormalization folding: a projection shortcut's 1x1 and the 1x1 it is added to become
-    # one 1x1 over their inputs' channels (passes/concat_projections.py), where that moves fewer bytes.
+    # one 1x1 over their inputs' channels (passes/concat_projections.py) at the sites the pipeline chose.
     nodes = _concat_projections(nodes, weights, wmap, types, g.outputs, (pin or {}).get(concat_projections.PIN), projections or {})
     # Then pointwise convolutions become batched MatMuls (passes/conv_as_matmul.py).
     out_nodes: list[Node] = []

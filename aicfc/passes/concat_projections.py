@@ -49,7 +49,7 @@ PIN = "projection"   # --pin projection=0 keeps projections apart, projection=1 
 CONCAT_PROJECTION_RULE = "Conv1x1(h) + Conv1x1/s(x) => Conv1x1(Concat(h, x[::s]))"
 CONCAT_PROJECTION_REASON = ("pointwise_window on both: each output sums its input channels at its own position, so the sum "
                             "is one 1x1 convolution over the two inputs' channels concatenated (weights side by side, "
-                            "biases added); it moves fewer bytes where the output has more channels than the two inputs")
+                            "biases added), and the projection's result is neither written nor read back")
 
 
 def _pointwise(n: Node | None, wmap: dict[str, Weight], types: dict) -> bool:
@@ -107,7 +107,8 @@ def merged_sites(nodes) -> dict[str, frozenset[str]]:
 
 def rewrite(add: Node, main: Node, proj: Node, types: dict, wmap: dict[str, Weight], fresh,
             why: str) -> tuple[list[Node], list[Weight]]:
-    """The nodes and weights that replace `add`, `main` and `proj` (`match` and `pays` hold)."""
+    """The nodes and weights that replace `add`, `main` and `proj` (`match` holds); `why` is the decision's
+    text, recorded on the Concat with the site and its ONNX nodes (`merged_sites` reads them back)."""
     y = add.output
     dt = types[y].np_dtype
     origin = add.origin

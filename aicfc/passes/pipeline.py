@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from aicfc.ir.decision import verify_plan
 from aicfc.ir.high import Graph, verify_graph
-from aicfc.ir.lowered import verify_program
+from aicfc.ir.lowered import Rewrite, verify_program
+from aicfc.passes import concat_projections
 from aicfc.passes.apply_precision import apply_precision
 from aicfc.passes.canonicalize import canonicalize
 from aicfc.passes.channels_last import channels_last
@@ -32,8 +33,6 @@ from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.plan_schedules import RegisterCheck, forget_rankings, plan_schedules, rank
-from aicfc.passes import concat_projections
-from aicfc.ir.lowered import Rewrite
 from aicfc.passes.read_grouped_heads import read_grouped_heads
 from aicfc.passes.relayout_weights import relayout_weights
 from aicfc.passes.unfold_taps import unfold_taps
