@@ -205,15 +205,14 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
         return plan   # a --pin of another unit keeps ONNX's layout: the layout is chosen for the Hopper engine
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
-    from aicfc.passes.plan_schedules import rank
+    from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile, plan_gap_us
     hw = load_profile(plan.target)
     if not copied or (pin or {}).get("unit") == "wgmma":
         return _orient(first, hw)
 
     def best(p: Plan, ks: list[Kernel]) -> float:
-        times = [min((r.time_us for r in rank(k, p, hw)[0]), default=math.inf) for k in ks]
-        return sum(times)
+        return sum(fastest(k, p, hw) for k in ks)
     refused, notes = {}, {}
     for x in copied:
         copy = f"{x}.nhwc"
@@ -237,12 +236,12 @@ def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
 def _orient(plan: Plan, hw) -> Plan:
     """ROWS_RULE on every GEMM that stores a channels-last tensor: the orientation the planner
     predicts faster (ties to pixels as rows), recorded with both figures."""
-    from aicfc.passes.plan_schedules import rank
+    from aicfc.passes.plan_schedules import fastest
     weights = {w.name: w for w in plan.weights}
     done = {r.target for r in plan.rewrites if r.rule == RULE and r.applied}
 
     def best(k: Kernel) -> float:
-        return min((r.time_us for r in rank(k, plan, hw)[0]), default=math.inf)
+        return fastest(k, plan, hw)
     kernels, records = [], []
     for k in plan.kernels:
         op = k.ops[0]

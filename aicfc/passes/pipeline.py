@@ -7,7 +7,6 @@ every stage as `NN_<stage>.txt`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -32,7 +31,7 @@ from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
-from aicfc.passes.plan_schedules import RegisterCheck, forget_rankings, plan_schedules, rank
+from aicfc.passes.plan_schedules import RegisterCheck, fastest, forget_rankings, plan_schedules
 from aicfc.passes.read_grouped_heads import read_grouped_heads
 from aicfc.passes.relayout_weights import relayout_weights
 from aicfc.passes.unfold_taps import unfold_taps
@@ -181,8 +180,7 @@ def decide_projections(graph: Graph, options: Options, on_stage: Callable[[str],
 
     def best(plan: Any, nodes: frozenset[str]) -> tuple[float, int]:
         kernels = [k for k in plan.kernels if nodes & set(k.origins)]
-        return sum(min((r.time_us for r in rank(k, plan, options.profile)[0]), default=math.inf)
-                   for k in kernels), len(kernels)
+        return sum(fastest(k, plan, options.profile) for k in kernels), len(kernels)
     chosen, records = [], []
     for site, nodes in sorted(sites.items()):
         (t_merged, n_merged), (t_apart, n_apart) = best(runs[0].ir, nodes), best(runs[1].ir, nodes)

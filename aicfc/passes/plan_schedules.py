@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -138,6 +139,12 @@ def rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str] = frozenset(
     while len(_ranked) > RANKED_KEEP:
         _ranked.popitem(last=False)
     return ranked, rejected
+
+
+def fastest(k: Kernel, plan: Plan, hw: Profile) -> float:
+    """The best predicted time of `k` (inf where no candidate fits): what the passes that weigh a rewrite
+    by the planner's predictions compare (channels_last, unfold_taps, pipeline.decide_projections)."""
+    return min((r.time_us for r in rank(k, plan, hw)[0]), default=math.inf)
 
 
 def _rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str]) -> tuple[list[Ranked], list[Candidate]]:

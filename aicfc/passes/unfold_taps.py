@@ -40,7 +40,6 @@ figures are still recorded); plan_schedules drops the key.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -175,12 +174,12 @@ def unfold_taps(plan: Plan, pin: dict | None = None) -> Plan:
     for k in plan.kernels:
         for b in {ld.buffer for op in k.ops for ld in loads(op.body)}:
             readers[b] = readers.get(b, 0) + 1
-    from aicfc.passes.plan_schedules import rank
+    from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile
     hw = load_profile(plan.target)
 
     def best(p: Plan, k: Kernel) -> float:
-        return min((r.time_us for r in rank(k, p, hw)[0]), default=math.inf)
+        return fastest(k, p, hw)
     records = []
     for k in plan.kernels:
         reads = {ld.buffer for op in k.ops for ld in loads(op.body)}
