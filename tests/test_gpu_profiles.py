@@ -105,3 +105,15 @@ def test_cli_bad_profile_exits_2_with_one_line(tmp_path):
     r = CliRunner().invoke(main, ["compile", str(model), "-o", str(out), "--profile", str(f)])
     assert r.exit_code == 2 and not out.exists()
     assert len(r.output.strip().splitlines()) == 1 and "efficiency" in r.output
+
+
+@pytest.mark.parametrize("key", ["sm_l2_port_gbs", "sm_ingress_gbs"])
+@pytest.mark.parametrize("value", ["fast", -5, 0, None])
+def test_an_optional_rate_that_is_no_positive_number_is_one_line(tmp_path, key, value):
+    """The rates a profile may add are read as numbers by the cost terms: a bad one is refused at load,
+    naming it, not a TypeError while planning."""
+    from importlib import resources
+    bundled = json.loads(resources.files("aicfc").joinpath("profiles", "gpus", "h200.json").read_text())
+    (tmp_path / "p.json").write_text(json.dumps(dict(bundled, **{key: value})))
+    with pytest.raises(AicfError, match=rf"{key} is .*not a positive number"):
+        load_profile("sm_90", str(tmp_path / "p.json"))

@@ -95,6 +95,53 @@ def dims(k: Kernel) -> tuple[Contraction, int, int, int, list[tuple[str, int]]]:
     return c, ext.get(c.m, 1) if c.m else 1, ext.get(c.n, 1) if c.n else 1, mm.reduce[0], [(v, ext[v]) for v in c.batch]
 
 
+def flat_var(k: Kernel, types: Mapping[str, TensorType]) -> str | None:
+    """The batch variable whose images the Hopper engine may take as more rows of m (FLAT = 1),
+    or None ([Note: images as rows] in codegen/gemm_wgmma.py): the domain variable just outside m,
+    a batch of more than one, where every access of the kernel (its operands, its epilogue's reads
+    and its store) steps that variable by M times its step along m. Then element (b, m) lies where
+    element (0, b·M + m) does in every tensor, so the kernel reads and writes the same bytes with
+    b = 0 and m over b·M rows. Not where a read is guarded (its test is per dimension), indirect
+    or an operand's rows of another batch would be read (a broadcast [P, C] table)."""
+    c, m, _, _, batch = dims(k)
+    mm = k.ops[0]
+    if c.m is None or len(k.ops) > 2 or rotary(k) is not None or gated(k):
+        return None
+    at = mm.domain_vars.index(c.m)
+    b = mm.domain_vars[at - 1] if at else None
+    if b is None or dict(batch).get(b, 1) <= 1:
+        return None
+    if any(v != a for bind in k.binds for v, a in bind if a != Affine.var(v)):
+        return None
+    offsets = []
+    for op in k.ops:
+        for ld in loads(op.body):
+            if ld.buffer == mm.out:
+                continue   # the accumulators
+            if ld.fill is not None or indirect_dims(ld):
+                return None
+            offsets.append(flat_offset(ld.index, types[ld.buffer]))
+    last, bind = store_target(k, types)
+    offsets.append(element_offset(last, bind))
+    return b if all(off.coeff(b) == m * off.coeff(c.m) for off in offsets) else None
+
+
+def shape(k: Kernel, p: Mapping) -> tuple[Contraction, int, int, int, list[tuple[str, int]]]:
+    """`dims` as schedule `p` runs the kernel: with FLAT = 1 the batch variable of `flat_var`
+    is part of m (M times its extent rows) and no longer a batch variable."""
+    c, m, n, kk, batch = dims(k)
+    if not p.get("FLAT"):
+        return c, m, n, kk, batch
+    b = flat_merged(k)
+    return c, m * dict(batch)[b], n, kk, [(v, e) for v, e in batch if v != b]
+
+
+def flat_merged(k: Kernel) -> str:
+    """The variable FLAT = 1 merges into m (the one `flat_var` found legal)."""
+    mm = k.ops[0]
+    return mm.domain_vars[mm.domain_vars.index(dims(k)[0].m) - 1]
+
+
 def space(k: Kernel, plan: Plan) -> list[dict]:
     dtype = gemm_mma.mma_type(k, plan.types(), plan.precision)
     simt = [p for p in simt_space() if p["TN"] >= 2] if gated(k) else simt_space()   # a thread's column pairs
@@ -480,10 +527,10 @@ def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
-    c, m, n, kk, batch = dims(k)
+    c, m, n, kk, batch = shape(k, p)
     sig = signature(k, types, p)
     idx = sig.index_type
-    names = {v: v for v, _ in batch}
+    names = {v: v for v, _ in batch} | ({flat_merged(k): "0"} if p.get("FLAT") else {})
     a_names = names | {"r0": "gk"} | ({c.m: "gm"} if c.m else {})
     b_names = names | {"r0": "gk"} | ({c.n: "gn"} if c.n else {})
     out_names = names | ({c.m: "gm"} if c.m else {}) | ({c.n: "gn"} if c.n else {})

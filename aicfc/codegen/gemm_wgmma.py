@@ -97,6 +97,20 @@ each kernel alone, two alternating rounds against the --pin RS=0 plan): the 28x2
 22.0-27.0 -> 17.5-20.0 us, the 14x14 ones 15.9 -> 14.4, the 56x56 ones (one k-block, which the L2
 prefetch served before) 35.4 -> 34.1-34.6; the plan replayed in 981.5 us against 1022.3.
 
+[Note: images as rows]
+FLAT = 1: a batched GEMM whose batch variable b (the one just outside m) steps every access of the
+kernel by M times its step along m (`gemm.flat_var`: the operands, the epilogue's reads and the store;
+not where a read is guarded or indirect, nor where a tensor is read at the same rows by every image) runs
+as one GEMM of b·M rows: element (b, m) lies where element (0, b·M + m) does in every tensor, so the
+kernel indexes them with b = 0 (`gemm.shape`; the codegen names b "0", the operands' and the output's
+tensor maps lose b's dimension). A ResNet 1x1 convolution over channels-last images is such a GEMM: its
+pixels are rows, and an image of 14x14 = 196 pixels leaves its second 128-row tile 53% empty, 49 of
+them 77% (stage 4: 7x7). Offered where it leaves fewer tiles (every FLAT = 1 candidate has a FLAT = 0 twin;
+FLAT is then a key of every candidate, so `--pin FLAT=0` is an A/B); the cost terms see the merged M.
+Measured on an H200 (benchmarks/results/images_as_rows_session22_h200.txt, ResNet-50 B32 fp16): the
+plan replayed in 886.8 us against 937.8 with `--pin FLAT=0` (9 alternating rounds; 903.7 against 958.1
+in a second call); stage 3's 1x1s with the residual add 13.8 -> 9.7 us, its 1024 -> 256 ones 8.7 -> 7.8.
+
 CLUSTER = 2: thread-block clusters of two CTAs (`__cluster_dims__(2, 1, 1)`, so the ordinary launch
 and graph capture run them; CTAS = 2·min(pairs, SMs/2), even). The two CTAs of a cluster take the
 two tiles of a *pair*: tile rows 2u and 2u + 1 of one tile column, so they share B's box and each
@@ -131,7 +145,7 @@ from aicfc.codegen.cexpr import flat_offset
 from aicfc.codegen.common import render
 from aicfc.codegen.tma import TensorMap
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Load
+from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = "sm_90"          # wgmma and setmaxnreg are sm_90a features: Hopper only
@@ -259,10 +273,16 @@ class Operand:
         return TensorMap(buffer, dtype, self.offset, tuple(e for _, e, _ in self.dims), strides, self.box, ROW_BYTES)
 
 
+def without(off: Affine, var: str | None) -> Affine:
+    """`off` with `var` at 0 (FLAT = 1: the merged batch variable indexes nothing of its own)."""
+    return off if var is None else Affine.of({v: x for v, x in off.terms if v != var}, off.const)
+
+
 def operand(name: str, ld: Load, t: TensorType, var: str | None, extents: Mapping[str, int], K: int,
-            batch: list[str], rows: int, dtype: str) -> Operand | str:
-    """The operand's staging, or why TMA cannot load it."""
-    off = flat_offset(ld.index, t)
+            batch: list[str], rows: int, dtype: str, merged: str | None = None) -> Operand | str:
+    """The operand's staging, or why TMA cannot load it; `merged`: the batch variable FLAT = 1 takes
+    as more rows of m (its images are rows of the operand's map: [Note: images as rows])."""
+    off = without(flat_offset(ld.index, t), merged)
     esize = ITEMSIZE[t.dtype]
     k_major = off.coeff("r0") == 1
     if not k_major and (var is None or off.coeff(var) != 1):
@@ -292,12 +312,13 @@ def output_map(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> Tensor
     """The output's tensor map for a TMA store (TS = 1), or why there is none: the staged layout
     (`gemm.staged_layout`: one stored tensor, contiguous along n, 16-byte chunks) indexed by m, n and
     the batch alone, at most 5 dimensions (n, m, the batch variables that step it)."""
-    from aicfc.codegen.gemm import dims, staged_layout, store_target
-    c, m, n, _, batch = dims(k)
+    from aicfc.codegen.gemm import flat_merged, shape, staged_layout, store_target
+    c, m, n, _, batch = shape(k, p)
     layout = staged_layout(k, types, n)
     if layout is None:
         return "the output cannot be staged (not one tensor contiguous along n in 16-byte chunks)"
     off, dt = layout
+    off = without(off, flat_merged(k) if p.get("FLAT") else None)
     ext = dict(batch) | ({c.m: m} if c.m else {}) | {c.n: n}
     if any(v not in ext for v, _ in off.terms):
         return "the output is indexed by a variable outside m, n and the batch"
@@ -314,12 +335,13 @@ def output_map(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> Tensor
 
 
 def operands(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> tuple[Operand | str, Operand | str]:
-    from aicfc.codegen.gemm import dims
-    c, m, n, kk, batch = dims(k)
-    ext = k.ops[0].extents()
+    from aicfc.codegen.gemm import flat_merged, shape
+    c, m, n, kk, batch = shape(k, p)
+    ext = k.ops[0].extents() | ({c.m: m} if c.m else {})
     names = [v for v, _ in batch]
-    a = operand("a", c.a, types[c.a.buffer], c.m, ext, kk, names, block_m(p), p["dtype"])
-    b = operand("b", c.b, types[c.b.buffer], c.n, ext, kk, names, p["BN"], p["dtype"])
+    merged = flat_merged(k) if p.get("FLAT") else None
+    a = operand("a", c.a, types[c.a.buffer], c.m, ext, kk, names, block_m(p), p["dtype"], merged)
+    b = operand("b", c.b, types[c.b.buffer], c.n, ext, kk, names, p["BN"], p["dtype"], merged)
     if isinstance(a, Operand) and isinstance(b, Operand):
         b = dataclasses.replace(b, smem_at=block_m(p) * ROW_BYTES, halves=p.get("CLUSTER", 1) > 1)
     return a, b
@@ -339,7 +361,7 @@ def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
 
 
 def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> list[dict]:
-    from aicfc.codegen.gemm import dims, staged_layout, staged_source
+    from aicfc.codegen.gemm import dims, flat_var, staged_layout, staged_source
     _, m, n, kk, batch = dims(k)
     layout = staged_layout(k, plan.types(), n)
     copies_in = staged_source(k, plan.types(), n) is not None
@@ -347,6 +369,10 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
     tma_out = out and isinstance(output_map(k, {"MI": 1}, plan.types()), TensorMap)
     stores = [(out, 0)] + ([(out, 1)] if tma_out else []) + ([(0, 0)] if out else [])   # (OUT, TS)
     nb = math.prod(e for _, e in batch)
+    # [Note: images as rows]: FLAT = 1 where the batch variable outside m may join it and that leaves
+    # fewer tiles (the images' last tile rows are short); FLAT is then a key of every candidate
+    merged = flat_var(k, plan.types())
+    eb = dict(batch)[merged] if merged else 1
     points = []
     for nwg, pp in ((n, pp) for n in SPACE["NWG"] for pp in SPACE["PP"] if n > 1 or not pp):
         for mi in SPACE["MI"]:
@@ -354,43 +380,56 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                 if mi * bn // 2 > MAX_ACC:
                     continue
                 bm = 64 * mi * (1 if pp else nwg)
-                tiles = math.ceil(m / bm) * math.ceil(n / bn) * nb
-                ktiles = math.ceil(kk / bk(dtype))
-                for sk, cl in ((sk, cl) for sk in SPACE["SPLITK"] for cl in SPACE["CLUSTER"]):
-                    per = math.ceil(ktiles / sk)
-                    if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
-                        continue
-                    if cl > 1 and sk > 1:
-                        continue   # see the module note
-                    pairs = math.ceil(math.ceil(m / bm) / 2) * math.ceil(n / bn) * nb
-                    ctas = 2 * min(pairs, hw_sms // 2) if cl > 1 else min(tiles * sk, hw_sms)
-                    # stream-k (STREAM = 1): every SM takes an even share of all the k-blocks
-                    streams = (0, 1) if sk == 1 and cl == 1 and stream_ok(tiles, ktiles, hw_sms) else (0,)
-                    for st, (o, ts), sm in ((st, o, sm) for st in SPACE["STAGES"] for o in stores for sm in streams
-                                            if not (pp and o[1])):
-                        p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
-                             "MI": mi, "OUT": o, "TS": ts, "STAGES": st, "SPLITK": sk, "CLUSTER": cl,
-                             "CTAS": hw_sms if sm else ctas, "STREAM": sm}
-                        if smem_bytes(p) + static_smem(p) <= smem_limit:
-                            # [Note: residual through the staging]: where the epilogue has such a residual, RS
-                            # is a key of every candidate (so --pin RS=0 / RS=1 applies), 1 on staged, unsplit ones
-                            points += ([dict(p, RS=0)] + ([dict(p, RS=1)] if o and not ts and sk == 1 and not sm else [])
-                                       if copies_in else [p])
+                flats = (0, 1) if merged and math.ceil(m * eb / bm) < eb * math.ceil(m / bm) else (0,)
+                for fl in flats:
+                    points += _points(dict(nwg=nwg, pp=pp, mi=mi, bn=bn, bm=bm), m * eb if fl else m, n, kk,
+                                      nb // eb if fl else nb, dtype, hw_sms, smem_limit, stores, copies_in,
+                                      {"FLAT": fl} if merged else {})
+    return points
+
+
+def _points(shape: Mapping, m: int, n: int, kk: int, nb: int, dtype: str, hw_sms: int, smem_limit: int,
+            stores: list, copies_in: bool, extra: Mapping) -> list[dict]:
+    """The candidates of one warpgroup shape (`shape`: nwg, pp, mi, bn, bm) over M x N x K, nb batches."""
+    nwg, pp, mi, bn, bm = (shape[x] for x in ("nwg", "pp", "mi", "bn", "bm"))
+    points = []
+    tiles = math.ceil(m / bm) * math.ceil(n / bn) * nb
+    ktiles = math.ceil(kk / bk(dtype))
+    for sk, cl in ((sk, cl) for sk in SPACE["SPLITK"] for cl in SPACE["CLUSTER"]):
+        per = math.ceil(ktiles / sk)
+        if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
+            continue
+        if cl > 1 and sk > 1:
+            continue   # see the module note
+        pairs = math.ceil(math.ceil(m / bm) / 2) * math.ceil(n / bn) * nb
+        ctas = 2 * min(pairs, hw_sms // 2) if cl > 1 else min(tiles * sk, hw_sms)
+        # stream-k (STREAM = 1): every SM takes an even share of all the k-blocks
+        streams = (0, 1) if sk == 1 and cl == 1 and stream_ok(tiles, ktiles, hw_sms) else (0,)
+        for st, (o, ts), sm in ((st, o, sm) for st in SPACE["STAGES"] for o in stores for sm in streams
+                                if not (pp and o[1])):
+            p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
+                 "MI": mi, "OUT": o, "TS": ts, "STAGES": st, "SPLITK": sk, "CLUSTER": cl,
+                 "CTAS": hw_sms if sm else ctas, "STREAM": sm, **extra}
+            if smem_bytes(p) + static_smem(p) <= smem_limit:
+                # [Note: residual through the staging]: where the epilogue has such a residual, RS
+                # is a key of every candidate (so --pin RS=0 / RS=1 applies), 1 on staged, unsplit ones
+                points += ([dict(p, RS=0)] + ([dict(p, RS=1)] if o and not ts and sk == 1 and not sm else [])
+                           if copies_in else [p])
     return points
 
 
 def tiles(k: Kernel, p: Mapping) -> tuple[int, int, int]:
     """(tiles along m, along n, all tiles with the batch)."""
-    from aicfc.codegen.gemm import dims
-    _, m, n, _, batch = dims(k)
+    from aicfc.codegen.gemm import shape
+    _, m, n, _, batch = shape(k, p)
     tm, tn = math.ceil(m / p["BM"]), math.ceil(n / p["BN"])
     return tm, tn, tm * tn * math.prod(e for _, e in batch)
 
 
 def pairs(k: Kernel, p: Mapping) -> tuple[int, int]:
     """(pairs of tile rows, all pairs with the tile columns and the batch): a cluster's work units."""
-    from aicfc.codegen.gemm import dims
-    _, m, n, _, batch = dims(k)
+    from aicfc.codegen.gemm import shape
+    _, m, n, _, batch = shape(k, p)
     pm = math.ceil(math.ceil(m / p["BM"]) / 2)
     return pm, pm * math.ceil(n / p["BN"]) * math.prod(e for _, e in batch)
 
@@ -467,8 +506,8 @@ def store_coords(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> dict
     coordinates past (n, m), the batch variables that step the output."""
     out = output_map(k, p, types)
     assert isinstance(out, TensorMap), out
-    from aicfc.codegen.gemm import dims, staged_layout
-    c, _, n, _, batch = dims(k)
+    from aicfc.codegen.gemm import shape, staged_layout
+    c, _, n, _, batch = shape(k, p)
     off = staged_layout(k, types, n)[0]
     cols, rows = out_box(p)
     rest = [v for v, e in batch if off.coeff(v) and e > 1]

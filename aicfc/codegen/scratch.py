@@ -50,8 +50,8 @@ def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]
         from aicfc.codegen import conv_wgmma
         tiles = conv_wgmma.tiles(k, p)[2]
     elif k.family == "gemm":
-        from aicfc.codegen.gemm import dims
-        _, m, n, _, batch = dims(k)
+        from aicfc.codegen.gemm import dims, shape
+        _, m, n, _, batch = shape(k, p)
         tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"]) * math.prod(e for _, e in batch)
         if p.get("unit") == "gemv":   # BM holds every row, the batch's included
             tiles = math.ceil(n / p["BN"])

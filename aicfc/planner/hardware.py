@@ -85,6 +85,9 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
     return Profile(data)
 
 
+OPTIONAL_RATES = ("sm_l2_port_gbs", "sm_ingress_gbs")   # rates a profile may add (GB/s), checked where present
+
+
 def _bad_figure(data: dict) -> str | None:
     """What is wrong with a profile's required figures (None when nothing): every one a positive
     number (`arch` a string; `peak_tflops` and `efficiency` objects of numbers)."""
@@ -100,6 +103,9 @@ def _bad_figure(data: dict) -> str | None:
                 return f"{key} must map names to positive numbers"
         elif not number(v):
             return f"{key} is {json.dumps(v)[:40]}, not a positive number"
+    for key in OPTIONAL_RATES:
+        if key in data and not number(data[key]):
+            return f"{key} is {json.dumps(data[key])[:40]}, not a positive number"
     return None
 
 
@@ -149,7 +155,14 @@ def l2_share_gbs(hw: Profile, active: int) -> float:
     QKV GEMMs without clusters ran 3.89 us against 4.40, but GPT-2's FFN1 on the mma tile 6.45 us
     against 5.22 on wgmma (the wgmma tile's prediction, 7.3 us, is the one that is off). So the
     term stays off (the old share, whatever the grid) until the wgmma model ranks those two
-    right; `benchmarks/gemm_predictions.py --profile F` plans with such a profile."""
+    right; `benchmarks/gemm_predictions.py --profile F` plans with such a profile. Tried again on an
+    H200 in session 22 (benchmarks/results/images_as_rows_session22_h200.txt), for ResNet-50 B32's 1x1
+    GEMMs taken as one GEMM of all the images' pixels ([Note: images as rows] in codegen/gemm_wgmma.py):
+    stage 3's 1024 -> 256 ones run one 128x128 tile on each of 98 SMs where the batched ones filled 128, and
+    measured 7.7-7.9 us against 8.7 for the same prediction, 10.5 us; a port of 130 predicts 9.2. But the
+    h200 profile with that port moved 32 of the Llama B1 S512 prefill's GEMMs to 64-CTA grids of 128
+    columns, whose plan ran 890.3 us against 831.3, and 13 of ResNet-50 B1's kernels (301.8 against 300.6
+    us). So it stays off there too."""
     port = hw.data.get("sm_l2_port_gbs")
     full = hw.l2_bandwidth_gbs / hw.sm_count
     if port is None:
