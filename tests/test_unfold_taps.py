@@ -2,7 +2,7 @@
 passes/unfold_taps.py (a thin-channel input's filter columns unfolded into its copy) and
 split-k in codegen/conv_wgmma.py (a tile's k-blocks shared among CTAs).
 
-CPU: the rewrite is chosen by cost with both predictions recorded, `--pin unfold=0/1` overrides
+CPU: the rewrite is chosen by cost with both predictions recorded, `--pin unfold=0/1/2` overrides
 it, and the interpreter computes the same outputs before and after it; ineligible convolutions
 are left alone. Split-k is offered only where the tiles leave SMs idle, its scratch is sized
 per tile, and its CUDA builds without spills. GPU (`gpu`): both against numpy float64 on fresh
@@ -61,6 +61,48 @@ def test_unfolded_stem_is_an_identity(case):
     before, after = evaluate_ir(st["apply_precision"], inputs), evaluate_ir(plan, inputs)
     assert rel_err(after["out"], before["out"].astype(np.float64)) < 1e-5
     assert rel_err(after["out"], B.run_onnxruntime(model, inputs)["out"]) < 1e-2
+
+
+@pytest.mark.parametrize("case", STEMS, ids=[c[0] for c in STEMS])
+def test_row_phases_are_an_identity(case):
+    """unfold=2 ([Note: row phases]): where the stride along h is 2 and two rows of the filter's columns of
+    the source's channels fit 64 elements (the 7x7 stride-2 stem: 2 x 8 slots x 4 channels), the copy is
+    U[n, OH + KQ - 1, ow, 2, 4, 8], the convolution KQ x 1 at stride 1 and the filter [O, KQ, 1, 64];
+    elsewhere the columns alone, as unfold=1. The interpreter's outputs are the plan's before any
+    layout decision."""
+    model = _model(case)
+    st = _stages(model, pin={"unit": "wgmma", "unfold": "2"})
+    plan = st["plan_memory"]
+    (r,) = _records(plan, RULE)
+    assert r.applied and "--pin unfold=2" in r.reason
+    copy, k = plan.kernels[:2]
+    n, c, h, w = case[1]
+    o, _, kh, kw = case[2]
+    stride, pads = case[3].get("strides", [1, 1]), case[3].get("pads", [0] * 4)
+    if case[0] == "7x7_s2_c3":
+        oh = (h + pads[0] + pads[2] - kh) // stride[0] + 1
+        ow = (w + pads[1] + pads[3] - kw) // stride[1] + 1
+        taps = -(-kh // 2)
+        assert copy.ops[0].type.shape == (n, oh + taps - 1, ow, 2, 4, 8) and "row phases" in r.reason
+        assert k.ops[0].reduce == (64, taps, 1)
+        from aicfc.ir.properties import implicit_gemm
+        assert plan.types()[implicit_gemm(k.ops[0]).b.buffer].shape == (o, taps, 1, 64)
+    else:
+        assert "row phases" not in r.reason and k.ops[0].reduce == (64, kh, 1)
+    inputs = B.random_inputs(model, seed=5)
+    before, after = evaluate_ir(st["apply_precision"], inputs), evaluate_ir(plan, inputs)
+    assert rel_err(after["out"], before["out"].astype(np.float64)) < 1e-5
+
+
+def test_stem_takes_row_phases_by_cost():
+    """ResNet-50's stem at B32: both unfolded variants planned; two rows a pixel predicts less (half the
+    copy's bytes, 4 k-blocks a tile instead of 7), and the record names the other's figure."""
+    model = B.conv_model((32, 3, 224, 224), (64, 3, 7, 7), bn=True, act="relu", strides=[2, 2], pads=[3, 3, 3, 3])
+    plan = _stages(model)["plan_memory"]
+    (r,) = _records(plan, RULE)
+    assert r.applied and "row phases" in r.reason and "with 1 image row a pixel" in r.reason
+    copy = plan.kernels[0]
+    assert copy.ops[0].type.shape == (32, 115, 112, 2, 4, 8)
 
 
 def test_stem_unfolds_by_cost_and_pins_override():
@@ -140,10 +182,11 @@ def test_split_k_builds_without_spills(a, tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("unfold", ["1", "2"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", STEMS, ids=[c[0] for c in STEMS])
-def test_gpu_unfolded_stem(case, precision, gpu_device):
-    payload = _gpu_check(_model(case), precision, gpu_device, {"unit": "wgmma", "unfold": "1"})
+def test_gpu_unfolded_stem(case, precision, unfold, gpu_device):
+    payload = _gpu_check(_model(case), precision, gpu_device, {"unit": "wgmma", "unfold": unfold})
     (k,) = [k for k in payload["kernels"] if k["family"] == "conv"]
     assert k["params"]["unit"] == "wgmma"
 

@@ -48,11 +48,15 @@ def _gathers_coalesced(op, types: Mapping[str, TensorType], accesses: list[Load]
     are element by element but coalesced across the warp, and the store is one vector. That is a
     layout change to a short innermost axis, e.g. an image x[n, c, h, w] written as y[n, h, w, 8]
     (channels-last, C = 3 padded to 8): without the vector, eight threads share one output pixel
-    and each stores 2 bytes."""
+    and each stores 2 bytes. Or every load is contiguous along the inner axis itself, misaligned or
+    guarded: each thread's reads are one run of the source."""
     if len(op.domain_vars) < 2 or op.type.shape[-1] != width:
         return False
-    outer = op.domain_vars[-2]
-    return all(flat_offset(ld.index, types[ld.buffer]).coeff(outer) == 1 for ld in accesses)
+    outer, inner = op.domain_vars[-2], op.domain_vars[-1]
+    offsets = [flat_offset(ld.index, types[ld.buffer]) for ld in accesses]
+    # or every load is a run along the inner axis itself (only misaligned or guarded, so read element by
+    # element): a group's reads fall in one or two sectors ([Note: row phases] in passes/unfold_taps.py)
+    return all(off.coeff(outer) == 1 for off in offsets) or all(off.coeff(inner) == 1 for off in offsets)
 
 
 def space(k: Kernel, plan: Plan) -> list[dict]:

@@ -29,13 +29,29 @@ conv_profile_r32{,_fold}_session11_h200.txt): the copy 9.85 -> 33.4 us (3.4 TB/s
 168.3 -> 91.1 us (13.7% -> 50.5% of its roofline; predicted 93.6), the whole plan 1240.7 ->
 1180.5 us; onnxruntime's output matched both (max rel err 6.0e-4 / 6.9e-4).
 
+[Note: row phases]
+At stride sh > 1 along h (and no dilation there) the copy may hold R = sh image rows too, of the
+source's own C channels rather than the padded Cp, where R·S·C' = 64 with S >= KW slots and C' >= C:
+
+    U[n, hh, ow, r, c, s] = X[n, c, R·hh + r - ph, sw·ow + dw·s - pw]     (hh < OH + KQ - 1, KQ = ceil(KH / R))
+    y[n, oh, ow, o] = sum over kq, j < 64 of U4[n, oh + kq, ow, j] · W'[o, kq, 0, j]
+    W'[o, kq, 0, (r·C' + c)·S + s] = W[o, R·kq + r, s, c]     (zero past KH, KW and C)
+
+since kh = R·kq + r reads row sh·oh + kh - ph = R·(oh + kq) + r - ph. The ResNet stem (C = 3, 7x7,
+stride 2): R = 2, S = 8, C' = 4, so a pixel's 64 elements hold 42 of the filter's 147 terms where the
+columns alone held 21: KQ = 4 k-blocks a tile instead of 7, and the copy has OH + 3 = 115 rows of
+the image's 224 (half the bytes). Both variants are planned; the faster predicted one is taken and
+the other's figure recorded. `--pin unfold=2` takes it wherever it applies (`unfold=1`: the columns
+alone). Measured: benchmarks/results/stem_rows_session22_h200.txt.
+
 Eligible: a `conv` kernel whose image is the channels-last copy of a graph input made by
 `channels_last` (INPUT_RULE) and read by nothing else, whose filter it alone reads, with a
 per-tap channel run Cp (the padded channel count) and KW taps along w that fit 64 elements
 (KW·Cp <= 64, Cp dividing 64), and whose image index is [n, sh·oh + dh·kh - ph, sw·ow + dw·kw -
 pw, c] (a 2-D convolution, channels innermost). Preconditions: after channels_last, before
 relayout_weights and plan_schedules. `--pin unfold=0` / `unfold=1` overrides the cost (both
-figures are still recorded); plan_schedules drops the key.
+figures are still recorded; `unfold=2` also takes the rows where [Note: row phases] applies); plan_schedules
+drops the key.
 """
 from __future__ import annotations
 
@@ -48,7 +64,7 @@ from aicfc.ir.lowered import Affine, Compute, Load, Rewrite, View, loads, map_lo
 from aicfc.ir.properties import implicit_gemm, properties
 from aicfc.ir.types import TensorType, Weight
 
-PIN = "unfold"     # --pin unfold=0 keeps the padded copy, unfold=1 unfolds wherever eligible, whatever the cost
+PIN = "unfold"     # --pin unfold=0 keeps the padded copy, unfold=1 unfolds the columns wherever eligible, unfold=2 the rows too
 RULE = "conv(x'[n, h, w, c]) => conv(u[n, h, ow, (kw, c)]) (a thin-channel stem's filter columns unfolded into its copy)"
 ROW = 64          # elements of a 128-byte row of fp16/bf16: one im2col copy a pixel and tap
 TARGET = "sm_90"
@@ -69,6 +85,8 @@ class Stem:
     out_w: int                  # OW
     kw_var: str
     c_var: str
+    channels: int = 0           # the source's own channels (C <= cp)
+    rows: tuple | None = None   # (sh, dh, ph, KH, OH, kh_var, oh_var) of the height index, where it is sh·oh + dh·kh - ph
 
 
 def _find(k: Kernel, plan: Plan, copies: dict[str, Kernel], readers: dict[str, int]) -> Stem | str:
@@ -110,40 +128,87 @@ def _find(k: Kernel, plan: Plan, copies: dict[str, Kernel], readers: dict[str, i
     bi = b.index
     if len(bi) != 4 or bi[2] != Affine.var(kwv) or bi[3] != Affine.var(c):
         return "the filter is not [o, kh, kw, c] at plain variables"
-    return Stem(k, copy, src.buffer, b.buffer, cp, kw, sw, dw, -iw.const, ext[owv], kwv, c)
+    rows = None
+    khs = [(v, x) for v, x in ih.terms if v in k.ops[0].reduce_vars]
+    ohs = [(v, x) for v, x in ih.terms if v in k.ops[0].domain_vars]
+    if len(khs) == 1 and len(ohs) == 1 and len(ih.terms) == 2 and bi[1] == Affine.var(khs[0][0]):
+        (khv, dh), (ohv, sh) = khs[0], ohs[0]
+        rows = (sh, dh, -ih.const, ext[khv], ext[ohv], khv, ohv)
+    return Stem(k, copy, src.buffer, b.buffer, cp, kw, sw, dw, -iw.const, ext[owv], kwv, c,
+                plan.types()[src.buffer].shape[1], rows)
 
 
-def _rewritten(plan: Plan, st: Stem) -> Plan:
-    """The plan with `st`'s copy and convolution unfolded (see the module note)."""
+def row_phases(st: Stem) -> int:
+    """R > 1 where the copy can also hold R consecutive image rows a pixel ([Note: row phases]):
+    the height index is sh·oh + kh - ph with sh = R > 1, and R rows of the filter's columns of the
+    source's channels fit one row (`_slots`); else 1."""
+    if st.rows is None:
+        return 1
+    sh, dh = st.rows[:2]
+    return sh if sh > 1 and dh == 1 and _slots(st, sh) is not None else 1
+
+
+def _slots(st: Stem, r: int) -> tuple[int, int] | None:
+    """(slots S >= KW, channels C' >= C) with r·S·C' = ROW, the fewest channels first; None if none."""
+    for ch in (d for d in range(1, ROW + 1) if ROW % d == 0 and d >= st.channels):
+        if ROW % (r * ch) == 0 and ROW // (r * ch) >= st.kw:
+            return ROW // (r * ch), ch
+    return None
+
+
+def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
+    """The plan with `st`'s copy and convolution unfolded (see the module note); with r > 1 the copy
+    also holds r image rows a pixel ([Note: row phases])."""
     types = plan.types()
     n, _, h, _ = types[st.source].shape
-    slots = ROW // st.cp
+    slots, ch = _slots(st, r) if r > 1 else (ROW // st.cp, st.cp)
     name = f"{st.source}.unfold"
-    ut = TensorType(types[st.source].dtype, (n, h, st.out_w, slots, st.cp))
-    v = [Affine.var(f"i{d}") for d in range(5)]
-    col = Affine.of({"i2": st.stride, "i3": st.dilation}, -st.pad)
-    op = Compute(name, ut, "map", (), Load(st.source, (v[0], v[4], v[1], col), 0.0, (1,)), ())
+    v = [Affine.var(f"i{d}") for d in range(6)]
+    if r == 1:
+        ut = TensorType(types[st.source].dtype, (n, h, st.out_w, slots, ch))
+        col = Affine.of({"i2": st.stride, "i3": st.dilation}, -st.pad)
+        index = (v[0], v[4], v[1], col)
+        rows_out = h
+    else:
+        _, _, ph, kh, oh, _, _ = st.rows
+        taps = -(-kh // r)
+        rows_out = oh + taps - 1
+        # slots innermost: a thread's vector is a run of the source's columns (channels innermost, as for
+        # r = 1, measured 64.3 us against 33 for the columns' copy at B32: each thread read 3 lone values)
+        ut = TensorType(types[st.source].dtype, (n, rows_out, st.out_w, r, ch, slots))
+        index = (v[0], v[4], Affine.of({"i1": r, "i3": 1}, -ph), Affine.of({"i2": st.stride, "i5": st.dilation}, -st.pad))
+    op = Compute(name, ut, "map", (), Load(st.source, index, 0.0, (1,)), ())
     copy = Kernel("", "pointwise", (op,), (tuple((x, Affine.var(x)) for x in op.domain_vars),), (name,),
                   properties(op), st.copy.rewrites + (RULE,))
-    view = View(f"{name}.rows", TensorType(ut.dtype, (n, h, st.out_w, ROW)), name)
+    view = View(f"{name}.rows", TensorType(ut.dtype, (n, rows_out, st.out_w, ROW)), name)
     conv = st.conv.ops[0]
-    pos = {r: i for i, r in enumerate(conv.reduce_vars)}
+    pos = {x: i for i, x in enumerate(conv.reduce_vars)}
 
     def load(ld: Load) -> Load:
         if ld.buffer == st.copy.ops[0].out:
-            return dataclasses.replace(ld, buffer=view.out, index=(ld.index[0], ld.index[1], Affine.var(
+            row = ld.index[1] if r == 1 else Affine.of({st.rows[6]: 1, st.rows[5]: 1})
+            return dataclasses.replace(ld, buffer=view.out, index=(ld.index[0], row, Affine.var(
                 next(x for x, _ in ld.index[2].terms if x in conv.domain_vars)), ld.index[3]))
         return ld
     reduce = list(conv.reduce)
     reduce[pos[st.c_var]], reduce[pos[st.kw_var]] = ROW, 1
+    if r > 1:
+        reduce[pos[st.rows[5]]] = -(-st.rows[3] // r)
     new = dataclasses.replace(conv, body=map_loads(conv.body, load), reduce=tuple(reduce))
     kernel = st.conv.replace(ops=(new,) + st.conv.ops[1:], rewrites=st.conv.rewrites + (RULE,))
     weights = []
     for wt in plan.weights:
         if wt.name == st.filt:
             arr = wt.raw()
-            arr = np.pad(arr, [(0, 0), (0, 0), (0, slots - st.kw), (0, 0)])
-            arr = np.ascontiguousarray(arr.reshape(arr.shape[0], arr.shape[1], 1, ROW))
+            if r == 1:
+                arr = np.pad(arr, [(0, 0), (0, 0), (0, slots - st.kw), (0, 0)])
+                arr = np.ascontiguousarray(arr.reshape(arr.shape[0], arr.shape[1], 1, ROW))
+            else:   # W'[o, kq, (p, c, s)] = W[o, r·kq + p, s, c]: zero past KH, KW and the source's channels
+                o, kh = arr.shape[:2]
+                taps = -(-kh // r)
+                out = np.zeros((o, taps * r, ch, slots), arr.dtype)
+                out[:, :kh, :st.channels, :st.kw] = arr[:, :, :, :st.channels].transpose(0, 1, 3, 2)
+                arr = np.ascontiguousarray(out.reshape(o, taps, 1, ROW))
             wt = Weight(wt.name, dataclasses.replace(wt.type, shape=tuple(arr.shape)), arr.tobytes())
         weights.append(wt)
     kernels = []
@@ -161,9 +226,10 @@ def unfold_taps(plan: Plan, pin: dict | None = None) -> Plan:
     if plan.target != TARGET or plan.precision not in ("fp16", "bf16"):
         return plan
     forced = (pin or {}).get(PIN)
-    if forced is not None and str(forced) not in ("0", "1"):
+    if forced is not None and str(forced) not in ("0", "1", "2"):
         from aicfc.errors import AicfError
-        raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (keep the padded copy) or {PIN}=1 (unfold)")
+        raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (keep the padded copy), {PIN}=1 (unfold the "
+                        f"filter's columns) or {PIN}=2 (and the rows of a strided one where it can)")
     from aicfc.passes.channels_last import INPUT_RULE
     inputs = {v.name for v in plan.inputs}
     copies = {k.ops[0].out: k for k in plan.kernels if k.family == "pointwise" and INPUT_RULE in k.rewrites
@@ -190,18 +256,28 @@ def unfold_taps(plan: Plan, pin: dict | None = None) -> Plan:
             source = next(copies[b].ops[0].body.buffer for b in sorted(reads & set(copies)))
             records.append(Rewrite(RULE, source, False, f"convolution {k.name}: {st}"))
             continue
-        new = _rewritten(plan, st)
-        nk = {x.name: x for x in new.kernels}
         t_old = best(plan, st.copy) + best(plan, st.conv)
-        t_new = best(new, nk[st.copy.name]) + best(new, nk[st.conv.name])
+        variants = {}   # rows a pixel -> (plan, predicted us)
+        for r in sorted({1, row_phases(st)}):
+            new = _rewritten(plan, st, r)
+            nk = {x.name: x for x in new.kernels}
+            variants[r] = (new, best(new, nk[st.copy.name]) + best(new, nk[st.conv.name]))
+        r_best = min(variants, key=lambda r: (variants[r][1], r))
+        if forced is not None and str(forced) != "0":
+            r_best = max(r for r in variants if r == 1 or str(forced) == "2")
+        new, t_new = variants[r_best]
         numbers = (f"predicted {t_new:.2f} us for the unfolded copy and convolution against {t_old:.2f} us "
-                   f"for the padded copy and {st.cp}-channel taps")
+                   f"for the padded copy and {st.cp}-channel taps"
+                   + "".join(f", {t:.2f} us with {r} image row{'s' if r > 1 else ''} a pixel"
+                             for r, (_, t) in sorted(variants.items()) if r != r_best))
         types = new.types()
         grown = types[f"{st.source}.unfold"].nbytes - plan.types()[st.copy.ops[0].out].nbytes
         how = f"; --pin {PIN}={forced}" if forced is not None else ""
-        if (t_new < t_old if forced is None else str(forced) == "1"):
-            records.append(Rewrite(RULE, st.source, True, f"{st.kw} filter columns of {st.cp} channels in one "
-                                   f"{ROW}-element row a pixel; {numbers}{how}", -grown))
+        if (t_new < t_old if forced is None else str(forced) != "0"):
+            what = (f"{st.kw} filter columns of {st.cp} channels" if r_best == 1 else
+                    f"{r_best} image rows of {st.kw} filter columns of {st.channels} channels ([Note: row phases])")
+            records.append(Rewrite(RULE, st.source, True, f"{what} in one {ROW}-element row a pixel; {numbers}{how}",
+                                   -grown))
             plan = new
         else:
             records.append(Rewrite(RULE, st.source, False, f"kept the padded copy: {numbers}{how}"))
