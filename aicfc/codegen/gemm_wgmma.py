@@ -382,16 +382,16 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                 bm = 64 * mi * (1 if pp else nwg)
                 flats = (0, 1) if merged and math.ceil(m * eb / bm) < eb * math.ceil(m / bm) else (0,)
                 for fl in flats:
-                    points += _points(dict(nwg=nwg, pp=pp, mi=mi, bn=bn, bm=bm), m * eb if fl else m, n, kk,
+                    points += _points((nwg, pp, mi, bn, bm), m * eb if fl else m, n, kk,
                                       nb // eb if fl else nb, dtype, hw_sms, smem_limit, stores, copies_in,
                                       {"FLAT": fl} if merged else {})
     return points
 
 
-def _points(shape: Mapping, m: int, n: int, kk: int, nb: int, dtype: str, hw_sms: int, smem_limit: int,
-            stores: list, copies_in: bool, extra: Mapping) -> list[dict]:
-    """The candidates of one warpgroup shape (`shape`: nwg, pp, mi, bn, bm) over M x N x K, nb batches."""
-    nwg, pp, mi, bn, bm = (shape[x] for x in ("nwg", "pp", "mi", "bn", "bm"))
+def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: int, dtype: str, hw_sms: int,
+            smem_limit: int, stores: list, copies_in: bool, extra: Mapping) -> list[dict]:
+    """The candidates of one tile (NWG, PP, MI, BN, BM) over M x N x K and nb batches; `extra` joins every one."""
+    nwg, pp, mi, bn, bm = tile
     points = []
     tiles = math.ceil(m / bm) * math.ceil(n / bn) * nb
     ktiles = math.ceil(kk / bk(dtype))

@@ -71,6 +71,18 @@ TARGET = "sm_90"
 
 
 @dataclasses.dataclass(frozen=True)
+class Rows:
+    """The height index sh·oh + dh·kh - ph of an eligible convolution's image ([Note: row phases])."""
+    stride: int                 # sh
+    dilation: int               # dh
+    pad: int                    # ph
+    taps: int                   # KH
+    out: int                    # OH
+    tap_var: str                # kh
+    out_var: str                # oh
+
+
+@dataclasses.dataclass(frozen=True)
 class Stem:
     """An eligible convolution: its kernel, the copy kernel it reads, and the geometry."""
     conv: Kernel
@@ -86,7 +98,7 @@ class Stem:
     kw_var: str
     c_var: str
     channels: int = 0           # the source's own channels (C <= cp)
-    rows: tuple | None = None   # (sh, dh, ph, KH, OH, kh_var, oh_var) of the height index, where it is sh·oh + dh·kh - ph
+    rows: Rows | None = None    # where the height index is sh·oh + dh·kh - ph
 
 
 def _find(k: Kernel, plan: Plan, copies: dict[str, Kernel], readers: dict[str, int]) -> Stem | str:
@@ -133,7 +145,7 @@ def _find(k: Kernel, plan: Plan, copies: dict[str, Kernel], readers: dict[str, i
     ohs = [(v, x) for v, x in ih.terms if v in k.ops[0].domain_vars]
     if len(khs) == 1 and len(ohs) == 1 and len(ih.terms) == 2 and bi[1] == Affine.var(khs[0][0]):
         (khv, dh), (ohv, sh) = khs[0], ohs[0]
-        rows = (sh, dh, -ih.const, ext[khv], ext[ohv], khv, ohv)
+        rows = Rows(sh, dh, -ih.const, ext[khv], ext[ohv], khv, ohv)
     return Stem(k, copy, src.buffer, b.buffer, cp, kw, sw, dw, -iw.const, ext[owv], kwv, c,
                 plan.types()[src.buffer].shape[1], rows)
 
@@ -144,8 +156,8 @@ def row_phases(st: Stem) -> int:
     source's channels fit one row (`_slots`); else 1."""
     if st.rows is None:
         return 1
-    sh, dh = st.rows[:2]
-    return sh if sh > 1 and dh == 1 and _slots(st, sh) is not None else 1
+    sh = st.rows.stride
+    return sh if sh > 1 and st.rows.dilation == 1 and _slots(st, sh) is not None else 1
 
 
 def _slots(st: Stem, r: int) -> tuple[int, int] | None:
@@ -170,13 +182,13 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
         index = (v[0], v[4], v[1], col)
         rows_out = h
     else:
-        _, _, ph, kh, oh, _, _ = st.rows
-        taps = -(-kh // r)
-        rows_out = oh + taps - 1
+        taps = -(-st.rows.taps // r)
+        rows_out = st.rows.out + taps - 1
         # slots innermost: a thread's vector is a run of the source's columns (channels innermost, as for
         # r = 1, measured 64.3 us against 33 for the columns' copy at B32: each thread read 3 lone values)
         ut = TensorType(types[st.source].dtype, (n, rows_out, st.out_w, r, ch, slots))
-        index = (v[0], v[4], Affine.of({"i1": r, "i3": 1}, -ph), Affine.of({"i2": st.stride, "i5": st.dilation}, -st.pad))
+        index = (v[0], v[4], Affine.of({"i1": r, "i3": 1}, -st.rows.pad),
+                 Affine.of({"i2": st.stride, "i5": st.dilation}, -st.pad))
     op = Compute(name, ut, "map", (), Load(st.source, index, 0.0, (1,)), ())
     copy = Kernel("", "pointwise", (op,), (tuple((x, Affine.var(x)) for x in op.domain_vars),), (name,),
                   properties(op), st.copy.rewrites + (RULE,))
@@ -186,14 +198,14 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
 
     def load(ld: Load) -> Load:
         if ld.buffer == st.copy.ops[0].out:
-            row = ld.index[1] if r == 1 else Affine.of({st.rows[6]: 1, st.rows[5]: 1})
+            row = ld.index[1] if r == 1 else Affine.of({st.rows.out_var: 1, st.rows.tap_var: 1})
             return dataclasses.replace(ld, buffer=view.out, index=(ld.index[0], row, Affine.var(
                 next(x for x, _ in ld.index[2].terms if x in conv.domain_vars)), ld.index[3]))
         return ld
     reduce = list(conv.reduce)
     reduce[pos[st.c_var]], reduce[pos[st.kw_var]] = ROW, 1
     if r > 1:
-        reduce[pos[st.rows[5]]] = -(-st.rows[3] // r)
+        reduce[pos[st.rows.tap_var]] = -(-st.rows.taps // r)
     new = dataclasses.replace(conv, body=map_loads(conv.body, load), reduce=tuple(reduce))
     kernel = st.conv.replace(ops=(new,) + st.conv.ops[1:], rewrites=st.conv.rewrites + (RULE,))
     weights = []
