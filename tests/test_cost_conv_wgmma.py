@@ -56,8 +56,8 @@ def predicted(spec: tuple, pin: dict) -> tuple[float, dict]:
     """The predicted time and terms of the convolution `spec` on the schedule `pin`."""
     x, w, s, p, relu = spec
     model = B.conv_model(x, w, bn=True, act="relu" if relu else None, strides=[s, s], pads=[p] * 4)
-    # (session 5's plan ran no ping-pong: PP=0)
-    pins = {"unit": "wgmma", "A": "gather", "PP": 0, **{k: v for k, v in pin.items() if k != "BM"}}
+    # (session 5's plan ran no ping-pong: PP=0, and its stem read the padded 8-channel copy: unfold=0)
+    pins = {"unit": "wgmma", "A": "gather", "PP": 0, "unfold": "0", **{k: v for k, v in pin.items() if k != "BM"}}
     plan = run_pipeline(import_model(model, None), Options("sm_90", load_profile("sm_90"), "fp16",
                                                            tuple((k, str(v)) for k, v in pins.items()))).plan
     (k,) = [k for k in plan.kernels if k.family == "conv"]
