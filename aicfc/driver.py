@@ -19,6 +19,7 @@ from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, check_model, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.passes.plan_schedules import pins_unused
 from aicfc.planner.hardware import load_profile
 
 
@@ -62,13 +63,16 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
                   dump_ir: str | Path | None = None, profile_path: str | Path | None = None,
                   on_stage: Callable[[str], None] | None = None, jobs: int | None = None,
                   on_kernel: OnKernel | None = None, pin: dict[str, Any] | None = None,
-                  inplace: bool = True, check_registers: bool = True, dependent_launch: bool = True) -> dict[str, Any]:
+                  inplace: bool = True, check_registers: bool = True, dependent_launch: bool = True,
+                  check_pins: bool = True) -> dict[str, Any]:
     """The bundle payload of `model`; `jobs` parallel nvcc runs (None: $AICF_JOBS or the CPU
     count), `on_kernel` as in `build_modules`. --dump-ir also writes module_<i>.cu per module.
     `pin` ({param: value}) restricts the schedule of every kernel whose space has those params;
     `inplace=False` gives every stored tensor bytes of its own (for debugging);
     `check_registers=False` ranks on estimated registers alone (no ptxas runs while planning);
-    `dependent_launch=False` launches the kernels plainly ([Note: PDL] in codegen/pdl.py)."""
+    `dependent_launch=False` launches the kernels plainly ([Note: PDL] in codegen/pdl.py);
+    `check_pins=False` leaves the check that the plan-wide pins restrict some kernel to the caller
+    (`compile_plans`: a key one plan lacks another may have)."""
     check_precision(precision)
     jobs = resolve_jobs(jobs)
     if isinstance(shapes, (list, tuple)):
@@ -80,6 +84,10 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     check = functools.partial(count_registers, jobs=jobs) if check_registers else None
     options = Options(target, profile, precision, tuple(sorted((pin or {}).items())), inplace, check)
     result = run_pipeline(graph, options, dump_ir, on_stage=on_stage)
+    if check_pins:
+        why = pins_unused((k.schedule.param for k in result.plan.kernels if k.schedule), pin or {})
+        if why:
+            raise AicfError(why)
     if on_stage:
         on_stage("codegen+nvcc")
     launch, why = pdl.choose(target, dependent_launch)
@@ -110,7 +118,14 @@ def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple
         folder = None if dump_ir is None else Path(dump_ir) / f"plan_{i}"
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
-        payloads.append(compile_model(model, shapes=shapes, dump_ir=folder, **options))
+        payloads.append(compile_model(model, shapes=shapes, dump_ir=folder, check_pins=False, **options))
+        own = split_set(shapes)[1] if isinstance(shapes, (list, tuple)) else {}
+        why = pins_unused((k["params"] for k in payloads[-1]["kernels"]), own)   # a set's pin: words, its plan alone
+        if why:
+            raise AicfError(f"shape set {i + 1}: {why}")
+    why = pins_unused((k["params"] for p in payloads for k in p["kernels"]), options.get("pin") or {})
+    if why:
+        raise AicfError(why)
     return merge_plans(payloads)
 
 

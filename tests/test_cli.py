@@ -132,7 +132,8 @@ def test_bad_shape_flag(tmp_path: Path, spec: str, needle: str):
     assert_user_error(aicfc("compile", str(path), "-o", str(tmp_path / "x.aicf"), "--shape", spec), needle)
 
 
-@pytest.mark.parametrize("pin,needle", [("nowhere:unit=simt", "covers ONNX node 'nowhere'"), ("unit", "expected KEY=VALUE")])
+@pytest.mark.parametrize("pin,needle", [("nowhere:unit=simt", "covers ONNX node 'nowhere'"), ("unit", "expected KEY=VALUE"),
+                                       ("bn=64", "no kernel's schedule has the key 'bn'")])
 def test_bad_pin_flag(examples: Path, tmp_path: Path, pin: str, needle: str):
     out = tmp_path / "x.aicf"
     assert_user_error(aicfc("compile", str(examples / "mlp.onnx"), "-o", str(out), "--pin", pin), needle)

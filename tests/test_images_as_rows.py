@@ -116,6 +116,20 @@ def test_flat_kernel_builds(tmp_path):
         assert ks and all(k["params"]["FLAT"] == 1 for k in ks), pin
 
 
+def test_a_pin_only_a_plan_without_batches_lacks_is_refused_there_alone():
+    """--pin FLAT=0 restricts the B4 plan's GEMM; a bundle of B4 and B1 plans takes it (the B1 plan has no
+    FLAT key), a B1 bundle alone refuses it in one line: it would change nothing."""
+    from aicfc.driver import compile_plans
+    from aicfc.errors import AicfError
+    model = residual_matmul("batch", 100, 64, 96, np.random.default_rng(0))
+    sets = [[f"x={b}x100x64", f"r={b}x100x96"] for b in (4, 1)]
+    payload = compile_plans(model, sets, target="sm_90", precision="fp16", pin={"FLAT": "0"}, check_registers=False)
+    flats = [k["params"].get("FLAT") for p in payload["plans"] for k in p["kernels"] if k["family"] == "gemm"]
+    assert flats == [0, None], flats
+    with pytest.raises(AicfError, match=r"--pin FLAT=0: no kernel's schedule has the key 'FLAT'"):
+        compile_plans(model, sets[1:], target="sm_90", precision="fp16", pin={"FLAT": "0"}, check_registers=False)
+
+
 PINS = [{"PP": 1}, {"PP": 0, "NWG": 2}, {"PP": 0, "TS": 1}, {"CLUSTER": 2}, {"SPLITK": 2}, {"RS": 0}, {"OUT": 0}]
 
 

@@ -41,7 +41,9 @@ def test_copy_in_needs_an_unsplit_staged_epilogue(pin):
 
 
 def test_no_copy_in_without_a_residual():
-    """A bias row is not output-sized: such a GEMM has no RS key, so a pin of it leaves the GEMM alone."""
+    """A bias row is not output-sized: such a GEMM has no RS key. A pin of it would leave the GEMM alone
+    (with unit=wgmma beside it, that pin too: a pin restricts the kernels whose space has all its keys),
+    so it is refused in one line; unit=wgmma alone runs the GEMM on the engine without a copy-in."""
     import numpy as np
     import onnx
     from onnx import helper
@@ -51,7 +53,10 @@ def test_no_copy_in_without_a_residual():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])]
     graph = helper.make_graph(nodes, "matmul_bias", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, (300, 64))],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, (300, 256))], [w, bias])
-    kern, src = _only_kernel(B.make_model(graph), {"unit": "wgmma", "RS": 1})
+    from aicfc.errors import AicfError
+    with pytest.raises(AicfError, match="no kernel's schedule has these keys together"):
+        _only_kernel(B.make_model(graph), {"unit": "wgmma", "RS": 1})
+    kern, src = _only_kernel(B.make_model(graph), {"unit": "wgmma"})
     assert "RS" not in kern["params"] and COPY_IN not in src
 
 

@@ -29,7 +29,7 @@ import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from aicfc.codegen import FAMILIES
 from aicfc.errors import AicfError
@@ -279,6 +279,20 @@ def _variant(p: dict[str, Any]) -> tuple:
 
 def _matches(p: dict[str, Any], pin: dict[str, Any]) -> bool:
     return all(str(p.get(key)) == str(value) for key, value in pin.items())
+
+
+def pins_unused(schedules: Iterable[Mapping[str, Any]], pin: Mapping[str, Any]) -> str | None:
+    """Why the plan-wide pins of `pin` (`--pin KEY=VALUE`, not the rewrite switches) restricted no
+    kernel, given the chosen schedules of every plan of the bundle; None when one of them matches
+    them all. A pin restricts the kernels whose space has all of its keys, so a key no space has (a
+    misspelt one, or FLAT on a model without batches) would otherwise change nothing, silently."""
+    every, _ = node_pins(pin)
+    if not every or any(_matches(dict(p), every) for p in schedules):
+        return None
+    said = " ".join(f"--pin {key}={value}" for key, value in every.items())
+    keys = "these keys together" if len(every) > 1 else f"the key {next(iter(every))!r}"
+    return (f"{said}: no kernel's schedule has {keys}, so the pin would change nothing; `aicfc explain` "
+            f"lists each kernel's schedule parameters and candidates")
 
 
 def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
