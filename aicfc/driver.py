@@ -113,6 +113,10 @@ def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple
     set is compiled on its own, as `compile_model` would; --dump-ir goes to DIR/plan_<i>."""
     if len(shape_sets) <= 1:
         return compile_model(model, shapes=shape_sets[0] if shape_sets else None, dump_ir=dump_ir, **options)
+    def refuse_unused(payloads: list[dict[str, Any]], pin: dict[str, Any], where: str = "") -> None:
+        why = pins_unused((k["params"] for p in payloads for k in p["kernels"]), pin)
+        if why:
+            raise AicfError(f"{where}{why}")
     payloads = []
     for i, shapes in enumerate(shape_sets):
         folder = None if dump_ir is None else Path(dump_ir) / f"plan_{i}"
@@ -120,12 +124,8 @@ def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple
             folder.mkdir(parents=True, exist_ok=True)
         payloads.append(compile_model(model, shapes=shapes, dump_ir=folder, check_pins=False, **options))
         own = split_set(shapes)[1] if isinstance(shapes, (list, tuple)) else {}
-        why = pins_unused((k["params"] for k in payloads[-1]["kernels"]), own)   # a set's pin: words, its plan alone
-        if why:
-            raise AicfError(f"shape set {i + 1}: {why}")
-    why = pins_unused((k["params"] for p in payloads for k in p["kernels"]), options.get("pin") or {})
-    if why:
-        raise AicfError(why)
+        refuse_unused(payloads[-1:], own, f"shape set {i + 1}: ")   # a set's pin: words, its plan alone
+    refuse_unused(payloads, options.get("pin") or {})
     return merge_plans(payloads)
 
 

@@ -363,15 +363,16 @@ def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
 def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> list[dict]:
     from aicfc.codegen.gemm import dims, flat_var, staged_layout, staged_source
     _, m, n, kk, batch = dims(k)
-    layout = staged_layout(k, plan.types(), n)
-    copies_in = staged_source(k, plan.types(), n) is not None
+    types = plan.types()
+    layout = staged_layout(k, types, n)
+    copies_in = staged_source(k, types, n) is not None
     out = ITEMSIZE[layout[1]] if layout else 0   # bytes per staged output element; 0: no staging
-    tma_out = out and isinstance(output_map(k, {"MI": 1}, plan.types()), TensorMap)
+    tma_out = out and isinstance(output_map(k, {"MI": 1}, types), TensorMap)
     stores = [(out, 0)] + ([(out, 1)] if tma_out else []) + ([(0, 0)] if out else [])   # (OUT, TS)
     nb = math.prod(e for _, e in batch)
     # [Note: images as rows]: FLAT = 1 where the batch variable outside m may join it and that leaves
     # fewer tiles (the images' last tile rows are short); FLAT is then a key of every candidate
-    merged = flat_var(k, plan.types())
+    merged = flat_var(k, types)
     eb = dict(batch)[merged] if merged else 1
     points = []
     for nwg, pp in ((n, pp) for n in SPACE["NWG"] for pp in SPACE["PP"] if n > 1 or not pp):

@@ -174,6 +174,7 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
     types = plan.types()
     n, _, h, _ = types[st.source].shape
     slots, ch = _slots(st, r) if r > 1 else (ROW // st.cp, st.cp)
+    taps = -(-st.rows.taps // r) if r > 1 else 0   # KQ: the rows' taps a pixel's r rows leave
     name = f"{st.source}.unfold"
     v = [Affine.var(f"i{d}") for d in range(6)]
     if r == 1:
@@ -182,7 +183,6 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
         index = (v[0], v[4], v[1], col)
         rows_out = h
     else:
-        taps = -(-st.rows.taps // r)
         rows_out = st.rows.out + taps - 1
         # slots innermost: a thread's vector is a run of the source's columns (channels innermost, as for
         # r = 1, measured 64.3 us against 33 for the columns' copy at B32: each thread read 3 lone values)
@@ -205,7 +205,7 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
     reduce = list(conv.reduce)
     reduce[pos[st.c_var]], reduce[pos[st.kw_var]] = ROW, 1
     if r > 1:
-        reduce[pos[st.rows.tap_var]] = -(-st.rows.taps // r)
+        reduce[pos[st.rows.tap_var]] = taps
     new = dataclasses.replace(conv, body=map_loads(conv.body, load), reduce=tuple(reduce))
     kernel = st.conv.replace(ops=(new,) + st.conv.ops[1:], rewrites=st.conv.rewrites + (RULE,))
     weights = []
@@ -217,7 +217,6 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
                 arr = np.ascontiguousarray(arr.reshape(arr.shape[0], arr.shape[1], 1, ROW))
             else:   # W'[o, kq, (p, c, s)] = W[o, r·kq + p, s, c]: zero past KH, KW and the source's channels
                 o, kh = arr.shape[:2]
-                taps = -(-kh // r)
                 out = np.zeros((o, taps * r, ch, slots), arr.dtype)
                 out[:, :kh, :st.channels, :st.kw] = arr[:, :, :, :st.channels].transpose(0, 1, 3, 2)
                 arr = np.ascontiguousarray(out.reshape(o, taps, 1, ROW))
