@@ -1,6 +1,7 @@
 """The onnx package's light CNN models (onnx/backend/test/data/light) end to end, against onnxruntime.
 
     python3 benchmarks/light_models.py                    # compile each model (fp32 and fp16)
+    python3 benchmarks/light_models.py --precision fp16 resnet50   # one precision, one model
     python3 benchmarks/light_models.py --cpu squeezenet   # + Lowered IR interpreter vs onnxruntime
     source .gpu/env.sh && python3 benchmarks/light_models.py --gpu   # + GPU runs vs onnxruntime
 
@@ -158,6 +159,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--cpu", action="store_true", help="compare the Lowered IR interpreter with onnxruntime")
     ap.add_argument("--gpu", action="store_true", help="run on GPU 0 at fp32 and fp16 vs onnxruntime")
     ap.add_argument("--target", default=None, help="sm_XX to compile for (default: GPU 0's, else sm_90)")
+    ap.add_argument("--precision", choices=tuple(RTOL), action="append", default=None,
+                    help="compile (and run) at this precision only; repeat for both (default: fp32 and fp16)")
     args = ap.parse_args(argv)
     import aicfc
     from aicfc.errors import AicfError
@@ -184,7 +187,7 @@ def main(argv: list[str]) -> int:
             except Exception as e:
                 failures += 1
                 print(f"{name:<14} {'interpreter fp32':<22} {'ERROR':<10} {type(e).__name__}: {e}", flush=True)
-        for precision in ("fp32", "fp16"):
+        for precision in args.precision or tuple(RTOL):
             t = time.perf_counter()
             try:
                 payload = aicfc.compile(model, target=target, precision=precision)

@@ -26,7 +26,16 @@ The alternative, one persistent kernel whose resident blocks run the kernels as 
 grid barriers, measured slower on an H200: that 4-layer decode plan in 253.4 us against 220.5,
 and 282.1 us with each phase requesting the next one's weights into L2 ahead (branch
 session12-persistent-phases, benchmarks/results/persist_ab_session12_h200.txt): a grid barrier
-costs about 1 us more than a dependent launch's boundary.
+costs about 1 us more than a dependent launch's boundary. A persistent kernel whose producer warp
+streams both projections of a decode MLP through one shared-memory ring, never waiting on the
+activations, fared little better (session 23, prototypes in benchmarks/prototypes/, an H200,
+benchmarks/results/decode_chain_prototype_session23_h200.txt): the norm, gate/up and down of the
+1 B Llama in 22.5-23.3 us a layer against 25.1 for this plan's three kernels alone, where one
+launch that only streams the same 66 MB takes 17.5 us (and any launch that streams pays about
+2.4 us beyond its bytes at 4.45 TB/s: 8 MB in 4.3 us, 22 MB in 7.5, 44 MB in 12.5). The down rows
+wait in the ring until all of h exists and are then multiplied in a burst; splitting the down
+weight by k-rows so that they need only the gate/up chunks that made their part of h removed the
+wait but not the cost (29.7 us: the blocks' partial sums meet at the end).
 
 Where a kernel's grid is more than one wave (more blocks than the SMs hold at once), a trigger at
 entry would let the next kernel's blocks take SM slots that this kernel's later waves need, and
