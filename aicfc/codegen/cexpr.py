@@ -107,7 +107,9 @@ def guard_condition(ld: Load, t: TensorType, names: Mapping[str, str]) -> str:
 
 
 def c_affine(a: Affine, names: Mapping[str, str]) -> str:
-    parts = [names[v] if c == 1 else f"{c} * {names[v]}" for v, c in a.terms]
+    """The C expression of an affine form; a variable named "0" (held at zero: an extent-1 loop, a
+    FLAT GEMM's merged image index) drops out rather than printing `stride * 0`."""
+    parts = [names[v] if c == 1 else f"{c} * {names[v]}" for v, c in a.terms if names[v] != "0"]
     if a.const or not parts:
         parts.append(str(a.const))
     return " + ".join(parts)
