@@ -250,9 +250,11 @@ MAKING_CONSTANTS = CNN_LOWERINGS | ELEMENTWISE_LOWERINGS | DATA_LOWERINGS
 
 def _rule_record(n: Node) -> Rewrite:
     """The record of the canonicalize rewrite that made `n` (its attribute `rule`; `why` and `saved`, where
-    the rewrite weighed bytes, give its numbers)."""
+    the rewrite weighed bytes, give its numbers), on the value it made or, where the rewrite names one,
+    its `site` (a merged projection's: the sum it replaced, as the record of a site kept apart names it)."""
     why = f"; {n.attr['why']}" if n.attr.get("why") else ""
-    return Rewrite(n.attr["rule"], n.output, True, CANON_REASONS[n.attr["rule"]] + why, n.attr.get("saved", 0))
+    return Rewrite(n.attr["rule"], n.attr.get("site", n.output), True, CANON_REASONS[n.attr["rule"]] + why,
+                   n.attr.get("saved", 0))
 
 
 def lower(g: Graph) -> Program:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from aicfc.ir.decision import verify_plan
 from aicfc.ir.high import Graph, verify_graph
@@ -148,6 +148,24 @@ class Front:
     ir: Any
 
 
+def _run_stages(stages: Sequence[Stage], ir: Any, options: Options, last: dict[str, Any], verify: bool,
+                on_stage: Callable[[str], None] | None, after: Callable[[int, Stage, Any], None] | None = None,
+                first: int = 1) -> Any:
+    """Runs `stages` from `ir`, verifying each result where asked and keeping it in `last` by the IR it
+    gives; `on_stage` hears each stage's name before it runs, `after` gets each result with the stage's
+    number in the whole pipeline (`first` for the first of these). The last IR is returned."""
+    for n, stage in enumerate(stages, start=first):
+        if on_stage:
+            on_stage(stage.name)
+        ir = stage.run(ir, options)
+        if verify:
+            VERIFIERS[stage.gives](ir)
+        last[stage.gives] = ir
+        if after:
+            after(n, stage, ir)
+    return ir
+
+
 def decide_projections(graph: Graph, options: Options, on_stage: Callable[[str], None] | None = None,
                        verify: bool = True) -> tuple[Options, list[Rewrite], Front | None]:
     """Which projection shortcuts to merge with the 1x1 they are added to (passes/concat_projections.py),
@@ -167,15 +185,9 @@ def decide_projections(graph: Graph, options: Options, on_stage: Callable[[str],
     runs = []
     for merged in (tuple((site, "") for site in sites), ()):
         last: dict[str, Any] = {"high": graph}
-        ir: Any = graph
-        opts = dataclasses.replace(options, projections=merged)
-        for stage in front:
-            if on_stage:
-                on_stage(f"projections {'merged' if merged else 'apart'}: {stage.name}")
-            ir = stage.run(ir, opts)
-            if verify:
-                VERIFIERS[stage.gives](ir)
-            last[stage.gives] = ir
+        how = "merged" if merged else "apart"
+        say = (lambda name, how=how: on_stage(f"projections {how}: {name}")) if on_stage else None
+        ir = _run_stages(front, graph, dataclasses.replace(options, projections=merged), last, verify, say)
         runs.append(Front(merged, last, ir))
 
     def best(plan: Any, nodes: frozenset[str]) -> tuple[float, int]:
@@ -202,10 +214,9 @@ def with_figures(plan: Any, projections: tuple[tuple[str, str], ...]) -> Any:
     why = dict(projections)
 
     def fill(r: Rewrite) -> Rewrite:
-        site = r.target.rsplit(".cat", 1)[0]
-        if r.rule != concat_projections.CONCAT_PROJECTION_RULE or not r.applied or not why.get(site) or why[site] in r.reason:
+        if r.rule != concat_projections.CONCAT_PROJECTION_RULE or not r.applied or not why.get(r.target) or why[r.target] in r.reason:
             return r
-        return dataclasses.replace(r, reason=f"{r.reason}; {why[site]}")
+        return dataclasses.replace(r, reason=f"{r.reason}; {why[r.target]}")
     return plan.replace(rewrites=tuple(fill(r) for r in plan.rewrites))
 
 
@@ -226,20 +237,16 @@ def _run_pipeline(graph: Graph, options: Options, dump_dir: str | Path | None, v
     if resume is not None and dump_dir is None:
         last, ir = dict(resume.last), resume.ir
         start = _ORDER.index("relayout_weights") + 1
+    after: Callable[[int, Stage, Any], None] | None = None
     if dump_dir is not None:
-        Path(dump_dir).mkdir(parents=True, exist_ok=True)
-        (Path(dump_dir) / "00_import.txt").write_text(str(graph))
-    for n, stage in enumerate(PIPELINE, start=1):
-        if n <= start:
-            continue
-        if on_stage:
-            on_stage(stage.name)
-        ir = stage.run(ir, options)
-        if verify:
-            VERIFIERS[stage.gives](ir)
-        last[stage.gives] = ir
-        if dump_dir is not None:
-            (Path(dump_dir) / f"{n:02d}_{stage.name}.txt").write_text(str(ir))
+        folder = Path(dump_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "00_import.txt").write_text(str(graph))
+
+        def write(n: int, stage: Stage, ir: Any) -> None:
+            (folder / f"{n:02d}_{stage.name}.txt").write_text(str(ir))
+        after = write
+    _run_stages(PIPELINE[start:], ir, options, last, verify, on_stage, after, start + 1)
     plan = last["decision"]
     if start:
         plan = with_figures(plan, options.projections or ())
