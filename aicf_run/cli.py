@@ -214,7 +214,7 @@ def _run(bundle_path: str, options: _Options) -> bool:
     if check_model is None:
         return False
     pairs = {item["name"]: item["output"] for item in bundle.payload.get("state", [])}
-    rows = check_against_onnx(check_model, {**inputs, **{n: v.astype("float32") for n, v in before.items()}},
+    rows = check_against_onnx(check_model, {**{n: v.astype("float32") for n, v in before.items()}, **inputs},
                               {**outputs, **{pairs[n]: v for n, v in after.items()}}, rtol)
     click.echo(f"check against {check_model} (onnxruntime CPU, rtol {rtol:g}):")
     click.echo(_table(rows))

@@ -11,9 +11,11 @@ repeated runs allocate no device memory.
 
 [Note: state] A bundle's `state` records (aicfc/passes/declare_state.py) are tensors that are
 both an input and, updated, an output of the model (a KV cache): each is one buffer of a third
-region, allocated at load and zeroed, that every run updates in place and no run copies. `run`
-neither takes nor returns them; `state` reads them back, `set_state` writes them, `reset_state`
-zeroes them.
+region, allocated at load and zeroed, that every run updates in place and no run copies. `state`
+reads them back, `set_state` writes them, `reset_state` zeroes them. `run` leaves them where they
+are unless its inputs name one (by the model's input name, a numpy array): then, as the ONNX model
+would, it writes that value first and returns the updated tensor under the model's output name
+(in the dtype it is stored in), so a model fed every input it declares runs as exported.
 
 [Note: device I/O] `run` takes numpy arrays or GPU tensors of other libraries
 (aicf_run.interop: `__cuda_array_interface__`, DLPack) and chooses per tensor only how to move
@@ -253,6 +255,7 @@ class Executor:
         def make_view(value: Any, what: str) -> np.ndarray | DeviceView:
             return view(value, what, self.device.ordinal, ours, self._joiner.pointer_device)
 
+        inputs, fed = self._feed_state(inputs)
         given = check_tensors(inputs, self.bundle.inputs, self.bundle.buffers, "input", make_view)
         targets = check_tensors(outputs or {}, self.bundle.outputs, self.bundle.buffers, "output",
                                 make_view, require_all=False)
@@ -297,8 +300,29 @@ class Executor:
             self._joiner.wait(caller, ours, slot=2)
         for transfer in host:
             results[transfer.name] = self._host_result(transfer)
-        # In the bundle's order, whichever way each output went.
-        return {t.name: results[t.name] for t in self._outputs}
+        # In the bundle's order, whichever way each output went; then the state the inputs named.
+        ordered = {t.name: results[t.name] for t in self._outputs}
+        if fed:
+            now = self.state
+            ordered.update({item["output"]: now[name] for name, item in fed.items()})
+        return ordered
+
+    def _feed_state(self, inputs: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, dict]]:
+        """[Note: state] The inputs that are not state, and the state records of those that are, whose
+        values are written into the state first (numpy arrays, converted to the stored dtype)."""
+        items = {item["name"]: item for item, _ in self._state_items}
+        named = [name for name in inputs if name in items]
+        if not named:
+            return inputs, {}
+        values = {}
+        for name in named:
+            value = inputs[name]
+            if not isinstance(value, np.ndarray):
+                raise RunError(f"state {name!r} given as {type(value).__name__}: run takes a state tensor as a "
+                               f"numpy array (its copy on the GPU is the state); or call set_state")
+            values[name] = to_device(value, items[name]["dtype"])
+        self.set_state(values)
+        return {n: v for n, v in inputs.items() if n not in items}, {name: items[name] for name in named}
 
     def _copy_in(self, transfer: _Transfer, tensor: np.ndarray | DeviceView) -> None:
         """Enqueue the move of one input into its arena buffer ([Note: device I/O])."""

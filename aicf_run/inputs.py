@@ -39,13 +39,15 @@ def load_inputs(specs: list[str], bundle: Bundle) -> dict[str, np.ndarray]:
     existing file is read as NAME=FILE.
     """
     names = [item["name"] for item in bundle.inputs]
+    # [Note: state] in aicf_run/executor.py: a state tensor given by its input name is written before the run
+    state = [item["name"] for item in bundle.payload.get("state", [])]
     loaded: dict[str, np.ndarray] = {}
     sources: dict[str, str] = {}
 
     def add(name: str, array: np.ndarray, source: str) -> None:
-        if name not in names:
+        if name not in names and name not in state:
             raise RunError(f"{source}: the bundle has no input named {name!r} "
-                           f"(inputs: {', '.join(names) or 'none'})")
+                           f"(inputs: {', '.join(names + state) or 'none'})")
         if name in loaded:
             raise RunError(f"input {name!r} is given twice ({sources[name]} and {source}); "
                            f"give each input once")
@@ -70,7 +72,8 @@ def load_inputs(specs: list[str], bundle: Bundle) -> dict[str, np.ndarray]:
                                f"({', '.join(names) or 'none'}); name it: --input NAME={path}")
             name = names[0]
         add(name, _load_npy(path), str(path))
-    return check_inputs(loaded, plan_for(loaded, bundle))
+    given = {name: array for name, array in loaded.items() if name not in state}
+    return {**check_inputs(given, plan_for(given, bundle)), **{n: a for n, a in loaded.items() if n in state}}
 
 
 def plan_for(inputs: Mapping[str, Any], bundle: Bundle) -> Bundle:

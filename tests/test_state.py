@@ -266,8 +266,25 @@ def test_executor_refuses_bad_state(state_executor):
         state_executor.set_state({"t": np.zeros((2, 3), np.float32)})
     with pytest.raises(RunError, match=r"state 's' is float32 \[2, 3\]"):
         state_executor.set_state({"s": np.zeros((3, 2), np.float32)})
-    with pytest.raises(RunError):
-        state_executor.run({"x": np.zeros((2, 3), np.float32), "s": np.zeros((2, 3), np.float32)})
+    with pytest.raises(RunError, match=r"state 's' is float32 \[2, 3\]"):
+        state_executor.run({"x": np.zeros((2, 3), np.float32), "s": np.zeros((3, 2), np.float32)})
+    with pytest.raises(RunError, match="state 's' given as list: run takes a state tensor as a numpy array"):
+        state_executor.run({"x": np.zeros((2, 3), np.float32), "s": [[0.0] * 3] * 2})
+
+
+def test_run_given_a_state_writes_it_first_and_returns_it_updated(state_executor):
+    """[Note: state]: a model fed every input it declares runs as exported (the state's value in,
+    its output out); without it the state stays on the GPU and is not returned."""
+    ex = state_executor
+    rng = np.random.default_rng(9)
+    x, start = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32)
+    out = ex.run({"x": x, "s": start.astype(np.float64)})           # converted to the stored float32
+    assert list(out) == ["y", "s_next"]
+    np.testing.assert_allclose(out["s_next"], start + x, rtol=1e-6)
+    np.testing.assert_allclose(ex.state["s"], start + x, rtol=1e-6)
+    out = ex.run({"x": x})
+    assert list(out) == ["y"]
+    np.testing.assert_allclose(ex.state["s"], start + 2 * x, rtol=1e-6)
 
 
 @pytest.mark.parametrize("mutate,message", [
@@ -319,6 +336,15 @@ def test_cli_check_feeds_and_compares_the_state(tmp_path, fake_gpu):
     bad = run_cli(bundle, "--input", tmp_path / "x.npy", "--output-dir", tmp_path, "--check",
                   _state_model(tmp_path / "bad.onnx", WEIGHT, shift=1.0))
     assert bad.exit_code == 1 and "FAIL" in bad.stdout
+    # the state given with --input: written before the run, its update saved and checked
+    start = np.random.default_rng(10).standard_normal((2, 3)).astype(np.float32)
+    np.save(tmp_path / "s.npy", start)
+    given = run_cli(bundle, "--input", tmp_path / "x.npy", "--input", f"s={tmp_path / 's.npy'}", "--output-dir",
+                    tmp_path, "--check", tmp_path / "good.onnx")
+    assert given.exit_code == 0, given.output
+    np.testing.assert_allclose(np.load(tmp_path / "s_next.npy"), start + np.load(tmp_path / "x.npy"), rtol=1e-6)
+    unknown = run_cli(bundle, "--input", tmp_path / "x.npy", "--input", f"t={tmp_path / 's.npy'}")
+    assert unknown.exit_code == 2 and "no input named 't' (inputs: x, s)" in unknown.output
 
 
 def test_fold_scatter_axes_permutes_the_updates():
