@@ -15,7 +15,7 @@ region, allocated at load and zeroed, that every run updates in place and no run
 reads them back, `set_state` writes them, `reset_state` zeroes them. `run` leaves them where they
 are unless its inputs name one (by the model's input name, a numpy array): then, as the ONNX model
 would, it writes that value first and returns the updated tensor under the model's output name
-(in the dtype it is stored in), so a model fed every input it declares runs as exported.
+(as `state` reads it), so a model fed every input it declares runs as exported.
 
 [Note: device I/O] `run` takes numpy arrays or GPU tensors of other libraries
 (aicf_run.interop: `__cuda_array_interface__`, DLPack) and chooses per tensor only how to move
@@ -309,7 +309,7 @@ class Executor:
 
     def _feed_state(self, inputs: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, dict]]:
         """[Note: state] The inputs that are not state, and the state records of those that are, whose
-        values are written into the state first (numpy arrays, converted to the stored dtype)."""
+        values (numpy arrays) set_state writes first."""
         items = {item["name"]: item for item, _ in self._state_items}
         named = [name for name in inputs if name in items]
         if not named:
@@ -320,7 +320,7 @@ class Executor:
             if not isinstance(value, np.ndarray):
                 raise RunError(f"state {name!r} given as {type(value).__name__}: run takes a state tensor as a "
                                f"numpy array (its copy on the GPU is the state); or call set_state")
-            values[name] = to_device(value, items[name]["dtype"])
+            values[name] = value
         self.set_state(values)
         return {n: v for n, v in inputs.items() if n not in items}, {name: items[name] for name in named}
 
@@ -475,7 +475,7 @@ class Executor:
     @property
     def state(self) -> dict[str, np.ndarray]:
         """[Note: state] A host copy of every state tensor ({input name: array}, in the dtype it
-        is stored in on the device), as the last run left it."""
+        is stored in on the device; float32 for bfloat16, which numpy lacks), as the last run left it."""
         self._check_open()
         self.synchronize()
         out: dict[str, np.ndarray] = {}
@@ -483,22 +483,25 @@ class Executor:
             host = device_array(tuple(item["shape"]), item["dtype"])
             if host.nbytes:
                 self._cuda.memcpy_dtoh(host, pointer)
-            out[item["name"]] = host
+            out[item["name"]] = to_host(host, "float32", "bfloat16") if item["dtype"] == "bfloat16" else host
         return out
 
     def set_state(self, values: Mapping[str, np.ndarray]) -> None:
-        """Write host arrays into state tensors (by input name; each of the stored dtype and shape)."""
+        """Write host arrays into state tensors (by input name, of the stored shape; floating values
+        are converted to the stored floating dtype, integers must be integers)."""
         self._check_open()
         items = {item["name"]: (item, pointer) for item, pointer in self._state_items}
         for name, value in values.items():
             if name not in items:
                 raise RunError(f"{name!r} is not a state tensor of this bundle (state: {sorted(items)})")
             item, pointer = items[name]
-            array = np.ascontiguousarray(value)
-            expected = device_array(tuple(item["shape"]), item["dtype"])
-            if array.shape != expected.shape or array.dtype != expected.dtype:
+            array = np.asarray(value)
+            stored_float = item["dtype"] in ("float16", "bfloat16", "float32", "float64")
+            if array.shape != tuple(item["shape"]) or stored_float != (array.dtype.kind == "f") or (
+                    not stored_float and array.dtype.kind not in "iu"):
                 raise RunError(f"state {name!r} is {item['dtype']} {item['shape']}, got {array.dtype} "
                                f"{list(array.shape)}")
+            array = np.ascontiguousarray(to_device(array, item["dtype"]))
             self.synchronize()
             if array.nbytes:
                 self._cuda.memcpy_htod(pointer, array)

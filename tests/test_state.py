@@ -287,6 +287,30 @@ def test_run_given_a_state_writes_it_first_and_returns_it_updated(state_executor
     np.testing.assert_allclose(ex.state["s"], start + 2 * x, rtol=1e-6)
 
 
+def test_bfloat16_state_is_read_and_written_as_float32(fake_gpu):
+    """numpy has no bfloat16: `state` gives float32 values and set_state takes any float array."""
+    from aicf_run.bundle import Bundle
+    from aicf_run.device import open_device
+    from aicf_run.errors import RunError
+    from aicf_run.executor import Executor
+    fake_gpu.memset_d8 = lambda pointer, value, n: fake_gpu.write(int(pointer), bytes([value]) * n)
+    p = state_payload()
+    for buf in p["buffers"][3:]:
+        buf.update(dtype="bfloat16", nbytes=12)
+    p["state"][0]["dtype"] = "bfloat16"
+    ex = Executor(Bundle.from_payload(p), open_device(0))
+    try:
+        values = np.array([[1.0, -2.5, 3.25], [0.5, 1e-3, -7.0]], np.float64)
+        ex.set_state({"s": values})
+        got = ex.state["s"]
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, values, rtol=2 ** -8)
+        with pytest.raises(RunError, match=r"state 's' is bfloat16 \[2, 3\], got int64"):
+            ex.set_state({"s": np.zeros((2, 3), np.int64)})
+    finally:
+        ex.device.close()
+
+
 @pytest.mark.parametrize("mutate,message", [
     (lambda p: p["memory"].pop("state_bytes"), "region"),
     (lambda p: p["state"][0].update(buffer=0), "not a state buffer"),
