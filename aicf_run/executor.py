@@ -255,7 +255,7 @@ class Executor:
         def make_view(value: Any, what: str) -> np.ndarray | DeviceView:
             return view(value, what, self.device.ordinal, ours, self._joiner.pointer_device)
 
-        inputs, fed = self._feed_state(inputs)
+        inputs, fed = self._split_state(inputs)
         given = check_tensors(inputs, self.bundle.inputs, self.bundle.buffers, "input", make_view)
         targets = check_tensors(outputs or {}, self.bundle.outputs, self.bundle.buffers, "output",
                                 make_view, require_all=False)
@@ -263,6 +263,8 @@ class Executor:
             if not isinstance(target, DeviceView):
                 raise RunError(f"outputs[{name!r}] is a numpy array; outputs= takes GPU tensors to "
                                f"write into (numpy results are returned)")
+        if fed:
+            self.set_state({name: value for name, (_, value) in fed.items()})
         if device_outputs is None:
             device_outputs = any(isinstance(t, DeviceView) for t in given.values())
         cuda = self._cuda
@@ -304,25 +306,19 @@ class Executor:
         ordered = {t.name: results[t.name] for t in self._outputs}
         if fed:
             now = self.state
-            ordered.update({item["output"]: now[name] for name, item in fed.items()})
+            ordered.update({item["output"]: now[name] for name, (item, _) in fed.items()})
         return ordered
 
-    def _feed_state(self, inputs: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, dict]]:
-        """[Note: state] The inputs that are not state, and the state records of those that are, whose
-        values (numpy arrays) set_state writes first."""
+    def _split_state(self, inputs: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, tuple[dict, Any]]]:
+        """[Note: state] The inputs that are not state, and {name: (state record, numpy array)} of those
+        that are, for set_state to write once the other inputs are checked."""
         items = {item["name"]: item for item, _ in self._state_items}
-        named = [name for name in inputs if name in items]
-        if not named:
-            return inputs, {}
-        values = {}
-        for name in named:
-            value = inputs[name]
+        fed = {name: (items[name], value) for name, value in inputs.items() if name in items}
+        for name, (_, value) in fed.items():
             if not isinstance(value, np.ndarray):
                 raise RunError(f"state {name!r} given as {type(value).__name__}: run takes a state tensor as a "
                                f"numpy array (its copy on the GPU is the state); or call set_state")
-            values[name] = value
-        self.set_state(values)
-        return {n: v for n, v in inputs.items() if n not in items}, {name: items[name] for name in named}
+        return ({n: v for n, v in inputs.items() if n not in fed} if fed else inputs), fed
 
     def _copy_in(self, transfer: _Transfer, tensor: np.ndarray | DeviceView) -> None:
         """Enqueue the move of one input into its arena buffer ([Note: device I/O])."""
@@ -491,6 +487,7 @@ class Executor:
         are converted to the stored floating dtype, integers must be integers)."""
         self._check_open()
         items = {item["name"]: (item, pointer) for item, pointer in self._state_items}
+        writes = []                     # every value checked before any is written
         for name, value in values.items():
             if name not in items:
                 raise RunError(f"{name!r} is not a state tensor of this bundle (state: {sorted(items)})")
@@ -501,8 +498,9 @@ class Executor:
                     not stored_float and array.dtype.kind not in "iu"):
                 raise RunError(f"state {name!r} is {item['dtype']} {item['shape']}, got {array.dtype} "
                                f"{list(array.shape)}")
-            array = np.ascontiguousarray(to_device(array, item["dtype"]))
-            self.synchronize()
+            writes.append((pointer, np.ascontiguousarray(to_device(array, item["dtype"]))))
+        self.synchronize()
+        for pointer, array in writes:
             if array.nbytes:
                 self._cuda.memcpy_htod(pointer, array)
 

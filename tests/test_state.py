@@ -285,6 +285,11 @@ def test_run_given_a_state_writes_it_first_and_returns_it_updated(state_executor
     out = ex.run({"x": x})
     assert list(out) == ["y"]
     np.testing.assert_allclose(ex.state["s"], start + 2 * x, rtol=1e-6)
+    before = ex.state["s"]
+    from aicf_run.errors import RunError
+    with pytest.raises(RunError):                                     # a bad input: the state is not written
+        ex.run({"x": np.zeros((3, 2), np.float32), "s": start})
+    np.testing.assert_array_equal(ex.state["s"], before)
 
 
 def test_bfloat16_state_is_read_and_written_as_float32(fake_gpu):
