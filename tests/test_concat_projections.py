@@ -123,8 +123,9 @@ def test_explain_records_the_decision():
     assert rec.applied and "predicted" in rec.reason and rec.bytes_saved > 0
     apart = run_pipeline(import_model(B.resnet_stage_model((8, 1024, 14, 14), mid=512, out=2048, stride=2)),
                          Options("sm_90", load_profile("sm_90"), "fp16")).plan
-    (rec,) = [r for r in apart.rewrites if r.rule == CONCAT_PROJECTION_RULE]
-    assert not rec.applied and rec.reason.startswith("kept apart: predicted")
+    (kept,) = [r for r in apart.rewrites if r.rule == CONCAT_PROJECTION_RULE]
+    assert not kept.applied and kept.reason.startswith("kept apart: predicted")
+    assert rec.target == kept.target == "b1.sum"      # both records name the site: the sum the merge replaces
 
 
 @pytest.mark.gpu

@@ -10,6 +10,8 @@ cooperative, TMA stores, clusters, split-k), and a ResNet stage against onnxrunt
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -95,6 +97,9 @@ def test_flat_kernel_indexes_rows_across_images():
     src = FAMILIES["gemm"].render_kernel(k, p, plan.types(), k.name)
     assert "[400 x 64]" in src and "gm < 400" in src and "gm < 100" not in src
     assert "i0" not in src.split("extern \"C\"")[1]
+    # one GEMM, headed as one, and no offset term of the merged index (held at zero) left in it
+    assert ": GEMM [400 x 64]" in src and "batched GEMM" not in src
+    assert re.search(r"\* 0\b", src) is None
 
 
 def test_resnet_stage_at_14x14_takes_images_as_rows_by_cost():
