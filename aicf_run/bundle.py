@@ -117,6 +117,12 @@ class Bundle:
         return self.plan_list or (self,)
 
     @property
+    def state_names(self) -> frozenset[str]:
+        """The input names of every plan's state tensors ([Note: state] in aicf_run/executor.py): inputs
+        that `run` writes into the state before the run, not arena inputs and not part of a plan's shapes."""
+        return frozenset(item["name"] for plan in self.plans for item in plan.payload.get("state", []))
+
+    @property
     def arch(self) -> str:
         """The GPU architecture the cubins were built for, e.g. "sm_90"."""
         return self.target["arch"]

@@ -39,8 +39,7 @@ def load_inputs(specs: list[str], bundle: Bundle) -> dict[str, np.ndarray]:
     existing file is read as NAME=FILE.
     """
     names = [item["name"] for item in bundle.inputs]
-    # [Note: state] in aicf_run/executor.py: a state tensor given by its input name is written before the run
-    state = [item["name"] for item in bundle.payload.get("state", [])]
+    state = sorted(bundle.state_names)     # given by name, written before the run ([Note: state])
     loaded: dict[str, np.ndarray] = {}
     sources: dict[str, str] = {}
 
@@ -79,11 +78,13 @@ def load_inputs(specs: list[str], bundle: Bundle) -> dict[str, np.ndarray]:
 def plan_for(inputs: Mapping[str, Any], bundle: Bundle) -> Bundle:
     """The plan of `bundle` whose input shapes equal `inputs`' (aicf_run.plans.select_plan: a
     lookup, NoPlanError when none); the bundle itself when it has one plan, or when an input is
-    missing or unknown (check_inputs then names it)."""
-    plans = bundle.plans
-    if len(plans) == 1 or set(inputs) != {item["name"] for item in bundle.inputs}:
+    missing or unknown (check_inputs then names it). State tensors given by name are no part of the
+    lookup ([Note: state] in aicf_run/executor.py)."""
+    plans, state = bundle.plans, bundle.state_names
+    given = {name: value for name, value in inputs.items() if name not in state}
+    if len(plans) == 1 or set(given) != {item["name"] for item in bundle.inputs}:
         return bundle
-    return plans[select_plan([plan.inputs for plan in plans], input_shapes(inputs))]
+    return plans[select_plan([plan.inputs for plan in plans], input_shapes(given))]
 
 
 def check_inputs(inputs: Mapping[str, np.ndarray], bundle: Bundle) -> dict[str, np.ndarray]:

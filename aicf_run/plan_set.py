@@ -83,8 +83,8 @@ class PlanSet:
     def select(self, inputs: Mapping[str, Any]) -> PlanInfo:
         """The plan whose input shapes equal `inputs`' ({name: array or tensor}); NoPlanError,
         one line naming the shapes given and the plans there are, when none does."""
-        state = {item["name"] for p in self.bundle.plans for item in p.payload.get("state", [])}
-        given = {name: value for name, value in inputs.items() if name not in state}   # [Note: state]
+        state = self.bundle.state_names                       # [Note: state]: not part of the shapes
+        given = {name: value for name, value in inputs.items() if name not in state}
         return self.plans[select_plan([p.inputs for p in self.bundle.plans], input_shapes(given))]
 
     def run(self, inputs: Mapping[str, Any], *, plan: int | str | None = None, **options: Any) -> dict[str, Any]:

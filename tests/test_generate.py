@@ -187,6 +187,18 @@ def test_plans_share_the_cache(decoder_bundle):
     assert interface.batch == 1 and interface.lengths == (16, 1) and interface.ids_dtype == "int64"
 
 
+def test_the_plan_lookup_leaves_out_a_given_state(decoder_bundle):
+    """[Note: state]: a cache given by its input name (aicf-run --input past=..., run({...})) is written
+    before the run and is no part of the shapes that choose the plan."""
+    from aicf_run.inputs import plan_for, random_inputs
+    bundle = read_bundle(decoder_bundle)
+    assert bundle.state_names and bundle.state_names == {item["name"] for item in bundle.plans[1].payload["state"]}
+    decode = bundle.plans[1]
+    inputs = random_inputs(decode)
+    cache = {item["name"]: np.zeros(item["shape"], np.float32) for item in decode.payload["state"]}
+    assert plan_for(inputs | cache, bundle) is decode
+
+
 def test_plans_of_other_batches_do_not_share(tmp_path):
     cfg = DecoderConfig(64, 1, 1, 1, 64, 32, 16)
     rng = np.random.default_rng(2)
