@@ -30,6 +30,7 @@ from aicf_run.executor import Executor
 from aicf_run.inputs import load_inputs, plan_for, random_inputs, save_outputs
 from aicf_run.plans import plan_index, plan_name
 from aicf_run.profile import ProfileReport, format_profile, roofline_points
+from aicf_run.timeline import TimelineReport, format_timeline
 
 
 class _RunByDefault(click.Group):
@@ -78,21 +79,24 @@ def main() -> None:
 @click.option("--profile", "profile_kernels", is_flag=True,
               help="Time every kernel alone; print it beside its predicted time, its share, "
                    "GB/s, TFLOP/s, % of the roofline and its ONNX nodes.")
+@click.option("--timeline", "timeline", is_flag=True,
+              help="For a bundle compiled with `aicfc compile --timeline`: replay the plan and print when "
+                   "each kernel's blocks reached the SMs, when it could start, and its time in the chain.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the --bench/--profile report as JSON instead of tables.")
+              help="Print the --bench/--profile/--timeline report as JSON instead of tables.")
 @click.option("--roofline", default=None, metavar="FILE",
               help="With --profile: plot measured beside predicted kernels on the target's "
                    "roofline into FILE (.png, .svg or .pdf; needs matplotlib).")
 def run_command(bundle_path: str, input_specs: tuple[str, ...], output_dir: str | None,
          check_model: str | None, rtol: float | None, device_ordinal: int, no_graph: bool,
-         bench_replays: int | None, profile_kernels: bool, as_json: bool,
+         bench_replays: int | None, profile_kernels: bool, timeline: bool, as_json: bool,
          roofline: str | None, plan: str | None) -> None:
     """Run a compiled .aicf BUNDLE on an NVIDIA GPU and save its outputs as .npy files.
     (`aicf-run generate BUNDLE --help`: token generation with a decoder bundle.)"""
     options = _Options(input_specs=list(input_specs), output_dir=output_dir,
                        check_model=check_model, rtol=rtol, device_ordinal=device_ordinal,
                        graph=not no_graph, bench=bench_replays, profile=profile_kernels,
-                       as_json=as_json, roofline=roofline, plan=plan)
+                       as_json=as_json, roofline=roofline, plan=plan, timeline=timeline)
     try:
         failed = _run(bundle_path, options)
     except RunError as err:
@@ -123,10 +127,11 @@ class _Options:
     as_json: bool
     roofline: str | None
     plan: str | None = None
+    timeline: bool = False
 
     @property
     def timing(self) -> bool:
-        return self.bench is not None or self.profile
+        return self.bench is not None or self.profile or self.timeline
 
 
 def check_flags(options: _Options) -> None:
@@ -134,7 +139,7 @@ def check_flags(options: _Options) -> None:
     if options.bench is not None and options.bench < 1:
         raise RunError(f"--bench N needs N >= 1 timed replays, got {options.bench}")
     if options.as_json and not options.timing:
-        raise RunError("--json prints the --bench/--profile report; add --bench N or --profile")
+        raise RunError("--json prints the --bench/--profile/--timeline report; add --bench N, --profile or --timeline")
     if options.as_json and options.check_model is not None:
         raise RunError("--json prints only the timing report; run --check in a separate call "
                        "without --json")
@@ -155,6 +160,9 @@ def _run(bundle_path: str, options: _Options) -> bool:
     bundle = whole = read_bundle(bundle_path)
     if options.roofline is not None:
         _check_roofline_profile(bundle)
+    if options.timeline and not all("timeline" in k for p in bundle.plans for k in p.kernels):
+        raise RunError(f"--timeline reads the stamps of a bundle compiled with them, and {bundle_path} has none; "
+                       f"recompile it with aicfc compile --timeline")
     rtol = options.rtol
     if rtol is None:
         rtol = TOLERANCE.get(bundle.payload.get("precision"), 1e-4)
@@ -184,6 +192,7 @@ def _run(bundle_path: str, options: _Options) -> bool:
 
     bench: BenchReport | None = None
     profile: ProfileReport | None = None
+    stamps: TimelineReport | None = None
     device = open_device(options.device_ordinal)
     try:
         check_arch(bundle.arch, device.arch)
@@ -197,6 +206,8 @@ def _run(bundle_path: str, options: _Options) -> bool:
             bench = executor.bench(options.bench, graph=None if options.graph else False)
         if options.profile:
             profile = executor.profile()
+        if options.timeline:
+            stamps = executor.timeline()
         gpu = device.name
     finally:
         device.close()
@@ -210,7 +221,7 @@ def _run(bundle_path: str, options: _Options) -> bool:
         for name, array in outputs.items():
             say(f"{name}: {array.dtype} {list(array.shape)} -> {paths[name]}")
     if options.timing:
-        _report(bundle, gpu, generated, bench, profile, options)
+        _report(bundle, gpu, generated, bench, profile, options, stamps)
     if check_model is None:
         return False
     pairs = {item["name"]: item["output"] for item in bundle.payload.get("state", [])}
@@ -222,7 +233,7 @@ def _run(bundle_path: str, options: _Options) -> bool:
 
 
 def _report(bundle: Bundle, gpu: str, generated: bool, bench: BenchReport | None,
-            profile: ProfileReport | None, options: _Options) -> None:
+            profile: ProfileReport | None, options: _Options, stamps: TimelineReport | None = None) -> None:
     inputs = "random standard normal" if generated else "given with --input"
     if options.as_json:
         report: dict[str, Any] = {
@@ -233,6 +244,8 @@ def _report(bundle: Bundle, gpu: str, generated: bool, bench: BenchReport | None
             report["bench"] = bench.as_dict()
         if profile is not None:
             report["profile"] = profile.as_dict()
+        if stamps is not None:
+            report["timeline"] = stamps.as_dict()
         click.echo(json.dumps(report, indent=2))
     else:
         click.echo(f"{bundle.payload['model']['name']} on {gpu}; inputs: {inputs}")
@@ -240,6 +253,8 @@ def _report(bundle: Bundle, gpu: str, generated: bool, bench: BenchReport | None
             click.echo(format_bench(bench))
         if profile is not None:
             click.echo(format_profile(profile))
+        if stamps is not None:
+            click.echo(format_timeline(stamps))
     if options.roofline is not None and profile is not None:
         from aicf_run.roofline import plot_roofline
         title = f"{bundle.payload['model']['name']} on {gpu}: measured vs predicted"

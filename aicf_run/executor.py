@@ -51,6 +51,7 @@ from aicf_run import bench as _bench
 from aicf_run import pdl
 from aicf_run import profile as _profile
 from aicf_run import tensormap
+from aicf_run import timeline as _timeline
 from aicf_run.bundle import Bundle
 from aicf_run.convert import device_array, to_device, to_host
 from aicf_run.device import Device, check_arch
@@ -169,6 +170,7 @@ class Executor:
         for module in bundle.modules:
             check_arch(module["arch"], device.arch)
         modules = [self._load_module(module) for module in bundle.modules]
+        self._modules = modules   # PyCUDA's instances: stamp_arrays reads their globals
         # [Note: PDL]: kernels the compiler marked dependent are launched through the driver API
         self._pdl = (pdl.Modules([module["cubin"] for module in bundle.modules])
                      if any(k.get("launch") == "dependent" for k in bundle.kernels) else None)
@@ -457,6 +459,37 @@ class Executor:
     def profile(self) -> _profile.ProfileReport:
         """Time every kernel alone and the whole plan (see aicf_run.profile)."""
         return _profile.profile(self)
+
+    def timeline(self, rounds: int = _timeline.ROUNDS) -> _timeline.TimelineReport:
+        """When each kernel's blocks landed and started in replays of the plan (see aicf_run.timeline)."""
+        return _timeline.timeline(self, rounds)
+
+    def stamp_arrays(self) -> list[tuple[int, int] | None]:
+        """Per kernel, the (device address, blocks) of its entry stamps, or None for a kernel
+        compiled without them ([Note: timeline] in aicfc/codegen/timeline.py): in the instance of
+        its module that launches it (the driver API's for a dependent launch, else PyCUDA's)."""
+        self._check_open()
+        out: list[tuple[int, int] | None] = []
+        for launch, kernel in zip(self._launches, self.bundle.kernels):
+            stamps = kernel.get("timeline")
+            if stamps is None:
+                out.append(None)
+                continue
+            what = f"kernel {launch.index} ({launch.name}) timeline"
+            try:
+                if launch.dependent is not None:
+                    address, size = self._pdl.global_address(kernel["module"], stamps["symbol"], what)
+                else:
+                    pointer, size = self._modules[kernel["module"]].get_global(stamps["symbol"])
+                    address = int(pointer)
+            except self._cuda.Error as err:
+                raise RunError(f"{what}: no array {stamps['symbol']!r} in module {kernel['module']} "
+                               f"({_one_line(err)}); the bundle is inconsistent, {_RECOMPILE}") from None
+            if size != 16 * stamps["blocks"]:
+                raise RunError(f"{what}: {stamps['symbol']} holds {size} bytes, not 16 for each of "
+                               f"{stamps['blocks']} blocks; the bundle is inconsistent, {_RECOMPILE}")
+            out.append((address, stamps["blocks"]))
+        return out
 
     def poison(self) -> None:
         """Fill the arena with NaN bytes (0xFF), so any output element no kernel wrote is NaN.

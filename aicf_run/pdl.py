@@ -93,6 +93,13 @@ class Modules:
                    self._lib.cuFuncSetAttribute(handle, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_bytes), what)
         return handle.value
 
+    def global_address(self, module: int, symbol: str, what: str) -> tuple[int, int]:
+        """(device address, bytes) of the module's global variable `symbol` in this instance."""
+        address, size = ctypes.c_uint64(), ctypes.c_size_t()
+        _check(self._lib, "cuModuleGetGlobal", self._lib.cuModuleGetGlobal_v2(
+            ctypes.byref(address), ctypes.byref(size), _P(self.handles[module]), symbol.encode()), what)
+        return address.value, size.value
+
     def write_global(self, module: int, symbol: str, data: bytes, what: str) -> None:
         """Copy `data` into the module's global (or constant) variable `symbol`, which must be
         exactly that size: a kernel's tensor maps in constant memory ([Note: TMA maps in constant

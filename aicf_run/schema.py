@@ -34,6 +34,7 @@ ITEMSIZE: dict[str, int] = {
 }
 IO_DTYPES = frozenset(ITEMSIZE) - {"bfloat16"}
 _MAX_SYMBOL = 256   # a kernel's constant array of tensor maps: a C identifier
+_MAX_STAMPED = 4096  # blocks a kernel stamps under --timeline (aicfc/codegen/timeline.py CAP)
 _MAX_GRID = (2**31 - 1, 65535, 65535)
 _MAX_BLOCK = (1024, 1024, 64)
 _MAX_THREADS = 1024
@@ -287,6 +288,16 @@ def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> Non
                 _fail(f"{where}.maps_symbol", f"{_describe(symbol)} is not a C identifier of at most {_MAX_SYMBOL} characters")
             if not kernel.get("tensor_maps"):
                 _fail(f"{where}.maps_symbol", "names a constant array, but the kernel has no tensor_maps")
+        if "trigger_from" in kernel:   # optional: [Note: PDL] (aicfc/codegen/pdl.py), the first block that triggers
+            _int(kernel, "trigger_from", where, minimum=0, maximum=2**31 - 1)
+        if "timeline" in kernel:   # optional: [Note: timeline] (aicfc/codegen/timeline.py), aicfc compile --timeline
+            stamps = _map(kernel, "timeline", where)
+            symbol = _str(stamps, "symbol", f"{where}.timeline")
+            if not (0 < len(symbol) <= _MAX_SYMBOL and symbol.isidentifier() and symbol.isascii()):
+                _fail(f"{where}.timeline.symbol", f"{_describe(symbol)} is not a C identifier of at most {_MAX_SYMBOL} characters")
+            blocks = _int(stamps, "blocks", f"{where}.timeline", minimum=1, maximum=_MAX_STAMPED)
+            if blocks > math.prod(kernel["grid"]):
+                _fail(f"{where}.timeline.blocks", f"is {blocks}, more than the kernel's {math.prod(kernel['grid'])} blocks")
 
 
 def _check_tensor_map(record: dict, where: str, buffers: list[dict]) -> None:

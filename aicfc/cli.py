@@ -99,6 +99,10 @@ shape_option = click.option("--shape", "shapes", multiple=True, metavar="NAME=Dx
 @click.option("--no-pdl", is_flag=True,
               help="Launch the kernels plainly, one after the other finishes, instead of as dependent launches "
                    "(sm_90: each kernel launched while the previous one runs, waiting for it on the device).")
+@click.option("--timeline", is_flag=True,
+              help="Make every kernel record when its blocks reach the SMs and when it may start, for "
+                   "`aicf-run --timeline` (how the plan's kernels overlap as they run); the kernels are "
+                   "otherwise unchanged.")
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after every pass into this folder.")
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
               help="Calibrated hardware profile (JSON, from `aicfc tune`), or a bundled GPU's: h200.")
@@ -108,7 +112,8 @@ shape_option = click.option("--shape", "shapes", multiple=True, metavar="NAME=Dx
 @user_errors
 def compile(model: str, output: str, target: str, precision: str, shapes: tuple[str, ...],
             shape_sets_path: str | None, pins: tuple[str, ...],
-            no_inplace: bool, no_register_check: bool, no_pdl: bool, dump_ir: str | None, profile_path: str | None,
+            no_inplace: bool, no_register_check: bool, no_pdl: bool, timeline: bool, dump_ir: str | None,
+            profile_path: str | None,
             jobs: int | None, quiet: bool) -> None:
     """Compile MODEL (ONNX) into a bundle for aicf-run: one plan, or one per shape set."""
     from aicfc.artifact import write_bundle
@@ -137,7 +142,7 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
 
     options: dict[str, Any] = dict(target=target, precision=precision, profile_path=profile_path, jobs=jobs,
                                    pin=parse_pins(pins), inplace=not no_inplace, check_registers=not no_register_check,
-                                   dependent_launch=not no_pdl)
+                                   dependent_launch=not no_pdl, timeline=timeline)
 
     def one_plan(index: int, shapes: list[str]) -> dict[str, Any]:
         folder = dump_ir if dump_ir is None or len(sets) == 1 else str(Path(dump_ir) / f"plan_{index}")

@@ -64,14 +64,15 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
                   on_stage: Callable[[str], None] | None = None, jobs: int | None = None,
                   on_kernel: OnKernel | None = None, pin: dict[str, Any] | None = None,
                   inplace: bool = True, check_registers: bool = True, dependent_launch: bool = True,
-                  check_pins: bool = True) -> dict[str, Any]:
+                  check_pins: bool = True, timeline: bool = False) -> dict[str, Any]:
     """The bundle payload of `model`; `jobs` parallel nvcc runs (None: $AICF_JOBS or the CPU
     count), `on_kernel` as in `build_modules`. --dump-ir also writes module_<i>.cu per module.
     `pin` ({param: value}) restricts the schedule of every kernel whose space has those params;
     `inplace=False` gives every stored tensor bytes of its own (for debugging);
     `check_registers=False` ranks on estimated registers alone (no ptxas runs while planning);
     `dependent_launch=False` launches the kernels plainly ([Note: PDL] in codegen/pdl.py);
-    `check_pins=False` leaves the check that the plan-wide pins restrict some kernel to the caller
+    `timeline=True` makes every kernel stamp its entry for `aicf-run --timeline` ([Note: timeline]
+    in codegen/timeline.py); `check_pins=False` leaves the check that the plan-wide pins restrict some kernel to the caller
     (`compile_plans`: a key one plan lacks another may have)."""
     check_precision(precision)
     jobs = resolve_jobs(jobs)
@@ -91,7 +92,7 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     if on_stage:
         on_stage("codegen+nvcc")
     launch, why = pdl.choose(target, dependent_launch)
-    plan, modules = build_modules(result.plan.replace(launch=launch), jobs, on_kernel)
+    plan, modules = build_modules(result.plan.replace(launch=launch, timeline=timeline), jobs, on_kernel)
     if dump_ir is not None:
         for i, module in enumerate(modules):
             (Path(dump_ir) / f"module_{i}.cu").write_text(module.source)

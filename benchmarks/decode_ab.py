@@ -5,7 +5,7 @@ that every variant produces the same tokens.
 
     python3 benchmarks/decode_ab.py [--layers 6] [--prompt 512] [--new 256] [--rounds 5]
         [--variant NAME:KEY=VALUE,...] ... [--bundle NAME=PATH] ... [--compile-only] [--folder /tmp/aicf-ab]
-        [--jobs 16] [--json FILE] [--profile] [--marginal]
+        [--jobs 16] [--json FILE] [--profile] [--marginal] [--timeline]
 
 A variant is `name:` followed by comma-separated settings: `pin.KEY=VALUE` restricts the
 schedules (as `aicfc compile --pin`; a key only the decode step's kernels have, such as the
@@ -69,13 +69,14 @@ def environment(values: dict[str, str]):
                 os.environ[k] = v
 
 
-def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env: dict, out: Path, jobs: int) -> float:
+def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env: dict, out: Path, jobs: int,
+                    timeline: bool = False) -> float:
     from aicfc.artifact import write_bundle
     from aicfc.driver import compile_plans
     start = time.perf_counter()
     with environment(env):
         payload = compile_plans(str(path), [shape_set(cfg, 1, prompt), shape_set(cfg, 1, 1)], precision="fp16",
-                                jobs=jobs, pin=pins or None)
+                                jobs=jobs, pin=pins or None, timeline=timeline)
         write_bundle(payload, out)
     decode = [p for p in payload["plans"] if p["inputs"][0]["shape"][1] == 1]
     for plan in decode:
@@ -103,6 +104,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also time every decode kernel of each variant alone")
     ap.add_argument("--marginal", action="store_true",
                     help="also time every decode kernel's in-plan marginal cost (the plan less the plan without it)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="compile every variant with aicfc compile --timeline and print each decode plan's timeline "
+                         "(aicf_run/timeline.py); the replay times then include the stamps")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or ([] if args.bundle else DEFAULT_VARIANTS))]
     cfg = DecoderConfig(2048, args.layers, 32, 8, 5632, 32000, args.prompt + args.new)
@@ -115,7 +119,7 @@ def main() -> None:
     loads = {}
     for name, pins, env, run in variants:
         bundles[name], loads[name] = folder / f"{name}.aicf", run
-        took = compile_variant(path, cfg, args.prompt, pins, env, bundles[name], args.jobs)
+        took = compile_variant(path, cfg, args.prompt, pins, env, bundles[name], args.jobs, args.timeline)
         print(f"{name}: compiled in {took:.0f} s (pins {pins or '-'}, env {env or '-'}, at load {run or '-'})", flush=True)
     if args.compile_only:
         return
@@ -139,11 +143,15 @@ def main() -> None:
             model.generate(prompt, 4)
             tokens[name] = model.generate(prompt, args.new).tokens
             decode[name] = next(i for i, p in enumerate(model.plans) if p.shapes["input_ids"][1] == 1)
+        prefill_plan = {name: 1 - decode[name] for name in models}
         replay = {name: [] for name in models}
+        prefill = {name: [] for name in models}
         step = {name: [] for name in models}
         for _ in range(args.rounds):
             for name, model in models.items():
                 replay[name].append(model.bench(args.replays, graph=True, plan=decode[name]).graph.median_us)
+                prefill[name].append(model.bench(max(1, args.replays // 5), graph=True,
+                                                 plan=prefill_plan[name]).graph.median_us)
                 start = time.perf_counter()
                 model.generate(prompt, args.new)
                 t_new = time.perf_counter() - start
@@ -156,12 +164,19 @@ def main() -> None:
         base = statistics.median(replay[variants[0][0]])
         for name in models:
             r, s = statistics.median(replay[name]), statistics.median(step[name])
+            pre, pre_base = statistics.median(prefill[name]), statistics.median(prefill[variants[0][0]])
             print(f"{name:10} decode plan replay median {r:8.1f} us ({base / r:.3f}x of {variants[0][0]}) "
-                  f"{['%.1f' % x for x in replay[name]]}; generate step median {s:.4f} ms {['%.4f' % x for x in step[name]]}",
+                  f"{['%.1f' % x for x in replay[name]]}; generate step median {s:.4f} ms {['%.4f' % x for x in step[name]]}; "
+                  f"prefill plan replay median {pre:.1f} us ({pre_base / pre:.3f}x) {['%.1f' % x for x in prefill[name]]}",
                   flush=True)
             result["variants"][name] = {"replay_us": replay[name], "step_ms": step[name], "replay_median_us": r,
-                                        "step_median_ms": s}
+                                        "step_median_ms": s, "prefill_replay_us": prefill[name]}
         print(f"tokens equal across variants: {same}")
+        if args.timeline:
+            from aicf_run.timeline import format_timeline
+            for name, model in models.items():
+                print(f"# {name}: the decode plan's timeline", flush=True)
+                print(format_timeline(model.plan(decode[name]).timeline()), flush=True)
         if args.profile or args.marginal:
             from aicf_run.profile import format_profile, marginals
             for name, model in models.items():

@@ -87,6 +87,11 @@ def test_every_kernel_waits_where_the_plan_is_dependent(target, mode, tmp_path):
     source = "".join(p.read_text() for p in sorted(tmp_path.glob("module_*.cu")))
     body_entries = source.count("\n  " + pdl.ENTRY)
     assert body_entries == (len(payload["kernels"]) if mode == "dependent" else 0)
+    # the bundle records each dependent kernel's trigger block, as its source has it
+    for k in payload["kernels"]:
+        assert ("trigger_from" in k) == (mode == "dependent")
+        if k.get("trigger_from"):
+            assert f"{pdl.ENTRY}{k['trigger_from']}u);" in source
 
 
 def test_no_pdl_keeps_plain_launches():

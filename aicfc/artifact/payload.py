@@ -9,13 +9,15 @@ from aicfc import __version__
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.io_cast import Converted
 from aicfc.codegen.module import ModuleBuild
+from aicfc.codegen.pdl import DEPENDENT, entries
+from aicfc.codegen.timeline import stamped_blocks, symbol as stamp_symbol
 from aicfc.codegen.tma import constant_maps, maps_symbol, records
 from aicfc.ir.decision import Plan
 from aicfc.passes.pipeline import Result
 from aicfc.ir.types import ITEMSIZE
 from aicfc.passes.apply_precision import STORAGE
 from aicfc.passes.plan_memory import memory_summary
-from aicfc.planner.hardware import Profile
+from aicfc.planner.hardware import Profile, load_profile
 
 
 
@@ -30,9 +32,12 @@ def module_record(m: ModuleBuild, arch: str) -> dict[str, Any]:
 
 
 def _kernel(k, index: dict[str, int], module: int, types, launch: str,
-            constant: frozenset[str] = frozenset()) -> dict[str, Any]:
+            constant: frozenset[str] = frozenset(), timeline: bool = False,
+            trigger: int = 0) -> dict[str, Any]:
     s = k.schedule
     maps_in = {"maps_symbol": maps_symbol(k.name)} if k.name in constant else {}
+    if timeline:   # [Note: timeline] (codegen/timeline.py): where the kernel's entry stamps are
+        maps_in["timeline"] = {"symbol": stamp_symbol(k.name), "blocks": stamped_blocks(s.grid)}
     return {
         "name": k.name, "module": module, "symbol": k.name, "family": k.family,
         "params": dict(s.params), "grid": list(s.grid), "block": list(s.block),
@@ -42,6 +47,8 @@ def _kernel(k, index: dict[str, int], module: int, types, launch: str,
         "onnx_nodes": list(k.origins), "properties": list(k.properties), "rewrites": list(k.rewrites),
         "stores": list(k.stores),
         "launch": launch,
+        # [Note: PDL] (codegen/pdl.py): the first block that lets the next kernel launch
+        **({"trigger_from": trigger} if launch == DEPENDENT else {}),
         "predicted": dict(s.predicted),
         "candidates": [{"params": dict(c.params), "predicted_time_us": c.predicted_time_us}
                        if c.predicted_time_us is not None else
@@ -118,7 +125,8 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
         "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
         "modules": [module_record(m, plan.target) for m in modules],
-        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant) for k in plan.kernels],
+        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant, plan.timeline, trigger)
+                    for k, trigger in zip(plan.kernels, entries(plan.kernels, plan.launch, load_profile(plan.target)))],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [
             {"kind": "state", "input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from aicfc import __version__
 from aicfc.codegen import FAMILIES
-from aicfc.codegen import pdl, tma
+from aicfc.codegen import pdl, timeline, tma
 from aicfc.codegen.common import render
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
@@ -76,21 +76,23 @@ def module_header(plan: Plan, count: int) -> str:
     math_fns = render("math.cuh.j2", fast=fast, precision=plan.precision,
                       bits=SIGNIFICANT_BITS.get(plan.precision))
     return (HEADER.format(version=__version__, target=plan.target, model=plan.name, count=count) + pdl.HELPER
-            + math_fns + "\n")
+            + (timeline.HELPER if plan.timeline else "") + math_fns + "\n")
 
 
 def _render_kernels(plan: Plan) -> list[str]:
     types = plan.types()
     hw = load_profile(plan.target)
     constant = tma.constant_maps(plan)   # [Note: TMA maps in constant memory]
-    out = []
     for k in plan.kernels:
         assert k.schedule is not None, f"kernel {k.name} has no schedule; plan_schedules must run first"
+    out = []
+    for k, start in zip(plan.kernels, pdl.entries(plan.kernels, plan.launch, hw)):
         param = dict(k.schedule.param, MAPS=tma.maps_symbol(k.name)) if k.name in constant else k.schedule.param
         body = FAMILIES[k.family].render_kernel(k, param, types, k.name)
-        if plan.launch == pdl.DEPENDENT:
-            s = k.schedule
-            body = pdl.instrument(body, k.name, pdl.trigger_from(s.grid, s.block, s.smem_bytes, s.registers, hw))
+        if plan.timeline:   # [Note: timeline]: the entry between two clock reads, in either launch mode
+            body = timeline.instrument(body, k.name, k.schedule.grid, start)
+        elif plan.launch == pdl.DEPENDENT:
+            body = pdl.instrument(body, k.name, start)
         out.append(body)
     return out
 

@@ -20,7 +20,14 @@ completed and its writes are visible. Every kernel of a plan compiled for sm_90 
 - run-ahead is one kernel: a kernel triggers only after its own wait has returned. Triggering
   before the wait instead (every kernel's blocks then land while two kernels before them still
   run) measured slower on an H200: a 4-layer decode plan of a 1 B Llama replayed in 300.4 us
-  against 228.6 (benchmarks/results/decode_ab_session10_h200.txt).
+  against 228.6 (benchmarks/results/decode_ab_session10_h200.txt). Nor does it pay for the small
+  kernels alone (session 24, an H200, the same plan's timeline: [Note: timeline] in
+  codegen/timeline.py, benchmarks/results/decode_timeline_session24_h200.txt): with the kernels of
+  at most one block an SM after a one-wave kernel (the norms' one block, the decode attention's 96)
+  triggering before their wait, the plan replayed in 231.0 us against 209.7. The next gemv's
+  blocks then land while the bandwidth-bound kernel two before still streams, and their first
+  weight requests slow it (the down projection 10.2 us in the chain against 8.2) by more than they
+  save after (the norm before the gate/up 1.2 against 2.2 us, the QKV projection 4.5 against 5.7).
 
 The alternative, one persistent kernel whose resident blocks run the kernels as phases between
 grid barriers, measured slower on an H200: that 4-layer decode plan in 253.4 us against 220.5,
@@ -36,6 +43,16 @@ launch that only streams the same 66 MB takes 17.5 us (and any launch that strea
 wait in the ring until all of h exists and are then multiplied in a burst; splitting the down
 weight by k-rows so that they need only the gate/up chunks that made their part of h removed the
 wait but not the cost (29.7 us: the blocks' partial sums meet at the end).
+
+Where a decode layer's time goes in the chain (session 24, the 4-layer plan's timeline,
+benchmarks/results/decode_timeline_session24_h200.txt): about 42 us a layer, each kernel from its
+start to the next one's: the norm 2.2 (1.3 after the down projection), QKV 5.7, attention 7.8,
+O 4.1, gate/up 12.6, down 8.2, where the weights alone stream in 20.3 us at 4.45 TB/s. Every
+kernel's blocks land before it may start, the down projection's 256 among them (from 1.6 us after
+the gate/up starts until 1 us before its own start, as the gate/up's blocks retire): so its early
+weight reads are not lost to SMs the gate/up fills, as session 23 guessed. What costs is latency:
+the norms and the attention move little, and the attention takes 2 us more in the chain than alone
+(5.7 us, where its cache is warm in L2).
 
 Where a kernel's grid is more than one wave (more blocks than the SMs hold at once), a trigger at
 entry would let the next kernel's blocks take SM slots that this kernel's later waves need, and
@@ -104,9 +121,19 @@ def trigger_from(grid: tuple[int, int, int], block: tuple[int, int, int], smem: 
     return 0 if blocks <= wave else (blocks - 1) // wave * wave
 
 
-def instrument(source: str, name: str, from_block: int = 0) -> str:
+def entries(kernels, launch: str, hw: Profile) -> list[int]:
+    """The trigger_from of each scheduled kernel of a plan launched as `launch`, in order (0 for
+    plain launches, where nothing triggers)."""
+    if launch != DEPENDENT:
+        return [0] * len(kernels)
+    return [trigger_from(k.schedule.grid, k.schedule.block, k.schedule.smem_bytes, k.schedule.registers, hw)
+            for k in kernels]
+
+
+def instrument(source: str, name: str, from_block: int = 0, entry: str | None = None) -> str:
     """`source` with the entry (trigger from block `from_block`) as the first statement of kernel
-    `name`'s body, or in place of the body's MARK line where it has one."""
+    `name`'s body, or in place of the body's MARK line where it has one; `entry`, a statement
+    calling another entry in its place (codegen/timeline.py)."""
     m = re.search(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source)
     if m is None:
         raise AicfError(f"internal: kernel {name!r} has no __global__ definition to start with {ENTRY}")
@@ -117,7 +144,8 @@ def instrument(source: str, name: str, from_block: int = 0) -> str:
     brace = source.index("{", i)
     if source[i:brace].strip(" \n\t") and not source[i:brace].strip().startswith("__"):
         raise AicfError(f"internal: kernel {name!r}: unexpected text before its body: {source[i:brace]!r}")
-    entry = ENTRY + (f"{from_block}u);" if from_block else ");")
+    if entry is None:
+        entry = ENTRY + (f"{from_block}u);" if from_block else ");")
     nxt = source.find("__global__", brace)
     mark = source.find(MARK, brace, len(source) if nxt < 0 else nxt)
     if mark >= 0:

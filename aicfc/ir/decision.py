@@ -140,6 +140,7 @@ class Plan:
     precision: str = "fp32"   # the policy of passes/apply_precision.py
     state: tuple[State, ...] = ()
     launch: str = "stream"    # "dependent" or "stream": [Note: PDL] in codegen/pdl.py
+    timeline: bool = False    # every kernel stamps its entry: [Note: timeline] in codegen/timeline.py
 
     def replace(self, **changes: Any) -> Plan:
         new = dataclasses.replace(self, **changes)

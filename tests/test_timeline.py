@@ -1,0 +1,156 @@
+"""`aicfc compile --timeline` and `aicf-run --timeline` on the host ([Note: timeline] in
+aicfc/codegen/timeline.py): the stamps change nothing but the kernels' entries, the bundle
+records where they are, the report's arithmetic, and the refusals. On the GPU:
+tests/test_timeline_gpu.py."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import aicfc
+from aicf_run.bundle import Bundle
+from aicf_run.errors import RunError
+from aicf_run.timeline import EARLY_NS, format_timeline, summarize
+from aicfc.codegen import timeline
+from tests.test_plans import mlp_model
+
+
+@pytest.fixture(scope="module")
+def payloads():
+    model = mlp_model()
+    return {mode: aicfc.compile(model, target="sm_90", precision="fp16", shapes={"x": (4, 256)}, timeline=stamped,
+                                dependent_launch=pdl)
+            for mode, stamped, pdl in (("plain", False, True), ("stamped", True, True),
+                                       ("stamped_stream", True, False))}
+
+
+def _unstamped(source: str) -> str:
+    """`source` as it would be without --timeline: the helper, the arrays and the entries undone."""
+    source = source.replace(timeline.HELPER, "")
+    source = re.sub(r"__device__ unsigned long long aicf_tl_\w+\[\d+\];\n", "", source)
+    return re.sub(r"aicf_timeline_entry\(aicf_tl_\w+, \d+u(?:, (\d+u))?\);",
+                  lambda m: f"aicf_pdl_entry({m.group(1)});" if m.group(1) else "aicf_pdl_entry();", source)
+
+
+def test_stamps_change_only_the_entries(payloads):
+    plain, stamped = payloads["plain"], payloads["stamped"]
+    assert len(plain["modules"]) == len(stamped["modules"])
+    kernel_modules = {k["module"] for k in stamped["kernels"]}   # not the interface casts' module
+    for i, (a, b) in enumerate(zip(plain["modules"], stamped["modules"])):
+        assert (b["source"] != a["source"]) == (i in kernel_modules)
+        assert _unstamped(b["source"]) == a["source"]
+    for k in stamped["kernels"]:
+        blocks = min(timeline.CAP, int(np.prod(k["grid"])))
+        assert k["timeline"] == {"symbol": f"aicf_tl_{k['name']}", "blocks": blocks}
+        source = stamped["modules"][k["module"]]["source"]
+        assert source.count(f"__device__ unsigned long long aicf_tl_{k['name']}[{2 * blocks}];") == 1
+        assert source.count(f"aicf_timeline_entry(aicf_tl_{k['name']}, {blocks}u") == 1
+        assert k["timeline"]["symbol"].encode() + b"\0" in stamped["modules"][k["module"]]["cubin"]
+    assert all("timeline" not in k for k in plain["kernels"])
+    # same schedules: the stamps are not a decision
+    assert [k["params"] for k in plain["kernels"]] == [k["params"] for k in stamped["kernels"]]
+
+
+def test_stamps_in_plain_launches(payloads):
+    stream = payloads["stamped_stream"]
+    assert {k["launch"] for k in stream["kernels"]} == {"stream"}
+    for k in stream["kernels"]:
+        assert f"aicf_timeline_entry(aicf_tl_{k['name']}, {k['timeline']['blocks']}u);" in \
+            stream["modules"][k["module"]]["source"]
+
+
+def test_gemv_stamps_after_its_early_loads():
+    """A gemv whose weight loads precede the wait (PRE = 1) stamps where the wait is, after them."""
+    from aicfc.codegen import pdl
+    source = "__global__ void k7(const float* w) {\n  float a = w[0];\n  " + pdl.MARK + "\n  a += 1;\n}\n"
+    out = timeline.instrument(source, "k7", (3, 2, 1))
+    assert out.startswith("__device__ unsigned long long aicf_tl_k7[12];\n")
+    assert "float a = w[0];\n  aicf_timeline_entry(aicf_tl_k7, 6u);\n  a += 1;" in out
+    assert timeline.instrument(source, "k7", (5000, 1, 1), 4224).count("aicf_timeline_entry(aicf_tl_k7, 4096u, 4224u);") == 1
+
+
+def _stamps(arrived_go: list[list[tuple[int, int]]]) -> list[np.ndarray]:
+    return [np.array(blocks, dtype=np.uint64).reshape(-1, 2) for blocks in arrived_go]
+
+
+KERNELS = [{"name": "k0", "predicted": {"time_us": 2.0}, "onnx_nodes": ["a"]},
+           {"name": "k1", "predicted": {"time_us": 3.0}, "onnx_nodes": ["b"]},
+           {"name": "k2", "predicted": {"time_us": 1.0}, "onnx_nodes": ["c"]}]
+
+
+def test_summarize_arithmetic():
+    t = 1_000_000_000
+    one = _stamps([
+        [(t, t + 50), (t + 400, t + 420)],                            # k0: starts at t + 50
+        [(t + 1000, t + 3050), (t + 2000, t + 3060), (t + 3100, t + 3120)],   # 2 early, go at t + 3050
+        [(t + 5000, t + 5040), (0, 0)]])                               # one block never reached its entry
+    report = summarize([one, one, one], KERNELS)
+    k0, k1, k2 = report.kernels
+    assert (k0.go_us, k0.chain_us, k0.early, k0.reached) == (0.0, 3.0, 0, 2)
+    assert k1.go_us == 3.0 and k1.early == 2 and k1.reached == 3
+    assert k1.first_landed_us == pytest.approx(0.95) and k1.last_landed_us == pytest.approx(3.05)
+    assert k1.chain_us == pytest.approx(1.99)
+    assert k2.chain_us is None and (k2.reached, k2.blocks) == (1, 2)
+    assert report.last_go_us == pytest.approx(4.99) and report.predicted_sum_us == 6.0
+    text = format_timeline(report)
+    assert "1/2" in text and "1 of 2 kernels after the first had blocks land early" in text
+    # an arrival within EARLY_NS of the go is the wait's own latency, not early
+    late = _stamps([[(t, t + 10)], [(t + 3000 - EARLY_NS + 1, t + 3000)], [(t + 4000, t + 4010)]])
+    assert summarize([late], KERNELS).kernels[1].early == 0
+
+
+def test_summarize_medians_over_rounds():
+    t = 5_000_000
+    rounds = [_stamps([[(t, t)], [(t + c, t + c)], [(t + 2 * c, t + 2 * c)]]) for c in (1000, 3000, 2000)]
+    report = summarize(rounds, KERNELS)
+    assert report.kernels[0].chain_us == 2.0 and report.kernels[1].go_us == 2.0 and report.rounds == 3
+
+
+def test_summarize_refuses_a_kernel_without_stamps():
+    with pytest.raises(RunError, match=r"kernel 1 \(k1\): no block stamped its entry"):
+        summarize([_stamps([[(1, 2)], [(0, 0)], [(3, 4)]])], KERNELS)
+
+
+def _bad(payload: dict, **change) -> dict:
+    kernels = [dict(k) for k in payload["kernels"]]
+    kernels[0] = {**kernels[0], "timeline": {**kernels[0]["timeline"], **change}}
+    return {**payload, "kernels": kernels}
+
+
+def test_schema_bounds_the_record(payloads):
+    stamped = payloads["stamped"]
+    Bundle.from_payload(stamped)
+    grid = int(np.prod(stamped["kernels"][0]["grid"]))
+    with pytest.raises(RunError, match="more than the kernel's"):
+        Bundle.from_payload(_bad(stamped, blocks=grid + 1))
+    with pytest.raises(RunError, match="not a C identifier"):
+        Bundle.from_payload(_bad(stamped, symbol="a b"))
+    with pytest.raises(RunError, match="timeline.blocks"):
+        Bundle.from_payload(_bad(stamped, blocks=0))
+
+
+def test_cli_refuses_a_bundle_without_stamps(payloads, tmp_path):
+    from aicf_run.cli import main
+    from aicfc.artifact import write_bundle
+    path = tmp_path / "plain.aicf"
+    write_bundle(payloads["plain"], path)
+    result = CliRunner().invoke(main, ["run", str(path), "--timeline"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"aicf-run: error: --timeline reads the stamps of a bundle compiled with them, and {path} has none; "
+        f"recompile it with aicfc compile --timeline"]
+
+
+def test_compile_cli_flag(tmp_path):
+    from aicfc.cli import main
+    from aicf_run.bundle import read_bundle
+    onnx_path = tmp_path / "mlp.onnx"
+    import onnx
+    onnx.save(mlp_model(), str(onnx_path))
+    out = tmp_path / "mlp.aicf"
+    result = CliRunner().invoke(main, ["compile", str(onnx_path), "-o", str(out), "--shape", "x=4x256", "--timeline", "-q"])
+    assert result.exit_code == 0, result.output
+    assert all("timeline" in k for k in read_bundle(str(out)).kernels)
