@@ -30,7 +30,7 @@ from aicf_run.executor import Executor
 from aicf_run.inputs import load_inputs, plan_for, random_inputs, save_outputs
 from aicf_run.plans import plan_index, plan_name
 from aicf_run.profile import ProfileReport, format_profile, roofline_points
-from aicf_run.timeline import TimelineReport, format_timeline
+from aicf_run.timeline import TimelineReport, format_timeline, save_svg, timeline_svg
 
 
 class _RunByDefault(click.Group):
@@ -82,6 +82,8 @@ def main() -> None:
 @click.option("--timeline", "timeline", is_flag=True,
               help="For a bundle compiled with `aicfc compile --timeline`: replay the plan and print when "
                    "each kernel's blocks reached the SMs, when it could start, and its time in the chain.")
+@click.option("--timeline-svg", "timeline_svg", default=None, metavar="FILE.svg",
+              help="With --timeline: also draw it into FILE.svg, a row a kernel on one time axis.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the --bench/--profile/--timeline report as JSON instead of tables.")
 @click.option("--roofline", default=None, metavar="FILE",
@@ -89,14 +91,15 @@ def main() -> None:
                    "roofline into FILE (.png, .svg or .pdf; needs matplotlib).")
 def run_command(bundle_path: str, input_specs: tuple[str, ...], output_dir: str | None,
          check_model: str | None, rtol: float | None, device_ordinal: int, no_graph: bool,
-         bench_replays: int | None, profile_kernels: bool, timeline: bool, as_json: bool,
-         roofline: str | None, plan: str | None) -> None:
+         bench_replays: int | None, profile_kernels: bool, timeline: bool, timeline_svg: str | None,
+         as_json: bool, roofline: str | None, plan: str | None) -> None:
     """Run a compiled .aicf BUNDLE on an NVIDIA GPU and save its outputs as .npy files.
     (`aicf-run generate BUNDLE --help`: token generation with a decoder bundle.)"""
     options = _Options(input_specs=list(input_specs), output_dir=output_dir,
                        check_model=check_model, rtol=rtol, device_ordinal=device_ordinal,
                        graph=not no_graph, bench=bench_replays, profile=profile_kernels,
-                       as_json=as_json, roofline=roofline, plan=plan, timeline=timeline)
+                       as_json=as_json, roofline=roofline, plan=plan, timeline=timeline,
+                       timeline_svg=timeline_svg)
     try:
         failed = _run(bundle_path, options)
     except RunError as err:
@@ -128,6 +131,7 @@ class _Options:
     roofline: str | None
     plan: str | None = None
     timeline: bool = False
+    timeline_svg: str | None = None
 
     @property
     def timing(self) -> bool:
@@ -143,6 +147,13 @@ def check_flags(options: _Options) -> None:
     if options.as_json and options.check_model is not None:
         raise RunError("--json prints only the timing report; run --check in a separate call "
                        "without --json")
+    if options.timeline_svg is not None:
+        if not options.timeline:
+            raise RunError("--timeline-svg draws what --timeline measures; add --timeline")
+        folder = os.path.dirname(os.path.abspath(options.timeline_svg))
+        if not os.path.isdir(folder):
+            raise RunError(f"cannot write {options.timeline_svg}: folder {folder} does not exist; create it or "
+                           f"pick another path")
     if options.roofline is not None:
         if not options.profile:
             raise RunError("--roofline plots the kernels that --profile measures; add --profile")
@@ -255,6 +266,10 @@ def _report(bundle: Bundle, gpu: str, generated: bool, bench: BenchReport | None
             click.echo(format_profile(profile))
         if stamps is not None:
             click.echo(format_timeline(stamps))
+    if options.timeline_svg is not None and stamps is not None:
+        title = f"{bundle.payload['model']['name']} on {gpu}: the plan's timeline"
+        save_svg(options.timeline_svg, timeline_svg(stamps, title))
+        click.echo(f"wrote {options.timeline_svg}: {len(stamps.kernels)} kernel(s)", err=True)
     if options.roofline is not None and profile is not None:
         from aicf_run.roofline import plot_roofline
         title = f"{bundle.payload['model']['name']} on {gpu}: measured vs predicted"

@@ -485,8 +485,8 @@ class Executor:
             except self._cuda.Error as err:
                 raise RunError(f"{what}: no array {stamps['symbol']!r} in module {kernel['module']} "
                                f"({_one_line(err)}); the bundle is inconsistent, {_RECOMPILE}") from None
-            if size != 16 * stamps["blocks"]:
-                raise RunError(f"{what}: {stamps['symbol']} holds {size} bytes, not 16 for each of "
+            if size != 8 * stamps["stamps"] * stamps["blocks"]:
+                raise RunError(f"{what}: {stamps['symbol']} holds {size} bytes, not {8 * stamps['stamps']} for each of "
                                f"{stamps['blocks']} blocks; the bundle is inconsistent, {_RECOMPILE}")
             out.append((address, stamps["blocks"]))
         return out

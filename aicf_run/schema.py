@@ -298,6 +298,7 @@ def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> Non
             blocks = _int(stamps, "blocks", f"{where}.timeline", minimum=1, maximum=_MAX_STAMPED)
             if blocks > math.prod(kernel["grid"]):
                 _fail(f"{where}.timeline.blocks", f"is {blocks}, more than the kernel's {math.prod(kernel['grid'])} blocks")
+            _int(stamps, "stamps", f"{where}.timeline", minimum=3, maximum=3)
 
 
 def _check_tensor_map(record: dict, where: str, buffers: list[dict]) -> None:

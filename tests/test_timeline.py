@@ -31,6 +31,7 @@ def _unstamped(source: str) -> str:
     """`source` as it would be without --timeline: the helper, the arrays and the entries undone."""
     source = source.replace(timeline.HELPER, "")
     source = re.sub(r"__device__ unsigned long long aicf_tl_\w+\[\d+\];\n", "", source)
+    source = re.sub(r" AicfTimelineExit<aicf_tl_\w+, \d+u> aicf_tl_exit;", "", source)
     return re.sub(r"aicf_timeline_entry\(aicf_tl_\w+, \d+u(?:, (\d+u))?\);",
                   lambda m: f"aicf_pdl_entry({m.group(1)});" if m.group(1) else "aicf_pdl_entry();", source)
 
@@ -44,10 +45,11 @@ def test_stamps_change_only_the_entries(payloads):
         assert _unstamped(b["source"]) == a["source"]
     for k in stamped["kernels"]:
         blocks = min(timeline.CAP, int(np.prod(k["grid"])))
-        assert k["timeline"] == {"symbol": f"aicf_tl_{k['name']}", "blocks": blocks}
+        assert k["timeline"] == {"symbol": f"aicf_tl_{k['name']}", "blocks": blocks, "stamps": 3}
         source = stamped["modules"][k["module"]]["source"]
-        assert source.count(f"__device__ unsigned long long aicf_tl_{k['name']}[{2 * blocks}];") == 1
+        assert source.count(f"__device__ unsigned long long aicf_tl_{k['name']}[{3 * blocks}];") == 1
         assert source.count(f"aicf_timeline_entry(aicf_tl_{k['name']}, {blocks}u") == 1
+        assert source.count(f"AicfTimelineExit<aicf_tl_{k['name']}, {blocks}u> aicf_tl_exit;") == 1
         assert k["timeline"]["symbol"].encode() + b"\0" in stamped["modules"][k["module"]]["cubin"]
     assert all("timeline" not in k for k in plain["kernels"])
     # same schedules: the stamps are not a decision
@@ -67,13 +69,25 @@ def test_gemv_stamps_after_its_early_loads():
     from aicfc.codegen import pdl
     source = "__global__ void k7(const float* w) {\n  float a = w[0];\n  " + pdl.MARK + "\n  a += 1;\n}\n"
     out = timeline.instrument(source, "k7", (3, 2, 1))
-    assert out.startswith("__device__ unsigned long long aicf_tl_k7[12];\n")
-    assert "float a = w[0];\n  aicf_timeline_entry(aicf_tl_k7, 6u);\n  a += 1;" in out
+    assert out.startswith("__device__ unsigned long long aicf_tl_k7[18];\n")
+    assert ("float a = w[0];\n  aicf_timeline_entry(aicf_tl_k7, 6u); AicfTimelineExit<aicf_tl_k7, 6u> aicf_tl_exit;\n"
+            "  a += 1;") in out
     assert timeline.instrument(source, "k7", (5000, 1, 1), 4224).count("aicf_timeline_entry(aicf_tl_k7, 4096u, 4224u);") == 1
 
 
-def _stamps(arrived_go: list[list[tuple[int, int]]]) -> list[np.ndarray]:
-    return [np.array(blocks, dtype=np.uint64).reshape(-1, 2) for blocks in arrived_go]
+def test_no_exit_stamp_in_a_nested_scope():
+    """A mark inside a nested block: the exit object would be destroyed at that block's end, not as the
+    kernel returns, so only the entry is stamped."""
+    from aicfc.codegen import pdl
+    source = "__global__ void k3(float* p) {\n  if (p) {\n    " + pdl.MARK + "\n  }\n}\n"
+    out = timeline.instrument(source, "k3", (1, 1, 1))
+    assert "aicf_timeline_entry(aicf_tl_k3, 1u);" in out and "AicfTimelineExit" not in out
+    assert timeline.exits_stamped("__global__ void k4(float* p) {\n  " + pdl.MARK + "\n}\n", "k4")
+
+
+def _stamps(blocks_of: list[list[tuple[int, ...]]]) -> list[np.ndarray]:
+    """Per kernel (arrived, ready[, exited]) a block; exited 0 where not given."""
+    return [np.array([(*b, 0)[:3] for b in blocks], dtype=np.uint64).reshape(-1, 3) for blocks in blocks_of]
 
 
 KERNELS = [{"name": "k0", "predicted": {"time_us": 2.0}, "onnx_nodes": ["a"]},
@@ -84,9 +98,9 @@ KERNELS = [{"name": "k0", "predicted": {"time_us": 2.0}, "onnx_nodes": ["a"]},
 def test_summarize_arithmetic():
     t = 1_000_000_000
     one = _stamps([
-        [(t, t + 50), (t + 400, t + 420)],                            # k0: starts at t + 50
-        [(t + 1000, t + 3050), (t + 2000, t + 3060), (t + 3100, t + 3120)],   # 2 early, go at t + 3050
-        [(t + 5000, t + 5040), (0, 0)]])                               # one block never reached its entry
+        [(t, t + 50, t + 2000), (t + 400, t + 420, t + 2500)],        # k0: starts at t + 50, done at t + 2500
+        [(t + 1000, t + 3050, t + 4000), (t + 2000, t + 3060, t + 4100), (t + 3100, t + 3120, t + 4200)],
+        [(t + 5000, t + 5040), (0, 0)]])                               # one block never reached its entry; no exits
     report = summarize([one, one, one], KERNELS)
     k0, k1, k2 = report.kernels
     assert (k0.go_us, k0.chain_us, k0.early, k0.reached) == (0.0, 3.0, 0, 2)
@@ -94,11 +108,19 @@ def test_summarize_arithmetic():
     assert k1.first_landed_us == pytest.approx(0.95) and k1.last_landed_us == pytest.approx(3.05)
     assert k1.chain_us == pytest.approx(1.99)
     assert k2.chain_us is None and (k2.reached, k2.blocks) == (1, 2)
+    assert k0.done_us == pytest.approx(2.45) and k1.done_us == pytest.approx(4.15) and k2.done_us is None
     assert report.last_go_us == pytest.approx(4.99) and report.predicted_sum_us == 6.0
     text = format_timeline(report)
     assert "1/2" in text and "1 of 2 kernels after the first had blocks land early" in text
+    # after done: k0 0.55 (3.00 - 2.45), k1 0.84 (4.99 - 4.15)
+    assert "1.39 of them after a kernel was done" in text
     # an arrival within EARLY_NS of the go is the wait's own latency, not early
     late = _stamps([[(t, t + 10)], [(t + 3000 - EARLY_NS + 1, t + 3000)], [(t + 4000, t + 4010)]])
+    assert all(k.done_us is None for k in summarize([late], KERNELS).kernels)
+    # a kernel stamping 2 of its 5 blocks: its end is not known
+    partly = [{**k, "grid": [5 if i == 0 else 3, 1, 1]} for i, k in enumerate(KERNELS)]
+    report = summarize([one], partly)
+    assert report.kernels[0].done_us is None and report.kernels[1].done_us == pytest.approx(4.15)
     assert summarize([late], KERNELS).kernels[1].early == 0
 
 
@@ -154,3 +176,31 @@ def test_compile_cli_flag(tmp_path):
     result = CliRunner().invoke(main, ["compile", str(onnx_path), "-o", str(out), "--shape", "x=4x256", "--timeline", "-q"])
     assert result.exit_code == 0, result.output
     assert all("timeline" in k for k in read_bundle(str(out)).kernels)
+
+
+def test_svg_draws_every_kernel(tmp_path):
+    from aicf_run.timeline import save_svg, timeline_svg
+    t = 1_000_000_000
+    report = summarize([_stamps([[(t, t + 50, t + 2000)], [(t + 1000, t + 3000, t + 6000)],
+                                 [(t + 5000, t + 6500, t + 9000)]])], KERNELS)
+    svg = timeline_svg(report, "a <model>")
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    assert "a &lt;model&gt;" in svg and svg.count('fill="#08519c"') == 3
+    assert svg.count('fill="#9ecae1"') == 2 and svg.count('fill="#bbb"') == 2   # k1, k2 landed early; 2 boundaries
+    path = tmp_path / "t.svg"
+    save_svg(str(path), svg)
+    assert path.read_text() == svg and [p.name for p in tmp_path.iterdir()] == ["t.svg"]
+    with pytest.raises(RunError, match="cannot write"):
+        save_svg(str(tmp_path / "missing" / "t.svg"), svg)
+
+
+def test_cli_refuses_svg_without_timeline(payloads, tmp_path):
+    from aicf_run.cli import main
+    from aicfc.artifact import write_bundle
+    path = tmp_path / "s.aicf"
+    write_bundle(payloads["stamped"], path)
+    result = CliRunner().invoke(main, ["run", str(path), "--timeline-svg", str(tmp_path / "t.svg")])
+    assert result.exit_code == 2
+    assert result.output.strip() == "aicf-run: error: --timeline-svg draws what --timeline measures; add --timeline"
+    result = CliRunner().invoke(main, ["run", str(path), "--timeline", "--timeline-svg", str(tmp_path / "no" / "t.svg")])
+    assert result.exit_code == 2 and "does not exist" in result.output and len(result.output.strip().splitlines()) == 1

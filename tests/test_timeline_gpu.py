@@ -50,6 +50,8 @@ def test_timeline_plan_matches_and_chains(encoder, pdl, gpu_device):
     for k in kernels:
         assert k.reached == k.blocks == min(4096, int(np.prod(stamped["kernels"][k.index]["grid"])))
         assert k.first_landed_us <= k.last_landed_us
+        if k.blocks == int(np.prod(stamped["kernels"][k.index]["grid"])):
+            assert k.done_us is not None and k.done_us >= k.go_us
         assert 0 <= k.early <= k.reached
     for a, b in zip(kernels, kernels[1:]):
         assert b.go_us >= a.go_us and a.chain_us == pytest.approx(b.go_us - a.go_us, abs=0.2)
@@ -68,5 +70,7 @@ def test_cli_timeline_json(encoder, gpu_device, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert len(report["timeline"]["kernels"]) > 1
-    text = CliRunner().invoke(main, ["run", str(path), "--timeline"])
+    svg = tmp_path / "encoder.svg"
+    text = CliRunner().invoke(main, ["run", str(path), "--timeline", "--timeline-svg", str(svg)])
     assert text.exit_code == 0 and "in chain" in text.output
+    assert svg.read_text().count('fill="#08519c"') == len(report["timeline"]["kernels"])

@@ -10,7 +10,7 @@ from aicfc.codegen.common import kernel_args
 from aicfc.codegen.io_cast import Converted
 from aicfc.codegen.module import ModuleBuild
 from aicfc.codegen.pdl import DEPENDENT, entries
-from aicfc.codegen.timeline import stamped_blocks, symbol as stamp_symbol
+from aicfc.codegen.timeline import STAMPS, stamped_blocks, symbol as stamp_symbol
 from aicfc.codegen.tma import constant_maps, maps_symbol, records
 from aicfc.ir.decision import Plan
 from aicfc.passes.pipeline import Result
@@ -37,7 +37,7 @@ def _kernel(k, index: dict[str, int], module: int, types, launch: str,
     s = k.schedule
     maps_in = {"maps_symbol": maps_symbol(k.name)} if k.name in constant else {}
     if timeline:   # [Note: timeline] (codegen/timeline.py): where the kernel's entry stamps are
-        maps_in["timeline"] = {"symbol": stamp_symbol(k.name), "blocks": stamped_blocks(s.grid)}
+        maps_in["timeline"] = {"symbol": stamp_symbol(k.name), "blocks": stamped_blocks(s.grid), "stamps": STAMPS}
     return {
         "name": k.name, "module": module, "symbol": k.name, "family": k.family,
         "params": dict(s.params), "grid": list(s.grid), "block": list(s.block),

@@ -50,9 +50,13 @@ start to the next one's: the norm 2.2 (1.3 after the down projection), QKV 5.7, 
 O 4.1, gate/up 12.6, down 8.2, where the weights alone stream in 20.3 us at 4.45 TB/s. Every
 kernel's blocks land before it may start, the down projection's 256 among them (from 1.6 us after
 the gate/up starts until 1 us before its own start, as the gate/up's blocks retire): so its early
-weight reads are not lost to SMs the gate/up fills, as session 23 guessed. What costs is latency:
-the norms and the attention move little, and the attention takes 2 us more in the chain than alone
-(5.7 us, where its cache is warm in L2).
+weight reads are not lost to SMs the gate/up fills, as session 23 guessed. With exit stamps, a
+boundary (the last block leaving to the next kernel's start) costs 0.2-0.5 us; the rest is the
+kernels' own run, and two run longer in the chain than alone, where their bytes are warm in L2:
+the attention 6.5 us (5.6 alone), the QKV projection 5.4 (4.5). A norm kernel's marginal cost
+(the plan's replay less the replay without it) is -3.8 to +1.5 us: without it the gate/up's
+blocks land and request their weights while the O projection still streams, as with the early
+trigger above, which is why the norm folded into the gemv (session 14) ran the plan slower.
 
 Where a kernel's grid is more than one wave (more blocks than the SMs hold at once), a trigger at
 entry would let the next kernel's blocks take SM slots that this kernel's later waves need, and
@@ -130,10 +134,10 @@ def entries(kernels, launch: str, hw: Profile) -> list[int]:
             for k in kernels]
 
 
-def instrument(source: str, name: str, from_block: int = 0, entry: str | None = None) -> str:
-    """`source` with the entry (trigger from block `from_block`) as the first statement of kernel
-    `name`'s body, or in place of the body's MARK line where it has one; `entry`, a statement
-    calling another entry in its place (codegen/timeline.py)."""
+def entry_site(source: str, name: str) -> tuple[int, int, int]:
+    """(start, end, depth) of where kernel `name`'s entry goes: the body's MARK line (replaced),
+    else the start of its body (start == end); depth, the braces open there counted from the
+    body's own (1: the body's outermost scope)."""
     m = re.search(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source)
     if m is None:
         raise AicfError(f"internal: kernel {name!r} has no __global__ definition to start with {ENTRY}")
@@ -144,10 +148,21 @@ def instrument(source: str, name: str, from_block: int = 0, entry: str | None = 
     brace = source.index("{", i)
     if source[i:brace].strip(" \n\t") and not source[i:brace].strip().startswith("__"):
         raise AicfError(f"internal: kernel {name!r}: unexpected text before its body: {source[i:brace]!r}")
-    if entry is None:
-        entry = ENTRY + (f"{from_block}u);" if from_block else ");")
     nxt = source.find("__global__", brace)
     mark = source.find(MARK, brace, len(source) if nxt < 0 else nxt)
-    if mark >= 0:
-        return source[:mark] + entry + source[mark + len(MARK):]
-    return source[:brace + 1] + "\n  " + entry + source[brace + 1:]
+    if mark < 0:
+        return brace + 1, brace + 1, 1
+    between = source[brace:mark]
+    return mark, mark + len(MARK), between.count("{") - between.count("}")
+
+
+def instrument(source: str, name: str, from_block: int = 0, entry: str | None = None) -> str:
+    """`source` with the entry (trigger from block `from_block`) as the first statement of kernel
+    `name`'s body, or in place of the body's MARK line where it has one; `entry`, a statement
+    calling another entry in its place (codegen/timeline.py)."""
+    if entry is None:
+        entry = ENTRY + (f"{from_block}u);" if from_block else ");")
+    start, end, _ = entry_site(source, name)
+    if start == end:
+        return source[:start] + "\n  " + entry + source[start:]
+    return source[:start] + entry + source[end:]
