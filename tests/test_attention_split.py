@@ -203,6 +203,19 @@ def test_every_split_candidate_builds_without_spills(b, h, hkv, slots, sq):
         assert 0 < built.registers[kk.name] <= 255
 
 
+@pytest.mark.parametrize("h,hkv,sq,splits,at_once", [(32, 8, 1, 12, True), (32, 8, 1, 8, True),
+                                                     (32, 8, 1, 24, False), (8, 1, 4, 12, False)])
+def test_merge_reads_at_once_where_it_fits(h, hkv, sq, splits, at_once):
+    """[Note: the merge's reads at once]: at most MERGE_HELD chunks and one O pair a thread (4 rows of
+    Dv 64: 128 pairs, 128 threads) read every partial before using any; 24 chunks, or 32 rows (1024
+    pairs), keep the three passes."""
+    model = decode_attention(1, h, hkv, 768, 64, sq=sq)
+    pinned = plan_of(model, pin={"unit": "split", "BN": 32, "warps": 4, "SPLITS": splits, "MMA": 0})
+    source = render_module(pinned)
+    assert ("[Note: the merge's reads at once]" in source) == at_once
+    assert (f"float2 po[{splits}];" in source) == at_once
+
+
 # ---------------------------------------------------------------- GPU
 
 

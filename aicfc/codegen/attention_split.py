@@ -42,6 +42,19 @@ about 0.6 us (the SIMT body's 64-key tile, 1.7), and one SM streams a chunk at a
 many splits of one tile each win: the 1 B Llama's decode attention 6.48 us alone (tune's timing)
 against the SIMT body's 6.95, 6.1 against 7.0 in its plan.
 
+[Note: the merge's reads at once]
+The last chunk's merge needs every live chunk's (m, l) for the weights and every O partial for
+the sum. Read as the formulas go (the maxima, then (m, l) again for the weights, then the O
+partials once the weights are in shared memory), that is three dependent round trips to L2 on the
+decode step's critical path. Where SPLITS <= MERGE_HELD and a thread holds at most one O pair
+(R·Dv/2 <= threads), each thread requests its pair of every live chunk, and lane s of each row's
+warp chunk s's (m, l), before using any: one round trip. The sums keep their order (one chunk a
+lane, the weights' butterfly as before; O added in split order, the dead chunks' zero weights
+adding nothing), so the values are those of the three-pass merge. Measured on an H200 (session
+24, benchmarks/results/split_merge_session24_h200.txt): the 1 B Llama's decode attention 4.75 us
+alone against 5.53, its 4-layer decode plan 202.2 us against 208.4 (7 alternating rounds, the same
+tokens), the 20-layer step 0.859 ms against 0.875.
+
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
 score rows a thread (MMA = 0, STAGES = 2); and MMA = 1 with BN ∈ {64, 128}, KW >= 16 and
@@ -70,6 +83,8 @@ MAX_SQ = 4          # query rows a head: a decode step, or a few speculative row
 MAX_ROWS = 32       # query rows of one block (G·Sq)
 MAX_RT = 8          # score rows a thread accumulates (ptxas spilled at 16: 32 rows, BN 64, 4 warps)
 MAX_SPLITS = 64     # chunks per (batch, kv head): the combine's weights live in shared memory
+MERGE_HELD = 16     # at most this many chunks, the merge holds a thread's O pair of each in registers
+                    # ([Note: the merge's reads at once])
 LOG2E = 1.4426950408889634
 PAD = 8             # elements added to a staged K/V row: rows 16·(odd) bytes apart, so the 8
                     # threads of one 16-byte load phase hit 8 different bank groups
@@ -207,4 +222,4 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   q=operands["q"], k=operands["k"], v=operands["v"], o=store, live=live, logit_lines=logit_lines,
                   logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
                   stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), PRE=p.get("PRE", 0),
-                  PDL_MARK=pdl.MARK, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), **tm)
+                  PDL_MARK=pdl.MARK, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD, **tm)

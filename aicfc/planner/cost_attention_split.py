@@ -21,7 +21,10 @@ that of one SM's blocks plus the combine:
                  ticket); 2 under PRE (the positions and the first tile read before the
                  dependent-launch wait, passes/fold_cache_writes.py, overlap the previous kernel)
     t_combine  = COMBINE (the ticket and the partials' first read) + SPLITS·R·(Dv + 2)·4
-                 bytes read from L2 at an SM's share of its bandwidth
+                 bytes read from L2 at an SM's share of its bandwidth. Fitted when the merge read
+                 the partials in three dependent passes; since session 24 it reads them in one
+                 where SPLITS <= 16 ([Note: the merge's reads at once] in codegen/attention_split.py),
+                 and the decode attention measures 4.75 us alone against 5.07 predicted (0.94)
     t          = launch + max(t_sched + t_combine, t_dram)
 
 SPLITS trades the chunk's tiles (fewer with more splits) against the combine's reads and the
