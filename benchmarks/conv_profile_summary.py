@@ -4,12 +4,17 @@ tensor cores' peak or, where the kernel is memory-bound, 80% of the measured cop
 measured / predicted in [0.8, 1.25].
 
     python3 benchmarks/conv_profile_summary.py PROFILE.txt [EXPLAIN.json] [--copy-gbs 4239] [--peak-tflops 989.4]
+        [--timeline TIMELINE.json]
 
 A kernel is memory-bound when its bytes (inputs once, outputs once: the profile's GB/s column) at
 the copy bandwidth take longer than its FLOPs at the peak. The copy bandwidth is measured
 (device-to-device copy, bytes read + written; benchmarks/generate.py and memory_bound.py print it),
 the peak is the profile's dense fp16 tensor-core figure. With the bundle's `aicfc explain --json`,
-each row also names the family and schedule.
+each row also names the family and schedule. With `aicf-run --timeline --json` of the same plan
+compiled with --timeline, each convolution is also judged by its time in the chain (from its
+start to the next kernel's, [Note: timeline] in aicfc/codegen/timeline.py): what it costs where
+the plan runs, its input just written by the kernel before it, not warm in L2 from its own
+repeats.
 """
 from __future__ import annotations
 
@@ -49,8 +54,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--copy-gbs", type=float, default=4239.0,
                     help="measured copy bandwidth, GB/s read + written (default: an H200's, session 15)")
     ap.add_argument("--peak-tflops", type=float, default=989.4, help="dense fp16 tensor-core peak (sm_90)")
+    ap.add_argument("--timeline", default=None, help="aicf-run --timeline --json of the plan: the in-chain times too")
     args = ap.parse_args(argv)
     table = rows(open(args.profile).read())
+    chain = {}
+    if args.timeline:
+        chain = {k["name"]: k["chain_us"] for k in json.load(open(args.timeline))["timeline"]["kernels"]
+                 if k["chain_us"] is not None}
     kinfo = {}
     if args.explain:
         doc = json.load(open(args.explain))
@@ -69,6 +79,16 @@ def main(argv: list[str]) -> int:
               f"{bound:>8} {100 * frac:6.1f}% {'yes' if ok else 'NO':>4}  {kinfo.get(r['kernel'], '')}  {r['nodes'].split()[0]}")
     n = len(convs)
     band = sum(0.8 <= r["ratio"] <= 1.25 for r in convs)
+    if chain:
+        # the same rows with the time in chain as the measured time (GB/s and TFLOP/s scale with it)
+        timed = [dict(r, meas=chain[r["kernel"]], ratio=chain[r["kernel"]] / r["pred"],
+                      gbs=r["gbs"] * r["meas"] / chain[r["kernel"]], tflops=r["tflops"] * r["meas"] / chain[r["kernel"]])
+                 for r in convs if r["kernel"] in chain]
+        at_bar = sum(bar(r, args.copy_gbs, args.peak_tflops)[2] for r in timed)
+        in_band = sum(0.8 <= r["ratio"] <= 1.25 for r in timed)
+        print("in the chain: " + " ".join(f"{r['kernel']}:{r['meas']:.2f}/{r['ratio']:.2f}" for r in timed))
+        print(f"in the chain ({len(timed)} of {n} with a time in chain): at their bar {at_bar}; chain/pred in "
+              f"[0.8, 1.25]: {in_band} ({100 * in_band / max(len(timed), 1):.0f}%)")
     print(f"convolution kernels: {n}; at their bar (compute-bound >= 50% of {args.peak_tflops:.0f} TFLOP/s, memory-bound "
           f">= 80% of {args.copy_gbs:.0f} GB/s): {passed}; meas/pred in [0.8, 1.25]: {band} ({100 * band / max(n, 1):.0f}%); "
           f"conv time {sum(r['meas'] for r in convs):.1f} us of {sum(r['meas'] for r in table):.1f} us")
