@@ -5,9 +5,10 @@ model) is checked before the GPU is touched, so those mistakes are reported the 
 can be tested, on a machine without one. Every user error prints one line,
 `aicf-run: error: <message>`, to stderr and exits 2; a failed --check exits 1.
 
-`--bench N` and `--profile` run the model once (on the --input files, or on fresh random
-inputs when none are given), then time it: aicf_run.bench and aicf_run.profile say exactly
-what is timed. With them, outputs are saved only when --output-dir is given.
+`--bench N`, `--profile` and `--timeline` run the model once (on the --input files, or on fresh
+random inputs when none are given), then time it: aicf_run.bench, aicf_run.profile and
+aicf_run.timeline say exactly what is timed. With them, outputs are saved only when
+--output-dir is given.
 """
 
 from __future__ import annotations
@@ -54,11 +55,11 @@ def main() -> None:
 @click.argument("bundle_path", metavar="BUNDLE")
 @click.option("--input", "input_specs", multiple=True, metavar="SPEC",
               help="An input: FILE.npy (single-input bundles), NAME=FILE.npy, or FILE.npz "
-                   "whose members are input names. Repeat for several. With --bench or "
-                   "--profile and no --input, random normal inputs are used.")
+                   "whose members are input names. Repeat for several. With --bench, "
+                   "--profile or --timeline and no --input, random normal inputs are used.")
 @click.option("--output-dir", default=None, metavar="DIR",
               help="Folder for the outputs, saved as <output-name>.npy [default: the current "
-                   "folder; with --bench or --profile, outputs are saved only when given].")
+                   "folder; with --bench, --profile or --timeline, outputs are saved only when given].")
 @click.option("--check", "check_model", default=None, metavar="MODEL.onnx",
               help="Also run MODEL.onnx on onnxruntime (CPU) and compare; exit 1 on a FAIL.")
 @click.option("--rtol", default=None, type=click.FloatRange(min=0),

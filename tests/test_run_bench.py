@@ -53,7 +53,7 @@ def roofline_bundle(tmp_path: Path) -> Path:
 BAD_FLAGS = [
     (["--bench", "0"], "--bench N needs N >= 1 timed replays, got 0"),
     (["--bench", "-3"], "--bench N needs N >= 1 timed replays, got -3"),
-    (["--json"], "--json prints the --bench/--profile report; add --bench N or --profile"),
+    (["--json"], "--json prints the --bench/--profile/--timeline report; add --bench N, --profile or --timeline"),
     (["--bench", "5", "--json", "--check", "m.onnx"], "--json prints only the timing report"),
     (["--roofline", "r.png"], "--roofline plots the kernels that --profile measures"),
     (["--bench", "5", "--roofline", "r.png"], "add --profile"),
