@@ -55,7 +55,7 @@ adding nothing), so the values are those of the three-pass merge. Measured on an
 alone against 5.53, its 4-layer decode plan 202.2 us against 208.4 (7 alternating rounds, the same
 tokens), the 20-layer step 0.859 ms against 0.875 (session 19's, another process). In the plan's
 timeline the attention runs 6.2-6.4 us from its start to its last block's exit, against 6.5-6.7
-before (two machines, not an A/B): the chain hides less of the merge than a lone kernel shows.
+before (two machines, not an A/B): in the chain the saving looks smaller than alone.
 
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
