@@ -81,17 +81,21 @@ def timeline(executor: Executor, rounds: int = ROUNDS) -> TimelineReport:
     executor.launch()
     executor.synchronize()
     per_round = []
-    for _ in range(rounds):
-        for address, blocks in arrays:
-            cuda.memset_d8(address, 0, 8 * STAMPS * blocks)
-        executor.launch()
-        executor.synchronize()
-        stamps = []
-        for address, blocks in arrays:
-            host = np.empty((blocks, STAMPS), np.uint64)
-            cuda.memcpy_dtoh(host, address)
-            stamps.append(host)
-        per_round.append(stamps)
+    try:
+        for _ in range(rounds):
+            for address, blocks in arrays:
+                cuda.memset_d8(address, 0, 8 * STAMPS * blocks)
+            executor.launch()
+            executor.synchronize()
+            stamps = []
+            for address, blocks in arrays:
+                host = np.empty((blocks, STAMPS), np.uint64)
+                cuda.memcpy_dtoh(host, address)
+                stamps.append(host)
+            per_round.append(stamps)
+    except cuda.Error as err:
+        raise RunError(f"cannot read the timeline's stamps ({' '.join(str(err).split())[:300]}); check "
+                       f"nvidia-smi") from None
     return summarize(per_round, executor.bundle.kernels)
 
 
