@@ -155,3 +155,17 @@ def test_driver_structures_match_cuda_h():
     assert run_pdl.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES == enum("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES")
     assert ctypes.sizeof(run_pdl._Attribute) == 72 and ctypes.sizeof(run_pdl._Config) == 56
     assert "char pad[64]" in text and re.search(r"CUstream hStream;\s*/\*\*<[^*]*\*/\s*CUlaunchAttribute \*attrs;", text)
+
+
+def test_recorded_trigger_is_the_rendered_one():
+    """A grid of several waves triggers from its last wave ([Note: PDL]); the bundle's trigger_from
+    is the block the kernel's source triggers from."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4096, 4096])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096, 4096])
+    graph = helper.make_graph([helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Sigmoid", ["t"], ["y"])],
+                              "waves", [x], [y])
+    payload = aicfc.compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), target="sm_90")
+    several = [k for k in payload["kernels"] if k["trigger_from"]]
+    assert several, [(k["grid"], k["trigger_from"]) for k in payload["kernels"]]
+    for k in several:
+        assert f"{pdl.ENTRY}{k['trigger_from']}u);" in payload["modules"][k["module"]]["source"]

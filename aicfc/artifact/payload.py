@@ -126,7 +126,8 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
         "modules": [module_record(m, plan.target) for m in modules],
         "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant, plan.timeline, trigger)
-                    for k, trigger in zip(plan.kernels, entries(plan.kernels, plan.launch, load_profile(plan.target)))],
+                    for k, trigger in zip(plan.kernels, plan.triggers
+                                          or entries(plan.kernels, plan.launch, load_profile(plan.target)))],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [
             {"kind": "state", "input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,

@@ -177,7 +177,10 @@ def build_modules(plan: Plan, jobs: int | None = None,
     registers = {name: m.built.registers.get(name) for m in modules for name in m.kernel_names}
     kernels = tuple(k.replace(schedule=_with_registers(k.schedule, registers.get(k.name)))
                     for k in plan.kernels)
-    return plan.replace(kernels=kernels), modules
+    # the trigger blocks the sources were rendered with (from the registers planning knew), not
+    # recomputed from ptxas's counts of the final kernels, which may differ by a few
+    triggers = tuple(pdl.entries(plan.kernels, plan.launch, load_profile(plan.target)))
+    return plan.replace(kernels=kernels, triggers=triggers), modules
 
 
 def _with_registers(s: Schedule, registers: int | None) -> Schedule:
