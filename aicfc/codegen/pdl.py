@@ -49,14 +49,15 @@ benchmarks/results/decode_timeline_session24_h200.txt): about 42 us a layer, eac
 start to the next one's: the norm 2.2 (1.3 after the down projection), QKV 5.7, attention 7.8,
 O 4.1, gate/up 12.6, down 8.2, where the weights alone stream in 20.3 us at 4.45 TB/s. Every
 kernel's blocks land before it may start, the down projection's 256 among them (from 1.6 us after
-the gate/up starts until 1 us before its own start, as the gate/up's blocks retire): so its early
-weight reads are not lost to SMs the gate/up fills, as session 23 guessed. With exit stamps, a
+the gate/up starts until 1 us before its own start, as the gate/up's blocks retire): its early
+weight reads are not lost to SMs the gate/up fills, contrary to session 23's guess. With exit stamps, a
 boundary (the last block leaving to the next kernel's start) costs 0.2-0.5 us; the rest is the
 kernels' own run, and two run longer in the chain than alone, where their bytes are warm in L2:
 the attention 6.5 us (5.6 alone), the QKV projection 5.4 (4.5). A norm kernel's marginal cost
 (the plan's replay less the replay without it) is -3.8 to +1.5 us: without it the gate/up's
 blocks land and request their weights while the O projection still streams, as with the early
-trigger above, which is why the norm folded into the gemv (session 14) ran the plan slower.
+trigger above, which would explain why the norm folded into the gemv (session 14) ran the plan
+slower.
 
 Where a kernel's grid is more than one wave (more blocks than the SMs hold at once), a trigger at
 entry would let the next kernel's blocks take SM slots that this kernel's later waves need, and
