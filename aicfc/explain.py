@@ -65,7 +65,8 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         # [Note: PDL]: how the kernels follow each other (absent in bundles from before: "stream")
         "launch": {"mode": payload.get("launch", {}).get("mode", "stream"),
                    "reason": payload.get("launch", {}).get("reason", "")},
-    } | ({"greedy": _only(payload["greedy"], GREEDY_KEYS)} if "greedy" in payload else {})
+    } | ({"greedy": _only(payload["greedy"], GREEDY_KEYS)} if "greedy" in payload else {}) \
+      | ({"timeline": True} if any("timeline" in k for k in payload["kernels"]) else {})   # [Note: timeline]
 
 
 def check_explainable(payload: dict[str, Any]) -> None:
@@ -188,6 +189,8 @@ def explain_text(payload: dict[str, Any]) -> str:
         f"{len(e['kernels'])} kernel(s), predicted total {e['predicted_total_us']} us"
         + (f" (the kernels' predictions + {e['plan_gap_us']} us a kernel between them)" if e["plan_gap_us"] else ""),
         f"launches: {e['launch']['mode']}" + (f" ({e['launch']['reason']})" if e["launch"]["reason"] else ""),
+        *(["timeline: every kernel stamps when its blocks land, may start and leave (compiled with --timeline; "
+           "aicf-run --timeline reads them)"] if e.get("timeline") else []),
         "",
     ]
     for k in e["kernels"]:

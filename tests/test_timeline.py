@@ -204,3 +204,10 @@ def test_cli_refuses_svg_without_timeline(payloads, tmp_path):
     assert result.output.strip() == "aicf-run: error: --timeline-svg draws what --timeline measures; add --timeline"
     result = CliRunner().invoke(main, ["run", str(path), "--timeline", "--timeline-svg", str(tmp_path / "no" / "t.svg")])
     assert result.exit_code == 2 and "does not exist" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_explain_says_the_bundle_is_stamped(payloads):
+    from aicfc.explain import explain_json, explain_text
+    assert explain_json(payloads["stamped"])["timeline"] is True and "timeline" not in explain_json(payloads["plain"])
+    assert "timeline: every kernel stamps" in explain_text(payloads["stamped"])
+    assert "timeline:" not in explain_text(payloads["plain"])
