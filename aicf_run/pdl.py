@@ -104,11 +104,9 @@ class Modules:
         """Copy `data` into the module's global (or constant) variable `symbol`, which must be
         exactly that size: a kernel's tensor maps in constant memory ([Note: TMA maps in constant
         memory] in aicfc/codegen/tma.py), in this instance of the module as in PyCUDA's."""
-        address, size = ctypes.c_uint64(), ctypes.c_size_t()
-        _check(self._lib, "cuModuleGetGlobal", self._lib.cuModuleGetGlobal_v2(
-            ctypes.byref(address), ctypes.byref(size), _P(self.handles[module]), symbol.encode()), what)
-        if size.value != len(data):
-            raise RunError(f"{what}: {symbol} holds {size.value} bytes, not the {len(data)} of its tensor maps; "
+        address, size = self.global_address(module, symbol, what)
+        if size != len(data):
+            raise RunError(f"{what}: {symbol} holds {size} bytes, not the {len(data)} of its tensor maps; "
                            f"the bundle is inconsistent, recompile it with aicfc compile")
         _check(self._lib, "cuMemcpyHtoD", self._lib.cuMemcpyHtoD_v2(address, data, len(data)), what)
 

@@ -283,22 +283,24 @@ def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> Non
             for map_where, record in _records(kernel, "tensor_maps", where):
                 _check_tensor_map(record, map_where, buffers)
         if "maps_symbol" in kernel:   # optional: [Note: TMA maps in constant memory] (aicfc/codegen/tma.py)
-            symbol = _str(kernel, "maps_symbol", where)
-            if not (0 < len(symbol) <= _MAX_SYMBOL and symbol.isidentifier() and symbol.isascii()):
-                _fail(f"{where}.maps_symbol", f"{_describe(symbol)} is not a C identifier of at most {_MAX_SYMBOL} characters")
+            _check_symbol(_str(kernel, "maps_symbol", where), f"{where}.maps_symbol")
             if not kernel.get("tensor_maps"):
                 _fail(f"{where}.maps_symbol", "names a constant array, but the kernel has no tensor_maps")
         if "trigger_from" in kernel:   # optional: [Note: PDL] (aicfc/codegen/pdl.py), the first block that triggers
             _int(kernel, "trigger_from", where, minimum=0, maximum=2**31 - 1)
         if "timeline" in kernel:   # optional: [Note: timeline] (aicfc/codegen/timeline.py), aicfc compile --timeline
             stamps = _map(kernel, "timeline", where)
-            symbol = _str(stamps, "symbol", f"{where}.timeline")
-            if not (0 < len(symbol) <= _MAX_SYMBOL and symbol.isidentifier() and symbol.isascii()):
-                _fail(f"{where}.timeline.symbol", f"{_describe(symbol)} is not a C identifier of at most {_MAX_SYMBOL} characters")
+            _check_symbol(_str(stamps, "symbol", f"{where}.timeline"), f"{where}.timeline.symbol")
             blocks = _int(stamps, "blocks", f"{where}.timeline", minimum=1, maximum=_MAX_STAMPED)
             if blocks > math.prod(kernel["grid"]):
                 _fail(f"{where}.timeline.blocks", f"is {blocks}, more than the kernel's {math.prod(kernel['grid'])} blocks")
             _int(stamps, "stamps", f"{where}.timeline", minimum=3, maximum=3)
+
+
+def _check_symbol(symbol: str, where: str) -> None:
+    """A name the runtime looks up in a module: a C identifier of at most _MAX_SYMBOL characters."""
+    if not (0 < len(symbol) <= _MAX_SYMBOL and symbol.isidentifier() and symbol.isascii()):
+        _fail(where, f"{_describe(symbol)} is not a C identifier of at most {_MAX_SYMBOL} characters")
 
 
 def _check_tensor_map(record: dict, where: str, buffers: list[dict]) -> None:
