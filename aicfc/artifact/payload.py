@@ -9,7 +9,7 @@ from aicfc import __version__
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.io_cast import Converted
 from aicfc.codegen.module import ModuleBuild
-from aicfc.codegen.pdl import DEPENDENT, entries
+from aicfc.codegen.pdl import DEPENDENT
 from aicfc.codegen.timeline import STAMPS, stamped_blocks, symbol as stamp_symbol
 from aicfc.codegen.tma import constant_maps, maps_symbol, records
 from aicfc.ir.decision import Plan
@@ -17,7 +17,7 @@ from aicfc.passes.pipeline import Result
 from aicfc.ir.types import ITEMSIZE
 from aicfc.passes.apply_precision import STORAGE
 from aicfc.passes.plan_memory import memory_summary
-from aicfc.planner.hardware import Profile, load_profile
+from aicfc.planner.hardware import Profile
 
 
 
@@ -126,8 +126,7 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
         "modules": [module_record(m, plan.target) for m in modules],
         "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant, plan.timeline, trigger)
-                    for k, trigger in zip(plan.kernels, plan.triggers
-                                          or entries(plan.kernels, plan.launch, load_profile(plan.target)))],
+                    for k, trigger in zip(plan.kernels, plan.triggers, strict=True)],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [
             {"kind": "state", "input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,

@@ -79,14 +79,18 @@ def module_header(plan: Plan, count: int) -> str:
             + (timeline.HELPER if plan.timeline else "") + math_fns + "\n")
 
 
+def _check_scheduled(plan: Plan) -> None:
+    for k in plan.kernels:
+        assert k.schedule is not None, f"kernel {k.name} has no schedule; plan_schedules must run first"
+
+
 def _render_kernels(plan: Plan) -> list[str]:
     types = plan.types()
     hw = load_profile(plan.target)
     constant = tma.constant_maps(plan)   # [Note: TMA maps in constant memory]
-    for k in plan.kernels:
-        assert k.schedule is not None, f"kernel {k.name} has no schedule; plan_schedules must run first"
+    _check_scheduled(plan)
     out = []
-    for k, start in zip(plan.kernels, pdl.entries(plan.kernels, plan.launch, hw)):
+    for k, start in zip(plan.kernels, plan.triggers or pdl.entries(plan.kernels, plan.launch, hw)):
         param = dict(k.schedule.param, MAPS=tma.maps_symbol(k.name)) if k.name in constant else k.schedule.param
         body = FAMILIES[k.family].render_kernel(k, param, types, k.name)
         if plan.timeline:   # [Note: timeline]: the entry between two clock reads, in either launch mode
@@ -151,6 +155,10 @@ def build_modules(plan: Plan, jobs: int | None = None,
     then on the calling thread as each module finishes, with the kernels built so far.
     """
     jobs = resolve_jobs(jobs)
+    # the trigger blocks the sources are rendered with, from the registers planning knew; kept in the
+    # plan for the bundle, not recomputed from ptxas's counts of the final kernels (which may differ)
+    _check_scheduled(plan)
+    plan = plan.replace(triggers=tuple(pdl.entries(plan.kernels, plan.launch, load_profile(plan.target))))
     planned = plan_modules(plan, jobs)
     total = len(plan.kernels)
     if on_kernel:
@@ -177,10 +185,7 @@ def build_modules(plan: Plan, jobs: int | None = None,
     registers = {name: m.built.registers.get(name) for m in modules for name in m.kernel_names}
     kernels = tuple(k.replace(schedule=_with_registers(k.schedule, registers.get(k.name)))
                     for k in plan.kernels)
-    # the trigger blocks the sources were rendered with (from the registers planning knew), not
-    # recomputed from ptxas's counts of the final kernels, which may differ by a few
-    triggers = tuple(pdl.entries(plan.kernels, plan.launch, load_profile(plan.target)))
-    return plan.replace(kernels=kernels, triggers=triggers), modules
+    return plan.replace(kernels=kernels), modules
 
 
 def _with_registers(s: Schedule, registers: int | None) -> Schedule:
