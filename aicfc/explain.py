@@ -10,7 +10,7 @@ from typing import Any
 
 from aicfc.errors import AicfError
 
-KERNEL_KEYS = ("name", "onnx_nodes", "family", "params", "grid", "block", "smem_bytes", "registers",
+KERNEL_KEYS = ("name", "symbol", "onnx_nodes", "family", "params", "grid", "block", "smem_bytes", "registers",
                "properties", "rewrites", "predicted", "candidates", "stores")
 # The keys of the decision records explain passes on; a record's other keys (free-form in the
 # format) are left out, so that the JSON view holds only what check_explainable checked.
@@ -201,6 +201,8 @@ def explain_text(payload: dict[str, Any]) -> str:
                    f"; rewrites: {', '.join(k['rewrites']) or 'none'}")
         out.append(f"    schedule {_fmt_params(k['params'])}  grid={k['grid']} block={k['block']} "
                    f"smem={k['smem_bytes']} B  {regs}")
+        if k["symbol"] != k["name"]:   # [Note: shared kernel code] in codegen/module.py
+            out.append(f"    code: runs {k['symbol']}'s function (the same source but for its name), built once")
         if k["tensor_maps"]:
             out.append(f"    tensor maps: {k['tensor_maps']}")
         out.append(f"    predicted {p['time_us']:.2f} us = {_formula(p)};  {p['flops']:.3g} FLOP, {_bytes(p['bytes'])}")

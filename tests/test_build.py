@@ -190,3 +190,28 @@ def test_progress_bar_on_a_terminal(block_onnx: Path, tmp_path: Path):
     length = len(PIPELINE) + kernels
     assert "compiling block.onnx" in bar
     assert f"nvcc {kernels}/{kernels} kernels" in bar and f"{length}/{length}" in bar, bar
+
+
+def test_layers_share_their_kernels_code():
+    """[Note: shared kernel code]: the fixture Llama's two layers render the same decode attention
+    but for its name, so the second launches the first's function; each function is in the
+    modules once, with the registers ptxas gave it. Under --timeline each kernel stamps its own
+    array, so nothing is shared."""
+    model = Path(__file__).resolve().parent / "fixtures" / "kvcache" / "llama_gen.onnx"
+    shapes = {"input_ids": (1, 1), "cache_position": (1,)}
+    payload = compile_model(str(model), precision="fp16", shapes=shapes, jobs=2)
+    kernels = {k["name"]: k for k in payload["kernels"]}
+    shared = [k for k in payload["kernels"] if k["symbol"] != k["name"]]
+    assert any(k["family"] == "attention" for k in shared)
+    names = [k["name"] for k in payload["kernels"]]
+    for k in shared:
+        own = kernels[k["symbol"]]
+        assert own["symbol"] == own["name"] and names.index(own["name"]) < names.index(k["name"])
+        assert (own["module"], own["family"], own["params"], own["grid"], own["block"], own["registers"]) == \
+            (k["module"], k["family"], k["params"], k["grid"], k["block"], k["registers"])
+        assert f" {k['name']}(" not in "".join(m["source"] for m in payload["modules"])
+    symbols = {k["symbol"] for k in payload["kernels"]}
+    held = [m["source"].count("__global__") for m in payload["modules"][:1 + max(k["module"] for k in payload["kernels"])]]
+    assert sum(held) == len(symbols) < len(payload["kernels"])
+    stamped = compile_model(str(model), precision="fp16", shapes=shapes, jobs=2, timeline=True)
+    assert all(k["symbol"] == k["name"] for k in stamped["kernels"])

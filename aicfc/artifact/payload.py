@@ -33,13 +33,13 @@ def module_record(m: ModuleBuild, arch: str) -> dict[str, Any]:
 
 def _kernel(k, index: dict[str, int], module: int, types, launch: str,
             constant: frozenset[str] = frozenset(), timeline: bool = False,
-            trigger: int = 0) -> dict[str, Any]:
+            trigger: int = 0, symbol: str | None = None) -> dict[str, Any]:
     s = k.schedule
     maps_in = {"maps_symbol": maps_symbol(k.name)} if k.name in constant else {}
     if timeline:   # [Note: timeline] (codegen/timeline.py): where the kernel's entry stamps are
         maps_in["timeline"] = {"symbol": stamp_symbol(k.name), "blocks": stamped_blocks(s.grid), "stamps": STAMPS}
     return {
-        "name": k.name, "module": module, "symbol": k.name, "family": k.family,
+        "name": k.name, "module": module, "symbol": symbol or k.name, "family": k.family,
         "params": dict(s.params), "grid": list(s.grid), "block": list(s.block),
         "smem_bytes": s.smem_bytes, "registers": s.registers,
         "args": [index[b] for b in kernel_args(k)],
@@ -125,8 +125,8 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
         "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
         "modules": [module_record(m, plan.target) for m in modules],
-        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant, plan.timeline, trigger)
-                    for k, trigger in zip(plan.kernels, plan.triggers, strict=True)],
+        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant, plan.timeline, trigger, symbol)
+                    for k, trigger, symbol in zip(plan.kernels, plan.triggers, plan.symbols, strict=True)],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [
             {"kind": "state", "input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,

@@ -142,6 +142,7 @@ class Plan:
     launch: str = "stream"    # "dependent" or "stream": [Note: PDL] in codegen/pdl.py
     timeline: bool = False    # every kernel stamps its entry: [Note: timeline] in codegen/timeline.py
     triggers: tuple[int, ...] = ()   # each kernel's trigger_from as codegen rendered it ([Note: PDL]); set by build_modules
+    symbols: tuple[str, ...] = ()    # each kernel's function ([Note: shared kernel code]); set by build_modules
 
     def replace(self, **changes: Any) -> Plan:
         new = dataclasses.replace(self, **changes)
