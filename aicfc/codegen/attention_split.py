@@ -57,6 +57,21 @@ tokens), the 20-layer step 0.859 ms against 0.875 (session 19's, another process
 timeline the attention runs 6.2-6.4 us from its start to its last block's exit, against 6.5-6.7
 before (two machines, not an A/B): in the chain the saving looks smaller than alone.
 
+[Note: the new rows with the query]
+A decode step's attention writes its token's K and V rows into the cache it reads
+(passes/fold_cache_writes.py). Only the block whose chunk holds a new row's slot reads that row
+(it stages the row from the update, not the cache), so that block writes the row into the cache
+as it patches its tile, after its own copy of the tile has landed; the last block of the K/V head
+writes only a row at or past the live length, which no chunk holds. The new rows' elements are
+requested right after the dependent-launch wait, with the query rows, into registers. Before,
+the block read them after its tile had landed (a second round trip after the query's), and the
+last block read them again after the merge to write the cache (a round trip at the kernel's
+end): two of the block's serial trips to L2 fewer on the decode step's critical path. Measured on
+an H200 (session 25, benchmarks/results/new_rows_session25_h200.txt): the 1 B Llama's decode
+attention 4.51-4.59 us alone against 4.68-4.71, but its 8-layer decode plan 368.9 us against
+368.1 (7 alternating rounds, the same tokens; the generate step 0.3710 against 0.3728 ms): in
+the chain the saving does not show. Kept as the shorter chain, not as a measured gain.
+
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
 score rows a thread (MMA = 0, STAGES = 2); and MMA = 1 with BN ∈ {64, 128}, KW >= 16 and

@@ -13,14 +13,16 @@ the `split` unit (codegen/attention_split.py). Legal when
 
 Then the scatter's three ops move to the front of the attention kernel (its writes, in place) and
 the scatter kernel is gone. The split kernel reads an updated key's K/V row from the update's
-value instead of the cache (the block whose chunk holds it patches its staged tile), and the last
-block of each K/V head, after every chunk of that head has been read (its ticket), writes the
-head's new rows into the cache. Other heads' blocks never read them. So the state semantics stay
+value instead of the cache (the block whose chunk holds it patches its staged tile) and writes it
+into the cache then, since no other block reads that row; a row at or past the live length, which
+no chunk holds, the last block of its K/V head writes after every chunk has been read (its ticket;
+[Note: the new rows with the query] in codegen/attention_split.py). Other heads' blocks never
+read them. So the state semantics stay
 those of declare_state (the elements not written already hold x), one launch per update fewer.
 
 [Note: attention reads before the wait]
-After the fold, the attention's K and V are state buffers written by no kernel but itself (its last
-blocks, after every chunk is read), and the live-key positions a plan input no kernel writes. In a
+After the fold, the attention's K and V are state buffers written by no kernel but itself (each new
+row by the one block that reads it), and the live-key positions a plan input no kernel writes. In a
 plan of dependent launches ([Note: PDL], codegen/pdl.py) such a kernel reads them before
 `griddepcontrol.wait`: the positions, the live length and its first tile of cache rows (cp.async)
 are requested while the previous kernel (the QKV projection) still runs, and only the query rows

@@ -24,7 +24,8 @@ that of one SM's blocks plus the combine:
                  bytes read from L2 at an SM's share of its bandwidth. Fitted when the merge read
                  the partials in three dependent passes; since session 24 it reads them in one
                  where SPLITS <= 16 ([Note: the merge's reads at once] in codegen/attention_split.py),
-                 and the decode attention measures 4.75 us alone against 5.07 predicted (0.94)
+                 and the decode attention measures 4.75 us alone against 5.07 predicted (0.94); 4.51-4.59
+                 (0.89-0.91) since its new rows come with the query ([Note: the new rows with the query])
     t          = launch + max(t_sched + t_combine, t_dram)
 
 SPLITS trades the chunk's tiles (fewer with more splits) against the combine's reads and the
