@@ -208,8 +208,8 @@ def test_layers_share_their_kernels_code():
     for k in shared:
         own = kernels[k["symbol"]]
         assert own["symbol"] == own["name"] and names.index(own["name"]) < names.index(k["name"])
-        assert (own["module"], own["family"], own["params"], own["grid"], own["block"], own["registers"]) == \
-            (k["module"], k["family"], k["params"], k["grid"], k["block"], k["registers"])
+        assert (own["module"], own["family"], own["params"], own["grid"], own["block"], own["registers"], own["smem_bytes"]) == \
+            (k["module"], k["family"], k["params"], k["grid"], k["block"], k["registers"], k["smem_bytes"])
         assert f" {k['name']}(" not in "".join(m["source"] for m in payload["modules"])
     symbols = {k["symbol"] for k in payload["kernels"]}
     held = [m["source"].count("__global__") for m in payload["modules"][:1 + max(k["module"] for k in payload["kernels"])]]
@@ -227,3 +227,7 @@ def test_shared_code_ignores_comments_not_strings():
     c = 'void k8(float* p) { // sum of x_9\n  asm("add.f32 // y"); k1_tmaps; }'
     d = 'void k9(float* p) { // sum of x_9\n  asm("add.f32 // x"); k9_tmaps; }'
     assert shared_symbols(["k1", "k7", "k8", "k9"], [a, b, c, d]) == ("k1", "k1", "k8", "k9")
+    # the same code launched with other shared memory keeps its own function (the executor sets it on the function)
+    same = [b.replace("k7", n) for n in ("k1", "k7", "k8", "k9")]
+    launches = [((128, 1, 1), 1024), ((128, 1, 1), 2048), ((128, 1, 1), 1024), ((256, 1, 1), 1024)]
+    assert shared_symbols(["k1", "k7", "k8", "k9"], same, launches) == ("k1", "k7", "k1", "k9")

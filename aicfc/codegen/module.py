@@ -14,7 +14,8 @@ ONNX tensors a kernel reads) launches that function (its bundle record's `symbol
 block and arguments are its own). A body is compared with its comments dropped and its
 kernel's name replaced, as a whole word, by a character no source holds; two bodies equal that
 way are the same code but for that name, so they compute the same thing from the same
-arguments. What makes a kernel's code its own stays in its text and keeps it apart: its tensor
+arguments. Their blocks and dynamic shared memory must agree too, since the executor sets the
+shared memory on the function. What makes a kernel's code its own stays in its text and keeps it apart: its tensor
 maps' `__constant__` array, its timeline stamps (`aicfc compile --timeline`), its trigger block.
 nvcc then builds one function where a 20-layer decoder had 18 copies, and the layers' kernels
 run the same instructions, which the SMs' instruction caches may still hold from the layer
@@ -133,17 +134,24 @@ def code_of(name: str, body: str) -> str:
     return re.sub(rf"\b{re.escape(name)}\b", "\0", code)
 
 
-def shared_symbols(names: Sequence[str], bodies: Sequence[str]) -> tuple[str, ...]:
+def shared_symbols(names: Sequence[str], bodies: Sequence[str], launches: Sequence[object] = ()) -> tuple[str, ...]:
     """Each kernel's function: the first kernel's whose code is the same but for its name and
-    comments ([Note: shared kernel code]); a kernel's own name where none before it is."""
-    first: dict[str, str] = {}
-    return tuple(first.setdefault(code_of(n, b), n) for n, b in zip(names, bodies))
+    comments, and whose launch needs (`launches`: its block and dynamic shared memory, which the
+    executor sets on the function) are the same ([Note: shared kernel code]); a kernel's own name
+    where none before it is."""
+    first: dict[tuple[str, object], str] = {}
+    needs = launches or [None] * len(names)
+    return tuple(first.setdefault((code_of(n, b), x), n) for n, b, x in zip(names, bodies, needs, strict=True))
+
+
+def _launch_needs(plan: Plan) -> list[tuple]:
+    return [(k.schedule.block, k.schedule.smem_bytes) for k in plan.kernels]
 
 
 def render_module(plan: Plan) -> str:
     """Every kernel of the plan in one source (the whole plan as a single module)."""
     bodies = _render_kernels(plan)
-    symbols = shared_symbols([k.name for k in plan.kernels], bodies)
+    symbols = shared_symbols([k.name for k in plan.kernels], bodies, _launch_needs(plan))
     own = [b for k, s, b in zip(plan.kernels, symbols, bodies) if s == k.name]
     return "\n".join([module_header(plan, len(own)), *own])
 
@@ -182,7 +190,7 @@ def plan_modules(plan: Plan, jobs: int) -> tuple[list[tuple[str, str, tuple[Kern
     function). A module's kernels are those whose function it holds: its own ones, then those
     that share them ([Note: shared kernel code])."""
     bodies = _render_kernels(plan)
-    symbols = shared_symbols([k.name for k in plan.kernels], bodies)
+    symbols = shared_symbols([k.name for k in plan.kernels], bodies, _launch_needs(plan))
     own = [i for i, (k, s) in enumerate(zip(plan.kernels, symbols)) if s == k.name]
     out = []
     for i, group in enumerate(partition([len(bodies[j]) for j in own], jobs)):
