@@ -285,7 +285,14 @@ def _scatter_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, ty
 # fp32 instructions per scalar function as CUDA's math library expands it on sm_90 (erff
 # counted in SASS, CUDA 13: two polynomials selected per element; the others are estimates);
 # the rest cost one. A division by a literal is emitted as a product (cexpr.reciprocal_divisions).
-CALL_INSTRUCTIONS = {"erf": 24, "tanh": 16, "sigmoid": 18, "exp": 8, "log": 10, "sqrt": 5, "div": 9}
+CALL_INSTRUCTIONS = {"erf": 24, "tanh": 16, "sigmoid": 18, "exp": 8, "log": 10, "sqrt": 5, "div": 9,
+                     # cosf, sinf: a 3-part range reduction, the polynomial and the quadrant's select, the path
+                     # taken below |x| = 105615 (counted in CUDA 13's PTX; the Payne-Hanek path past it is not).
+                     # Not what makes the decode step's rotary tables slow: they run 2.3-2.5 us alone where a
+                     # one-block map of the same grid without them runs 0.7, and 4 cosines a thread measured
+                     # 2.34 us against 2.50 for 32 (H200, session 25, benchmarks/results/rotary_tables_session25_h200.txt);
+                     # a floor of a thread's own instruction chain was tried on that reading and not kept
+                     "cos": 28, "sin": 28}
 # Under fp16/bf16 (apply_precision.FAST_MATH) exp, erf and sigmoid are templates/math.cuh.j2's
 # approximations (counted in SASS, CUDA 13; sigmoid: FMUL, MUFU.EX2, FADD, MUFU.RCP).
 FAST_CALL_INSTRUCTIONS = {**CALL_INSTRUCTIONS, "erf": 18, "sigmoid": 4, "exp": 2}
