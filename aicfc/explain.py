@@ -202,7 +202,7 @@ def explain_text(payload: dict[str, Any]) -> str:
         out.append(f"    schedule {_fmt_params(k['params'])}  grid={k['grid']} block={k['block']} "
                    f"smem={k['smem_bytes']} B  {regs}")
         if k["symbol"] != k["name"]:   # [Note: shared kernel code] in codegen/module.py
-            out.append(f"    code: runs {k['symbol']}'s function (the same source but for its name), built once")
+            out.append(f"    code: runs {k['symbol']}'s function (the same code but for its name and comments), built once")
         if k["tensor_maps"]:
             out.append(f"    tensor maps: {k['tensor_maps']}")
         out.append(f"    predicted {p['time_us']:.2f} us = {_formula(p)};  {p['flops']:.3g} FLOP, {_bytes(p['bytes'])}")

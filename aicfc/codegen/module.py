@@ -15,11 +15,11 @@ block and arguments are its own). A body is compared with its comments dropped a
 kernel's name replaced, as a whole word, by a character no source holds; two bodies equal that
 way are the same code but for that name, so they compute the same thing from the same
 arguments. Their blocks and dynamic shared memory must agree too, since the executor sets the
-shared memory on the function. What makes a kernel's code its own stays in its text and keeps it apart: its tensor
-maps' `__constant__` array, its timeline stamps (`aicfc compile --timeline`), its trigger block.
-nvcc then builds one function where a 20-layer decoder had 18 copies, and the layers' kernels
-run the same instructions, which the SMs' instruction caches may still hold from the layer
-before. Measured on an H200 (session 25, benchmarks/results/shared_code_session25_h200.txt): an
+shared memory on the function. What makes a kernel's code its own stays in its text and keeps
+it apart: its tensor maps' `__constant__` array, its timeline stamps (`aicfc compile
+--timeline`), its trigger block. nvcc then builds one function where a 20-layer decoder had 18
+copies, and the layers' kernels run the same instructions, which the SMs' instruction caches may
+still hold from the layer before. Measured on an H200 (session 25, benchmarks/results/shared_code_session25_h200.txt): an
 8-layer decode plan of the 1 B Llama replayed in 365.0 us against 371.0 with a function a kernel
 (7 alternating rounds, the same tokens), its generate step 0.3710 against 0.3782 ms; each kernel
 timed alone is unchanged, so the gain is in the chain. It compiled in 55 s against 80. With the
