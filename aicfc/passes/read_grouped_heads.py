@@ -197,8 +197,8 @@ def read_grouped_heads(p: Program) -> Program:
     ops: list[Op] = list(p.ops)
     records = list(p.rewrites)
     rule = READ_GROUPED_HEADS
+    ctx = _context(ops, p)   # rebuilt only when a rewrite changes the ops
     for name in [op.out for op in p.ops if isinstance(op, Compute)]:
-        ctx = _context(ops, p)
         op = ctx.producers.get(name)
         m = rule.match(op, ctx) if op is not None else None
         if m is None:
@@ -225,6 +225,7 @@ def read_grouped_heads(p: Program) -> Program:
             else:
                 out.append(o)
         ops = _drop_unread(out, p.outputs)
+        ctx = _context(ops, p)
         records.append(record)
     return p.replace(ops=tuple(ops), rewrites=tuple(records))
 
