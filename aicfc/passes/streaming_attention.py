@@ -106,7 +106,7 @@ def _restate_mask(att: Attention, ctx: Context, weights: Mapping[str, Any]) -> A
 class _Arrays(Mapping[str, Any]):
     """The program's constants as arrays, each read when first looked up: the mask tests consult a
     mask table or two, not every weight of the model (read for each attention, a 20-layer 1 B
-    Llama's 4 GB of fp32 weights took 45 s of its 92 s compile)."""
+    Llama's 4 GB of fp32 weights made its decode plan compile in 76 s, 31 s without, on 2 CPUs)."""
 
     def __init__(self, weights) -> None:
         self._weights = {w.name: w for w in weights}
