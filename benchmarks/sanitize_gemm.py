@@ -1,6 +1,6 @@
 """The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
 random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles, 2-CTA
-clusters with TMA multicast),
+clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions),
 its output checked finite. Run it under the sanitizer on a GPU machine:
 
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_gemm.py
@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aicfc  # noqa: E402
 from benchmarks.gemm import matmul_model  # noqa: E402
+from tests.onnx_builders import conv_model  # noqa: E402
 from tests.test_cost_wgmma import _gelu as gelu_model  # noqa: E402  (BERT's FFN1: MatMul + bias + erf-GELU)
 
 
@@ -41,7 +42,21 @@ def main() -> int:
               {"unit": "wgmma", "PP": 1, "CLUSTER": 2}),
              ("cluster edges 300x520x392 cooperative", matmul_model(300, 520, 392, rng.standard_normal((520, 392)).astype(np.float32)),
               {"unit": "wgmma", "PP": 0, "NWG": 2, "MI": 1, "CLUSTER": 2}),
-             ("cluster gelu 512x768x3072", gelu_model(512, 768, 3072), {"unit": "wgmma", "CLUSTER": 2})]
+             ("cluster gelu 512x768x3072", gelu_model(512, 768, 3072), {"unit": "wgmma", "CLUSTER": 2}),
+             # k-splits as a cluster ([Note: k-splits as a cluster] in codegen/gemm_wgmma.py): the splits add through
+             # distributed shared memory, two and four a cluster, one and two consumer warpgroups
+             ("split cluster 2x2wg 200x1024x1000", matmul_model(200, 1024, 1000, rng.standard_normal((1024, 1000)).astype(np.float32)),
+              {"unit": "wgmma", "SPLITK": 2, "CL": 1, "NWG": 2, "PP": 0}),
+             ("split cluster 4x2wg 200x1024x1000", matmul_model(200, 1024, 1000, rng.standard_normal((1024, 1000)).astype(np.float32)),
+              {"unit": "wgmma", "SPLITK": 4, "CL": 1, "NWG": 2, "PP": 0}),
+             ("split cluster 2x1wg 128x3072x768", matmul_model(128, 3072, 768, rng.standard_normal((3072, 768)).astype(np.float32)),
+              {"unit": "wgmma", "SPLITK": 2, "CL": 1, "NWG": 1}),
+             ("split cluster conv 8x512x7x7 3x3", conv_model((8, 512, 7, 7), (512, 512, 3, 3), bn=True, act="relu",
+                                                           follow="pool", pads=[1, 1, 1, 1]),
+              {"unit": "wgmma", "SPLITK": 2, "CL": 1, "NWG": 2, "BM": 128, "BN": 128, "A": "tma"}),
+             ("split cluster conv gather 16x64x15x15 3x3/2", conv_model((16, 64, 15, 15), (136, 64, 3, 3), bn=True, act="relu",
+                                                                      follow="pool", strides=[2, 2], pads=[1, 1, 1, 1]),
+              {"unit": "wgmma", "SPLITK": 2, "CL": 1, "NWG": 2, "BM": 128, "BN": 128, "A": "gather"})]
     only = sys.argv[1:]   # words: run the cases whose name holds one of them (e.g. `cluster`)
     bad = 0
     for name, model, pin in cases:
@@ -54,7 +69,8 @@ def main() -> int:
         ex.close()
         finite = bool(np.isfinite(y).all())
         bad += not finite
-        print(f"{name}: {payload['kernels'][0]['params']} finite {finite}", flush=True)
+        params = next(k["params"] for k in payload["kernels"] if k["params"].get("unit") == "wgmma")
+        print(f"{name}: {params} finite {finite}", flush=True)
     dev.close()
     return 1 if bad else 0
 

@@ -652,6 +652,24 @@ def test_gpu_staged_epilogue_residual(pp, gpu_device):
     assert any(k["params"].get("OUT") == 2 for k in payload["kernels"] if k["family"] == "conv")
 
 
+# ---------------------------------------------------------------- k-splits as a cluster (CL = 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a,out,tile", [("tma", 2, dict(BM=128, BN=128, NWG=2)), ("tma", 0, dict(BM=64, BN=256, NWG=1)),
+                                        ("gather", 2, dict(BM=128, BN=128, NWG=2))], ids=["tma", "tma_regs_1wg", "gather"])
+@pytest.mark.parametrize("case", STREAM_CONVS_CL := [
+    ("7x7x512_b8", dict(x=(8, 512, 7, 7), w=(512, 512, 3, 3), pads=[1, 1, 1, 1])),
+    ("s2_odd", dict(x=(16, 64, 15, 15), w=(136, 64, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1]))],
+    ids=["7x7x512_b8", "s2_odd"])
+def test_gpu_conv_split_cluster(case, a, out, tile, gpu_device):
+    """Convolutions with their k-splits as one cluster ([Note: k-splits as a cluster] in
+    codegen/gemm_wgmma.py: the splits add through distributed shared memory) against numpy float64."""
+    k = _pinned_conv_on_gpu(case, "pool", {"unit": "wgmma", "A": a, "OUT": out, "PP": 0, "SPLITK": 2, "CL": 1, **tile},
+                            gpu_device)
+    assert k["params"]["CL"] == 1 and k["params"]["CTAS"] % 2 == 0
+
+
 # ---------------------------------------------------------------- stream-k (STREAM = 1)
 
 

@@ -72,16 +72,33 @@ def test_a_port_speeds_a_small_grid_and_leaves_a_full_one(tmp_path):
     a port. With a port their L2 term shrinks (72 SMs share the L2) until the TMA round trip bounds
     the k-blocks; a full grid (BERT's B8 QKV GEMM, 132 CTAs) is predicted as before."""
     pin = {"unit": "wgmma", "BM": 64, "BN": 64, "CLUSTER": 2, "STAGES": 7, "NWG": 1, "PP": 0}
-    path = tmp_path / "sm_90_port.json"
-    path.write_text(json.dumps({**load_profile("sm_90").data, "sm_l2_port_gbs": 130.0}))
-    before, _ = _predicted(matmul(128, 768, 2304, np.random.default_rng(0)), pin)
-    after, params = _predicted(matmul(128, 768, 2304, np.random.default_rng(0)), pin, profile=path)
+    # the even share: sm_90 without its TMA share ([Note: the TMA's share of L2] in planner/cost_wgmma.py)
+    base = {key: value for key, value in load_profile("sm_90").data.items() if key != "tma_l2_gbs"}
+    even, port = tmp_path / "sm_90_even.json", tmp_path / "sm_90_port.json"
+    even.write_text(json.dumps(base))
+    port.write_text(json.dumps({**base, "sm_l2_port_gbs": 130.0}))
+    before, _ = _predicted(matmul(128, 768, 2304, np.random.default_rng(0)), pin, profile=even)
+    after, params = _predicted(matmul(128, 768, 2304, np.random.default_rng(0)), pin, profile=port)
     assert params["CTAS"] == 72
     assert 0.8 <= 4.40 / before <= 1.25 and after < before - 0.15
     big = {"unit": "wgmma", "BM": 128, "BN": 192, "CLUSTER": 2, "STAGES": 4}
-    full_before, _ = _predicted(matmul(4096, 768, 2304, np.random.default_rng(0)), big)
-    full_after, params = _predicted(matmul(4096, 768, 2304, np.random.default_rng(0)), big, profile=path)
+    full_before, _ = _predicted(matmul(4096, 768, 2304, np.random.default_rng(0)), big, profile=even)
+    full_after, params = _predicted(matmul(4096, 768, 2304, np.random.default_rng(0)), big, profile=port)
     assert params["CTAS"] == 132 and abs(full_after - full_before) < 1e-9
+
+
+def test_the_tma_share_speeds_one_unit_grids_only():
+    """[Note: the TMA's share of L2] (planner/cost_wgmma.py): sm_90's tma_l2_gbs splits among the CTAs of a
+    grid whose CTAs run one work unit each, each up to its port; a persistent grid of several tiles a CTA
+    keeps the L2's even share."""
+    from aicfc.planner.cost_wgmma import tma_share_gbs
+    hw = load_profile("sm_90")
+    assert tma_share_gbs(hw, 98) == pytest.approx(12500 / 98)
+    assert tma_share_gbs(hw, 48) == pytest.approx(130.0)          # the port bounds a small grid
+    assert tma_share_gbs(hw, 132, units=3) == pytest.approx(hw.l2_bandwidth_gbs / 132)
+    pin = {"unit": "wgmma", "BM": 64, "BN": 64, "CLUSTER": 2, "STAGES": 7, "NWG": 1, "PP": 0}
+    one, params = _predicted(matmul(128, 768, 2304, np.random.default_rng(0)), pin)
+    assert params["CTAS"] == 72 and 0.8 <= 4.40 / one <= 1.25
 
 
 def test_a_plan_charges_a_kernel_its_launch_and_the_gap():

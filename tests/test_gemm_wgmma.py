@@ -176,6 +176,61 @@ def test_wgmma_split_k(build, shape, splits, precision, gpu_device):
         _check(model, precision, {"unit": "wgmma", "SPLITK": splits, "PP": seed % 2}, gpu_device, seed=seed)
 
 
+def test_split_cluster_candidates():
+    """[Note: k-splits as a cluster]: a split candidate of 2 or 4 splits, not ping-pong, has a CL = 1
+    twin of one CTA a work unit whose ring holds the tile in fp32; it needs no scratch, and its
+    kernel is compiled with the splits as its cluster."""
+    from aicfc.codegen.scratch import scratch
+    plan = _plan(matmul(128, 3072, 768, np.random.default_rng(0)))
+    k = _gemm_kernel(plan)
+    hw = load_profile("sm_90")
+    pts = gemm_wgmma.space(k, plan, "f16", hw.sm_count, hw.smem_per_block_optin)
+    cl = [p for p in pts if p.get("CL")]
+    assert cl and {p["SPLITK"] for p in cl} <= set(gemm_wgmma.CL_SPLITS)
+    for p in cl:
+        tiles = gemm_wgmma.tiles(k, p)[2]
+        assert not p["PP"] and not p["STREAM"] and p["CTAS"] == tiles * p["SPLITK"] <= gemm_wgmma.cl_ctas(p["SPLITK"], 132)
+        assert p["STAGES"] * gemm_wgmma.stage_bytes(p) >= 4 * p["BM"] * p["BN"]
+        assert scratch(k, p) == []
+    assert all("CL" not in p for p in pts if p["SPLITK"] == 1)
+    assert all(p["CL"] == 0 for p in pts if p["SPLITK"] == 3)
+    payload = aicfc.compile(matmul(128, 3072, 768, np.random.default_rng(0)), target="sm_90", precision="fp16",
+                            pin={"unit": "wgmma", "SPLITK": 2, "CL": 1})
+    kern = payload["kernels"][0]
+    assert kern["params"]["CL"] == 1 and not any(str(b.get("name", "")).endswith(".partials") for b in payload["buffers"])
+    source = next(m["source"] for m in payload["modules"] if kern["name"] in m["source"])
+    assert "__cluster_dims__(2, 1, 1)" in source and "ld.shared::cluster.v4.f32" in source
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ("fp16", "tf32"))
+@pytest.mark.parametrize("splits,nwg", [(2, 1), (2, 2), (4, 2)], ids=["2x1wg", "2x2wg", "4x2wg"])
+@pytest.mark.parametrize("shape", [(128, 3072, 768), (200, 1000, 1024)], ids=["128x3072x768", "200x1000x1024"])
+def test_wgmma_split_cluster(shape, splits, nwg, precision, gpu_device):
+    """k-splits as a cluster (CL = 1) on fresh inputs against float64, and bit for bit what the same
+    tile computes with its splits through scratch (CL = 0): the same sum in the same order."""
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    model = gemm_transb_bias_relu(*shape, np.random.default_rng(11))
+    pin = {"unit": "wgmma", "SPLITK": splits, "NWG": nwg, "PP": 0, "CL": 1}
+    _check(model, precision, pin, gpu_device, seed=12)
+    got = {}
+    for cl in (1, 0):
+        payload = aicfc.compile(model, target="sm_90", precision=precision, pin={**pin, "CL": cl})
+        p = next(k for k in payload["kernels"] if k["family"] == "gemm")["params"]
+        if cl:
+            tile = {key: p[key] for key in ("BM", "BN", "MI", "STAGES", "OUT")}
+            pin.update(tile)
+        rng = np.random.default_rng(13)
+        inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in import_model(model, None).inputs}
+        ex = Executor(Bundle.from_payload(payload), gpu_device)
+        try:
+            got[cl] = ex.run(inputs)["y"]
+        finally:
+            ex.close()
+    assert np.array_equal(got[0], got[1])
+
+
 def test_output_staging_needs_16_byte_rows_and_is_a_choice():
     """Staging (OUT = the stored itemsize) needs rows of 16-byte chunks (N % 8 for fp16); where it is
     possible, register stores (OUT = 0) are candidates too, and 16-bit outputs pay them half sectors."""

@@ -43,7 +43,8 @@ Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64
 persistent CTAS = min(tiles·SPLITK, SMs), A in {gather, tma, halo} (halo: stride-1 convolutions,
 [Note: halo tiles], its PITCH / OHP / TILE_BYTES recorded with it; the B ring then holds the
 filter's k-blocks alone and two image-tile slots follow it), SPLITK where the output tiles leave
-SMs idle (the GEMM engine's rule, `split_ks`; not with halo); PP (ping-pong: two warpgroups
+SMs idle (the GEMM engine's rule, `split_ks`; not with halo), through scratch (CL = 0) or as one
+thread block cluster (CL = 1, [Note: k-splits as a cluster] in codegen/gemm_wgmma.py); PP (ping-pong: two warpgroups
 take whole tiles in turn); OUT, the epilogue: from registers a pair of channels a store (OUT =
 0), or staged (OUT = the stored element's bytes) where the output is the row-major [M, N] matrix
 (`row_major_out`: NHWC inside the graph; not under halo, whose rows are slots); STREAM
@@ -67,7 +68,10 @@ or im2col, its k-block index is the split's), so nothing else changes. Measured 
 conv_split_ab_session11_h200.txt, each kernel alone): on those convolutions split-k never paid.
 14x14x256: 18.8 us unsplit against 36.0 / 60.3 / 58.1 at 2 / 3 / 4 splits; 7x7x512: 23.1 against
 24.8 / 41.3 / 38.1. The cost terms predicted each split slower too (so the planner keeps SPLITK =
-1 there), though 1.17-1.44x under what the splits measured.
+1 there), though 1.17-1.44x under what the splits measured. As a cluster (CL = 1, [Note: k-splits as a
+cluster] in codegen/gemm_wgmma.py) a split costs less: ResNet-50 B1's 3x3 convolutions from stage 2 on
+run split that way by cost (14x14x256 5.7-5.8 us as 4 splits against 7.0 as 6 through scratch, 28x28x128
+5.2 against 5.6 unsplit), stage 1's stay unsplit (3.7 us against 4.2-4.3 as 2 splits).
 Cost terms: `planner/cost_conv_wgmma.py`.
 """
 from __future__ import annotations
@@ -447,8 +451,9 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                     halos += staged(dict(q, CTAS=min(tiles(k, q)[2], hw_sms)), [{}])
                 nt, ktiles = tiles(k, p)[2], math.ceil(kk / p["BK"])
                 for sk in split_ks(nt, ktiles, hw_sms):
-                    points += staged(dict(p, SPLITK=sk, CTAS=min(nt * sk, hw_sms), STREAM=0),
-                                     [{"A": a, "OUT": o} for a in loads for o in outs])
+                    points += [q for c in staged(dict(p, SPLITK=sk, CTAS=min(nt * sk, hw_sms), STREAM=0),
+                                                 [{"A": a, "OUT": o} for a in loads for o in outs])
+                               for q in gemm_wgmma.with_cl(c, nt, hw_sms)]
                 if gemm_wgmma.stream_ok(nt, ktiles, hw_sms):   # stream-k: an even share of all k-blocks a block
                     points += staged(dict(p, SPLITK=1, CTAS=hw_sms, STREAM=1), [{"A": a, "OUT": o} for a in loads for o in outs])
     return halos + points
@@ -680,7 +685,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   staged=staged_parts(k, types, parts["params"], parts["idx"]) if p.get("OUT") else None,
                   KT_PER=gemm_wgmma.kt_per(p, kk), partials=parts["params"].get(f"{k.name}.partials"),
                   tickets=parts["params"].get(f"{k.name}.tickets"), ROT_D=None,
-                  PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, TS=None, MAPS=p.get("MAPS"), prefetch=(), copy_in=None,
+                  PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, CL=p.get("CL", 0), TS=None, MAPS=p.get("MAPS"), prefetch=(), copy_in=None,
                   STREAM=p.get("STREAM", 0),
                   MAXPARTS=gemm_wgmma.stream_parts(total, math.ceil(kk / p["BK"]), p["CTAS"]) if p.get("STREAM") else 0,
                   im2col=im2col, halo=halo and dict(

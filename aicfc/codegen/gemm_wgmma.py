@@ -133,6 +133,26 @@ cannot fill the SMs, where L2 traffic is not what limits, and a ghost tile would
 slot and ticket of its own. Not in the gathering producer (conv_wgmma.py): always CLUSTER = 1.
 Measured on an H100 (benchmarks/results/gemm_wgmma_h100_session5.txt): 128x192 tiles on 4096x768x768 10.46 us
 clustered against 10.88 alone; planner/cost_wgmma.py says how it is charged.
+
+[Note: k-splits as a cluster]
+CL = 1 (SPLITK of CL_SPLITS, not ping-pong, not stream-k, CLUSTER = 1): the SPLITK splits of a tile are
+the CTAs of one thread block cluster (`__cluster_dims__(SPLITK, 1, 1)`, rank = split), one work unit a
+CTA (CTAS = tiles x SPLITK, at most `cl_ctas`: one wave of co-resident clusters), and the splits add
+through distributed shared memory instead of split-k's scratch: once every consumer warp of a CTA is
+past its last k-block the ring is free, so each split but the first leaves its accumulators there
+(16-byte vectors, a warp's 32 contiguous); a cluster barrier (release / acquire) publishes them; the
+first split adds them to its own in split order (`ld.shared::cluster`, the peers' rings through `mapa`)
+and runs the epilogue; a second barrier keeps the peers' shared memory alive until it has read them.
+Every thread of the cluster, producers included, takes both barriers. The sum is split-k's, bit for
+bit ((0 + p0) + p1 ... in split order). No partials in global memory, no fence, no ticket.
+The ring must hold the tile in fp32 (STAGES x stage bytes >= BM x BN x 4).
+Measured on an H200 (session 26, each kernel alone; benchmarks/results/split_cluster_session26_h200.txt):
+the same tiles and splits through scratch against as a cluster: ResNet-50 B32's 7x7x512 3x3 (128x128, 2
+splits) 20.78 -> 19.07 us; a 4-layer Llama prefill's down projection (512 x 5632 -> 2048, 2 splits)
+25.1-25.4 -> 23.7-23.9; ResNet-50 B1's 14x14x256 3x3, 6 splits through scratch 7.0 us against 4 as a
+cluster 5.7-5.8. Against unsplit tiles it is the cost model's call (planner/cost_wgmma.split_terms):
+the same prefill's QKV and O projections ran 13.2-14.2 and 9.6-10.3 us unsplit against 16.7-18.0 and
+11.6-12.0 split, which the model called right only with [Note: the TMA's share of L2].
 """
 from __future__ import annotations
 
@@ -154,6 +174,7 @@ SPACE = {"NWG": (1, 2), "PP": (0, 1), "MI": (1, 2), "BN": (64, 128, 192, 256), "
 KSTEP = {"f16": 16, "bf16": 16, "tf32": 8}
 ROW_BYTES = 128           # one swizzle row: BK·itemsize
 GROUP = 8                 # tile rows per raster group
+CL_SPLITS = (2, 4)        # k-splits that may be one cluster ([Note: k-splits as a cluster])
 MAX_ACC = 128             # fp32 accumulators per consumer thread
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg with NWG = 2: 128·40 + 256·232 <= 65536
 SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in the kernel
@@ -414,9 +435,34 @@ def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: i
             if smem_bytes(p) + static_smem(p) <= smem_limit:
                 # [Note: residual through the staging]: where the epilogue has such a residual, RS
                 # is a key of every candidate (so --pin RS=0 / RS=1 applies), 1 on staged, unsplit ones
-                points += ([dict(p, RS=0)] + ([dict(p, RS=1)] if o and not ts and sk == 1 and not sm else [])
-                           if copies_in else [p])
+                for q in with_cl(p, tiles, hw_sms):
+                    points += ([dict(q, RS=0)] + ([dict(q, RS=1)] if o and not ts and sk == 1 and not sm else [])
+                               if copies_in else [q])
     return points
+
+
+def cl_ctas(sk: int, hw_sms: int) -> int:
+    """The most CTAs clusters of `sk` k-splits run in one wave: whole pairs of clusters (an H100's
+    or H200's 132 SMs hold 66 clusters of 2, 32 of 4 by cuOccupancyMaxActiveClusters' count for one
+    block an SM: its GPCs of 16 or 18 SMs)."""
+    return hw_sms - hw_sms % (2 * sk)
+
+
+def cl_ok(p: Mapping, tiles: int, hw_sms: int) -> bool:
+    """Whether split candidate `p` (SPLITK > 1) may run its splits as one cluster (CL = 1):
+    [Note: k-splits as a cluster]."""
+    sk = p.get("SPLITK", 1)
+    return (sk in CL_SPLITS and not p.get("PP") and not p.get("STREAM") and p.get("CLUSTER", 1) == 1
+            and p.get("A") != "halo" and tiles * sk <= cl_ctas(sk, hw_sms)
+            and p["STAGES"] * stage_bytes(p) >= 4 * p["BM"] * p["BN"])
+
+
+def with_cl(p: dict, tiles: int, hw_sms: int) -> list[dict]:
+    """A split candidate as split-k through scratch (CL = 0) and, where `cl_ok`, as a cluster (CL = 1,
+    one CTA a work unit); unsplit candidates unchanged (no CL key)."""
+    if p.get("SPLITK", 1) == 1:
+        return [p]
+    return [dict(p, CL=0)] + ([dict(p, CL=1, CTAS=tiles * p["SPLITK"])] if cl_ok(p, tiles, hw_sms) else [])
 
 
 def tiles(k: Kernel, p: Mapping) -> tuple[int, int, int]:
@@ -494,7 +540,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   signature=parts["signature"], decompose=parts["decompose"], epilogue=parts["epilogue"],
                   paired=parts["paired"], staged=parts["staged"] if p.get("OUT") else None, SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
                   partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
-                  CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1],
+                  CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1], CL=p.get("CL", 0),
                   STREAM=p.get("STREAM", 0), MAXPARTS=stream_parts(total, math.ceil(parts["K"] / p["BK"]), p["CTAS"])
                   if p.get("STREAM") else 0,
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"),

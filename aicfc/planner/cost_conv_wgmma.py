@@ -90,7 +90,7 @@ from typing import Mapping
 
 from aicfc.codegen import conv_wgmma, gemm_wgmma
 from aicfc.codegen.gemm_wgmma import ROW_BYTES
-from aicfc.planner.cost_wgmma import (EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, SPLITK_OVERHEAD_US, STORE_OPS, stream_k,
+from aicfc.planner.cost_wgmma import (EFF_DEFAULT, EPILOGUE_RATE, EPILOGUE_US, STORE_OPS, stream_k, split_terms,
                                       TMA_LATENCY_US, epilogue_ops, n_eff)
 from aicfc.ir.types import ITEMSIZE
 
@@ -150,10 +150,8 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     t_epi = t_store + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
     issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * math.sqrt(1 if p.get("PP") else p["NWG"])
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
-    t_reduce = 0.0
-    if sk > 1:
-        t_epi += bm * bn * 4.0 / l2_sm
-        t_reduce = bm * bn * 4.0 * sk / l2_sm + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
+    t_part, t_reduce = split_terms(p, bm, bn, l2_sm, hw)   # split-k's partial tiles (cost_wgmma.split_terms)
+    t_epi += t_part
     tm, tn, tiles = conv_wgmma.tiles(k, p)
     per_sm = math.ceil(tiles * sk / p["CTAS"])
     a_bytes = types[g.a.buffer].nbytes

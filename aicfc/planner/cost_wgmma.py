@@ -17,9 +17,10 @@ fetches the next tile:
                  benchmarks/results/sm_90_h200_fp16.json; about 76 GB/s, 38 B/cycle, per SM)
     t_ingress  = 128·(BM + BN) / sm_ingress                         the bytes landing in this SM's shared
                  memory, multicast or not (profile `sm_ingress_gbs`, per SM; default the same share).
-                 l2_share = min(l2_bandwidth / min(CTAS, SMs), sm_l2_port_gbs): the CTAs of
-                 a small grid split the L2 among fewer SMs ([Note: L2 share of a small grid] in
-                 planner/hardware.py); a full grid gets l2_bandwidth / SMs. Multicast lowers t_l2
+                 l2_share = min(tma_l2_gbs / min(CTAS, SMs), tma_port_gbs) ([Note: the TMA's share of
+                 L2], `tma_share_gbs`): the CTAs of a small grid split what the TMA draws from L2 among
+                 fewer SMs, each up to its port; a profile without tma_l2_gbs gives the L2's even share
+                 ([Note: L2 share of a small grid] in planner/hardware.py). Multicast lowers t_l2
                  alone, so in the k-blocks it pays only where a profile says
                  an SM takes bytes in faster than its share of L2 reads. On the H100 it did not: the
                  64x192 ping-pong tile, L2-bound here, measured 44.6 us alone and 42.2 clustered on
@@ -42,7 +43,9 @@ fetches the next tile:
                                       for two cooperative warpgroups)
                                       (an erf-GELU is 32 instructions an element: exposed unless PP)
                  + split-k (SPLITK > 1): the partial tile written; the last split's reads of all
-                 of them and splitk_overhead_us are added once (t_reduce, its critical path)
+                 of them and splitk_overhead_us are added once (t_reduce, its critical path);
+                 as a cluster (CL = 1) no partial in global memory: the peers' tiles through shared
+                 memory and two cluster barriers (`split_terms`)
     TMA stores (TS = 1): a warpgroup stages its tile and hands it to the TMA, which writes it while the
                  warpgroup starts its next tile, so of every tile but the block's last only
                  (1 - TS_HIDDEN) of the bytes term stays on the critical path (t_store); the output's map
@@ -79,6 +82,12 @@ from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import l2_share_gbs
 
 SPLITK_OVERHEAD_US = 4.0   # the last split's fence, ticket and reduction start (profile: splitk_overhead_us)
+# k-splits as a cluster (CL = 1): what one SM reads of its peers' shared memory, GB/s, and the two cluster barriers
+# with the ring's hand-over (profile: dsmem_gbs, cluster_split_sync_us). Fitted with [Note: the TMA's share of L2]
+# (session 26, an H200): 0.5 us and 150 GB/s called 32 of the 34 schedule pairs right, 1.0 and 100 33.
+DSMEM_GBS = 100.0
+CLUSTER_SPLIT_SYNC_US = 1.0
+TMA_PORT_GBS = 130.0       # what one SM's TMA loads take in, GB/s (profile: tma_port_gbs; as cost_conv_wgmma's)
 # Thread-instructions of epilogue a warpgroup retires per us per SM: measured on the H200 with erf-GELU
 # epilogues (35 instructions an element): a ping-pong 128x128 tile's took about 9.5 us (60e3/us), a
 # cooperative 128x256 tile's on two warpgroups about 13 us (88e3/us). Far below the issue rate: the
@@ -132,6 +141,50 @@ def stream_k(tiles: int, kt: int, ctas: int, bm: int, bn: int, t_kblock: float, 
     return t_share + 2 * part, share / kt, parts * part + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
 
 
+def tma_share_gbs(hw, ctas: int, units: int = 1) -> float:
+    """What one of `ctas` CTAs' TMA loads take from L2, GB/s, each CTA running `units` work units.
+
+    [Note: the TMA's share of L2]
+    Where the profile has `tma_l2_gbs` (what the TMA loads of all SMs together draw from L2) and each CTA
+    runs one work unit, the CTAs split that, each up to its SM's port (`tma_port_gbs`, default the
+    convolutions' TMA_PORT_GBS); otherwise the L2's even share (hardware.l2_share_gbs). Fitted on an H200
+    in session 26 (benchmarks/results/split_cluster_session26_h200.txt) on 238 wgmma kernel runs
+    measured alone (ResNet-50 B1 and B32, a 4-layer Llama prefill, each under two schedules) and
+    re-costed: ResNet-50 B32's 1x1 GEMMs on 98 CTAs pulled about 125 GB/s an SM, the prefill's QKV
+    GEMM on 128 CTAs about 99, i.e. 12.2-12.7 TB/s in all, each SM at most ~130. With 12500 and 130
+    and the k-split cluster terms below, of the 34 kernels whose two schedules differ the faster is
+    predicted faster for 33 (19 with the even share of the profile's 10 TB/s); 75% of the 238 fall in
+    [0.8, 1.25] of their prediction (67%).
+    One unit a CTA only: persistent grids that walk several tiles keep the even share. Given the
+    larger share too, BERT-base's and GPT-2's B8 S512 QKV and FFN GEMMs moved to ping-pong tiles whose
+    plans replayed 1.6% and 2.3% slower (same call, 7 alternating rounds); ResNet-50 B32's stage-2 1x1
+    GEMMs, full grids of 64x128 ping-pong tiles measured at 0.73 of their prediction, show that those
+    grids too draw more than the even share, so the rule is a fence around what was fitted, not a
+    finding about the hardware."""
+    total = hw.data.get("tma_l2_gbs")
+    if total is None or units > 1:
+        return l2_share_gbs(hw, ctas)
+    return min(total / max(1, min(ctas, hw.sm_count)), hw.data.get("tma_port_gbs", TMA_PORT_GBS))
+
+
+def split_terms(p: Mapping, bm: int, bn: int, l2_sm: float, hw) -> tuple[float, float]:
+    """(what a work unit's epilogue adds, the reduction on the critical path) of SPLITK > 1.
+    Through scratch (CL = 0): every split writes its fp32 partial tile; the last to arrive reads all
+    of them back after a fence and a ticket (splitk_overhead_us), once per tile. As a cluster (CL = 1,
+    [Note: k-splits as a cluster] in codegen/gemm_wgmma.py): the other splits leave their tiles in
+    their own shared memory, the first reads them over distributed shared memory (profile
+    `dsmem_gbs`, GB/s into one SM) between two cluster barriers (`cluster_split_sync_us`)."""
+    sk = p.get("SPLITK", 1)
+    if sk <= 1:
+        return 0.0, 0.0
+    tile = bm * bn * 4.0
+    if p.get("CL"):
+        write = tile / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+        read = (sk - 1) * tile / (hw.data.get("dsmem_gbs", DSMEM_GBS) * 1e3)
+        return 0.0, write + read + hw.data.get("cluster_split_sync_us", CLUSTER_SPLIT_SYNC_US)
+    return tile / l2_sm, tile * sk / l2_sm + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
+
+
 def n_eff(bn: int) -> float:
     return (bn / 2) / (bn / 2 + WGMMA_ISSUE_CYCLES)
 
@@ -144,7 +197,12 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     eff = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
     sm_rate = hw.peak_tflops[unit] * 1e6 / sms * eff                       # flops per us per SM
     # bytes per us per SM: the L2's bandwidth over the CTAs that stream from it ([Note: L2 share of a small grid])
-    share = l2_share_gbs(hw, p["CTAS"])
+    tiles_m, tiles_n, tiles = gemm_wgmma.tiles(k, p)
+    if p.get("CLUSTER", 1) > 1:   # a cluster takes a pair of tile rows; its CTAs one tile each
+        per_sm = math.ceil(gemm_wgmma.pairs(k, p)[1] / (p["CTAS"] // 2))
+    else:
+        per_sm = math.ceil(tiles * p.get("SPLITK", 1) / p["CTAS"])
+    share = tma_share_gbs(hw, p["CTAS"], per_sm)   # [Note: the TMA's share of L2]
     l2_sm = share * 1e3
     row = gemm_wgmma.ROW_BYTES
     t_mma = 2.0 * bm * bn * bkk / sm_rate
@@ -177,17 +235,9 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * (COOP_EPILOGUE_SCALE if coop else 1.0)
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
     t_copy = t_res if p.get("RS") else 0.0
-    t_reduce = 0.0
-    if sk > 1:
-        # every split writes its fp32 partial tile; the last to arrive reads all of them back after a fence
-        # and a ticket: on the critical path once per tile, not shared among the splits
-        t_epi += bm * bn * 4.0 / l2_sm
-        t_reduce = bm * bn * 4.0 * sk / l2_sm + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
-    tiles_m, tiles_n, tiles = gemm_wgmma.tiles(k, p)
-    if cl > 1:   # a cluster takes a pair of tile rows; its CTAs one tile each
-        per_sm = math.ceil(gemm_wgmma.pairs(k, p)[1] / (p["CTAS"] // 2))
-    else:
-        per_sm = math.ceil(tiles * sk / p["CTAS"])
+    # split-k: the partial tiles and their reduction, on the critical path once per tile (`split_terms`)
+    t_part, t_reduce = split_terms(p, bm, bn, l2_sm, hw)
+    t_epi += t_part
     # the first k-block waits for its bytes too: every SM asks for its first stages at once, so they cross L2 at
     # the SM's share (a cluster pulls its half of B, multicast to both)
     t_first = row * (bm + bn / cl) / l2_sm

@@ -85,7 +85,7 @@ def load_profile(target: str, path: str | Path | None = None) -> Profile:
     return Profile(data)
 
 
-OPTIONAL_RATES = ("sm_l2_port_gbs", "sm_ingress_gbs")   # rates a profile may add (GB/s), checked where present
+OPTIONAL_RATES = ("sm_l2_port_gbs", "sm_ingress_gbs", "tma_l2_gbs", "tma_port_gbs", "dsmem_gbs")   # rates a profile may add (GB/s), checked where present
 
 
 def _bad_figure(data: dict) -> str | None:
@@ -162,7 +162,9 @@ def l2_share_gbs(hw: Profile, active: int) -> float:
     measured 7.7-7.9 us against 8.7 for the same prediction, 10.5 us; a port of 130 predicts 9.2. But the
     h200 profile with that port moved 32 of the Llama B1 S512 prefill's GEMMs to 64-CTA grids of 128
     columns, whose plan ran 890.3 us against 831.3, and 13 of ResNet-50 B1's kernels (301.8 against 300.6
-    us). So it stays off there too."""
+    us). So it stays off there too. The GEMM engine's TMA loads take their own share since session 26
+    ([Note: the TMA's share of L2] in planner/cost_wgmma.py: `tma_l2_gbs` and `tma_port_gbs`), fitted
+    on 238 measured wgmma kernels together with the cheaper k-splits that keep the larger grids competitive."""
     port = hw.data.get("sm_l2_port_gbs")
     full = hw.l2_bandwidth_gbs / hw.sm_count
     if port is None:
