@@ -66,13 +66,15 @@ def test_exports_carry_the_ops_they_are_here_for():
 
 @pytest.mark.parametrize("stem", [s for s in MODELS if s.rsplit("_", 1)[0] in VISION])
 def test_vision_fixtures_are_well_conditioned_in_fp16(stem):
-    """Every weight and tensor rounded to fp16 in onnxruntime moves the output by under 5e-3 of its
+    """Every weight and tensor rounded to fp16 in onnxruntime moves the output by under 7.5e-3 of its
     max, so a plan over the 1e-2 bound is the compiler's error. The inputs are fresh each run: over
     40 draws (onnxruntime 1.32) mobilenetv3_ts's floor had median 4.9e-4, 95th percentile 1.5e-3 and
-    maximum 2.9e-3, the others stayed under 1.1e-3; a bound of 2e-3 failed about one run in twenty."""
+    maximum 2.9e-3, the others stayed under 1.1e-3; a bound of 2e-3 failed about one run in twenty.
+    A clean clone's CI run in session 26 drew 5.7e-3 for it (onnxruntime alone: no aicf code runs
+    here), past the 5e-3 bound then; 7.5e-3 still leaves the compiler's 1e-2 a margin."""
     model = load(stem)
     inputs = feeds(model, 2)
-    assert fp16_floor(model, inputs, reference(model, inputs)) <= 5e-3
+    assert fp16_floor(model, inputs, reference(model, inputs)) <= 7.5e-3
 
 
 def test_roberta_position_ids_are_integer_computes():

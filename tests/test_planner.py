@@ -115,7 +115,8 @@ def test_split_k_only_where_tiles_cannot_fill_the_gpu():
     small = only_kernel(aicfc.compile(matmul(128, 3072, 768), precision="fp16"))
     big = only_kernel(aicfc.compile(matmul(4096, 4096, 4096), precision="fp16"))
     assert small["params"]["SPLITK"] > 1 and big["params"]["SPLITK"] == 1
-    payload = aicfc.compile(matmul(128, 3072, 768), precision="fp16")
+    # split-k through scratch (CL = 0; as a cluster, CL = 1, the splits need none: test_gemm_wgmma.py)
+    payload = aicfc.compile(matmul(128, 3072, 768), precision="fp16", pin={"CL": "0"})
     names = {b["name"]: b for b in payload["buffers"]}
     assert names["k0.tickets"]["region"] == "weights" and names["k0.partials"]["region"] == "arena"
     tickets = next(w for w in payload["weights"] if w["buffer"] == names["k0.tickets"]["id"])

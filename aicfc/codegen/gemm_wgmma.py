@@ -148,9 +148,9 @@ bit ((0 + p0) + p1 ... in split order). No partials in global memory, no fence, 
 The ring must hold the tile in fp32 (STAGES x stage bytes >= BM x BN x 4).
 Measured on an H200 (session 26, each kernel alone; benchmarks/results/split_cluster_session26_h200.txt):
 the same tiles and splits through scratch against as a cluster: ResNet-50 B32's 7x7x512 3x3 (128x128, 2
-splits) 20.78 -> 19.07 us; a 4-layer Llama prefill's down projection (512 x 5632 -> 2048, 2 splits)
-25.1-25.4 -> 23.7-23.9; ResNet-50 B1's 14x14x256 3x3, 6 splits through scratch 7.0 us against 4 as a
-cluster 5.7-5.8. Against unsplit tiles it is the cost model's call (planner/cost_wgmma.split_terms):
+splits) 20.78 -> 19.07 us; ResNet-50 B1's 14x14x256 3x3, 6 splits through scratch 7.0 us against 4 as
+a cluster 5.7-5.8; a 4-layer Llama prefill's down projection (512 x 5632 -> 2048, 2 splits) 25.1-25.4 ->
+23.7-23.9 us on one machine but 24.9-25.5 -> 25.3-26.1 on another (calls 4 and 6): not a gain there. Against unsplit tiles it is the cost model's call (planner/cost_wgmma.split_terms):
 the same prefill's QKV and O projections ran 13.2-14.2 and 9.6-10.3 us unsplit against 16.7-18.0 and
 11.6-12.0 split, which the model called right only with [Note: the TMA's share of L2].
 """
@@ -442,9 +442,11 @@ def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: i
 
 
 def cl_ctas(sk: int, hw_sms: int) -> int:
-    """The most CTAs clusters of `sk` k-splits run in one wave: whole pairs of clusters (an H100's
-    or H200's 132 SMs hold 66 clusters of 2, 32 of 4 by cuOccupancyMaxActiveClusters' count for one
-    block an SM: its GPCs of 16 or 18 SMs)."""
+    """The most CTAs clusters of `sk` k-splits are offered, so that they run in one wave: whole pairs
+    of clusters (132 -> 132 CTAs for 2 splits, 128 for 4). An assumption about how the GPCs of 16 or
+    18 SMs hold clusters of one block an SM: cuOccupancyMaxActiveClusters said 66 clusters of 2 on an
+    H100 (planner/cost_wgmma.py); for 4 it was not asked, and the most measured is ResNet-50 B1's 26
+    clusters of 4 (104 CTAs) in one wave (5.2 us, session 26)."""
     return hw_sms - hw_sms % (2 * sk)
 
 
