@@ -129,7 +129,8 @@ class _Arrays(Mapping[str, Any]):
 
 def _build(att: Attention, ctx: Context) -> tuple[Kernel, list[Rewrite]]:
     weights = _Arrays(ctx.program.weights)
-    live = None if causal_logits(att, weights) is not None else _restate_mask(att, ctx, weights)
+    causal = causal_logits(att, weights) is not None
+    live = None if causal else _restate_mask(att, ctx, weights)
     if live is not None:
         att = live
     to_out = dict(att.to_out)
@@ -158,7 +159,7 @@ def _build(att: Attention, ctx: Context) -> tuple[Kernel, list[Rewrite]]:
         records.append(Rewrite(LIVE_RULE, att.out.out, True,
                                "the mask hides every cache slot after the query's position: the kernel reads the "
                                "positions and stops its key loop after the block's last live key"))
-    if causal_logits(att, weights) is not None:
+    if causal:   # (a restated live-key mask is never the causal constant: only a causal one is left as it is)
         rewrites.append(CAUSAL_RULE)
         records.append(Rewrite(CAUSAL_RULE, att.out.out, True,
                                "mask is causal: key tiles above the diagonal skipped, the mask is not read"))
