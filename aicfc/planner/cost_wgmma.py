@@ -271,7 +271,21 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
             "parallel_eff": min(tiles, sms) / sms, "stages": st, "cluster": cl, "t_cluster_us": t_cluster}
 
 
+_EPILOGUE_LAST: tuple = (None, None, 0)   # the last (kernel, types, count): as cost._IO_LAST
+
+
 def epilogue_ops(k, types: Mapping) -> int:
+    """`_epilogue_ops` of `k`, remembered for the last kernel asked (every candidate of a kernel asks)."""
+    global _EPILOGUE_LAST
+    last = _EPILOGUE_LAST
+    if last[0] is k and last[1] is types:
+        return last[2]
+    n = _epilogue_ops(k, types)
+    _EPILOGUE_LAST = (k, types, n)
+    return n
+
+
+def _epilogue_ops(k, types: Mapping) -> int:
     """Instructions of the absorbed epilogue per output element (`cost.instructions`, fast math
     where the policy has it); 0 for a bare contraction. A rotary map's: ROTARY_OPS, counted in
     its SASS (planner/cost_rotary.py): `instructions` would count its range tests as arithmetic
