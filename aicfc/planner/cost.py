@@ -50,6 +50,7 @@ from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.codegen.common import element_offset
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Affine, Call, Const, Expr, Load, count_ops, index_vars, indirect_dims, loads
+from aicfc.ir.memo import last_by_identity
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
@@ -162,13 +163,7 @@ def _footprint(ld, op, types: Mapping) -> float:
     return float(math.prod(ext[v] for v in deps) * ITEMSIZE[types[ld.buffer].dtype])
 
 
-# The last (kernel, types, bytes) `_io_bytes` answered: ranking costs every candidate of one kernel
-# against one types mapping in a row, and the bytes depend on neither the schedule nor the profile.
-# Compared by identity (the tuple holds both, so neither id can be reused while it is here) and read
-# and replaced as one tuple, so a thread never pairs one kernel with another's bytes.
-_IO_LAST: tuple = (None, None, 0.0)
-
-
+@last_by_identity   # ranking costs every candidate of one kernel in a row: the bytes depend on no schedule
 def _io_bytes(k: Kernel, types: Mapping) -> float:
     """Bytes a kernel moves through DRAM: every tensor it reads once (at most the elements its loads'
     indices span: a slice, such as the last position a decoder's final norm reads, is charged as
@@ -178,10 +173,6 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
     one element per element of the ops that read it, not whole: the Llama benchmark's first O-proj
     reads 4096 rows of a 32000-row table as its residual, and charging all of it tied every GEMM
     candidate at the same DRAM-bound time (the tie-break then took one 1.6x the fastest measured)."""
-    global _IO_LAST
-    last = _IO_LAST
-    if last[0] is k and last[1] is types:
-        return last[2]
     reads: dict[str, float] = {}
     gathered: dict[str, float] = {}
     for op in k.ops:
@@ -194,9 +185,7 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
                 reads[ld.buffer] = min(types[ld.buffer].nbytes, reads.get(ld.buffer, 0.0) + _footprint(ld, op, types))
     for b, touched in gathered.items():
         reads.setdefault(b, min(types[b].nbytes, touched))
-    io = sum(reads.values()) + sum(types[s].nbytes for s in k.stores)
-    _IO_LAST = (k, types, io)
-    return io
+    return sum(reads.values()) + sum(types[s].nbytes for s in k.stores)
 
 
 def estimate_registers(k: Kernel, p: Mapping) -> int:

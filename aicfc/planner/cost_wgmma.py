@@ -78,6 +78,7 @@ import math
 from typing import Mapping
 
 from aicfc.codegen import gemm, gemm_wgmma
+from aicfc.ir.memo import last_by_identity
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import l2_share_gbs
 
@@ -196,13 +197,13 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc", "tf32": "tf32_tc"}[p["dtype"]]
     eff = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
     sm_rate = hw.peak_tflops[unit] * 1e6 / sms * eff                       # flops per us per SM
-    # bytes per us per SM: the L2's bandwidth over the CTAs that stream from it ([Note: L2 share of a small grid])
+    # bytes per us per SM that the TMA's loads take from L2 ([Note: the TMA's share of L2])
     tiles_m, tiles_n, tiles = gemm_wgmma.tiles(k, p)
     if p.get("CLUSTER", 1) > 1:   # a cluster takes a pair of tile rows; its CTAs one tile each
         per_sm = math.ceil(gemm_wgmma.pairs(k, p)[1] / (p["CTAS"] // 2))
     else:
         per_sm = math.ceil(tiles * p.get("SPLITK", 1) / p["CTAS"])
-    share = tma_share_gbs(hw, p["CTAS"], per_sm)   # [Note: the TMA's share of L2]
+    share = tma_share_gbs(hw, p["CTAS"], per_sm)
     l2_sm = share * 1e3
     row = gemm_wgmma.ROW_BYTES
     t_mma = 2.0 * bm * bn * bkk / sm_rate
@@ -271,21 +272,8 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
             "parallel_eff": min(tiles, sms) / sms, "stages": st, "cluster": cl, "t_cluster_us": t_cluster}
 
 
-_EPILOGUE_LAST: tuple = (None, None, 0)   # the last (kernel, types, count): as cost._IO_LAST
-
-
+@last_by_identity   # every candidate of a kernel asks, in a row
 def epilogue_ops(k, types: Mapping) -> int:
-    """`_epilogue_ops` of `k`, remembered for the last kernel asked (every candidate of a kernel asks)."""
-    global _EPILOGUE_LAST
-    last = _EPILOGUE_LAST
-    if last[0] is k and last[1] is types:
-        return last[2]
-    n = _epilogue_ops(k, types)
-    _EPILOGUE_LAST = (k, types, n)
-    return n
-
-
-def _epilogue_ops(k, types: Mapping) -> int:
     """Instructions of the absorbed epilogue per output element (`cost.instructions`, fast math
     where the policy has it); 0 for a bare contraction. A rotary map's: ROTARY_OPS, counted in
     its SASS (planner/cost_rotary.py): `instructions` would count its range tests as arithmetic
