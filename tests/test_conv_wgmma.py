@@ -658,7 +658,7 @@ def test_gpu_staged_epilogue_residual(pp, gpu_device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("a,out,tile", [("tma", 2, dict(BM=128, BN=128, NWG=2)), ("tma", 0, dict(BM=64, BN=256, NWG=1)),
                                         ("gather", 2, dict(BM=128, BN=128, NWG=2))], ids=["tma", "tma_regs_1wg", "gather"])
-@pytest.mark.parametrize("case", STREAM_CONVS_CL := [
+@pytest.mark.parametrize("case", [
     ("7x7x512_b8", dict(x=(8, 512, 7, 7), w=(512, 512, 3, 3), pads=[1, 1, 1, 1])),
     ("s2_odd", dict(x=(16, 64, 15, 15), w=(136, 64, 3, 3), strides=[2, 2], pads=[1, 1, 1, 1]))],
     ids=["7x7x512_b8", "s2_odd"])

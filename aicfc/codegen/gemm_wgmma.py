@@ -455,7 +455,7 @@ def cl_ok(p: Mapping, tiles: int, hw_sms: int) -> bool:
     [Note: k-splits as a cluster]."""
     sk = p.get("SPLITK", 1)
     return (sk in CL_SPLITS and not p.get("PP") and not p.get("STREAM") and p.get("CLUSTER", 1) == 1
-            and p.get("A") != "halo" and tiles * sk <= cl_ctas(sk, hw_sms)
+            and tiles * sk <= cl_ctas(sk, hw_sms)
             and p["STAGES"] * stage_bytes(p) >= 4 * p["BM"] * p["BN"])
 
 
