@@ -4,7 +4,7 @@ decode plans are replayed as CUDA graphs in alternating rounds, and a greedy gen
 that every variant produces the same tokens.
 
     python3 benchmarks/decode_ab.py [--layers 6] [--prompt 512] [--new 256] [--rounds 5]
-        [--variant NAME:KEY=VALUE,...] ... [--bundle NAME=PATH] ... [--compile-only] [--folder /tmp/aicf-ab]
+        [--batch 1] [--variant NAME:KEY=VALUE,...] ... [--bundle NAME=PATH] ... [--compile-only] [--folder /tmp/aicf-ab]
         [--jobs 16] [--json FILE] [--profile] [--marginal] [--timeline]
 
 A variant is `name:` followed by comma-separated settings: `pin.KEY=VALUE` restricts the
@@ -15,7 +15,7 @@ loads (an experiment's switches). Session 10's A/B of gemv weights staged in sha
 early dependent-launch trigger and the shared-memory carveout ran this script on the branch
 session10-gemv-staged (results: benchmarks/results/decode_ab*_session10_h200.txt).
 The model is benchmarks/generate.py's (hidden 2048, 32 heads over 8 key/value heads, FFN 5632,
-vocabulary 32000; cache prompt + new slots), fp16, batch 1.
+vocabulary 32000; cache prompt + new slots), fp16, batch --batch (1).
 """
 from __future__ import annotations
 
@@ -70,12 +70,12 @@ def environment(values: dict[str, str]):
 
 
 def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env: dict, out: Path, jobs: int,
-                    timeline: bool = False) -> float:
+                    timeline: bool = False, batch: int = 1) -> float:
     from aicfc.artifact import write_bundle
     from aicfc.driver import compile_plans
     start = time.perf_counter()
     with environment(env):
-        payload = compile_plans(str(path), [shape_set(cfg, 1, prompt), shape_set(cfg, 1, 1)], precision="fp16",
+        payload = compile_plans(str(path), [shape_set(cfg, batch, prompt), shape_set(cfg, batch, 1)], precision="fp16",
                                 jobs=jobs, pin=pins or None, timeline=timeline)
         write_bundle(payload, out)
     decode = [p for p in payload["plans"] if p["inputs"][0]["shape"][1] == 1]
@@ -90,6 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=1, help="sequences a step (every variant's plans are for this batch)")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--replays", type=int, default=100)
@@ -119,7 +120,7 @@ def main() -> None:
     loads = {}
     for name, pins, env, run in variants:
         bundles[name], loads[name] = folder / f"{name}.aicf", run
-        took = compile_variant(path, cfg, args.prompt, pins, env, bundles[name], args.jobs, args.timeline)
+        took = compile_variant(path, cfg, args.prompt, pins, env, bundles[name], args.jobs, args.timeline, args.batch)
         print(f"{name}: compiled in {took:.0f} s (pins {pins or '-'}, env {env or '-'}, at load {run or '-'})", flush=True)
     if args.compile_only:
         return
@@ -135,7 +136,7 @@ def main() -> None:
     for name, b in bundles.items():
         with environment(loads[name]):
             models[name] = aicf_run.load(b)
-    prompt = np.random.default_rng(1).integers(0, cfg.vocab, (1, args.prompt)).astype(np.int64)
+    prompt = np.random.default_rng(1).integers(0, cfg.vocab, (args.batch, args.prompt)).astype(np.int64)
     result = {"config": cfg.__dict__, "variants": {}, "rounds": args.rounds}
     try:
         tokens, decode = {}, {}

@@ -1,7 +1,7 @@
 """The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
 random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles, 2-CTA
-clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions),
-its output checked finite. Run it under the sanitizer on a GPU machine:
+clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions), and the gemv's
+tensor-core steps (splits by cluster and by scratch), its output checked finite. Run it under the sanitizer on a GPU machine:
 
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_gemm.py
     compute-sanitizer --tool racecheck --racecheck-report analysis python3 benchmarks/sanitize_gemm.py
@@ -56,7 +56,13 @@ def main() -> int:
               {"unit": "wgmma", "SPLITK": 2, "CL": 1, "NWG": 2, "BM": 128, "BN": 128, "A": "tma"}),
              ("split cluster conv gather 16x64x15x15 3x3/2", conv_model((16, 64, 15, 15), (136, 64, 3, 3), bn=True, act="relu",
                                                                       follow="pool", strides=[2, 2], pads=[1, 1, 1, 1]),
-              {"unit": "wgmma", "SPLITK": 2, "CL": 1, "NWG": 2, "BM": 128, "BN": 128, "A": "gather"})]
+              {"unit": "wgmma", "SPLITK": 2, "CL": 1, "NWG": 2, "BM": 128, "BN": 128, "A": "gather"}),
+             # the gemv on tensor cores ([Note: the gemv on tensor cores] in codegen/gemm_gemv.py): 8 and 5 rows,
+             # K not a multiple of a step, splits through a cluster and through scratch
+             ("gemv tensor cores cluster 8x1000x520", matmul_model(8, 1000, 520, rng.standard_normal((1000, 520)).astype(np.float32)),
+              {"unit": "gemv", "TC": 1, "SPLITK": 4, "CL": 1}),
+             ("gemv tensor cores scratch 5x1000x520", matmul_model(5, 1000, 520, rng.standard_normal((1000, 520)).astype(np.float32)),
+              {"unit": "gemv", "TC": 1, "SPLITK": 3, "CL": 0, "BN": 128})]
     only = sys.argv[1:]   # words: run the cases whose name holds one of them (e.g. `cluster`)
     bad = 0
     for name, model, pin in cases:
@@ -69,7 +75,7 @@ def main() -> int:
         ex.close()
         finite = bool(np.isfinite(y).all())
         bad += not finite
-        params = next(k["params"] for k in payload["kernels"] if k["params"].get("unit") == "wgmma")
+        params = next(k["params"] for k in payload["kernels"] if k["params"].get("unit") == pin["unit"])
         print(f"{name}: {params} finite {finite}", flush=True)
     dev.close()
     return 1 if bad else 0

@@ -64,10 +64,13 @@ DECODE = [(2048, 2048), (5632, 2048), (2048, 11264), (2048, 32000)]
 @pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("k,n", DECODE)
 def test_decode_projections_choose_gemv(rows, k, n):
-    """At a decode step's rows the weight stream is predicted faster than any tensor-core tile."""
+    """At a decode step's rows the weight stream is predicted faster than any tensor-core tile;
+    at 8 rows the stream's products run on tensor cores ([Note: the gemv on tensor cores]: the
+    SIMT steps' 8 FMAs a weight are not hidden there), at one row they stay SIMT (no TC candidate)."""
     plan = plan_of(rows_model(rows, k, n, np.random.default_rng(4), residual=True), {}, "fp16")
     (mm,) = _gemms(plan)
     assert mm.schedule.param["unit"] == "gemv", mm.schedule.param
+    assert mm.schedule.param["TC"] == (rows >= gemm_gemv.TC_MIN_ROWS), mm.schedule.param
 
 
 def test_gemv_cost_follows_littles_law():
@@ -179,9 +182,13 @@ def test_gemv_space_bounds_registers_and_shared_memory():
     for m in range(1, gemm_gemv.MAX_ROWS + 1):
         space = gemm_gemv.space(m, 4096, 4096)
         assert space
+        assert any(p["TC"] for p in space) == (m >= gemm_gemv.TC_MIN_ROWS)
         for p in space:
             seg = gemm_gemv.lanes(p["BN"])[2]
-            assert m * seg * 8 <= gemm_gemv.MAX_ACC and gemm_gemv.held(m, seg, p["U"]) <= gemm_gemv.MAX_HELD
+            if p["TC"]:
+                assert gemm_gemv.tc_held(p["BN"] // 64, p["U"]) <= gemm_gemv.TC_MAX_HELD
+            else:
+                assert m * seg * 8 <= gemm_gemv.MAX_ACC and gemm_gemv.held(m, seg, p["U"]) <= gemm_gemv.MAX_HELD
             assert 4 * p["WARPS"] * m * p["BN"] <= gemm_gemv.SMEM_MAX
             assert p["SPLITK"] == 1 or -(-4096 // p["SPLITK"]) >= gemm_gemv.k_step(p)
 
@@ -190,6 +197,11 @@ PINS = [{"BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1}, {"BN": 128, "WARPS": 4, "U"
         {"BN": 512, "WARPS": 4, "U": 4, "SPLITK": 2, "CL": 0}, {"BN": 256, "WARPS": 8, "U": 4, "SPLITK": 4, "CL": 0},
         {"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 16}, {"BN": 64, "WARPS": 4, "U": 8, "SPLITK": 3, "CL": 0},
         {"BN": 128, "WARPS": 8, "U": 4, "SPLITK": 6, "CL": 0}]
+# the tensor-core steps ([Note: the gemv on tensor cores]): every (BN, U) of the space, splits by cluster and by scratch
+TC_PINS = [{"BN": 64, "WARPS": 8, "U": 4, "SPLITK": 4, "CL": 1}, {"BN": 128, "WARPS": 4, "U": 2, "SPLITK": 3, "CL": 0},
+           {"BN": 128, "WARPS": 8, "U": 2, "SPLITK": 2, "CL": 1}, {"BN": 64, "WARPS": 4, "U": 1, "SPLITK": 16, "CL": 0},
+           {"BN": 64, "WARPS": 8, "U": 2, "SPLITK": 2, "CL": 1}, {"BN": 128, "WARPS": 8, "U": 1, "SPLITK": 1}]
+PINS = [{"TC": 0} | p for p in PINS] + [{"TC": 1} | p for p in TC_PINS]
 # (rows, K, N, bias, residual): N = 8 x odd, K not a multiple of the split or of a step
 CASES = [(1, 2048, 3072, False, False), (3, 1000, 264, True, False), (8, 1000, 520, False, True),
          (1, 5632, 2056, True, True), (8, 2000, 1032, True, False)]
@@ -197,7 +209,7 @@ CASES = [(1, 2048, 3072, False, False), (3, 1000, 264, True, False), (8, 1000, 5
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("pin", PINS, ids=lambda p: "BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
+@pytest.mark.parametrize("pin", PINS, ids=lambda p: "TC{TC}BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}K{}N{}{}{}".format(c[0], c[1], c[2], "-bias" if c[3] else "",
                                                                             "-res" if c[4] else ""))
 def test_gemv_matches_numpy(case, pin, precision, gpu_device):
@@ -309,13 +321,15 @@ def _run_against_numpy(model, pin: dict, precision: str, device, rule: str | Non
         assert np.array_equal(got, again[name])
 
 
-GATE_PINS = [{"BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1}, {"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 4, "CL": 1},
-             {"BN": 256, "WARPS": 4, "U": 4, "SPLITK": 4, "CL": 0}, {"BN": 64, "WARPS": 4, "U": 8, "SPLITK": 3, "CL": 0}]
+GATE_PINS = [{"TC": 0} | p for p in (
+    {"BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1}, {"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 4, "CL": 1},
+    {"BN": 256, "WARPS": 4, "U": 4, "SPLITK": 4, "CL": 0}, {"BN": 64, "WARPS": 4, "U": 8, "SPLITK": 3, "CL": 0})] + [
+    {"TC": 1} | p for p in ({"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 4, "CL": 1}, {"BN": 128, "WARPS": 8, "U": 2, "SPLITK": 1})]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("pin", GATE_PINS, ids=lambda p: "BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
+@pytest.mark.parametrize("pin", GATE_PINS, ids=lambda p: "TC{TC}BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_gemv_swiglu_matches_numpy(rows, pin, precision, gpu_device):
     from aicfc.passes.interleave_gates import GATE_RULE
@@ -324,14 +338,16 @@ def test_gemv_swiglu_matches_numpy(rows, pin, precision, gpu_device):
     _run_against_numpy(swiglu_model(rows, 1000, 264, np.random.default_rng(rows)), pin, precision, gpu_device, GATE_RULE)
 
 
-ROTARY_PINS = [{"BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1}, {"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 2, "CL": 1},
-               {"BN": 128, "WARPS": 4, "U": 4, "SPLITK": 2, "CL": 0}, {"BN": 256, "WARPS": 8, "U": 4, "SPLITK": 4},
-               {"BN": 64, "WARPS": 8, "U": 4, "SPLITK": 6, "CL": 0}]
+ROTARY_PINS = [{"TC": 0} | p for p in (
+    {"BN": 64, "WARPS": 8, "U": 8, "SPLITK": 1}, {"BN": 64, "WARPS": 4, "U": 4, "SPLITK": 2, "CL": 1},
+    {"BN": 128, "WARPS": 4, "U": 4, "SPLITK": 2, "CL": 0}, {"BN": 256, "WARPS": 8, "U": 4, "SPLITK": 4},
+    {"BN": 64, "WARPS": 8, "U": 4, "SPLITK": 6, "CL": 0})] + [
+    {"TC": 1} | p for p in ({"BN": 64, "WARPS": 8, "U": 4, "SPLITK": 2, "CL": 1}, {"BN": 128, "WARPS": 4, "U": 2, "SPLITK": 3, "CL": 0})]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("pin", ROTARY_PINS, ids=lambda p: "BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
+@pytest.mark.parametrize("pin", ROTARY_PINS, ids=lambda p: "TC{TC}BN{BN}W{WARPS}U{U}S{SPLITK}CL{}".format(p.get("CL", "x"), **p))
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_gemv_rotary_matches_numpy(rows, pin, precision, gpu_device):
     """q and k rotated in the gemv's epilogue (the partner half a head away in shared memory),

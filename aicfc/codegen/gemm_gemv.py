@@ -62,11 +62,39 @@ launch fewer per norm. Alone the folded kernels cost what the norm and the gemv 
 against 215-218, with the activation re-read each step, staged in shared memory or in an L2
 scratch. So the norms stay row passes of their own.
 
+[Note: the gemv on tensor cores]
+At 8 rows each weight element takes 8 FMAs (and its conversion): 1.44 GFLOP a layer of the 1 B
+Llama, ~21 us at an H200's 67 TFLOP/s of fp32, so the SIMT steps run at the FMA pipe's pace and not
+at the stream's (the 20-layer B8 decode step: 1.343 ms, 38% of its bandwidth limit, session 25).
+With TC = 1 (rows >= TC_MIN_ROWS) the same stream feeds `mma.m16n8k16` with fp32 accumulators,
+the weight as the A operand (W^T: 16 columns x 16 k-rows) and the rows as B (n = 8, rows past M
+zero), so the products cost the tensor pipe a few percent of the stream's time:
+- a warp's step is U chunks of 16 k-rows x SEG segments of 64 columns; lane (group, quad) of the
+  fragment holds k-rows 4·quad + j (j < 4) at columns 8·group..+7 of a segment. The k order inside
+  a chunk is free as long as A and B agree, so logical k-pair `quad` is physical rows 4·quad, +1 and
+  logical `quad + 4` rows 4·quad + 2, +3; a byte permute pairs two k-rows of one column into an A
+  register; accumulator i of a segment holds columns 8·group + 2i and + 1;
+- the loads stay one 128-byte line per 8 lanes: lane 8·quad + group loads k-row 4·quad + j of
+  columns 8·group, and one shuffle a register hands it to lane 4·group + quad. Loading in the
+  fragment's own order put four lines under every 8 lanes: measured with ncu on an H200 (session
+  27), the down projection at 8 rows ran 19.3 us against the SIMT kernel's 11.5 at one row with
+  L1 throughput 50-61% against 21%; with the shuffle the same projection runs 9.5-9.6 us in
+  benchmarks/gemv.py (12.5 before, cuBLAS 11.1);
+- a lane's four activations of its row are contiguous: one 8-byte load where `vector_rows`
+  holds (the splits' k-ranges are then multiples of 16), else four 2-byte loads;
+- the tail (warps' sums in shared memory, splits, epilogue) is the SIMT kernel's.
+At one row the SIMT steps stream at the same rate (their FMAs are hidden), and they are the
+measured ones, so TC is not a candidate there. Measured (benchmarks/results/gemv_tc_session27_h200.txt,
+an H200): the 4-layer decode plan at B8 replayed 239.4 us against 325.7 with TC pinned off
+(`benchmarks/decode_ab.py --batch 8`, 5 alternating rounds, one process); the 20-layer B8 step
+1.009 ms (session 25: 1.343).
+
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with
 rows 16-byte aligned (N and the k stride multiples of 8 elements). Parameter space: SPACE, with
 M·SEG·8 <= MAX_ACC accumulators, `held` <= MAX_HELD registers, WARPS·M·BN·4 bytes of shared
-memory <= SMEM_MAX, each split at least one step of k-rows. Cost terms: planner/cost_gemv.py.
+memory <= SMEM_MAX, each split at least one step of k-rows; TC = 1 adds TC_SPACE with `tc_held`
+<= TC_MAX_HELD. Cost terms: planner/cost_gemv.py.
 """
 from __future__ import annotations
 
@@ -87,7 +115,31 @@ SPACE = {"BN": (64, 128, 256, 512), "WARPS": (4, 8), "U": (4, 8), "SPLITK": (1, 
 CLUSTER_SPLITS = (2, 4, 8)
 MAX_ACC = 64       # fp32 accumulators per thread (BM x SEG x 8)
 MAX_HELD = 192     # accumulators + two buffers of a step's weight vectors (4 registers each) and activations (1)
+TC_MIN_ROWS = 2    # rows from which the tensor-core steps are candidates ([Note: the gemv on tensor cores])
+TC_MAX_HELD = 200  # tc_held's bound: BN 256 (U = 1: 216) took 220-230 registers, one block of 128 threads an SM
 SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows, and the split's flag
+
+
+TC_SPACE = {"BN": (64, 128, 256), "U": (1, 2, 4)}   # the tensor-core steps' own (WARPS, SPLITK, CL as SPACE)
+
+
+def tc_held(seg: int, u: int) -> int:
+    """Registers a tensor-core thread holds through its loop: 16 accumulators a 64-column
+    segment, two steps of U chunks x SEG segments x 4 k-rows of 16-byte vectors, and 24 for
+    their activations, the shuffled copies and the rest: with estimate_registers' 16 added,
+    ptxas (CUDA 13) allocates within -22..+8 of it over the plain and rotary spaces at 3 and 8
+    rows (U = 1: 66-71 for 72; U = 4: 188-192)."""
+    return 16 * seg + 32 * u * seg + 24
+
+
+def segments(p: Mapping) -> int:
+    """Column segments a thread covers: 64 columns each on tensor cores, `lanes`'s SEG otherwise."""
+    return p["BN"] // 64 if p.get("TC") else lanes(p["BN"])[2]
+
+
+def step_bytes(p: Mapping) -> int:
+    """Weight bytes a thread requests per step of its loop."""
+    return p["U"] * segments(p) * (64 if p.get("TC") else 16)
 
 
 def lanes(bn: int) -> tuple[int, int, int]:
@@ -105,7 +157,16 @@ def held(m: int, seg: int, u: int) -> int:
 
 def k_step(p: Mapping) -> int:
     """k-rows a block covers per step of its loop."""
+    if p.get("TC"):
+        return p["WARPS"] * 16 * p["U"]
     return p["WARPS"] * lanes(p["BN"])[1] * p["U"]
+
+
+def registers(p: Mapping) -> int:
+    """`held` (or `tc_held`) for the schedule `p`."""
+    if p.get("TC"):
+        return tc_held(segments(p), p["U"])
+    return held(p["BM"], lanes(p["BN"])[2], p["U"])
 
 
 def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
@@ -148,7 +209,32 @@ def space(m: int, n: int, kk: int, early: bool = False) -> list[dict]:
                     for cl in SPACE["CL"]:
                         if cl and sk not in CLUSTER_SPLITS:
                             continue
-                        p = {"unit": "gemv", "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
+                        p = {"unit": "gemv", "TC": 0, "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
+                        if early:
+                            p["PRE"] = 1
+                        if sk > 1 and math.ceil(kk / sk) < k_step(p):
+                            continue
+                        out.append(p)
+    if m >= TC_MIN_ROWS:
+        out += _tc_space(m, kk, early)
+    return out
+
+
+def _tc_space(m: int, kk: int, early: bool) -> list[dict]:
+    """[Note: the gemv on tensor cores]: BN of 64-column segments, U 16-row k-chunks a warp a step."""
+    out = []
+    for bn in TC_SPACE["BN"]:
+        for warps in SPACE["WARPS"]:
+            if warps * m * bn * 4 > SMEM_MAX:
+                continue
+            for u in TC_SPACE["U"]:
+                if tc_held(bn // 64, u) > TC_MAX_HELD:
+                    continue
+                for sk in SPACE["SPLITK"]:
+                    for cl in SPACE["CL"]:
+                        if cl and sk not in CLUSTER_SPLITS:
+                            continue
+                        p = {"unit": "gemv", "TC": 1, "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
                         if early:
                             p["PRE"] = 1
                         if sk > 1 and math.ceil(kk / sk) < k_step(p):
@@ -167,7 +253,20 @@ def threads(p: Mapping) -> int:
 
 
 def k_per_split(kk: int, p: Mapping) -> int:
-    return math.ceil(kk / p["SPLITK"])
+    """k-rows a split covers; on tensor cores a multiple of 16, so that every lane's four k-rows
+    start 8-byte aligned (`vector_rows`)."""
+    per = math.ceil(kk / p["SPLITK"])
+    return -(-per // 16) * 16 if p.get("TC") and p["SPLITK"] > 1 else per
+
+
+def vector_rows(k: Kernel, types: Mapping[str, TensorType]) -> bool:
+    """Whether a tensor-core lane may read its four activations of a row (k-rows kb..kb+3, kb a
+    multiple of 4) as one 8-byte load: the activation is contiguous along k and every other
+    stride and its offset are multiples of 4 elements."""
+    from aicfc.codegen.gemm import dims
+    c = dims(k)[0]
+    off = flat_offset(c.a.index, types[c.a.buffer])
+    return off.coeff("r0") == 1 and off.const % 4 == 0 and all(x % 4 == 0 for v, x in off.terms if v != "r0")
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: dict) -> str:
@@ -175,8 +274,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     from aicfc.codegen.gemm import dims
     c, m, _, _, batch = dims(k)
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
-    ln, rw, seg = lanes(p["BN"])
-    return render("gemm_gemv.cu.j2", name=name, threads=threads(p), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
+    ln, rw, _ = lanes(p["BN"])
+    seg = segments(p)
+    return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
+                  AVEC=bool(p.get("TC")) and vector_rows(k, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
                   PRE=p.get("PRE", 0), PDL_MARK=pdl.MARK,
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],

@@ -203,7 +203,7 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
         # accumulators, two steps' weight vectors and activations, and 16 for the rest: ptxas
         # (CUDA 13) gave held + 15..26 over the plain and rotary spaces at 1 and 8 rows (session 15);
         # the epilogue's operations do not add (they run after the loop's registers are free)
-        return gemm_gemv.held(p["BM"], gemm_gemv.lanes(p["BN"])[2], p["U"]) + 16
+        return gemm_gemv.registers(p) + 16
     if k.family == "gemm" and p["unit"] == "wgmma":
         # a consumer thread's accumulators, descriptors, tile coordinates and loop state
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 48 + min(ops, 16))

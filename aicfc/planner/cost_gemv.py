@@ -10,11 +10,13 @@ plus the tails a block runs after its last load.
                F        = min(a, blocks_per_sm) · inflight   bytes in flight on an average SM
                a        = blocks / SMs                       the average SM's blocks
                q        = ceil(blocks / SMs)                 the busiest SM's (133 blocks: 2)
-               inflight = threads · U·SEG · 16 bytes         one step of a thread's loads, at
-                          most the block's bytes
+               inflight = threads · step_bytes               one step of a thread's loads
+                          (U·SEG·16 bytes; TC = 1: U·SEG·64), at most the block's bytes
                The rate F / (F + half) · stream is Little's law with a latency that grows with
                the load: half the asymptote at gemv_half_inflight bytes an SM.
     t_fma    = q · block FMAs (M per weight element, plus its conversion) / (an SM's fp32 rate)
+             = q · block products (rows padded to 8) / (an SM's share of fp16_tc x mma_sync)
+               x gemv_tc_issue                              (TC = 1: tensor-core steps)
     t_exposed = t_fma · max(0, 1 - resident·WARPS / gemv_hiding_warps)   the FMAs not hidden
                under loads when few warps are resident (8 rows: 181 registers, one block an SM)
     t_rounds = (ceil(q / blocks_per_sm) - 1) · gemv_wave_us  a block started after another
@@ -60,6 +62,13 @@ Two terms come from plans, not from kernels alone:
   (6.2-6.9 us alone against 8.7-9.1) 208.2. The alone figures are back-to-back launches of one
   kernel, where a weight under the L2's 50 MB may be read partly from L2, which a plan does not
   give it (not measured apart).
+Tensor-core steps (TC = 1, [Note: the gemv on tensor cores]) use the same terms with their own
+step bytes and t_fma; gemv_tc_issue (2.0) is not fitted: at 8 rows the products are under a tenth
+of the stream's time, so no ranking depended on it. Measured against these terms (session 27, an
+H200, benchmarks/gemv.py --rows 8, 30 TC candidates of the five decode projections,
+benchmarks/results/gemv_tc_session27_h200.txt): 26 of 30 within [0.8, 1.25] of the prediction, the
+picks within 10% of the fastest measured for four of five (the QKV's 6.68 us against 5.98); in the
+4-layer B8 decode plan the kernels alone summed 224.4 us against 231.8 predicted.
 The stream's asymptote is the H200's: on an H100 (3.35 TB/s) a profile should set
 `gemv_stream_gbs` near 3500. The M = 8 terms (t_fma, t_exposed) are the H100 run's
 (benchmarks/results/gemv_h100.txt), where the M = 8 kernel was 1.5-2x slower than cuBLAS.
@@ -90,6 +99,7 @@ CONSTANTS = {
     "gemv_hiding_warps": 16,        # resident warps an SM needs to hide a step's FMAs under the next step's loads
     "gemv_full_us": 2.0,            # a grid that fills every block slot: the next kernel's blocks cannot start early
     "gemv_cluster_spread": 0.3,     # a cluster spread over more than two SMs (SPLITK > 2 x blocks an SM): the stream's loss
+    "gemv_tc_issue": 2.0,           # tensor-core steps: their issue (permutes, loads, products) over the products' time
 }
 
 
@@ -112,22 +122,23 @@ def constants(data: Mapping) -> dict[str, float]:
 def profile_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float, bps: int, hw: Profile) -> dict[str, float]:
     """`gemv_terms` on `hw`'s SMs, bandwidth, fp32 rate and constants."""
     return gemv_terms(p, m, n, kk, esize, io_bytes, sm_count=hw.sm_count, bps=bps, dram_gbs=hw.dram_bandwidth_gbs,
-                      fp32_tflops=hw.peak_tflops["fp32_simt"] * hw.efficiency["fp32_simt"], c=constants(hw.data))
+                      fp32_tflops=hw.peak_tflops["fp32_simt"] * hw.efficiency["fp32_simt"],
+                      tc_tflops=hw.peak_tflops["fp16_tc"] * hw.efficiency["mma_sync"], c=constants(hw.data))
 
 
 def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float, *, sm_count: int,
-               bps: int, dram_gbs: float, fp32_tflops: float, c: Mapping[str, float] = CONSTANTS) -> dict[str, float]:
+               bps: int, dram_gbs: float, fp32_tflops: float, tc_tflops: float = 445.0,
+               c: Mapping[str, float] = CONSTANTS) -> dict[str, float]:
     """The terms above (us), and `time_us` without the launch overhead. `dram_gbs` is the
     profile's nominal bandwidth (reported only: the stream's asymptote is `gemv_stream_gbs`);
     `fp32_tflops` its fp32 rate times its efficiency (an FMA counts as two); `c`:
     `constants(profile data)`."""
-    ln, rw, seg = gemm_gemv.lanes(p["BN"])
     tiles = math.ceil(n / p["BN"])
     blocks = tiles * p["SPLITK"]
     kper = min(kk, gemm_gemv.k_per_split(kk, p))
     block_bytes = kper * min(p["BN"], n) * esize
     threads = gemm_gemv.threads(p)
-    inflight = min(block_bytes, threads * p["U"] * seg * 16)
+    inflight = min(block_bytes, threads * gemm_gemv.step_bytes(p))
     avg = blocks / sm_count
     q = math.ceil(avg)
     resident = max(1, min(q, bps))
@@ -137,8 +148,13 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     if p.get("CL") and p["SPLITK"] > 2 * bps:
         t_sm *= 1.0 + c["gemv_cluster_spread"]
     t_full = c["gemv_full_us"] if blocks >= bps * sm_count else 0.0
-    # fp32 FMAs: M per weight element and one for its conversion, at an SM's share of the peak
-    t_fma = q * kper * min(p["BN"], n) * (m + 0.5) * 2 / (fp32_tflops * 1e6 / sm_count)
+    if p.get("TC"):
+        # m16n8k16 products (the rows padded to 8) at an SM's share of the mma.sync rate, with
+        # their byte permutes and loads issued beside them: gemv_tc_issue times the products' time
+        t_fma = (q * kper * min(p["BN"], n) * 8 * 2 / (tc_tflops * 1e6 / sm_count)) * c["gemv_tc_issue"]
+    else:
+        # fp32 FMAs: M per weight element and one for its conversion, at an SM's share of the peak
+        t_fma = q * kper * min(p["BN"], n) * (m + 0.5) * 2 / (fp32_tflops * 1e6 / sm_count)
     t_split = 0.0
     if p["SPLITK"] > 1:
         t_split = (c["gemv_cluster_us" if p.get("CL") else "gemv_split_us"]
