@@ -169,4 +169,4 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
             "t_compute_us": t_fma, "t_smem_us": 0.0, "t_reduce_us": c["gemv_reduce_us"],
             "sm_gbs": io_bytes / t_sm / 1e3 / sm_count, "inflight_per_sm": f, "blocks": blocks,
             "blocks_busiest_sm": q, "blocks_per_sm": bps, "rounds": rounds, "t_rounds_us": t_rounds, "t_full_us": t_full,
-            "nominal_dram_gbs": dram_gbs}
+            "nominal_dram_gbs": dram_gbs, "tensor_cores": 1.0 if p.get("TC") else 0.0}
