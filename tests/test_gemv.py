@@ -204,7 +204,8 @@ TC_PINS = [{"BN": 64, "WARPS": 8, "U": 4, "SPLITK": 4, "CL": 1}, {"BN": 128, "WA
 PINS = [{"TC": 0} | p for p in PINS] + [{"TC": 1} | p for p in TC_PINS]
 # (rows, K, N, bias, residual): N = 8 x odd, K not a multiple of the split or of a step
 CASES = [(1, 2048, 3072, False, False), (3, 1000, 264, True, False), (8, 1000, 520, False, True),
-         (1, 5632, 2056, True, True), (8, 2000, 1032, True, False)]
+         (1, 5632, 2056, True, True), (8, 2000, 1032, True, False),
+         (5, 1002, 264, False, False)]   # rows 1002 apart: the tensor-core steps' activations by 2-byte loads
 
 
 @pytest.mark.gpu
@@ -234,6 +235,19 @@ def test_gemv_matches_numpy(case, pin, precision, gpu_device):
         ex.close()
     assert np.isfinite(first).all() and rel_err(first, ref) <= 1e-2, f"rel err {rel_err(first, ref):.2e}"
     assert np.array_equal(first, again)
+
+
+@pytest.mark.parametrize("k,vector", [(1000, True), (1002, False)])
+def test_tensor_core_activations_load_eight_bytes_where_rows_allow(k, vector):
+    """A lane's four activations are one 8-byte load only where every row starts 4-element aligned
+    ([Note: the gemv on tensor cores]); otherwise the source keeps the 2-byte loads alone."""
+    payload = aicfc.compile(rows_model(5, k, 264, np.random.default_rng(1)), target="sm_90", precision="fp16",
+                            pin={"unit": "gemv", "TC": 1, "SPLITK": 3, "CL": 0})
+    (kk,) = [x for x in payload["kernels"] if x["family"] == "gemm"]
+    assert kk["params"]["TC"] == 1 and 0 < kk["registers"] <= 255
+    source = "".join(m["source"] for m in payload["modules"])
+    assert ("const uint2 v = " in source) == vector
+    assert "aicf_gemv_pack(e[0], e[1])" in source
 
 
 def test_gemv_unit_is_in_the_gemm_family():

@@ -203,20 +203,26 @@ def space(m: int, n: int, kk: int, early: bool = False) -> list[dict]:
             if warps * m * bn * 4 > SMEM_MAX:
                 continue
             for u in SPACE["U"]:
-                if held(m, seg, u) > MAX_HELD:
-                    continue
-                for sk in SPACE["SPLITK"]:
-                    for cl in SPACE["CL"]:
-                        if cl and sk not in CLUSTER_SPLITS:
-                            continue
-                        p = {"unit": "gemv", "TC": 0, "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
-                        if early:
-                            p["PRE"] = 1
-                        if sk > 1 and math.ceil(kk / sk) < k_step(p):
-                            continue
-                        out.append(p)
+                if held(m, seg, u) <= MAX_HELD:
+                    out += _splits({"unit": "gemv", "TC": 0, "BM": m, "BN": bn, "WARPS": warps, "U": u}, kk, early)
     if m >= TC_MIN_ROWS:
         out += _tc_space(m, kk, early)
+    return out
+
+
+def _splits(tile: dict, kk: int, early: bool) -> list[dict]:
+    """`tile` with each split of SPACE (CL = 1 where the splits may be a cluster), each split at
+    least one step of k-rows."""
+    out = []
+    for sk in SPACE["SPLITK"]:
+        for cl in SPACE["CL"]:
+            if cl and sk not in CLUSTER_SPLITS:
+                continue
+            p = tile | {"SPLITK": sk, "CL": cl}
+            if early:
+                p["PRE"] = 1
+            if sk == 1 or math.ceil(kk / sk) >= k_step(p):
+                out.append(p)
     return out
 
 
@@ -228,18 +234,8 @@ def _tc_space(m: int, kk: int, early: bool) -> list[dict]:
             if warps * m * bn * 4 > SMEM_MAX:
                 continue
             for u in TC_SPACE["U"]:
-                if tc_held(bn // 64, u) > TC_MAX_HELD:
-                    continue
-                for sk in SPACE["SPLITK"]:
-                    for cl in SPACE["CL"]:
-                        if cl and sk not in CLUSTER_SPLITS:
-                            continue
-                        p = {"unit": "gemv", "TC": 1, "BM": m, "BN": bn, "WARPS": warps, "U": u, "SPLITK": sk, "CL": cl}
-                        if early:
-                            p["PRE"] = 1
-                        if sk > 1 and math.ceil(kk / sk) < k_step(p):
-                            continue
-                        out.append(p)
+                if tc_held(bn // 64, u) <= TC_MAX_HELD:
+                    out += _splits({"unit": "gemv", "TC": 1, "BM": m, "BN": bn, "WARPS": warps, "U": u}, kk, early)
     return out
 
 

@@ -131,7 +131,8 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
                c: Mapping[str, float] = CONSTANTS) -> dict[str, float]:
     """The terms above (us), and `time_us` without the launch overhead. `dram_gbs` is the
     profile's nominal bandwidth (reported only: the stream's asymptote is `gemv_stream_gbs`);
-    `fp32_tflops` its fp32 rate times its efficiency (an FMA counts as two); `c`:
+    `fp32_tflops` its fp32 rate times its efficiency (an FMA counts as two), `tc_tflops` its
+    fp16 tensor rate times mma.sync's efficiency (TC = 1); `c`:
     `constants(profile data)`."""
     tiles = math.ceil(n / p["BN"])
     blocks = tiles * p["SPLITK"]
