@@ -76,10 +76,13 @@ zero), so the products cost the tensor pipe a few percent of the stream's time:
   register; accumulator i of a segment holds columns 8·group + 2i and + 1;
 - the loads stay one 128-byte line per 8 lanes: lane 8·quad + group loads k-row 4·quad + j of
   columns 8·group, and one shuffle a register hands it to lane 4·group + quad. Loading in the
-  fragment's own order put four lines under every 8 lanes: measured with ncu on an H200 (session
-  27), the down projection at 8 rows ran 19.3 us against the SIMT kernel's 11.5 at one row with
-  L1 throughput 50-61% against 21%; with the shuffle the same projection runs 9.5-9.6 us in
-  benchmarks/gemv.py (12.5 before, cuBLAS 11.1);
+  fragment's own order put four lines under every 8 lanes. What that cost is not separated from
+  the other changes made with the shuffle (session 27, an H200, the down projection 5632 x 2048 at
+  8 rows): under ncu one schedule (BN 64, 8 warps, U 4, 4 splits as a cluster) ran 19.3 us before
+  and 19.9 after, while its L1 throughput fell from 61% to 34% of peak (the SIMT kernel at one row:
+  11.5 us, 21%); in benchmarks/gemv.py the fastest candidate went from 12.5 us to 9.5 (cuBLAS 11.1),
+  at U = 2 and with the 8-byte activation loads and the refitted register count, and the 4-layer
+  B8 plan from 276.1 to 239.4 us;
 - a lane's four activations of its row are contiguous: one 8-byte load where `vector_rows`
   holds (the splits' k-ranges are then multiples of 16), else four 2-byte loads;
 - the tail (warps' sums in shared memory, splits, epilogue) is the SIMT kernel's.
