@@ -202,7 +202,8 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
     if k.family == "gemm" and p["unit"] == "gemv":
         # accumulators, two steps' weight vectors and activations, and 16 for the rest: ptxas
         # (CUDA 13) gave held + 15..26 over the plain and rotary spaces at 1 and 8 rows (session 15);
-        # the epilogue's operations do not add (they run after the loop's registers are free)
+        # the epilogue's operations do not add (they run after the loop's registers are free);
+        # tensor-core steps: gemm_gemv.tc_held's own fit (session 27)
         return gemm_gemv.registers(p) + 16
     if k.family == "gemm" and p["unit"] == "wgmma":
         # a consumer thread's accumulators, descriptors, tile coordinates and loop state
