@@ -108,6 +108,7 @@ from aicfc.codegen import pdl
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.codegen.common import CTYPES, render
 from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.properties import Contraction
 from aicfc.ir.types import TensorType
 
 MAX_ROWS = 8
@@ -258,12 +259,10 @@ def k_per_split(kk: int, p: Mapping) -> int:
     return -(-per // 16) * 16 if p.get("TC") and p["SPLITK"] > 1 else per
 
 
-def vector_rows(k: Kernel, types: Mapping[str, TensorType]) -> bool:
+def vector_rows(c: Contraction, types: Mapping[str, TensorType]) -> bool:
     """Whether a tensor-core lane may read its four activations of a row (k-rows kb..kb+3, kb a
-    multiple of 4) as one 8-byte load: the activation is contiguous along k and every other
+    multiple of 4) as one 8-byte load: the activation `c.a` is contiguous along k and every other
     stride and its offset are multiples of 4 elements."""
-    from aicfc.codegen.gemm import dims
-    c = dims(k)[0]
     off = flat_offset(c.a.index, types[c.a.buffer])
     return off.coeff("r0") == 1 and off.const % 4 == 0 and all(x % 4 == 0 for v, x in off.terms if v != "r0")
 
@@ -276,7 +275,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     ln, rw, _ = lanes(p["BN"])
     seg = segments(p)
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
-                  AVEC=bool(p.get("TC")) and vector_rows(k, types),
+                  AVEC=bool(p.get("TC")) and vector_rows(c, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
                   PRE=p.get("PRE", 0), PDL_MARK=pdl.MARK,
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],

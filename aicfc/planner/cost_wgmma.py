@@ -193,22 +193,22 @@ def n_eff(bn: int) -> float:
 def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
     c, _, _, kk, _ = gemm.dims(k)
     bm, bn, bkk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
+    cl, sk = p.get("CLUSTER", 1), p.get("SPLITK", 1)
     sms = hw.sm_count
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc", "tf32": "tf32_tc"}[p["dtype"]]
     eff = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
     sm_rate = hw.peak_tflops[unit] * 1e6 / sms * eff                       # flops per us per SM
     # bytes per us per SM that the TMA's loads take from L2 ([Note: the TMA's share of L2])
     tiles_m, tiles_n, tiles = gemm_wgmma.tiles(k, p)
-    if p.get("CLUSTER", 1) > 1:   # a cluster takes a pair of tile rows; its CTAs one tile each
+    if cl > 1:   # a cluster takes a pair of tile rows; its CTAs one tile each
         per_sm = math.ceil(gemm_wgmma.pairs(k, p)[1] / (p["CTAS"] // 2))
     else:
-        per_sm = math.ceil(tiles * p.get("SPLITK", 1) / p["CTAS"])
+        per_sm = math.ceil(tiles * sk / p["CTAS"])
     share = tma_share_gbs(hw, p["CTAS"], per_sm)
     l2_sm = share * 1e3
     row = gemm_wgmma.ROW_BYTES
     t_mma = 2.0 * bm * bn * bkk / sm_rate
     t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
-    cl = p.get("CLUSTER", 1)
     sm_in = hw.data.get("sm_ingress_gbs", share) * 1e3                # bytes per us into one SM
     t_load = max(row * (bm + bn) / sm_in, row * (bm + bn / cl) / l2_sm)
     # STAGES - 1 k-blocks in flight must cover one TMA round trip (and, clustered, the release across SMs)
@@ -218,7 +218,6 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # producer refills it only once both CTAs freed it (profile `cluster_pace`, a fraction of the k-block)
     pace = 1.0 + (hw.data.get("cluster_pace", 0.0) if cl > 1 else 0.0)
     t_kblock = max(t_mma, t_smem, t_load, t_latency) * pace
-    sk = p.get("SPLITK", 1)
     ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
     extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, types))
