@@ -10,7 +10,7 @@ that every variant produces the same tokens.
 A variant is `name:` followed by comma-separated settings: `pin.KEY=VALUE` restricts the
 schedules (as `aicfc compile --pin`; a key only the decode step's kernels have, such as the
 gemv's PRE; `pin.NODE:KEY=VALUE` one kernel, e.g. `pin.node_matmul_115:unit=gemv`, in both plans: a pin of
-the decode plan alone is `aicfc compile --shape-sets` with a `pin:` word, see the README), `env.NAME=VALUE` is set while its bundle compiles and `run.NAME=VALUE` while it
+the decode plan alone is `aicfc compile --shape-sets` with a `pin:` word, see the README), `dpin.[NODE:]KEY=VALUE` pins the decode plan alone (a `pin:` word on its shape set), `env.NAME=VALUE` is set while its bundle compiles and `run.NAME=VALUE` while it
 loads (an experiment's switches). Session 10's A/B of gemv weights staged in shared memory, an
 early dependent-launch trigger and the shared-memory carveout ran this script on the branch
 session10-gemv-staged (results: benchmarks/results/decode_ab*_session10_h200.txt).
@@ -40,7 +40,8 @@ DEFAULT_VARIANTS = ["base:"]
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, str], dict[str, str], dict[str, str]]:
-    """(name, pins, compile environment, load environment) of `name:pin.K=V,env.N=V,run.N=V`."""
+    """(name, pins, compile environment, load environment) of `name:pin.K=V,dpin.K=V,env.N=V,run.N=V`
+    (the decode plan's own pins under the key `dpin.K`)."""
     name, _, rest = spec.partition(":")
     if not name:
         raise SystemExit(f"--variant {spec!r}: give it a name, e.g. base:pin.PRE=1")
@@ -48,9 +49,10 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str], dict[str, str], dict[
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         kind, _, key = key.partition(".")
-        if not eq or kind not in ("pin", "env", "run") or not key:
-            raise SystemExit(f"--variant {spec!r}: {item!r} is not pin.KEY=VALUE, env.NAME=VALUE or run.NAME=VALUE")
-        {"pin": pins, "env": env, "run": run}[kind][key] = value
+        if not eq or kind not in ("pin", "dpin", "env", "run") or not key:
+            raise SystemExit(f"--variant {spec!r}: {item!r} is not pin.KEY=VALUE, dpin.KEY=VALUE, env.NAME=VALUE "
+                             "or run.NAME=VALUE")
+        {"pin": pins, "dpin": pins, "env": env, "run": run}[kind][("dpin." if kind == "dpin" else "") + key] = value
     return name, pins, env, run
 
 
@@ -74,9 +76,14 @@ def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env
     from aicfc.artifact import write_bundle
     from aicfc.driver import compile_plans
     start = time.perf_counter()
+    decode_pins = [f"pin:{k[len('dpin.'):]}={v}" for k, v in pins.items() if k.startswith("dpin.")]
+    pins = {k: v for k, v in pins.items() if not k.startswith("dpin.")}
+    sets = [shape_set(cfg, batch, prompt), shape_set(cfg, batch, 1)]
+    if decode_pins:
+        sets = [[f"{n}={'x'.join(map(str, s))}" for n, s in shapes.items()] for shapes in sets]
+        sets[1] += decode_pins
     with environment(env):
-        payload = compile_plans(str(path), [shape_set(cfg, batch, prompt), shape_set(cfg, batch, 1)], precision="fp16",
-                                jobs=jobs, pin=pins or None, timeline=timeline)
+        payload = compile_plans(str(path), sets, precision="fp16", jobs=jobs, pin=pins or None, timeline=timeline)
         write_bundle(payload, out)
     decode = [p for p in payload["plans"] if p["inputs"][0]["shape"][1] == 1]
     for plan in decode:
@@ -173,6 +180,11 @@ def main() -> None:
             result["variants"][name] = {"replay_us": replay[name], "step_ms": step[name], "replay_median_us": r,
                                         "step_median_ms": s, "prefill_replay_us": prefill[name]}
         print(f"tokens equal across variants: {same}")
+        for name, t in tokens.items():   # where a variant's greedy tokens first depart from the first variant's
+            if not np.array_equal(t, first):
+                t2, f2 = np.asarray(t).reshape(len(t), -1), np.asarray(first).reshape(len(first), -1)
+                steps = [int(np.argmax(a != b)) if (a != b).any() else None for a, b in zip(t2, f2)]
+                print(f"  {name}: first step that differs, per sequence: {steps}")
         if args.timeline:
             from aicf_run.timeline import format_timeline
             for name, model in models.items():

@@ -1,7 +1,8 @@
 """The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
 random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles, 2-CTA
 clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions), and the gemv's
-tensor-core steps (splits by cluster and by scratch), its output checked finite. Run it under the sanitizer on a GPU machine:
+tensor-core steps (splits by cluster and by scratch), and the split decode attention's chunks merged
+as a cluster, its output checked finite. Run it under the sanitizer on a GPU machine:
 
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_gemm.py
     compute-sanitizer --tool racecheck --racecheck-report analysis python3 benchmarks/sanitize_gemm.py
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import aicfc  # noqa: E402
 from benchmarks.gemm import matmul_model  # noqa: E402
 from tests.onnx_builders import conv_model  # noqa: E402
+from tests.test_attention_split import decode_attention, inputs_at  # noqa: E402
 from tests.test_cost_wgmma import _gelu as gelu_model  # noqa: E402  (BERT's FFN1: MatMul + bias + erf-GELU)
 
 
@@ -62,7 +64,14 @@ def main() -> int:
              ("gemv tensor cores cluster 8x1000x520", matmul_model(8, 1000, 520, rng.standard_normal((1000, 520)).astype(np.float32)),
               {"unit": "gemv", "TC": 1, "SPLITK": 4, "CL": 1}),
              ("gemv tensor cores scratch 5x1000x520", matmul_model(5, 1000, 520, rng.standard_normal((1000, 520)).astype(np.float32)),
-              {"unit": "gemv", "TC": 1, "SPLITK": 3, "CL": 0, "BN": 128})]
+              {"unit": "gemv", "TC": 1, "SPLITK": 3, "CL": 0, "BN": 128}),
+             # the split attention's chunks as a cluster ([Note: split attention as a cluster] in
+             # codegen/attention_split.py): tensor-core and SIMT bodies, live lengths that leave chunks empty
+             ("attention cluster 32/8 heads live 300", decode_attention(1, 32, 8, 768, 64),
+              {"unit": "split", "CL": 1, "MMA": 1, "BN": 128, "warps": 4, "STAGES": 2, "SPLITS": 6}),
+             ("attention cluster simt 8/1 heads sq 4 live 37", decode_attention(1, 8, 1, 768, 64, sq=4),
+              {"unit": "split", "CL": 1, "MMA": 0, "BN": 32, "warps": 4, "SPLITS": 8})]
+    lives = {"attention cluster 32/8 heads live 300": 300, "attention cluster simt 8/1 heads sq 4 live 37": 37}
     only = sys.argv[1:]   # words: run the cases whose name holds one of them (e.g. `cluster`)
     bad = 0
     for name, model, pin in cases:
@@ -70,7 +79,8 @@ def main() -> int:
             continue
         payload = aicfc.compile(model, target="sm_90", precision="fp16", pin=pin)
         ex = Executor(Bundle.from_payload(payload), dev, graph=False)
-        feeds = {i["name"]: rng.standard_normal(i["shape"]).astype(np.float32) for i in payload["inputs"]}
+        feeds = (inputs_at(model, lives[name], seed=len(name)) if name in lives else
+                 {i["name"]: rng.standard_normal(i["shape"]).astype(np.float32) for i in payload["inputs"]})
         y = list(ex.run(feeds).values())[0]
         ex.close()
         finite = bool(np.isfinite(y).all())

@@ -159,11 +159,26 @@ def test_cost_terms_trade_tiles_for_combine():
 
 
 def test_scratch_has_partials_and_zeroed_tickets():
-    k = the_kernel(plan_of(decode_attention(4, 32, 8, 768, 64)))
+    k = the_kernel(plan_of(decode_attention(4, 32, 8, 768, 64), pin={"CL": 0}))
     p = k.schedule.param
     part, tickets = scratch(k)
     assert not part.zeroed and part.type.dtype == "f32" and part.type.numel == 32 * p["SPLITS"] * 4 * (64 + 2)
     assert tickets.zeroed and tickets.type.dtype == "i32" and tickets.type.numel == 32
+
+
+def test_cluster_merge_needs_no_scratch():
+    """[Note: split attention as a cluster]: CL = 1 only where the chunks fit one portable cluster; its
+    partials stay in shared memory (no scratch, no tickets) and the kernel is compiled with its cluster."""
+    k = the_kernel(plan_of(decode_attention(1, 32, 8, 768, 64), pin={"CL": 1}))
+    p = k.schedule.param
+    assert p["CL"] == 1 and 2 <= p["SPLITS"] <= attention_split.CLUSTER_SPLITS
+    assert scratch(k) == []
+    plan = plan_of(decode_attention(1, 32, 8, 768, 64))
+    cl = [q for q in attention.space(the_kernel(plan), plan) if q["unit"] == "split" and q["CL"]]
+    assert cl and all(2 <= q["SPLITS"] <= attention_split.CLUSTER_SPLITS for q in cl)
+    rows = attention_split.structure(attention.roles(k)).rows
+    no_cl = attention_split.smem_bytes(rows, 64, 64, {**p, "CL": 0})
+    assert attention_split.smem_bytes(rows, 64, 64, p) == -(-no_cl // 16) * 16 + 4 * rows * 66
 
 
 @pytest.mark.parametrize("live", [1, 37, 768])
@@ -210,10 +225,25 @@ def test_merge_reads_at_once_where_it_fits(h, hkv, sq, splits, at_once):
     Dv 64: 128 pairs, 128 threads) read every partial before using any; 24 chunks, or 32 rows (1024
     pairs), keep the three passes."""
     model = decode_attention(1, h, hkv, 768, 64, sq=sq)
-    pinned = plan_of(model, pin={"unit": "split", "BN": 32, "warps": 4, "SPLITS": splits, "MMA": 0})
+    pinned = plan_of(model, pin={"unit": "split", "BN": 32, "warps": 4, "SPLITS": splits, "MMA": 0, "CL": 0})
     source = render_module(pinned)
     assert ("[Note: the merge's reads at once]" in source) == at_once
     assert (f"float2 po[{splits}];" in source) == at_once
+
+
+@pytest.mark.parametrize("pin", [{"MMA": 1, "BN": 128, "warps": 4, "STAGES": 2, "SPLITS": 6},
+                                 {"MMA": 1, "BN": 64, "warps": 4, "STAGES": 4, "SPLITS": 4},
+                                 {"MMA": 0, "BN": 32, "warps": 4, "SPLITS": 8}])
+def test_cluster_merge_builds_without_spills(pin):
+    """[Note: split attention as a cluster]: the kernel carries its cluster's shape, reads no ticket, and ptxas
+    spills nothing (B1 of 32 heads over 8, and 8 heads over 1 at Sq 4: 32 rows a block)."""
+    for model in (decode_attention(1, 32, 8, 768, 64), decode_attention(1, 8, 1, 768, 64, sq=4)):
+        pinned = plan_of(model, pin={"unit": "split", "CL": 1, **pin})
+        kk = the_kernel(pinned)
+        source = render_module(pinned)
+        assert f"__cluster_dims__({pin['SPLITS']}, 1, 1)" in source and "atomicAdd" not in source
+        built = build(source, "sm_90")
+        assert built.spills.get(kk.name, 0) == 0, (pin, built.spills)
 
 
 # ---------------------------------------------------------------- GPU
@@ -291,6 +321,34 @@ def test_gpu_split_on_tensor_cores(bn, warps, stages, splits, gpu_device):
                 assert rel_err(got, ref) <= RTOL["fp16"], (live, rel_err(got, ref))
     if not ran:
         pytest.skip(f"no case has a chunk of {splits} splits that fills {stages} stages of {bn} keys")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pin", [{"MMA": 1, "BN": 128, "warps": 4, "STAGES": 2, "SPLITS": 6},
+                                 {"MMA": 1, "BN": 64, "warps": 4, "STAGES": 4, "SPLITS": 4},
+                                 {"MMA": 1, "BN": 128, "warps": 8, "STAGES": 2, "SPLITS": 2},
+                                 {"MMA": 0, "BN": 32, "warps": 4, "SPLITS": 8},
+                                 {"MMA": 0, "BN": 64, "warps": 8, "SPLITS": 3}],
+                         ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+def test_gpu_split_as_cluster(pin, gpu_device):
+    """[Note: split attention as a cluster]: the chunks merge over distributed shared memory. 4, 16 and 32
+    rows a block; live lengths that leave chunks empty (they still meet the cluster's barriers), NaN in the
+    dead slots; the same bits on a second run."""
+    if gpu_device.arch != "sm_90":
+        pytest.skip("clusters are checked on sm_90")
+    cases = ((decode_attention(1, 32, 8, 768, 64), (1, 37, 300, 768)), (decode_attention(2, 4, 1, 768, 64, sq=4), (4, 700)),
+             (decode_attention(1, 8, 1, 768, 64, sq=4), (37, 513)))
+    for model, lives in cases:
+        payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"unit": "split", "CL": 1, **pin})
+        (k,) = [k for k in payload["kernels"] if k["family"] == "attention"]
+        assert k["params"]["CL"] == 1 and k["params"]["SPLITS"] == pin["SPLITS"]
+        for live in lives:
+            feeds = inputs_at(model, live, seed=pin["SPLITS"] * 1000 + live)
+            ref = reference(feeds)
+            first, second = _run_twice(payload, feeds, gpu_device)
+            assert not np.isnan(first).any()
+            assert rel_err(first, ref) <= RTOL["fp16"], (live, rel_err(first, ref))
+            assert np.array_equal(first, second)
 
 
 def fixture_decode_plan(pin: dict):
@@ -374,9 +432,38 @@ def test_tensor_core_body_within_band_of_the_h200(sched, measured):
     assert (t["t_combine_us"] == 0.0) == (splits == 1)
 
 
+# measured on an H200 by `aicfc tune` (session 28, benchmarks/results/split_attention_cluster_session28_h200.txt),
+# tune's plain launch (0.88 us) taken off: (BN, warps, STAGES, SPLITS) of the tensor-core body as a cluster, us
+CL_MEASURED = [((128, 4, 2, 6), 4.27), ((128, 8, 2, 6), 4.66), ((64, 4, 2, 6), 4.99), ((128, 4, 2, 3), 5.31)]
+
+
+@pytest.mark.parametrize("sched,measured", CL_MEASURED, ids=[f"BN{s[0]}-w{s[1]}-st{s[2]}-sp{s[3]}" for s, _ in CL_MEASURED])
+def test_cluster_merge_within_band_of_the_h200(sched, measured):
+    """[Note: split attention as a cluster]'s terms against the tune run (8 K/V heads of 4 rows, 768 live keys)."""
+    bn, warps, stages, splits = sched
+    hw = load_profile("sm_90", "aicfc/profiles/gpus/h200.json")
+    p = {"BN": bn, "warps": warps, "STAGES": stages, "SPLITS": splits, "MMA": 1, "dtype": "f16", "CL": 1}
+    t = split_attention_terms(8, 4, 768, 64, 64, p, 2, hw, 0.4, 2)
+    assert 0.8 <= measured / t["time_us"] <= 1.25, (measured, t["time_us"])
+    ticket = split_attention_terms(8, 4, 768, 64, 64, {**p, "CL": 0}, 2, hw, 0.4, 2)
+    assert t["time_us"] < ticket["time_us"]   # measured 5.15 against 6.17 us for 6 chunks of 128 keys
+
+
+def test_cluster_needs_an_sm_a_block():
+    """B8 (64 K/V heads): 4 chunks of 64 keys as clusters sharing SMs (256 blocks) measured 14.1 us against
+    9.1 through the ticket, so CL = 1 is refused past one block an SM; 2 chunks (128 blocks) are kept."""
+    assert attention_split.cluster_why_not({"CL": 1, "SPLITS": 4}, 256, 132)
+    assert attention_split.cluster_why_not({"CL": 1, "SPLITS": 2}, 128, 132) is None
+    assert attention_split.cluster_why_not({"CL": 0, "SPLITS": 4}, 256, 132) is None
+    opts = Options("sm_90", load_profile("sm_90", "aicfc/profiles/gpus/h200.json"), "fp16")
+    k = the_kernel(run_pipeline(import_model(decode_attention(8, 32, 8, 768, 64)), opts).plan)
+    assert k.schedule.param["CL"] == 1 and k.schedule.grid[0] <= 132
+
+
 def test_decode_picks_the_tensor_core_body_on_the_h200():
-    """The 1B Llama's decode attention (32 heads over 8, 768 slots) picks what measured fastest."""
+    """The 1B Llama's decode attention (32 heads over 8, 768 slots) picks what measured fastest: 6 chunks of
+    128 keys as a cluster (5.15 us in tune's launches; 12 through the ticket, the pick before, 5.56)."""
     opts = Options("sm_90", load_profile("sm_90", "aicfc/profiles/gpus/h200.json"), "fp16")
     k = the_kernel(run_pipeline(import_model(decode_attention(1, 32, 8, 768, 64)), opts).plan)
     p = k.schedule.param
-    assert (p["unit"], p["MMA"], p["BN"], p["warps"], p["SPLITS"]) == ("split", 1, 64, 4, 12)
+    assert (p["unit"], p["MMA"], p["BN"], p["warps"], p["SPLITS"], p["CL"]) == ("split", 1, 128, 4, 6, 1)

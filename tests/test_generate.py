@@ -117,7 +117,8 @@ def test_attention_reads_only_live_keys(model, seq):
     assert len(plan.kernels) == (23 if seq > 1 else 19)
     payload = aicfc.compile(model, precision="fp16", shapes=shapes(seq), pin=SPLIT if seq == 1 else None)
     sources = "".join(m["source"] for m in payload["modules"])
-    bound = "n_tiles = min(n_tiles" if seq > 1 else "if (split >= n_live) return;"   # tiles / split-KV chunks
+    # tiles / split-KV chunks (a chunk past the live length returns, or, in a cluster, reads nothing)
+    bound = "n_tiles = min(n_tiles" if seq > 1 else "const int n_live = (live + "
     assert "[Note: live keys]" in sources and bound in sources
 
 

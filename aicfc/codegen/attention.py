@@ -244,6 +244,11 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
     return (nb * math.ceil(sq / p["BM"]), 1, 1), (threads(p), 1, 1), smem_bytes(k, p)
 
 
+def launch_why_not(k: Kernel, p: Mapping, grid: tuple[int, int, int], hw) -> str | None:
+    """Why the launch of `p` is refused beyond the generic limits (plan_schedules._rank)."""
+    return attention_split.cluster_why_not(p, grid[0] * grid[1] * grid[2], hw.sm_count) if p.get("unit") == "split" else None
+
+
 def static_smem(k: Kernel, p: Mapping) -> int:
     return 0
 

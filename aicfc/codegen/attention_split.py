@@ -72,11 +72,29 @@ attention 4.51-4.59 us alone against 4.68-4.71, but its 8-layer decode plan 368.
 368.1 (7 alternating rounds, the same tokens; the generate step 0.3710 against 0.3728 ms): in
 the chain the saving does not show. Kept as the shorter chain, not as a measured gain.
 
+[Note: split attention as a cluster]
+CL = 1 (2 <= SPLITS <= CLUSTER_SPLITS, the portable cluster size): the SPLITS chunks of a K/V head are
+the CTAs of one thread block cluster (`__cluster_dims__(SPLITS, 1, 1)`; a head's chunks are consecutive
+blocks, so a chunk's rank is its split). Each keeps its partial (unnormalised O, then (m, l) a row) in its
+own shared memory; after a cluster barrier (release/acquire: the stores before it are visible to the
+peers after it) chunk s merges its share of the rows' column pairs (pairs s·PPR .. s·PPR + PPR - 1) from
+every live chunk's memory over `ld.shared::cluster`, every request before any use, adds them in split
+order and stores them; a second barrier keeps each block's memory alive until its peers have read it.
+No partials in global memory, no fence, no ticket, no scratch. A chunk past the live length reads no
+key (an empty chunk) but meets both barriers; the merge reads only the live chunks, so its (m, l) are
+never used. A new row at or past the live length (in no chunk) is written by chunk 0 after the merge.
+Only where every block has an SM of its own (`cluster_why_not`): at B8 of the 1 B Llama, 256 blocks in
+clusters of 4 (two a SM) ran 14.1 us against 9.1 through the ticket. Measured on an H200 (session 28,
+benchmarks/results/split_attention_cluster_session28_h200.txt): the 1 B Llama's decode attention, 6
+chunks of 128 keys, 5.15 us as a cluster against 6.17 through the ticket and 5.56 for the pick before
+(12 chunks of 64 through the ticket), tune's launches; its 4-layer decode plan 202.1 us against 206.5
+(7 alternating rounds, the same tokens); at B8, 2 chunks of 128 keys 8.36-8.58 against 9.16-9.79.
+
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
 score rows a thread (MMA = 0, STAGES = 2); and MMA = 1 with BN ∈ {64, 128}, KW >= 16 and
 STAGES ∈ {2, 4, 8} (at most a chunk's tiles plus one), where D and Dv are multiples of 16.
-Legal where the query is short (Sq <= MAX_SQ, R <= MAX_ROWS),
+CL ∈ {0, 1} as above. Legal where the query is short (Sq <= MAX_SQ, R <= MAX_ROWS),
 q/k/v are fp16/bf16 rows contiguous along the head dimension and 16-byte aligned (what `mma`
 needs), and the mask is not the causal constant (which the tile units skip by tiles).
 """
@@ -102,6 +120,8 @@ MAX_RT = 8          # score rows a thread accumulates (ptxas spilled at 16: 32 r
 MAX_SPLITS = 64     # chunks per (batch, kv head): the combine's weights live in shared memory
 MERGE_HELD = 16     # at most this many chunks, the merge holds a thread's O pair of each in registers
                     # ([Note: the merge's reads at once])
+CLUSTER_SPLITS = 8  # CL = 1: the chunks of a K/V head as one thread block cluster, at most the portable
+                    # cluster size ([Note: split attention as a cluster])
 LOG2E = 1.4426950408889634
 PAD = 8             # elements added to a staged K/V row: rows 16·(odd) bytes apart, so the 8
                     # threads of one 16-byte load phase hit 8 different bank groups
@@ -166,7 +186,7 @@ def space(g, dtype: str) -> list[dict]:
             p = {"unit": "split", "dtype": dtype, "BN": bn, "warps": w, "causal": 0, "MMA": 0, "STAGES": 2}
             if bn > 32 * w or thread_map(rows, g.dv, p)["RT"] > MAX_RT:
                 continue
-            out += [{**p, "SPLITS": s} for s in splits_of(g.sk, bn)]
+            out += [q for s in splits_of(g.sk, bn) for q in clustered({**p, "SPLITS": s})]
     if g.d % 16 or g.dv % 16:
         return out
     for bn in MMA_SPACE["BN"]:
@@ -178,9 +198,15 @@ def space(g, dtype: str) -> list[dict]:
                 for st in MMA_SPACE["STAGES"]:
                     p = {"unit": "split", "dtype": dtype, "BN": bn, "warps": w, "causal": 0, "MMA": 1,
                          "STAGES": st, "SPLITS": s}
-                    if (st == 2 or st <= tiles + 1) and smem_bytes(rows, g.d, g.dv, p) <= SMEM_LIMIT:
-                        out.append(p)
+                    out += [q for q in clustered(p)
+                            if (st == 2 or st <= tiles + 1) and smem_bytes(rows, g.d, g.dv, q) <= SMEM_LIMIT]
     return out
+
+
+def clustered(p: dict) -> list[dict]:
+    """`p` with its partials merged through a ticket (CL = 0) and, where its chunks fit one portable
+    cluster, through the cluster's shared memory (CL = 1, [Note: split attention as a cluster])."""
+    return [p | {"CL": 0}] + ([p | {"CL": 1}] if 2 <= p["SPLITS"] <= CLUSTER_SPLITS else [])
 
 
 def threads(p: Mapping) -> int:
@@ -211,9 +237,23 @@ def smem_bytes(rows: int, d: int, dv: int, p: Mapping) -> int:
     stats = 3 * rows + rows * p["SPLITS"] + 1
     if p.get("MMA"):   # the query rows as 16-row slices, and every warp's (O, m, l) for the merge
         mi = math.ceil(rows / 16)
-        return staged + 16 * mi * (d + PAD) * esize + 4 * (p["warps"] * 16 * mi * (dv + 2) + stats)
-    floats = rows * d + rows * p["BN"] + stats + 2 * threads(p) + 3
-    return staged + 4 * floats
+        base = staged + 16 * mi * (d + PAD) * esize + 4 * (p["warps"] * 16 * mi * (dv + 2) + stats)
+    else:
+        base = staged + 4 * (rows * d + rows * p["BN"] + stats + 2 * threads(p) + 3)
+    return cluster_partial_at(base) + 4 * rows * (dv + 2) if p.get("CL") else base
+
+
+def cluster_why_not(p: Mapping, blocks: int, sms: int) -> str | None:
+    """CL = 1 only where every block has an SM of its own ([Note: split attention as a cluster])."""
+    if p.get("CL") and blocks > sms:
+        return (f"{blocks} blocks in clusters of {p['SPLITS']}: more than the {sms} SMs (clusters that share "
+                "SMs measured up to 1.7x slower)")
+    return None
+
+
+def cluster_partial_at(base: int) -> int:
+    """CL = 1: the byte offset of the block's own partial (R x Dv, then (m, l) a row), after the rest."""
+    return -(-base // 16) * 16
 
 
 def partial_floats(nkv: int, rows: int, dv: int, splits: int) -> int:
@@ -228,7 +268,7 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
     from aicfc.codegen.scratch import scratch
     sp = structure(g.att)
     idx = sig.index_type
-    part, tickets = (sig.params[s.name] for s in scratch(k, p)) if p["SPLITS"] > 1 else (None, None)
+    part, tickets = (sig.params[s.name] for s in scratch(k, p)) if p["SPLITS"] > 1 and not p.get("CL") else (None, None)
     tm = thread_map(sp.rows, g.dv, p)
     assert tm["KS"] == 1 or tm["NP"] == 1, tm
     return render("attention_split.cu.j2", name=name, signature=sig.text, idx=idx, T=CTYPES[p["dtype"]],
@@ -239,4 +279,6 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   q=operands["q"], k=operands["k"], v=operands["v"], o=store, live=live, logit_lines=logit_lines,
                   logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
                   stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), PRE=p.get("PRE", 0),
-                  PDL_MARK=pdl.MARK, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD, **tm)
+                  PDL_MARK=pdl.MARK, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD,
+                  CL=p.get("CL", 0), PPR=math.ceil(tm["pairs"] / p["SPLITS"]),
+                  CLP_AT=cluster_partial_at(smem_bytes(sp.rows, g.d, g.dv, {**p, "CL": 0})), **tm)

@@ -35,7 +35,8 @@ class Scratch:
 
 def scratch(k: Kernel, params: Mapping[str, Any] | None = None) -> list[Scratch]:
     p = params if params is not None else (k.schedule.param if k.schedule else {})
-    if k.family == "attention" and p.get("unit") == "split" and p.get("SPLITS", 1) > 1:   # one chunk: no merge
+    if k.family == "attention" and p.get("unit") == "split" and p.get("SPLITS", 1) > 1 and not p.get("CL"):
+        # one chunk: no merge; CL = 1: the chunks merge in their cluster's shared memory
         from aicfc.codegen import attention, attention_split
         _, _, _, _, dv = attention.dims(k)
         sp = attention_split.structure(attention.roles(k))

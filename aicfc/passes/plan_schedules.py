@@ -176,6 +176,8 @@ def _rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str]) -> tuple[l
             why = f"estimated {regs} registers per thread > {hw.max_registers_per_thread}"
         elif blocks_per_sm(threads, smem, regs, hw)[0] < 1:
             why = f"no block fits on an SM ({blocks_per_sm(threads, smem, regs, hw)[1]})"
+        else:   # a family's own limit on the launch (the split attention's clusters)
+            why = getattr(family, "launch_why_not", lambda k, p, grid, hw: None)(k, p, grid, hw)
         if why:
             rejected.append(Candidate(_params(p), None, why))
             continue

@@ -28,6 +28,12 @@ that of one SM's blocks plus the combine:
                  (0.89-0.91) since its new rows come with the query ([Note: the new rows with the query])
     t          = launch + max(t_sched + t_combine, t_dram)
 
+CL = 1 ([Note: split attention as a cluster] in codegen/attention_split.py): the partial's
+publication is a store to the block's own shared memory and the cluster's barrier
+(CLUSTER_SYNC_US, not a round trip to L2 with a fence and a ticket), and the combine one
+round trip of distributed shared memory (CLUSTER_READ_US) where every chunk merges a share of
+the pairs, then the barrier that keeps the peers' memory until they are read.
+
 SPLITS trades the chunk's tiles (fewer with more splits) against the combine's reads and the
 SMs' blocks (more with more splits, past one wave). ISSUE_SCALE, STALL_WARPS, TILE_LATENCY_US,
 ROUND_TRIP_US and COMBINE_US are fitted (least squares on log time) to `aicfc tune` of the
@@ -59,6 +65,11 @@ STALL_WARPS = 2.75        # warps a scheduler needs to issue back to back
 TILE_LATENCY_US = 0.5     # a tile's wait: its cp.async group, the barriers between its phases
 ROUND_TRIP_US = 1.0       # one of the block's dependent round trips (FIXED)
 COMBINE_US = 0.4          # the ticket and the last block's first read of the partials
+# CL = 1: set so that the cluster's saving over the ticket matches `aicfc tune` on an H200 (session 28,
+# benchmarks/results/split_attention_cluster_session28_h200.txt: the 1 B Llama's decode attention, 6 chunks
+# of 128 keys, 5.15 us as a cluster against 6.17 through the ticket; tune's plain launches)
+CLUSTER_SYNC_US = 0.15    # barrier.cluster arrive + wait across the chunks' SMs
+CLUSTER_READ_US = 0.2     # the peers' partials over distributed shared memory, every request at once
 
 
 def clock_ghz(hw) -> float:
@@ -120,7 +131,7 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
     per_round = math.ceil(n / rounds)
     stall = max(1.0, STALL_WARPS / (per_round * warps / 4))   # warps a scheduler: the SM's resident blocks'
     t_tile = TILE_LATENCY_US + per_round * t_issue * stall
-    if splits == 1:   # no partial to publish: one round trip fewer, and the block stores O itself
+    if splits == 1 or p.get("CL"):   # no partial to publish to L2: one round trip fewer
         fixed -= ROUND_TRIP_US
     if p.get("MMA"):
         t_tile, t_issue = mma_tile_us(rows, d, dv, p, hw, logit_ops, per_round)
@@ -128,6 +139,8 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
     t_sched = rounds * (fixed + tiles * t_tile)
     combine_bytes = splits * rows * (dv + 2) * 4.0
     t_combine = COMBINE_US + combine_bytes / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count) if splits > 1 else 0.0
+    if p.get("CL"):
+        t_combine = 2 * CLUSTER_SYNC_US + CLUSTER_READ_US
     t = hw.launch_overhead_us + max(t_sched + t_combine, t_dram)
     return {"time_us": t, "t_compute_us": t_sched, "t_dram_us": t_dram, "t_pipeline_us": fixed,
             "t_smem_us": 0.0, "t_tile_us": t_tile, "stall": stall,
