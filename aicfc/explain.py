@@ -157,8 +157,9 @@ def _formula(p: dict[str, Any]) -> str:
                 f"{p['t_epilogue_us']:.2f}, dram {p['t_dram_us']:.2f}) + launch {p['launch_us']:.2f}; "
                 f"waves {p['wave_eff']:.2f}, n_eff {p['n_eff']:.2f}")
     if "t_combine_us" in p:  # split-KV attention (planner/cost_attention_split.py)
+        merge = "the cluster's merge" if p.get("cluster_merge") else "the last block's combine"
         return (f"max(an SM's blocks {p['t_compute_us']:.2f} ({p['blocks']:.0f} blocks of {p['tiles_per_chunk']:.0f} "
-                f"key tiles at {p['t_tile_us']:.3f}, fixed {p['t_pipeline_us']:.2f}) + the last block's combine "
+                f"key tiles at {p['t_tile_us']:.3f}, fixed {p['t_pipeline_us']:.2f}) + {merge} "
                 f"{p['t_combine_us']:.2f}, dram {p['t_dram_us']:.2f}) + launch {p['launch_us']:.2f}")
     if "t_tile_us" in p:     # wgmma attention: a schedule of blocks (planner/cost_attention_wgmma.py)
         return (f"latency + max(the blocks' schedule {p['t_compute_us']:.2f} ({p['key_tiles']:.0f} key tiles at "

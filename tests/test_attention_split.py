@@ -195,6 +195,9 @@ def test_explain_shows_the_split():
     assert k["params"]["unit"] == "split" and "t_combine_us" in k["predicted"]
     assert any(c.get("params", {}).get("unit") in ("wgmma", "mma") for c in k["candidates"])
     assert k["registers"] is not None and k["registers"] <= 255
+    from aicfc.explain import explain_text
+    merge = "the cluster's merge" if k["params"]["CL"] else "the last block's combine"
+    assert merge in explain_text(payload)
 
 
 # ---------------------------------------------------------------- nvcc: sm_90a, no spills

@@ -145,5 +145,6 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
     return {"time_us": t, "t_compute_us": t_sched, "t_dram_us": t_dram, "t_pipeline_us": fixed,
             "t_smem_us": 0.0, "t_tile_us": t_tile, "stall": stall,
             "t_issue_tile_us": t_issue,
-            "t_combine_us": t_combine, "key_tiles": nkv * splits * tiles, "tiles_per_chunk": tiles,
+            "t_combine_us": t_combine, "cluster_merge": float(bool(p.get("CL"))),
+            "key_tiles": nkv * splits * tiles, "tiles_per_chunk": tiles,
             "blocks": blocks, "blocks_per_sm": bps, "launch_us": hw.launch_overhead_us}
