@@ -246,8 +246,8 @@ def smem_bytes(rows: int, d: int, dv: int, p: Mapping) -> int:
 def cluster_why_not(p: Mapping, blocks: int, sms: int) -> str | None:
     """CL = 1 only where every block has an SM of its own ([Note: split attention as a cluster])."""
     if p.get("CL") and blocks > sms:
-        return (f"{blocks} blocks in clusters of {p['SPLITS']}: more than the {sms} SMs (clusters that share "
-                "SMs measured up to 1.7x slower)")
+        return (f"{blocks} blocks in clusters of {p['SPLITS']}: more than the {sms} SMs (on an H200, 256 blocks "
+                "in clusters of 4 ran 14.1 us against 9.1 through the ticket)")
     return None
 
 
