@@ -137,10 +137,12 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
         t_tile, t_issue = mma_tile_us(rows, d, dv, p, hw, logit_ops, per_round)
         fixed += MMA_MERGE_US
     t_sched = rounds * (fixed + tiles * t_tile)
-    combine_bytes = splits * rows * (dv + 2) * 4.0
-    t_combine = COMBINE_US + combine_bytes / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count) if splits > 1 else 0.0
-    if p.get("CL"):
+    if p.get("CL"):   # two cluster barriers and one read of the peers' shared memory
         t_combine = 2 * CLUSTER_SYNC_US + CLUSTER_READ_US
+    elif splits > 1:  # the ticket, then every chunk's partial read from L2 at an SM's share
+        t_combine = COMBINE_US + splits * rows * (dv + 2) * 4.0 / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
+    else:
+        t_combine = 0.0
     t = hw.launch_overhead_us + max(t_sched + t_combine, t_dram)
     return {"time_us": t, "t_compute_us": t_sched, "t_dram_us": t_dram, "t_pipeline_us": fixed,
             "t_smem_us": 0.0, "t_tile_us": t_tile, "stall": stall,
