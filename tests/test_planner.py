@@ -255,3 +255,20 @@ def test_rankings_remembered_within_a_compile():
         PS.RANKED_KEEP = keep
     warm = run_pipeline(import_model(model), Options("sm_90", hw, "fp16")).plan
     assert [k.schedule for k in cold.kernels] == [k.schedule for k in warm.kernels]
+
+
+def test_ties_go_to_two_consumer_warpgroups():
+    """Two wgmma schedules of the same tile, predicted the same in every term, one with a lone consumer
+    warpgroup and one ping-pong pair: the pair ranks first (plan_schedules._order; session 29's tune measured
+    ResNet-50 B32's 7x7x512 3x3 convolutions 16.5-17.1 us with two against 19.9-20.0 with one)."""
+    from aicfc.passes.plan_schedules import Ranked, _order
+    from aicfc.planner.cost import Estimate
+
+    terms = {"t_pipeline_us": 1.19, "t_epilogue_us": 1.2, "t_compute_us": 13.33, "t_smem_us": 7.88}
+    base = {"unit": "wgmma", "BM": 64, "BN": 128, "MI": 1, "STAGES": 6, "CTAS": 100, "A": "tma", "OUT": 2}
+    one = Ranked(dict(base, NWG=1, PP=0), (100, 1, 1), (256, 1, 1), 0, Estimate(17.0, 7.4e9, 8e6, dict(terms)))
+    two = Ranked(dict(base, NWG=2, PP=1), (100, 1, 1), (384, 1, 1), 0, Estimate(17.0, 7.4e9, 8e6, dict(terms)))
+    assert sorted([one, two], key=_order)[0] is two
+    # the time still comes first: a lone warpgroup predicted faster keeps its place
+    faster = Ranked(dict(base, NWG=1, PP=0), (100, 1, 1), (256, 1, 1), 0, Estimate(16.9, 7.4e9, 8e6, dict(terms)))
+    assert sorted([two, faster], key=_order)[0] is faster

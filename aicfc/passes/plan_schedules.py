@@ -193,10 +193,16 @@ def _order(r: Ranked) -> tuple:
     memory (its other bounds have more slack), then to the deeper ring of k-blocks (STAGES: more
     loads in flight absorb the arrivals' spread, which the model does not see; on an H200 a 1B
     Llama prefill's gate/up GEMM, 128x192 tiles alone on their SMs, ran 48.6 us at 3 stages and
-    44.8-47.0 at 4, predicted the same), then to a fixed order."""
+    44.8-47.0 at 4, predicted the same), then to more consumer warpgroups (NWG: a tile of one warpgroup's
+    rows runs as fast or faster with a second warpgroup beside it that takes every other tile, ping-pong,
+    though a CTA of one tile leaves it idle; on an H200, aicf tune of ResNet-50 B32, session 29,
+    benchmarks/results/tune_resnet50_b32_session29_h200.txt: its 7x7x512 3x3 convolutions' 64x128 tiles,
+    100 CTAs of one tile each, ran 16.5-17.1 us against 19.9-20.0 with one warpgroup, predicted the same;
+    the 1x1 GEMMs' equal pairs 0-3% apart, never slower with two; why the lone warpgroup loses the most in
+    the convolution is not found), then to a fixed order."""
     t = r.estimate.terms
     return (round(r.time_us, 6), t["t_pipeline_us"], round(t.get("t_epilogue_us", 0.0), 6), round(t["t_compute_us"], 6),
-            round(t["t_smem_us"], 6), -r.params.get("STAGES", 0), _params(r.params))
+            round(t["t_smem_us"], 6), -r.params.get("STAGES", 0), -r.params.get("NWG", 0), _params(r.params))
 
 
 def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list[Ranked], list[Candidate]]],
