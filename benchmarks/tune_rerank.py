@@ -1,0 +1,119 @@
+"""Score a cost-model change against a stored `aicfc tune --json` report, without a GPU.
+
+The report holds what a GPU measured for each kernel's candidates. This re-plans the same model
+with this tree's planner (and an optional profile), re-ranks every kernel's space as compile
+does, with the report's ptxas register counts standing in for the build of the leaders
+(`plan_schedules.check_leaders`), and sets the new ranking against the measurements:
+
+- the new pick, and its measured time when the report measured it ("unmeasured" when the model
+  now prefers a candidate the GPU never timed: measure it before trusting the change);
+- the best measured candidate by the new ranking, against the old pick's and the fastest's time;
+- Spearman's rank correlation of the new predictions and the measurements, per kernel.
+
+    python3 benchmarks/tune_rerank.py /tmp/r50/r50_b32.onnx benchmarks/results/tune_resnet50_b32_session29_h200.json \\
+        --precision fp16 --profile aicfc/profiles/gpus/h200.json
+
+The model must be the one the report was measured on, or one with the same kernels: kernels and
+candidates are matched by name and parameters. `benchmarks/resnet50_graph.py` writes ResNet-50
+without torch; against session 29's report of the torch export its kernels predict within 1-14%
+of the report (their epilogues are not all identical), enough to flip near-ties: run this script
+in both trees of an A/B and compare the two outputs, not one output against the report's picks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aicfc.passes.plan_schedules import check_leaders, rank  # noqa: E402
+from aicfc.planner.cost import estimate_registers  # noqa: E402
+from aicfc.planner.fit import WITHIN, spearman  # noqa: E402
+
+
+def key(params: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, v) for k, v in params.items() if k != "MAPS"))
+
+
+def rerank(plan, hw, report: dict[str, Any], only: set[str] | None = None) -> list[dict[str, Any]]:
+    """One row per GEMM or convolution kernel of `report` that `plan` has (see the module doc)."""
+    measured = {kt["name"]: kt for kt in report["kernels"]
+                if kt["family"] in ("gemm", "conv") and (only is None or kt["name"] in only)}
+    problems = [(k, *rank(k, plan, hw)) for k in plan.kernels if k.name in measured]
+    problems = [p for p in problems if p[1]]
+    regs = {(kt["name"], key(c["params"])): c["registers"] for kt in measured.values() for c in kt["candidates"]
+            if c.get("registers")}
+
+    def check(plan_, batch):   # the report's ptxas counts, where it has them; no candidate spills
+        return [[(regs.get((k.name, key(p)), estimate_registers(k, p)), 0) for p in ps] for k, ps in batch]
+
+    rows = []
+    for (k, _, _), ranked in zip(problems, check_leaders(plan, hw, problems, check)):
+        kt = measured[k.name]
+        timed = {key(c["params"]): c for c in kt["candidates"] if c.get("measured_us")}
+        if not timed:
+            continue
+        new = [(r, timed.get(key(r.params))) for r in ranked]
+        pick, pick_timed = new[0]
+        best = next(((r, c) for r, c in new if c), None)
+        old = next((c for c in timed.values() if c["rank"] == 0), None)
+        fastest = min(timed.values(), key=lambda c: c["measured_us"])
+        pairs = [(r.time_us, c["measured_us"]) for r, c in new if c]
+        rows.append({"kernel": k.name, "old_pick_us": old["measured_us"] if old else None,
+                     "new_pick_us": pick_timed["measured_us"] if pick_timed else None,
+                     "new_pick_predicted_us": pick.time_us, "new_pick_params": dict(pick.params),
+                     "best_measured_by_new_us": best[1]["measured_us"] if best else None,
+                     "fastest_us": fastest["measured_us"],
+                     "spearman": spearman([p for p, _ in pairs], [m for _, m in pairs])})
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for r in rows:
+        new = f"{r['new_pick_us']:7.2f}" if r["new_pick_us"] is not None else " unmeas"
+        old = f"{r['old_pick_us']:7.2f}" if r["old_pick_us"] is not None else "      -"
+        moved = "*" if r["new_pick_us"] != r["old_pick_us"] else " "
+        lines.append(f"{moved}{r['kernel']:>5}  old pick {old}  new pick {new} (predicted {r['new_pick_predicted_us']:7.2f})"
+                     f"  fastest {r['fastest_us']:7.2f}  Spearman {r['spearman']:5.2f}")
+    both = [r for r in rows if r["new_pick_us"] is not None and r["old_pick_us"] is not None]
+    within = sum(r["new_pick_us"] <= (1 + WITHIN) * r["fastest_us"] for r in both)
+    band = sum(0.8 <= r["new_pick_us"] / r["new_pick_predicted_us"] <= 1.25 for r in both)
+    sp = [r["spearman"] for r in rows if not math.isnan(r["spearman"])]
+    lines.append(f"kernels {len(rows)}; new picks measured {len(both)} (unmeasured {len(rows) - len(both)}); "
+                 f"within {WITHIN:.0%} of the fastest {within}; measured / predicted in [0.8, 1.25] {band}; "
+                 f"mean Spearman {sum(sp) / max(len(sp), 1):.3f}")
+    lines.append(f"measured time of the picks, where both were measured: old {sum(r['old_pick_us'] for r in both):.1f} us, "
+                 f"new {sum(r['new_pick_us'] for r in both):.1f} us")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    import onnx
+    from aicfc.frontend.onnx_import import import_model
+    from aicfc.passes.pipeline import Options, run_pipeline
+    from aicfc.planner.hardware import load_profile
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("report", type=Path, help="an `aicfc tune --json` report of the same model")
+    ap.add_argument("--precision", default="fp16")
+    ap.add_argument("--target", default="sm_90")
+    ap.add_argument("--profile", help="hardware profile to re-rank under (JSON, or a bundled GPU's name)")
+    ap.add_argument("--kernels", help="comma-separated kernel names (default: every GEMM and convolution)")
+    args = ap.parse_args(argv)
+    report = json.loads(args.report.read_text())
+    hw = load_profile(args.target, args.profile)
+    plan = run_pipeline(import_model(onnx.load(str(args.model)), None, name=args.model.stem),
+                        Options(args.target, hw, args.precision)).plan
+    rows = rerank(plan, hw, report, set(args.kernels.split(",")) if args.kernels else None)
+    print("\n".join(summary(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

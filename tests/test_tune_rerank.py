@@ -1,0 +1,57 @@
+"""benchmarks/tune_rerank.py: a stored tune report re-ranked by this tree's planner, on the CPU."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from aicfc.frontend.onnx_import import import_model
+from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.planner.hardware import load_profile
+from aicfc.tune import TuneReport, candidates
+from benchmarks.tune_rerank import rerank, summary
+
+
+def _matmul(m: int = 512, k: int = 1024, n: int = 768) -> onnx.ModelProto:
+    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _report(drop_pick: bool = False):
+    hw = load_profile("sm_90", "h200")
+    plan = run_pipeline(import_model(_matmul(), None, name="mm"), Options("sm_90", hw, "fp16")).plan
+    report = TuneReport("mm", "sm_90", "fp16", "synthetic", hw.data, candidates(plan, hw, 5, 3), plan.types())
+    (kt,) = report.kernels
+    for c in kt.candidates:   # 'measured': the pick 40% slow, every other candidate at its prediction
+        c.measured_us = c.predicted_us * (1.4 if c.rank == 0 else 1.0)
+        if drop_pick and c.rank == 0:
+            c.measured_us = None
+    return plan, hw, json.loads(json.dumps(report.to_json())), kt
+
+
+def test_same_tree_same_profile_picks_what_the_report_picked():
+    plan, hw, report, kt = _report()
+    (row,) = rerank(plan, hw, report)
+    pick = next(c for c in kt.candidates if c.rank == 0)
+    assert row["kernel"] == kt.name and row["new_pick_params"] == pick.params
+    assert row["new_pick_us"] == row["old_pick_us"] == pick.measured_us
+    assert row["new_pick_predicted_us"] == pick.predicted_us
+    assert row["fastest_us"] == min(c.measured_us for c in kt.candidates) < pick.measured_us
+    assert row["best_measured_by_new_us"] == pick.measured_us
+    lines = summary([row])
+    assert lines[-2].startswith("kernels 1; new picks measured 1 (unmeasured 0)")
+    assert "measured / predicted in [0.8, 1.25] 0" in lines[-2]   # the pick measured 1.4x its prediction
+
+
+def test_a_pick_the_gpu_never_timed_is_reported_unmeasured():
+    plan, hw, report, kt = _report(drop_pick=True)
+    (row,) = rerank(plan, hw, report)
+    assert row["new_pick_us"] is None and row["old_pick_us"] is None
+    second = min((c for c in kt.candidates if c.measured_us), key=lambda c: c.rank)
+    assert row["best_measured_by_new_us"] == second.measured_us
+    assert "unmeas" in summary([row])[0]
