@@ -1,5 +1,5 @@
 """torchvision's ResNet-50 (v1.5: the stride on each bottleneck's 3x3) as an ONNX graph written
-with onnx.helper, random weights and BatchNorm statistics: the same convolutions, shapes and
+with onnx.helper, random weights and BatchNorm statistics folded into them: the same convolutions, shapes and
 epilogues as `benchmarks/export_case.py resnet50:B` exports through torch, for planning and
 predicting on a machine without torch (the node names differ).
 
@@ -29,12 +29,16 @@ class _Builder(GraphBuilder):
         self.rng = np.random.default_rng(seed)
 
     def conv_bn(self, x: str, cin: int, cout: int, k: int, stride: int, relu: bool) -> str:
+        """A convolution with its BatchNorm folded into weights and bias, as torch's export of a module in
+        eval mode writes it (so the epilogues match that model's: bias, then ReLU or the residual add)."""
         rng = self.rng
-        w = (rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))).astype(np.float32)
-        y = self.node("Conv", [x, self.const(w)], kernel_shape=[k, k], strides=[stride] * 2, pads=[k // 2] * 4)
-        stats = [(1 + 0.1 * rng.standard_normal(cout)), 0.1 * rng.standard_normal(cout),
-                 0.1 * rng.standard_normal(cout), rng.uniform(0.5, 1.5, cout)]
-        y = self.node("BatchNormalization", [y] + [self.const(s.astype(np.float32)) for s in stats], epsilon=1e-5)
+        w = rng.standard_normal((cout, cin, k, k)) * np.sqrt(2.0 / (cin * k * k))
+        scale, shift, mean, var = (1 + 0.1 * rng.standard_normal(cout), 0.1 * rng.standard_normal(cout),
+                                   0.1 * rng.standard_normal(cout), rng.uniform(0.5, 1.5, cout))
+        g = scale / np.sqrt(var + 1e-5)
+        y = self.node("Conv", [x, self.const((w * g[:, None, None, None]).astype(np.float32)),
+                               self.const((shift - mean * g).astype(np.float32))],
+                      kernel_shape=[k, k], strides=[stride] * 2, pads=[k // 2] * 4)
         return self.node("Relu", [y]) if relu else y
 
     def bottleneck(self, x: str, cin: int, width: int, stride: int) -> str:
