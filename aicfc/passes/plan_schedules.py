@@ -195,7 +195,7 @@ def _order(r: Ranked) -> tuple:
     Llama prefill's gate/up GEMM, 128x192 tiles alone on their SMs, ran 48.6 us at 3 stages and
     44.8-47.0 at 4, predicted the same), then to more consumer warpgroups (NWG: a tile of one warpgroup's
     rows runs as fast or faster with a second warpgroup beside it that takes every other tile, ping-pong,
-    though a CTA of one tile leaves it idle; on an H200, aicf tune of ResNet-50 B32, session 29,
+    though a CTA of one tile leaves it idle; on an H200, aicfc tune of ResNet-50 B32, session 29,
     benchmarks/results/tune_resnet50_b32_session29_h200.txt: its 7x7x512 3x3 convolutions' 64x128 tiles,
     100 CTAs of one tile each, ran 16.5-17.1 us against 19.9-20.0 with one warpgroup, predicted the same;
     the 1x1 GEMMs' equal pairs 0-3% apart, never slower with two; why the lone warpgroup loses the most in
