@@ -73,7 +73,9 @@ def resnet50(batch: int, seed: int = 0, classes: int = 1000) -> onnx.ModelProto:
 
 
 def bottleneck(batch: int, cin: int, width: int, hw: int, stride: int = 1, seed: int = 0) -> onnx.ModelProto:
-    """One bottleneck of ResNet-50 alone (its convolutions as in the whole model: `stage_block`)."""
+    """One bottleneck of ResNet-50 alone (`stage_block`): its convolutions' shapes, though not always the
+    whole model's kernels: with an NCHW input and output of its own, the layout pass may keep a 1x1
+    convolution NCHW (an `mma` GEMM) where the whole model runs it channels-last on `wgmma`."""
     g = _Builder(seed)
     g.bottleneck("x", cin, width, stride)
     return g.model("bottleneck", (batch, cin, hw, hw), (batch, width * EXPANSION, hw // stride, hw // stride))

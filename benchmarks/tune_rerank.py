@@ -30,13 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aicfc.passes.plan_schedules import check_leaders, rank  # noqa: E402
+from aicfc.passes.plan_schedules import _params as params_key, check_leaders, rank  # noqa: E402
 from aicfc.planner.cost import estimate_registers  # noqa: E402
 from aicfc.planner.fit import WITHIN, spearman  # noqa: E402
-
-
-def key(params: dict[str, Any]) -> tuple:
-    return tuple(sorted((k, v) for k, v in params.items() if k != "MAPS"))
 
 
 def rerank(plan, hw, report: dict[str, Any], only: set[str] | None = None) -> list[dict[str, Any]]:
@@ -45,19 +41,19 @@ def rerank(plan, hw, report: dict[str, Any], only: set[str] | None = None) -> li
                 if kt["family"] in ("gemm", "conv") and (only is None or kt["name"] in only)}
     problems = [(k, *rank(k, plan, hw)) for k in plan.kernels if k.name in measured]
     problems = [p for p in problems if p[1]]
-    regs = {(kt["name"], key(c["params"])): c["registers"] for kt in measured.values() for c in kt["candidates"]
+    regs = {(kt["name"], params_key(c["params"])): c["registers"] for kt in measured.values() for c in kt["candidates"]
             if c.get("registers")}
 
     def check(plan_, batch):   # the report's ptxas counts, where it has them; no candidate spills
-        return [[(regs.get((k.name, key(p)), estimate_registers(k, p)), 0) for p in ps] for k, ps in batch]
+        return [[(regs.get((k.name, params_key(p)), estimate_registers(k, p)), 0) for p in ps] for k, ps in batch]
 
     rows = []
     for (k, _, _), ranked in zip(problems, check_leaders(plan, hw, problems, check)):
         kt = measured[k.name]
-        timed = {key(c["params"]): c for c in kt["candidates"] if c.get("measured_us")}
+        timed = {params_key(c["params"]): c for c in kt["candidates"] if c.get("measured_us")}
         if not timed:
             continue
-        new = [(r, timed.get(key(r.params))) for r in ranked]
+        new = [(r, timed.get(params_key(r.params))) for r in ranked]
         pick, pick_timed = new[0]
         best = next(((r, c) for r, c in new if c), None)
         old = next((c for c in timed.values() if c["rank"] == 0), None)

@@ -4,27 +4,19 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.hardware import load_profile
 from aicfc.tune import TuneReport, candidates
+from benchmarks.gemm import matmul_model
 from benchmarks.tune_rerank import rerank, summary
-
-
-def _matmul(m: int = 512, k: int = 1024, n: int = 768) -> onnx.ModelProto:
-    w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [numpy_helper.from_array(w, "w")])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _report(drop_pick: bool = False):
     hw = load_profile("sm_90", "h200")
-    plan = run_pipeline(import_model(_matmul(), None, name="mm"), Options("sm_90", hw, "fp16")).plan
+    w = np.random.default_rng(0).standard_normal((1024, 768)).astype(np.float32)
+    plan = run_pipeline(import_model(matmul_model(512, 1024, 768, w), None, name="mm"), Options("sm_90", hw, "fp16")).plan
     report = TuneReport("mm", "sm_90", "fp16", "synthetic", hw.data, candidates(plan, hw, 5, 3), plan.types())
     (kt,) = report.kernels
     for c in kt.candidates:   # 'measured': the pick 40% slow, every other candidate at its prediction
