@@ -275,7 +275,13 @@ def halo_geometry(k: Kernel, types: Mapping[str, TensorType], bm: int) -> Halo |
     convolutions ran 1.3-1.7x slower than under im2col (benchmarks/results/conv_halo_ab_session11_h200.txt).
     This version, in ResNet-50 B32 on the H200: the 28x28 and 14x14 3x3 convolutions as fast as under
     im2col (20.2 / 16.6 us against 20.3 / 16.7), the 56x56 ones slower (31.5 against 24.6; the cost
-    terms' HALO_A_SMEM); so far the saved L2 traffic has bought no time.
+    terms' HALO_A_SMEM); so far the saved L2 traffic has bought no time. Under im2col the 56x56 ones run at
+    the TMA's own rate: a 16 KB box of image rows takes 0.30-0.40 us an SM on an H200 in any mode (im2col or
+    tiled, 3 to 12 stages, 33 to 132 CTAs; benchmarks/prototypes/tma_taps.cu, session 30): their 54 k-blocks
+    an SM take 19.9-23.4 us with no arithmetic at all (the kernels run 20.2-20.7), where their tensor-core bar
+    is 15.0 us. So they reach it
+    only through fewer rows through the TMA, i.e. image tiles whose shifted reads cost the tensor cores
+    nothing (A from registers through ldmatrix, which takes any row; not built).
     Slots past OW (PITCH is a
     power of two, so a tile of BM rows is BM / PITCH whole rows) and rows past OH are computed
     and not stored: the price, paid in tensor-core time, is OW·OH / (PITCH·OHP) of the tile used."""

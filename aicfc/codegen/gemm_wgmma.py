@@ -54,8 +54,23 @@ there than the data-parallel tiles on every shape measured: ResNet-50 B32's stag
 14.8-21.9 us against 9.2-13.8, its 3x3 convolutions 20.4-29.5 against 15.0-20.1
 (benchmarks/results/stream_k_session16_h200.txt). So it runs only under `--pin STREAM=1`
 (passes/plan_schedules.py OPT_IN: explain lists the candidates with that reason); its cost terms
-(cost_wgmma.stream_k) predicted those runs at 0.83-1.38 of what they measured. Why it is slower
-than its k-blocks (24-28 a block against 32-72) say is not found yet.
+(cost_wgmma.stream_k) predicted those runs at 0.83-1.38 of what they measured.
+
+[Note: stream-k in step]
+Part of why stream-k lost: a box that many CTAs read at once comes through the TMA far faster
+than one a CTA reads alone (benchmarks/prototypes/tma_taps.cu on an H200, session 30: a conv's
+8 KB filter box, read by all 132 CTAs in step, added 0.03 us to a k-block whose 16 KB image box,
+read by one CTA, took 0.40). Data-parallel tiles walk their k-blocks in step, so a B box is read
+by every CTA of its tile column at once; stream-k's shares start anywhere in a tile, so the
+blocks were at every k-block at once. A block now runs its last unit first: that unit starts at
+its tile's first k-block, as every block's does, and the first unit (a tile's tail) follows, at
+an offset of KT - share that every block shares, so all blocks stand at one of two k-blocks.
+Measured (H200, benchmarks/results/tma_taps_session30_h200.txt, call 5, the tree before in the
+same call): ResNet-50 B32's 7x7x512 3x3 convolution pinned to stream-k 22.7-24.5 us against
+25.6-28.3, its 14x14x256 one 19.6-23.2 against 21.5-24.0, the GEMMs 1568x2048x512, 1568x512x2048,
+6272x1024x256 and 1568x1024x512 13.7 / 16.1 / 14.1 / 11.7 us against 15.8 / 15.9 / 14.9 / 12.3; the data-parallel picks still run faster (16.8, 15.2, 9.3 us), so stream-k
+stays opt-in. What is left is not measured apart (the fixups' fence, ticket and partial reads at
+the end of every block).
 
 [Note: epilogue prefetch]
 An epilogue that reads a tensor of the output's size (a residual add: `gemm.extra_reads`) loads it
