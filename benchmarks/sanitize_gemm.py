@@ -1,6 +1,6 @@
 """The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
 random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles, 2-CTA
-clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions), and the gemv's
+clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions, stream-k), and the gemv's
 tensor-core steps (splits by cluster and by scratch), and the split decode attention's chunks merged
 as a cluster, its output checked finite. Run it under the sanitizer on a GPU machine:
 
@@ -59,6 +59,13 @@ def main() -> int:
              ("split cluster conv gather 16x64x15x15 3x3/2", conv_model((16, 64, 15, 15), (136, 64, 3, 3), bn=True, act="relu",
                                                                       follow="pool", strides=[2, 2], pads=[1, 1, 1, 1]),
               {"unit": "wgmma", "SPLITK": 2, "CL": 1, "NWG": 2, "BM": 128, "BN": 128, "A": "gather"}),
+             # stream-k, each block's last unit first ([Note: stream-k in step] in codegen/gemm_wgmma.py): tiles cut
+             # among blocks, in a GEMM and an im2col convolution
+             ("stream-k 1568x2048x512", matmul_model(1568, 2048, 512, rng.standard_normal((2048, 512)).astype(np.float32)),
+              {"unit": "wgmma", "STREAM": 1}),
+             ("stream-k conv 8x512x7x7 3x3", conv_model((8, 512, 7, 7), (512, 512, 3, 3), bn=True, act="relu",
+                                                       follow="pool", pads=[1, 1, 1, 1]),
+              {"unit": "wgmma", "STREAM": 1, "A": "tma"}),
              # the gemv on tensor cores ([Note: the gemv on tensor cores] in codegen/gemm_gemv.py): 8 and 5 rows,
              # K not a multiple of a step, splits through a cluster and through scratch
              ("gemv tensor cores cluster 8x1000x520", matmul_model(8, 1000, 520, rng.standard_normal((1000, 520)).astype(np.float32)),
