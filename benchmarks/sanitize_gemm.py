@@ -1,6 +1,6 @@
 """The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
 random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles, 2-CTA
-clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions, stream-k), and the gemv's
+clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions, stream-k, the taps unit), and the gemv's
 tensor-core steps (splits by cluster and by scratch), and the split decode attention's chunks merged
 as a cluster, its output checked finite. Run it under the sanitizer on a GPU machine:
 
@@ -66,6 +66,11 @@ def main() -> int:
              ("stream-k conv 8x512x7x7 3x3", conv_model((8, 512, 7, 7), (512, 512, 3, 3), bn=True, act="relu",
                                                        follow="pool", pads=[1, 1, 1, 1]),
               {"unit": "wgmma", "STREAM": 1, "A": "tma"}),
+             # the taps unit ([Note: taps in registers] in codegen/conv_taps.py): image tiles with zeros outside, three
+             # consumer warpgroups, the TMA-store epilogue
+             ("taps conv 4x64x16x24 3x3", conv_model((4, 64, 16, 24), (64, 64, 3, 3), bn=True, act="relu",
+                                                     follow="pool", pads=[1, 1, 1, 1]),
+              {"unit": "taps"}),
              # the gemv on tensor cores ([Note: the gemv on tensor cores] in codegen/gemm_gemv.py): 8 and 5 rows,
              # K not a multiple of a step, splits through a cluster and through scratch
              ("gemv tensor cores cluster 8x1000x520", matmul_model(8, 1000, 520, rng.standard_normal((1000, 520)).astype(np.float32)),

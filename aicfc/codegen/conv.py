@@ -11,14 +11,15 @@ synchronous gathered loads (`AicfGather`: a negative offset stands for the paddi
 and the filter operand, contiguous along k, by the same `cp.async` tile loader as any GEMM.
 
 Parameter space: the `gemm` family's SIMT tiles; under fp16/bf16 also `gemm_mma`'s tiles
-without split-k. Constraints: the planner's (threads, shared memory, registers).
+without split-k, and on sm_90a the Hopper engine's (`conv_wgmma`, unit `wgmma`) and, for 3x3 convolutions
+of 64 channels to 64, unit `taps` (`conv_taps`). Constraints: the planner's (threads, shared memory, registers).
 """
 from __future__ import annotations
 
 import math
 from typing import Mapping
 
-from aicfc.codegen import conv_wgmma, gemm, gemm_mma
+from aicfc.codegen import conv_taps, conv_wgmma, gemm, gemm_mma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
@@ -68,7 +69,7 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     wg = []
     if conv_wgmma.why_not(k, plan) is None:
         hw = load_profile(plan.target)
-        wg = conv_wgmma.space(k, plan, hw.sm_count, hw.smem_per_block_optin)
+        wg = conv_wgmma.space(k, plan, hw.sm_count, hw.smem_per_block_optin) + conv_taps.space(k, plan, hw.sm_count)
     return gemm.simt_space(prefetched=False) + mma + wg
 
 
@@ -86,6 +87,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
     nb = math.prod(e for _, e in batch)
     if p["unit"] == "wgmma":
         return (p["CTAS"], 1, 1), (conv_wgmma.threads(p), 1, 1), conv_wgmma.smem_bytes(p)
+    if p["unit"] == "taps":
+        return (p["CTAS"], 1, 1), (conv_taps.threads(p), 1, 1), conv_taps.smem_bytes(p)
     if p["unit"] == "mma":
         tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"])
         return (tiles, 1, nb), (gemm_mma.threads(p), 1, 1), gemm_mma.smem_bytes(p)
@@ -95,6 +98,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 def static_smem(k: Kernel, p: Mapping) -> int:
     if p["unit"] == "wgmma":
         return conv_wgmma.static_smem(p)
+    if p["unit"] == "taps":
+        return conv_taps.static_smem(p)
     if p["unit"] == "mma":
         return 0
     return 4 * p["BK"] * (p["BM"] + 1 + p["BN"] + 1)
@@ -102,6 +107,8 @@ def static_smem(k: Kernel, p: Mapping) -> int:
 
 def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list:
     """The TMA descriptors the schedule takes (codegen/tma.py): the Hopper engine's filter."""
+    if p.get("unit") == "taps":
+        return conv_taps.tensor_maps(k, p, types)
     return conv_wgmma.tensor_maps(k, p, types) if p.get("unit") == "wgmma" else []
 
 
@@ -161,6 +168,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   decompose=decompose("batch", batch, idx), epilogue=_epilogue(k, g, types, sig.params, idx))
     if p["unit"] == "wgmma":
         return conv_wgmma.render_kernel(k, p, types, name, dict(common, params=sig.params))
+    if p["unit"] == "taps":
+        return conv_taps.render_kernel(k, p, types, name, dict(common, params=sig.params))
     if p["unit"] != "mma":
         return render("conv.cu.j2", threads=gemm.threads(p), **{x: p[x] for x in ("BM", "BN", "BK", "TM", "TN")},
                       m_vars=", ".join(g.m), n_vars=", ".join(g.n), k_vars=", ".join(k.ops[0].reduce_vars),

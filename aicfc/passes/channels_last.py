@@ -28,7 +28,7 @@ input):
   reads the copy, where that pays for itself: the planner's best predicted times of the
   convolutions reading the copy plus the copy's must beat those of the same convolutions
   reading the input NCHW (on their old schedules); both figures are in the record. `--pin
-  unit=wgmma` makes every copy.
+  unit=wgmma` (or `unit=taps`) makes every copy.
 - WEIGHT_RULE: the filter of every convolution whose image is now NHWC.
 - ROWS_RULE: a 1x1 convolution's GEMM written channels-last takes the image as its first
   operand (`pixels_as_rows`) where the planner's best predicted time of that orientation is
@@ -198,17 +198,20 @@ def _copy_kernel(x: str, t: TensorType, name: str) -> Kernel:
                   properties(op), (INPUT_RULE,))
 
 
+HOPPER_UNITS = ("wgmma", "taps")   # the convolution units that read NHWC (codegen/conv_wgmma.py, conv_taps.py)
+
+
 def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
-    """`pin` (--pin): with unit=wgmma every input copy is made whatever its cost (the user asked for
-    the Hopper engine); with another unit nothing changes."""
-    if plan.target != TARGET or plan.precision not in ("fp16", "bf16") or (pin or {}).get("unit", "wgmma") != "wgmma":
+    """`pin` (--pin): with unit=wgmma or unit=taps every input copy is made whatever its cost (the user
+    asked for a Hopper unit, which reads NHWC); with another unit nothing changes."""
+    if plan.target != TARGET or plan.precision not in ("fp16", "bf16") or (pin or {}).get("unit", "wgmma") not in HOPPER_UNITS:
         return plan   # a --pin of another unit keeps ONNX's layout: the layout is chosen for the Hopper engine
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
     from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile, plan_gap_us
     hw = load_profile(plan.target)
-    if not copied or (pin or {}).get("unit") == "wgmma":
+    if not copied or (pin or {}).get("unit") in HOPPER_UNITS:
         return _orient(first, hw)
 
     def best(p: Plan, ks: list[Kernel]) -> float:

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_cols, row_reduce
+from aicfc.codegen import attention, attention_split, conv, conv_taps, conv_wgmma, gemm, gemm_gemv, row_cols, row_reduce
 from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.codegen.common import element_offset
 from aicfc.ir.decision import Kernel
@@ -54,6 +54,7 @@ from aicfc.ir.memo import last_by_identity
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
+from aicfc.planner.cost_conv_taps import taps_terms
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
@@ -191,6 +192,8 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
 def estimate_registers(k: Kernel, p: Mapping) -> int:
     """A planning-time register estimate (explain labels it as one)."""
     ops = sum(count_ops(op.body) for op in k.ops)
+    if k.family == "conv" and p["unit"] == "taps":   # 32 accumulators, a tap's fragments, the epilogue's pairs: ptxas
+        return 128                                   # fits them in the 128 of 512 threads (setmaxnreg moves more)
     if k.family == "conv" and p["unit"] == "wgmma":   # the GEMM engine's consumer, plus the gather's indices
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 56 + min(ops, 16))
     if k.family == "conv" and p["unit"] == "mma":   # a GEMM's, plus the index splitting of the gathered tiles
@@ -235,6 +238,8 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
     bps, _ = blocks_per_sm(threads, smem, regs, hw)
     if k.family == "conv" and p["unit"] == "wgmma":
         return _conv_wgmma_cost(k, p, types, hw)
+    if k.family == "conv" and p["unit"] == "taps":
+        return _conv_taps_cost(k, p, types, hw)
     if k.family == "conv":
         return _conv_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "window":
@@ -777,6 +782,13 @@ def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Esti
     t = conv_wgmma_terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
     time, dram = t.pop("time_us"), t.pop("dram")
     return Estimate(time, 2.0 * m * n * kk, dram, t)
+
+
+def _conv_taps_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
+    """A 3x3 convolution with its image read once a tile (`planner/cost_conv_taps.py`)."""
+    t = taps_terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
+    time, dram = t.pop("time_us"), t.pop("dram")
+    return Estimate(time, conv_taps.flops(k), dram, t)
 
 
 def _window_l2_bytes(red, ld, taps: int, blocks: int, types: Mapping) -> float:

@@ -1,0 +1,156 @@
+"""Unit `taps` of the `conv` family (sm_90a): a 3x3, stride-1, pad-1 convolution of 64 channels to 64
+whose image is read once a tile, each tap's rows taken from shared memory into registers
+(`templates/conv_taps.cu.j2`; cost terms in `planner/cost_conv_taps.py`).
+
+[Note: taps in registers]
+Under im2col (conv_wgmma.py, A = tma) every output pixel pulls 9 rows of 128 bytes through the TMA, and an
+SM's TMA moves a 16 KB box of such rows in 0.30-0.40 us whatever the mode (im2col or tiled boxes), the ring's
+depth or the grid (benchmarks/prototypes/tma_taps.cu, session 30): ResNet-50 B32's stage-1 3x3 convolutions
+need 19.9-23.4 us for their loads alone and run 20.2-20.7, where their tensor-core bar is 15.0. The
+image-tile mode (A = halo) loads each row once but shifts wgmma's shared-memory descriptor by the tap, which
+costs the tensor cores (HALO_A_SMEM). Here:
+- an output tile is 8x8 pixels of one image (m64); its 10x10 image pixels land by one TMA box (64 channels,
+  128-byte swizzle, zeros outside the image) into a ring of SLOTS slots: 100 rows a tile instead of 576;
+- for tap (kh, kw), pixel (y, x) of the tile reads slot row (y + kh)·10 + x + kw: ldmatrix takes any row,
+  so each lane names its row and undoes the swizzle itself (chunk c of row R at (c ^ R % 8)·16), and the
+  fragments go to wgmma m64n64k16 with A from registers; each tap is waited for before the next one's rows
+  load (more taps in flight measured no faster, fewer registers);
+- the filter (64 x 576) stays in shared memory for the whole run, nine 64 x 64 boxes;
+- NCONS consumer warpgroups take whole tiles in turn (three: two left the tensor cores idle while both ran
+  their epilogues; turn-taking was slower still), with setmaxnreg giving the producer's registers to them;
+- the epilogue (the kernel's ops on each pair of channels, `conv_wgmma.staged_parts`) writes its values into
+  the warpgroup's staging in the output map's 128-byte swizzle, and one thread hands the 8x8-pixel box to the
+  TMA; the staging is reused once that store has read it.
+Measured as a prototype (benchmarks/prototypes/conv_halo_rs.cu, results in
+benchmarks/results/conv_halo_rs_session30_h200.txt, an H200, one kernel in a CUDA graph): ResNet-50 B32's
+stage-1 3x3 with bias and ReLU 15.0 us (49.8% of 989 TFLOP/s) against the im2col kernel's 20.2-20.7. Built
+here (benchmarks/results/conv_taps_session30_h200.txt, torchvision ResNet-50 B32, fp16): the three stage-1
+3x3 convolutions 14.3-14.8 us each in `aicf-run --profile` (50.6-52.4% of the roofline, predicted 15.0),
+the plan 836.3 us against 850.2 without the unit (7 alternating rounds, outputs the same bits); at B1 the
+planner keeps im2col (49 tiles).
+
+Requires: NHWC fp16/bf16 image of exactly 64 channels, 64 output channels, a 3x3 window at stride 1 with one
+pixel of zero padding (output size = input size, both multiples of 8), the filter K-major in (kh, kw, c)
+order, the output the row-major [pixels, 64] matrix (`conv_wgmma.row_major_out`). One schedule: CTAS =
+min(tiles, SMs).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from aicfc.codegen import conv_wgmma
+from aicfc.codegen.common import render
+from aicfc.codegen.tma import TensorMap
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.properties import implicit_gemm
+from aicfc.ir.types import ITEMSIZE, TensorType
+
+TILE = 8                 # an output tile is TILE x TILE pixels of one image: one m64 block
+HALO = TILE + 2          # its image pixels a side (a 3x3 window)
+NCONS = 3                # consumer warpgroups
+SLOTS = 6                # image tiles in flight (two a consumer warpgroup)
+ROW_BYTES = 128          # a pixel's 64 channels of 16 bits: one swizzled row
+HALO_BYTES = HALO * HALO * ROW_BYTES
+SLOT_BYTES = -(-HALO_BYTES // 1024) * 1024      # whole 1024-byte swizzle atoms
+FILTER_BYTES = 9 * 64 * ROW_BYTES              # nine taps' 64 x 64 boxes
+STAGE_BYTES = TILE * TILE * ROW_BYTES          # a warpgroup's staging: the output tile's 64 rows
+PRODUCER_REGS, CONSUMER_REGS = 24, 160         # setmaxnreg: 128·24 + 3·128·160 <= 65536
+
+
+def geometry(k: Kernel, plan: Plan) -> conv_wgmma.Im2colGeometry | str:
+    """The convolution's geometry where this unit runs it, or why it does not."""
+    why = conv_wgmma.why_not(k, plan)
+    if why:
+        return why
+    types = plan.types()
+    geo = conv_wgmma.im2col_geometry(k, types)
+    if isinstance(geo, str):
+        return geo
+    _, n, _ = conv_wgmma.dims(k)
+    if geo.image[3] != 64 or n != 64:
+        return f"{geo.image[3]} channels to {n}: the taps unit runs 64 to 64"
+    if (geo.taps, geo.stride, geo.dilation, geo.pad) != ((3, 3), (1, 1), (1, 1), (1, 1)):
+        return "not a 3x3 window at stride 1 with one pixel of padding"
+    if geo.out != geo.image[1:3] or any(d % TILE for d in geo.out):
+        return f"output {geo.out[0]}x{geo.out[1]}: not whole {TILE}x{TILE} tiles of the image's size"
+    if not conv_wgmma.row_major_out(k, types):   # (then the staged epilogue's pairs exist too: 64 channels, contiguous)
+        return "the output is not the row-major [pixels, channels] matrix"
+    if types[k.ops[-1].out].dtype != conv_wgmma.dtype_of(k, plan):
+        return "the output's type is not the operands'"
+    return geo
+
+
+def why_not(k: Kernel, plan: Plan) -> str | None:
+    geo = geometry(k, plan)
+    return geo if isinstance(geo, str) else None
+
+
+def tiles(k: Kernel, types: Mapping[str, TensorType]) -> int:
+    geo = conv_wgmma.im2col_geometry(k, types)
+    assert not isinstance(geo, str), geo
+    return geo.image[0] * (geo.out[0] // TILE) * (geo.out[1] // TILE)
+
+
+def space(k: Kernel, plan: Plan, hw_sms: int) -> list[dict]:
+    if why_not(k, plan):
+        return []
+    return [{"unit": "taps", "dtype": conv_wgmma.dtype_of(k, plan), "NCONS": NCONS,
+             "CTAS": min(tiles(k, plan.types()), hw_sms)}]
+
+
+def threads(p: Mapping) -> int:
+    return 128 * (p["NCONS"] + 1)
+
+
+def smem_bytes(p: Mapping) -> int:
+    return 1024 + FILTER_BYTES + SLOTS * SLOT_BYTES + p["NCONS"] * STAGE_BYTES
+
+
+def static_smem(p: Mapping) -> int:
+    return 8 * (1 + 2 * SLOTS)
+
+
+def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[TensorMap]:
+    """The image's (10x10 pixels of one image a box), the filter's (64 x 64 a tap) and the output's
+    (8x8 pixels a box), all in the 128-byte swizzle."""
+    geo = conv_wgmma.im2col_geometry(k, types)
+    assert not isinstance(geo, str), geo
+    g = implicit_gemm(k.ops[0])
+    (n, h, w, c), e = geo.image, ITEMSIZE[types[g.a.buffer].dtype]
+    order = conv_wgmma.k_order(k, types)
+    assert not isinstance(order, str), order
+    b = conv_wgmma._filter(k, types, order, 64, p["dtype"])
+    assert not isinstance(b, str), b
+    out = k.ops[-1].out
+    eo = ITEMSIZE[types[out].dtype]
+    return [TensorMap(g.a.buffer, p["dtype"], 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e), (64, HALO, HALO, 1), 128),
+            b.tensor_map(g.b.buffer, p["dtype"]),
+            TensorMap(out, p["dtype"], 0, (64, w, h, n), (64 * eo, w * 64 * eo, h * w * 64 * eo), (64, TILE, TILE, 1), 128)]
+
+
+def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
+    geo = conv_wgmma.im2col_geometry(k, types)
+    assert not isinstance(geo, str), geo
+    staged = conv_wgmma.staged_parts(k, types, parts["params"], parts["idx"])
+    assert staged is not None, k.name
+    n, h, w, _ = geo.image
+    return render("conv_taps.cu.j2", name=name, dtype=p["dtype"], N_IMG=n, H=h, W=w, CTAS=p["CTAS"],
+                  NCONS=p["NCONS"], SLOTS=SLOTS, SLOT_BYTES=SLOT_BYTES, HALO_BYTES=HALO_BYTES,
+                  FILTER_BYTES=FILTER_BYTES, STAGE_BYTES=STAGE_BYTES, TILES=tiles(k, types),
+                  TILES_X=w // TILE, TILES_XY=(h // TILE) * (w // TILE), threads=threads(p),
+                  PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, MAPS=p.get("MAPS"),
+                  idx=parts["idx"], signature=parts["signature"], staged=staged)
+
+
+def flops(k: Kernel) -> float:
+    m, n, kk = conv_wgmma.dims(k)
+    return 2.0 * m * n * kk
+
+
+def tile_flops() -> float:
+    return 2.0 * TILE * TILE * 64 * 9 * 64
+
+
+def per_sm(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> int:
+    return math.ceil(tiles(k, types) / p["CTAS"])
