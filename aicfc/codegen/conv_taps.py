@@ -36,7 +36,6 @@ min(tiles, SMs).
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from aicfc.codegen import conv_wgmma
@@ -150,7 +149,3 @@ def flops(k: Kernel) -> float:
 
 def tile_flops() -> float:
     return 2.0 * TILE * TILE * 64 * 9 * 64
-
-
-def per_sm(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> int:
-    return math.ceil(tiles(k, types) / p["CTAS"])
