@@ -16,8 +16,9 @@ costs the tensor cores (HALO_A_SMEM). Here:
   fragments go to wgmma m64n64k16 with A from registers; each tap is waited for before the next one's rows
   load (more taps in flight measured no faster, fewer registers);
 - the filter (64 x 576) stays in shared memory for the whole run, nine 64 x 64 boxes;
-- NCONS consumer warpgroups take whole tiles in turn (three: two left the tensor cores idle while both ran
-  their epilogues; turn-taking was slower still), with setmaxnreg giving the producer's registers to them;
+- NCONS consumer warpgroups, warpgroup i taking the block's tiles i, i + NCONS, ... (three: with two, the
+  tensor cores idled while both ran their epilogues; making two take turns was slower still), with setmaxnreg
+  giving the producer's registers to them;
 - the epilogue (the kernel's ops on each pair of channels, `conv_wgmma.staged_parts`) writes its values into
   the warpgroup's staging in the output map's 128-byte swizzle, and one thread hands the 8x8-pixel box to the
   TMA; the staging is reused once that store has read it.
