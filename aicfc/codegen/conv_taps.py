@@ -53,7 +53,9 @@ SLOTS = 6                # image tiles in flight (two a consumer warpgroup)
 ROW_BYTES = 128          # a pixel's 64 channels of 16 bits: one swizzled row
 HALO_BYTES = HALO * HALO * ROW_BYTES
 SLOT_BYTES = -(-HALO_BYTES // 1024) * 1024      # whole 1024-byte swizzle atoms
-FILTER_BYTES = 9 * 64 * ROW_BYTES              # nine taps' 64 x 64 boxes
+TAP_A_BYTES = TILE * TILE * ROW_BYTES          # a tap's A: the tile's 64 pixel rows (ldmatrix)
+TAP_B_BYTES = 64 * ROW_BYTES                   # a tap's B: the filter's 64 x 64 box (wgmma's descriptor)
+FILTER_BYTES = 9 * TAP_B_BYTES                 # nine taps' boxes
 STAGE_BYTES = TILE * TILE * ROW_BYTES          # a warpgroup's staging: the output tile's 64 rows
 PRODUCER_REGS, CONSUMER_REGS = 24, 160         # setmaxnreg: 128·24 + 3·128·160 <= 65536
 
@@ -142,10 +144,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, MAPS=p.get("MAPS"),
                   idx=parts["idx"], signature=parts["signature"], staged=staged)
 
-
-def flops(k: Kernel) -> float:
-    m, n, kk = conv_wgmma.dims(k)
-    return 2.0 * m * n * kk
 
 
 def tile_flops() -> float:

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import attention, attention_split, conv, conv_taps, conv_wgmma, gemm, gemm_gemv, row_cols, row_reduce
+from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_cols, row_reduce
 from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.codegen.common import element_offset
 from aicfc.ir.decision import Kernel
@@ -236,10 +236,8 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
     threads = block[0] * block[1] * block[2]
     blocks = grid[0] * grid[1] * grid[2]
     bps, _ = blocks_per_sm(threads, smem, regs, hw)
-    if k.family == "conv" and p["unit"] == "wgmma":
+    if k.family == "conv" and p["unit"] in ("wgmma", "taps"):
         return _conv_wgmma_cost(k, p, types, hw)
-    if k.family == "conv" and p["unit"] == "taps":
-        return _conv_taps_cost(k, p, types, hw)
     if k.family == "conv":
         return _conv_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "window":
@@ -777,18 +775,13 @@ def _conv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
 
 
 def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
-    """The implicit GEMM on the Hopper engine: `planner/cost_conv_wgmma.py` documents the formula."""
+    """A convolution on Hopper's tensor cores: the implicit GEMM (`planner/cost_conv_wgmma.py` documents the
+    formula) or unit `taps`, its image read once a tile (`planner/cost_conv_taps.py`)."""
     m, n, kk = conv_wgmma.dims(k)
-    t = conv_wgmma_terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
+    terms = taps_terms if p["unit"] == "taps" else conv_wgmma_terms
+    t = terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
     time, dram = t.pop("time_us"), t.pop("dram")
     return Estimate(time, 2.0 * m * n * kk, dram, t)
-
-
-def _conv_taps_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
-    """A 3x3 convolution with its image read once a tile (`planner/cost_conv_taps.py`)."""
-    t = taps_terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
-    time, dram = t.pop("time_us"), t.pop("dram")
-    return Estimate(time, conv_taps.flops(k), dram, t)
 
 
 def _window_l2_bytes(red, ld, taps: int, blocks: int, types: Mapping) -> float:

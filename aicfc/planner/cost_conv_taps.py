@@ -34,7 +34,7 @@ def taps_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
     sm_rate = hw.peak_tflops[unit] * 1e6 / hw.sm_count * hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(64)
     t_mma = conv_taps.tile_flops() / sm_rate
     t_rows = conv_taps.HALO * conv_taps.HALO / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
-    t_smem = 9 * 2 * conv_taps.STAGE_BYTES / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+    t_smem = 9 * (conv_taps.TAP_A_BYTES + conv_taps.TAP_B_BYTES) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     t_epi = hw.data.get("conv_taps_epilogue_us", TAPS_EPILOGUE_US)
     tiles = conv_taps.tiles(k, types)
     per_sm = math.ceil(tiles / p["CTAS"])
