@@ -1,6 +1,7 @@
 """The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
 random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles, 2-CTA
-clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions, stream-k, the taps unit), and the gemv's
+clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions, stream-k, the taps unit, the pool
+unit), and the gemv's
 tensor-core steps (splits by cluster and by scratch), and the split decode attention's chunks merged
 as a cluster, its output checked finite. Run it under the sanitizer on a GPU machine:
 
@@ -71,6 +72,14 @@ def main() -> int:
              ("taps conv 4x64x16x24 3x3", conv_model((4, 64, 16, 24), (64, 64, 3, 3), bn=True, act="relu",
                                                      follow="pool", pads=[1, 1, 1, 1]),
               {"unit": "taps"}),
+             # the pool unit ([Note: pooled tiles] in codegen/conv_pool.py): tiles cut by the image's edges, values of
+             # both signs against the -inf padding, two and three consumer warpgroups
+             ("pool conv 3x64x15x17 3x3 maxpool/2", conv_model((3, 64, 15, 17), (64, 64, 3, 3), follow="pool_s2",
+                                                               pads=[1, 1, 1, 1]),
+              {"unit": "pool", "pooled": 1, "TPH": 4, "TPW": 8, "NCONS": 3}),
+             ("pool conv 2x64x30x34 1x3 maxpool/2", conv_model((2, 64, 30, 34), (64, 64, 1, 3), follow="pool_s2",
+                                                               pads=[0, 1, 0, 1]),
+              {"unit": "pool", "pooled": 1, "TPH": 7, "TPW": 8, "NCONS": 2}),
              # the gemv on tensor cores ([Note: the gemv on tensor cores] in codegen/gemm_gemv.py): 8 and 5 rows,
              # K not a multiple of a step, splits through a cluster and through scratch
              ("gemv tensor cores cluster 8x1000x520", matmul_model(8, 1000, 520, rng.standard_normal((1000, 520)).astype(np.float32)),

@@ -773,7 +773,8 @@ SUPPORTED_OPS = SUPPORTED_OPS | CNN_OPS
 def conv_model(x: Shape, w: Shape, bias: bool = True, seed: int = 0, bn: bool = False, act: str | None = None,
                follow: int | str = 0, **attrs) -> onnx.ModelProto:
     """in0 → Conv(w, b) [→ BatchNormalization] [→ Relu | Clip(0, 6)] [→ Conv 1x1 to `follow` channels, or a
-    3x3 stride-1 MaxPool where `follow` is "pool"] → out.
+    3x3 stride-1 MaxPool where `follow` is "pool", or a 3x3 stride-2 MaxPool and a 1x1 Conv to w[0] channels
+    where it is "pool_s2"] → out.
     Weights are scaled by 1/sqrt(fan-in) so outputs stay O(1); `attrs` go to the first Conv (strides,
     pads, group, ...). With `follow`, the first convolution's output is inside the graph (the layout
     pass may keep it channels-last)."""
@@ -804,6 +805,11 @@ def conv_model(x: Shape, w: Shape, bias: bool = True, seed: int = 0, bn: bool = 
         if follow == "pool":
             nodes.append(helper.make_node("MaxPool", ["mid"], ["out"], name="pool_1", kernel_shape=[3, 3],
                                           pads=[1, 1, 1, 1]))
+        elif follow == "pool_s2":
+            inits["w2"] = (rng.standard_normal((w[0], w[0], 1, 1)) / math.sqrt(w[0])).astype(np.float32)
+            nodes.append(helper.make_node("MaxPool", ["mid"], ["pooled"], name="pool_1", kernel_shape=[3, 3],
+                                          strides=[2, 2], pads=[1, 1, 1, 1]))
+            nodes.append(helper.make_node("Conv", ["pooled", "w2"], ["out"], name="conv_1"))
         else:
             inits["w2"] = (rng.standard_normal((follow, w[0], 1, 1)) / math.sqrt(w[0])).astype(np.float32)
             nodes.append(helper.make_node("Conv", ["mid", "w2"], ["out"], name="conv_1"))

@@ -95,20 +95,10 @@ def test_gpu_taps(x, act, precision, gpu_device):
     a lone tile an image. (At one 56x56 image the layout pass keeps this test's pooled output NCHW, which the
     unit declines: the tests pin only what it takes.)"""
     import aicfc
-    from aicfc.ir.high import evaluate_graph
-    from tests.conftest import run_payload
-    from tests.test_conv_wgmma import GPU_RTOL
     model = _model(x, bn=act is not None, act=act)
     payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, pin={"unit": "taps"})
     assert [k["params"]["unit"] for k in payload["kernels"] if k["family"] == "conv"] == ["taps"]
-    graph = import_model(model, None)
-    rng = np.random.default_rng()
-    inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
-    want = evaluate_graph(graph, inputs, dtype=np.float64)
-    got = run_payload(payload, inputs, gpu_device)
-    for name, r in want.items():
-        assert not np.isnan(got[name]).any(), f"{name}: NaN"
-        assert rel_err(got[name], r) <= GPU_RTOL[precision], f"{precision}: {name} rel err {rel_err(got[name], r):.2e}"
+    check_gpu(model, payload, gpu_device, precision)
 
 
 @pytest.mark.gpu
@@ -116,15 +106,23 @@ def test_gpu_taps_resnet_stage_against_onnxruntime(gpu_device):
     """Two ResNet-50 stage-1 bottlenecks (both 3x3s on taps by cost at this size, the residual adds in the 1x1s
     after them) against onnxruntime."""
     import aicfc
-    from tests.conftest import run_payload
-    from tests.test_conv_wgmma import GPU_RTOL
     model = B.resnet_stage_model((8, 64, 56, 56), mid=64, out=256, stride=1, stem=False)
     payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={})
     assert [k["params"]["unit"] for k in payload["kernels"] if k["family"] == "conv"] == ["taps", "taps"]
+    check_gpu(model, payload, gpu_device, "fp16", onnxruntime=True)
+
+
+def check_gpu(model: onnx.ModelProto, payload: dict, device, precision: str, onnxruntime: bool = False) -> None:
+    """Run `payload` on fresh random inputs and compare every output with float64 (the graph evaluated here)
+    or onnxruntime, within test_conv_wgmma's tolerance for the precision; NaN fails."""
+    from aicfc.ir.high import evaluate_graph
+    from tests.conftest import run_payload
+    from tests.test_conv_wgmma import GPU_RTOL
     graph = import_model(model, None)
     rng = np.random.default_rng()
     inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
-    want = B.run_onnxruntime(model, inputs)
-    got = run_payload(payload, inputs, gpu_device)
+    want = B.run_onnxruntime(model, inputs) if onnxruntime else evaluate_graph(graph, inputs, dtype=np.float64)
+    got = run_payload(payload, inputs, device)
     for name, r in want.items():
-        assert rel_err(got[name], r) <= GPU_RTOL["fp16"], f"{name} rel err {rel_err(got[name], r):.2e}"
+        assert not np.isnan(got[name]).any(), f"{name}: NaN"
+        assert rel_err(got[name], r) <= GPU_RTOL[precision], f"{precision}: {name} rel err {rel_err(got[name], r):.2e}"

@@ -12,14 +12,16 @@ and the filter operand, contiguous along k, by the same `cp.async` tile loader a
 
 Parameter space: the `gemm` family's SIMT tiles; under fp16/bf16 also `gemm_mma`'s tiles
 without split-k, and on sm_90a the Hopper engine's (`conv_wgmma`, unit `wgmma`) and, for 3x3 convolutions
-of 64 channels to 64, unit `taps` (`conv_taps`). Constraints: the planner's (threads, shared memory, registers).
+of 64 channels to 64, unit `taps` (`conv_taps`). A kernel that ends in the max pool over its convolution's
+result (passes/pool_epilogue.py) has unit `pool` alone (`conv_pool`). Constraints: the planner's (threads,
+shared memory, registers).
 """
 from __future__ import annotations
 
 import math
 from typing import Mapping
 
-from aicfc.codegen import conv_taps, conv_wgmma, gemm, gemm_mma
+from aicfc.codegen import conv_pool, conv_taps, conv_wgmma, gemm, gemm_mma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
@@ -61,6 +63,9 @@ def mma_type(k: Kernel, types: Mapping[str, TensorType], precision: str) -> str 
 
 
 def space(k: Kernel, plan: Plan) -> list[dict]:
+    if conv_pool.is_pooled(k):
+        hw = load_profile(plan.target)
+        return conv_pool.space(k, plan, hw.sm_count, hw.smem_per_block_optin)
     dtype = mma_type(k, plan.types(), plan.precision)
     if not dtype:
         return gemm.simt_space(prefetched=False)
@@ -74,6 +79,10 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
+    if conv_pool.is_pooled(k):
+        why = conv_pool.why_not(k, plan)
+        return ([({"unit": "wgmma"}, "the kernel ends in a max pool, which only unit pool computes")]
+                + ([({"unit": "pool"}, why)] if why else []))
     if mma_type(k, plan.types(), plan.precision):
         why = conv_wgmma.why_not(k, plan)
         return ([({"unit": "mma", "SPLITK": 2}, "split-k is not offered for implicit GEMM")]
@@ -89,6 +98,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
         return (p["CTAS"], 1, 1), (conv_wgmma.threads(p), 1, 1), conv_wgmma.smem_bytes(p)
     if p["unit"] == "taps":
         return (p["CTAS"], 1, 1), (conv_taps.threads(p), 1, 1), conv_taps.smem_bytes(p)
+    if p["unit"] == "pool":
+        return (p["CTAS"], 1, 1), (conv_pool.threads(p), 1, 1), conv_pool.smem_bytes(p, conv_pool.window(k))
     if p["unit"] == "mma":
         tiles = math.ceil(m / p["BM"]) * math.ceil(n / p["BN"])
         return (tiles, 1, nb), (gemm_mma.threads(p), 1, 1), gemm_mma.smem_bytes(p)
@@ -100,6 +111,8 @@ def static_smem(k: Kernel, p: Mapping) -> int:
         return conv_wgmma.static_smem(p)
     if p["unit"] == "taps":
         return conv_taps.static_smem(p)
+    if p["unit"] == "pool":
+        return conv_pool.static_smem(p)
     if p["unit"] == "mma":
         return 0
     return 4 * p["BK"] * (p["BM"] + 1 + p["BN"] + 1)
@@ -109,6 +122,8 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list:
     """The TMA descriptors the schedule takes (codegen/tma.py): the Hopper engine's filter."""
     if p.get("unit") == "taps":
         return conv_taps.tensor_maps(k, p, types)
+    if p.get("unit") == "pool":
+        return conv_pool.tensor_maps(k, p, types)
     return conv_wgmma.tensor_maps(k, p, types) if p.get("unit") == "wgmma" else []
 
 
@@ -163,6 +178,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     g, m, n, kk, batch = dims(k)
     sig = signature(k, types, p)
     idx = sig.index_type
+    if p["unit"] == "pool":
+        return conv_pool.render_kernel(k, p, types, name, dict(params=sig.params, idx=idx, signature=sig.text))
     nb = math.prod(e for _, e in batch)
     common = dict(name=name, M=m, N=n, K=kk, batch=nb, idx=idx, signature=sig.text,
                   decompose=decompose("batch", batch, idx), epilogue=_epilogue(k, g, types, sig.params, idx))

@@ -60,18 +60,28 @@ STAGE_BYTES = TILE * TILE * ROW_BYTES          # a warpgroup's staging: the outp
 PRODUCER_REGS, CONSUMER_REGS = 24, 160         # setmaxnreg: 128·24 + 3·128·160 <= 65536
 
 
-def geometry(k: Kernel, plan: Plan) -> conv_wgmma.Im2colGeometry | str:
-    """The convolution's geometry where this unit runs it, or why it does not."""
+def sixty_four(k: Kernel, plan: Plan, unit: str) -> conv_wgmma.Im2colGeometry | str:
+    """The geometry of a convolution of 64 channels to 64 over an NHWC image that the Hopper engine reads
+    (what the units that hold a pixel's channels in one 128-byte row and the filter's taps in 64 x 64 boxes
+    take: this one and `pool`, codegen/conv_pool.py), or why it is not one."""
     why = conv_wgmma.why_not(k, plan)
     if why:
         return why
-    types = plan.types()
-    geo = conv_wgmma.im2col_geometry(k, types)
+    geo = conv_wgmma.im2col_geometry(k, plan.types())
     if isinstance(geo, str):
         return geo
     _, n, _ = conv_wgmma.dims(k)
     if geo.image[3] != 64 or n != 64:
-        return f"{geo.image[3]} channels to {n}: the taps unit runs 64 to 64"
+        return f"{geo.image[3]} channels to {n}: the {unit} unit runs 64 to 64"
+    return geo
+
+
+def geometry(k: Kernel, plan: Plan) -> conv_wgmma.Im2colGeometry | str:
+    """The convolution's geometry where this unit runs it, or why it does not."""
+    geo = sixty_four(k, plan, "taps")
+    if isinstance(geo, str):
+        return geo
+    types = plan.types()
     if (geo.taps, geo.stride, geo.dilation, geo.pad) != ((3, 3), (1, 1), (1, 1), (1, 1)):
         return "not a 3x3 window at stride 1 with one pixel of padding"
     if geo.out != geo.image[1:3] or any(d % TILE for d in geo.out):

@@ -198,11 +198,11 @@ def _copy_kernel(x: str, t: TensorType, name: str) -> Kernel:
                   properties(op), (INPUT_RULE,))
 
 
-HOPPER_UNITS = ("wgmma", "taps")   # the convolution units that read NHWC (codegen/conv_wgmma.py, conv_taps.py)
+HOPPER_UNITS = ("wgmma", "taps", "pool")   # the convolution units that read NHWC (codegen/conv_wgmma.py, conv_taps.py, conv_pool.py)
 
 
 def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
-    """`pin` (--pin): with unit=wgmma or unit=taps every input copy is made whatever its cost (the user
+    """`pin` (--pin): with unit=wgmma, taps or pool every input copy is made whatever its cost (the user
     asked for a Hopper unit, which reads NHWC); with another unit nothing changes."""
     if plan.target != TARGET or plan.precision not in ("fp16", "bf16") or (pin or {}).get("unit", "wgmma") not in HOPPER_UNITS:
         return plan   # a --pin of another unit keeps ONNX's layout: the layout is chosen for the Hopper engine

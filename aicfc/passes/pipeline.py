@@ -31,6 +31,7 @@ from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
+from aicfc.passes.pool_epilogue import pool_epilogue
 from aicfc.passes.plan_schedules import RegisterCheck, fastest, forget_rankings, plan_schedules
 from aicfc.passes.read_grouped_heads import read_grouped_heads
 from aicfc.passes.relayout_weights import relayout_weights
@@ -83,6 +84,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("apply_precision", "decision", "decision", lambda p, o: apply_precision(p, o.precision)),
     Stage("channels_last", "decision", "decision", lambda p, o: channels_last(p, dict(o.pin))),
     Stage("unfold_taps", "decision", "decision", lambda p, o: unfold_taps(p, dict(o.pin))),
+    Stage("pool_epilogue", "decision", "decision", lambda p, o: pool_epilogue(p, dict(o.pin))),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
@@ -126,6 +128,10 @@ assert _ORDER.index("form_kernels") < _ORDER.index("declare_state") < _ORDER.ind
 # fold_cache_writes folds declare_state's scatters into the attentions plan_schedules made split-KV,
 # before plan_memory places the buffers of the merged kernels.
 assert _ORDER.index("plan_schedules") < _ORDER.index("fold_cache_writes") < _ORDER.index("plan_memory")
+# pool_epilogue merges a convolution whose layout (channels_last) and stem rows (unfold_taps) are decided,
+# before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
+assert (_ORDER.index("channels_last") < _ORDER.index("unfold_taps") < _ORDER.index("pool_epilogue")
+        < _ORDER.index("relayout_weights") < _ORDER.index("plan_schedules"))
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {
     "high": verify_graph, "lowered": verify_program, "decision": verify_plan,

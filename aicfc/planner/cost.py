@@ -54,6 +54,7 @@ from aicfc.ir.memo import last_by_identity
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
+from aicfc.planner.cost_conv_pool import pool_terms
 from aicfc.planner.cost_conv_taps import taps_terms
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
@@ -194,6 +195,8 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
     ops = sum(count_ops(op.body) for op in k.ops)
     if k.family == "conv" and p["unit"] == "taps":   # 32 accumulators, a tap's fragments, the epilogue's pairs: ptxas
         return 128                                   # fits them in the 128 of 512 threads (setmaxnreg moves more)
+    if k.family == "conv" and p["unit"] == "pool":   # the same per block (setmaxnreg moves the producer's to them)
+        return 65536 // (128 * (p["NCONS"] + 1)) // 8 * 8
     if k.family == "conv" and p["unit"] == "wgmma":   # the GEMM engine's consumer, plus the gather's indices
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 56 + min(ops, 16))
     if k.family == "conv" and p["unit"] == "mma":   # a GEMM's, plus the index splitting of the gathered tiles
@@ -236,7 +239,7 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
     threads = block[0] * block[1] * block[2]
     blocks = grid[0] * grid[1] * grid[2]
     bps, _ = blocks_per_sm(threads, smem, regs, hw)
-    if k.family == "conv" and p["unit"] in ("wgmma", "taps"):
+    if k.family == "conv" and p["unit"] in ("wgmma", "taps", "pool"):
         return _conv_wgmma_cost(k, p, types, hw)
     if k.family == "conv":
         return _conv_cost(k, p, blocks, threads, bps, types, hw)
@@ -776,9 +779,10 @@ def _conv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
 
 def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
     """A convolution on Hopper's tensor cores: the implicit GEMM (`planner/cost_conv_wgmma.py` documents the
-    formula) or unit `taps`, its image read once a tile (`planner/cost_conv_taps.py`)."""
+    formula), unit `taps`, its image read once a tile (`planner/cost_conv_taps.py`), or unit `pool`, the
+    convolution and the max pool over it (`planner/cost_conv_pool.py`)."""
     m, n, kk = conv_wgmma.dims(k)
-    terms = taps_terms if p["unit"] == "taps" else conv_wgmma_terms
+    terms = {"taps": taps_terms, "pool": pool_terms}.get(p["unit"], conv_wgmma_terms)
     t = terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
     time, dram = t.pop("time_us"), t.pop("dram")
     return Estimate(time, 2.0 * m * n * kk, dram, t)

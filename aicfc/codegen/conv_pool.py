@@ -1,0 +1,257 @@
+"""Unit `pool` of the `conv` family (sm_90a): a stride-1 convolution of 64 channels to 64 and the
+3x3, stride-2, pad-1 max pool that reads it, as one kernel (`templates/conv_pool.cu.j2`; cost terms
+in `planner/cost_conv_pool.py`; the rewrite that forms such a kernel: `passes/pool_epilogue.py`).
+
+[Note: pooled tiles]
+ResNet's stem writes 112x112x64 pixels an image and the max pool reads them back to keep a quarter:
+at B32 the convolution (51 MB stored) and the pool (51 MB read) took 36 + 21 us of the plan's 836
+(session 30's profile). Here the convolution's output never leaves the SM:
+- a tile is TPH x TPW pooled pixels of one image; their windows cover the convolution's pixels
+  (2·TPH + 1) x (2·TPW + 1) from (2·py0 - 1, 2·px0 - 1): one pixel of overlap with each neighbour
+  tile, computed twice (256 rows for 224 pooled-pixel quarters at 8 x 7, 14% more products);
+- those pixels' image rows land by one TMA box (64 channels, 128-byte swizzle, zeros outside the
+  image) in a ring of SLOTS slots, and every tap's rows go from it to registers by ldmatrix, each
+  lane naming its row (as [Note: taps in registers], codegen/conv_taps.py); the region's pixels
+  are GEMM rows in blocks of 64 (wgmma m64n64k16, A from registers, the filter resident in shared
+  memory, one 64 x 64 box a tap);
+- each block's epilogue (the kernel's ops on each pair of channels) writes its values into the
+  warpgroup's region tile in shared memory, -inf where the pixel lies outside the convolution's
+  output (the pool's padding reads -inf, so every window keeps its own maximum);
+- the warpgroup then takes the 3x3 maxima of 16-byte channel runs from that tile into a staging
+  in the output map's 128-byte swizzle and one thread hands the TPH x TPW box to the TMA (which
+  drops what lies past the pooled image's edge).
+NCONS consumer warpgroups take a block's tiles in turn (warpgroup i: i, i + NCONS, ...); one producer
+thread loads the filter once and then the tiles' image boxes.
+Measured (session 31, an H200, torchvision ResNet-50 B32 fp16; benchmarks/results/pool_stem_session31_h200.txt):
+the merged stem 39.6-40.1 us alone (predicted 35.75) where the im2col stem took 39.6 and the max pool 18.5; the
+plan 819.2 us against 833.1 (7 alternating rounds); 8 x 7 tiles with three consumer warpgroups 39.4, with two and
+three slots 39.6. A tile takes about 2.9 us against 1.1 us of products at the SM's peak: with N = 64 every
+wgmma reads as many filter bytes as it multiplies image bytes, and with the ldmatrix rows, the region tile and
+the pooling's reads a tile moves about 400 KB through shared memory (1.8 us at 128 bytes a clock).
+
+Requires: NHWC fp16/bf16 image of exactly 64 channels, 64 output channels, a KH x KW window (KH·KW
+<= 16) at stride 1 without dilation (any zero padding), the filter K-major in (kh, kw, c) order, the
+convolution's result read by nothing but the pool, and the pool a max over 3x3 at stride 2 with one
+pixel of padding of that result, its output the row-major [N, PH, PW, 64] tensor. After
+`unfold_taps` the ResNet stem is such a convolution (a 4x1 window over 64-element rows).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from aicfc.codegen import conv_taps, conv_wgmma
+from aicfc.codegen.common import render
+from aicfc.codegen.tma import TensorMap
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Affine, Compute, Load
+from aicfc.ir.properties import implicit_gemm
+from aicfc.ir.types import ITEMSIZE, TensorType
+
+ROW_BYTES = 128                       # a pixel's 64 channels of 16 bits: one swizzled row
+BLOCK = 64                            # GEMM rows a wgmma block
+MAX_ROWS = 4 * BLOCK                  # a tile's convolution pixels at most (four blocks)
+TAP_BYTES = 64 * ROW_BYTES            # a tap's filter box (64 x 64) and a block's A rows through ldmatrix
+TILES = ((8, 7), (7, 8), (4, 8), (8, 4), (4, 4))   # (TPH, TPW) offered
+MAX_TAPS = 16
+PRODUCER_REGS = 40                    # setmaxnreg: 128·40 + NCONS·128·CONSUMER_REGS <= 65536
+CONSUMER_REGS = {2: 232, 3: 152}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooled:
+    """A pooled convolution's geometry."""
+    conv: conv_wgmma.Im2colGeometry
+    pooled: tuple[int, int]           # PH, PW
+
+
+def is_pooled(k: Kernel) -> bool:
+    """Whether the kernel ends in a window reduction over its convolution's result (formed by
+    passes/pool_epilogue.py): only this unit runs such a kernel."""
+    return k.family == "conv" and len(k.ops) >= 2 and k.ops[-1].combiner == "max" and bool(k.ops[-1].reduce)
+
+
+def conv_part(k: Kernel) -> Kernel:
+    """The kernel without its pool: the convolution and its epilogue, storing the pooled input."""
+    return k.replace(ops=k.ops[:-1], binds=k.binds[:-1], stores=(k.ops[-2].out,))
+
+
+def pool_window(pool: Compute, src: str) -> str | None:
+    """Why `pool` is not the 3x3, stride-2, pad-1 max over channels-last `src` (None when it is)."""
+    if pool.combiner != "max" or tuple(pool.reduce) != (3, 3):
+        return "not a 3x3 max"
+    body = pool.body
+    if not isinstance(body, Load) or body.buffer != src or len(body.index) != 4:
+        return "the pool does not read the convolution's result alone"
+    if body.fill is None or body.fill != float("-inf") or body.guard:
+        return "the pool's padding is not -inf outside the image"
+    n, y, x, c = pool.domain_vars
+    r0, r1 = pool.reduce_vars
+    want = (Affine.var(n), Affine.of({y: 2, r0: 1}, -1), Affine.of({x: 2, r1: 1}, -1), Affine.var(c))
+    if tuple(body.index) != want:
+        return "not a window of stride 2 with one pixel of padding over [n, h, w, c]"
+    return None
+
+
+def geometry(k: Kernel, plan: Plan) -> Pooled | str:
+    """The pooled convolution's geometry where this unit runs it, or why it does not."""
+    if not is_pooled(k):
+        return "no max pool follows the convolution in this kernel"
+    conv = conv_part(k)
+    geo = conv_taps.sixty_four(conv, plan, "pool")
+    if isinstance(geo, str):
+        return geo
+    types = plan.types()
+    if geo.stride != (1, 1) or geo.dilation != (1, 1):
+        return "the convolution is strided or dilated"
+    if geo.taps[0] * geo.taps[1] > MAX_TAPS:
+        return f"{geo.taps[0]}x{geo.taps[1]} taps: the filter stays in shared memory for at most {MAX_TAPS}"
+    if not conv_wgmma.row_major_out(conv, types):
+        return "the convolution's result is not the row-major [pixels, channels] matrix"
+    if conv_wgmma.staged_parts(conv, types, _params(conv), "int") is None:
+        return "the epilogue does not stage channel pairs"
+    pool = k.ops[-1]
+    why = pool_window(pool, conv.ops[-1].out)
+    if why:
+        return why
+    out = types[pool.out]
+    ph, pw = pool.type.shape[1], pool.type.shape[2]
+    if tuple(pool.type.shape) != (geo.image[0], ph, pw, 64) or out.dtype != conv_wgmma.dtype_of(conv, plan):
+        return "the pooled output is not [N, PH, PW, 64] in the operands' type"
+    if (ph, pw) != ((geo.out[0] - 1) // 2 + 1, (geo.out[1] - 1) // 2 + 1):
+        return "the pooled size is not the window's over the convolution's output"
+    return Pooled(geo, (ph, pw))
+
+
+def why_not(k: Kernel, plan: Plan) -> str | None:
+    geo = geometry(k, plan)
+    return geo if isinstance(geo, str) else None
+
+
+def _params(k: Kernel) -> dict[str, str]:
+    """Parameter names for rendering the epilogue's values only (what it loads; its store is not used)."""
+    from aicfc.codegen.common import kernel_args
+    return {b: f"p{i}" for i, b in enumerate(kernel_args(k))}
+
+
+def window(k: Kernel) -> tuple[int, int]:
+    """(KH, KW): the extents of the filter variables in the image's height and width indices."""
+    op = k.ops[0]
+    ext, red = op.extents(), set(op.reduce_vars)
+    g = implicit_gemm(op)
+    return tuple(max([ext[v] for v, _ in g.a.index[i].terms if v in red] or [1]) for i in (1, 2))
+
+
+def region(p: Mapping) -> tuple[int, int]:
+    """The convolution pixels a tile computes: (rows, columns)."""
+    return 2 * p["TPH"] + 1, 2 * p["TPW"] + 1
+
+
+def box(p: Mapping, taps: tuple[int, int]) -> tuple[int, int]:
+    """The image box a tile reads under a KH x KW window: (width, height) in pixels."""
+    rh, rw = region(p)
+    return rw + taps[1] - 1, rh + taps[0] - 1
+
+
+def blocks(p: Mapping) -> int:
+    rh, rw = region(p)
+    return -(-rh * rw // BLOCK)
+
+
+def _kb(n: int) -> int:
+    return -(-n // 1024) * 1024
+
+
+def slot_bytes(p: Mapping, taps: tuple[int, int]) -> int:
+    w, h = box(p, taps)
+    return _kb(w * h * ROW_BYTES)
+
+
+def smem_bytes(p: Mapping, taps: tuple[int, int]) -> int:
+    per_wg = blocks(p) * BLOCK * ROW_BYTES + _kb(p["TPH"] * p["TPW"] * ROW_BYTES)
+    return 1024 + taps[0] * taps[1] * TAP_BYTES + p["SLOTS"] * slot_bytes(p, taps) + p["NCONS"] * per_wg
+
+
+def tiles(p: Mapping, geo: Pooled) -> int:
+    (ph, pw), n = geo.pooled, geo.conv.image[0]
+    return n * -(-ph // p["TPH"]) * -(-pw // p["TPW"])
+
+
+def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
+    geo = geometry(k, plan)
+    if isinstance(geo, str):
+        return []
+    out = []
+    for tph, tpw in TILES:
+        p = {"unit": "pool", "dtype": conv_wgmma.dtype_of(conv_part(k), plan), "TPH": tph, "TPW": tpw}
+        if blocks(p) * BLOCK > MAX_ROWS or any(d > 256 for d in box(p, geo.conv.taps)):
+            continue
+        for nc in (3, 2):   # the deepest ring that fits beside NCONS warpgroups' tiles
+            ring = [s for s in (4, 3, 2) if smem_bytes(dict(p, NCONS=nc, SLOTS=s), geo.conv.taps)
+                    + static_smem(dict(p, SLOTS=s)) <= smem_limit]
+            if ring:
+                out.append(dict(p, NCONS=nc, SLOTS=ring[0], CTAS=min(tiles(p, geo), hw_sms)))
+    return out
+
+
+def threads(p: Mapping) -> int:
+    return 128 * (p["NCONS"] + 1)
+
+
+def static_smem(p: Mapping) -> int:
+    return 8 * (1 + 2 * p["SLOTS"])
+
+
+def pooled_of(k: Kernel, types: Mapping[str, TensorType]) -> Pooled:
+    conv = conv_part(k)
+    geo = conv_wgmma.im2col_geometry(conv, types)
+    assert not isinstance(geo, str), geo
+    pool = k.ops[-1]
+    return Pooled(geo, (pool.type.shape[1], pool.type.shape[2]))
+
+
+def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[TensorMap]:
+    """The image's (a tile's box of pixels of one image), the filter's (64 x 64 a tap) and the pooled
+    output's (TPH x TPW pixels a box), all in the 128-byte swizzle."""
+    geo = pooled_of(k, types)
+    conv = conv_part(k)
+    g = implicit_gemm(conv.ops[0])
+    (n, h, w, c), e = geo.conv.image, ITEMSIZE[types[g.a.buffer].dtype]
+    order = conv_wgmma.k_order(conv, types)
+    assert not isinstance(order, str), order
+    b = conv_wgmma._filter(conv, types, order, 64, p["dtype"])
+    assert not isinstance(b, str), b
+    out = k.ops[-1].out
+    eo = ITEMSIZE[types[out].dtype]
+    (ph, pw), (bw, bh) = geo.pooled, box(p, geo.conv.taps)
+    return [TensorMap(g.a.buffer, p["dtype"], 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e), (64, bw, bh, 1), 128),
+            b.tensor_map(g.b.buffer, p["dtype"]),
+            TensorMap(out, p["dtype"], 0, (64, pw, ph, n), (64 * eo, pw * 64 * eo, ph * pw * 64 * eo),
+                      (64, p["TPW"], p["TPH"], 1), 128)]
+
+
+def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
+    geo = pooled_of(k, types)
+    conv = conv_part(k)
+    params = dict(parts["params"])
+    params.setdefault(conv.ops[-1].out, "nullptr")   # the staged values' own store is not rendered
+    staged = conv_wgmma.staged_parts(conv, types, params, parts["idx"])
+    assert staged is not None, k.name
+    n, h, w, _ = geo.conv.image
+    (oh, ow), (ph, pw), (kh, kw) = geo.conv.out, geo.pooled, geo.conv.taps
+    rh, rw = region(p)
+    bw, bh = box(p, geo.conv.taps)
+    taps = kh * kw
+    return render("conv_pool.cu.j2", name=name, dtype=p["dtype"], N_IMG=n, H=h, W=w, OH=oh, OW=ow, PH=ph, PW=pw,
+                  KH=kh, KW=kw, PAD_H=geo.conv.pad[0], PAD_W=geo.conv.pad[1], TAPS=taps, TPH=p["TPH"], TPW=p["TPW"],
+                  RH=rh, RW=rw, BW=bw, BH=bh, BLOCKS=blocks(p), CTAS=p["CTAS"], NCONS=p["NCONS"], SLOTS=p["SLOTS"],
+                  SLOT_BYTES=slot_bytes(p, geo.conv.taps), BOX_BYTES=bw * bh * ROW_BYTES, FILTER_BYTES=taps * TAP_BYTES,
+                  REGION_BYTES=blocks(p) * BLOCK * ROW_BYTES, POOL_BYTES=_kb(p["TPH"] * p["TPW"] * ROW_BYTES),
+                  TILES=tiles(p, geo), TILES_X=-(-pw // p["TPW"]), TILES_XY=-(-ph // p["TPH"]) * -(-pw // p["TPW"]),
+                  threads=threads(p), PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS[p["NCONS"]],
+                  MAPS=p.get("MAPS"), idx=parts["idx"], signature=parts["signature"], staged=staged)
+
+
+def tile_flops(p: Mapping, geo: Pooled) -> float:
+    """Products a tile runs: its blocks of 64 rows by 64 channels over every tap's 64 channels."""
+    return 2.0 * blocks(p) * BLOCK * 64 * geo.conv.taps[0] * geo.conv.taps[1] * 64

@@ -1,0 +1,106 @@
+"""pool_epilogue: Decision IR → Decision IR; a convolution and the max pool that alone reads its
+result become one kernel, where the `pool` unit can run it and the planner predicts it faster.
+
+ResNet's stem stores 112x112x64 pixels an image that only the 3x3, stride-2 max pool reads; the pool
+keeps a quarter of them. One kernel that computes the convolution's pixels of a tile of pooled
+pixels and pools them in shared memory ([Note: pooled tiles] in codegen/conv_pool.py) writes the
+quarter alone and reads nothing back: at B32, 51 MB less stored and 51 MB less read.
+
+Eligible: a `conv` kernel whose one stored tensor (its epilogue's result) is read by exactly one
+other kernel, a `window` kernel of one op that `conv_pool.pool_window` accepts (a 3x3, stride-2 max
+with one pixel of -inf padding over [n, h, w, c]), neither a graph output nor the source of a view.
+The merged kernel keeps the convolution's name and position, its ops followed by the pool's, and
+stores the pool's result; the window kernel goes. A cost decision: the planner's best predicted time
+of the merged kernel against the two apart, both in the record (RULE); `--pin pooled=0` keeps
+them apart, `pooled=1` merges wherever `conv_pool` can run the result.
+
+Preconditions: after `channels_last` and `unfold_taps` (the stem's copy and 64-element rows decided),
+before `relayout_weights` and `plan_schedules`. A plan-wide `--pin unit=X` of another unit keeps them apart.
+"""
+from __future__ import annotations
+
+from aicfc.codegen import conv_pool, conv_wgmma
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Rewrite, loads
+
+PIN = "pooled"
+RULE = "conv(x) -> maxpool => one kernel (the convolution's pixels pooled in shared memory)"
+
+
+def _merged(conv: Kernel, pool: Kernel) -> Kernel:
+    return conv.replace(ops=conv.ops + pool.ops, binds=conv.binds + pool.binds, stores=pool.stores,
+                        properties=tuple(dict.fromkeys(conv.properties + pool.properties)),
+                        rewrites=conv.rewrites + (RULE,))
+
+
+def _pairs(plan: Plan) -> list[tuple[Kernel, Kernel | str]]:
+    """(convolution, its pool kernel or why it has none) for every conv kernel whose result a window
+    kernel reads."""
+    readers: dict[str, list[Kernel]] = {}
+    for k in plan.kernels:
+        for b in {ld.buffer for op in k.ops for ld in loads(op.body)} - k.outs:
+            readers.setdefault(b, []).append(k)
+    viewed = {v.source for v in plan.views}
+    out = []
+    for k in plan.kernels:
+        if k.family != "conv" or len(k.stores) != 1:
+            continue
+        users = readers.get(k.stores[0], [])
+        if not any(u.family == "window" for u in users):
+            continue
+        res = k.stores[0]
+        if len(users) != 1:
+            out.append((k, f"{res!r} has {len(users)} readers"))
+        elif res in plan.outputs or res in viewed:
+            out.append((k, f"{res!r} is a graph output or a view's source"))
+        elif len(users[0].ops) != 1 or users[0].stores != (users[0].ops[0].out,):
+            out.append((k, f"kernel {users[0].name} is more than the pool"))
+        else:
+            why = conv_pool.pool_window(users[0].ops[0], res)
+            out.append((k, why or users[0]))
+    return out
+
+
+def pool_epilogue(plan: Plan, pin: dict | None = None) -> Plan:
+    if plan.target != conv_wgmma.TARGET or plan.precision not in ("fp16", "bf16"):
+        return plan
+    forced = (pin or {}).get(PIN)
+    if forced is not None and str(forced) not in ("0", "1"):
+        from aicfc.errors import AicfError
+        raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (the convolution and the pool apart) or {PIN}=1 "
+                        "(one kernel wherever the pool unit runs it)")
+    pairs = _pairs(plan)
+    if not pairs:
+        return plan
+    unit = (pin or {}).get("unit")
+    if unit is not None and unit != "pool" and forced is None:
+        return plan.replace(rewrites=plan.rewrites + tuple(
+            Rewrite(RULE, conv.stores[0], False, f"convolution {conv.name}: --pin unit={unit} asks for another unit")
+            for conv, _ in pairs))
+    from aicfc.passes.plan_schedules import fastest
+    from aicfc.planner.hardware import load_profile
+    hw = load_profile(plan.target)
+    records = []
+    for conv, pool in pairs:
+        if isinstance(pool, str):
+            records.append(Rewrite(RULE, conv.stores[0], False, f"convolution {conv.name}: {pool}"))
+            continue
+        merged = _merged(conv, pool)
+        new = plan.replace(kernels=tuple(merged if k.name == conv.name else k for k in plan.kernels
+                                         if k.name != pool.name))
+        why = conv_pool.why_not(merged, new)
+        if why:
+            records.append(Rewrite(RULE, conv.stores[0], False, f"convolution {conv.name}: {why}"))
+            continue
+        t_apart = fastest(conv, plan, hw) + fastest(pool, plan, hw)
+        t_one = fastest(merged, new, hw)
+        how = f"; --pin {PIN}={forced}" if forced is not None else ""
+        numbers = f"predicted {t_one:.2f} us for {conv.name} pooling its tiles against {t_apart:.2f} us for {conv.name} and {pool.name}"
+        if (t_one < t_apart if forced is None else str(forced) == "1"):
+            saved = 2 * plan.types()[conv.stores[0]].nbytes
+            records.append(Rewrite(RULE, conv.stores[0], True, f"{numbers}; {conv.stores[0]!r} neither stored nor "
+                                   f"read back{how}", saved))
+            plan = new
+        else:
+            records.append(Rewrite(RULE, conv.stores[0], False, f"kept apart: {numbers}{how}"))
+    return plan.replace(rewrites=plan.rewrites + tuple(records))

@@ -1,0 +1,56 @@
+"""Cost terms of the `pool` unit of the `conv` family (`codegen/conv_pool.py`, [Note: pooled tiles]).
+
+A block walks ceil(tiles / CTAS) tiles of TPH x TPW pooled pixels; each costs the slower of its
+products, its image rows and its shared-memory traffic, plus its exposed epilogue:
+
+    t_tile  = max(t_mma, t_rows, t_smem) + blocks · POOL_BLOCK_EPILOGUE_US + POOL_TILE_US
+    t_mma   = blocks · 2·64·64·(taps·64) / (peak_unit / SMs · eff.wgmma_gemm · n_eff(64))
+    t_rows  = box pixels / im2col_pixels_per_us          (cost_conv_wgmma's rate for 128-byte rows
+                                                         through an SM's TMA, tiled boxes included)
+    t_smem  = blocks · taps · (8 KB of A by ldmatrix + 8 KB of B by wgmma) / smem_bandwidth_per_sm
+    t       = launch + load_latency + the filter at the SM's TMA port + max(ceil(tiles / CTAS) · t_tile, t_dram)
+    t_dram  = (image + filter + pooled output + epilogue reads) / (dram_bandwidth · eff.dram)
+
+POOL_BLOCK_EPILOGUE_US is the taps unit's fitted epilogue of one 64-pixel block (TAPS_EPILOGUE_US: its
+values into shared memory); POOL_TILE_US the pooling pass of a tile (nine 16-byte shared-memory reads
+for each of its TPH·TPW·8 runs over 128 threads) and its TMA store, a guess. Measured (session 31, an
+H200): ResNet-50 B32's stem 39.6-40.1 us against 35.75 predicted (1.11), inside issue 17's band; t_smem
+counts the taps' A and B bytes only, not the region tile and the pooling's reads ([Note: pooled tiles]).
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from aicfc.codegen import conv_pool
+from aicfc.planner.cost_conv_taps import TAPS_EPILOGUE_US
+from aicfc.planner.cost_conv_wgmma import IM2COL_PIXELS_PER_US, TMA_PORT_GBS
+from aicfc.planner.cost_wgmma import EFF_DEFAULT, n_eff
+
+POOL_BLOCK_EPILOGUE_US = TAPS_EPILOGUE_US   # a block's exposed epilogue (profile: conv_pool_block_epilogue_us)
+POOL_TILE_US = 0.15                         # a tile's pooling pass and store (profile: conv_pool_tile_us)
+
+
+def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
+    geo = conv_pool.pooled_of(k, types)
+    unit = {"f16": "fp16_tc", "bf16": "bf16_tc"}[p["dtype"]]
+    sm_rate = hw.peak_tflops[unit] * 1e6 / hw.sm_count * hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(64)
+    taps = geo.conv.taps[0] * geo.conv.taps[1]
+    nb = conv_pool.blocks(p)
+    t_mma = conv_pool.tile_flops(p, geo) / sm_rate
+    bw, bh = conv_pool.box(p, geo.conv.taps)
+    t_rows = bw * bh / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
+    t_smem = nb * taps * 2 * conv_pool.TAP_BYTES / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+    t_epi = (nb * hw.data.get("conv_pool_block_epilogue_us", POOL_BLOCK_EPILOGUE_US)
+             + hw.data.get("conv_pool_tile_us", POOL_TILE_US))
+    tiles = conv_pool.tiles(p, geo)
+    per_sm = math.ceil(tiles / p["CTAS"])
+    t_filter = taps * conv_pool.TAP_BYTES / (hw.data.get("conv_tma_port_gbs", TMA_PORT_GBS) * 1e3)
+    t_tiles = per_sm * (max(t_mma, t_rows, t_smem) + t_epi)
+    t_dram = io_bytes / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
+    time = hw.launch_overhead_us + latency + t_filter + max(t_tiles, t_dram)
+    return {"time_us": time, "dram": io_bytes, "t_compute_us": per_sm * t_mma, "t_l2_us": per_sm * t_rows,
+            "t_smem_us": per_sm * t_smem, "t_epilogue_us": per_sm * t_epi, "t_dram_us": t_dram,
+            "t_pipeline_us": latency + t_filter, "tiles_per_sm": per_sm, "wave_eff": tiles / (per_sm * p["CTAS"]),
+            "n_eff": n_eff(64), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
+            "parallel_eff": min(tiles, hw.sm_count) / hw.sm_count}

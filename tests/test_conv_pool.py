@@ -1,0 +1,143 @@
+"""Unit `pool` of the conv family (codegen/conv_pool.py, [Note: pooled tiles]) and the rewrite that forms its
+kernels (passes/pool_epilogue.py): which convolutions and pools merge, the planner's choice, the kernel's
+build (ptxas: no spills), and on a GPU its results against float64 and onnxruntime."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import onnx
+import pytest
+
+from aicfc.codegen import conv_pool
+from aicfc.errors import AicfError
+from aicfc.frontend.onnx_import import import_model
+from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.passes.pool_epilogue import RULE
+from aicfc.planner.hardware import load_profile
+from tests import onnx_builders as B
+from tests.test_conv_taps import check_gpu
+
+
+def _plan(model: onnx.ModelProto, precision: str = "fp16", pin: dict | None = None):
+    hw = load_profile("sm_90", "h200")
+    return run_pipeline(import_model(model, None), Options("sm_90", hw, precision, pin=tuple((pin or {}).items()))).plan
+
+
+def _model(x=(2, 64, 20, 26), w=(64, 64, 3, 3), act="relu", **kw):
+    spec = dict(bn=act is not None, act=act, pads=[w[2] // 2, w[3] // 2] * 2, follow="pool_s2") | kw
+    return B.conv_model(x, w, **spec)
+
+
+def _pooled(plan):
+    return [k for k in plan.kernels if conv_pool.is_pooled(k)]
+
+
+def _records(plan):
+    return [r for r in plan.rewrites if r.rule == RULE]
+
+
+def test_resnet_stem_pools_its_tiles():
+    """The ResNet stem (7x7 stride 2 on 3 channels, unfolded to a 4x1 window over 64-element rows) and its
+    max pool: one kernel by cost, the pool's window kernel gone, the record naming both predictions. (At
+    2 x 3 x 64 x 64 the layout pass leaves the input NCHW, which no Hopper unit reads.)"""
+    plan = _plan(B.resnet_stage_model((4, 64, 28, 28), stem=True))
+    (k,) = _pooled(plan)
+    assert k.schedule.param["unit"] == "pool" and "pool" in k.origins
+    assert not [x for x in plan.kernels if x.family == "window"]
+    (r,) = _records(plan)
+    assert r.applied and "against" in r.reason and r.bytes_saved > 0
+    geo = conv_pool.pooled_of(k, plan.types())
+    assert geo.conv.taps == (4, 1) and geo.pooled == (28, 28) and geo.conv.out == (56, 56)
+
+
+def test_pin_keeps_them_apart_and_rejects_other_values():
+    model = B.resnet_stage_model((4, 64, 28, 28), stem=True)
+    plan = _plan(model, pin={"pooled": 0})
+    assert not _pooled(plan) and [x for x in plan.kernels if x.family == "window"]
+    (r,) = _records(plan)
+    assert not r.applied and "pooled=0" in r.reason
+    with pytest.raises(AicfError, match="pooled=2"):
+        _plan(model, pin={"pooled": 2})
+
+
+def test_a_pin_of_another_unit_keeps_them_apart():
+    """`--pin unit=wgmma` asks every convolution for the implicit GEMM, which does not pool: the stem stays apart."""
+    plan = _plan(B.resnet_stage_model((4, 64, 28, 28), stem=True), pin={"unit": "wgmma"})
+    assert not _pooled(plan) and [x for x in plan.kernels if x.family == "window"]
+    (r,) = _records(plan)
+    assert not r.applied and "unit=wgmma" in r.reason
+
+
+@pytest.mark.parametrize("x,w,kw,why", [
+    ((2, 128, 16, 16), (128, 128, 3, 3), {}, "128 channels to 128"),
+    ((2, 64, 16, 16), (64, 64, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, "strided"),
+    ((2, 64, 16, 16), (64, 64, 3, 3), {"follow": "pool"}, "stride 2"),
+], ids=["c128", "conv_stride2", "pool_stride1"])
+def test_what_does_not_merge_says_why(x, w, kw, why):
+    plan = _plan(_model(x, w, **kw))
+    assert not _pooled(plan)
+    (r,) = _records(plan)
+    assert not r.applied and why in r.reason, r.reason
+
+
+def test_tiles_maps_and_shared_memory():
+    """A 20x26 convolution pools to 10x13 pixels. Under a 3x3 window the filter takes 72 KB, which leaves no
+    room for 8x7 tiles: the space offers the smaller ones, cut by the image's edge where they pass it (the
+    TMA store drops what lies past it)."""
+    plan = _plan(_model((2, 64, 20, 26)), precision="bf16")
+    (k,) = _pooled(plan)
+    geo = conv_pool.pooled_of(k, plan.types())
+    assert geo.pooled == (10, 13) and geo.conv.taps == (3, 3)
+    limit = load_profile("sm_90").smem_per_block_optin
+    offered = [c.params for c in k.schedule.candidates if dict(c.params).get("unit") == "pool"]
+    assert offered and all((dict(q)["TPH"], dict(q)["TPW"]) not in ((8, 7), (7, 8)) for q in offered)
+    p = dict(unit="pool", dtype="bf16", TPH=4, TPW=8, NCONS=3, SLOTS=2, CTAS=12)
+    assert conv_pool.tiles(p, geo) == 2 * 3 * 2
+    assert conv_pool.region(p) == (9, 17) and conv_pool.blocks(p) == 3 and conv_pool.box(p, (3, 3)) == (19, 11)
+    assert conv_pool.smem_bytes(p, (3, 3)) + conv_pool.static_smem(p) <= limit
+    maps = conv_pool.tensor_maps(k, p, plan.types())
+    assert [m.box for m in maps] == [(64, 19, 11, 1), (64, 64), (64, 8, 4, 1)]
+    assert all(m.swizzle == 128 and m.problems() is None for m in maps)
+    assert maps[0].dims == (64, 26, 20, 2) and maps[2].dims == (64, 13, 10, 2)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_pool_kernel_builds_without_spills(tmp_path, precision):
+    src = tmp_path / "m.onnx"
+    onnx.save(B.resnet_stage_model((4, 64, 28, 28), stem=True), str(src))
+    out = tmp_path / "m.aicf"
+    subprocess.run(["aicfc", "compile", str(src), "-o", str(out), "--precision", precision], check=True,
+                   capture_output=True)
+    explained = json.loads(subprocess.run(["aicfc", "explain", "--json", str(out)], check=True,
+                                          capture_output=True, text=True).stdout)
+    (k,) = [k for k in explained["kernels"] if k["params"].get("unit") == "pool"]
+    assert k["registers_source"] == "ptxas" and not k.get("spills")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("x,w,act,pin", [
+    ((2, 64, 20, 26), (64, 64, 3, 3), "relu", {}),
+    ((3, 64, 15, 17), (64, 64, 3, 3), None, {"TPH": 4, "TPW": 8}),
+    ((2, 64, 30, 34), (64, 64, 1, 3), None, {"TPH": 7, "TPW": 8, "NCONS": 2}),
+], ids=["20x26_relu", "15x17_signed", "1x3_signed"])
+def test_gpu_pool(x, w, act, pin, precision, gpu_device):
+    """Fresh random inputs against float64: tiles cut by the image's edges, odd sizes, values of both signs
+    (the padding's -inf must lose to every negative), several images."""
+    import aicfc
+    model = _model(x, w, act=act)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, pin={"pooled": 1, **pin})
+    assert "pool" in [k["params"].get("unit") for k in payload["kernels"]]
+    check_gpu(model, payload, gpu_device, precision)
+
+
+@pytest.mark.gpu
+def test_gpu_pool_resnet_stem_against_onnxruntime(gpu_device):
+    import aicfc
+    model = B.resnet_stage_model((4, 64, 28, 28), stem=True)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={})
+    assert "pool" in [k["params"].get("unit") for k in payload["kernels"]]
+    check_gpu(model, payload, gpu_device, "fp16", onnxruntime=True)
