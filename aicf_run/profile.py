@@ -43,6 +43,10 @@ if TYPE_CHECKING:
 # kernel runs on the fp32 SIMT pipes. Mirrors MMA_UNIT in aicfc/planner/cost.py: the runtime
 # must not import the compiler.
 _MMA_UNIT = {"tf32": "tf32_tc", "f16": "fp16_tc", "bf16": "bf16_tc"}
+# The schedule units that multiply on tensor cores (aicfc/codegen: gemm_mma, gemm_wgmma and conv_wgmma,
+# conv_taps, conv_pool); before the last two were listed, their kernels were held to the fp32 pipes'
+# peak and `--profile` printed 500-800% of the roofline for them.
+_TC_UNITS = ("mma", "wgmma", "taps", "pool")
 # Launches of one kernel per graph replay when kernels are timed through graphs.
 GRAPH_LAUNCHES = 20
 _METHODS = {"graph": f"{GRAPH_LAUNCHES} back-to-back launches per graph replay",
@@ -117,9 +121,10 @@ def marginals(executor: Executor) -> list[float]:
 
 
 def peak_unit(kernel: dict[str, Any]) -> str | None:
-    """The `peak_tflops` entry that bounds `kernel` (None for an mma dtype not known here)."""
+    """The `peak_tflops` entry that bounds `kernel` (None for an mma dtype not known here): the tensor cores'
+    for the units that run on them, the fp32 pipes' for the rest (the gemv too, bound by its bytes)."""
     params = kernel.get("params", {})
-    if params.get("unit") in ("mma", "wgmma"):
+    if params.get("unit") in _TC_UNITS:
         return _MMA_UNIT.get(params.get("dtype"))
     return "fp32_simt"
 

@@ -381,3 +381,13 @@ def test_cli_bench_profile_json_roofline(payloads: dict, tmp_path: Path) -> None
     report = json.loads(done.stdout)
     assert report["graph"] is False and report["bench"]["graph"] is None
     assert report["inputs"] == "given with --input"
+
+
+def test_tensor_core_units_are_held_to_the_tensor_cores_peak() -> None:
+    """`--profile`'s roofline column: every unit that multiplies on tensor cores against its dtype's peak (the taps
+    and pool convolutions were held to the fp32 pipes' and showed 500-800%), the rest against fp32's."""
+    from aicf_run.profile import peak_unit
+    for unit in ("mma", "wgmma", "taps", "pool"):
+        assert peak_unit({"params": {"unit": unit, "dtype": "f16"}}) == "fp16_tc"
+    assert peak_unit({"params": {"unit": "gemv", "TC": 1, "BN": 128}}) == "fp32_simt"
+    assert peak_unit({"params": {"threads": 128, "vec": 8}}) == "fp32_simt"
