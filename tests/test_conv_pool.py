@@ -135,9 +135,11 @@ def test_gpu_pool(x, w, act, pin, precision, gpu_device):
 
 
 @pytest.mark.gpu
-def test_gpu_pool_resnet_stem_against_onnxruntime(gpu_device):
+@pytest.mark.parametrize("x", [(4, 64, 28, 28), (3, 64, 36, 36), (2, 64, 30, 22)], ids=["28", "36", "30x22"])
+def test_gpu_pool_resnet_stem_against_onnxruntime(x, gpu_device):
+    """The stem and its pool merged by cost, tiles cut by the pooled image's edges at 36x36 and 30x22."""
     import aicfc
-    model = B.resnet_stage_model((4, 64, 28, 28), stem=True)
+    model = B.resnet_stage_model(x, stem=True)
     payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={})
     assert "pool" in [k["params"].get("unit") for k in payload["kernels"]]
     check_gpu(model, payload, gpu_device, "fp16", onnxruntime=True)

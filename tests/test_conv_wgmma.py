@@ -350,9 +350,10 @@ def test_gpu_residual_pairs_stem_copy_and_pool_vectors(x, precision, gpu_device)
     (`pointwise._gathers_coalesced`), the max pool reads and writes 8 channels a thread
     (`window.vector_width`), the 1x1 convolutions' GEMMs take the pixels as rows
     (`channels_last.pixels_as_rows`) and their bias and residual are read as channel pairs
-    (`gemm.paired_loads`), at fp16 and bf16."""
+    (`gemm.paired_loads`), at fp16 and bf16. (`pooled=0`: by cost the stem and its pool are one kernel,
+    unit `pool`, which tests/test_conv_pool.py checks at these shapes.)"""
     model = B.resnet_stage_model(x, mid=64, out=256, stride=2, stem=True, seed=7)
-    payload = _gpu_check(model, precision, gpu_device)
+    payload = _gpu_check(model, precision, gpu_device, {"pooled": 0})
     fams = [k["family"] for k in payload["kernels"]]
     assert "window" in fams and "conv" in fams and "gemm" in fams
 
