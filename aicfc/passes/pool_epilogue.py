@@ -35,7 +35,7 @@ def _merged(conv: Kernel, pool: Kernel) -> Kernel:
 
 def _pairs(plan: Plan) -> list[tuple[Kernel, Kernel | str]]:
     """(convolution, its pool kernel or why it has none) for every conv kernel whose result a window
-    kernel reads."""
+    kernel of a max reads."""
     readers: dict[str, list[Kernel]] = {}
     for k in plan.kernels:
         for b in {ld.buffer for op in k.ops for ld in loads(op.body)} - k.outs:
@@ -46,8 +46,8 @@ def _pairs(plan: Plan) -> list[tuple[Kernel, Kernel | str]]:
         if k.family != "conv" or len(k.stores) != 1:
             continue
         users = readers.get(k.stores[0], [])
-        if not any(u.family == "window" for u in users):
-            continue
+        if not any(u.family == "window" and u.ops[0].combiner == "max" for u in users):
+            continue   # no max pool reads it (a depthwise convolution, an average pool: not this rewrite's)
         res = k.stores[0]
         if len(users) != 1:
             out.append((k, f"{res!r} has {len(users)} readers"))
