@@ -13,9 +13,11 @@ products, its image rows and its shared-memory traffic, plus its exposed epilogu
 
 POOL_BLOCK_EPILOGUE_US is the taps unit's fitted epilogue of one 64-pixel block (TAPS_EPILOGUE_US: its
 values into shared memory); POOL_TILE_US the pooling pass of a tile (nine 16-byte shared-memory reads
-for each of its TPH·TPW·8 runs over 128 threads) and its TMA store, a guess. Measured (session 31, an
-H200): ResNet-50 B32's stem 39.6-40.1 us against 35.75 predicted (1.11), inside issue 17's band; t_smem
-counts the taps' A and B bytes only, not the region tile and the pooling's reads ([Note: pooled tiles]).
+for each of its TPH·TPW·8 runs over 128 threads) and its TMA store, fitted to one measurement (session
+31, an H200, benchmarks/results/pool_stem_session31_h200.txt): ResNet-50 B32's stem, 14 tiles of 7x8 a
+block, 39.6-40.1 us alone, where 0.15 us a tile predicted 35.75 (8x7 tiles with three consumer warpgroups
+39.4, with two and three slots 39.6: the same prediction). What it stands for is mostly shared-memory
+traffic that t_smem leaves out (the region tile, the pooling's reads; [Note: pooled tiles]).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from aicfc.planner.cost_conv_wgmma import IM2COL_PIXELS_PER_US, TMA_PORT_GBS
 from aicfc.planner.cost_wgmma import EFF_DEFAULT, n_eff
 
 POOL_BLOCK_EPILOGUE_US = TAPS_EPILOGUE_US   # a block's exposed epilogue (profile: conv_pool_block_epilogue_us)
-POOL_TILE_US = 0.15                         # a tile's pooling pass and store (profile: conv_pool_tile_us)
+POOL_TILE_US = 0.44                         # a tile's pooling pass and store, fitted (profile: conv_pool_tile_us)
 
 
 def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
