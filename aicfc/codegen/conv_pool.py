@@ -46,7 +46,7 @@ from aicfc.codegen.tma import TensorMap
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Load
 from aicfc.ir.properties import implicit_gemm
-from aicfc.ir.types import ITEMSIZE, TensorType
+from aicfc.ir.types import TensorType
 
 ROW_BYTES = 128                       # a pixel's 64 channels of 16 bits: one swizzled row
 BLOCK = 64                            # GEMM rows a wgmma block
@@ -214,20 +214,8 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     """The image's (a tile's box of pixels of one image), the filter's (64 x 64 a tap) and the pooled
     output's (TPH x TPW pixels a box), all in the 128-byte swizzle."""
     geo = pooled_of(k, types)
-    conv = conv_part(k)
-    g = implicit_gemm(conv.ops[0])
-    (n, h, w, c), e = geo.conv.image, ITEMSIZE[types[g.a.buffer].dtype]
-    order = conv_wgmma.k_order(conv, types)
-    assert not isinstance(order, str), order
-    b = conv_wgmma._filter(conv, types, order, 64, p["dtype"])
-    assert not isinstance(b, str), b
-    out = k.ops[-1].out
-    eo = ITEMSIZE[types[out].dtype]
-    (ph, pw), (bw, bh) = geo.pooled, box(p, geo.conv.taps)
-    return [TensorMap(g.a.buffer, p["dtype"], 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e), (64, bw, bh, 1), 128),
-            b.tensor_map(g.b.buffer, p["dtype"]),
-            TensorMap(out, p["dtype"], 0, (64, pw, ph, n), (64 * eo, pw * 64 * eo, ph * pw * 64 * eo),
-                      (64, p["TPW"], p["TPH"], 1), 128)]
+    return conv_taps.tile_maps(conv_part(k), types, p["dtype"], box(p, geo.conv.taps), k.ops[-1].out, geo.pooled,
+                               (p["TPW"], p["TPH"]))
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:

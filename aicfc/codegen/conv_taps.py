@@ -128,17 +128,27 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     (8x8 pixels a box), all in the 128-byte swizzle."""
     geo = conv_wgmma.im2col_geometry(k, types)
     assert not isinstance(geo, str), geo
+    return tile_maps(k, types, p["dtype"], (HALO, HALO), k.ops[-1].out, geo.image[1:3], (TILE, TILE))
+
+
+def tile_maps(k: Kernel, types: Mapping[str, TensorType], dtype: str, image_box: tuple[int, int], out: str,
+              out_hw: tuple[int, int], out_box: tuple[int, int]) -> list[TensorMap]:
+    """The maps of the units that read image tiles and keep the filter resident (this one and `pool`):
+    the NHWC image's with boxes of image_box (w, h) pixels of one image, the filter's 64 x 64 boxes (one a tap),
+    and the NHWC output `out` of out_hw (h, w) pixels of 64 channels with boxes of out_box (w, h), all in the
+    128-byte swizzle."""
+    geo = conv_wgmma.im2col_geometry(k, types)
+    assert not isinstance(geo, str), geo
     g = implicit_gemm(k.ops[0])
     (n, h, w, c), e = geo.image, ITEMSIZE[types[g.a.buffer].dtype]
     order = conv_wgmma.k_order(k, types)
     assert not isinstance(order, str), order
-    b = conv_wgmma._filter(k, types, order, 64, p["dtype"])
+    b = conv_wgmma._filter(k, types, order, 64, dtype)
     assert not isinstance(b, str), b
-    out = k.ops[-1].out
-    eo = ITEMSIZE[types[out].dtype]
-    return [TensorMap(g.a.buffer, p["dtype"], 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e), (64, HALO, HALO, 1), 128),
-            b.tensor_map(g.b.buffer, p["dtype"]),
-            TensorMap(out, p["dtype"], 0, (64, w, h, n), (64 * eo, w * 64 * eo, h * w * 64 * eo), (64, TILE, TILE, 1), 128)]
+    (oh, ow), eo = out_hw, ITEMSIZE[types[out].dtype]
+    return [TensorMap(g.a.buffer, dtype, 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e), (64, *image_box, 1), 128),
+            b.tensor_map(g.b.buffer, dtype),
+            TensorMap(out, dtype, 0, (64, ow, oh, n), (64 * eo, ow * 64 * eo, oh * ow * 64 * eo), (64, *out_box, 1), 128)]
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
