@@ -3,9 +3,7 @@ kernels (passes/pool_epilogue.py): which convolutions and pools merge, the plann
 build (ptxas: no spills), and on a GPU its results against float64 and onnxruntime."""
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 
 import onnx
 import pytest
@@ -17,7 +15,7 @@ from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.passes.pool_epilogue import RULE
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
-from tests.test_conv_taps import check_gpu
+from tests.test_conv_taps import built_kernels, check_gpu
 
 
 def _plan(model: onnx.ModelProto, precision: str = "fp16", pin: dict | None = None):
@@ -106,14 +104,8 @@ def test_tiles_maps_and_shared_memory():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_pool_kernel_builds_without_spills(tmp_path, precision):
-    src = tmp_path / "m.onnx"
-    onnx.save(B.resnet_stage_model((4, 64, 28, 28), stem=True), str(src))
-    out = tmp_path / "m.aicf"
-    subprocess.run(["aicfc", "compile", str(src), "-o", str(out), "--precision", precision], check=True,
-                   capture_output=True)
-    explained = json.loads(subprocess.run(["aicfc", "explain", "--json", str(out)], check=True,
-                                          capture_output=True, text=True).stdout)
-    (k,) = [k for k in explained["kernels"] if k["params"].get("unit") == "pool"]
+    kernels = built_kernels(tmp_path, B.resnet_stage_model((4, 64, 28, 28), stem=True), precision)
+    (k,) = [k for k in kernels if k["params"].get("unit") == "pool"]
     assert k["registers_source"] == "ptxas" and not k.get("spills")
 
 

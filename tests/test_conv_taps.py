@@ -74,14 +74,8 @@ def test_taps_maps_are_the_image_tile_the_filter_and_the_output_tile():
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_taps_kernel_builds_without_spills(tmp_path, precision):
     """The compiled bundle's taps kernel: ptxas fits it in the 128 registers of 512 threads."""
-    src = tmp_path / "m.onnx"
-    onnx.save(_model((2, 64, 16, 24)), str(src))
-    out = tmp_path / "m.aicf"
-    subprocess.run(["aicfc", "compile", str(src), "-o", str(out), "--precision", precision, "--pin", "unit=taps"],
-                   check=True, capture_output=True)
-    explained = json.loads(subprocess.run(["aicfc", "explain", "--json", str(out)], check=True,
-                                          capture_output=True, text=True).stdout)
-    (k,) = [k for k in explained["kernels"] if k["family"] == "conv"]
+    (k,) = [k for k in built_kernels(tmp_path, _model((2, 64, 16, 24)), precision, "--pin", "unit=taps")
+             if k["family"] == "conv"]
     assert k["params"]["unit"] == "taps" and k["registers_source"] == "ptxas" and k["registers"] <= 128
     assert not k.get("spills")
 
@@ -126,3 +120,15 @@ def check_gpu(model: onnx.ModelProto, payload: dict, device, precision: str, onn
     for name, r in want.items():
         assert not np.isnan(got[name]).any(), f"{name}: NaN"
         assert rel_err(got[name], r) <= GPU_RTOL[precision], f"{precision}: {name} rel err {rel_err(got[name], r):.2e}"
+
+
+def built_kernels(tmp_path, model: onnx.ModelProto, precision: str, *options: str) -> list[dict]:
+    """The kernels of `model` compiled by the CLI (nvcc and ptxas run) at `precision` with `options`, as
+    `aicfc explain --json` lists them (registers and spills from ptxas)."""
+    src = tmp_path / "m.onnx"
+    onnx.save(model, str(src))
+    out = tmp_path / "m.aicf"
+    subprocess.run(["aicfc", "compile", str(src), "-o", str(out), "--precision", precision, *options],
+                   check=True, capture_output=True)
+    return json.loads(subprocess.run(["aicfc", "explain", "--json", str(out)], check=True,
+                                     capture_output=True, text=True).stdout)["kernels"]

@@ -167,9 +167,19 @@ def slot_bytes(p: Mapping, taps: tuple[int, int]) -> int:
     return _kb(w * h * ROW_BYTES)
 
 
+def region_bytes(p: Mapping) -> int:
+    """A warpgroup's region tile: its blocks' rows of 128 bytes."""
+    return blocks(p) * BLOCK * ROW_BYTES
+
+
+def pool_bytes(p: Mapping) -> int:
+    """A warpgroup's pooled staging: TPH x TPW rows of 128 bytes, in whole swizzle atoms."""
+    return _kb(p["TPH"] * p["TPW"] * ROW_BYTES)
+
+
 def smem_bytes(p: Mapping, taps: tuple[int, int]) -> int:
-    per_wg = blocks(p) * BLOCK * ROW_BYTES + _kb(p["TPH"] * p["TPW"] * ROW_BYTES)
-    return 1024 + taps[0] * taps[1] * TAP_BYTES + p["SLOTS"] * slot_bytes(p, taps) + p["NCONS"] * per_wg
+    return (1024 + taps[0] * taps[1] * TAP_BYTES + p["SLOTS"] * slot_bytes(p, taps)
+            + p["NCONS"] * (region_bytes(p) + pool_bytes(p)))
 
 
 def tiles(p: Mapping, geo: Pooled) -> int:
@@ -234,7 +244,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   KH=kh, KW=kw, PAD_H=geo.conv.pad[0], PAD_W=geo.conv.pad[1], TAPS=taps, TPH=p["TPH"], TPW=p["TPW"],
                   RH=rh, RW=rw, BW=bw, BH=bh, BLOCKS=blocks(p), CTAS=p["CTAS"], NCONS=p["NCONS"], SLOTS=p["SLOTS"],
                   SLOT_BYTES=slot_bytes(p, geo.conv.taps), BOX_BYTES=bw * bh * ROW_BYTES, FILTER_BYTES=taps * TAP_BYTES,
-                  REGION_BYTES=blocks(p) * BLOCK * ROW_BYTES, POOL_BYTES=_kb(p["TPH"] * p["TPW"] * ROW_BYTES),
+                  REGION_BYTES=region_bytes(p), POOL_BYTES=pool_bytes(p),
                   TILES=tiles(p, geo), TILES_X=-(-pw // p["TPW"]), TILES_XY=-(-ph // p["TPH"]) * -(-pw // p["TPW"]),
                   threads=threads(p), PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS[p["NCONS"]],
                   MAPS=p.get("MAPS"), idx=parts["idx"], signature=parts["signature"], staged=staged)
