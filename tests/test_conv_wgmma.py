@@ -607,9 +607,10 @@ def test_staged_epilogue_builds_without_spills(case, a, pp, tmp_path, monkeypatc
 
 def test_staged_epilogue_only_for_a_row_major_output():
     """OUT = 2 is offered where the convolution stores the row-major [pixels, channels] matrix
-    (channels-last, inside a graph) and not where it stores the graph's NCHW output."""
-    for follow, inside in ((16, True), (0, False)):
-        model = _conv((2, 64, 14, 14), (96, 64, 3, 3), follow=follow, pads=[1, 1, 1, 1])
+    (channels-last, inside a graph) and not where it stores the graph's NCHW output; a batch of one
+    is row-major too (its batch index, always 0, has a term in the stored offset but adds nothing)."""
+    for batch, follow, inside in ((2, 16, True), (1, 16, True), (2, 0, False), (1, 0, False)):
+        model = _conv((batch, 64, 14, 14), (96, 64, 3, 3), follow=follow, pads=[1, 1, 1, 1])
         plan = _stages(model, pin={"A": "tma"})["plan_memory"]
         k = [k for k in plan.kernels if k.family == "conv"][0]
         assert conv_wgmma.row_major_out(k, plan.types()) == inside

@@ -636,7 +636,8 @@ def row_major_out(k: Kernel, types: Mapping[str, TensorType]) -> bool:
     for v in reversed(g.m):
         want[v] = stride if ext[v] > 1 else off.coeff(v)
         stride *= ext[v]
-    return all(off.coeff(v) == c for v, c in want.items()) and {v for v, _ in off.terms} <= set(want)
+    # a variable of extent 1 is always 0: its term in the offset (a batch of one) adds nothing
+    return all(off.coeff(v) == c for v, c in want.items()) and {v for v, _ in off.terms if ext[v] > 1} <= set(want)
 
 
 def staged_parts(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str], idx: str):
