@@ -156,12 +156,17 @@ def tma_share_gbs(hw, ctas: int, units: int = 1) -> float:
     and the k-split cluster terms below, of the 34 kernels whose two schedules differ the faster is
     predicted faster for 33 (19 with the even share of the profile's 10 TB/s); 75% of the 238 fall in
     [0.8, 1.25] of their prediction (67%).
-    One unit a CTA only: persistent grids that walk several tiles keep the even share. Given the
-    larger share too, BERT-base's and GPT-2's B8 S512 QKV and FFN GEMMs moved to ping-pong tiles whose
-    plans replayed 1.6% and 2.3% slower (same call, 7 alternating rounds); ResNet-50 B32's stage-2 1x1
-    GEMMs, full grids of 64x128 ping-pong tiles measured at 0.73 of their prediction, show that those
-    grids too draw more than the even share, so the rule is a fence around what was fitted, not a
-    finding about the hardware."""
+    One unit a CTA, or a grid bound by DRAM: persistent grids that walk several tiles keep the even share
+    where their tensor work outlasts their DRAM bytes (the caller, `wgmma_terms`, asks with units = 1 when
+    t_dram >= the busiest SM's tensor time). Given the larger share always, BERT-base's and GPT-2's B8 S512
+    QKV and FFN GEMMs (compute-bound) moved to ping-pong tiles whose plans replayed 1.6% and 2.3% slower
+    (session 26, same call, 7 alternating rounds). The memory-bound ones draw it: ResNet-50 B32's stage-2
+    1x1 reduce GEMMs (25088x512x128), 64x128 ping-pong tiles 3 a CTA on 132 CTAs, measured 7.62-7.95 us
+    (session 32, an H200, benchmarks/results/tma_share_session32_h200.txt), 0.73 of the even share's
+    prediction (10.57) and 0.80-0.83 of this one's (9.56), against 9.54-9.63 for the 256x128 tiles on 98
+    CTAs that the even share picked; the plan replayed 812.5 us against 821.5 (7 alternating rounds), and
+    no transformer GEMM's pick moved. So the rule is still a fence around what was measured (whether
+    compute-bound persistent grids draw it too is open), not a finding about the hardware."""
     total = hw.data.get("tma_l2_gbs")
     if total is None or units > 1:
         return l2_share_gbs(hw, ctas)
@@ -204,10 +209,18 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         per_sm = math.ceil(gemm_wgmma.pairs(k, p)[1] / (p["CTAS"] // 2))
     else:
         per_sm = math.ceil(tiles * sk / p["CTAS"])
-    share = tma_share_gbs(hw, p["CTAS"], per_sm)
-    l2_sm = share * 1e3
     row = gemm_wgmma.ROW_BYTES
     t_mma = 2.0 * bm * bn * bkk / sm_rate
+    ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
+    # DRAM: each operand once; past L2, B is read again by every group of GROUP tile rows (A once)
+    a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
+    groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
+    rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes else 0.0
+    t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
+    # [Note: the TMA's share of L2]: a persistent grid whose bytes outlast its tensor work takes the share
+    # one-unit grids were fitted at
+    share = tma_share_gbs(hw, p["CTAS"], 1 if t_dram >= per_sm * ktiles * t_mma else per_sm)
+    l2_sm = share * 1e3
     t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     sm_in = hw.data.get("sm_ingress_gbs", share) * 1e3                # bytes per us into one SM
     t_load = max(row * (bm + bn) / sm_in, row * (bm + bn / cl) / l2_sm)
@@ -218,7 +231,6 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # producer refills it only once both CTAs freed it (profile `cluster_pace`, a fraction of the k-block)
     pace = 1.0 + (hw.data.get("cluster_pace", 0.0) if cl > 1 else 0.0)
     t_kblock = max(t_mma, t_smem, t_load, t_latency) * pace
-    ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
     extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, types))
     # a quad of threads stores 4 column pairs of a row from registers: 16 bytes of a 32-byte sector for
@@ -242,11 +254,6 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # the SM's share (a cluster pulls its half of B, multicast to both)
     t_first = row * (bm + bn / cl) / l2_sm
     t_fill = latency * (1 + max(0.0, math.ceil(t_load * ktiles / max(t_kblock * ktiles, 1e-9)) - 1)) + t_first
-    # DRAM: each operand once; past L2, B is read again by every group of GROUP tile rows (A once)
-    a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
-    groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
-    rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes else 0.0
-    t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
     # TMA stores (cooperative tiles only: gemm_wgmma.space): all but the last tile's leave TS_HIDDEN of their bytes
     # under the next tile
     hidden = TS_HIDDEN * t_store if p.get("TS") else 0.0
