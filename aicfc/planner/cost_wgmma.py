@@ -156,17 +156,22 @@ def tma_share_gbs(hw, ctas: int, units: int = 1) -> float:
     and the k-split cluster terms below, of the 34 kernels whose two schedules differ the faster is
     predicted faster for 33 (19 with the even share of the profile's 10 TB/s); 75% of the 238 fall in
     [0.8, 1.25] of their prediction (67%).
-    One unit a CTA, or a grid bound by DRAM: persistent grids that walk several tiles keep the even share
-    where their tensor work outlasts their DRAM bytes (the caller, `wgmma_terms`, asks with units = 1 when
-    t_dram >= the busiest SM's tensor time). Given the larger share always, BERT-base's and GPT-2's B8 S512
+    One unit a CTA, or a grid bound by DRAM without a residual: persistent grids that walk several tiles keep
+    the even share where their tensor work outlasts their DRAM bytes or their epilogue reads a residual (the
+    caller, `wgmma_terms`, asks with units = 1 when t_dram >= the busiest SM's tensor time and no residual). Given the larger share always, BERT-base's and GPT-2's B8 S512
     QKV and FFN GEMMs (compute-bound) moved to ping-pong tiles whose plans replayed 1.6% and 2.3% slower
     (session 26, same call, 7 alternating rounds). The memory-bound ones draw it: ResNet-50 B32's stage-2
     1x1 reduce GEMMs (25088x512x128), 64x128 ping-pong tiles 3 a CTA on 132 CTAs, measured 7.62-7.95 us
     (session 32, an H200, benchmarks/results/tma_share_session32_h200.txt), 0.73 of the even share's
     prediction (10.57) and 0.80-0.83 of this one's (9.56), against 9.54-9.63 for the 256x128 tiles on 98
     CTAs that the even share picked; the plan replayed 812.5 us against 821.5 (7 alternating rounds), and
-    no transformer GEMM's pick moved. So the rule is still a fence around what was measured (whether
-    compute-bound persistent grids draw it too is open), not a finding about the hardware."""
+    no transformer GEMM's pick moved. Given to the memory-bound grids with a residual too, MobileNetV2 B32's
+    projections with their block's residual (1x1 to 24-32 channels, RS = 1) moved to tiles that measured
+    slower, though both were mispredicted already (56x56x144->24: 64x64 ping-pong 23.9 us against 128x64 in
+    clusters 17.5, predicted 11.0 and 11.1; two 28x28 ones from mma tiles to wgmma, 6.2-6.4 against
+    5.7-5.8): its plan replayed 654.0 us against 644.7, EfficientNet-B0 B32's 1158.9 against 1149.2. So the
+    rule is still a fence around what was measured (whether compute-bound persistent grids and residual
+    epilogues draw the share too is open), not a finding about the hardware."""
     total = hw.data.get("tma_l2_gbs")
     if total is None or units > 1:
         return l2_share_gbs(hw, ctas)
@@ -217,9 +222,11 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
     rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
-    # [Note: the TMA's share of L2]: a persistent grid whose bytes outlast its tensor work takes the share
-    # one-unit grids were fitted at
-    share = tma_share_gbs(hw, p["CTAS"], 1 if t_dram >= per_sm * ktiles * t_mma else per_sm)
+    extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, types))
+    # [Note: the TMA's share of L2]: a persistent grid whose bytes outlast its tensor work, its epilogue
+    # reading no residual, takes the share one-unit grids were fitted at
+    drawn = t_dram >= per_sm * ktiles * t_mma and not extra
+    share = tma_share_gbs(hw, p["CTAS"], 1 if drawn else per_sm)
     l2_sm = share * 1e3
     t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     sm_in = hw.data.get("sm_ingress_gbs", share) * 1e3                # bytes per us into one SM
@@ -232,7 +239,6 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     pace = 1.0 + (hw.data.get("cluster_pace", 0.0) if cl > 1 else 0.0)
     t_kblock = max(t_mma, t_smem, t_load, t_latency) * pace
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
-    extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, types))
     # a quad of threads stores 4 column pairs of a row from registers: 16 bytes of a 32-byte sector for
     # 16-bit outputs (each sector written twice), a whole one for fp32; staged stores write whole sectors
     half = not p.get("OUT") and any(ITEMSIZE[types[s].dtype] < 4 for s in k.stores)
