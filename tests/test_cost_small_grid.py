@@ -147,3 +147,21 @@ def test_a_memory_bound_persistent_grid_takes_the_one_unit_share():
     even = cost_wgmma.tma_share_gbs(load_profile("sm_90", "h200"), 132, units=2)
     assert params["CTAS"] == 132 and even == pytest.approx(load_profile("sm_90", "h200").l2_bandwidth_gbs / 132)
     assert 0.8 <= 33.7 / t <= 1.25      # test_cost_wgmma's H200 measurement of this schedule
+
+
+def test_a_residual_epilogue_keeps_the_even_share(tmp_path):
+    """The fence of [Note: the TMA's share of L2]: the same memory-bound grid with a residual added in its
+    epilogue (MobileNetV2 B32's projections, whose moved tiles measured slower) is predicted as with the
+    even share alone, where the plain one is predicted faster than that."""
+    base = {key: value for key, value in load_profile("sm_90", "h200").data.items() if key != "tma_l2_gbs"}
+    even = tmp_path / "h200_even.json"
+    even.write_text(json.dumps(base))
+    pin = {"unit": "wgmma", "BM": 64, "BN": 128, "PP": 1, "NWG": 2, "STAGES": 7, "CLUSTER": 1}
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((512, 128)).astype(np.float32)
+    plain = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [25088, 512])], [25088, 128], {"w": w})
+    residual = _model([helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "r"], ["y"])],
+                      [("x", [25088, 512]), ("r", [25088, 128])], [25088, 128], {"w": w})
+    assert _predicted(plain, pin, profile="h200")[0] < _predicted(plain, pin, profile=str(even))[0] - 0.5
+    with_r, params = _predicted(residual, pin, profile="h200")
+    assert params["CTAS"] == 132 and with_r == pytest.approx(_predicted(residual, pin, profile=str(even))[0])
