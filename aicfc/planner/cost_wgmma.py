@@ -156,22 +156,23 @@ def tma_share_gbs(hw, ctas: int, units: int = 1) -> float:
     and the k-split cluster terms below, of the 34 kernels whose two schedules differ the faster is
     predicted faster for 33 (19 with the even share of the profile's 10 TB/s); 75% of the 238 fall in
     [0.8, 1.25] of their prediction (67%).
-    One unit a CTA, or a grid bound by DRAM without a residual: persistent grids that walk several tiles keep
-    the even share where their tensor work outlasts their DRAM bytes or their epilogue reads a residual (the
-    caller, `wgmma_terms`, asks with units = 1 when t_dram >= the busiest SM's tensor time and no residual). Given the larger share always, BERT-base's and GPT-2's B8 S512
-    QKV and FFN GEMMs (compute-bound) moved to ping-pong tiles whose plans replayed 1.6% and 2.3% slower
-    (session 26, same call, 7 alternating rounds). The memory-bound ones draw it: ResNet-50 B32's stage-2
-    1x1 reduce GEMMs (25088x512x128), 64x128 ping-pong tiles 3 a CTA on 132 CTAs, measured 7.62-7.95 us
-    (session 32, an H200, benchmarks/results/tma_share_session32_h200.txt), 0.73 of the even share's
-    prediction (10.57) and 0.80-0.83 of this one's (9.56), against 9.54-9.63 for the 256x128 tiles on 98
-    CTAs that the even share picked; the plan replayed 812.5 us against 821.5 (7 alternating rounds), and
-    no transformer GEMM's pick moved. Given to the memory-bound grids with a residual too, MobileNetV2 B32's
-    projections with their block's residual (1x1 to 24-32 channels, RS = 1) moved to tiles that measured
-    slower, though both were mispredicted already (56x56x144->24: 64x64 ping-pong 23.9 us against 128x64 in
-    clusters 17.5, predicted 11.0 and 11.1; two 28x28 ones from mma tiles to wgmma, 6.2-6.4 against
-    5.7-5.8): its plan replayed 654.0 us against 644.7, EfficientNet-B0 B32's 1158.9 against 1149.2. So the
-    rule is still a fence around what was measured (whether compute-bound persistent grids and residual
-    epilogues draw the share too is open), not a finding about the hardware."""
+    One unit a CTA, or a grid bound by DRAM without a residual: a persistent grid that walks several tiles
+    keeps the even share where its tensor work outlasts its DRAM bytes or its epilogue reads a residual
+    (`wgmma_terms` asks with units = 1 when t_dram >= the busiest SM's tensor time and there is no residual).
+    Given the larger share always, BERT-base's and GPT-2's B8 S512 QKV and FFN GEMMs (compute-bound) moved
+    to ping-pong tiles whose plans replayed 1.6% and 2.3% slower (session 26, same call, 7 alternating
+    rounds). The memory-bound ones draw it: ResNet-50 B32's stage-2 1x1 reduce GEMMs (25088x512x128), 64x128
+    ping-pong tiles 3 a CTA on 132 CTAs, measured 7.58-7.95 us (session 32, an H200,
+    benchmarks/results/tma_share_session32_h200.txt), 0.73 of the even share's prediction (10.57) and
+    0.79-0.83 of this one's (9.56), against 9.54-9.63 for the 256x128 tiles on 98 CTAs the even share
+    picked: the B32 plan replayed 813.7 us against 819.1 (7 alternating rounds), and no transformer GEMM's
+    pick moved. Given to memory-bound grids with a residual too, MobileNetV2 B32's projections with their
+    block's residual (1x1 to 24-32 channels, RS = 1) moved to tiles that measured slower, though both were
+    mispredicted already (56x56x144->24: 64x64 ping-pong 23.9 us against 128x64 in clusters 17.5, predicted
+    11.0 and 11.1; two 28x28 ones from mma tiles to wgmma, 6.2-6.4 against 5.7-5.8): its plan replayed 654.0
+    us against 644.7, EfficientNet-B0 B32's 1158.9 against 1149.2; with the fence 645.5 against 642.5 and
+    1139.7 against 1140.0. So the rule is still a fence around what was measured (whether compute-bound
+    persistent grids and residual epilogues draw the share too is open), not a finding about the hardware."""
     total = hw.data.get("tma_l2_gbs")
     if total is None or units > 1:
         return l2_share_gbs(hw, ctas)
