@@ -165,6 +165,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   idx=parts["idx"], signature=parts["signature"], staged=staged)
 
 
-
 def tile_flops() -> float:
     return 2.0 * TILE * TILE * 64 * 9 * 64
