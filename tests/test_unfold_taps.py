@@ -226,3 +226,27 @@ def test_gpu_conv_split_k(case, pin, gpu_device):
                 assert rel_err(got[name], r) <= GPU_RTOL["fp16"], f"run {seed} {pin}: {name}"
     finally:
         ex.close()
+
+
+def test_rewrites_weigh_by_the_profile_planned_with():
+    """unfold_taps (and channels_last, pool_epilogue) decide by the predictions of the profile the
+    pipeline plans with (`--profile`), not the target's own: a profile whose launches cost 40 us more
+    moves the figures in the stem's record by whole launches."""
+    from aicfc.passes.pipeline import PIPELINE, Options
+    from aicfc.planner.hardware import Profile, load_profile
+    from aicfc.frontend.onnx_import import import_model
+    model = B.conv_model((32, 3, 224, 224), (64, 3, 7, 7), bn=True, act="relu", strides=[2, 2], pads=[3, 3, 3, 3])
+
+    def figures(hw) -> tuple[float, float]:
+        ir = import_model(model)
+        for stage in PIPELINE:
+            ir = stage.run(ir, Options("sm_90", hw, "fp16", ()))
+            if stage.name == "unfold_taps":
+                break
+        (r,) = _records(ir, RULE)
+        return tuple(float(x) for x in r.reason.split("predicted ")[1].replace(
+            " us for the unfolded copy and convolution against", "").split()[:2])
+    base = load_profile("sm_90")
+    slow = Profile({**base.data, "launch_overhead_us": base.launch_overhead_us + 40.0})
+    (new0, old0), (new1, old1) = figures(base), figures(slow)
+    assert new1 - new0 >= 40.0 and old1 - old0 >= 40.0

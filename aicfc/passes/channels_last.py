@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
@@ -62,6 +62,9 @@ from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Load, Rewrite, loads, map_loads, substitute, view_base
 from aicfc.ir.properties import contraction, implicit_gemm, properties
 from aicfc.ir.types import TensorType, Weight
+
+if TYPE_CHECKING:
+    from aicfc.planner.hardware import Profile
 
 RULE = "x[n, c, s..] => x[n, s.., c] (channels-last for the wgmma implicit GEMM)"
 INPUT_RULE = "input x[n, c, s..] => copy to x[n, s.., c] once (channels-last for the wgmma implicit GEMM)"
@@ -201,16 +204,18 @@ def _copy_kernel(x: str, t: TensorType, name: str) -> Kernel:
 HOPPER_UNITS = ("wgmma", "taps", "pool")   # the convolution units that read NHWC (codegen/conv_wgmma.py, conv_taps.py, conv_pool.py)
 
 
-def channels_last(plan: Plan, pin: Mapping[str, object] | None = None) -> Plan:
+def channels_last(plan: Plan, pin: Mapping[str, object] | None = None, hw: Profile | None = None) -> Plan:
     """`pin` (--pin): with unit=wgmma, taps or pool every input copy is made whatever its cost (the user
-    asked for a Hopper unit, which reads NHWC); with another unit nothing changes."""
+    asked for a Hopper unit, which reads NHWC); with another unit nothing changes. `hw`: the profile
+    plan_schedules will plan with (`--profile`), so the layout is weighed by the same predictions
+    (None: the target's own)."""
     if plan.target != TARGET or plan.precision not in ("fp16", "bf16") or (pin or {}).get("unit", "wgmma") not in HOPPER_UNITS:
         return plan   # a --pin of another unit keeps ONNX's layout: the layout is chosen for the Hopper engine
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
     from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile, plan_gap_us
-    hw = load_profile(plan.target)
+    hw = hw or load_profile(plan.target)
     if not copied or (pin or {}).get("unit") in HOPPER_UNITS:
         return _orient(first, hw)
 

@@ -19,9 +19,14 @@ before `relayout_weights` and `plan_schedules`. A plan-wide `--pin unit=X` of an
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aicfc.codegen import conv_pool, conv_wgmma
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite, loads
+
+if TYPE_CHECKING:
+    from aicfc.planner.hardware import Profile
 
 PIN = "pooled"
 RULE = "conv(x) -> maxpool => one kernel (the convolution's pixels pooled in shared memory)"
@@ -61,7 +66,8 @@ def _pairs(plan: Plan) -> list[tuple[Kernel, Kernel | str]]:
     return out
 
 
-def pool_epilogue(plan: Plan, pin: dict | None = None) -> Plan:
+def pool_epilogue(plan: Plan, pin: dict | None = None, hw: Profile | None = None) -> Plan:
+    """`hw`: the profile plan_schedules will plan with (`--profile`; None: the target's own)."""
     if plan.target != conv_wgmma.TARGET or plan.precision not in ("fp16", "bf16"):
         return plan
     forced = (pin or {}).get(PIN)
@@ -79,7 +85,7 @@ def pool_epilogue(plan: Plan, pin: dict | None = None) -> Plan:
             for conv, _ in pairs))
     from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile
-    hw = load_profile(plan.target)
+    hw = hw or load_profile(plan.target)
     records = []
     for conv, pool in pairs:
         if isinstance(pool, str):

@@ -56,6 +56,7 @@ drops the key.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -63,6 +64,9 @@ from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Load, Rewrite, View, loads, map_loads
 from aicfc.ir.properties import implicit_gemm, properties
 from aicfc.ir.types import TensorType, Weight
+
+if TYPE_CHECKING:
+    from aicfc.planner.hardware import Profile
 
 PIN = "unfold"     # --pin unfold=0 keeps the padded copy, unfold=1 unfolds the columns wherever eligible, unfold=2 the rows too
 RULE = "conv(x'[n, h, w, c]) => conv(u[n, h, ow, (kw, c)]) (a thin-channel stem's filter columns unfolded into its copy)"
@@ -233,7 +237,8 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
     return plan.replace(kernels=tuple(kernels), weights=tuple(weights), views=plan.views + (view,))
 
 
-def unfold_taps(plan: Plan, pin: dict | None = None) -> Plan:
+def unfold_taps(plan: Plan, pin: dict | None = None, hw: Profile | None = None) -> Plan:
+    """`hw`: the profile plan_schedules will plan with (`--profile`; None: the target's own)."""
     if plan.target != TARGET or plan.precision not in ("fp16", "bf16"):
         return plan
     forced = (pin or {}).get(PIN)
@@ -253,7 +258,7 @@ def unfold_taps(plan: Plan, pin: dict | None = None) -> Plan:
             readers[b] = readers.get(b, 0) + 1
     from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile
-    hw = load_profile(plan.target)
+    hw = hw or load_profile(plan.target)
 
     def best(p: Plan, k: Kernel) -> float:
         return fastest(k, p, hw)
