@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from aicfc.codegen import gemm_gemv, gemm_mma, gemm_wgmma
+from aicfc.codegen import gemm_gemv, gemm_mma, gemm_thin, gemm_wgmma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition, literal
 from aicfc.codegen.common import CTYPES, decompose, element_offset, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
@@ -155,6 +155,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     if gemm_gemv.why_not(k, plan, dtype) is None:
         weights = {w.name for w in plan.weights}
         out += gemm_gemv.space(m * math.prod(e for _, e in batch), n, kk, early=dims(k)[0].b.buffer in weights)
+    if gemm_thin.why_not(k, plan, dtype) is None:
+        out += gemm_thin.space(m * math.prod(e for _, e in batch), n, kk, load_profile(plan.target).sm_count)
     rot = rotary(k)
     return out if rot is None else [p for p in out if why_not_rotary(rot, p) is None]
 
@@ -209,6 +211,8 @@ def simt_space(prefetched: bool = True) -> list[dict]:
 def threads(p: Mapping) -> int:
     if p["unit"] == "gemv":
         return gemm_gemv.threads(p)
+    if p["unit"] == "thin":
+        return gemm_thin.threads(p)
     if p["unit"] == "wgmma":
         return gemm_wgmma.threads(p)
     if p["unit"] == "mma":
@@ -221,6 +225,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
     nb = math.prod(e for _, e in batch)
     if p["unit"] == "gemv":
         return (math.ceil(n / p["BN"]), p["SPLITK"], 1), (threads(p), 1, 1), 0
+    if p["unit"] == "thin":
+        return (p["GRID"], 1, 1), (threads(p), 1, 1), 0
     if p["unit"] == "wgmma":
         return (p["CTAS"], 1, 1), (threads(p), 1, 1), gemm_wgmma.smem_bytes(p)
     if p["unit"] == "mma":
@@ -232,6 +238,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 def static_smem(k: Kernel, p: Mapping) -> int:
     if p["unit"] == "gemv":
         return gemm_gemv.static_smem(p)
+    if p["unit"] == "thin":
+        return gemm_thin.static_smem(p)
     if p["unit"] == "wgmma":
         return gemm_wgmma.static_smem(p)
     if p["unit"] == "mma":
@@ -557,7 +565,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
                  paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),
                  staged=staged_epilogue(k, types, sig, out_names, n,
-                                                gemm_wgmma.staging_row(p) if p.get("RS") else 0) if p["unit"] == "wgmma" else None,
+                                                gemm_wgmma.staging_row(p) if p.get("RS") else 0) if p["unit"] in ("wgmma", "thin") else None,
                  copy_in=_residual_read(*staged_source(k, types, n), types, sig, out_names) if p.get("RS") else None,
                  prefetch=tuple(_residual_read(b, off, types, sig, out_names)
                                 for b, off in prefetch_reads(k, types)) if p["unit"] == "wgmma" else (),
@@ -565,6 +573,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  rotary=getattr(rotary(k), "head", None))
     if p["unit"] == "gemv":
         return gemm_gemv.render_kernel(k, p, types, name, parts)
+    if p["unit"] == "thin":
+        return gemm_thin.render_kernel(k, p, types, name, parts)
     if p["unit"] == "mma":
         return gemm_mma.render_kernel(k, p, types, name, parts)
     if p["unit"] == "wgmma":

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, row_cols, row_reduce
+from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, gemm_thin, row_cols, row_reduce
 from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.codegen.common import element_offset
 from aicfc.ir.decision import Kernel
@@ -60,6 +60,7 @@ from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
 from aicfc.planner.cost_gemv import profile_terms
+from aicfc.planner.cost_thin import thin_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
@@ -211,6 +212,9 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
         # the epilogue's operations do not add (they run after the loop's registers are free);
         # tensor-core steps: gemm_gemv.tc_held's own fit (session 27)
         return gemm_gemv.registers(p) + 16
+    if k.family == "gemm" and p["unit"] == "thin":
+        # the held weight fragments, accumulators and two slabs' A pieces (gemm_thin.held), the epilogue's values
+        return gemm_thin.registers(gemm.dims(k)[3], p) + min(ops, 16)
     if k.family == "gemm" and p["unit"] == "wgmma":
         # a consumer thread's accumulators, descriptors, tile coordinates and loop state
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 48 + min(ops, 16))
@@ -247,6 +251,8 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
         return _window_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "gemm" and p["unit"] == "gemv":
         return _gemv_cost(k, p, blocks, threads, bps, types, hw)
+    if k.family == "gemm" and p["unit"] == "thin":
+        return _thin_cost(k, p, bps, types, hw)
     if k.family == "gemm" and p["unit"] == "mma":
         return _mma_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "gemm" and p["unit"] == "wgmma":
@@ -607,6 +613,17 @@ def _gemv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     rows = m * math.prod(e for _, e in batch)
     dram = _io_bytes(k, types)
     t = profile_terms(p, rows, n, kk, ITEMSIZE[types[c.b.buffer].dtype], dram, bps, hw)
+    time = t.pop("time_us") + hw.launch_overhead_us
+    t["launch_us"] = hw.launch_overhead_us
+    return Estimate(time, 2.0 * rows * n * kk, dram, t)
+
+
+def _thin_cost(k: Kernel, p: Mapping, bps: int, types: Mapping, hw: Profile) -> Estimate:
+    """thin (codegen/gemm_thin.py), a stream of A and the output: `planner/cost_thin.py` documents the formula."""
+    c, m, n, kk, batch = gemm.dims(k)
+    rows = m * math.prod(e for _, e in batch)
+    dram = _io_bytes(k, types)
+    t = thin_terms(p, rows, n, kk, epilogue_ops(k, types), dram, bps, hw)
     time = t.pop("time_us") + hw.launch_overhead_us
     t["launch_us"] = hw.launch_overhead_us
     return Estimate(time, 2.0 * rows * n * kk, dram, t)
