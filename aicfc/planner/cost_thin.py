@@ -18,6 +18,13 @@ the output out, whose tensor work is a few percent of its bytes' time.
 The warps resident on an SM are min(OCC, blocks_per_sm) blocks of NCH x RW warps; a grid past
 what fits runs in waves (the grid-stride loop is then shared unevenly: the busiest SM's
 warp-slabs count).
+
+The coefficients below are first estimates, not fitted. Measured against them (session 33, an
+H200, MobileNetV2 B32, benchmarks/results/thin_gemm_session33_h200.txt): the 16 -> 96 expansion
+27.4 us (predicted 24.0), the 24 -> 144 ones 11.6-11.8 (10.3), but the 32 -> 192 ones at the
+picked 32-column chunks 8.94 (4.76), where 64-column chunks measured 6.09 (5.46) and 96-column
+ones 6.53 (6.42): with three slabs a warp, half a round trip a slab is too little, and narrow
+chunks are credited with a speed they do not have. Open: a fit over pinned schedules.
 """
 from __future__ import annotations
 
