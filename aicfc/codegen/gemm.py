@@ -148,15 +148,16 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     if not dtype:
         return simt
     _, m, n, kk, batch = dims(k)
+    rows = m * math.prod(e for _, e in batch)
+    hw = load_profile(plan.target)
     out = simt + gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch))
     if gemm_wgmma.why_not(k, plan, dtype) is None:
-        hw = load_profile(plan.target)
         out += gemm_wgmma.space(k, plan, dtype, hw.sm_count, hw.smem_per_block_optin)
     if gemm_gemv.why_not(k, plan, dtype) is None:
         weights = {w.name for w in plan.weights}
-        out += gemm_gemv.space(m * math.prod(e for _, e in batch), n, kk, early=dims(k)[0].b.buffer in weights)
+        out += gemm_gemv.space(rows, n, kk, early=dims(k)[0].b.buffer in weights)
     if gemm_thin.why_not(k, plan, dtype) is None:
-        out += gemm_thin.space(m * math.prod(e for _, e in batch), n, kk, load_profile(plan.target).sm_count)
+        out += gemm_thin.space(rows, n, kk, hw.sm_count)
     rot = rotary(k)
     return out if rot is None else [p for p in out if why_not_rotary(rot, p) is None]
 

@@ -623,7 +623,7 @@ def _thin_cost(k: Kernel, p: Mapping, bps: int, types: Mapping, hw: Profile) -> 
     c, m, n, kk, batch = gemm.dims(k)
     rows = m * math.prod(e for _, e in batch)
     dram = _io_bytes(k, types)
-    t = thin_terms(p, rows, n, kk, epilogue_ops(k, types), dram, bps, hw)
+    t = thin_terms(p, rows, kk, epilogue_ops(k, types), dram, bps, hw)
     time = t.pop("time_us") + hw.launch_overhead_us
     t["launch_us"] = hw.launch_overhead_us
     return Estimate(time, 2.0 * rows * n * kk, dram, t)

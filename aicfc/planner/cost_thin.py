@@ -39,7 +39,7 @@ THIN_LATENCY_US = 1.0     # a load's round trip while the stream keeps DRAM busy
 THIN_WARP_PER_US = 300    # instructions one warp issues a microsecond (~6 cycles each)
 
 
-def thin_terms(p: Mapping, rows: int, n: int, kk: int, epilogue_ops: int, dram: float, bps: int, hw) -> dict:
+def thin_terms(p: Mapping, rows: int, kk: int, epilogue_ops: int, dram: float, bps: int, hw) -> dict:
     """The terms above (us) and `time_us`, without the launch."""
     sms = hw.sm_count
     kc = math.ceil(kk / 16)
