@@ -150,7 +150,7 @@ def _share(part: int, whole: int) -> str:
 
 def _formula(p: dict[str, Any]) -> str:
     """The cost model's formula with this kernel's terms (planner/cost.py, cost_wgmma.py, cost_attention_wgmma.py,
-    cost_gemv.py, cost_thin.py)."""
+    cost_gemv.py, cost_thin.py, cost_conv_stem.py)."""
     if "tiles_per_sm" in p:   # the persistent Hopper engine: per-SM tiles of k-blocks, each its slowest rate
         return (f"fill {p['t_pipeline_us']:.2f} + max(the busiest SM's {p['tiles_per_sm']:.0f} tiles: k-blocks at "
                 f"max(tensor {p['t_compute_us']:.2f}, smem {p['t_smem_us']:.2f}, TMA {p['t_l2_us']:.2f}) + epilogues "
@@ -170,6 +170,10 @@ def _formula(p: dict[str, Any]) -> str:
         return (f"fill {p['t_pipeline_us']:.2f} + max(dram {p['t_dram_us']:.2f}, issue {p['t_issue_us']:.2f}, "
                 f"a warp's pace {p['t_warp_us']:.2f} ({p['warp_slabs']:.0f} slabs a warp, {p['blocks']:.0f} blocks, "
                 f"{p['thin_waves']:.0f} wave(s))) + launch {p['launch_us']:.2f}")
+    if "stem_rounds" in p:   # stem: a block an output tile (planner/cost_conv_stem.py)
+        return (f"fill {p['t_pipeline_us']:.2f} + max(dram {p['t_dram_us']:.2f}, issue {p['t_issue_us']:.2f}, "
+                f"a block slot's pace {p['t_block_us']:.2f} ({p['blocks']:.0f} blocks, {p['blocks_per_sm']:.0f} an SM, "
+                f"{p['stem_rounds']:.0f} a slot)) + launch {p['launch_us']:.2f}")
     if "t_full_us" in p:     # gemv: a weight stream (planner/cost_gemv.py)
         ops = "tensor-core products" if p.get("tensor_cores") else "FMAs"
         return (f"max(stream {p['t_sm_us']:.2f} ({p['inflight_per_sm'] / 1024:.0f} KB in flight an SM, "

@@ -28,7 +28,7 @@ from tests.test_pipeline import rel_err
 
 GOLDEN = Path(__file__).parent / "golden"
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-GPU_RTOL = {"fp32": 1e-4, "fp16": 1e-2}
+GPU_RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2}   # bf16: 8 bits of mantissa, as test_conv_wgmma
 
 
 def _compile(model: onnx.ModelProto, precision: str = "fp32", until: str | None = None):
@@ -192,10 +192,58 @@ def test_vector_depthwise_windows_build_without_spills(spec):
     from aicfc.codegen.module import count_registers
     plan = _compile(B.inverted_residual_model(**spec), "fp16")
     (k,) = [k for k in plan.kernels if k.family == "window"]
-    space = window.space(k, plan)
-    assert all(p.get("vec", 1) > 1 for p in space)
+    space = [p for p in window.space(k, plan) if not p.get("TILE")]
+    assert all(p.get("vec", 1) > 1 for p in space) and {p["PX"] for p in space} == set(window.run_lengths(k))
     (found,) = count_registers(plan, [(k, space)])
-    assert all(not spill and 0 < regs <= 64 for regs, spill in found), found
+    assert all(not spill and 0 < regs <= (64 if p["PX"] == 1 else 255) for p, (regs, spill) in zip(space, found)), found
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("spec", [dict(x=(2, 16, 12, 12)), dict(x=(1, 8, 8, 8), kernel=5, act="silu"),
+                                  dict(x=(2, 16, 12, 12), stride=2)], ids=["relu6", "silu_k5", "s2"])
+def test_window_tiles_build_without_spills(spec):
+    """[Note: window tiles]: every tile schedule of the depthwise window compiles for sm_90a with no
+    local memory; its boxes fit the static shared memory."""
+    from aicfc.codegen import window, window_tile
+    from aicfc.codegen.module import count_registers
+    plan = _compile(B.inverted_residual_model(**spec), "fp16")
+    (k,) = [k for k in plan.kernels if k.family == "window"]
+    space = [p for p in window.space(k, plan) if p.get("TILE")]
+    assert space and all(p["SMEM"] <= window_tile.SMEM_LIMIT for p in space)
+    (found,) = count_registers(plan, [(k, space[::3])])
+    assert all(not spill and 0 < regs <= 255 for regs, spill in found), found
+
+
+def test_window_tiles_need_channels_last_vectors():
+    """A window over an NCHW image (fp32: no channels-last rewrite) is declined with the reason."""
+    from aicfc.codegen import window
+    plan = _compile(B.inverted_residual_model((2, 16, 12, 12)), "fp32")
+    (k,) = [k for k in plan.kernels if k.family == "window"]
+    assert not [p for p in window.space(k, plan) if p.get("TILE")]
+    assert [why for p, why in window.declined(k, plan) if p.get("TILE")] or window.vector_width(k, plan.types()) == 1
+
+
+@pytest.mark.parametrize("spec,px,image,weight", [(dict(x=(2, 16, 12, 12)), 4, 3 * 6, 9),
+                                                  (dict(x=(2, 16, 12, 12), stride=2), 2, 3 * 5, 9),
+                                                  (dict(x=(1, 8, 8, 8), kernel=5, act="silu"), 4, 5 * 8, 25),
+                                                  (dict(x=(2, 16, 12, 12)), 1, 9, 9)])
+def test_window_runs_load_each_element_once(spec, px, image, weight):
+    """[Note: window runs]: a thread's PX outputs along the column read a row of KW taps as PX + KW - 1
+    columns at stride 1 ((PX - 1)·2 + KW at stride 2), the filter's taps once for the run; the cost
+    model counts fewer instructions an output for it."""
+    from aicfc.codegen import window
+    from aicfc.planner.cost import _window_vector_instructions
+    plan = _compile(B.inverted_residual_model(**spec), "fp16")
+    (k,) = [k for k in plan.kernels if k.family == "window"]
+    kk = window.without_unit_taps(k)
+    distinct = {at for _, ats in window.run_loads(kk, px) for at in ats.values()}
+    by_buffer = {}
+    for ld in distinct:
+        by_buffer[ld.buffer] = by_buffer.get(ld.buffer, 0) + 1
+    assert sorted(by_buffer.values()) == sorted([image, weight]), by_buffer
+    if px > 1:
+        one = _window_vector_instructions(k, {"vec": 8, "PX": 1}, plan.types())
+        assert _window_vector_instructions(k, {"vec": 8, "PX": px}, plan.types()) < px * one
 
 
 # ---------------------------------------------------------------- GPU
@@ -269,6 +317,50 @@ def test_gpu_inverted_residual(case, precision, gpu_device):
     """MobileNetV2 / EfficientNet blocks: the depthwise convolution as a vector window over the
     channels-last image with its weight channel-last, bias and activation in the epilogue."""
     _gpu_check(B.inverted_residual_model(**case[1]), precision, gpu_device)
+
+
+RUNS = [("s1_relu6", dict(x=(2, 16, 12, 12)), (2, 4)), ("s2_relu6", dict(x=(3, 24, 12, 16), stride=2), (2,)),
+        ("s1_silu_k5", dict(x=(1, 8, 8, 8), kernel=5, act="silu"), (2, 4)),
+        ("s2_silu_k5", dict(x=(2, 12, 8, 16), stride=2, kernel=5, act="silu"), (2, 4)),
+        ("s1_c18", dict(x=(2, 6, 12, 12), expand=3), (2, 4))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", RUNS, ids=[c for c, _, _ in RUNS])
+def test_gpu_inverted_residual_runs(case, precision, gpu_device):
+    """The depthwise window with PX outputs a thread along the column ([Note: window runs]): each pinned
+    run length matches float64, padding on every side, the residual block's epilogue included (16-bit
+    precisions: the image is channels-last, the window on vectors, there; at fp32 it is not)."""
+    for px in case[2]:
+        payload = _gpu_check(B.inverted_residual_model(**case[1]), precision, gpu_device, {"PX": px})
+        assert [k["params"]["PX"] for k in payload["kernels"] if k["family"] == "window"] == [px]
+
+
+TILE_PINS = [{"TILE": 1, "PX": 1}, {"TILE": 1, "PX": 2}, {"TILE": 1, "PX": 4},
+             {"TILE": 1, "PX": 2, "TH": 8, "TW": 8}]   # the last: tiles past the 12x12 outputs' edges
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", RUNS, ids=[c for c, _, _ in RUNS])
+def test_gpu_inverted_residual_tiles(case, precision, gpu_device):
+    """The depthwise window in tiles ([Note: window tiles]): boxes in shared memory with the padding
+    as zeros, runs along the row, partial tiles at the edges; every schedule offered under each pin
+    is one the planner may pick."""
+    from aicfc.codegen import window
+    from tests.onnx_builders import inverted_residual_model
+    model = inverted_residual_model(**case[1])
+    plan = _compile(model, precision)
+    (k,) = [k for k in plan.kernels if k.family == "window"]
+    offered = [p for p in window.space(k, plan) if p.get("TILE")]
+    for pin in TILE_PINS:
+        if not any(all(p.get(key) == v for key, v in pin.items()) for p in offered):
+            continue
+        # pinned on the depthwise node alone (a plan-wide TH or TW would restrict the convolutions' spaces too)
+        payload = _gpu_check(model, precision, gpu_device, {f"{k.origins[0]}:{key}": v for key, v in pin.items()})
+        (got,) = [k["params"] for k in payload["kernels"] if k["family"] == "window"]
+        assert all(got[key] == v for key, v in pin.items()), got
 
 
 @pytest.mark.gpu

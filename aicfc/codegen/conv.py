@@ -11,8 +11,10 @@ synchronous gathered loads (`AicfGather`: a negative offset stands for the paddi
 and the filter operand, contiguous along k, by the same `cp.async` tile loader as any GEMM.
 
 Parameter space: the `gemm` family's SIMT tiles; under fp16/bf16 also `gemm_mma`'s tiles
-without split-k, and on sm_90a the Hopper engine's (`conv_wgmma`, unit `wgmma`) and, for 3x3 convolutions
-of 64 channels to 64, unit `taps` (`conv_taps`). A kernel that ends in the max pool over its convolution's
+without split-k and, for a convolution of few input channels (C·KH·KW <= 64: an image network's
+first layer), unit `stem` (`conv_stem`: tensor cores fed from an image patch in shared memory); on
+sm_90a the Hopper engine's (`conv_wgmma`, unit `wgmma`) and, for 3x3 convolutions of 64 channels to
+64, unit `taps` (`conv_taps`). A kernel that ends in the max pool over its convolution's
 result (passes/pool_epilogue.py) has unit `pool` alone (`conv_pool`). Constraints: the planner's (threads,
 shared memory, registers).
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from aicfc.codegen import conv_pool, conv_taps, conv_wgmma, gemm, gemm_mma
+from aicfc.codegen import conv_pool, conv_stem, conv_taps, conv_wgmma, gemm, gemm_mma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
@@ -71,6 +73,7 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
         return gemm.simt_space(prefetched=False)
     _, m, n, kk, batch = dims(k)
     mma = [p for p in gemm_mma.space(dtype, m, n, kk, math.prod(e for _, e in batch)) if p["SPLITK"] == 1]
+    mma += conv_stem.space(k, plan)
     wg = []
     if conv_wgmma.why_not(k, plan) is None:
         hw = load_profile(plan.target)
@@ -84,9 +87,10 @@ def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
         return ([({"unit": "wgmma"}, "the kernel ends in a max pool, which only unit pool computes")]
                 + ([({"unit": "pool"}, why)] if why else []))
     if mma_type(k, plan.types(), plan.precision):
-        why = conv_wgmma.why_not(k, plan)
+        why, stem = conv_wgmma.why_not(k, plan), conv_stem.why_not(k, plan)
         return ([({"unit": "mma", "SPLITK": 2}, "split-k is not offered for implicit GEMM")]
-                + ([({"unit": "wgmma"}, why)] if why and plan.target == conv_wgmma.TARGET else []))
+                + ([({"unit": "wgmma"}, why)] if why and plan.target == conv_wgmma.TARGET else [])
+                + ([({"unit": "stem"}, stem)] if stem else []))
     return [({"unit": "mma"}, f"--precision {plan.precision} does not allow tensor cores for this convolution "
              "(fp16/bf16 only)")]
 
@@ -98,6 +102,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
         return (p["CTAS"], 1, 1), (conv_wgmma.threads(p), 1, 1), conv_wgmma.smem_bytes(p)
     if p["unit"] == "taps":
         return (p["CTAS"], 1, 1), (conv_taps.threads(p), 1, 1), conv_taps.smem_bytes(p)
+    if p["unit"] == "stem":
+        return conv_stem.launch(k, p)
     if p["unit"] == "pool":
         return (p["CTAS"], 1, 1), (conv_pool.threads(p), 1, 1), conv_pool.smem_bytes(p, conv_pool.window(k))
     if p["unit"] == "mma":
@@ -111,6 +117,8 @@ def static_smem(k: Kernel, p: Mapping) -> int:
         return conv_wgmma.static_smem(p)
     if p["unit"] == "taps":
         return conv_taps.static_smem(p)
+    if p["unit"] == "stem":
+        return conv_stem.static_smem(k, p)
     if p["unit"] == "pool":
         return conv_pool.static_smem(p)
     if p["unit"] == "mma":
@@ -187,6 +195,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         return conv_wgmma.render_kernel(k, p, types, name, dict(common, params=sig.params))
     if p["unit"] == "taps":
         return conv_taps.render_kernel(k, p, types, name, dict(common, params=sig.params))
+    if p["unit"] == "stem":
+        return conv_stem.render_kernel(k, p, types, name, dict(common, params=sig.params))
     if p["unit"] != "mma":
         return render("conv.cu.j2", threads=gemm.threads(p), **{x: p[x] for x in ("BM", "BN", "BK", "TM", "TN")},
                       m_vars=", ".join(g.m), n_vars=", ".join(g.n), k_vars=", ".join(k.ops[0].reduce_vars),

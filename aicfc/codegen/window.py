@@ -18,23 +18,44 @@ ResNet-50's max pool at B32 measured 62 us with one channel a thread; MobileNetV
 convolutions at B32 ran at 370-420 GB/s so, and at 1.5-3.5 TB/s with 8 channels a thread (an
 H200, benchmarks/results/cnn_profiles_session15_h200.txt).
 
-Parameter space: threads per block. Constraints: the planner's (threads, registers).
+Runs (`PX`, searched where vectors are): a thread takes PX consecutive vectors along the next variable
+out (a depthwise convolution's output column) and names every distinct load of its PX outputs' taps
+once: neighbouring outputs of a stride-1 3x3 window share two of each row's three columns, and the
+filter's taps serve all PX. [Note: window runs].
+
+Parameter space: threads per block; on vectors also PX, and tiles (TILE=1 with their own keys,
+codegen/window_tile.py: a block's taps read from a copy in shared memory; measured slower, so planned only under
+--pin NODE:TILE=1, plan_schedules.OPT_IN). No key is named `unit`, so a plan-wide --pin unit=... of the
+GEMM and convolution families leaves windows alone. Constraints: the planner's (threads, registers, shared memory).
+
+[Note: window runs]
+A depthwise convolution on vectors issues, per 16-byte tap: the load, its address and guard, and a
+conversion per element, for the image and again for the filter, then one FMA per element.
+MobileNetV2's 3x3 over 32 x 112 x 112 x 32 at B32 issued 402 instructions a thread (ncu, an H200,
+session 34): issue-bound at 28.6 us where its 51 MB move in ~12. With PX outputs a thread along the
+output column, the taps are unrolled here (at most MAX_RUN_TAPS) and each (tap, output) load is
+re-indexed to its element (`run_loads`): loads that land on the same element are one load (a
+stride-1 row of KW taps over PX outputs reads PX + KW - 1 columns, not PX·KW), and a filter tap,
+the same for every output of the run, is loaded and converted once. The cost model counts a
+thread's instructions from the same list (planner/cost.py, `_window_cost`).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Mapping
 
-from aicfc.codegen import vector
+from aicfc.codegen import vector, window_tile
 from aicfc.codegen.cexpr import Emitter
 from aicfc.codegen.common import decompose, render, signature, store_line
 from aicfc.codegen.row_reduce import COMBINE, INIT
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Affine, Load, is_integer_compute, loads, map_loads
+from aicfc.ir.lowered import Affine, Load, is_integer_compute, loads, map_loads, reindex
 from aicfc.ir.types import TensorType
 
-SPACE = {"threads": (64, 128, 256, 512)}
+SPACE = {"threads": (64, 128, 256, 512), "PX": (1, 2, 4)}
+MAX_RUN_TAPS = 64        # taps a thread's run unrolls (a 7x7 window: 49)
 # An integer compute's accumulator ([Note: Integer computes]): int64.
 INT_INIT = {"sum": "0LL", "prod": "1LL", "max": "(-9223372036854775807LL - 1)", "min": "9223372036854775807LL"}
 INT_COMBINE = {"sum": "({0} + {1})", "prod": "({0} * {1})", "max": "max({0}, {1})", "min": "min({0}, {1})"}
@@ -90,22 +111,75 @@ def vector_width(k: Kernel, types: Mapping[str, TensorType]) -> int:
     return width
 
 
+def run_lengths(k: Kernel) -> tuple[int, ...]:
+    """The PX a vector kernel may take: those dividing the extent of the variable next to the
+    innermost, where the window's taps are few enough to unroll."""
+    red = k.ops[0]
+    if len(red.domain_vars) < 2 or math.prod(red.reduce) > MAX_RUN_TAPS or red.combiner not in COMBINE:
+        return (1,)
+    return tuple(x for x in SPACE["PX"] if red.type.shape[-2] % x == 0)
+
+
 def space(k: Kernel, plan: Plan) -> list[dict]:
+    types = plan.types()
+    vec = vector_width(k, types)
+    if vec == 1:
+        return [{"threads": t} for t in SPACE["threads"]]
+    tiled = [p | {"SMEM": window_tile.smem_bytes(without_unit_taps(k), p, types)} for p in window_tile.space(k, types, vec)]
+    return [{"threads": t, "vec": vec, "PX": x} for t in SPACE["threads"] for x in run_lengths(k)] + tiled
+
+
+def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
     vec = vector_width(k, plan.types())
-    return [{"threads": t} | ({"vec": vec} if vec > 1 else {}) for t in SPACE["threads"]]
+    why = window_tile.why_not(without_unit_taps(k), plan.types(), vec)
+    return [({"TILE": 1}, why)] if why and vec > 1 else []
 
 
 def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    return (math.ceil(k.ops[0].type.numel / (p["threads"] * p.get("vec", 1))), 1, 1), (p["threads"], 1, 1), 0
+    if p.get("TILE"):
+        return (window_tile.tiles(k, p), 1, 1), (p["threads"], 1, 1), 0
+    per_thread = p.get("vec", 1) * p.get("PX", 1)
+    return (math.ceil(k.ops[0].type.numel / (p["threads"] * per_thread)), 1, 1), (p["threads"], 1, 1), 0
+
+
+def run_loads(k: Kernel, px: int, run: str | None = None) -> list[tuple[int, dict[Load, Load]]]:
+    """A thread's run of `px` outputs along `run` (default: the variable next to the innermost),
+    its taps unrolled: for each (output j of the run, tap) of the window, j and {a load of the
+    body: that load at this output and tap}, the run's variable standing for its first output /
+    px. Loads equal here read the same element ([Note: window runs]). `k` has its unit taps removed."""
+    red = k.ops[0]
+    run = run or red.domain_vars[-2]
+    out = []
+    for tap in itertools.product(*(range(n) for n in red.reduce)):
+        fix = {r: Affine.of({}, c) for r, c in zip(red.reduce_vars, tap)}
+        for j in range(px):
+            at = fix | {run: Affine.of({run: px}, j)}
+            out.append((j, {ld: reindex(ld, tuple(a.substitute(at) for a in ld.index)) for ld in loads(red.body)}))
+    return out
+
+
+def epilogue_loads(k: Kernel, px: int, run: str | None = None) -> list[tuple[int, dict[Load, Load]]]:
+    """`run_loads` of the epilogue's own loads (a bias, a residual) at each output of the run."""
+    if len(k.ops) < 2:
+        return []
+    red, epi = k.ops
+    run = run or red.domain_vars[-2]
+    lds = [ld for ld in dict.fromkeys(loads(epi.body)) if ld.buffer != red.out]
+    return [(j, {ld: reindex(ld, tuple(a.substitute({run: Affine.of({run: px}, j)}) for a in ld.index)) for ld in lds})
+            for j in range(px)]
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
-    return 0
+    return p.get("SMEM", 0)
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     red = k.ops[0]
     sig = signature(k, types)
+    if p.get("TILE"):
+        return window_tile.render_kernel(k, p, types, name, sig)
+    if p.get("PX", 1) > 1:
+        return _render_runs(k, p, types, name, sig)
     if p.get("vec", 1) > 1:
         return _render_vector(k, p, types, name, sig)
     names = {v: v for v in red.domain_vars + red.reduce_vars}
@@ -123,7 +197,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         epilogue = [store_line(red, {v: Affine.var(v) for v in red.domain_vars}, "acc", sig.params, names)]
     return render("window.cu.j2", name=name, combiner=red.combiner, reduce=list(red.reduce),
                   shape=list(red.type.shape), threads=p["threads"], idx=sig.index_type, signature=sig.text,
-                  numel=red.type.numel, vec=0, decompose=decompose("t", list(zip(red.domain_vars, red.type.shape)),
+                  numel=red.type.numel, vec=0, runs=0, decompose=decompose("t", list(zip(red.domain_vars, red.type.shape)),
                                                             sig.index_type),
                   init=(INT_INIT if integer else INIT)[red.combiner], acc_type="long long" if integer else "float",
                   loops=list(zip(red.reduce_vars, red.reduce)), body=body, epilogue=epilogue,
@@ -169,7 +243,57 @@ def _render_vector(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name:
     variables = list(zip(red.domain_vars, red.type.shape))
     return render("window.cu.j2", name=name, combiner=red.combiner, reduce=list(red.reduce),
                   shape=list(red.type.shape), threads=p["threads"], idx=sig.index_type, signature=sig.text,
-                  numel=red.type.numel, vec=vec,
+                  numel=red.type.numel, vec=vec, runs=0,
                   decompose=decompose("t", variables[:-1] + [("first", variables[-1][1])], sig.index_type),
                   init=INIT[red.combiner], acc_type="float", loops=list(zip(red.reduce_vars, red.reduce)),
                   body=body, epilogue=epilogue, guarded=any(ld.fill is not None for ld in loads(red.body)))
+
+
+def _render_runs(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, sig) -> str:
+    """`vec` outputs along the innermost variable times PX along the next one per thread, each
+    distinct load of the run once ([Note: window runs])."""
+    k = without_unit_taps(k)
+    red = k.ops[0]
+    vec, px = p["vec"], p["PX"]
+    inner, run = red.domain_vars[-1], red.domain_vars[-2]
+    names = {v: v for v in red.domain_vars}
+    held: dict[Load, str] = {}
+
+    def load(ld: Load, at: Load, prefix: str) -> list[str]:
+        if at in held:
+            return []
+        held[at] = f"{prefix}{len(held)}"
+        return [f"float {held[at]}[{vec}];"] + vector.load_lines(at, vector.kind(ld, types, inner, vec), vec, held[at],
+                                                                 sig.params, types, names, inner, "first")
+
+    em = Emitter(sig.params, types, prefix="v")
+    body = []
+    for j, at in run_loads(k, px):
+        for ld, here in at.items():
+            body += load(ld, here, "a")
+        value = em.emit(red.body, names, {}, {ld: f"{held[here]}[e]" for ld, here in at.items()})
+        body += ["#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{"] + [f"  {x}" for x in em.take()] + [
+            f"  acc[{j}][e] = {COMBINE[red.combiner].format(f'acc[{j}][e]', value)};", "}"]
+    epilogue = []
+    extra = dict(epilogue_loads(k, px))
+    for j in range(px):
+        index = tuple(Affine.var(v) if v != run else Affine.of({run: px}, j) for v in red.domain_vars)
+        if len(k.ops) == 2:
+            epi = k.ops[1]
+            for ld, here in extra[j].items():
+                epilogue += load(ld, here, "b")
+            epi_em = Emitter(sig.params, types, prefix=f"w{j}_")
+            out = epi_em.emit(epi.body, names, {red.out: f"acc[{j}][e]"}, {ld: f"{held[here]}[e]" for ld, here in extra[j].items()})
+            epilogue += ["{", f"  float o[{vec}];", "#pragma unroll", f"  for (int e = 0; e < {vec}; ++e) {{"] + [
+                f"    {x}" for x in epi_em.take()] + [f"    o[e] = {out};", "  }",
+                f"  {vector.store_line(index, epi.type, sig.params[epi.out], names, inner, 'first', vec, 'o')}", "}"]
+        else:
+            epilogue.append("{ " + vector.store_line(index, red.type, sig.params[red.out], names, inner, "first", vec,
+                                                     f"acc[{j}]") + " }")
+    variables = list(zip(red.domain_vars, red.type.shape))
+    variables = variables[:-2] + [(run, variables[-2][1] // px), ("first", variables[-1][1])]
+    return render("window.cu.j2", name=name, combiner=red.combiner, reduce=list(red.reduce),
+                  shape=list(red.type.shape), threads=p["threads"], idx=sig.index_type, signature=sig.text,
+                  numel=red.type.numel // px, vec=vec, runs=px, decompose=decompose("t", variables, sig.index_type),
+                  init=INIT[red.combiner], acc_type="float", loops=[], body=body, epilogue=epilogue,
+                  guarded=any(ld.fill is not None for ld in loads(red.body)))

@@ -28,7 +28,8 @@ input):
   reads the copy, where that pays for itself: the planner's best predicted times of the
   convolutions reading the copy plus the copy's must beat those of the same convolutions
   reading the input NCHW (on their old schedules); both figures are in the record. `--pin
-  unit=wgmma` (or `unit=taps`) makes every copy.
+  unit=wgmma` (or `unit=taps`) makes every copy; `--pin unit=stem` (or `NODE:unit=stem`) keeps the
+  inputs of the convolutions it pins NCHW (codegen/conv_stem.py reads either layout).
 - WEIGHT_RULE: the filter of every convolution whose image is now NHWC.
 - ROWS_RULE: a 1x1 convolution's GEMM written channels-last takes the image as its first
   operand (`pixels_as_rows`) where the planner's best predicted time of that orientation is
@@ -96,7 +97,8 @@ def conv_operands(k: Kernel, weights: Mapping[str, Weight]) -> tuple[Load, Load,
     rc = c.terms[0][0]
     if any(x.coeff(rc) for i, x in enumerate(a.index) if i != 1):
         return "the channel variable indexes a spatial axis too"
-    if b.index[1] != c or any(x.coeff(rc) for i, x in enumerate(b.index) if i != 1):
+    one = k.ops[0].extents()[rc] == 1 and b.index[1] == Affine()   # one channel: the filter reads index 0 there
+    if (b.index[1] != c and not one) or any(x.coeff(rc) for i, x in enumerate(b.index) if i != 1):
         return "the filter's channel axis is not the image's"
     if any(x.const or (x.terms and (len(x.terms) != 1 or x.terms[0][1] != 1)) for x in b.index):
         return "the filter is not read at plain variables (or 0)"
@@ -202,27 +204,48 @@ def _copy_kernel(x: str, t: TensorType, name: str) -> Kernel:
 
 
 HOPPER_UNITS = ("wgmma", "taps", "pool")   # the convolution units that read NHWC (codegen/conv_wgmma.py, conv_taps.py, conv_pool.py)
+STEM_UNIT = "stem"   # reads its image in either layout and stores channels-last (codegen/conv_stem.py)
+
+
+def _pinned_stems(plan: Plan, pin: Mapping[str, object], inputs: list[str]) -> dict[str, str]:
+    """The graph inputs of `inputs` that a convolution pinned to unit stem (`--pin unit=stem`, or
+    `NODE:unit=stem` for a node it covers) reads: kept NCHW, since that unit takes its image as it is and the
+    channels-last copy would pad C·KH·KW past what it takes."""
+    from aicfc.passes.plan_schedules import node_pins
+    every, by_node = node_pins(pin)
+    out = {}
+    for k in plan.kernels:
+        units = [every.get("unit")] + [by_node.get(n, {}).get("unit") for n in k.origins]
+        if k.family == "conv" and STEM_UNIT in [str(u) for u in units if u is not None]:
+            for ld in (ld for op in k.ops for ld in loads(op.body) if ld.buffer in inputs):
+                what = "/".join(k.origins) or k.name
+                out[ld.buffer] = f"the convolution {what} is pinned to unit {STEM_UNIT}, which reads it as it is"
+    return out
 
 
 def channels_last(plan: Plan, pin: Mapping[str, object] | None = None, hw: Profile | None = None) -> Plan:
     """`pin` (--pin): with unit=wgmma, taps or pool every input copy is made whatever its cost (the user
-    asked for a Hopper unit, which reads NHWC); with another unit nothing changes. `hw`: the profile
-    plan_schedules will plan with (`--profile`), so the layout is weighed by the same predictions
-    (None: the target's own)."""
-    if plan.target != TARGET or plan.precision not in ("fp16", "bf16") or (pin or {}).get("unit", "wgmma") not in HOPPER_UNITS:
+    asked for a Hopper unit, which reads NHWC); with unit=stem (plan-wide or on a convolution's node) the
+    inputs that convolution reads stay NCHW and the rest is as without the pin; with another unit nothing
+    changes. `hw`: the profile plan_schedules will plan with (`--profile`), so the layout is weighed by the
+    same predictions (None: the target's own)."""
+    unit = (pin or {}).get("unit", "wgmma")
+    if plan.target != TARGET or plan.precision not in ("fp16", "bf16") or unit not in HOPPER_UNITS + (STEM_UNIT,):
         return plan   # a --pin of another unit keeps ONNX's layout: the layout is chosen for the Hopper engine
     first = _relabel(plan, {}, {})
     copied = [r.target for r in first.rewrites[len(plan.rewrites):] if r.rule == INPUT_RULE and r.applied]
     from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile, plan_gap_us
     hw = hw or load_profile(plan.target)
-    if not copied or (pin or {}).get("unit") in HOPPER_UNITS:
+    if not copied or (unit in HOPPER_UNITS and "unit" in (pin or {})):
         return _orient(first, hw)
 
     def best(p: Plan, ks: list[Kernel]) -> float:
         return sum(fastest(k, p, hw) for k in ks)
-    refused, notes = {}, {}
+    refused, notes = _pinned_stems(plan, pin or {}, copied), {}
     for x in copied:
+        if x in refused:
+            continue
         copy = f"{x}.nhwc"
         readers = [k for k in first.kernels if any(ld.buffer == copy for op in k.ops for ld in loads(op.body))]
         writer = [k for k in first.kernels if copy in k.stores]

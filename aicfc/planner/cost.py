@@ -45,7 +45,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import attention, attention_split, conv, conv_wgmma, gemm, gemm_gemv, gemm_thin, row_cols, row_reduce
+from aicfc.codegen import (attention, attention_split, conv, conv_stem, conv_wgmma, gemm, gemm_gemv, gemm_thin, row_cols,
+                           row_reduce, window, window_tile)
 from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.codegen.common import element_offset
 from aicfc.ir.decision import Kernel
@@ -55,12 +56,14 @@ from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
 from aicfc.planner.cost_conv_pool import pool_terms
+from aicfc.planner.cost_conv_stem import stem_terms
 from aicfc.planner.cost_conv_taps import taps_terms
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
 from aicfc.planner.cost_gemv import profile_terms
 from aicfc.planner.cost_thin import thin_terms
+from aicfc.planner.cost_window_tile import TILE_LOAD_OPS, tile_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
 
 LOAD_LATENCY_US = 0.4      # one global-load round trip plus a barrier, per GEMM k-step
@@ -200,12 +203,14 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
         return 65536 // (128 * (p["NCONS"] + 1)) // 8 * 8
     if k.family == "conv" and p["unit"] == "wgmma":   # the GEMM engine's consumer, plus the gather's indices
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 56 + min(ops, 16))
+    if k.family == "conv" and p["unit"] == "stem":   # held filter fragments, offsets, accumulators (conv_stem.registers)
+        return conv_stem.registers(conv_stem.layout(k), p) + min(ops, 16)
     if k.family == "conv" and p["unit"] == "mma":   # a GEMM's, plus the index splitting of the gathered tiles
         return 16 + estimate_registers(k.replace(family="gemm"), p)
     if k.family == "conv":   # accumulators, fragments, the gather's index splitting
         return p["TM"] * p["TN"] + p["TM"] + p["TN"] + 48 + min(ops, 32)
-    if k.family == "window":
-        return 32 + min(2 * ops, 64)
+    if k.family == "window":   # PX x vec accumulators and the run's columns of a row of taps beside them
+        return 32 + min(2 * ops, 64) + 2 * p.get("vec", 1) * (p.get("PX", 1) - 1)
     if k.family == "gemm" and p["unit"] == "gemv":
         # accumulators, two steps' weight vectors and activations, and 16 for the rest: ptxas
         # (CUDA 13) gave held + 15..26 over the plain and rotary spaces at 1 and 8 rows (session 15);
@@ -245,6 +250,8 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
     bps, _ = blocks_per_sm(threads, smem, regs, hw)
     if k.family == "conv" and p["unit"] in ("wgmma", "taps", "pool"):
         return _conv_wgmma_cost(k, p, types, hw)
+    if k.family == "conv" and p["unit"] == "stem":
+        return _stem_cost(k, p, bps, types, hw)
     if k.family == "conv":
         return _conv_cost(k, p, blocks, threads, bps, types, hw)
     if k.family == "window":
@@ -794,6 +801,17 @@ def _conv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     return Estimate(hw.launch_overhead_us + (est.time_us - hw.launch_overhead_us) * slow, est.flops, est.bytes, est.terms)
 
 
+def _stem_cost(k: Kernel, p: Mapping, bps: int, types: Mapping, hw: Profile) -> Estimate:
+    """stem (codegen/conv_stem.py), a block an output tile fed from its image patch: `planner/cost_conv_stem.py`
+    documents the formula."""
+    m, n, kk = conv_wgmma.dims(k)
+    dram = _io_bytes(k, types)
+    t = stem_terms(k, p, types, bps, epilogue_ops(k, types), dram, hw)
+    time = t.pop("time_us") + hw.launch_overhead_us
+    t["launch_us"] = hw.launch_overhead_us
+    return Estimate(time, 2.0 * m * n * kk, dram, t)
+
+
 def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
     """A convolution on Hopper's tensor cores: the implicit GEMM (`planner/cost_conv_wgmma.py` documents the
     formula), unit `taps`, its image read once a tile (`planner/cost_conv_taps.py`), or unit `pool`, the
@@ -823,11 +841,59 @@ def _window_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, typ
                  hw: Profile) -> Estimate:
     """A direct window reduction: every tap is a load and the body's instructions; inputs move
     from DRAM once (overlapping windows re-read from L1/L2, `_window_l2_bytes` counts what L2
-    serves). With `vec` outputs a thread, a load (and its address) serves `vec` taps."""
+    serves). On vectors, a thread's instructions are counted from what it issues
+    (`_window_vector_instructions`)."""
     red = k.ops[0]
     taps = red.type.numel * math.prod(red.reduce)
-    per_tap = max(1, instructions(red.body)) + 2 * len(loads(red.body)) / p.get("vec", 1)
     flops = taps * max(1, count_ops(red.body))
     l2 = sum(_window_l2_bytes(red, ld, taps, blocks, types) for ld in loads(red.body))
-    return _combine(hw, flops=flops, issued=2.0 * taps * per_tap, dram=_io_bytes(k, types), l2=l2, pipeline=0.0,
-                    blocks=blocks, threads=threads, bps=bps, ilp=2.0)
+    if p.get("TILE"):
+        t = tile_terms(k, p, types, hw, _window_vector_instructions(k, p, types, from_boxes=True), bps)
+        return _combine(hw, flops=flops, issued=t["issued"], dram=_io_bytes(k, types), l2=t["l2"],
+                        pipeline=t["pipeline"], blocks=blocks, threads=threads, bps=bps, ilp=2.0)
+    if p.get("vec", 1) > 1:
+        per_thread = _window_vector_instructions(k, p, types)
+        issued = 2.0 * red.type.numel / (p["vec"] * p.get("PX", 1)) * per_thread
+    else:
+        issued = 2.0 * taps * (max(1, instructions(red.body)) + 2 * len(loads(red.body)))
+    # A thread of one output vector has its taps' loads in flight at once (ilp 2); a run's FMAs into PX
+    # accumulators wait on loads issued as they go, with the registers (100-160) leaving 8-16 warps an SM:
+    # EfficientNet-B0's 5x5 at 14x14, PX 4 at 158 registers, 8 warps an SM, measured 31.9 us where ilp 2
+    # predicted 16.3 (an H200, session 34)
+    return _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=l2, pipeline=0.0,
+                    blocks=blocks, threads=threads, bps=bps, ilp=2.0 if p.get("PX", 1) == 1 else 1.0)
+
+
+WINDOW_INDEX_OPS = 24     # splitting a thread's flat index into its variables
+WINDOW_LOAD_OPS = 4       # a vector load and its address
+WINDOW_GUARD_OPS = 3      # a guarded load's test of the padding
+WINDOW_STORE_OPS = 3      # a vector store and its address
+
+
+def _window_vector_instructions(k: Kernel, p: Mapping, types: Mapping, from_boxes: bool = False) -> float:
+    """Instructions one thread of a vector window issues: its index, each distinct load once
+    (`window.run_loads`: with PX outputs a run, the loads its outputs share count once) with a
+    conversion an element for 16-bit data, the body's operations and the combine (fused: the
+    body's count, at least one) for every (output, tap) element, the epilogue's and the stores.
+    MobileNetV2's 3x3 depthwise over 32 x 112 x 112 x 32, PX 1: counted 380, ncu 402 (an H200,
+    session 34). `from_boxes`: the body's loads read shared memory with no guard (unit tile)."""
+    vec, px = p["vec"], p.get("PX", 1)
+    kk = window.without_unit_taps(k)
+    red = kk.ops[0]
+    run = window_tile.run_var(kk) if from_boxes else None
+    body = {at for _, ats in window.run_loads(kk, px, run) for at in ats.values()}
+    distinct = body | {at for _, ats in window.epilogue_loads(kk, px, run) for at in ats.values()}
+
+    def load_ops(ld: Load) -> float:
+        convert = vec if ITEMSIZE[types[ld.buffer].dtype] < 4 else 0
+        if from_boxes and ld in body:   # fp32 in the box: converted once, as it is copied (tile_terms)
+            return TILE_LOAD_OPS * math.ceil(vec / 4)
+        return WINDOW_LOAD_OPS + convert + (WINDOW_GUARD_OPS if ld.fill is not None and ld.guarded_dims else 0)
+
+    per_output = math.prod(red.reduce) * max(1, instructions(red.body))
+    if len(kk.ops) == 2:
+        per_output += instructions(kk.ops[1].body)
+    out_t = types[kk.ops[-1].out]
+    pack = vec // 2 if ITEMSIZE[out_t.dtype] < 4 else 0
+    return (WINDOW_INDEX_OPS + sum(load_ops(ld) for ld in distinct) + px * vec * per_output
+            + px * (pack + WINDOW_STORE_OPS))
