@@ -266,12 +266,18 @@ def _render_runs(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: s
         return [f"float {held[at]}[{vec}];"] + vector.load_lines(at, vector.kind(ld, types, inner, vec), vec, held[at],
                                                                  sig.params, types, names, inner, "first")
 
+    def at_output(j: int) -> dict[str, str]:
+        """The variables' C names at output j of the run (for a use outside a load)."""
+        return {**names, run: f"({px} * {run} + {j})"}
+
     em = Emitter(sig.params, types, prefix="v")
     body = []
-    for j, at in run_loads(k, px):
+    taps = list(itertools.product(*(range(n) for n in red.reduce)))
+    for i, (j, at) in enumerate(run_loads(k, px)):
         for ld, here in at.items():
             body += load(ld, here, "a")
-        value = em.emit(red.body, names, {}, {ld: f"{held[here]}[e]" for ld, here in at.items()})
+        tap = {r: str(c) for r, c in zip(red.reduce_vars, taps[i // px])}
+        value = em.emit(red.body, at_output(j) | tap, {}, {ld: f"{held[here]}[e]" for ld, here in at.items()})
         body += ["#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{"] + [f"  {x}" for x in em.take()] + [
             f"  acc[{j}][e] = {COMBINE[red.combiner].format(f'acc[{j}][e]', value)};", "}"]
     epilogue = []
@@ -283,7 +289,8 @@ def _render_runs(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: s
             for ld, here in extra[j].items():
                 epilogue += load(ld, here, "b")
             epi_em = Emitter(sig.params, types, prefix=f"w{j}_")
-            out = epi_em.emit(epi.body, names, {red.out: f"acc[{j}][e]"}, {ld: f"{held[here]}[e]" for ld, here in extra[j].items()})
+            out = epi_em.emit(epi.body, at_output(j), {red.out: f"acc[{j}][e]"},
+                              {ld: f"{held[here]}[e]" for ld, here in extra[j].items()})
             epilogue += ["{", f"  float o[{vec}];", "#pragma unroll", f"  for (int e = 0; e < {vec}; ++e) {{"] + [
                 f"    {x}" for x in epi_em.take()] + [f"    o[e] = {out};", "  }",
                 f"  {vector.store_line(index, epi.type, sig.params[epi.out], names, inner, 'first', vec, 'o')}", "}"]

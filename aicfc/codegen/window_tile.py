@@ -34,6 +34,7 @@ within the static shared memory.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Mapping
 
@@ -213,7 +214,11 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
 
     held: dict[Load, str] = {}
     body, em = [], Emitter(sig.params, types, prefix="v")
-    for j, at in run_loads(k, px, row):
+    taps = list(itertools.product(*(range(n) for n in red.reduce)))
+    for i, (j, at) in enumerate(run_loads(k, px, row)):
+        # a variable used outside a load: its global value at output j of the run and this tap
+        outside = {v: v for v in outer} | {row: f"({px} * {row} + {j})", col: col, ch: "first"} | {
+            r: str(c) for r, c in zip(red.reduce_vars, taps[i // px])}
         for ld, here in at.items():
             if here not in held:
                 held[here] = f"a{len(held)}"
@@ -221,7 +226,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                 body += [f"float {held[here]}[{vec}];",
                          f"aicf_box_load<{vec}, {_plane(b, vec)}>(sb{box_of[ld]} + ({box_offset(ld, here)}), l_{ch}, "
                          f"{held[here]});"]
-        value = em.emit(red.body, names, {}, {ld: f"{held[here]}[e]" for ld, here in at.items()})
+        value = em.emit(red.body, outside, {}, {ld: f"{held[here]}[e]" for ld, here in at.items()})
         body += ["#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{"] + [f"  {x}" for x in em.take()] + [
             f"  acc[{j}][e] = {COMBINE[red.combiner].format(f'acc[{j}][e]', value)};", "}"]
     # outputs: the global variables from the origin and the thread's place
@@ -240,7 +245,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                     epilogue += [f"float {held[here]}[{vec}];"] + vector.load_lines(
                         here, vector.kind(ld, types, ch, vec), vec, held[here], sig.params, types, gnames, ch, "first")
             epi_em = Emitter(sig.params, types, prefix=f"w{j}_")
-            out = epi_em.emit(epi.body, gnames, {red.out: f"acc[{j}][e]"},
+            out = epi_em.emit(epi.body, gnames | {row: f"({px} * {row} + {j})", ch: "first"}, {red.out: f"acc[{j}][e]"},
                               {ld: f"{held[here]}[e]" for ld, here in extra[j].items()})
             lines += [f"float o[{vec}];", "#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{"] + [
                 f"  {x}" for x in epi_em.take()] + [f"  o[e] = {out};", "}",
