@@ -122,8 +122,7 @@ class Patch:
     ways: float     # the gathers' mean bank-conflict degree at this pitch
 
     def at_zero(self, lay: Layout) -> int:
-        """Where the zero run starts: after the C·PH rows, 16-byte aligned (it is cleared by 16-byte stores)."""
-        return -(-lay.channels * self.rows * self.pitch // 8) * 8
+        return zero_at(lay, self.rows, self.pitch)
 
     def elements(self, lay: Layout) -> int:
         """The patch and its zero run, whole 16-byte pieces."""
@@ -182,9 +181,14 @@ def layout(k: Kernel) -> Layout | str:
                   tuple((role.get(v, "") if ext[v] > 1 else "", ext[v]) for v in op.reduce_vars), ext[g.n[0]])
 
 
+def zero_at(lay: Layout, rows: int, pitch: int) -> int:
+    """Where the zero run starts: after the C·PH rows, 16-byte aligned (it is cleared by 16-byte stores)."""
+    return -(-lay.channels * rows * pitch // 8) * 8
+
+
 def koffsets(lay: Layout, rows: int, pitch: int) -> list[int]:
     """The patch offset of every k < KC·16 (the zero run's start past K)."""
-    zero = -(-lay.channels * rows * pitch // 8) * 8   # Patch.at_zero
+    zero = zero_at(lay, rows, pitch)
     out = []
     for k in range(16 * lay.k_steps):
         if k >= lay.k:

@@ -125,8 +125,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     vec = vector_width(k, types)
     if vec == 1:
         return [{"threads": t} for t in SPACE["threads"]]
-    tiled = [p | {"SMEM": window_tile.smem_bytes(without_unit_taps(k), p, types)} for p in window_tile.space(k, types, vec)]
-    return [{"threads": t, "vec": vec, "PX": x} for t in SPACE["threads"] for x in run_lengths(k)] + tiled
+    return ([{"threads": t, "vec": vec, "PX": x} for t in SPACE["threads"] for x in run_lengths(k)]
+            + window_tile.space(k, types, vec))
 
 
 def declined(k: Kernel, plan: Plan) -> list[tuple[dict, str]]:
@@ -156,6 +156,27 @@ def run_loads(k: Kernel, px: int, run: str | None = None) -> list[tuple[int, dic
             at = fix | {run: Affine.of({run: px}, j)}
             out.append((j, {ld: reindex(ld, tuple(a.substitute(at) for a in ld.index)) for ld in loads(red.body)}))
     return out
+
+
+def run_body(k: Kernel, vec: int, px: int, run: str, em: Emitter, load, outside) -> list[str]:
+    """The lines of a run's taps, for the direct unit's runs and the tiles alike: for each (output j,
+    tap) of `run_loads` along `run`, the loads not yet held (`load(ld, at)`: the lines that fill a
+    C array with `at`, and its name), then the body on them combined into acc[j]. `outside(j, tap)`
+    names the variables a use outside a load reads. `k` has its unit taps removed."""
+    red = k.ops[0]
+    taps = list(itertools.product(*(range(n) for n in red.reduce)))
+    held: dict[Load, str] = {}
+    lines = []
+    for i, (j, at) in enumerate(run_loads(k, px, run)):
+        for ld, here in at.items():
+            if here not in held:
+                more, held[here] = load(ld, here)
+                lines += more
+        tap = {r: str(c) for r, c in zip(red.reduce_vars, taps[i // px])}
+        value = em.emit(red.body, outside(j) | tap, {}, {ld: f"{held[here]}[e]" for ld, here in at.items()})
+        lines += ["#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{"] + [f"  {x}" for x in em.take()] + [
+            f"  acc[{j}][e] = {COMBINE[red.combiner].format(f'acc[{j}][e]', value)};", "}"]
+    return lines
 
 
 def epilogue_loads(k: Kernel, px: int, run: str | None = None) -> list[tuple[int, dict[Load, Load]]]:
@@ -270,16 +291,11 @@ def _render_runs(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: s
         """The variables' C names at output j of the run (for a use outside a load)."""
         return {**names, run: f"({px} * {run} + {j})"}
 
-    em = Emitter(sig.params, types, prefix="v")
-    body = []
-    taps = list(itertools.product(*(range(n) for n in red.reduce)))
-    for i, (j, at) in enumerate(run_loads(k, px)):
-        for ld, here in at.items():
-            body += load(ld, here, "a")
-        tap = {r: str(c) for r, c in zip(red.reduce_vars, taps[i // px])}
-        value = em.emit(red.body, at_output(j) | tap, {}, {ld: f"{held[here]}[e]" for ld, here in at.items()})
-        body += ["#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{"] + [f"  {x}" for x in em.take()] + [
-            f"  acc[{j}][e] = {COMBINE[red.combiner].format(f'acc[{j}][e]', value)};", "}"]
+    def body_load(ld: Load, at: Load) -> tuple[list[str], str]:
+        lines = load(ld, at, "a")
+        return lines, held[at]
+
+    body = run_body(k, vec, px, run, Emitter(sig.params, types, prefix="v"), body_load, at_output)
     epilogue = []
     extra = dict(epilogue_loads(k, px))
     for j in range(px):

@@ -34,7 +34,6 @@ within the static shared memory.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from typing import Mapping
 
@@ -144,7 +143,7 @@ def space(k: Kernel, types: Mapping[str, TensorType], vec: int) -> list[dict]:
                     p = {"TILE": 1, "vec": vec, "PX": px, "TH": th, "TW": tw, "CGV": cgv}
                     if th % px or not MIN_THREADS <= threads(p) <= MAX_THREADS or smem_bytes(k, p, types) > SMEM_LIMIT:
                         continue
-                    out.append(p | {"threads": threads(p)})
+                    out.append(p | {"threads": threads(p), "SMEM": smem_bytes(k, p, types)})
     return out
 
 
@@ -165,7 +164,7 @@ def _bits(fill: float) -> int:
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, sig) -> str:
-    from aicfc.codegen.window import epilogue_loads, run_loads, without_unit_taps
+    from aicfc.codegen.window import epilogue_loads, run_body, without_unit_taps
     k = without_unit_taps(k)
     red = k.ops[0]
     vec, px = p["vec"], p["PX"]
@@ -213,22 +212,18 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         return c_affine(Affine.of({v: c * quads // vec for v, c in coeffs.items()}, const * quads // vec), names)
 
     held: dict[Load, str] = {}
-    body, em = [], Emitter(sig.params, types, prefix="v")
-    taps = list(itertools.product(*(range(n) for n in red.reduce)))
-    for i, (j, at) in enumerate(run_loads(k, px, row)):
-        # a variable used outside a load: its global value at output j of the run and this tap
-        outside = {v: v for v in outer} | {row: f"({px} * {row} + {j})", col: col, ch: "first"} | {
-            r: str(c) for r, c in zip(red.reduce_vars, taps[i // px])}
-        for ld, here in at.items():
-            if here not in held:
-                held[here] = f"a{len(held)}"
-                b = box_list[box_of[ld]]
-                body += [f"float {held[here]}[{vec}];",
-                         f"aicf_box_load<{vec}, {_plane(b, vec)}>(sb{box_of[ld]} + ({box_offset(ld, here)}), l_{ch}, "
-                         f"{held[here]});"]
-        value = em.emit(red.body, outside, {}, {ld: f"{held[here]}[e]" for ld, here in at.items()})
-        body += ["#pragma unroll", f"for (int e = 0; e < {vec}; ++e) {{"] + [f"  {x}" for x in em.take()] + [
-            f"  acc[{j}][e] = {COMBINE[red.combiner].format(f'acc[{j}][e]', value)};", "}"]
+
+    def box_load(ld: Load, at: Load) -> tuple[list[str], str]:
+        held[at] = f"a{len(held)}"
+        b = box_list[box_of[ld]]
+        return [f"float {held[at]}[{vec}];", f"aicf_box_load<{vec}, {_plane(b, vec)}>(sb{box_of[ld]} + "
+                f"({box_offset(ld, at)}), l_{ch}, {held[at]});"], held[at]
+
+    def outside(j: int) -> dict[str, str]:
+        """A variable used outside a load: its global value at output j of the run."""
+        return {v: v for v in outer} | {row: f"({px} * {row} + {j})", col: col, ch: "first"}
+
+    body = run_body(k, vec, px, row, Emitter(sig.params, types, prefix="v"), box_load, outside)
     # outputs: the global variables from the origin and the thread's place
     gnames = {v: v for v in red.domain_vars}
     epilogue = []
