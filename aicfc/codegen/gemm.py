@@ -14,6 +14,7 @@ staged in each thread's registers.
 from __future__ import annotations
 
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Mapping
@@ -158,6 +159,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
         out += gemm_gemv.space(rows, n, kk, early=dims(k)[0].b.buffer in weights)
     if gemm_thin.why_not(k, plan, dtype) is None:
         out += gemm_thin.space(rows, n, kk, hw.sm_count)
+    if row_scale(k) is not None:   # [Note: a norm's row scale in the gemv]: only the gemv adds the rows' statistic
+        out = [p for p in out if p["unit"] == "gemv" and gemm_gemv.row_scale_fits(p, kk) is None]
     rot = rotary(k)
     return out if rot is None else [p for p in out if why_not_rotary(rot, p) is None]
 
@@ -261,17 +264,36 @@ def _k_fast(ld: Load, t: TensorType, var: str | None) -> bool:
     return var is None or abs(off.coeff("r0")) <= abs(off.coeff(var))
 
 
+def row_scale(k: Kernel) -> Compute | None:
+    """The row statistic of a gemv that applies a norm's row scale to its sums (ops: contraction,
+    statistic, scaled sums[, epilogue]; [Note: a norm's row scale in the gemv] in
+    codegen/gemm_gemv.py), or None."""
+    return k.ops[1] if gemm_gemv.ROW_SCALE_RULE in k.rewrites and len(k.ops) >= 3 else None
+
+
+@by_identity
+def acc_ops(k: Kernel) -> tuple[Compute, ...]:
+    """The ops the epilogue sees: the contraction as the tile holds its sums before the epilogue,
+    then the epilogue map if any. A row-scaled gemv's tile holds the scaled sums by then: its
+    contraction stands under the scaled op's name (the epilogue reads that)."""
+    if row_scale(k) is None:
+        return k.ops
+    return (dataclasses.replace(k.ops[0], out=k.ops[2].out),) + k.ops[3:]
+
+
 def gated(k: Kernel) -> bool:
     """Whether the epilogue stores one value per column pair (gn, gn + 1), gn even, at column
     gn / 2 (`properties.gated_pairs`: SwiGLU over interleaved gate/up columns). Every unit
     holds such pairs in one thread: mma/wgmma fragments, SIMT runs of VN >= 2 (`space`)."""
-    return len(k.ops) == 2 and gated_pairs(k.ops[0], k.ops[1]) is not None
+    ops = acc_ops(k)
+    return len(ops) == 2 and gated_pairs(ops[0], ops[1]) is not None
 
 
 def rotary(k: Kernel) -> Rotary | None:
     """The split of the epilogue's columns into heads when it is a rotary map
     (`properties.rotary_pairs`: passes/rotary_epilogue.py)."""
-    return rotary_pairs(k.ops[0], k.ops[1]) if len(k.ops) == 2 else None
+    ops = acc_ops(k)
+    return rotary_pairs(ops[0], ops[1]) if len(ops) == 2 else None
 
 
 def store_target(k: Kernel, types: Mapping[str, TensorType]) -> tuple[Compute, dict[str, Affine]]:
@@ -280,10 +302,10 @@ def store_target(k: Kernel, types: Mapping[str, TensorType]) -> tuple[Compute, d
     stored as that shape at the contraction's own index."""
     last = k.ops[-1]
     if rotary(k) is not None:
-        mm = k.ops[0]
+        mm = acc_ops(k)[0]
         return Compute(last.out, TensorType(types[last.out].dtype, mm.type.shape), "map", (), mm.body), {
             v: Affine.var(v) for v in mm.domain_vars}
-    return last, (dict(k.binds[-1]) if len(k.ops) == 2 else {v: Affine.var(v) for v in last.domain_vars})
+    return last, (dict(k.binds[-1]) if len(acc_ops(k)) == 2 else {v: Affine.var(v) for v in last.domain_vars})
 
 
 def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, acc: str, partner: str) -> str:
@@ -297,7 +319,7 @@ def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, a
     & 7): head g = rb/head + rc/head, half t = (rc/half) & 1 and j = rc % half + (col & 7), so t
     and every choice that depends on it fold at compile time, and no element divides. The
     range tests' bands are ones ([Note: rotary bands]): each read is its guard alone."""
-    mm, epi = k.ops
+    mm, epi = acc_ops(k)
     rot = rotary(k)
     if rot is None:
         n = dims(k)[0].n
@@ -319,7 +341,7 @@ def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, a
 def _gated_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]) -> list[str]:
     """Lines computing the gated value from `accv` (column gn) and `accv1` (gn + 1) and storing
     it at column gn / 2."""
-    mm, epi = k.ops
+    mm, epi = acc_ops(k)
     n = gated_pairs(mm, epi)
     d = mm.domain_vars.index(n)
     values = {ld: ("accv" if ld.index[d].const == 0 else "accv1") for ld in loads(epi.body) if ld.buffer == mm.out}
@@ -361,17 +383,17 @@ def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
     """(lines, [value of column gn, value of column gn1]): the epilogue of the accumulators
     `accv`, `accv1` (the contraction itself when the kernel has no epilogue)."""
     em = Emitter(sig.params, types, prefix="v")
-    if len(k.ops) == 2 and rotary(k) is None:
+    if len(acc_ops(k)) == 2 and rotary(k) is None:
         lines, cols = paired_loads(k, types, sig, names, staged_reads)
         if lines:
-            mm, epi = k.ops
+            mm, epi = acc_ops(k)
             n = dims(k)[0].n
             values = [em.emit(epi.body, dict(names) | {n: col}, {mm.out: acc}, got)
                       for col, acc, got in (("gn", "accv", cols[0]), ("gn1", "accv1", cols[1]))]
             return lines + em.take(), values
     values = []
     for col, acc, partner in (("gn", "accv", "accp"), ("gn1", "accv1", "accp1")):
-        values.append(acc if len(k.ops) == 1 else epilogue_value(k, em, names, col, acc, partner))
+        values.append(acc if len(acc_ops(k)) == 1 else epilogue_value(k, em, names, col, acc, partner))
     return em.take(), values
 
 
@@ -389,7 +411,7 @@ def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
     convolution's residual epilogue was a chain of memory round trips. A buffer of
     `staged_reads` is read from the shared-memory element that expression names instead
     ([Note: residual through the staging] in codegen/gemm_wgmma.py)."""
-    mm, epi = k.ops
+    mm, epi = acc_ops(k)
     n = dims(k)[0].n
     lines: list[str] = []
     lo: dict = {}
@@ -456,9 +478,10 @@ def extra_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[str]:
     c, m, n, _, batch = dims(k)
     size = m * n * math.prod(e for _, e in batch)
     out = []
-    if len(k.ops) == 2:
-        for ld in loads(k.ops[1].body):
-            if ld.buffer != k.ops[0].out and ld.buffer not in (c.a.buffer, c.b.buffer) and 2 * types[ld.buffer].numel >= size:
+    ops = acc_ops(k)
+    if len(ops) == 2:
+        for ld in loads(ops[1].body):
+            if ld.buffer != ops[0].out and ld.buffer not in (c.a.buffer, c.b.buffer) and 2 * types[ld.buffer].numel >= size:
                 out.append(ld.buffer)
     return list(dict.fromkeys(out))
 
@@ -535,6 +558,19 @@ def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict
     return Staged(lines, CTYPES[dt], vec_t, vec, sig.params[k.ops[-1].out], c_affine(off, names), ITEMSIZE[dt])
 
 
+def _row_scale_parts(k: Kernel, types: Mapping[str, TensorType], sig) -> dict:
+    """A row-scaled gemv's C pieces ([Note: a norm's row scale in the gemv] in codegen/gemm_gemv.py):
+    `elem`, the statistic's summand of one element `x` of the row (the contraction's A operand,
+    which the statistic reads at the same elements: passes/fold_row_scale.py checks it), and
+    `scale`, the scaled sum of the tile's sum `red[i]` with the row's statistic `st`."""
+    mm, stat, scaled = k.ops[:3]
+    em = Emitter(sig.params, types, prefix="rs")
+    elem = em.emit(stat.body, {}, {dims(k)[0].a.buffer: "x"})
+    elem_lines = em.take()
+    value = em.emit(scaled.body, {}, {mm.out: "red[i]", stat.out: "st"})
+    return dict(elem=elem, elem_lines=elem_lines, scale=value, scale_lines=em.take())
+
+
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     c, m, n, kk, batch = shape(k, p)
     sig = signature(k, types, p)
@@ -550,18 +586,19 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
             b_names.setdefault(v, "0")
     a_off = c_affine(flat_offset(c.a.index, types[c.a.buffer]), a_names)
     b_off = c_affine(flat_offset(c.b.index, types[c.b.buffer]), b_names)
-    mm = k.ops[0]
+    mm = acc_ops(k)[0]
     em = Emitter(sig.params, types, prefix="v")
     is_gated = gated(k)
     if is_gated:
         lines = _gated_epilogue(k, types, sig, out_names)
-    elif len(k.ops) == 2:
+    elif len(acc_ops(k)) == 2:
         value = epilogue_value(k, em, out_names, "gn", "accv", "accp")
         target, bind = store_target(k, types)
         lines = em.take() + [store_line(target, bind, value, sig.params, out_names)]
     else:
         lines = [store_line(mm, {v: Affine.var(v) for v in mm.domain_vars}, "accv", sig.params, out_names)]
-    parts = dict(c=c, M=m, N=n, K=kk, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
+    rs = _row_scale_parts(k, types, sig) if row_scale(k) is not None else None
+    parts = dict(c=c, M=m, N=n, K=kk, row_scale=rs, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
                  paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),

@@ -92,6 +92,26 @@ an H200): the 4-layer decode plan at B8 replayed 239.4 us against 325.7 with TC 
 (`benchmarks/decode_ab.py --batch 8`, 5 alternating rounds, one process); the 20-layer B8 step
 1.009 ms (session 25: 1.343).
 
+[Note: a norm's row scale in the gemv]
+A decode step's RMSNorm is a kernel of one block between two gemvs: it reads the residual stream
+h (2048 elements a row), adds its squares and stores h·r, r = 1/sqrt(mean(h²) + eps) (the norm's
+weight g already folded into the projection's weight: passes/fold_column_scale.py). In the 1 B
+Llama's 20-layer decode plan each of the 40 such kernels held the chain 1.2-2.8 us (session 24's
+timeline), where the bytes it moves take a few nanoseconds. But r is one number a row, and
+(h·r)·W = r·(h·W): the gemv that reads the norm may read h itself and scale its sums
+(passes/fold_row_scale.py, ROW_SCALE_RULE). The kernel's ops are then the contraction over h,
+the row statistic (the norm's own sum), the scaled sums (the norm's map with the sums in place of
+h) and the epilogue. Every block adds the squares of whole rows, not only of its split's k-range:
+right after the dependent-launch wait a thread requests RSV 16-byte vectors of each row (the row's
+K/8 vectors over the block's threads, held in registers through the loop, so their round trip hides
+under the weight stream), adds their elements' statistic after its last step, then a warp's lanes by
+shuffles and the warps in warp order through shared memory (the same bits every run); the block
+that runs the epilogue scales its tile's sums before it. Session 14 read the statistics in a
+prologue before the loop and scaled every activation at every step: each folded kernel ran what the
+norm and the gemv ran apart, and the plan replayed 19% slower (notes above); here the loop is the
+plain gemv's. Offered where a thread's vectors of all rows fit in RSV_MAX (rows·K/8 over the
+threads); the rewrite is a cost decision against the norm's kernel.
+
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with
 rows 16-byte aligned (N and the k stride multiples of 8 elements). Parameter space: SPACE, with
@@ -122,6 +142,26 @@ MAX_HELD = 192     # accumulators + two buffers of a step's weight vectors (4 re
 TC_MIN_ROWS = 2    # rows from which the tensor-core steps are candidates ([Note: the gemv on tensor cores])
 TC_MAX_HELD = 200  # tc_held's bound: BN 256 (U = 1: 216) took 220-230 registers, one block of 128 threads an SM
 SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows, and the split's flag
+
+
+ROW_SCALE_RULE = "gemv(x·r, W) => gemv(x, W)·r (the norm's row scale in the gemv)"
+RSV_MAX = 4        # 16-byte vectors of the rows a thread holds through the loop for the row statistic
+
+
+def row_vectors(p: Mapping, kk: int) -> int:
+    """16-byte vectors of one row a thread requests for the row statistic ([Note: a norm's row
+    scale in the gemv]): the row's K/8 over the block's threads."""
+    return -(-kk // (VEC * threads(p)))
+
+
+def row_scale_fits(p: Mapping, kk: int) -> str | None:
+    """Why schedule `p` cannot hold the rows of a row-scaled gemv (None: it can)."""
+    held = p["BM"] * row_vectors(p, kk)
+    if kk % VEC:
+        return f"a row of {kk} elements is not whole 16-byte vectors"
+    if held > RSV_MAX:
+        return f"{held} vectors of the rows a thread, over {RSV_MAX}"
+    return None
 
 
 TC_SPACE = {"BN": (64, 128, 256), "U": (1, 2, 4)}   # the tensor-core steps' own (WARPS, SPLITK, CL as SPACE)
@@ -277,6 +317,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
                   AVEC=bool(p.get("TC")) and vector_rows(c, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
-                  PRE=p.get("PRE", 0), PDL_MARK=pdl.MARK,
+                  PRE=p.get("PRE", 0), PDL_MARK=pdl.MARK, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

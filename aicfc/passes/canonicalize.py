@@ -32,7 +32,7 @@ from aicfc.ir.high import Graph, Node, make_attrs
 from aicfc.ir.ops import OPS
 from aicfc.ir.types import Weight
 from aicfc.passes.cancel_views import VIEW_RULE, cancel_views
-from aicfc.passes import concat_projections, conv_as_matmul
+from aicfc.passes import concat_projections, conv_as_matmul, fold_column_scale
 from aicfc.passes.fold_scatter_axes import fold_scatter_axes
 
 BN_FOLD_RULE = "Conv + BatchNormalization => Conv with folded weights"
@@ -46,6 +46,7 @@ CANON_REASONS = {
     conv_as_matmul.POINTWISE_CONV_RULE: conv_as_matmul.POINTWISE_CONV_REASON,
     concat_projections.CONCAT_PROJECTION_RULE: concat_projections.CONCAT_PROJECTION_REASON,
     CONV_TRANSPOSE_RULE: CONV_TRANSPOSE_REASON,
+    fold_column_scale.COLUMN_SCALE_RULE: fold_column_scale.COLUMN_SCALE_REASON,
 }
 
 

@@ -21,8 +21,10 @@ from aicfc.passes.channels_last import channels_last
 from aicfc.passes.cse import cse
 from aicfc.passes.dce import dce
 from aicfc.passes.declare_state import declare_state
+from aicfc.passes.fold_column_scale import fold_column_scale
 from aicfc.passes.fold_constants import fold_constants
 from aicfc.passes.fold_guarded_moves import fold_guarded_moves
+from aicfc.passes.fold_row_scale import fold_row_scale
 from aicfc.passes.fold_views import fold_views
 from aicfc.passes.form_kernels import form_kernels
 from aicfc.passes.inline_producers import inline_producers
@@ -68,6 +70,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("canonicalize", "high", "high", lambda g, o: canonicalize(g, dict(o.pin), dict(o.projections or ()))),
     Stage("fold_constants", "high", "high", lambda g, o: fold_constants(g)),
     Stage("cse", "high", "high", lambda g, o: cse(g)),
+    Stage("fold_column_scale", "high", "high", lambda g, o: fold_column_scale(g)),
     Stage("dce", "high", "high", lambda g, o: dce(g)),
     Stage("lower", "high", "lowered", lambda g, o: lower(g)),
     Stage("sink_views", "lowered", "lowered", lambda p, o: sink_views(p)),
@@ -85,6 +88,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("channels_last", "decision", "decision", lambda p, o: channels_last(p, dict(o.pin), o.profile)),
     Stage("unfold_taps", "decision", "decision", lambda p, o: unfold_taps(p, dict(o.pin), o.profile)),
     Stage("pool_epilogue", "decision", "decision", lambda p, o: pool_epilogue(p, dict(o.pin), o.profile)),
+    Stage("fold_row_scale", "decision", "decision", lambda p, o: fold_row_scale(p, dict(o.pin), o.profile)),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
@@ -114,6 +118,9 @@ for _a, _b in zip(PIPELINE, PIPELINE[1:]):
 _ORDER = [s.name for s in PIPELINE]
 assert _ORDER.index("canonicalize") < _ORDER.index("lower") < _ORDER.index("sink_views") < _ORDER.index("inline_producers")
 assert _ORDER.index("fold_constants") < _ORDER.index("cse") < _ORDER.index("dce")   # folding makes duplicates
+# fold_column_scale takes constants as fold_constants left them (a norm's weight through a Cast) and
+# precedes lower (it rewrites MatMul nodes) and apply_precision (the folded weight is rounded once).
+assert _ORDER.index("fold_constants") < _ORDER.index("fold_column_scale") < _ORDER.index("lower")
 assert _ORDER.index("apply_precision") < _ORDER.index("relayout_weights") < _ORDER.index("plan_schedules")
 assert (_ORDER.index("inline_producers") < _ORDER.index("fold_views") < _ORDER.index("inline_again")
         < _ORDER.index("merge_contractions") < _ORDER.index("fold_guarded_moves")
@@ -132,6 +139,9 @@ assert _ORDER.index("plan_schedules") < _ORDER.index("fold_cache_writes") < _ORD
 # before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
 assert (_ORDER.index("channels_last") < _ORDER.index("unfold_taps") < _ORDER.index("pool_epilogue")
         < _ORDER.index("relayout_weights") < _ORDER.index("plan_schedules"))
+# fold_row_scale merges a norm into the gemv that reads it once apply_precision has set the operands' types
+# (the gemv streams fp16/bf16), before relayout_weights and plan_schedules plan the merged kernel.
+assert _ORDER.index("apply_precision") < _ORDER.index("fold_row_scale") < _ORDER.index("relayout_weights")
 
 VERIFIERS: dict[str, Callable[[Any], None]] = {
     "high": verify_graph, "lowered": verify_program, "decision": verify_plan,

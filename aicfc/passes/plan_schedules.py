@@ -314,7 +314,8 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     from aicfc.passes.unfold_taps import PIN as UNFOLD_PIN
     from aicfc.passes.concat_projections import PIN as PROJECTION_PIN
     from aicfc.passes.pool_epilogue import PIN as POOLED_PIN
-    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN)
+    from aicfc.passes.fold_row_scale import PIN as ROWSCALE_PIN
+    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():
@@ -338,7 +339,8 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
     `--pin NODE:KEY=VALUE` the kernel covering ONNX node NODE, which must have KEY (`node_pins`);
     `check` counts the leading candidates' registers (`check_leaders`). Keys that switch a
     rewrite rather than a schedule (`unfold`, passes/unfold_taps.py; `early`, passes/fold_cache_writes.py;
-    `projection`, passes/concat_projections.py; `pooled`, passes/pool_epilogue.py) were the passes' to read and are dropped."""
+    `projection`, passes/concat_projections.py; `pooled`, passes/pool_epilogue.py; `rowscale`,
+    passes/fold_row_scale.py) were the passes' to read and are dropped."""
     every, by_node = node_pins(pin or {})
     covered = {node for k in plan.kernels for node in k.origins}
     missing = sorted(set(by_node) - covered)

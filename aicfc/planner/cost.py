@@ -61,7 +61,7 @@ from aicfc.planner.cost_conv_taps import taps_terms
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
 from aicfc.planner.cost_attention_wgmma import EFF_KEYS, TC_EFF, wgmma_attention_terms
-from aicfc.planner.cost_gemv import profile_terms
+from aicfc.planner.cost_gemv import constants, profile_terms
 from aicfc.planner.cost_thin import thin_terms
 from aicfc.planner.cost_window_tile import TILE_LOAD_OPS, tile_terms
 from aicfc.planner.cost_wgmma import EPILOGUE_RATE, STORE_OPS, epilogue_ops, wgmma_terms
@@ -216,7 +216,9 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
         # (CUDA 13) gave held + 15..26 over the plain and rotary spaces at 1 and 8 rows (session 15);
         # the epilogue's operations do not add (they run after the loop's registers are free);
         # tensor-core steps: gemm_gemv.tc_held's own fit (session 27)
-        return gemm_gemv.registers(p) + 16
+        # a row-scaled gemv also holds its rows' vectors through the loop ([Note: a norm's row scale in the gemv])
+        held = 4 * p["BM"] * gemm_gemv.row_vectors(p, gemm.dims(k)[3]) if gemm.row_scale(k) is not None else 0
+        return gemm_gemv.registers(p) + 16 + held
     if k.family == "gemm" and p["unit"] == "thin":
         # the held weight fragments, accumulators and two slabs' A pieces (gemm_thin.held), the epilogue's values
         return gemm_thin.registers(gemm.dims(k)[3], p) + min(ops, 16)
@@ -620,6 +622,9 @@ def _gemv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     rows = m * math.prod(e for _, e in batch)
     dram = _io_bytes(k, types)
     t = profile_terms(p, rows, n, kk, ITEMSIZE[types[c.b.buffer].dtype], dram, bps, hw)
+    if gemm.row_scale(k) is not None:   # [Note: a norm's row scale in the gemv]
+        t["t_row_scale_us"] = constants(hw.data)["gemv_row_scale_us"]
+        t["time_us"] += t["t_row_scale_us"]
     time = t.pop("time_us") + hw.launch_overhead_us
     t["launch_us"] = hw.launch_overhead_us
     return Estimate(time, 2.0 * rows * n * kk, dram, t)
