@@ -181,7 +181,8 @@ def _formula(p: dict[str, Any]) -> str:
                 f"{ops} {p['t_fma_us']:.2f}) "
                 f"+ exposed {ops} {p['t_fma_exposed_us']:.2f} + later rounds {p['t_rounds_us']:.2f} "
                 f"+ full grid {p['t_full_us']:.2f} + reduce {p['t_reduce_us']:.2f} + split {p['t_split_us']:.2f} "
-                f"+ launch {p['launch_us']:.2f}")
+                + (f"+ the norm's row scale {p['t_row_scale_us']:.2f} " if "t_row_scale_us" in p else "")
+                + f"+ launch {p['launch_us']:.2f}")
     return (f"max(dram {p.get('t_dram_us', 0):.2f} + l2 {p.get('t_l2_us', 0):.2f}, "
             f"compute {p.get('t_compute_us', 0):.2f}, pipeline {p.get('t_pipeline_us', 0):.2f}) "
             f"/ (parallel {p.get('parallel_eff', 1):.2f} x waves {p.get('wave_eff', 1):.2f}) "

@@ -110,7 +110,13 @@ that runs the epilogue scales its tile's sums before it. Session 14 read the sta
 prologue before the loop and scaled every activation at every step: each folded kernel ran what the
 norm and the gemv ran apart, and the plan replayed 19% slower (notes above); here the loop is the
 plain gemv's. Offered where a thread's vectors of all rows fit in RSV_MAX (rows·K/8 over the
-threads); the rewrite is a cost decision against the norm's kernel.
+threads); the rewrite is a cost decision against the norm's kernel. Measured (session 35, an H200,
+benchmarks/decode_ab.py, 5 alternating rounds, one process; benchmarks/results/row_scale_session35_h200.txt):
+the 1 B Llama's 4-layer decode plan at B1 replayed 193.3 us against 201.2 before (the norms apart:
+201.4), its scaled QKV projections alone 4.4 us as unscaled, and the 20-layer B1 step took 0.792 ms
+(0.823 in session 28). At 8 rows, offered with RSV_MAX = 8 (a thread then holds 32 registers of rows),
+the plan did not gain (240.5 us against 240.9): the scaled QKV and gate/up ran 0.6 and 1.1 us slower
+alone, about what the two norms cost; so 8 rows keep their norms.
 
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with

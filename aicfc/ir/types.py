@@ -142,6 +142,31 @@ class Joined(Lazy):
         return np.concatenate([p.raw() for p in self.parts], axis=self.axis).tobytes()
 
 
+@dataclass(frozen=True, slots=True)
+class RowScaled(Lazy):
+    """A 2-D weight with row k multiplied by `scale`'s element k, computed in float64 and rounded
+    to the weight's type when read (passes/fold_column_scale.py; a big model's stays in its files
+    until then)."""
+
+    source: Weight
+    scale: Weight
+
+    def __len__(self) -> int:
+        return len(self.source.data)
+
+    def array(self) -> np.ndarray:
+        scaled = self.scale.array().astype(np.float64).reshape(-1, 1) * self.source.array().astype(np.float64)
+        return scaled.astype(self.source.type.np_dtype)
+
+    def read(self) -> bytes:
+        return np.ascontiguousarray(self.array()).astype(self.source.type.np_dtype.newbyteorder("<"), copy=False).tobytes()
+
+    def chunks(self, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
+        data = memoryview(self.read()).cast("B")
+        for start in range(0, len(data), max(1, size)):
+            yield data[start:start + size]
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major element strides of a dense tensor."""
     strides, step = [], 1

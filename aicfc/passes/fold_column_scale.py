@@ -17,10 +17,8 @@ where the Mul rounded x·g; both are within the precision's tolerance.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from aicfc.ir.high import Graph, Node, make_attrs
-from aicfc.ir.types import Weight
+from aicfc.ir.types import RowScaled, Weight
 
 COLUMN_SCALE_RULE = "MatMul(x·g, W) => MatMul(x, g·W)"
 COLUMN_SCALE_REASON = ("a constant scale of the contraction's column k multiplies row k of the constant weight: "
@@ -55,6 +53,7 @@ def fold_column_scale(g: Graph) -> Graph:
         readers = users.get(n.output, [])
         if readers and all(r.op == "MatMul" and r.inputs[0] == n.output and r.inputs[1] != n.output
                            and r.inputs[1] in wmap and len(wmap[r.inputs[1]].type.shape) == 2
+                           and wmap[r.inputs[1]].type.dtype in ("f32", "f16", "f64")
                            and uses.get(r.inputs[1], 0) == 1 and r.inputs[1] not in g.outputs
                            and r.inputs[1] not in producer for r in readers):
             folds[n.output] = found
@@ -68,9 +67,7 @@ def fold_column_scale(g: Graph) -> Graph:
         if n.op == "MatMul" and n.inputs[0] in folds:
             x, scale = folds[n.inputs[0]]
             w = wmap[n.inputs[1]]
-            col = scale.array().astype(np.float64).reshape(-1, 1)
-            folded = (col * w.array().astype(np.float64)).astype(w.type.np_dtype)
-            made = Weight.of(f"{w.name}.g", folded)
+            made = Weight(f"{w.name}.g", w.type, RowScaled(w, scale))   # computed when read
             weights.append(made)
             attrs = dict(n.attr) | {"rule": COLUMN_SCALE_RULE}
             nodes.append(Node("MatMul", (x, made.name), n.output, n.type, make_attrs(attrs), n.origin))

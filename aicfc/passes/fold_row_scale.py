@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from aicfc.codegen import gemm, gemm_gemv
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Call, Compute, Load, Rewrite, loads, map_loads, substitute
+from aicfc.passes.merge_kernels import decide, kernel_readers, switch
 
 if TYPE_CHECKING:
     from aicfc.planner.hardware import Profile
@@ -106,15 +107,12 @@ def _merged(norm: Kernel, reader: Kernel, parts) -> Kernel | str:
 def _pairs(plan: Plan) -> list[tuple[Kernel, Kernel | str, object]]:
     """(norm kernel, its one gemm reader or why it has none, its parts) for every row pass whose
     stored result a gemm kernel reads."""
-    readers: dict[str, list[Kernel]] = {}
-    for k in plan.kernels:
-        for b in {ld.buffer for op in k.ops for ld in loads(op.body)} - k.outs:
-            readers.setdefault(b, []).append(k)
+    readers = kernel_readers(plan)
     viewed = {v.source for v in plan.views}
     out = []
     for k in plan.kernels:
-        if k.family != "row_reduce" or len(k.stores) != 1:
-            continue
+        if k.family != "row_reduce" or len(k.stores) != 1 or len(k.ops) != 2 or k.ops[1].combiner != "map":
+            continue   # not a norm's statistic and map (a pooling's mean, a softmax)
         users = readers.get(k.stores[0], [])
         if not any(u.family == "gemm" for u in users):
             continue
@@ -137,11 +135,8 @@ def fold_row_scale(plan: Plan, pin: dict | None = None, hw: Profile | None = Non
     """`hw`: the profile plan_schedules will plan with (`--profile`; None: the target's own)."""
     if plan.precision not in ("fp16", "bf16"):
         return plan
-    forced = (pin or {}).get(PIN)
-    if forced is not None and str(forced) not in ("0", "1"):
-        from aicfc.errors import AicfError
-        raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (each norm a row pass of its own) or {PIN}=1 "
-                        "(the norm's row scale in the gemv that reads it wherever a gemv runs it)")
+    forced = switch(pin, PIN, "each norm a row pass of its own",
+                    "the norm's row scale in the gemv that reads it wherever a gemv runs it")
     pairs = _pairs(plan)
     if not pairs:
         return plan
@@ -150,7 +145,6 @@ def fold_row_scale(plan: Plan, pin: dict | None = None, hw: Profile | None = Non
         return plan.replace(rewrites=plan.rewrites + tuple(
             Rewrite(RULE, norm.stores[0], False, f"row pass {norm.name}: --pin unit={unit} asks for another unit")
             for norm, _, _ in pairs))
-    from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile
     hw = hw or load_profile(plan.target)
     records = []
@@ -168,16 +162,7 @@ def fold_row_scale(plan: Plan, pin: dict | None = None, hw: Profile | None = Non
             records.append(Rewrite(RULE, norm.stores[0], False, f"kernel {reader.name}: no gemv schedule holds "
                                    "its rows for the statistic (rows, K or the operands' types)"))
             continue
-        t_apart = fastest(norm, plan, hw) + fastest(reader, plan, hw)
-        t_one = fastest(merged, new, hw)
-        how = f"; --pin {PIN}={forced}" if forced is not None else ""
-        numbers = (f"predicted {t_one:.2f} us for {reader.name} scaling its sums against {t_apart:.2f} us for "
-                   f"{norm.name} and {reader.name}")
-        if (t_one < t_apart if forced is None else str(forced) == "1"):
-            saved = 2 * plan.types()[norm.stores[0]].nbytes
-            records.append(Rewrite(RULE, norm.stores[0], True, f"{numbers}; {norm.stores[0]!r} neither stored nor "
-                                   f"read back, one launch fewer{how}", saved))
-            plan = new
-        else:
-            records.append(Rewrite(RULE, norm.stores[0], False, f"kept apart: {numbers}{how}"))
+        plan, record = decide(plan, new, norm, reader, merged, RULE, norm.stores[0], "scaling its sums", forced, PIN,
+                              hw, ", one launch fewer")
+        records.append(record)
     return plan.replace(rewrites=plan.rewrites + tuple(records))

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 
 from aicfc.codegen import conv_pool, conv_wgmma
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Rewrite, loads
+from aicfc.ir.lowered import Rewrite
+from aicfc.passes.merge_kernels import decide, kernel_readers, switch
 
 if TYPE_CHECKING:
     from aicfc.planner.hardware import Profile
@@ -41,10 +42,7 @@ def _merged(conv: Kernel, pool: Kernel) -> Kernel:
 def _pairs(plan: Plan) -> list[tuple[Kernel, Kernel | str]]:
     """(convolution, its pool kernel or why it has none) for every conv kernel whose result a window
     kernel of a max reads."""
-    readers: dict[str, list[Kernel]] = {}
-    for k in plan.kernels:
-        for b in {ld.buffer for op in k.ops for ld in loads(op.body)} - k.outs:
-            readers.setdefault(b, []).append(k)
+    readers = kernel_readers(plan)
     viewed = {v.source for v in plan.views}
     out = []
     for k in plan.kernels:
@@ -70,11 +68,7 @@ def pool_epilogue(plan: Plan, pin: dict | None = None, hw: Profile | None = None
     """`hw`: the profile plan_schedules will plan with (`--profile`; None: the target's own)."""
     if plan.target != conv_wgmma.TARGET or plan.precision not in ("fp16", "bf16"):
         return plan
-    forced = (pin or {}).get(PIN)
-    if forced is not None and str(forced) not in ("0", "1"):
-        from aicfc.errors import AicfError
-        raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (the convolution and the pool apart) or {PIN}=1 "
-                        "(one kernel wherever the pool unit runs it)")
+    forced = switch(pin, PIN, "the convolution and the pool apart", "one kernel wherever the pool unit runs it")
     pairs = _pairs(plan)
     if not pairs:
         return plan
@@ -83,7 +77,6 @@ def pool_epilogue(plan: Plan, pin: dict | None = None, hw: Profile | None = None
         return plan.replace(rewrites=plan.rewrites + tuple(
             Rewrite(RULE, conv.stores[0], False, f"convolution {conv.name}: --pin unit={unit} asks for another unit")
             for conv, _ in pairs))
-    from aicfc.passes.plan_schedules import fastest
     from aicfc.planner.hardware import load_profile
     hw = hw or load_profile(plan.target)
     records = []
@@ -98,15 +91,6 @@ def pool_epilogue(plan: Plan, pin: dict | None = None, hw: Profile | None = None
         if why:
             records.append(Rewrite(RULE, conv.stores[0], False, f"convolution {conv.name}: {why}"))
             continue
-        t_apart = fastest(conv, plan, hw) + fastest(pool, plan, hw)
-        t_one = fastest(merged, new, hw)
-        how = f"; --pin {PIN}={forced}" if forced is not None else ""
-        numbers = f"predicted {t_one:.2f} us for {conv.name} pooling its tiles against {t_apart:.2f} us for {conv.name} and {pool.name}"
-        if (t_one < t_apart if forced is None else str(forced) == "1"):
-            saved = 2 * plan.types()[conv.stores[0]].nbytes
-            records.append(Rewrite(RULE, conv.stores[0], True, f"{numbers}; {conv.stores[0]!r} neither stored nor "
-                                   f"read back{how}", saved))
-            plan = new
-        else:
-            records.append(Rewrite(RULE, conv.stores[0], False, f"kept apart: {numbers}{how}"))
+        plan, record = decide(plan, new, conv, pool, merged, RULE, conv.stores[0], "pooling its tiles", forced, PIN, hw)
+        records.append(record)
     return plan.replace(rewrites=plan.rewrites + tuple(records))

@@ -1,0 +1,49 @@
+"""What the Decision IR rewrites that merge a kernel into the one reading its result share
+(pool_epilogue: a convolution and its max pool; fold_row_scale: a norm and the gemv reading it):
+who reads what, the `--pin KEY=0|1` switch, and the decision by the planner's predictions with both
+figures in the record.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aicfc.errors import AicfError
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.lowered import Rewrite, loads
+
+if TYPE_CHECKING:
+    from aicfc.planner.hardware import Profile
+
+
+def kernel_readers(plan: Plan) -> dict[str, list[Kernel]]:
+    """buffer -> the kernels that read it (each once, in plan order), not the one computing it."""
+    readers: dict[str, list[Kernel]] = {}
+    for k in plan.kernels:
+        for b in {ld.buffer for op in k.ops for ld in loads(op.body)} - k.outs:
+            readers.setdefault(b, []).append(k)
+    return readers
+
+
+def switch(pin: dict | None, key: str, apart: str, merged: str) -> str | None:
+    """The value of `--pin key=0|1` ("0": apart, "1": merged wherever legal), None when not pinned."""
+    forced = (pin or {}).get(key)
+    if forced is not None and str(forced) not in ("0", "1"):
+        raise AicfError(f"--pin {key}={forced}: expected {key}=0 ({apart}) or {key}=1 ({merged})")
+    return None if forced is None else str(forced)
+
+
+def decide(plan: Plan, new: Plan, first: Kernel, second: Kernel, merged: Kernel, rule: str, site: str,
+           doing: str, forced: str | None, key: str, hw: Profile, tail: str = "") -> tuple[Plan, Rewrite]:
+    """`new` (the plan with `merged` in place of `first` and `second`) where the planner predicts the merged
+    kernel faster than the two apart (or `--pin key=1`), else `plan`; and the record with both figures.
+    `doing`: what the merged kernel does, as the record says it ("pooling its tiles")."""
+    from aicfc.passes.plan_schedules import fastest
+    t_apart = fastest(first, plan, hw) + fastest(second, plan, hw)
+    t_one = fastest(merged, new, hw)
+    how = f"; --pin {key}={forced}" if forced is not None else ""
+    numbers = (f"predicted {t_one:.2f} us for {merged.name} {doing} against {t_apart:.2f} us for "
+               f"{first.name} and {second.name}")
+    if t_one < t_apart if forced is None else forced == "1":
+        saved = 2 * plan.types()[site].nbytes
+        return new, Rewrite(rule, site, True, f"{numbers}; {site!r} neither stored nor read back{tail}{how}", saved)
+    return plan, Rewrite(rule, site, False, f"kept apart: {numbers}{how}")
