@@ -140,14 +140,19 @@ def test_prefill_and_fp32_keep_their_norms():
     assert not _records(plan_of(decoder(), decode_shapes(1), "fp32"))
 
 
-def test_rows_held_bound_the_schedules():
-    plan = plan_of(decoder(batch=2), decode_shapes(2), "fp16")
-    for k in plan.kernels:
-        if gemm.row_scale(k) is None:
-            continue
-        kk = gemm.dims(k)[3]
-        assert k.schedule.param["BM"] * gemm_gemv.row_vectors(k.schedule.param, kk) <= gemm_gemv.RSV_MAX
-        assert all(c.rejected_because or c.params and dict(c.params)["unit"] == "gemv" for c in k.schedule.candidates)
+@pytest.mark.parametrize("batch", [2, 8])
+def test_rows_held_bound_the_schedules(batch):
+    """A scaled gemv holds at most RSV_MAX vectors of the rows a thread: at 8 rows none fits, and the
+    norms stay row passes (measured: the plan did not gain, [Note: a norm's row scale in the gemv])."""
+    plan = plan_of(decoder(batch=batch), decode_shapes(batch), "fp16")
+    scaled = [k for k in plan.kernels if gemm.row_scale(k) is not None]
+    assert bool(scaled) == (batch < 8)
+    for k in scaled:
+        p, kk = k.schedule.param, gemm.dims(k)[3]
+        assert p["BM"] * gemm_gemv.row_vectors(p, kk) <= gemm_gemv.RSV_MAX
+        assert all(dict(c.params)["unit"] == "gemv" for c in k.schedule.candidates if not c.rejected_because)
+    if batch == 8:
+        assert any("no gemv schedule holds its rows" in r.reason for r in _records(plan))
 
 
 def test_both_plans_share_the_folded_weights(tmp_path):
@@ -166,17 +171,34 @@ def test_both_plans_share_the_folded_weights(tmp_path):
 # ---------------------------------------------------------------- on the GPU
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,tc", [(1, 0), (2, 1), (2, 0)])
+@pytest.mark.parametrize("batch,tc,precision", [(1, 0, "fp16"), (2, 1, "fp16"), (2, 0, "fp16"), (1, 0, "bf16")])
 @pytest.mark.parametrize("fold", ["1", "0"])
-def test_gpu_decode_step_matches_onnxruntime(batch, tc, fold, gpu_device):
+def test_gpu_decode_step_matches_onnxruntime(batch, tc, precision, fold, gpu_device):
     model = decoder(batch)
     inputs = decode_inputs(batch, seed=5 + batch)
     ref = onnxruntime_reference(model, inputs)
-    pin = {"rowscale": fold, "TC": tc} if batch > 1 else {"rowscale": fold}
-    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(batch), pin=pin)
+    pin = {"rowscale": fold} | ({"TC": tc} if batch > 1 else {})
+    payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(batch), pin=pin)
     folded = [k for k in payload["kernels"] if RULE in k["rewrites"]]
     assert bool(folded) == (fold == "1")
     got = run_payload(payload, inputs, gpu_device)
-    assert rel_err(got["logits"], ref["logits"].astype(np.float64)) <= 1e-2
+    tol = {"fp16": 1e-2, "bf16": 3e-2}[precision]   # bf16 keeps 8 significant bits
+    assert rel_err(got["logits"], ref["logits"].astype(np.float64)) <= tol
     for _, present in cache_names(CFG):   # the step's row of every cache (the rest is the input)
-        assert rel_err(got[present][:, :, POSITION], ref[present][:, :, POSITION].astype(np.float64)) <= 1e-2
+        assert rel_err(got[present][:, :, POSITION], ref[present][:, :, POSITION].astype(np.float64)) <= tol
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_every_row_scaled_candidate_builds_without_spills(batch):
+    """Every gemv candidate of the scaled QKV (rotary epilogue) and gate/up (gated epilogue) compiles
+    (nvcc, sm_90a) with no local memory (ptxas -v), the rows' vectors held through the loop included;
+    at 4 rows a thread of 256 holds 4 of them (RSV_MAX)."""
+    from aicfc.codegen.module import count_registers
+    plan = plan_of(decoder(batch), decode_shapes(batch), "fp16")
+    scaled = [k for k in plan.kernels if gemm.row_scale(k) is not None][:2]
+    assert len(scaled) == 2 and {gemm.rotary(k) is not None for k in scaled} == {True, False}
+    spaces = [(k, gemm.space(k, plan)) for k in scaled]
+    assert all(space for _, space in spaces)
+    for (k, space), found in zip(spaces, count_registers(plan, spaces)):
+        bad = [(p, regs, spill) for p, (regs, spill) in zip(space, found) if spill or not 0 < regs <= 255]
+        assert not bad, f"{k.name}: {len(bad)} of {len(space)} spill: {bad[:3]}"

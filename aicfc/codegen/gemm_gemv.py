@@ -116,7 +116,11 @@ the 1 B Llama's 4-layer decode plan at B1 replayed 193.3 us against 201.2 before
 201.4), its scaled QKV projections alone 4.4 us as unscaled, and the 20-layer B1 step took 0.792 ms
 (0.823 in session 28). At 8 rows, offered with RSV_MAX = 8 (a thread then holds 32 registers of rows),
 the plan did not gain (240.5 us against 240.9): the scaled QKV and gate/up ran 0.6 and 1.1 us slower
-alone, about what the two norms cost; so 8 rows keep their norms.
+alone, about what the two norms cost. Read after the loop instead (no register held, the unscaled
+kernel's schedules; one L2 round trip a block exposed) the 8-row plan was slower still: 244.4 us against
+241.3 (HEAD) and 240.6 (the norms apart), the kernels alone 227.5 against 223.4 us (call 6; tried, not
+kept). So 8 rows keep their norms, which the planner's figures do not see (it predicts the 8-row folds
+faster: a one-row norm is predicted 2.8-3.4 us and measures 1.0-1.7 alone).
 
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with
