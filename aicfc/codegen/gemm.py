@@ -240,8 +240,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
 
 
 def static_smem(k: Kernel, p: Mapping) -> int:
-    if p["unit"] == "gemv":
-        return gemm_gemv.static_smem(p)
+    if p["unit"] == "gemv":   # and a row-scaled gemv's warps' parts of each row's statistic
+        return gemm_gemv.static_smem(p) + (4 * p["WARPS"] * p["BM"] if row_scale(k) is not None else 0)
     if p["unit"] == "thin":
         return gemm_thin.static_smem(p)
     if p["unit"] == "wgmma":
