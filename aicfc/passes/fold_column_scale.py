@@ -43,7 +43,6 @@ def _scale_of(mul: Node, wmap: dict[str, Weight]) -> tuple[str, Weight] | None:
 def fold_column_scale(g: Graph) -> Graph:
     wmap = g.weight_map()
     users = g.users()
-    producer = {n.output: n for n in g.nodes}
     uses = {name: len(us) for name, us in users.items()}
     folds: dict[str, tuple[str, Weight]] = {}   # Mul output -> (x, g)
     for n in g.nodes:
@@ -51,11 +50,10 @@ def fold_column_scale(g: Graph) -> Graph:
         if found is None or n.output in g.outputs:
             continue
         readers = users.get(n.output, [])
-        if readers and all(r.op == "MatMul" and r.inputs[0] == n.output and r.inputs[1] != n.output
+        if readers and all(r.op == "MatMul" and r.inputs[0] == n.output
                            and r.inputs[1] in wmap and len(wmap[r.inputs[1]].type.shape) == 2
                            and wmap[r.inputs[1]].type.dtype in ("f32", "f16", "f64")
-                           and uses.get(r.inputs[1], 0) == 1 and r.inputs[1] not in g.outputs
-                           and r.inputs[1] not in producer for r in readers):
+                           and uses.get(r.inputs[1], 0) == 1 and r.inputs[1] not in g.outputs for r in readers):
             folds[n.output] = found
     if not folds:
         return g

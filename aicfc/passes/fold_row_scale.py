@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from aicfc.codegen import gemm, gemm_gemv
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Call, Compute, Load, Rewrite, loads, map_loads, substitute
-from aicfc.passes.merge_kernels import decide, kernel_readers, switch
+from aicfc.passes.merge_kernels import decide, declined_for_unit, kernel_readers, switch
 
 if TYPE_CHECKING:
     from aicfc.planner.hardware import Profile
@@ -140,11 +140,10 @@ def fold_row_scale(plan: Plan, pin: dict | None = None, hw: Profile | None = Non
     pairs = _pairs(plan)
     if not pairs:
         return plan
-    unit = (pin or {}).get("unit")
-    if unit is not None and unit != "gemv" and forced is None:
-        return plan.replace(rewrites=plan.rewrites + tuple(
-            Rewrite(RULE, norm.stores[0], False, f"row pass {norm.name}: --pin unit={unit} asks for another unit")
-            for norm, _, _ in pairs))
+    declined = declined_for_unit(pin, "gemv", forced, RULE,
+                                 [(norm.stores[0], f"row pass {norm.name}") for norm, _, _ in pairs])
+    if declined:
+        return plan.replace(rewrites=plan.rewrites + declined)
     from aicfc.planner.hardware import load_profile
     hw = hw or load_profile(plan.target)
     records = []

@@ -32,6 +32,18 @@ def switch(pin: dict | None, key: str, apart: str, merged: str) -> str | None:
     return None if forced is None else str(forced)
 
 
+def declined_for_unit(pin: dict | None, unit: str, forced: str | None, rule: str,
+                      sites: list[tuple[str, str]]) -> tuple[Rewrite, ...]:
+    """Where a plan-wide `--pin unit=X` asks for another unit than `unit` (the one the merged kernel runs
+    on) and the switch is not pinned: the record of each site (its stored tensor, the kernel as the
+    record names it) declined; else nothing, and the merges are weighed."""
+    pinned = (pin or {}).get("unit")
+    if pinned is None or pinned == unit or forced is not None:
+        return ()
+    return tuple(Rewrite(rule, site, False, f"{what}: --pin unit={pinned} asks for another unit")
+                 for site, what in sites)
+
+
 def decide(plan: Plan, new: Plan, first: Kernel, second: Kernel, merged: Kernel, rule: str, site: str,
            doing: str, forced: str | None, key: str, hw: Profile, tail: str = "") -> tuple[Plan, Rewrite]:
     """`new` (the plan with `merged` in place of `first` and `second`) where the planner predicts the merged

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from aicfc.codegen import conv_pool, conv_wgmma
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
-from aicfc.passes.merge_kernels import decide, kernel_readers, switch
+from aicfc.passes.merge_kernels import decide, declined_for_unit, kernel_readers, switch
 
 if TYPE_CHECKING:
     from aicfc.planner.hardware import Profile
@@ -72,11 +72,10 @@ def pool_epilogue(plan: Plan, pin: dict | None = None, hw: Profile | None = None
     pairs = _pairs(plan)
     if not pairs:
         return plan
-    unit = (pin or {}).get("unit")
-    if unit is not None and unit != "pool" and forced is None:
-        return plan.replace(rewrites=plan.rewrites + tuple(
-            Rewrite(RULE, conv.stores[0], False, f"convolution {conv.name}: --pin unit={unit} asks for another unit")
-            for conv, _ in pairs))
+    declined = declined_for_unit(pin, "pool", forced, RULE,
+                                 [(conv.stores[0], f"convolution {conv.name}") for conv, _ in pairs])
+    if declined:
+        return plan.replace(rewrites=plan.rewrites + declined)
     from aicfc.planner.hardware import load_profile
     hw = hw or load_profile(plan.target)
     records = []
