@@ -90,6 +90,20 @@ chunks of 128 keys, 5.15 us as a cluster against 6.17 through the ticket and 5.5
 (12 chunks of 64 through the ticket), tune's launches; its 4-layer decode plan 202.1 us against 206.5
 (7 alternating rounds, the same tokens); at B8, 2 chunks of 128 keys 8.36-8.58 against 9.16-9.79.
 
+[Note: the decode attention in the chain]
+The 1 B Llama's decode attention takes 4.0 us timed alone and 5.5-6.0 in its plan's chain (go to
+done, [Note: timeline]); its blocks land only as the QKV gemv's blocks leave (about 0.5 us before
+its start), so what it requests before the wait is not hidden. Five changes were measured on an
+H200 in session 36 (benchmarks/results/decode_chain_session36_h200.txt, the 4-layer decode plan,
+alternating rounds) and none kept: the O projection without weight loads before its wait (PRE = 0)
+runs the attention 0.9 us faster and itself 1.1 us slower (199.6 against 198.7 us); the attention
+triggering the next launch after its cache reads instead of at its entry, 191.1 against 190.6; its
+first tile requested before the positions are read (the dead rows zeroed once landed), 3.96 us alone
+against 4.06 but its plan 195.5 against 193.3 (B8 244.2 against 241.4); CL = 0 (blocks that may land
+early, 96 of 64 keys) 204.9 against 195.7; the QKV gemv without clusters 199.9. A preferred carveout
+of 132 KB on every kernel lets some of the attention's blocks land earlier but not the last
+(194.4 against 193.2; 100 KB 191.2, 164 KB 210.9: the gemvs' loads in flight need the L1).
+
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
 score rows a thread (MMA = 0, STAGES = 2); and MMA = 1 with BN ∈ {64, 128}, KW >= 16 and

@@ -28,6 +28,8 @@ completed and its writes are visible. Every kernel of a plan compiled for sm_90 
   blocks then land while the bandwidth-bound kernel two before still streams, and their first
   weight requests slow it (the down projection 10.2 us in the chain against 8.2) by more than they
   save after (the norm before the gate/up 1.2 against 2.2 us, the QKV projection 4.5 against 5.7).
+  Nor does a later trigger (the decode attention's, after its cache reads): [Note: the decode
+  attention in the chain] in codegen/attention_split.py.
 
 The alternative, one persistent kernel whose resident blocks run the kernels as phases between
 grid barriers, measured slower on an H200: that 4-layer decode plan in 253.4 us against 220.5,
