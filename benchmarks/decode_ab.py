@@ -11,7 +11,7 @@ A variant is `name:` followed by comma-separated settings: `pin.KEY=VALUE` restr
 schedules (as `aicfc compile --pin`; a key only the decode step's kernels have, such as the
 gemv's PRE; `pin.NODE:KEY=VALUE` one kernel, e.g. `pin.node_matmul_115:unit=gemv`, in both plans: a pin of
 the decode plan alone is `aicfc compile --shape-sets` with a `pin:` word, see the README), `dpin.[NODE:]KEY=VALUE` pins the decode plan alone (a `pin:` word on its shape set), `env.NAME=VALUE` is set while its bundle compiles and `run.NAME=VALUE` while it
-loads (an experiment's switches). Session 10's A/B of gemv weights staged in shared memory, an
+loads (an experiment's switches); `gpu.profile=NAME` plans with a bundled GPU profile (`aicfc compile --profile h200`). Session 10's A/B of gemv weights staged in shared memory, an
 early dependent-launch trigger and the shared-memory carveout ran this script on the branch
 session10-gemv-staged (results: benchmarks/results/decode_ab*_session10_h200.txt).
 The model is benchmarks/generate.py's (hidden 2048, 32 heads over 8 key/value heads, FFN 5632,
@@ -49,10 +49,10 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str], dict[str, str], dict[
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         kind, _, key = key.partition(".")
-        if not eq or kind not in ("pin", "dpin", "env", "run") or not key:
-            raise SystemExit(f"--variant {spec!r}: {item!r} is not pin.KEY=VALUE, dpin.KEY=VALUE, env.NAME=VALUE "
-                             "or run.NAME=VALUE")
-        {"pin": pins, "dpin": pins, "env": env, "run": run}[kind][("dpin." if kind == "dpin" else "") + key] = value
+        if not eq or kind not in ("pin", "dpin", "env", "run", "gpu") or not key or (kind == "gpu" and key != "profile"):
+            raise SystemExit(f"--variant {spec!r}: {item!r} is not pin.KEY=VALUE, dpin.KEY=VALUE, env.NAME=VALUE, "
+                             "run.NAME=VALUE or gpu.profile=NAME")
+        {"pin": pins, "dpin": pins, "env": env, "run": run, "gpu": pins}[kind][(kind + "." if kind in ("dpin", "gpu") else "") + key] = value
     return name, pins, env, run
 
 
@@ -77,13 +77,15 @@ def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env
     from aicfc.driver import compile_plans
     start = time.perf_counter()
     decode_pins = [f"pin:{k[len('dpin.'):]}={v}" for k, v in pins.items() if k.startswith("dpin.")]
-    pins = {k: v for k, v in pins.items() if not k.startswith("dpin.")}
+    profile = pins.get("gpu.profile")   # a bundled GPU profile (aicfc compile --profile NAME), e.g. h200
+    pins = {k: v for k, v in pins.items() if not k.startswith(("dpin.", "gpu."))}
     sets = [shape_set(cfg, batch, prompt), shape_set(cfg, batch, 1)]
     if decode_pins:
         sets = [[f"{n}={'x'.join(map(str, s))}" for n, s in shapes.items()] for shapes in sets]
         sets[1] += decode_pins
     with environment(env):
-        payload = compile_plans(str(path), sets, precision="fp16", jobs=jobs, pin=pins or None, timeline=timeline)
+        payload = compile_plans(str(path), sets, precision="fp16", jobs=jobs, pin=pins or None, timeline=timeline,
+                                profile_path=profile)
         write_bundle(payload, out)
     decode = [p for p in payload["plans"] if p["inputs"][0]["shape"][1] == 1]
     for plan in decode:

@@ -567,7 +567,16 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     """Tensor-core GEMM: tile-padded MMA work at the unit's rate, shared-memory traffic of the
     warp tiles (a small warp tile reads more operand bytes per MMA), and the k-loop latency
     that STAGES-1 tiles in flight (and other resident blocks) hide; plus the epilogue's
-    arithmetic, every block's on its SM, at the rate `cost_wgmma` measured."""
+    arithmetic, every block's on its SM, at the rate `cost_wgmma` measured.
+
+    Known wrong at one row (session 36, an H200, benchmarks/results/decode_chain_session36_h200.txt):
+    planned with `--profile h200` the 1 B Llama's decode step puts its down projection (M = 1, K 5632,
+    N 2048) on this unit, BM 32 BN 32 SPLITK 4, predicted 7.31 us; it measures 8.66 timed alone but
+    19.5 in the decode chain (the gemv it displaces: 8.7 alone, 9.4 in the chain), and the 4-layer
+    decode plan replays in 244.9 us against 193.4. The memory term sees enough bytes in flight (at
+    the profile's 0.4 us load latency) and predicts the weight streaming at DRAM speed; what holds
+    the unit back in the chain is not known. Under sm_90's profile (3.35 TB/s), which the decode
+    benchmarks plan with, the gemv wins."""
     c, m, n, kk, batch = gemm.dims(k)
     nb = math.prod(e for _, e in batch)
     bm, bn, bk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
