@@ -40,8 +40,8 @@ DEFAULT_VARIANTS = ["base:"]
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, str], dict[str, str], dict[str, str]]:
-    """(name, pins, compile environment, load environment) of `name:pin.K=V,dpin.K=V,env.N=V,run.N=V`
-    (the decode plan's own pins under the key `dpin.K`)."""
+    """(name, pins, compile environment, load environment) of `name:pin.K=V,dpin.K=V,env.N=V,run.N=V,gpu.profile=P`
+    (the decode plan's own pins under the key `dpin.K`, the profile to plan with under `gpu.profile`)."""
     name, _, rest = spec.partition(":")
     if not name:
         raise SystemExit(f"--variant {spec!r}: give it a name, e.g. base:pin.PRE=1")
