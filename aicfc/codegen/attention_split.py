@@ -102,7 +102,8 @@ first tile requested before the positions are read (the dead rows zeroed once la
 against 4.06 but its plan 195.5 against 193.3 (B8 244.2 against 241.4); CL = 0 (blocks that may land
 early, 96 of 64 keys) 204.9 against 195.7; the QKV gemv without clusters 199.9. A preferred carveout
 of 132 KB on every kernel lets some of the attention's blocks land earlier but not the last
-(194.4 against 193.2; 100 KB 191.2, 164 KB 210.9: the gemvs' loads in flight need the L1).
+(194.4 against 193.2; 100 KB 191.2; 164 KB 210.9, likely as the gemvs' loads in flight lose the L1 it
+takes: a guess, not checked).
 
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
