@@ -122,6 +122,13 @@ class Weight:
         return self._digest
 
 
+def _pieces(data: bytes | np.ndarray, size: int) -> Iterator[memoryview]:
+    """`data`'s bytes in order, in pieces of at most `size` (a computed Lazy weight's chunks)."""
+    whole = memoryview(data).cast("B")
+    for start in range(0, len(whole), max(1, size)):
+        yield whole[start:start + size]
+
+
 @dataclass(frozen=True, slots=True)
 class Joined(Lazy):
     """Weights of one dtype concatenated along `axis`, computed when read (merge_contractions
@@ -134,9 +141,7 @@ class Joined(Lazy):
         return sum(len(p.data) for p in self.parts)
 
     def chunks(self, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
-        joined = memoryview(np.concatenate([p.raw() for p in self.parts], axis=self.axis)).cast("B")
-        for start in range(0, len(joined), max(1, size)):
-            yield joined[start:start + size]
+        return _pieces(np.concatenate([p.raw() for p in self.parts], axis=self.axis), size)
 
     def read(self) -> bytes:
         return np.concatenate([p.raw() for p in self.parts], axis=self.axis).tobytes()
@@ -162,9 +167,7 @@ class RowScaled(Lazy):
         return np.ascontiguousarray(self.array()).astype(self.source.type.np_dtype.newbyteorder("<"), copy=False).tobytes()
 
     def chunks(self, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
-        data = memoryview(self.read()).cast("B")
-        for start in range(0, len(data), max(1, size)):
-            yield data[start:start + size]
+        return _pieces(self.read(), size)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
