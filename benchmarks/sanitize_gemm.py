@@ -1,7 +1,7 @@
 """The compute-sanitizer target for the Hopper GEMM engine: each wgmma variant run once on fresh
 random inputs (ping-pong and cooperative with an erf-GELU epilogue, split-k, partial edge tiles, 2-CTA
-clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions, stream-k, the taps unit, the pool
-unit), and the gemv's
+clusters with TMA multicast, k-splits as a cluster in GEMMs and convolutions, stream-k, tile widths between the
+standard ones, the taps unit, the pool unit), and the gemv's
 tensor-core steps (splits by cluster and by scratch), and the split decode attention's chunks merged
 as a cluster, its output checked finite. Run it under the sanitizer on a GPU machine:
 
@@ -24,6 +24,7 @@ import aicfc  # noqa: E402
 from benchmarks.gemm import matmul_model  # noqa: E402
 from tests.onnx_builders import conv_model  # noqa: E402
 from tests.test_attention_split import decode_attention, inputs_at  # noqa: E402
+from tests.test_gemm_gpu import b_transposed_input  # noqa: E402
 from tests.test_cost_wgmma import _gelu as gelu_model  # noqa: E402  (BERT's FFN1: MatMul + bias + erf-GELU)
 
 
@@ -80,6 +81,14 @@ def main() -> int:
              ("pool conv 2x64x30x34 1x3 maxpool/2", conv_model((2, 64, 30, 34), (64, 64, 1, 3), follow="pool_s2",
                                                                pads=[0, 1, 0, 1]),
               {"unit": "pool", "pooled": 1, "TPH": 7, "TPW": 8, "NCONS": 2}),
+             # tile widths between the standard ones ([Note: widths that fill the SMs] in codegen/gemm_wgmma.py): 5 column
+             # tiles of 104 over 512 channels (208 over 2048), the last one narrower, in a convolution and GEMMs
+             ("fill width conv 32x64x7x7 3x3", conv_model((32, 64, 7, 7), (512, 64, 3, 3), bn=True, act="relu",
+                                                         follow="pool", pads=[1, 1, 1, 1]),
+              {"unit": "wgmma", "BN": 104, "A": "tma"}),
+             ("fill width gemm 1560x320x512 ping-pong", b_transposed_input(1560, 320, 512, rng), {"unit": "wgmma", "BN": 104, "PP": 1}),
+             ("fill width gemm 1560x320x2048 cooperative", b_transposed_input(1560, 320, 2048, rng),
+              {"unit": "wgmma", "BN": 208, "NWG": 2, "PP": 0}),
              # the gemv on tensor cores ([Note: the gemv on tensor cores] in codegen/gemm_gemv.py): 8 and 5 rows,
              # K not a multiple of a step, splits through a cluster and through scratch
              ("gemv tensor cores cluster 8x1000x520", matmul_model(8, 1000, 520, rng.standard_normal((1000, 520)).astype(np.float32)),

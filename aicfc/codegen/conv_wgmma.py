@@ -39,7 +39,8 @@ takes OW positions a row (ceil((W + upper - lower) / stride) = OW).
 
 Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (not both
 2: that epilogue spills under ptxas), BN in
-{64, 128, 256} (at most MAX_ACC accumulators per thread), STAGES 3 to 6 while the ring fits,
+{64, 128, 256} and the fill width ([Note: widths that fill the SMs] in codegen/gemm_wgmma.py; not with halo)
+(at most MAX_ACC accumulators per thread), STAGES 3 to 6 while the ring fits,
 persistent CTAS = min(tiles·SPLITK, SMs), A in {gather, tma, halo} (halo: stride-1 convolutions,
 [Note: halo tiles], its PITCH / OHP / TILE_BYTES recorded with it; the B ring then holds the
 filter's k-blocks alone and two image-tile slots follow it), SPLITK where the output tiles leave
@@ -440,10 +441,15 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
         """`p` with every STAGES and variant whose ring fits the shared memory."""
         return [q for st in SPACE["STAGES"] for v in variants
                 if smem_bytes(q := dict(p, STAGES=st, **v)) + static_smem(q) <= smem_limit]
-    halos, points = [], []
+    halos, points, fill = [], [], []
+    m = dims(k)[0]
     for nwg, pp in ((n_, pp_) for n_ in SPACE["NWG"] for pp_ in (0, 1) if n_ > 1 or not pp_):
         for mi in SPACE["MI"]:
-            for bn in SPACE["BN"]:
+            # [Note: widths that fill the SMs] (gemm_wgmma.py): the filter is K-major, so the width that puts
+            # the rows of tiles in one wave too, offered after every standard one (not as image tiles)
+            fills = gemm_wgmma.fill_widths(math.ceil(m / (64 * mi * (1 if pp else nwg))), n, hw_sms)
+            for bn in SPACE["BN"] + fills:
+                out = points if bn in SPACE["BN"] else fill
                 # two warpgroups of two m64 blocks: the register epilogue's index splitting spills past
                 # the 168 registers a thread of 384 may have (ptxas, CUDA 13); under ping-pong (PP) each
                 # warpgroup holds a whole tile of MI m64 blocks, as one warpgroup does
@@ -452,17 +458,17 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                 p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * (1 if pp else nwg), "BN": bn, "BK": bk(dtype),
                      "NWG": nwg, "MI": mi, "PP": pp}
                 h = halo_geometry(k, types, p["BM"])
-                if not isinstance(h, str) and not pp:   # (the halo loops do not take turns)
+                if not isinstance(h, str) and not pp and out is points:   # (the halo loops do not take turns)
                     q = dict(p, A="halo", PITCH=h.pitch, OHP=h.oh_pad, TILE_BYTES=h.tile_bytes, SPLITK=1)
                     halos += staged(dict(q, CTAS=min(tiles(k, q)[2], hw_sms)), [{}])
                 nt, ktiles = tiles(k, p)[2], math.ceil(kk / p["BK"])
                 for sk in split_ks(nt, ktiles, hw_sms):
-                    points += [q for c in staged(dict(p, SPLITK=sk, CTAS=min(nt * sk, hw_sms), STREAM=0),
-                                                 [{"A": a, "OUT": o} for a in loads for o in outs])
-                               for q in gemm_wgmma.with_cl(c, nt, hw_sms)]
+                    out += [q for c in staged(dict(p, SPLITK=sk, CTAS=min(nt * sk, hw_sms), STREAM=0),
+                                              [{"A": a, "OUT": o} for a in loads for o in outs])
+                            for q in gemm_wgmma.with_cl(c, nt, hw_sms)]
                 if gemm_wgmma.stream_ok(nt, ktiles, hw_sms):   # stream-k: an even share of all k-blocks a block
-                    points += staged(dict(p, SPLITK=1, CTAS=hw_sms, STREAM=1), [{"A": a, "OUT": o} for a in loads for o in outs])
-    return halos + points
+                    out += staged(dict(p, SPLITK=1, CTAS=hw_sms, STREAM=1), [{"A": a, "OUT": o} for a in loads for o in outs])
+    return halos + points + fill
 
 
 def split_ks(tiles: int, ktiles: int, hw_sms: int) -> list[int]:

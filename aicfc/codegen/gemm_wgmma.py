@@ -38,7 +38,8 @@ holding up the other warpgroup's loads in the TMA unit; the cause is not measure
 PP = 1 (ping-pong, NWG = 2): each warpgroup owns whole tiles of BM = 64·MI rows and the two take
 a block's work units in turn, so one's epilogue runs under the other's k-blocks (the ring is
 shared in unit order);
-BN in {64, 128, 192, 256}, STAGES from 2 while the ring fits the shared memory; BK is one
+BN in {64, 128, 192, 256} (and, where B is K-major, a width between them: [Note: widths that fill the
+SMs]), STAGES from 2 while the ring fits the shared memory; BK is one
 128-byte swizzle row (64 fp16/bf16, 32 tf32). SPLITK: where the output tiles cannot fill the
 SMs (fewer tiles than SMs, K long), a work unit is (tile, k-split); each split publishes its
 fp32 partial tile to scratch and the last to take the tile's ticket adds them in split order
@@ -111,6 +112,31 @@ Measured on an H200 (benchmarks/results/residual_staging_session18_h200.txt: tor
 each kernel alone, two alternating rounds against the --pin RS=0 plan): the 28x28 1x1s with the add
 22.0-27.0 -> 17.5-20.0 us, the 14x14 ones 15.9 -> 14.4, the 56x56 ones (one k-block, which the L2
 prefetch served before) 35.4 -> 34.1-34.6; the plan replayed in 981.5 us against 1022.3.
+
+[Note: widths that fill the SMs]
+Blocks are one a SM, so a GEMM of a few rows of tiles runs its tiles in one wave and leaves SMs idle:
+ResNet-50 B32's stage 4 has 1568 rows (32 images of 7x7 pixels), 25 tiles of 64 rows, so 512 columns
+in tiles of 128 are 100 tiles on 132 SMs. wgmma's n is any multiple of 8 up to 256, and a K-major B
+is loaded as boxes of any number of rows, so where B is K-major the space also offers the width
+`fill_widths` names: the narrowest multiple of 8 at which the rows of tiles still fit one wave (132 //
+25 = 5 columns: ceil(512 / 5) = 103 -> 104, 125 tiles of which the last column is 96 wide), where it
+makes more tiles than the standard width at or above it. Each tile's k-blocks then carry 104/128 of the
+MMA work; its A box is the same. Not with a TMA store (TS: the staging is laid out as 128-byte boxes),
+nor as a cluster pair (CLUSTER = 2 loads B as two boxes of BN/2 rows, which must be whole swizzle atoms);
+an MN-major B (boxes of 64 columns) keeps the standard widths, so the transformers' GEMMs, whose weights
+are re-laid out along n, never see one. The fill width is offered after the standard ones (a tie keeps the
+standard width), and the cost terms decide.
+Measured (session 37, an H200, torchvision ResNet-50 B32 fp16 --profile h200, one process;
+benchmarks/results/fill_widths_session37_h200.txt): the planner moved 7 kernels of stage 4 to widths 104
+or 208. Alone (`aicf-run --profile`): the 6272x512x1024 GEMM (256x104 tiles) 13.66 -> 12.40 us, past its
+bar (53.6% of the tensor cores' peak); the 1568x2048x1024 projection (128x208) 18.02 -> 14.92; the 3x3
+convolutions 16.1-16.2 -> 15.8-16.1 (their k-blocks wait on the im2col A box, which a narrower tile does
+not shrink); the expanding 1x1s with the residual add 10.0 -> 9.7-9.8. In the plan's chain (timeline) the
+3x3 convolutions gained 1.7-2.1 us each and the projection 3.0, but the kernels after them lost part of it:
+the residual add after the first 3x3 ran 9.6 against 6.6 us, since its blocks no longer land early on the
+SMs the 100-tile grid left free (the cost model does not see that), and stage 4 took 178.5 us from k44's start
+against 183.4. The whole plan replayed the same, 819.6 against 819.9 us (15 alternating rounds), as did
+EfficientNet-B0 B32's (four 1x1 GEMMs moved to 128x120: 965.5 against 965.0 us).
 
 [Note: images as rows]
 FLAT = 1: a batched GEMM whose batch variable b (the one just outside m) steps every access of the
@@ -193,6 +219,20 @@ CL_SPLITS = (2, 4)        # k-splits that may be one cluster ([Note: k-splits as
 MAX_ACC = 128             # fp32 accumulators per consumer thread
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg with NWG = 2: 128·40 + 256·232 <= 65536
 SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in the kernel
+
+
+def fill_widths(tiles_m: int, n: int, hw_sms: int) -> tuple[int, ...]:
+    """[Note: widths that fill the SMs]: the narrowest tile width, a multiple of 8 between the
+    standard widths, at which `tiles_m` rows of tiles still run in one wave, where it makes more
+    tiles than the standard width at or above it (else none)."""
+    per_row = hw_sms // max(tiles_m, 1)
+    if per_row < 1:
+        return ()
+    w = math.ceil(math.ceil(n / per_row) / 8) * 8
+    wider = [b for b in SPACE["BN"] if b >= w]
+    if w < SPACE["BN"][0] or not wider or w in SPACE["BN"] or math.ceil(n / w) <= math.ceil(n / wider[0]):
+        return ()
+    return (w,)
 
 
 def bk(dtype: str) -> int:
@@ -410,19 +450,28 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
     # fewer tiles (the images' last tile rows are short); FLAT is then a key of every candidate
     merged = flat_var(k, types)
     eb = dict(batch)[merged] if merged else 1
-    points = []
+    # [Note: widths that fill the SMs]: a K-major B (its box any multiple of 8 rows) may take a width
+    # between the standard ones, offered after them (ties keep the standard width)
+    b = operands(k, {"dtype": dtype, "NWG": 1, "PP": 0, "MI": 1, "BN": 64}, types)[1]
+    b_k_major = isinstance(b, Operand) and b.k_major
+    points, fills = [], []
     for nwg, pp in ((n, pp) for n in SPACE["NWG"] for pp in SPACE["PP"] if n > 1 or not pp):
         for mi in SPACE["MI"]:
-            for bn in SPACE["BN"]:
-                if mi * bn // 2 > MAX_ACC:
-                    continue
-                bm = 64 * mi * (1 if pp else nwg)
-                flats = (0, 1) if merged and math.ceil(m * eb / bm) < eb * math.ceil(m / bm) else (0,)
-                for fl in flats:
+            bm = 64 * mi * (1 if pp else nwg)
+            flats = (0, 1) if merged and math.ceil(m * eb / bm) < eb * math.ceil(m / bm) else (0,)
+            for fl, bn in ((fl, bn) for bn in SPACE["BN"] for fl in flats):
+                if mi * bn // 2 <= MAX_ACC:
                     points += _points((nwg, pp, mi, bn, bm), m * eb if fl else m, n, kk,
                                       nb // eb if fl else nb, dtype, hw_sms, smem_limit, stores, copies_in,
                                       {"FLAT": fl} if merged else {})
-    return points
+            for fl in flats if b_k_major else ():
+                mm, bb = (m * eb, nb // eb) if fl else (m, nb)
+                for bn in fill_widths(math.ceil(mm / bm) * bb, n, hw_sms):
+                    if mi * bn // 2 <= MAX_ACC:
+                        fills += _points((nwg, pp, mi, bn, bm), mm, n, kk, bb, dtype, hw_sms, smem_limit,
+                                         [st for st in stores if not st[1]], copies_in,
+                                         {"FLAT": fl} if merged else {})
+    return points + fills
 
 
 def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: int, dtype: str, hw_sms: int,
@@ -436,8 +485,8 @@ def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: i
         per = math.ceil(ktiles / sk)
         if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
             continue
-        if cl > 1 and sk > 1:
-            continue   # see the module note
+        if cl > 1 and (sk > 1 or bn not in SPACE["BN"]):
+            continue   # see the module note; a fill width's half box need not be whole swizzle atoms
         pairs = math.ceil(math.ceil(m / bm) / 2) * math.ceil(n / bn) * nb
         ctas = 2 * min(pairs, hw_sms // 2) if cl > 1 else min(tiles * sk, hw_sms)
         # stream-k (STREAM = 1): every SM takes an even share of all the k-blocks
