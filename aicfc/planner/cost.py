@@ -357,13 +357,40 @@ def _pointwise_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     two), the math library's functions at their instruction counts. A thread's arithmetic waits
     on its own step's loads; the loads of its other `items` steps overlap it: issue efficiency
     items / (items + 1). Memory-bound maps do not notice; one like erf-GELU at 16-bit storage
-    (about 30 instructions per 4 bytes moved) does."""
+    (about 30 instructions per 4 bytes moved) does.
+
+    [Note: a pointwise thread's items in turn]
+    The template's loop over a thread's `items` steps exits at the tensor's end and guards a
+    concatenation's loads, so its steps run one after another: in the PTX of ResNet-50 B32's k47 (the
+    residual add written into stage 4's projection input, 8 items of 8 halves) every step's loads sit
+    between the previous step's store and the next branch. So a wave of blocks takes at least
+    items load round trips, whatever its bytes: t_items = waves x items x load_latency_us, a floor
+    on the time where it binds, which is in small maps alone (at 8 items 3.2 us; ResNet-50 B32's
+    large adds stream for 10-14 us). It is not a term of `t_pipeline_us`, which ranks ties: the large
+    maps' ties, and their picks, are what they were.
+    Measured (session 37, an H200, benchmarks/results/pointwise_items_session37_h200.txt), k47 alone
+    with items x threads pinned: 8 x 64 (the pick before) 3.34 us, 4 x 64 2.54, 2 x 128 2.80, 1 x 256 2.35
+    (10.7 MiB). With the floor the planner takes 4 x 64 there (2.56 us: 103% of the copy bandwidth by its
+    bytes, past its bar, where 3.34 was 79%) and moves a few small maps elsewhere to fewer items; plans, old against new in one process
+    (9 alternating rounds): ResNet-50 B32 817.1 -> 811.3 us, B1 277.8 -> 276.8, EfficientNet-B0 B1 291.2 ->
+    282.8 (16 maps moved), B32 944.2 -> 941.1; BERT-base B1 S128 and B8 S512, GPT-2 B1 S128 and MobileNetV2
+    B1 keep their plans. One plan lost: the 1 B Llama's 4-layer decode step, whose head's three one-block maps
+    (the positions, cos, sin) went from 2 items to 1, 193.7 -> 195.1 us (9 rounds, the same greedy tokens). Loading every step's values first instead (the steps' loads into arrays, then
+    their maps and stores: all of k47's 16 loads ahead of its 8 stores in the PTX, 142 registers)
+    measured slower everywhere: k47 3.34 -> 4.10 us, the stage-1 add 13.7 -> 30.0, the ResNet-50 B32 plan
+    817.9 -> 827.8 us, EfficientNet-B0 B32 952.4 -> 983.8; why is not known, and it was not kept."""
     out = k.ops[-1]
     flops = out.type.numel * max(1, count_ops(out.body))
     issued = 2.0 * out.type.numel * instructions(reciprocal_divisions(out.body, lambda e: isinstance(e, Const)),
                                                  fast=fast_math(k, types))
     est = _combine(hw, flops=flops, issued=issued, dram=_io_bytes(k, types), l2=0.0, pipeline=0.0, blocks=blocks,
                    threads=threads, bps=bps, issue_eff=p["items"] / (p["items"] + 1), ilp=min(p["items"], 4))
+    # [Note: a pointwise thread's items in turn]: a floor where it binds alone (a small map), so that the
+    # large maps' ties, and their picks, stay as they were
+    items_us = math.ceil(blocks / (hw.sm_count * bps)) * p["items"] * load_latency(hw)
+    est.terms["t_items_us"] = items_us
+    if items_us + hw.launch_overhead_us > est.time_us:
+        est = Estimate(items_us + hw.launch_overhead_us, est.flops, est.bytes, est.terms)
     return est
 
 
