@@ -183,10 +183,12 @@ def _formula(p: dict[str, Any]) -> str:
                 f"+ full grid {p['t_full_us']:.2f} + reduce {p['t_reduce_us']:.2f} + split {p['t_split_us']:.2f} "
                 + (f"+ the norm's row scale {p['t_row_scale_us']:.2f} " if "t_row_scale_us" in p else "")
                 + f"+ launch {p['launch_us']:.2f}")
-    return (f"max(dram {p.get('t_dram_us', 0):.2f} + l2 {p.get('t_l2_us', 0):.2f}, "
+    body = (f"max(dram {p.get('t_dram_us', 0):.2f} + l2 {p.get('t_l2_us', 0):.2f}, "
             f"compute {p.get('t_compute_us', 0):.2f}, pipeline {p.get('t_pipeline_us', 0):.2f}) "
-            f"/ (parallel {p.get('parallel_eff', 1):.2f} x waves {p.get('wave_eff', 1):.2f}) "
-            f"+ launch {p.get('launch_us', 0):.2f}")
+            f"/ (parallel {p.get('parallel_eff', 1):.2f} x waves {p.get('wave_eff', 1):.2f})")
+    if "t_items_us" in p:    # pointwise: [Note: a pointwise thread's items in turn] in planner/cost.py
+        body = f"max({body}, a thread's items in turn {p['t_items_us']:.2f})"
+    return f"{body} + launch {p.get('launch_us', 0):.2f}"
 
 
 def explain_text(payload: dict[str, Any]) -> str:

@@ -34,3 +34,12 @@ def test_a_large_map_streams_past_the_floor():
     k, plan = _map(32 * 784)                  # 32x the bytes: the DRAM time binds for every item count
     for r in rank(k, plan, HW)[0]:
         assert r.time_us > r.estimate.terms["t_items_us"] + HW.launch_overhead_us
+
+
+def test_explain_names_the_floor():
+    import aicfc
+    from aicfc.explain import explain_text
+    payload = aicfc.compile(B.single_op_model("Add", [(784, 1536), (784, 1536)]), target="sm_90", precision="fp16",
+                            profile_path="h200")
+    line = next(x for x in explain_text(payload).splitlines() if "predicted" in x and "items in turn" in x)
+    assert "+ launch" in line
