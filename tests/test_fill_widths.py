@@ -3,8 +3,11 @@ the Hopper engine, for the GEMM and the implicit-GEMM convolution.
 
 CPU: the rule, where the spaces offer such a width (a K-major B only; no TMA store, no cluster
 pair), that the kernels build without spills. GPU (`gpu`): pinned to such a width (a last column
-tile narrower than the rest, rows past M, split-k, ping-pong, the residual epilogue) against numpy
-float64 on fresh random inputs; tolerances on max|y - ref| / max|ref|: fp16 1e-2, bf16 2e-2.
+tile narrower than the rest, rows past M, split-k, ping-pong, cooperative, im2col and gathered
+convolutions) and a ResNet stage-4 bottleneck by cost, against numpy float64 on fresh random inputs;
+tolerances on max|y - ref| / max|ref|: fp16 1e-2, bf16 2e-2. (The residual epilogue at such a width
+runs in ResNet-50 B32's plan, checked against onnxruntime on the GPU machine:
+benchmarks/results/fill_widths_session37_h200.txt.)
 """
 from __future__ import annotations
 

@@ -370,15 +370,17 @@ def _pointwise_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, 
     maps' ties, and their picks, are what they were.
     Measured (session 37, an H200, benchmarks/results/pointwise_items_session37_h200.txt), k47 alone
     with items x threads pinned: 8 x 64 (the pick before) 3.34 us, 4 x 64 2.54, 2 x 128 2.80, 1 x 256 2.35
-    (10.7 MiB). With the floor the planner takes 4 x 64 there (2.56 us: 103% of the copy bandwidth by its
-    bytes, past its bar, where 3.34 was 79%) and moves a few small maps elsewhere to fewer items; plans, old against new in one process
-    (9 alternating rounds): ResNet-50 B32 817.1 -> 811.3 us, B1 277.8 -> 276.8, EfficientNet-B0 B1 291.2 ->
-    282.8 (16 maps moved), B32 944.2 -> 941.1; BERT-base B1 S128 and B8 S512, GPT-2 B1 S128 and MobileNetV2
-    B1 keep their plans. One plan lost: the 1 B Llama's 4-layer decode step, whose head's three one-block maps
-    (the positions, cos, sin) went from 2 items to 1, 193.7 -> 195.1 us (9 rounds, the same greedy tokens). Loading every step's values first instead (the steps' loads into arrays, then
-    their maps and stores: all of k47's 16 loads ahead of its 8 stores in the PTX, 142 registers)
-    measured slower everywhere: k47 3.34 -> 4.10 us, the stage-1 add 13.7 -> 30.0, the ResNet-50 B32 plan
-    817.9 -> 827.8 us, EfficientNet-B0 B32 952.4 -> 983.8; why is not known, and it was not kept."""
+    (10.7 MiB). With the floor the planner takes 4 x 64 there (2.56 us: 103% of the copy bandwidth by
+    its bytes, past its bar, where 3.34 was 79%) and moves a few small maps elsewhere to fewer items.
+    Plans, old against new in one process (9 alternating rounds): ResNet-50 B32 817.1 -> 811.3 us, B1
+    277.8 -> 276.8, EfficientNet-B0 B1 291.2 -> 282.8 (16 maps moved), B32 944.2 -> 941.1; BERT-base B1
+    S128 and B8 S512, GPT-2 B1 S128 and MobileNetV2 B1 keep their plans. One plan lost: the 1 B Llama's
+    4-layer decode step, whose head's three one-block maps (the positions, cos, sin) went from 2 items
+    to 1, 193.7 -> 195.1 us (9 rounds, the same greedy tokens).
+    Loading every step's values first instead (the steps' loads into arrays, then their maps and
+    stores: all of k47's 16 loads ahead of its 8 stores in the PTX, 142 registers) measured slower
+    everywhere: k47 3.34 -> 4.10 us, the stage-1 add 13.7 -> 30.0, the ResNet-50 B32 plan 817.9 ->
+    827.8 us, EfficientNet-B0 B32 952.4 -> 983.8; why is not known, and it was not kept."""
     out = k.ops[-1]
     flops = out.type.numel * max(1, count_ops(out.body))
     issued = 2.0 * out.type.numel * instructions(reciprocal_divisions(out.body, lambda e: isinstance(e, Const)),
