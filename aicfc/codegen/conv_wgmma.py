@@ -445,9 +445,10 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
     m = dims(k)[0]
     for nwg, pp in ((n_, pp_) for n_ in SPACE["NWG"] for pp_ in (0, 1) if n_ > 1 or not pp_):
         for mi in SPACE["MI"]:
+            bm = 64 * mi * (1 if pp else nwg)
             # [Note: widths that fill the SMs] (gemm_wgmma.py): the filter is K-major, so the width that puts
             # the rows of tiles in one wave too, offered after every standard one (not as image tiles)
-            fills = gemm_wgmma.fill_widths(math.ceil(m / (64 * mi * (1 if pp else nwg))), n, hw_sms)
+            fills = gemm_wgmma.fill_widths(math.ceil(m / bm), n, hw_sms)
             for bn in SPACE["BN"] + fills:
                 out = points if bn in SPACE["BN"] else fill
                 # two warpgroups of two m64 blocks: the register epilogue's index splitting spills past
@@ -455,7 +456,7 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                 # warpgroup holds a whole tile of MI m64 blocks, as one warpgroup does
                 if mi * bn // 2 > MAX_ACC or (bn > 64 and bn // 2 >= n) or (nwg == 2 and mi == 2 and not pp):
                     continue
-                p = {"unit": "wgmma", "dtype": dtype, "BM": 64 * mi * (1 if pp else nwg), "BN": bn, "BK": bk(dtype),
+                p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype),
                      "NWG": nwg, "MI": mi, "PP": pp}
                 h = halo_geometry(k, types, p["BM"])
                 if not isinstance(h, str) and not pp and out is points:   # (the halo loops do not take turns)
