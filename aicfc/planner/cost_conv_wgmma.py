@@ -5,7 +5,7 @@ The GEMM engine's terms (`cost_wgmma.py`) over M = N·OH·OW, N = OC, K = KH·KW
 operand gathered instead of loaded by the TMA:
 
     t_kblock   = max(t_mma, t_smem, t_load, t_gather, t_round, load_latency / (STAGES - 2))
-    t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
+    t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN, schedule))
     t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm
     t_load     = 128·(BM + BN) / (l2_bandwidth / SMs)       the A runs and the B box, from L2
     t_gather   = BM·8·GATHER_OPS / (128 · clock)            the producer warpgroup's address
@@ -111,7 +111,7 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     bm, bn, bkk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
     sms = hw.sm_count
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc"}[p["dtype"]]
-    sm_rate = hw.peak_tflops[unit] * 1e6 / sms * hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
+    sm_rate = hw.peak_tflops[unit] * 1e6 / sms * hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn, p)
     l2_sm = hw.l2_bandwidth_gbs * 1e3 / sms
     t_mma = 2.0 * bm * bn * bkk / sm_rate
     halo = conv_wgmma.halo_of(k, p, types) if p.get("A") == "halo" else None
@@ -177,7 +177,7 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
             "t_smem_us": per_sm * ktiles * t_smem, "t_l2_us": per_sm * ktiles * t_load,
             "t_gather_us": per_sm * ktiles * t_gather, "t_gather_round_us": per_sm * ktiles * t_round, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - max(t_mma, t_smem, t_load, t_gather, t_round)),
-            "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]), "t_reduce_us": t_reduce, "n_eff": n_eff(bn),
+            "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]), "t_reduce_us": t_reduce, "n_eff": n_eff(bn, p),
             "gathered_bytes": float(tiles * halo.channel_blocks * halo.loaded if halo
                                     else m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
             "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,

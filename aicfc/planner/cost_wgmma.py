@@ -7,7 +7,7 @@ three rates, and a tile adds its epilogue, which the consumers run while the pro
 fetches the next tile:
 
     t_kblock   = max(t_mma, t_smem, t_load, t_latency)
-    t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN))
+    t_mma      = 2·BM·BN·BK / (peak_unit / SMs · eff.wgmma_gemm · n_eff(BN, schedule))
     t_smem     = 128·(BM + BM/64·BN) / smem_bandwidth_per_sm      every m64 wgmma reads its A and B
     t_load     = max(t_ingress, t_l2)                              the k-block's TMA boxes, two limits:
     t_l2       = 128·(BM + BN/CLUSTER) / l2_share                  L2 -> SM: the bytes this SM's copies pull
@@ -69,7 +69,8 @@ fetches the next tile:
 
 n_eff(BN): wgmma issues one m64nBNk16 instruction per 64 x BN x 16 block; the instruction's
 fixed issue cost is a larger share of a narrow one (WGMMA_ISSUE_CYCLES against BN/2 cycles of
-tensor work per SM sub-partition). Coefficients come from the profile (`eff.wgmma_gemm`,
+tensor work per SM sub-partition), unless two warpgroups issue at once ([Note: two issuing
+warpgroups]). Coefficients come from the profile (`eff.wgmma_gemm`,
 `wgmma_epilogue_us`, default EPILOGUE_US); `aicfc tune` measures them.
 """
 from __future__ import annotations
@@ -197,7 +198,31 @@ def split_terms(p: Mapping, bm: int, bn: int, l2_sm: float, hw) -> tuple[float, 
     return tile / l2_sm, tile * sk / l2_sm + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
 
 
-def n_eff(bn: int) -> float:
+def n_eff(bn: int, p: Mapping | None = None) -> float:
+    """The share of an SM's tensor rate a k-block's wgmma instructions keep (module doc).
+
+    [Note: two issuing warpgroups]
+    One warpgroup issuing m64nBNk16 leaves the tensor pipe idle WGMMA_ISSUE_CYCLES an instruction
+    against BN/2 cycles of work. Two cooperative warpgroups (NWG = 2, not ping-pong) run their
+    k-loops at the same time over the same stages, so one's issue falls under the other's
+    instruction and nothing is lost: n_eff = 1. Ping-pong's warpgroups take the k-loops in turn
+    and a lone warpgroup (NWG = 1, or MI = 2: two instructions of one issuer) keep the loss.
+    Measured (ResNet-50 B32 on an H200, session 29's `aicfc tune`,
+    benchmarks/results/tune_resnet50_b32_session29_h200.json, each candidate alone): the stage-3
+    3x3 convolutions (6272 x 256, K 2304, one tile a CTA on 98 CTAs) ran 128x128 tiles on two
+    cooperative warpgroups in 14.37-14.45 us and 64x256 tiles on one in 14.89-15.00, where
+    n_eff(128) = 0.89 had predicted the first 0.3 us slower; one warpgroup of two m64n128 (MI = 2)
+    15.18-15.95. Over that report's 607 timed wgmma candidates re-costed (session 38), the 119
+    cooperative ones measured 0.914 of their prediction (geometric mean) and 0.947 without the
+    loss; 91% fall in [0.8, 1.25] (89%); the others are unchanged. Planned with it (session 38,
+    an H200, benchmarks/results/coop_issue_session38_h200.txt) ResNet-50 B32's five stage-3 3x3
+    convolutions and the stride-2 one before them, and its five 1024 -> 256 reduce GEMMs, move to
+    128x128 on two cooperative warpgroups: alone 13.97-14.77 us against 14.30-14.52, and 7.74-7.81
+    against 7.92-7.97; the plan replayed 810.8 us against 824.3 (9 alternating rounds).
+    EfficientNet-B0 B32 (6 GEMMs moved) 953.4 against 957.8, MobileNetV2 B32 (3) 493.6 against
+    493.9; BERT-base, GPT-2 and the B1 CNNs keep every schedule."""
+    if p is not None and p.get("NWG", 1) > 1 and not p.get("PP"):
+        return 1.0
     return (bn / 2) / (bn / 2 + WGMMA_ISSUE_CYCLES)
 
 
@@ -207,7 +232,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     cl, sk = p.get("CLUSTER", 1), p.get("SPLITK", 1)
     sms = hw.sm_count
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc", "tf32": "tf32_tc"}[p["dtype"]]
-    eff = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn)
+    eff = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(bn, p)
     sm_rate = hw.peak_tflops[unit] * 1e6 / sms * eff                       # flops per us per SM
     # bytes per us per SM that the TMA's loads take from L2 ([Note: the TMA's share of L2])
     tiles_m, tiles_n, tiles = gemm_wgmma.tiles(k, p)
@@ -281,7 +306,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
             "t_compute_us": per_sm * ktiles * t_mma, "t_smem_us": per_sm * ktiles * t_smem,
             "t_l2_us": per_sm * ktiles * t_load, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": t_fill, "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]),
-            "n_eff": n_eff(bn), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
+            "n_eff": n_eff(bn, p), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, sms) / sms, "stages": st, "cluster": cl, "t_cluster_us": t_cluster}
 
 
