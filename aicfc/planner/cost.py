@@ -605,7 +605,16 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     decode plan replays in 244.9 us against 193.4. The memory term sees enough bytes in flight (at
     the profile's 0.4 us load latency) and predicts the weight streaming at DRAM speed; what holds
     the unit back in the chain is not known. Under sm_90's profile (3.35 TB/s), which the decode
-    benchmarks plan with, the gemv wins."""
+    benchmarks plan with, the gemv wins.
+    Session 38 (an H200, benchmarks/results/one_row_tiles_session38_h200.txt, the 4-layer plan's timeline)
+    ruled two causes out. Not the 64-byte runs of a BN 32 tile: the down projection pinned to BN 64 and
+    BN 128 ran 23.6 and 20.5 us in the chain (9.1 and 11.6 alone), BN 32 20.0. Not bytes in flight alone:
+    charging the Little's-law term with DRAM's round trip (1 us) and only A's rows below M (the rest are
+    zero-filled) moved the pick to BN 64 with 6 splits (predicted 7.58 us), and with the mma out the
+    wgmma tile (64x64, 4 splits as a cluster, predicted 7.41) took the projection: it measured 19.0 us
+    alone and 20.2 in the chain, the plan 236.6 us against 194.7 (the gemv pinned: 194.3). So every tile
+    unit streams a one-row weight at about 1.2 TB/s in the chain where the gemv (fitted on weights not in
+    L2, planner/cost_gemv.py) streams at 2.2-2.5; the change was not kept."""
     c, m, n, kk, batch = gemm.dims(k)
     nb = math.prod(e for _, e in batch)
     bm, bn, bk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
