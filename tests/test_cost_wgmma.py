@@ -191,3 +191,18 @@ def test_h200_paces_clusters_and_ties_go_to_the_deeper_ring():
     paired, _ = _predicted(model, {"BM": 128, "BN": 192, "CLUSTER": 2, "PP": 0, "NWG": 2}, "fp16", H200)
     alone, _ = _predicted(model, {"BM": 128, "BN": 192, "CLUSTER": 2, "PP": 0, "NWG": 2}, "fp16")
     assert paired > alone   # the same cluster costs more under the pace than under sm_90's profile
+
+
+def test_h200_pair_in_lockstep_where_the_walk_bounds_the_kernel():
+    """[Note: a cluster pair in lockstep]: ResNet-50 B32's stage-1 1x1 convolution as a GEMM (100352 x 64 -> 64,
+    memory-bound, 64x64 ping-pong tiles 12 an SM). The pair's k-blocks are off the critical path, so before the
+    lockstep term the cluster was predicted faster by its first stage; session 29's tune measured it 1.02-1.05x
+    slower (19.95 against 19.14 us). Under the h200 profile the same tiles are now predicted slower clustered and
+    the pick runs alone; sm_90's profile (no lockstep measured) still has the pair ahead."""
+    model = matmul(100352, 64, 64, np.random.default_rng(0))
+    tile = {"unit": "wgmma", "BM": 64, "BN": 64, "PP": 1, "NWG": 2, "MI": 1, "STAGES": 8}
+    paired, _ = _predicted(model, {**tile, "CLUSTER": 2}, "fp16", H200)
+    alone, _ = _predicted(model, {**tile, "CLUSTER": 1}, "fp16", H200)
+    assert paired > alone
+    assert _predicted(model, {}, "fp16", H200)[1]["CLUSTER"] == 1
+    assert _predicted(model, {**tile, "CLUSTER": 2}, "fp16")[0] < _predicted(model, {**tile, "CLUSTER": 1}, "fp16")[0]

@@ -55,9 +55,24 @@ fetches the next tile:
                                       the first k-block's bytes: every SM asks for its first stages at
                                       once, so they cross L2 at the SM's share (a cluster pulls half of
                                       B, multicast to both CTAs: its first stage lands sooner)
-    t          = launch + t_fill + max(t_tiles + t_reduce, t_dram)
+    t          = launch + t_fill + max(t_tiles + t_reduce, t_dram) x (1 + cluster_lockstep if CLUSTER = 2)
                  + CLUSTER_US (CLUSTER = 2: what a launch of clusters costs beyond that; 0 measured since
                  the exit's cluster barrier gave way to the producer tail, codegen/gemm_wgmma.py)
+    [Note: a cluster pair in lockstep]
+                 cluster_pace slows a pair's k-blocks, but where a tile's epilogue or the DRAM stream bounds
+                 the kernel (ping-pong tiles with a residual epilogue, memory-bound 1x1 convolutions) the
+                 k-blocks are not on the critical path and a pair was predicted 0.2-1.2% faster than the
+                 same tiles unclustered, by its first stage. The pair still waits for each other's stages
+                 through the whole walk, so the profile's `cluster_lockstep` (0 unless measured) scales the
+                 walk or the stream. Fitted on the H200 (h200.json: 0.02) from session 29's `aicfc tune` of
+                 ResNet-50 B32 (benchmarks/results/tune_resnet50_b32_session29_h200.json): of 41 schedules
+                 timed both clustered and not, 40 ran slower clustered (1.00-1.14x, median 1.02), where the
+                 model had 15 of the 41 the right way round; with 0.02, 40. Measured on the plans (session 38,
+                 benchmarks/results/cluster_lockstep_session38_h200.txt): BERT-base B8 S512's twelve FFN1
+                 GEMMs unclustered, 2541.3 -> 2486.5 us; ResNet-50 B32's seven stage-1/2 GEMMs 822.8 -> 815.1
+                 (alone: k7/k10 -0.6 us each, k6 -0.35, k19/k22/k25 +0.4 each, and k13 +2.6: unclustered it
+                 takes 64x64 tiles, which tie with 64x128 under its DRAM bound and measured 25.0 against 22.4);
+                 MobileNetV2 B32 491.4 -> 492.1.
     cluster scheduling: CLUSTER = 2 runs CTAS = 2·min(pairs, SMs/2) CTAs (a cluster needs two SMs
                  of one GPC: 66 clusters on 132 SMs; cuOccupancyMaxActiveClusters said 66 on the
                  H100 for the 128x192 and 128x256 tiles) and a CTA walks ceil(pairs / clusters)
@@ -300,7 +315,10 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     else:
         t_tiles = per_sm * (ktiles * t_kblock + t_copy + t_epi - hidden) + hidden
     t_cluster = hw.data.get("cluster_overhead_us", CLUSTER_US) if cl > 1 else 0.0
-    time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram) + t_cluster
+    # the pair's whole walk of tiles (or its stream, where DRAM bounds it) goes at its slower CTA's pace (profile
+    # `cluster_lockstep`, a fraction; [Note: a cluster pair in lockstep])
+    lock = 1.0 + (hw.data.get("cluster_lockstep", 0.0) if cl > 1 else 0.0)
+    time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram) * lock + t_cluster
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
             "t_compute_us": per_sm * ktiles * t_mma, "t_smem_us": per_sm * ktiles * t_smem,
