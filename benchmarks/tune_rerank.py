@@ -13,6 +13,10 @@ does, with the report's ptxas register counts standing in for the build of the l
     python3 benchmarks/tune_rerank.py /tmp/r50/r50_b32.onnx benchmarks/results/tune_resnet50_b32_session29_h200.json \\
         --precision fp16 --profile aicfc/profiles/gpus/h200.json
 
+With --calibration it also prints, over every timed `wgmma` candidate, measured / predicted by warpgroup
+arrangement (cooperative, ping-pong, lone) and how many of the schedules timed both as a cluster pair and alone
+the model orders as measured: what session 38's two cost changes were found with.
+
 The model must be the one the report was measured on, or one with the same kernels: kernels and
 candidates are matched by name and parameters. `benchmarks/resnet50_graph.py` writes ResNet-50
 without torch; against session 29's report of the torch export its kernels predict within 1-14%
@@ -68,6 +72,44 @@ def rerank(plan, hw, report: dict[str, Any], only: set[str] | None = None) -> li
     return rows
 
 
+def arrangement(p: dict[str, Any]) -> str:
+    """A wgmma schedule's warpgroups: "cooperative" (NWG = 2 on one tile), "ping-pong" or "lone" (one issuer)."""
+    if p.get("PP"):
+        return "ping-pong"
+    return "cooperative" if p.get("NWG", 1) > 1 else "lone"
+
+
+def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
+    """How this tree's predictions sit against the report's times, for every timed `wgmma` candidate of a GEMM or
+    convolution: the geometric mean of measured / predicted and the share within [0.8, 1.25] by warpgroup
+    arrangement ([Note: two issuing warpgroups] in planner/cost_wgmma.py), and, of the schedules timed both as a
+    cluster pair and alone, how many the model orders as measured ([Note: a cluster pair in lockstep])."""
+    measured = {kt["name"]: kt for kt in report["kernels"] if kt["family"] in ("gemm", "conv")}
+    ratios: dict[str, list[float]] = {}
+    pairs = right = 0
+    for k in plan.kernels:
+        if k.name not in measured:
+            continue
+        by = {params_key(r.params): r.time_us for r in rank(k, plan, hw)[0]}
+        timed = {params_key(c["params"]): c["measured_us"] for c in measured[k.name]["candidates"]
+                 if c.get("measured_us") and c["params"].get("unit") == "wgmma"}
+        for key, us in timed.items():
+            if key in by:
+                ratios.setdefault(arrangement(dict(key)), []).append(us / by[key])
+            alone = params_key({**dict(key), "CLUSTER": 1})
+            if dict(key).get("CLUSTER", 1) > 1 and alone in timed and key in by and alone in by:
+                pairs += 1
+                right += (us > timed[alone]) == (by[key] > by[alone])
+    lines = []
+    for name, rs in sorted(ratios.items()):
+        geo = math.exp(sum(math.log(r) for r in rs) / len(rs))
+        band = sum(0.8 <= r <= 1.25 for r in rs) / len(rs)
+        lines.append(f"{name:12s} {len(rs):4d} timed wgmma candidates: measured / predicted {geo:.3f} (geometric mean), "
+                     f"{band:.0%} in [0.8, 1.25]")
+    lines.append(f"cluster pairs timed both ways: {pairs}; ordered as measured: {right}")
+    return lines
+
+
 def summary(rows: list[dict[str, Any]]) -> list[str]:
     lines = []
     for r in rows:
@@ -101,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="sm_90")
     ap.add_argument("--profile", help="hardware profile to re-rank under (JSON, or a bundled GPU's name)")
     ap.add_argument("--kernels", help="comma-separated kernel names (default: every GEMM and convolution)")
+    ap.add_argument("--calibration", action="store_true",
+                    help="also print measured / predicted by warpgroup arrangement and the cluster pairs' order")
     args = ap.parse_args(argv)
     report = json.loads(args.report.read_text())
     hw = load_profile(args.target, args.profile)
@@ -108,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                         Options(args.target, hw, args.precision)).plan
     rows = rerank(plan, hw, report, set(args.kernels.split(",")) if args.kernels else None)
     print("\n".join(summary(rows)))
+    if args.calibration:
+        print("\n".join(calibration(plan, hw, report)))
     return 0
 
 

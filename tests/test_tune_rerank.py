@@ -47,3 +47,20 @@ def test_a_pick_the_gpu_never_timed_is_reported_unmeasured():
     second = min((c for c in kt.candidates if c.measured_us), key=lambda c: c.rank)
     assert row["best_measured_by_new_us"] == second.measured_us
     assert "unmeas" in summary([row])[0]
+
+
+def test_calibration_groups_the_timed_candidates_by_their_warpgroups():
+    from benchmarks.tune_rerank import arrangement, calibration
+    plan, hw, report, kt = _report()
+    lines = calibration(plan, hw, report)
+    timed = [c for c in kt.candidates if c.measured_us and c.params.get("unit") == "wgmma"]
+    pick = next(c for c in kt.candidates if c.rank == 0)
+    for name in {arrangement(c.params) for c in timed}:
+        (line,) = [x for x in lines if x.startswith(name)]
+        n = sum(arrangement(c.params) == name for c in timed)
+        assert f" {n} timed" in line
+        if pick.params.get("unit") != "wgmma" or arrangement(pick.params) != name:
+            assert "predicted 1.000 " in line   # every candidate but the pick measured its prediction
+    assert lines[-1].startswith("cluster pairs timed both ways: ")
+    assert arrangement({"NWG": 2, "PP": 0}) == "cooperative" and arrangement({"NWG": 2, "PP": 1}) == "ping-pong"
+    assert arrangement({"NWG": 1, "PP": 0, "MI": 2}) == "lone"
