@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aicfc.passes.plan_schedules import _params as params_key, check_leaders, rank  # noqa: E402
 from aicfc.planner.cost import estimate_registers  # noqa: E402
+from aicfc.planner.cost_wgmma import cooperative  # noqa: E402
 from aicfc.planner.fit import WITHIN, spearman  # noqa: E402
 
 
@@ -76,7 +77,7 @@ def arrangement(p: dict[str, Any]) -> str:
     """A wgmma schedule's warpgroups: "cooperative" (NWG = 2 on one tile), "ping-pong" or "lone" (one issuer)."""
     if p.get("PP"):
         return "ping-pong"
-    return "cooperative" if p.get("NWG", 1) > 1 else "lone"
+    return "cooperative" if cooperative(p) else "lone"
 
 
 def calibration(plan, hw, report: dict[str, Any]) -> list[str]:

@@ -213,6 +213,11 @@ def split_terms(p: Mapping, bm: int, bn: int, l2_sm: float, hw) -> tuple[float, 
     return tile / l2_sm, tile * sk / l2_sm + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
 
 
+def cooperative(p: Mapping) -> bool:
+    """Two or more consumer warpgroups on one tile at once (NWG > 1 without ping-pong)."""
+    return p.get("NWG", 1) > 1 and not p.get("PP")
+
+
 def n_eff(bn: int, p: Mapping | None = None) -> float:
     """The share of an SM's tensor rate a k-block's wgmma instructions keep (module doc).
 
@@ -236,7 +241,7 @@ def n_eff(bn: int, p: Mapping | None = None) -> float:
     against 7.92-7.97; the plan replayed 810.8 us against 824.3 (9 alternating rounds).
     EfficientNet-B0 B32 (6 GEMMs moved) 953.4 against 957.8, MobileNetV2 B32 (3) 493.6 against
     493.9; BERT-base, GPT-2 and the B1 CNNs keep every schedule."""
-    if p is not None and p.get("NWG", 1) > 1 and not p.get("PP"):
+    if p is not None and cooperative(p):
         return 1.0
     return (bn / 2) / (bn / 2 + WGMMA_ISSUE_CYCLES)
 
@@ -290,8 +295,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     t_epi = t_store + (0.0 if p.get("RS") else t_res) + hw.data.get("wgmma_epilogue_us", EPILOGUE_US)
     # the epilogue's arithmetic on the tile's consumer warps, at EPILOGUE_RATE thread-instructions per us
     # per SM for one warpgroup, COOP_EPILOGUE_SCALE times that for two cooperative ones
-    coop = not p.get("PP") and p["NWG"] > 1
-    issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * (COOP_EPILOGUE_SCALE if coop else 1.0)
+    issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * (COOP_EPILOGUE_SCALE if cooperative(p) else 1.0)
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
     t_copy = t_res if p.get("RS") else 0.0
     # split-k: the partial tiles and their reduction, on the critical path once per tile (`split_terms`)
