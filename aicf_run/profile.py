@@ -44,9 +44,9 @@ if TYPE_CHECKING:
 # must not import the compiler.
 _MMA_UNIT = {"tf32": "tf32_tc", "f16": "fp16_tc", "bf16": "bf16_tc"}
 # The schedule units that multiply on tensor cores (aicfc/codegen: gemm_mma, gemm_wgmma and conv_wgmma,
-# conv_taps, conv_pool); before the last two were listed, their kernels were held to the fp32 pipes'
+# conv_taps, conv_pool, conv_band); before the last two were listed, their kernels were held to the fp32 pipes'
 # peak and `--profile` printed 500-800% of the roofline for them.
-_TC_UNITS = ("mma", "wgmma", "taps", "pool")
+_TC_UNITS = ("mma", "wgmma", "taps", "pool", "band")
 # Launches of one kernel per graph replay when kernels are timed through graphs.
 GRAPH_LAUNCHES = 20
 _METHODS = {"graph": f"{GRAPH_LAUNCHES} back-to-back launches per graph replay",

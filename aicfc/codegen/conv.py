@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from aicfc.codegen import conv_pool, conv_stem, conv_taps, conv_wgmma, gemm, gemm_mma
+from aicfc.codegen import conv_band, conv_pool, conv_stem, conv_taps, conv_wgmma, gemm, gemm_mma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition
 from aicfc.codegen.common import CTYPES, decompose, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
@@ -77,7 +77,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     wg = []
     if conv_wgmma.why_not(k, plan) is None:
         hw = load_profile(plan.target)
-        wg = conv_wgmma.space(k, plan, hw.sm_count, hw.smem_per_block_optin) + conv_taps.space(k, plan, hw.sm_count)
+        wg = (conv_wgmma.space(k, plan, hw.sm_count, hw.smem_per_block_optin) + conv_taps.space(k, plan, hw.sm_count)
+              + conv_band.space(k, plan, hw.sm_count, hw.smem_per_block_optin))
     return gemm.simt_space(prefetched=False) + mma + wg
 
 
@@ -102,6 +103,8 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
         return (p["CTAS"], 1, 1), (conv_wgmma.threads(p), 1, 1), conv_wgmma.smem_bytes(p)
     if p["unit"] == "taps":
         return (p["CTAS"], 1, 1), (conv_taps.threads(p), 1, 1), conv_taps.smem_bytes(p)
+    if p["unit"] == "band":
+        return (p["CTAS"], 1, 1), (conv_band.threads(p), 1, 1), conv_band.smem_bytes(p)
     if p["unit"] == "stem":
         return conv_stem.launch(k, p)
     if p["unit"] == "pool":
@@ -117,6 +120,8 @@ def static_smem(k: Kernel, p: Mapping) -> int:
         return conv_wgmma.static_smem(p)
     if p["unit"] == "taps":
         return conv_taps.static_smem(p)
+    if p["unit"] == "band":
+        return conv_band.static_smem(p)
     if p["unit"] == "stem":
         return conv_stem.static_smem(k, p)
     if p["unit"] == "pool":
@@ -130,6 +135,8 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list:
     """The TMA descriptors the schedule takes (codegen/tma.py): the Hopper engine's filter."""
     if p.get("unit") == "taps":
         return conv_taps.tensor_maps(k, p, types)
+    if p.get("unit") == "band":
+        return conv_band.tensor_maps(k, p, types)
     if p.get("unit") == "pool":
         return conv_pool.tensor_maps(k, p, types)
     return conv_wgmma.tensor_maps(k, p, types) if p.get("unit") == "wgmma" else []
@@ -195,6 +202,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         return conv_wgmma.render_kernel(k, p, types, name, dict(common, params=sig.params))
     if p["unit"] == "taps":
         return conv_taps.render_kernel(k, p, types, name, dict(common, params=sig.params))
+    if p["unit"] == "band":
+        return conv_band.render_kernel(k, p, types, name, dict(common, params=sig.params))
     if p["unit"] == "stem":
         return conv_stem.render_kernel(k, p, types, name, dict(common, params=sig.params))
     if p["unit"] != "mma":

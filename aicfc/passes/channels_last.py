@@ -203,7 +203,7 @@ def _copy_kernel(x: str, t: TensorType, name: str) -> Kernel:
                   properties(op), (INPUT_RULE,))
 
 
-HOPPER_UNITS = ("wgmma", "taps", "pool")   # the convolution units that read NHWC (codegen/conv_wgmma.py, conv_taps.py, conv_pool.py)
+HOPPER_UNITS = ("wgmma", "taps", "pool", "band")   # the convolution units that read NHWC (codegen/conv_wgmma.py, conv_taps.py, conv_pool.py, conv_band.py)
 STEM_UNIT = "stem"   # reads its image in either layout and stores channels-last (codegen/conv_stem.py)
 
 

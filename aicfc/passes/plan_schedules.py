@@ -83,7 +83,10 @@ OPT_IN = {"STREAM": "stream-k runs only under --pin STREAM=1: on an H200 it meas
                     "data-parallel tiles on every shape timed (benchmarks/results/stream_k_session16_h200.txt)",
           "TILE": "window tiles run only under --pin NODE:TILE=1: on an H200 they measured 1.0-2.6x slower than the "
                   "direct window's runs on every depthwise convolution timed, MobileNetV2 and EfficientNet-B0 at B32 "
-                  "(benchmarks/results/window_stem_session34_h200.txt)"}
+                  "(benchmarks/results/window_stem_session34_h200.txt)",
+          "BAND": "unit band runs only under --pin NODE:BAND=1: on an H200 it measured 1.04-1.7x slower than the wgmma "
+                  "and taps units on every stride-1 3x3 convolution of ResNet-50 B32 (benchmarks/results/"
+                  "conv_band_session39_h200.txt)"}
 
 
 # [Note: rankings remembered]

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import (attention, attention_split, conv, conv_stem, conv_wgmma, gemm, gemm_gemv, gemm_thin, row_cols,
+from aicfc.codegen import (attention, attention_split, conv, conv_band, conv_stem, conv_wgmma, gemm, gemm_gemv, gemm_thin, row_cols,
                            row_reduce, window, window_tile)
 from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.codegen.common import element_offset
@@ -57,6 +57,7 @@ from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
 from aicfc.planner.cost_conv_pool import pool_terms
 from aicfc.planner.cost_conv_stem import stem_terms
+from aicfc.planner.cost_conv_band import band_terms
 from aicfc.planner.cost_conv_taps import taps_terms
 from aicfc.planner.cost_conv_wgmma import conv_wgmma_terms
 from aicfc.planner.cost_attention_split import registers as split_registers, split_attention_terms
@@ -199,6 +200,8 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
     ops = sum(count_ops(op.body) for op in k.ops)
     if k.family == "conv" and p["unit"] == "taps":   # 32 accumulators, a tap's fragments, the epilogue's pairs: ptxas
         return 128                                   # fits them in the 128 of 512 threads (setmaxnreg moves more)
+    if k.family == "conv" and p["unit"] == "band":   # accumulators, a tap's A fragments, the rows' addressing
+        return min(conv_band.CONSUMER_REGS, p["BN"] // 2 + 16 + 40 + min(ops, 16))
     if k.family == "conv" and p["unit"] == "pool":   # the same per block (setmaxnreg moves the producer's to them)
         return 65536 // (128 * (p["NCONS"] + 1)) // 8 * 8
     if k.family == "conv" and p["unit"] == "wgmma":   # the GEMM engine's consumer, plus the gather's indices
@@ -250,7 +253,7 @@ def cost(k: Kernel, p: Mapping, grid: tuple[int, int, int], block: tuple[int, in
     threads = block[0] * block[1] * block[2]
     blocks = grid[0] * grid[1] * grid[2]
     bps, _ = blocks_per_sm(threads, smem, regs, hw)
-    if k.family == "conv" and p["unit"] in ("wgmma", "taps", "pool"):
+    if k.family == "conv" and p["unit"] in ("wgmma", "taps", "pool", "band"):
         return _conv_wgmma_cost(k, p, types, hw)
     if k.family == "conv" and p["unit"] == "stem":
         return _stem_cost(k, p, bps, types, hw)
@@ -866,10 +869,11 @@ def _stem_cost(k: Kernel, p: Mapping, bps: int, types: Mapping, hw: Profile) -> 
 
 def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Estimate:
     """A convolution on Hopper's tensor cores: the implicit GEMM (`planner/cost_conv_wgmma.py` documents the
-    formula), unit `taps`, its image read once a tile (`planner/cost_conv_taps.py`), or unit `pool`, the
-    convolution and the max pool over it (`planner/cost_conv_pool.py`)."""
+    formula), unit `taps`, its image read once a tile (`planner/cost_conv_taps.py`), unit `pool`, the
+    convolution and the max pool over it (`planner/cost_conv_pool.py`), or unit `band`, a tile's image rows read
+    once a channel block (`planner/cost_conv_band.py`)."""
     m, n, kk = conv_wgmma.dims(k)
-    terms = {"taps": taps_terms, "pool": pool_terms}.get(p["unit"], conv_wgmma_terms)
+    terms = {"taps": taps_terms, "pool": pool_terms, "band": band_terms}.get(p["unit"], conv_wgmma_terms)
     t = terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
     time, dram = t.pop("time_us"), t.pop("dram")
     return Estimate(time, 2.0 * m * n * kk, dram, t)
