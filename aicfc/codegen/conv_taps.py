@@ -18,7 +18,9 @@ costs the tensor cores (HALO_A_SMEM). Here:
 - the filter (64 x 576) stays in shared memory for the whole run, nine 64 x 64 boxes;
 - NCONS consumer warpgroups, warpgroup i taking the block's tiles i, i + NCONS, ... (three: with two, the
   tensor cores idled while both ran their epilogues; making two take turns was slower still), with setmaxnreg
-  giving the producer's registers to them;
+  giving the producer's registers to them. A tap waited for is mostly latency: on an H200 one warpgroup's
+  m64n64k64 with A from ldmatrix took 0.146 us, twice the tensor pipe's 0.073, and three warpgroups' kept 77%
+  of the peak (session 39, benchmarks/prototypes/rs_chain.cu, [Note: bands of pixels] in codegen/conv_band.py);
 - the epilogue (the kernel's ops on each pair of channels, `conv_wgmma.staged_parts`) writes its values into
   the warpgroup's staging in the output map's 128-byte swizzle, and one thread hands the 8x8-pixel box to the
   TMA; the staging is reused once that store has read it.
