@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import shutil
 
-import onnx
 import pytest
 
 from aicfc.codegen import conv_band
