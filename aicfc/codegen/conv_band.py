@@ -50,15 +50,16 @@ the row-major [pixels, N] matrix of the operands' type (`conv_wgmma.row_major_ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Mapping
 
-from aicfc.codegen import conv_wgmma, gemm_wgmma
+from aicfc.codegen import conv_taps, conv_wgmma, gemm_wgmma
 from aicfc.codegen.common import render
 from aicfc.codegen.tma import TensorMap
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.properties import implicit_gemm
-from aicfc.ir.types import ITEMSIZE, TensorType
+from aicfc.ir.types import TensorType
 
 BM = 64                  # a tile's output pixels: one m64 block
 NWG = 3                  # consumer warpgroups, splitting a channel block's nine taps
@@ -119,6 +120,7 @@ def pieces_of(m0: int, m: int, h: int, w: int) -> list[tuple[int, int, int]]:
     return out
 
 
+@functools.lru_cache(maxsize=64)   # a loop over every tile; asked by the space, each candidate's cost and the codegen
 def band_of(image: tuple[int, int, int, int]) -> Band:
     """The band geometry of every tile: the most image rows (with the row above and below) a piece needs, and
     the most images a tile touches."""
@@ -192,13 +194,11 @@ def threads(p: Mapping) -> int:
 
 
 def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
-    if why_not(k, plan):
+    band = geometry(k, plan)
+    if isinstance(band, str):
         return []
-    geo = conv_wgmma.im2col_geometry(k, plan.types())
-    assert not isinstance(geo, str), geo
     dtype = conv_wgmma.dtype_of(k, plan)
     m, n, _ = conv_wgmma.dims(k)
-    band = band_of(geo.image)
     out = []
     for bn in WIDTHS + gemm_wgmma.fill_widths(math.ceil(m / BM), n, hw_sms):
         if (bn > 64 and bn // 2 >= n) or bn > MAX_BN:      # a tile at least twice as wide as the output
@@ -216,16 +216,13 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     tap and channel block), both in the 128-byte swizzle."""
     geo = conv_wgmma.im2col_geometry(k, types)
     assert not isinstance(geo, str), geo
-    g = implicit_gemm(k.ops[0])
     band = band_of(geo.image)
-    (n, h, w, c), e = geo.image, ITEMSIZE[types[g.a.buffer].dtype]
     order = conv_wgmma.k_order(k, types)
     assert not isinstance(order, str), order
     b = conv_wgmma._filter(k, types, order, p["BN"], p["dtype"])
     assert not isinstance(b, str), b
-    return [TensorMap(g.a.buffer, p["dtype"], 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e),
-                      (64, band.cols, band.rows, 1), 128),
-            b.tensor_map(g.b.buffer, p["dtype"])]
+    return [conv_taps.image_map(k, types, p["dtype"], (band.cols, band.rows)),
+            b.tensor_map(implicit_gemm(k.ops[0]).b.buffer, p["dtype"])]
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
@@ -236,7 +233,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     m, n, _ = conv_wgmma.dims(k)
     band = band_of(geo.image)
     nimg, h, w, c = geo.image
-    tm, tn, total = tiles(k, p)
+    tm, _, total = tiles(k, p)
     return render("conv_band.cu.j2", name=name, dtype=p["dtype"], N_IMG=nimg, H=h, W=w, C=c, M=m, N=n, BN=p["BN"],
                   NWG=NWG,
                   STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm, CB=band.channel_blocks,

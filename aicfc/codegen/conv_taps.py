@@ -133,22 +133,30 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     return tile_maps(k, types, p["dtype"], (HALO, HALO), k.ops[-1].out, geo.image[1:3], (TILE, TILE))
 
 
+def image_map(k: Kernel, types: Mapping[str, TensorType], dtype: str, image_box: tuple[int, int]) -> TensorMap:
+    """The NHWC image's map with boxes of 64 channels x image_box (w, h) pixels of one image, 128-byte swizzle
+    (the units that read image tiles: this one, `pool` and `band`, codegen/conv_band.py)."""
+    geo = conv_wgmma.im2col_geometry(k, types)
+    assert not isinstance(geo, str), geo
+    g = implicit_gemm(k.ops[0])
+    (n, h, w, c), e = geo.image, ITEMSIZE[types[g.a.buffer].dtype]
+    return TensorMap(g.a.buffer, dtype, 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e), (64, *image_box, 1), 128)
+
+
 def tile_maps(k: Kernel, types: Mapping[str, TensorType], dtype: str, image_box: tuple[int, int], out: str,
               out_hw: tuple[int, int], out_box: tuple[int, int]) -> list[TensorMap]:
     """The maps of the units that read image tiles and keep the filter resident (this one and `pool`):
     the NHWC image's with boxes of image_box (w, h) pixels of one image, the filter's 64 x 64 boxes (one a tap),
     and the NHWC output `out` of out_hw (h, w) pixels of 64 channels with boxes of out_box (w, h), all in the
     128-byte swizzle."""
-    geo = conv_wgmma.im2col_geometry(k, types)
-    assert not isinstance(geo, str), geo
     g = implicit_gemm(k.ops[0])
-    (n, h, w, c), e = geo.image, ITEMSIZE[types[g.a.buffer].dtype]
     order = conv_wgmma.k_order(k, types)
     assert not isinstance(order, str), order
     b = conv_wgmma._filter(k, types, order, 64, dtype)
     assert not isinstance(b, str), b
-    (oh, ow), eo = out_hw, ITEMSIZE[types[out].dtype]
-    return [TensorMap(g.a.buffer, dtype, 0, (c, w, h, n), (c * e, w * c * e, h * w * c * e), (64, *image_box, 1), 128),
+    image = image_map(k, types, dtype, image_box)
+    (oh, ow), eo, n = out_hw, ITEMSIZE[types[out].dtype], image.dims[3]
+    return [image,
             b.tensor_map(g.b.buffer, dtype),
             TensorMap(out, dtype, 0, (64, ow, oh, n), (64 * eo, ow * 64 * eo, oh * ow * 64 * eo), (64, *out_box, 1), 128)]
 
