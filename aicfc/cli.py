@@ -282,9 +282,12 @@ def explain(bundle: str, as_json: bool, ir: str | None, source: bool, roofline: 
 @click.option("--profile", "profile_path", type=click.Path(dir_okay=False), help="Hardware profile to start from (JSON).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the fitted profile (JSON) here.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the whole report (JSON) here.")
+@click.option("--kernel", "kernels", multiple=True, metavar="NAME",
+              help="Tune only this kernel (k13) or the kernel covering this ONNX node; repeat for more "
+                   "[default: every kernel].")
 @user_errors
 def tune(model: str, target: str | None, precision: str, shapes: tuple[str, ...], top: int, spread: int,
-         profile_path: str | None, output: str | None, json_path: str | None) -> None:
+         profile_path: str | None, output: str | None, json_path: str | None, kernels: tuple[str, ...]) -> None:
     """Measure MODEL's candidate schedules on this GPU; report predicted vs measured and fit the profile."""
     from aicfc.tune import fit_profile, tune_model
 
@@ -292,7 +295,7 @@ def tune(model: str, target: str | None, precision: str, shapes: tuple[str, ...]
         if path and not Path(path).resolve().parent.is_dir():
             raise AicfError(f"{path}: its folder does not exist")
     options: dict[str, Any] = dict(target=target, precision=precision, shapes=list(shapes), top=top,
-                                   spread=spread, profile_path=profile_path)
+                                   spread=spread, profile_path=profile_path, kernels=list(kernels))
     if not sys.stderr.isatty():
         report = tune_model(model, **options)
     else:

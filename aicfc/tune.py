@@ -155,11 +155,30 @@ class TuneReport:
                 "picks_within_10pct": [good, total], "kernels": [kt.to_json() for kt in self.kernels]}
 
 
+def chosen_kernels(plan: Plan, only: Sequence[str] | None) -> list[Kernel]:
+    """The kernels of `plan` that `only` names, each by its name (k13) or an ONNX node it covers
+    (as `aicfc explain` lists them); every kernel when `only` is empty or None. A name that
+    matches nothing is an error naming the kernels there are, before any build or measurement."""
+    if not only:
+        return list(plan.kernels)
+    wanted = set(only)
+    kernels = [k for k in plan.kernels if k.name in wanted or wanted & set(k.origins)]
+    found = {k.name for k in kernels} | {n for k in kernels for n in k.origins}
+    missing = sorted(wanted - found)
+    if missing:
+        names = [k.name for k in plan.kernels]
+        raise AicfError(f"--kernel {', '.join(missing)}: no kernel of this plan has that name or covers that ONNX node; "
+                        f"its kernels are {names[0]} .. {names[-1]} (`aicfc explain` of a bundle compiled with the "
+                        f"same options lists each one's nodes)")
+    return kernels
+
+
 def candidates(plan: Plan, hw: Profile, top: int = 8, spread: int = 8,
-               check: RegisterCheck | None = None) -> list[KernelTune]:
-    """Every kernel of `plan` with its selected candidates (nothing measured yet), ranked as
-    compile ranks them (`check`: with ptxas's registers for the leaders)."""
-    problems = [(k, *rank(k, plan, hw)) for k in plan.kernels]
+               check: RegisterCheck | None = None, only: Sequence[str] | None = None) -> list[KernelTune]:
+    """Every kernel of `plan` (or those `only` names: `chosen_kernels`) with its selected
+    candidates (nothing measured yet), ranked as compile ranks them (`check`: with ptxas's
+    registers for the leaders)."""
+    problems = [(k, *rank(k, plan, hw)) for k in chosen_kernels(plan, only)]
     if check:
         again = iter(check_leaders(plan, hw, [p for p in problems if p[1]], check))
         problems = [(k, next(again) if ranked else ranked, rejected) for k, ranked, rejected in problems]
@@ -219,9 +238,11 @@ def random_argument(t: TensorType, rng: np.random.Generator, zeroed: bool = Fals
 def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
                shapes: dict[str, tuple[int, ...]] | list[str] | None = None, top: int = 8, spread: int = 8,
                profile_path: str | Path | None = None, device: Any = None,
-               on_progress: OnProgress | None = None, check_registers: bool = True) -> TuneReport:
-    """Measure the selected candidates of every kernel of `model` on `device` (None: open GPU 0
-    and close it after). `target` None means the GPU's own architecture."""
+               on_progress: OnProgress | None = None, check_registers: bool = True,
+               kernels: Sequence[str] | None = None) -> TuneReport:
+    """Measure the selected candidates of every kernel of `model` (or of those `kernels` names:
+    `chosen_kernels`) on `device` (None: open GPU 0 and close it after). `target` None means the
+    GPU's own architecture."""
     from aicf_run.device import check_arch, open_device
     from aicf_run.errors import RunError
     from aicfc.driver import load
@@ -250,8 +271,8 @@ def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
         profile = load_profile(target, profile_path)
         # the plan's own schedules go unused here: `candidates` ranks (and checks) every kernel
         plan = run_pipeline(graph, Options(target, profile, precision)).plan
-        kernels = candidates(plan, profile, top, spread, count_registers if check_registers else None)
-        total = len(kernels) + sum(len(kt.candidates) for kt in kernels)
+        tuned = candidates(plan, profile, top, spread, count_registers if check_registers else None, kernels)
+        total = len(tuned) + sum(len(kt.candidates) for kt in tuned)
         done = 0
 
         def step(label: str) -> None:
@@ -262,13 +283,13 @@ def tune_model(model: Any, target: str | None = None, precision: str = "fp32",
 
         if on_progress:
             on_progress(0, total, "nvcc")
-        builds = _build_all(plan, kernels, step)
+        builds = _build_all(plan, tuned, step)
         rng = np.random.default_rng(0)
         types = plan.types()
-        for kt, built in zip(kernels, builds):
+        for kt, built in zip(tuned, builds):
             _measure(device, kt, built, lambda c: _argument_types(kt.kernel, c.params, types), rng, step,
                      lambda c: _tensor_map_records(kt.kernel, c.params, types))
-        return TuneReport(plan.name, target, precision, device.name, profile.data, kernels, types)
+        return TuneReport(plan.name, target, precision, device.name, profile.data, tuned, types)
     finally:
         if own:
             device.close()

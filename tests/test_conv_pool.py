@@ -101,6 +101,20 @@ def test_tiles_maps_and_shared_memory():
     assert maps[0].dims == (64, 26, 20, 2) and maps[2].dims == (64, 13, 10, 2)
 
 
+@pytest.mark.parametrize("x", [(32, 64, 56, 56), (4, 64, 28, 28), (2, 64, 20, 26)], ids=["r50_b32", "28", "20x26"])
+def test_every_ring_has_one_consumer_a_slot(x):
+    """[Note: one consumer a slot]: SLOTS is a multiple of NCONS in every candidate offered, so a slot's tiles all go
+    to one warpgroup. Session 40's tune of ResNet-50 B32 faulted on NCONS = 3 with SLOTS = 2, a candidate that tied
+    the planner's pick."""
+    model = B.resnet_stage_model(x, stem=True) if x[2] == x[3] else _model(x)
+    plan = _plan(model)
+    (k,) = _pooled(plan)
+    offered = [dict(c.params) for c in k.schedule.candidates if dict(c.params).get("unit") == "pool"]
+    assert offered and all(q["SLOTS"] % q["NCONS"] == 0 for q in offered), offered
+    if x[0] == 32:   # both arrangements are still offered where they fit
+        assert {q["NCONS"] for q in offered} == {2, 3} and {q["SLOTS"] for q in offered} >= {2, 3, 4}
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_pool_kernel_builds_without_spills(tmp_path, precision):
@@ -135,3 +149,35 @@ def test_gpu_pool_resnet_stem_against_onnxruntime(x, gpu_device):
     payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={})
     assert "pool" in [k["params"].get("unit") for k in payload["kernels"]]
     check_gpu(model, payload, gpu_device, "fp16", onnxruntime=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pin", [{"TPH": 7, "TPW": 8, "NCONS": 2, "SLOTS": 2}, {"TPH": 4, "TPW": 8, "NCONS": 2, "SLOTS": 4},
+                                 {"TPH": 4, "TPW": 8, "NCONS": 3, "SLOTS": 3}], ids=["c2s2", "c2s4", "c3s3"])
+def test_gpu_pool_slots_reused_across_tiles(pin, gpu_device):
+    """Eight 56x56 pooled images: 448 or 784 tiles on at most 132 blocks, so every slot of the ring is reused and
+    each warpgroup takes several tiles ([Note: one consumer a slot]); the same bundle run five times on fresh
+    inputs in one executor, each run against onnxruntime."""
+    import aicfc
+    import numpy as np
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    from tests.test_conv_wgmma import GPU_RTOL
+    from tests.test_pipeline import rel_err
+    model = B.resnet_stage_model((8, 64, 56, 56), stem=True)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"pooled": 1, **pin})
+    (k,) = [k for k in payload["kernels"] if k["params"].get("unit") == "pool"]
+    tiles = 8 * (56 // pin["TPH"]) * (56 // pin["TPW"])
+    assert tiles >= 3 * k["grid"][0], (tiles, k["grid"])
+    graph = import_model(model, None)
+    ex = Executor(Bundle.from_payload(payload), gpu_device)
+    try:
+        rng = np.random.default_rng()
+        for _ in range(5):
+            inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+            want = B.run_onnxruntime(model, inputs)
+            got = ex.run(inputs)
+            for name, r in want.items():
+                assert not np.isnan(got[name]).any() and rel_err(got[name], r) <= GPU_RTOL["fp16"], name
+    finally:
+        ex.close()

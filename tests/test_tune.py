@@ -24,6 +24,7 @@ from aicf_run.device import Device
 from aicf_run.timing import (LONG_MS, MIN_LAUNCHES, MIN_MS, REPEATS, SPIN_LAUNCHES, SPIN_SYMBOL,
                              median_per_launch_us)
 from aicfc.cli import main
+from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.fit import FIELDS, fit_profile, get, predictions, spearman
@@ -83,6 +84,21 @@ def test_spearman_undefined_is_nan():
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
     assert math.isnan(spearman([], []))
 
+
+
+# ---------------------------------------------------------------- --kernel
+
+def test_candidates_of_the_kernels_named_by_name_or_onnx_node():
+    hw = load_profile("sm_90")
+    plan = run_pipeline(import_model(matmul_softmax(), None, name="mm"), Options("sm_90", hw, "fp32")).plan
+    names = [k.name for k in plan.kernels]
+    assert names == ["k0", "k1"], names
+    assert [kt.name for kt in candidates(plan, hw, 2, 1, only=["k1"])] == ["k1"]
+    node = plan.kernels[0].origins[0]
+    assert [kt.name for kt in candidates(plan, hw, 2, 1, only=[node, "k1"])] == ["k0", "k1"]
+    assert [kt.name for kt in candidates(plan, hw, 2, 1, only=[])] == names
+    with pytest.raises(AicfError, match=r"--kernel k7, nope: no kernel of this plan .* k0 \.\. k1"):
+        candidates(plan, hw, 2, 1, only=["k7", "k0", "nope"])
 
 # ---------------------------------------------------------------- fit_profile
 
@@ -298,6 +314,21 @@ def test_cli_tune_prints_the_table_and_writes_the_fitted_profile(tmp_path: Path,
     data = json.loads(report.read_text())
     assert data["fit"]["candidates"] == data["measured"] > 0
     assert not list(tmp_path.glob(".*")), "no temporary file is left behind"
+
+
+def test_cli_tune_kernel_option_tunes_only_those(tmp_path: Path, monkeypatch):
+    import aicf_run.device
+    monkeypatch.setattr(aicf_run.device, "open_device", lambda ordinal=0: fake_device(FakeDriver()))
+    model = tmp_path / "mm.onnx"
+    onnx.save(matmul_softmax(), model)
+    report = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["tune", str(model), "--top", "2", "--spread", "1", "--kernel", "k1",
+                                       "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "k1 (row_reduce)" in result.stdout and "k0 (gemm)" not in result.stdout
+    assert [k["name"] for k in json.loads(report.read_text())["kernels"]] == ["k1"]
+    bad = CliRunner().invoke(main, ["tune", str(model), "--kernel", "k9"])
+    assert bad.exit_code == 2 and "--kernel k9" in bad.output and "Traceback" not in bad.output, bad.output
 
 
 def test_cli_tune_without_pycuda_is_one_line(tmp_path: Path):

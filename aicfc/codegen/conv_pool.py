@@ -22,6 +22,21 @@ at B32 the convolution (51 MB stored) and the pool (51 MB read) took 36 + 21 us 
   drops what lies past the pooled image's edge).
 NCONS consumer warpgroups take a block's tiles in turn (warpgroup i: i, i + NCONS, ...); one producer
 thread loads the filter once and then the tiles' image boxes.
+
+[Note: one consumer a slot]
+Tile j lands in slot j % SLOTS, and its warpgroup waits for the slot's `full` barrier with the parity
+of phase j / SLOTS. An mbarrier parity wait only tells the phase in progress from the one before it: a
+wait for a phase two ahead returns at once, as if that phase had completed. Where SLOTS is a multiple
+of NCONS a slot's tiles all go to one warpgroup, which consumed the slot's previous tile itself before
+it waits for the next, so every wait is at most one phase ahead. Otherwise a slot's successive tiles go
+to different warpgroups, and one of them can run ahead of the slot. For example, with NCONS = 3 and
+SLOTS = 2, warpgroup 2 may wait for tile 2 in slot 0 while tile 0 is still landing there. It then reads
+the slot early and arrives on its `empty` barrier out of turn. Found in session 40: `aicfc tune` timed
+ResNet-50 B32's stem at 8 x 7 tiles with NCONS = 3 and SLOTS = 2. That candidate tied the planner's
+pick and faulted (unspecified launch failure, at the producer's TMA, under compute-sanitizer). The
+GPU tests had never reused a slot: their images make at most one tile a block. So the space offers
+only rings whose SLOTS is a multiple of NCONS: 2 or 4 slots for two warpgroups, 3 for three. The
+`taps` unit (NCONS 3, SLOTS 6) already meets this rule; `band` gives each warpgroup its own ring.
 Measured (session 31, an H200, torchvision ResNet-50 B32 fp16; benchmarks/results/pool_stem_session31_h200.txt):
 the merged stem 39.6-40.1 us alone (predicted 35.75) where the im2col stem took 39.6 and the max pool 18.5; the
 plan 819.2 us against 833.1 (7 alternating rounds); 8 x 7 tiles with three consumer warpgroups 39.4, with two and
@@ -196,8 +211,8 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
         p = {"unit": "pool", "dtype": conv_wgmma.dtype_of(conv_part(k), plan), "TPH": tph, "TPW": tpw}
         if blocks(p) * BLOCK > MAX_ROWS or any(d > 256 for d in box(p, geo.conv.taps)):
             continue
-        for nc in (3, 2):   # the deepest ring that fits beside NCONS warpgroups' tiles
-            ring = [s for s in (4, 3, 2) if smem_bytes(dict(p, NCONS=nc, SLOTS=s), geo.conv.taps)
+        for nc in (3, 2):   # the deepest ring that fits beside NCONS warpgroups' tiles ([Note: one consumer a slot])
+            ring = [s for s in (4, 3, 2) if s % nc == 0 and smem_bytes(dict(p, NCONS=nc, SLOTS=s), geo.conv.taps)
                     + static_smem(dict(p, SLOTS=s)) <= smem_limit]
             if ring:
                 out.append(dict(p, NCONS=nc, SLOTS=ring[0], CTAS=min(tiles(p, geo), hw_sms)))
