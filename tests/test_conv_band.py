@@ -13,7 +13,7 @@ from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
-from tests.test_conv_taps import _conv, _plan, built_kernels, check_gpu
+from tests.test_conv_taps import _conv, _plan, built_kernels, check_gpu, check_gpu_runs
 
 
 def _model(x=(4, 128, 7, 7), w=(128, 128, 3, 3), **kw):
@@ -119,29 +119,11 @@ def test_gpu_band_tiles_a_block_repeated(x, w, bn, gpu_device):
     """Several tiles a block (the halo slots, the filter ring and the sums' buffer reused across tiles) and the
     same bundle run five times on fresh inputs in one executor: each run against float64."""
     import aicfc
-    import numpy as np
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
-    from aicfc.frontend.onnx_import import import_model
-    from aicfc.ir.high import evaluate_graph
-    from tests.test_conv_wgmma import GPU_RTOL
-    from tests.test_pipeline import rel_err
     model = _model(x, w)
     payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"conv_0:BAND": 1, "conv_0:BN": bn})
     (k,) = [k for k in payload["kernels"] if k["family"] == "conv" and k["params"]["unit"] == "band"]
     assert k["grid"][0] < math.ceil(x[0] * x[2] * x[3] / 64) * math.ceil(w[0] / bn)   # several tiles a block
-    graph = import_model(model, None)
-    ex = Executor(Bundle.from_payload(payload), gpu_device)
-    try:
-        rng = np.random.default_rng()
-        for _ in range(5):
-            inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
-            want = evaluate_graph(graph, inputs, dtype=np.float64)
-            got = ex.run(inputs)
-            for name, r in want.items():
-                assert not np.isnan(got[name]).any() and rel_err(got[name], r) <= GPU_RTOL["fp16"], name
-    finally:
-        ex.close()
+    check_gpu_runs(model, payload, gpu_device, "fp16")
 
 
 @pytest.mark.gpu

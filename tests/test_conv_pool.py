@@ -15,7 +15,7 @@ from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.passes.pool_epilogue import RULE
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
-from tests.test_conv_taps import built_kernels, check_gpu
+from tests.test_conv_taps import built_kernels, check_gpu, check_gpu_runs
 
 
 def _plan(model: onnx.ModelProto, precision: str = "fp16", pin: dict | None = None):
@@ -109,10 +109,42 @@ def test_every_ring_has_one_consumer_a_slot(x):
     model = B.resnet_stage_model(x, stem=True) if x[2] == x[3] else _model(x)
     plan = _plan(model)
     (k,) = _pooled(plan)
-    offered = [dict(c.params) for c in k.schedule.candidates if dict(c.params).get("unit") == "pool"]
+    offered = conv_pool.space(k, plan, 132, load_profile("sm_90").smem_per_block_optin)
     assert offered and all(q["SLOTS"] % q["NCONS"] == 0 for q in offered), offered
     if x[0] == 32:   # both arrangements are still offered where they fit
-        assert {q["NCONS"] for q in offered} == {2, 3} and {q["SLOTS"] for q in offered} >= {2, 3, 4}
+        assert {q["NCONS"] for q in offered} >= {2, 3} and {q["SLOTS"] for q in offered} >= {2, 3, 4}
+
+
+def test_channels_as_rows_where_the_window_is_one_pixel_wide():
+    """[Note: channels as rows]: the unfolded stem (a 4x1 window) is offered XP = 1 at 7x7 pooled pixels (15 x 15
+    convolution pixels, rows 16 apart: N = 240) on one or two consumer warpgroups, and at ResNet-50 B32's size the cost
+    terms take it on two; a 3x3 window is not offered it."""
+    plan = _plan(B.resnet_stage_model((32, 64, 56, 56), stem=True))
+    (k,) = _pooled(plan)
+    pick = dict(k.schedule.param)
+    assert pick["XP"] == 1 and (pick["TPH"], pick["TPW"], pick["NCONS"]) == (7, 7, 2), pick
+    assert conv_pool.pitch(pick, (4, 1)) == 16 and conv_pool.xp_cols(pick) == 240
+    assert conv_pool.box(pick, (4, 1)) == (16, 18) and conv_pool.region_bytes(pick) == 240 * 128
+    offered = conv_pool.space(k, plan, 132, load_profile("sm_90").smem_per_block_optin)
+    assert {q["XP"] for q in offered} == {0, 1}
+    assert all(q["NCONS"] in (1, 2) and conv_pool.xp_cols(q) <= 256 and conv_pool.xp_cols(q) % 16 == 0
+               for q in offered if q["XP"])
+    # one warpgroup runs a tile's products and its epilogue in turn; two overlap them (cost_conv_pool's fitted terms)
+    one = [c for c in k.schedule.candidates if dict(c.params).get("XP") == 1 and dict(c.params)["NCONS"] == 1]
+    assert all(c.predicted_time_us > k.schedule.time_us for c in one)
+    maps = conv_pool.tensor_maps(k, pick, plan.types())
+    assert maps[0].box == (64, 16, 18, 1) and maps[2].box == (64, 7, 7, 1)
+    plan3 = _plan(_model((2, 64, 20, 26)))
+    (k3,) = _pooled(plan3)
+    assert all("XP" not in q for q in conv_pool.space(k3, plan3, 132, load_profile("sm_90").smem_per_block_optin))
+
+
+def test_pixel_free_follows_names_defined_from_the_pixel():
+    assert conv_pool.pixel_free(["const int i2 = gm % 112;", "const float v0 = static_cast<float>(__ldg(p3 + (gn)));",
+                                 "const float sv0 = accv + v0;", "const float sv1 = accv1 + v0;"])
+    assert not conv_pool.pixel_free(["const int i2 = gm % 112;", "const float v0 = static_cast<float>(__ldg(p4 + (i2)));",
+                                     "const float sv0 = accv + v0;", "const float sv1 = accv1;"])
+    assert not conv_pool.pixel_free(["const float sv0 = accv + p5[gm * 64 + gn];", "const float sv1 = accv1;"])
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
@@ -121,6 +153,10 @@ def test_pool_kernel_builds_without_spills(tmp_path, precision):
     kernels = built_kernels(tmp_path, B.resnet_stage_model((4, 64, 28, 28), stem=True), precision)
     (k,) = [k for k in kernels if k["params"].get("unit") == "pool"]
     assert k["registers_source"] == "ptxas" and not k.get("spills")
+    kernels = built_kernels(tmp_path, B.resnet_stage_model((4, 64, 28, 28), stem=True), precision,
+                            "--pin", "XP=1", "--pin", "TPH=7", "--pin", "TPW=7")
+    (k,) = [k for k in kernels if k["params"].get("unit") == "pool"]
+    assert k["params"]["XP"] == 1 and k["registers_source"] == "ptxas" and not k.get("spills")
 
 
 @pytest.mark.gpu
@@ -141,6 +177,21 @@ def test_gpu_pool(x, w, act, pin, precision, gpu_device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tile", [7, 4], ids=["7x7", "4x4"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("x", [(4, 64, 28, 28), (3, 64, 36, 36), (2, 64, 30, 22)], ids=["28", "36", "30x22"])
+def test_gpu_pool_channels_as_rows(x, precision, tile, gpu_device):
+    """[Note: channels as rows] pinned: the stem's tiles cut by the pooled image's edges at 36x36 and 30x22 (a pooled
+    size that 7 divides in neither direction), at 7x7 pooled pixels (N = 240) and 4x4 (N = 144), against float64."""
+    import aicfc
+    model = B.resnet_stage_model(x, stem=True)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, pin={"XP": 1, "TPH": tile, "TPW": tile})
+    (k,) = [k for k in payload["kernels"] if k["params"].get("unit") == "pool"]
+    assert k["params"]["XP"] == 1
+    check_gpu(model, payload, gpu_device, precision)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("x", [(4, 64, 28, 28), (3, 64, 36, 36), (2, 64, 30, 22)], ids=["28", "36", "30x22"])
 def test_gpu_pool_resnet_stem_against_onnxruntime(x, gpu_device):
     """The stem and its pool merged by cost, tiles cut by the pooled image's edges at 36x36 and 30x22."""
@@ -153,31 +204,16 @@ def test_gpu_pool_resnet_stem_against_onnxruntime(x, gpu_device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pin", [{"TPH": 7, "TPW": 8, "NCONS": 2, "SLOTS": 2}, {"TPH": 4, "TPW": 8, "NCONS": 2, "SLOTS": 4},
-                                 {"TPH": 4, "TPW": 8, "NCONS": 3, "SLOTS": 3}], ids=["c2s2", "c2s4", "c3s3"])
+                                 {"TPH": 4, "TPW": 8, "NCONS": 3, "SLOTS": 3}, {"TPH": 7, "TPW": 7, "XP": 1}],
+                         ids=["c2s2", "c2s4", "c3s3", "xp"])
 def test_gpu_pool_slots_reused_across_tiles(pin, gpu_device):
     """Eight 56x56 pooled images: 448 or 784 tiles on at most 132 blocks, so every slot of the ring is reused and
     each warpgroup takes several tiles ([Note: one consumer a slot]); the same bundle run five times on fresh
     inputs in one executor, each run against onnxruntime."""
     import aicfc
-    import numpy as np
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
-    from tests.test_conv_wgmma import GPU_RTOL
-    from tests.test_pipeline import rel_err
     model = B.resnet_stage_model((8, 64, 56, 56), stem=True)
     payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"pooled": 1, **pin})
     (k,) = [k for k in payload["kernels"] if k["params"].get("unit") == "pool"]
     tiles = 8 * (56 // pin["TPH"]) * (56 // pin["TPW"])
     assert tiles >= 3 * k["grid"][0], (tiles, k["grid"])
-    graph = import_model(model, None)
-    ex = Executor(Bundle.from_payload(payload), gpu_device)
-    try:
-        rng = np.random.default_rng()
-        for _ in range(5):
-            inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
-            want = B.run_onnxruntime(model, inputs)
-            got = ex.run(inputs)
-            for name, r in want.items():
-                assert not np.isnan(got[name]).any() and rel_err(got[name], r) <= GPU_RTOL["fp16"], name
-    finally:
-        ex.close()
+    check_gpu_runs(model, payload, gpu_device, "fp16", onnxruntime=True)

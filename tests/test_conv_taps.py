@@ -109,14 +109,40 @@ def test_gpu_taps_resnet_stage_against_onnxruntime(gpu_device):
 def check_gpu(model: onnx.ModelProto, payload: dict, device, precision: str, onnxruntime: bool = False) -> None:
     """Run `payload` on fresh random inputs and compare every output with float64 (the graph evaluated here)
     or onnxruntime, within test_conv_wgmma's tolerance for the precision; NaN fails."""
-    from aicfc.ir.high import evaluate_graph
     from tests.conftest import run_payload
-    from tests.test_conv_wgmma import GPU_RTOL
+    graph = import_model(model, None)
+    inputs = _random_inputs(graph, np.random.default_rng())
+    _compare(run_payload(payload, inputs, device), _want(model, graph, inputs, onnxruntime), precision)
+
+
+def check_gpu_runs(model: onnx.ModelProto, payload: dict, device, precision: str, runs: int = 5,
+                   onnxruntime: bool = False) -> None:
+    """`payload` loaded once and run `runs` times on fresh random inputs in one executor (its buffers, rings and
+    barriers reused from run to run), each run compared as `check_gpu` compares."""
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
     graph = import_model(model, None)
     rng = np.random.default_rng()
-    inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
-    want = B.run_onnxruntime(model, inputs) if onnxruntime else evaluate_graph(graph, inputs, dtype=np.float64)
-    got = run_payload(payload, inputs, device)
+    ex = Executor(Bundle.from_payload(payload), device)
+    try:
+        for _ in range(runs):
+            inputs = _random_inputs(graph, rng)
+            _compare(ex.run(inputs), _want(model, graph, inputs, onnxruntime), precision)
+    finally:
+        ex.close()
+
+
+def _random_inputs(graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+
+
+def _want(model: onnx.ModelProto, graph, inputs: dict, onnxruntime: bool) -> dict:
+    from aicfc.ir.high import evaluate_graph
+    return B.run_onnxruntime(model, inputs) if onnxruntime else evaluate_graph(graph, inputs, dtype=np.float64)
+
+
+def _compare(got: dict, want: dict, precision: str) -> None:
+    from tests.test_conv_wgmma import GPU_RTOL
     for name, r in want.items():
         assert not np.isnan(got[name]).any(), f"{name}: NaN"
         assert rel_err(got[name], r) <= GPU_RTOL[precision], f"{precision}: {name} rel err {rel_err(got[name], r):.2e}"

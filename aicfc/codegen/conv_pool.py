@@ -44,6 +44,30 @@ three slots 39.6. A tile takes about 2.9 us against 1.1 us of products at the SM
 wgmma reads as many filter bytes as it multiplies image bytes, and with the ldmatrix rows, the region tile and
 the pooling's reads a tile moves about 400 KB through shared memory (1.8 us at 128 bytes a clock).
 
+[Note: channels as rows]
+XP = 1 swaps the GEMM's operands: the 64 output channels are wgmma's M (A: the filter's resident 64 x 64
+box of each tap, K-major) and the tile's convolution pixels are N (B: the image rows, read by wgmma straight
+from the slot as K-major 128-byte rows). That takes the ldmatrix of every tap's pixel rows and the
+filter's wide reads by every wgmma (N = 64, as many filter bytes as image bytes) out of shared memory: a
+tile's traffic there goes from about 400 KB to about 290 KB (the image rows once per tap, the filter's
+64 rows a tap, the region tile, the pooling's reads). It needs a window one
+pixel wide (KW = 1: the unfolded ResNet stem's 4x1), so that each tap is the slot shifted by whole rows,
+and rows a multiple of 8 pixels apart, so that each tap's B starts on a 1024-byte swizzle period: the
+image box is PITCH = RW rounded up to 8 pixels wide, and N = RH x PITCH slot rows (at most 256, a
+multiple of 16), the columns past RW computed and never pooled. 7 x 7 pooled pixels make 15 x 15
+convolution pixels, N = 15 x 16 = 240: one m64n240k16 a tap and k16 step. The accumulators are 64
+channels x N pixels; the epilogue's values go into the region tile transposed by `stmatrix.trans`
+(a pixel's 8 channels a 16-byte row), so the pooling pass is unchanged but for the row pitch. The
+epilogue must not read anything per pixel (`pixel_free`): its lines are rendered with both values of a
+pair on one channel. One or two consumer warpgroups: 120 accumulators a thread and their epilogue need more
+than the 152 registers a thread of three may have, and three rings of this size do not fit.
+Measured (session 40, an H200, torchvision ResNet-50 B32 fp16; benchmarks/results/pool_xp_session40_h200.txt,
+each kernel alone): the stem with its pool 32.4-35.2 us on 7x7 tiles and two warpgroups, against 39.8-41.9
+for the 7x8 tiles of the kernel above; one warpgroup 44.8-45.7 whatever the ring's depth. A tile's
+products take about 2.0 us there, half the tensor cores' peak, with the filter in registers (a first
+version) or in shared memory alike; why is not known. At B1 (64 tiles, one a block) it measured 5.2-5.3 us
+against 5.7-5.9, but the cost terms keep the 4x8 tiles there (3.81 us predicted against 4.32).
+
 Requires: NHWC fp16/bf16 image of exactly 64 channels, 64 output channels, a KH x KW window (KH·KW
 <= 16) at stride 1 without dilation (any zero padding), the filter K-major in (kh, kw, c) order, the
 convolution's result read by nothing but the pool, and the pool a max over 3x3 at stride 2 with one
@@ -53,6 +77,7 @@ pixel of padding of that result, its output the row-major [N, PH, PW, 64] tensor
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Mapping
 
 from aicfc.codegen import conv_taps, conv_wgmma
@@ -68,9 +93,11 @@ BLOCK = 64                            # GEMM rows a wgmma block
 MAX_ROWS = 4 * BLOCK                  # a tile's convolution pixels at most (four blocks)
 TAP_BYTES = 64 * ROW_BYTES            # a tap's filter box (64 x 64) and a block's A rows through ldmatrix
 TILES = ((8, 7), (7, 8), (4, 8), (8, 4), (4, 4))   # (TPH, TPW) offered
+XP_TILES = ((7, 7), (4, 4))                        # (TPH, TPW) offered with channels as rows ([Note: channels as rows])
+XP_MAX_N = 256                                     # wgmma's widest n
 MAX_TAPS = 16
 PRODUCER_REGS = 40                    # setmaxnreg: 128·40 + NCONS·128·CONSUMER_REGS <= 65536
-CONSUMER_REGS = {2: 232, 3: 152}
+CONSUMER_REGS = {1: 232, 2: 232, 3: 152}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,10 +189,33 @@ def region(p: Mapping) -> tuple[int, int]:
     return 2 * p["TPH"] + 1, 2 * p["TPW"] + 1
 
 
+def pitch(p: Mapping, taps: tuple[int, int]) -> int:
+    """Pixels between a slot's image rows: the box's width, rounded up to 8 under XP ([Note: channels as rows])."""
+    w = region(p)[1] + taps[1] - 1
+    return -(-w // 8) * 8 if p.get("XP") else w
+
+
 def box(p: Mapping, taps: tuple[int, int]) -> tuple[int, int]:
     """The image box a tile reads under a KH x KW window: (width, height) in pixels."""
     rh, rw = region(p)
-    return rw + taps[1] - 1, rh + taps[0] - 1
+    return pitch(p, taps), rh + taps[0] - 1
+
+
+def xp_cols(p: Mapping) -> int:
+    """XP: the GEMM's N, the slot rows of the region (RH rows of PITCH pixels; KW = 1)."""
+    return region(p)[0] * pitch(p, (1, 1))
+
+
+def pixel_free(lines) -> bool:
+    """Whether an epilogue's rendered lines compute its two values (sv0, sv1) from nothing that depends on the
+    pixel (`gm`, or a name defined from it, such as the pixel's coordinates the lines split it into): XP renders
+    them with both values of a pair on one channel and two pixels."""
+    tainted = {"gm"}
+    for line in lines:
+        m = re.match(r"\s*const\s+[\w:<>]+\s+(\w+)\s*=(.*)", line)
+        if m and tainted & set(re.findall(r"\b\w+\b", m.group(2))):
+            tainted.add(m.group(1))
+    return not tainted & {"sv0", "sv1"}
 
 
 def blocks(p: Mapping) -> int:
@@ -183,8 +233,8 @@ def slot_bytes(p: Mapping, taps: tuple[int, int]) -> int:
 
 
 def region_bytes(p: Mapping) -> int:
-    """A warpgroup's region tile: its blocks' rows of 128 bytes."""
-    return blocks(p) * BLOCK * ROW_BYTES
+    """A warpgroup's region tile: its blocks' rows of 128 bytes (XP: its N slot rows, in whole swizzle periods)."""
+    return _kb(xp_cols(p) * ROW_BYTES) if p.get("XP") else blocks(p) * BLOCK * ROW_BYTES
 
 
 def pool_bytes(p: Mapping) -> int:
@@ -207,15 +257,22 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
     if isinstance(geo, str):
         return []
     out = []
-    for tph, tpw in TILES:
-        p = {"unit": "pool", "dtype": conv_wgmma.dtype_of(conv_part(k), plan), "TPH": tph, "TPW": tpw}
-        if blocks(p) * BLOCK > MAX_ROWS or any(d > 256 for d in box(p, geo.conv.taps)):
+    # [Note: channels as rows]: a window one pixel wide and an epilogue that reads nothing per pixel
+    xp = geo.conv.taps[1] == 1 and pixel_free(conv_wgmma.staged_parts(conv_part(k), plan.types(), _params(conv_part(k)),
+                                                                      "int").lines)
+    dtype = conv_wgmma.dtype_of(conv_part(k), plan)
+    shapes = [(t, 0) for t in TILES] + ([(t, 1) for t in XP_TILES] if xp else [])
+    for (tph, tpw), x in shapes:
+        p = {"unit": "pool", "dtype": dtype, "TPH": tph, "TPW": tpw, **({"XP": x} if xp else {})}
+        if any(d > 256 for d in box(p, geo.conv.taps)):
             continue
-        for nc in (3, 2):   # the deepest ring that fits beside NCONS warpgroups' tiles ([Note: one consumer a slot])
+        if (xp_cols(p) > XP_MAX_N or xp_cols(p) % 16) if x else blocks(p) * BLOCK > MAX_ROWS:
+            continue
+        for nc in (2, 1) if x else (3, 2):   # the deepest ring that fits beside NCONS warpgroups' tiles ([Note: one consumer a slot])
             ring = [s for s in (4, 3, 2) if s % nc == 0 and smem_bytes(dict(p, NCONS=nc, SLOTS=s), geo.conv.taps)
                     + static_smem(dict(p, SLOTS=s)) <= smem_limit]
-            if ring:
-                out.append(dict(p, NCONS=nc, SLOTS=ring[0], CTAS=min(tiles(p, geo), hw_sms)))
+            # XP: every ring that fits (the cost terms weigh its depth against the loads); else the deepest
+            out += [dict(p, NCONS=nc, SLOTS=s, CTAS=min(tiles(p, geo), hw_sms)) for s in (ring if x else ring[:1])]
     return out
 
 
@@ -255,8 +312,12 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     rh, rw = region(p)
     bw, bh = box(p, geo.conv.taps)
     taps = kh * kw
+    xp = bool(p.get("XP"))
+    if xp:
+        assert kw == 1 and pixel_free(staged.lines), k.name
     return render("conv_pool.cu.j2", name=name, dtype=p["dtype"], N_IMG=n, H=h, W=w, OH=oh, OW=ow, PH=ph, PW=pw,
                   KH=kh, KW=kw, PAD_H=geo.conv.pad[0], PAD_W=geo.conv.pad[1], TAPS=taps, TPH=p["TPH"], TPW=p["TPW"],
+                  XP=xp, NP=xp_cols(p) if xp else 0, PITCH=bw,
                   RH=rh, RW=rw, BW=bw, BH=bh, BLOCKS=blocks(p), CTAS=p["CTAS"], NCONS=p["NCONS"], SLOTS=p["SLOTS"],
                   SLOT_BYTES=slot_bytes(p, geo.conv.taps), BOX_BYTES=bw * bh * ROW_BYTES, FILTER_BYTES=taps * TAP_BYTES,
                   REGION_BYTES=region_bytes(p), POOL_BYTES=pool_bytes(p),
@@ -266,5 +327,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
 
 
 def tile_flops(p: Mapping, geo: Pooled) -> float:
-    """Products a tile runs: its blocks of 64 rows by 64 channels over every tap's 64 channels."""
-    return 2.0 * blocks(p) * BLOCK * 64 * geo.conv.taps[0] * geo.conv.taps[1] * 64
+    """Products a tile runs: its blocks of 64 rows (XP: its N slot rows) by 64 channels over every tap's 64 channels."""
+    rows = xp_cols(p) if p.get("XP") else blocks(p) * BLOCK
+    return 2.0 * rows * 64 * geo.conv.taps[0] * geo.conv.taps[1] * 64

@@ -203,7 +203,7 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
     if k.family == "conv" and p["unit"] == "band":   # accumulators, a tap's A fragments, the rows' addressing
         return min(conv_band.CONSUMER_REGS, p["BN"] // 2 + 16 + 40 + min(ops, 16))
     if k.family == "conv" and p["unit"] == "pool":   # the same per block (setmaxnreg moves the producer's to them)
-        return 65536 // (128 * (p["NCONS"] + 1)) // 8 * 8
+        return min(255, 65536 // (128 * (p["NCONS"] + 1)) // 8 * 8)
     if k.family == "conv" and p["unit"] == "wgmma":   # the GEMM engine's consumer, plus the gather's indices
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 56 + min(ops, 16))
     if k.family == "conv" and p["unit"] == "stem":   # held filter fragments, offsets, accumulators (conv_stem.registers)

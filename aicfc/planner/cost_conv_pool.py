@@ -11,6 +11,24 @@ products, its image rows and its shared-memory traffic, plus its exposed epilogu
     t       = launch + load_latency + the filter at the SM's TMA port + max(ceil(tiles / CTAS) · t_tile, t_dram)
     t_dram  = (image + filter + pooled output + epilogue reads) / (dram_bandwidth · eff.dram)
 
+XP = 1 ([Note: channels as rows]: the 64 channels as wgmma's M, N = RH x PITCH slot rows). A warpgroup
+runs a tile's products, then its epilogue and pooling pass; NCONS warpgroups overlap one's epilogue
+with another's products, and the block's last epilogue stays exposed:
+
+    t_mma   = 2·64·N·(taps·64) / (peak_unit / SMs · POOL_XP_MMA_EFF)
+    t_smem  = 128 B · (taps·(N + 64) + N + 9·TPH·TPW + 2·TPH·TPW + box pixels) / smem_bandwidth_per_sm
+              (each tap's rows and its filter box read by wgmma, the region tile stored, the pooling's nine reads, its staging
+              written and read by the TMA store, the slot's box landed)
+    t_tile  = max(t_mma, t_rows, t_smem, (t_mma + POOL_XP_EPILOGUE_US) / NCONS)
+    t_tiles = ceil(tiles / CTAS) · t_tile + (POOL_XP_EPILOGUE_US if NCONS > 1)
+
+Both constants are fitted (session 40, an H200, torchvision ResNet-50 B32's stem, 7x7 tiles, 16 a block,
+`aicfc tune --kernel`; benchmarks/results/pool_xp_session40_h200.txt): one warpgroup took 44.8-45.7 us
+whatever the ring's depth (2-4 slots), 2.68 us a tile; two took 33.9-35.2, 2.03 us a tile. So a tile's
+products take about 2.0 us, 0.52 of the tensor cores' peak, and its epilogue and pooling about 0.65. The
+products ran no faster with the filter from shared memory than from registers (35.2 against 33.9 us), so
+what holds them at half the peak is not known (an m64n240k16 a k-step, 16 of them a tile, one wait).
+
 POOL_BLOCK_EPILOGUE_US is the taps unit's fitted epilogue of one 64-pixel block (TAPS_EPILOGUE_US: its
 values into shared memory); POOL_TILE_US the pooling pass of a tile (nine 16-byte shared-memory reads
 for each of its TPH·TPW·8 runs over 128 threads) and its TMA store, fitted to one measurement (session
@@ -31,6 +49,8 @@ from aicfc.planner.cost_wgmma import EFF_DEFAULT, n_eff
 
 POOL_BLOCK_EPILOGUE_US = TAPS_EPILOGUE_US   # a block's exposed epilogue (profile: conv_pool_block_epilogue_us)
 POOL_TILE_US = 0.44                         # a tile's pooling pass and store, fitted (profile: conv_pool_tile_us)
+POOL_XP_MMA_EFF = 0.52                      # XP: a tile's products, share of the tensor peak, fitted (profile: conv_pool_xp_mma_eff)
+POOL_XP_EPILOGUE_US = 0.65                  # XP: a tile's epilogue and pooling pass, fitted (profile: conv_pool_xp_epilogue_us)
 
 
 def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
@@ -42,13 +62,27 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
     t_mma = conv_pool.tile_flops(p, geo) / sm_rate
     bw, bh = conv_pool.box(p, geo.conv.taps)
     t_rows = bw * bh / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
-    t_smem = nb * taps * 2 * conv_pool.TAP_BYTES / (hw.smem_bandwidth_gbs_per_sm * 1e3)
-    t_epi = (nb * hw.data.get("conv_pool_block_epilogue_us", POOL_BLOCK_EPILOGUE_US)
-             + hw.data.get("conv_pool_tile_us", POOL_TILE_US))
+    if p.get("XP"):
+        # [Note: channels as rows]: every tap's N slot rows and 64 filter rows read once by wgmma, the region tile
+        # written once, the pooling's nine reads of each pooled pixel, its staging written and read by the store, the
+        # slot's box landed
+        n, pooled = conv_pool.xp_cols(p), p["TPH"] * p["TPW"]
+        moved = conv_pool.ROW_BYTES * (taps * (n + 64) + n + 9 * pooled + 2 * pooled + bw * bh)
+        t_smem = moved / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+        t_epi = hw.data.get("conv_pool_xp_epilogue_us", POOL_XP_EPILOGUE_US)
+        t_mma = conv_pool.tile_flops(p, geo) / (hw.peak_tflops[unit] * 1e6 / hw.sm_count
+                                                 * hw.data.get("conv_pool_xp_mma_eff", POOL_XP_MMA_EFF))
+    else:
+        t_smem = nb * taps * 2 * conv_pool.TAP_BYTES / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+        t_epi = (nb * hw.data.get("conv_pool_block_epilogue_us", POOL_BLOCK_EPILOGUE_US)
+                 + hw.data.get("conv_pool_tile_us", POOL_TILE_US))
     tiles = conv_pool.tiles(p, geo)
     per_sm = math.ceil(tiles / p["CTAS"])
     t_filter = taps * conv_pool.TAP_BYTES / (hw.data.get("conv_tma_port_gbs", TMA_PORT_GBS) * 1e3)
-    t_tiles = per_sm * (max(t_mma, t_rows, t_smem) + t_epi)
+    if p.get("XP"):
+        t_tiles = per_sm * max(t_mma, t_rows, t_smem, (t_mma + t_epi) / p["NCONS"]) + (t_epi if p["NCONS"] > 1 else 0.0)
+    else:
+        t_tiles = per_sm * (max(t_mma, t_rows, t_smem) + t_epi)
     t_dram = io_bytes / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
     time = hw.launch_overhead_us + latency + t_filter + max(t_tiles, t_dram)
     return {"time_us": time, "dram": io_bytes, "t_compute_us": per_sm * t_mma, "t_l2_us": per_sm * t_rows,
