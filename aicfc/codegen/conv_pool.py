@@ -62,7 +62,7 @@ epilogue must not read anything per pixel (`pixel_free`): its lines are rendered
 pair on one channel. One or two consumer warpgroups: 120 accumulators a thread and their epilogue need more
 than the 152 registers a thread of three may have, and three rings of this size do not fit.
 Measured (session 40, an H200, torchvision ResNet-50 B32 fp16; benchmarks/results/pool_xp_session40_h200.txt,
-each kernel alone): the stem with its pool 32.4-35.2 us on 7x7 tiles and two warpgroups, against 39.8-41.9
+each kernel alone): the stem with its pool 32.1-35.2 us on 7x7 tiles and two warpgroups, against 39.8-41.9
 for the 7x8 tiles of the kernel above; one warpgroup 44.8-45.7 whatever the ring's depth. A tile's
 products take about 2.0 us there, half the tensor cores' peak, with the filter in registers (a first
 version) or in shared memory alike; why is not known. At B1 (64 tiles, one a block) it measured 5.2-5.3 us
