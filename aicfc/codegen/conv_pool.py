@@ -271,7 +271,7 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
         for nc in (2, 1) if x else (3, 2):   # the deepest ring that fits beside NCONS warpgroups' tiles ([Note: one consumer a slot])
             ring = [s for s in (4, 3, 2) if s % nc == 0 and smem_bytes(dict(p, NCONS=nc, SLOTS=s), geo.conv.taps)
                     + static_smem(dict(p, SLOTS=s)) <= smem_limit]
-            # XP: every ring that fits (the cost terms weigh its depth against the loads); else the deepest
+            # XP: every ring that fits (session 40 timed one warpgroup's at 2, 3 and 4 slots: equal); else the deepest
             out += [dict(p, NCONS=nc, SLOTS=s, CTAS=min(tiles(p, geo), hw_sms)) for s in (ring if x else ring[:1])]
     return out
 

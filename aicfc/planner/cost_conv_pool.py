@@ -56,30 +56,29 @@ POOL_XP_EPILOGUE_US = 0.65                  # XP: a tile's epilogue and pooling 
 def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
     geo = conv_pool.pooled_of(k, types)
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc"}[p["dtype"]]
-    sm_rate = hw.peak_tflops[unit] * 1e6 / hw.sm_count * hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(64)
     taps = geo.conv.taps[0] * geo.conv.taps[1]
-    nb = conv_pool.blocks(p)
-    t_mma = conv_pool.tile_flops(p, geo) / sm_rate
     bw, bh = conv_pool.box(p, geo.conv.taps)
     t_rows = bw * bh / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
-    if p.get("XP"):
-        # [Note: channels as rows]: every tap's N slot rows and 64 filter rows read once by wgmma, the region tile
-        # written once, the pooling's nine reads of each pooled pixel, its staging written and read by the store, the
-        # slot's box landed
-        n, pooled = conv_pool.xp_cols(p), p["TPH"] * p["TPW"]
-        moved = conv_pool.ROW_BYTES * (taps * (n + 64) + n + 9 * pooled + 2 * pooled + bw * bh)
-        t_smem = moved / (hw.smem_bandwidth_gbs_per_sm * 1e3)
-        t_epi = hw.data.get("conv_pool_xp_epilogue_us", POOL_XP_EPILOGUE_US)
-        t_mma = conv_pool.tile_flops(p, geo) / (hw.peak_tflops[unit] * 1e6 / hw.sm_count
-                                                 * hw.data.get("conv_pool_xp_mma_eff", POOL_XP_MMA_EFF))
-    else:
-        t_smem = nb * taps * 2 * conv_pool.TAP_BYTES / (hw.smem_bandwidth_gbs_per_sm * 1e3)
-        t_epi = (nb * hw.data.get("conv_pool_block_epilogue_us", POOL_BLOCK_EPILOGUE_US)
-                 + hw.data.get("conv_pool_tile_us", POOL_TILE_US))
     tiles = conv_pool.tiles(p, geo)
     per_sm = math.ceil(tiles / p["CTAS"])
     t_filter = taps * conv_pool.TAP_BYTES / (hw.data.get("conv_tma_port_gbs", TMA_PORT_GBS) * 1e3)
     if p.get("XP"):
+        # [Note: channels as rows]: every tap's N slot rows and 64 filter rows read once by wgmma, the region tile
+        # written once, the pooling's nine reads of each pooled pixel, its staging written and read by the store, the
+        # slot's box landed
+        share = hw.data.get("conv_pool_xp_mma_eff", POOL_XP_MMA_EFF)
+        n, pooled = conv_pool.xp_cols(p), p["TPH"] * p["TPW"]
+        moved = conv_pool.ROW_BYTES * (taps * (n + 64) + n + 9 * pooled + 2 * pooled + bw * bh)
+        t_epi = hw.data.get("conv_pool_xp_epilogue_us", POOL_XP_EPILOGUE_US)
+    else:
+        share = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(64)
+        nb = conv_pool.blocks(p)
+        moved = nb * taps * 2 * conv_pool.TAP_BYTES
+        t_epi = (nb * hw.data.get("conv_pool_block_epilogue_us", POOL_BLOCK_EPILOGUE_US)
+                 + hw.data.get("conv_pool_tile_us", POOL_TILE_US))
+    t_mma = conv_pool.tile_flops(p, geo) / (hw.peak_tflops[unit] * 1e6 / hw.sm_count * share)
+    t_smem = moved / (hw.smem_bandwidth_gbs_per_sm * 1e3)
+    if p.get("XP"):   # NCONS warpgroups overlap one's epilogue with another's products; the last stays exposed
         t_tiles = per_sm * max(t_mma, t_rows, t_smem, (t_mma + t_epi) / p["NCONS"]) + (t_epi if p["NCONS"] > 1 else 0.0)
     else:
         t_tiles = per_sm * (max(t_mma, t_rows, t_smem) + t_epi)
