@@ -154,7 +154,8 @@ def _formula(p: dict[str, Any]) -> str:
     if "tiles_per_sm" in p:   # the persistent Hopper engine: per-SM tiles of k-blocks, each its slowest rate
         return (f"fill {p['t_pipeline_us']:.2f} + max(the busiest SM's {p['tiles_per_sm']:.0f} tiles: k-blocks at "
                 f"max(tensor {p['t_compute_us']:.2f}, smem {p['t_smem_us']:.2f}, TMA {p['t_l2_us']:.2f}) + epilogues "
-                f"{p['t_epilogue_us']:.2f}, dram {p['t_dram_us']:.2f})"
+                f"{p['t_epilogue_us']:.2f}, dram {p['t_dram_us']:.2f}"
+                + (f", L2 {p['t_l2_all_us']:.2f}" if p.get("t_l2_all_us") else "") + ")"
                 + (f" x pair in lockstep {p['lockstep']:.2f}" if p.get("lockstep", 1.0) > 1.0 else "")
                 + f" + launch {p['launch_us']:.2f}; "
                 f"waves {p['wave_eff']:.2f}, n_eff {p['n_eff']:.2f}")

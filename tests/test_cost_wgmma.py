@@ -206,3 +206,30 @@ def test_h200_pair_in_lockstep_where_the_walk_bounds_the_kernel():
     assert paired > alone
     assert _predicted(model, {}, "fp16", H200)[1]["CLUSTER"] == 1
     assert _predicted(model, {**tile, "CLUSTER": 2}, "fp16")[0] < _predicted(model, {**tile, "CLUSTER": 1}, "fp16")[0]
+
+
+
+def _terms(model, pin: dict, profile=None) -> dict:
+    graph = import_model(model, None)
+    plan = run_pipeline(graph, Options("sm_90", load_profile("sm_90", profile), "fp16",
+                                       pin=tuple((k, str(v)) for k, v in pin.items()))).plan
+    (k,) = [k for k in plan.kernels if k.family == "gemm"]
+    return {**dict(k.schedule.predicted), **k.schedule.param}
+
+
+
+def test_h200_l2_whole_traffic_binds_small_tiles_of_a_long_operand():
+    """[Note: the L2's whole traffic]: a 25088 x 256 -> 512 GEMM, the shape of ResNet-50 B32's stride-2 projection.
+    64x64 ping-pong tiles pull A eight times through the L2, 205 MB of boxes besides the 26 MB of output; the sum of
+    every SM's traffic binds them, so they are predicted slower than 64x128 tiles and are not the pick. (In ResNet-50
+    B32 the projection's 64x64 tiles measured 25.1 us alone, ncu counting 226 MB through the L2 in 24.4 us, against
+    21.4 us for 64x128 and 21.1 for 128x128: session 41, an H200, benchmarks/results/l2_total_session41_h200.txt.)
+    """
+    model = matmul(25088, 256, 512, np.random.default_rng(0))
+    tile = {"unit": "wgmma", "PP": 1, "NWG": 2, "MI": 1, "BM": 64, "CLUSTER": 1}
+    small = _terms(model, {**tile, "BN": 64}, H200)
+    wide = _terms(model, {**tile, "BN": 128}, H200)
+    assert small["t_l2_all_us"] > max(small["t_dram_us"], small["t_epilogue_us"], small["t_l2_us"])
+    assert small["time_us"] > wide["time_us"]
+    pick = _terms(model, {}, H200)
+    assert (pick["BM"], pick["BN"]) != (64, 64), pick

@@ -20,7 +20,12 @@ costs the tensor cores (HALO_A_SMEM). Here:
   tensor cores idled while both ran their epilogues; making two take turns was slower still), with setmaxnreg
   giving the producer's registers to them. A tap waited for is mostly latency: on an H200 one warpgroup's
   m64n64k64 with A from ldmatrix took 0.146 us, twice the tensor pipe's 0.073, and three warpgroups' kept 77%
-  of the peak (session 39, benchmarks/prototypes/rs_chain.cu, [Note: bands of pixels] in codegen/conv_band.py);
+  of the peak (session 39, benchmarks/prototypes/rs_chain.cu, [Note: bands of pixels] in codegen/conv_band.py).
+  Four (640 threads, eight slots, 112 registers a consumer thread) measured the same in session 41 (an H200,
+  ResNet-50 B32, each kernel alone; benchmarks/results/l2_total_session41_h200.txt): the three stage-1 3x3s
+  14.30 / 14.77 / 13.99 us against 14.58 / 14.52 / 14.19, the plan 806.0 us both. So three stay. (setmaxnreg
+  moves registers only within the block: four consumer warpgroups at 120 registers asked for more than the
+  producer gave up and hung at their .inc);
 - the epilogue (the kernel's ops on each pair of channels, `conv_wgmma.staged_parts`) writes its values into
   the warpgroup's staging in the output map's 128-byte swizzle, and one thread hands the 8x8-pixel box to the
   TMA; the staging is reused once that store has read it.

@@ -55,7 +55,9 @@ fetches the next tile:
                                       the first k-block's bytes: every SM asks for its first stages at
                                       once, so they cross L2 at the SM's share (a cluster pulls half of
                                       B, multicast to both CTAs: its first stage lands sooner)
-    t          = launch + t_fill + max(t_tiles + t_reduce, t_dram) x (1 + cluster_lockstep if CLUSTER = 2)
+    t_l2_all   = (every work unit's k-blocks x 128·(BM + BN/CLUSTER) + M·N·(bytes stored and read per output
+                 element)) / l2_total          [Note: the L2's whole traffic]; 0 where the profile has no l2_total
+    t          = launch + t_fill + max(t_tiles + t_reduce, t_dram, t_l2_all) x (1 + cluster_lockstep if CLUSTER = 2)
                  + CLUSTER_US (CLUSTER = 2: what a launch of clusters costs beyond that; 0 measured since
                  the exit's cluster barrier gave way to the producer tail, codegen/gemm_wgmma.py)
     [Note: a cluster pair in lockstep]
@@ -81,6 +83,27 @@ fetches the next tile:
                  ping-pong (PP): ceil(tiles / CTAS) · max(KT · t_kblock, t_epilogue) + t_epilogue
     t_dram     = (every operand once + the output) / (dram_bandwidth · eff.dram)
                  + re-reads of A (B) past L2 when the raster's working set does not fit
+
+[Note: the L2's whole traffic]
+t_l2 charges each SM its share of the L2 for its own boxes; the L2 serves every SM's boxes, the epilogues'
+stores and the residual's reads at once, and where small tiles re-read a long operand that sum binds first.
+ResNet-50 B32's stride-2 projection (25088 x 256 -> 512, A read from 56x56 rows) on 64x64 ping-pong tiles
+pulls A eight times: 205 MB of boxes and 26 MB of stores. Under ncu (session 41, an H200,
+benchmarks/results/l2_total_session41_h200.txt) 226 MB crossed the L2 in 24.4 us at 85% of its peak, and the
+kernel measured 25.1 us alone where the model had 20.5 (its DRAM stream); 64x128 tiles measured 21.4 and
+128x128 21.1. l2_total (profile `l2_total_gbs`) is 10.8 TB/s in the h200 profile: the median of lts__t_bytes over
+ncu's own L2 percentage on eight ResNet-50 kernels (9.3-12.7 TB/s). A profile without it has no such bound: sm_90's
+(an H100, the same die) is unmeasured, and without the H200's cluster_lockstep the term moved a stage-2 GEMM there
+(25088 x 384 -> 512) to a cluster pair that no GPU has timed. The term
+counts every box as read: boxes that many CTAs request at once can be merged on the way (the stage-4
+1568 x 2048 -> 512 GEMM's 80 MB of boxes showed as 54 MB), so it overcounts those and binds only where
+nothing else does. Re-ranked on the stored tunes (benchmarks/tune_rerank.py, session 29's report of all of
+ResNet-50 B32 and session 40's of its below-bar kernels) it moves that projection alone, to 64x128 (22.9 us
+there against 23.1, and 22.8 against 25.2); with the L2's 10 TB/s it also moved three stage-2 GEMMs to slower
+tiles (8.7 -> 9.4-9.6 us), with 11.5 TB/s nothing else either. Planned with it (session 41, an H200, the same
+results file): the projection alone 25.0 -> 21.4 us, at its bar (85% of the copy bandwidth); the plan replayed
+796.1 us against 803.9 with it pinned back (9 alternating rounds, the same bits); BERT-base, GPT-2 and a 2-layer
+Llama at B8 S512 keep every schedule.
 
 n_eff(BN): wgmma issues one m64nBNk16 instruction per 64 x BN x 16 block; the instruction's
 fixed issue cost is a larger share of a narrow one (WGMMA_ISSUE_CYCLES against BN/2 cycles of
@@ -322,11 +345,18 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # the pair's whole walk of tiles (or its stream, where DRAM bounds it) goes at its slower CTA's pace (profile
     # `cluster_lockstep`, a fraction; [Note: a cluster pair in lockstep])
     lock = 1.0 + (hw.data.get("cluster_lockstep", 0.0) if cl > 1 else 0.0)
-    time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram) * lock + t_cluster
+    # [Note: the L2's whole traffic]: every k-block's boxes, the output's stores and the residual's reads cross
+    # the L2 together, at its aggregate bandwidth
+    _, m, n, _, batch = gemm.dims(k)
+    outputs = m * n * math.prod(e for _, e in batch)
+    l2_total = hw.data.get("l2_total_gbs")      # a profile without it has no such bound
+    t_l2_all = (tiles * sk * ktiles * row * (bm + bn / cl) + outputs * (out_bytes + extra)) / (l2_total * 1e3) \
+        if l2_total else 0.0
+    time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram, t_l2_all) * lock + t_cluster
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
             "t_compute_us": per_sm * ktiles * t_mma, "t_smem_us": per_sm * ktiles * t_smem,
-            "t_l2_us": per_sm * ktiles * t_load, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
+            "t_l2_us": per_sm * ktiles * t_load, "t_l2_all_us": t_l2_all, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": t_fill, "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]),
             "n_eff": n_eff(bn, p), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, sms) / sms, "stages": st, "cluster": cl, "t_cluster_us": t_cluster,
