@@ -208,7 +208,6 @@ def test_h200_pair_in_lockstep_where_the_walk_bounds_the_kernel():
     assert _predicted(model, {**tile, "CLUSTER": 2}, "fp16")[0] < _predicted(model, {**tile, "CLUSTER": 1}, "fp16")[0]
 
 
-
 def _terms(model, pin: dict, profile=None) -> dict:
     graph = import_model(model, None)
     plan = run_pipeline(graph, Options("sm_90", load_profile("sm_90", profile), "fp16",
@@ -217,14 +216,12 @@ def _terms(model, pin: dict, profile=None) -> dict:
     return {**dict(k.schedule.predicted), **k.schedule.param}
 
 
-
 def test_h200_l2_whole_traffic_binds_small_tiles_of_a_long_operand():
     """[Note: the L2's whole traffic]: a 25088 x 256 -> 512 GEMM, the shape of ResNet-50 B32's stride-2 projection.
     64x64 ping-pong tiles pull A eight times through the L2, 205 MB of boxes besides the 26 MB of output; the sum of
     every SM's traffic binds them, so they are predicted slower than 64x128 tiles and are not the pick. (In ResNet-50
     B32 the projection's 64x64 tiles measured 25.1 us alone, ncu counting 226 MB through the L2 in 24.4 us, against
-    21.4 us for 64x128 and 21.1 for 128x128: session 41, an H200, benchmarks/results/l2_total_session41_h200.txt.)
-    """
+    21.4 us for 64x128 and 21.1 for 128x128: session 41, an H200, benchmarks/results/l2_total_session41_h200.txt.)"""
     model = matmul(25088, 256, 512, np.random.default_rng(0))
     tile = {"unit": "wgmma", "PP": 1, "NWG": 2, "MI": 1, "BM": 64, "CLUSTER": 1}
     small = _terms(model, {**tile, "BN": 64}, H200)

@@ -94,10 +94,9 @@ kernel measured 25.1 us alone where the model had 20.5 (its DRAM stream); 64x128
 128x128 21.1. l2_total (profile `l2_total_gbs`) is 10.8 TB/s in the h200 profile: the median of lts__t_bytes over
 ncu's own L2 percentage on eight ResNet-50 kernels (9.3-12.7 TB/s). A profile without it has no such bound: sm_90's
 (an H100, the same die) is unmeasured, and without the H200's cluster_lockstep the term moved a stage-2 GEMM there
-(25088 x 384 -> 512) to a cluster pair that no GPU has timed. The term
-counts every box as read: boxes that many CTAs request at once can be merged on the way (the stage-4
-1568 x 2048 -> 512 GEMM's 80 MB of boxes showed as 54 MB), so it overcounts those and binds only where
-nothing else does. Re-ranked on the stored tunes (benchmarks/tune_rerank.py, session 29's report of all of
+(25088 x 384 -> 512) to a cluster pair that no GPU has timed. The term counts every box as read: boxes that many
+CTAs request at once can be merged on the way (the stage-4 1568 x 2048 -> 512 GEMM's 80 MB of boxes showed as
+54 MB), so it overcounts those and binds only where nothing else does. Re-ranked on the stored tunes (benchmarks/tune_rerank.py, session 29's report of all of
 ResNet-50 B32 and session 40's of its below-bar kernels) it moves that projection alone, to 64x128 (22.9 us
 there against 23.1, and 22.8 against 25.2); with the L2's 10 TB/s it also moved three stage-2 GEMMs to slower
 tiles (8.7 -> 9.4-9.6 us), with 11.5 TB/s nothing else either. Planned with it (session 41, an H200, the same
@@ -356,7 +355,8 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
             "t_compute_us": per_sm * ktiles * t_mma, "t_smem_us": per_sm * ktiles * t_smem,
-            "t_l2_us": per_sm * ktiles * t_load, "t_l2_all_us": t_l2_all, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
+            "t_l2_us": per_sm * ktiles * t_load, "t_l2_all_us": t_l2_all, "t_dram_us": t_dram,
+            "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": t_fill, "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]),
             "n_eff": n_eff(bn, p), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, sms) / sms, "stages": st, "cluster": cl, "t_cluster_us": t_cluster,
