@@ -269,7 +269,7 @@ def n_eff(bn: int, p: Mapping | None = None) -> float:
 
 
 def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
-    c, _, _, kk, _ = gemm.dims(k)
+    c, m, n, kk, batch = gemm.dims(k)
     bm, bn, bkk, st = p["BM"], p["BN"], p["BK"], p["STAGES"]
     cl, sk = p.get("CLUSTER", 1), p.get("SPLITK", 1)
     sms = hw.sm_count
@@ -346,7 +346,6 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     lock = 1.0 + (hw.data.get("cluster_lockstep", 0.0) if cl > 1 else 0.0)
     # [Note: the L2's whole traffic]: every k-block's boxes, the output's stores and the residual's reads cross
     # the L2 together, at its aggregate bandwidth
-    _, m, n, _, batch = gemm.dims(k)
     outputs = m * n * math.prod(e for _, e in batch)
     l2_total = hw.data.get("l2_total_gbs")      # a profile without it has no such bound
     t_l2_all = (tiles * sk * ktiles * row * (bm + bn / cl) + outputs * (out_bytes + extra)) / (l2_total * 1e3) \
