@@ -457,3 +457,47 @@ def test_decode_ab_variants():
     for bad in (":pin.PRE=1", "a:PRE=1", "a:pin.PRE"):
         with pytest.raises(SystemExit):
             decode_ab.parse_variant(bad)
+
+
+# ------------------------------------------------------------------ cudnn_convs.py: shapes and the join
+
+def test_cudnn_convs_reads_conv_shapes_from_onnx():
+    from onnx import TensorProto, helper, numpy_helper
+    from benchmarks import cudnn_convs
+    w = numpy_helper.from_array(np.ones((8, 2, 3, 3), np.float32), "w")
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], name="c0", pads=[1, 1, 1, 1], strides=[2, 2], group=2)
+    graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    (c,) = cudnn_convs.conv_nodes(helper.make_model(graph))
+    assert (c["node"], c["x"], c["w"], c["stride"], c["pad"], c["groups"], c["kernel"]) == \
+        ("c0", [2, 4, 16, 16], [8, 2, 3, 3], [2, 2], [1, 1], 2, [3, 3])
+
+
+def test_cudnn_convs_matches_a_node_with_its_largest_kernel():
+    from benchmarks import cudnn_convs
+    table = "\n".join([
+        "  27  k28   4.07   6.51  0.63  0.5%  5517.7    1.182  115.0%  node_add_7, node_Conv_835",
+        "  28  k29  14.63  19.23  0.76  2.0%  1644.2  674.362   68.2%  node_Conv_832, node_relu_24, node_Conv_835",
+        "  29  k30   8.14   8.46  0.96  1.1%  2037.3  404.040   42.4%  node_Conv_838, node_relu_25"])
+    ours = cudnn_convs.kernels_by_node(table)
+    assert ours["node_Conv_835"]["kernel"] == "k29" and ours["node_add_7"]["kernel"] == "k28"
+    assert ours["node_Conv_838"]["kernel"] == "k30" and ours["node_Conv_832"]["kernel"] == "k29"
+
+
+def test_cudnn_convs_compares_a_joined_projection_in_its_host_kernel():
+    from benchmarks import cudnn_convs
+
+    def conv(node, out, flops, us):
+        return {"node": node, "x": [32, 64, 56, 56], "out": out, "kernel": [1, 1], "stride": [1, 1], "lib": "cuBLAS",
+                "us": us, "flops": flops, "bytes": 1e7}
+    res = [conv("a", [32, 256, 56, 56], 2e9, 20.0), conv("b", [32, 256, 56, 56], 2e9, 22.0),
+           conv("c", [32, 64, 56, 56], 1e9, 10.0)]
+    ours = {"a": {"kernel": "k6", "meas": 24.0, "tflops": 4e9 / 24.0 / 1e6, "gbs": 3000.0},
+            "b": {"kernel": "k5", "meas": 3.0, "tflops": 1e-3, "gbs": 4000.0},
+            "c": {"kernel": "k7", "meas": 9.0, "tflops": 1e9 / 9.0 / 1e6, "gbs": 3500.0}}
+    assert cudnn_convs.joins(res, ours) == {"b": "a"}
+    lines, tally = cudnn_convs.compare(res, ours, 4000.0, 989.4)
+    assert res[0]["vendor_bar"]["us"] == 42.0 and res[0]["vendor_bar"]["with"] == ["b"]
+    assert "runs in k6 with a" in lines[1] and tally["joined"] == 1 and tally["aicf_us"] == 33.0
+    # c's kernel does only its own work: nothing is joined to it
+    assert res[2]["vendor_bar"]["with"] == []
