@@ -601,6 +601,16 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
     that STAGES-1 tiles in flight (and other resident blocks) hide; plus the epilogue's
     arithmetic, every block's on its SM, at the rate `cost_wgmma` measured.
 
+    Known wrong on the H200 at small k (session 42, benchmarks/results/vendor_convs_session42_h200.txt): of
+    the 56 `mma` GEMM candidates timed in four `aicfc tune` reports under --profile h200 (ResNet-50 B32's of
+    sessions 29 and 40, MobileNetV2's and EfficientNet-B0's B32), 16 measure within [0.8, 1.25] of this
+    prediction (geometric mean 1.43, worst with the fewest warps a block). A least-squares fit, measured =
+    2.3 + 0.97·(the prediction less its epilogue) + 2.4·t_epilogue, brought 46 in band as two h200 profile
+    terms (the epilogue x 2.6, 1.1 us a kernel more), but planned with them every small CNN ran slower
+    (MobileNetV2 B32 / B1 0.965x / 0.783x, EfficientNet-B0 B32 / B1 0.946x / 0.875x, plan_ab): the simt
+    and thin tiles the picks moved to run 1.6-2.3x their own predictions at those shapes (K 16-160). Not
+    kept; the units' small-k terms need fitting together.
+
     Known wrong at one row (session 36, an H200, benchmarks/results/decode_chain_session36_h200.txt):
     planned with `--profile h200` the 1 B Llama's decode step puts its down projection (M = 1, K 5632,
     N 2048) on this unit, BM 32 BN 32 SPLITK 4, predicted 7.31 us; it measures 8.66 timed alone but
