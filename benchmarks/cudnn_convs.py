@@ -4,6 +4,10 @@ aicf's kernels (each launch repeated on inputs already in place, CUDA events).
 
     python3 benchmarks/cudnn_convs.py MODEL.onnx --bundle MODEL.aicf --inputs INPUTS.npz [--json OUT.json]
     python3 benchmarks/cudnn_convs.py MODEL.onnx --profile PROFILE.txt      # a profile taken before
+    python3 benchmarks/cudnn_convs.py --replot OUT.json --plot convs.svg      # redraw a run's picture, no GPU
+
+--plot FILE (.svg, .png or .pdf) draws each compared convolution's fraction of its bar, the vendor's beside
+aicf's, against the line every one should clear: which side of it each lands on, at a glance.
 
 With --bundle, aicf's kernels are profiled first in the same process (`Executor.profile()`, what
 `aicf-run --profile` prints); --profile reads such a table instead. A Conv node is matched with the
@@ -29,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.conv_profile_summary import bar, rows  # noqa: E402
+from benchmarks.conv_profile_summary import COMPUTE_BAR, MEMORY_BAR, bar, rows  # noqa: E402
 
 REPEATS = 20     # launches in one captured graph
 ROUNDS = 15      # graph replays; the median is the figure
@@ -208,6 +212,39 @@ def compare(res: list[dict], ours: dict[str, dict], copy: float, peak: float) ->
     return lines, tally
 
 
+def plot(doc: dict, path: str, title: str) -> int:
+    """Each compared convolution's fraction of its bar, the vendor's and aicf's side by side, into `path`
+    (matplotlib's object-oriented API on its own canvas, written atomically: aicf_run/roofline.py's
+    helpers). Returns how many convolutions it drew."""
+    from aicf_run.roofline import _matplotlib, _save_atomically, check_path
+    target = check_path(path)
+    rows = [r for r in doc["convs"] if "aicf" in r and "vendor_bar" in r]
+    FigureCanvasAgg, Figure = _matplotlib()
+    fig = Figure(figsize=(max(8, 0.22 * len(rows) + 2), 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    xs = range(len(rows))
+    def of_bar(b: dict) -> float:   # the fraction over the bar's own threshold: 100 is the bar
+        return 100 * b["fraction"] / (MEMORY_BAR if b["bound"] == "memory" else COMPUTE_BAR)
+
+    ax.bar([x - 0.2 for x in xs], [of_bar(r["vendor_bar"]) for r in rows], width=0.4,
+           color="#9e9e9e", label="vendor (cuDNN / cuBLAS), the convolution alone")
+    ax.bar([x + 0.2 for x in xs], [of_bar(r["aicf"]) for r in rows], width=0.4,
+           color=["#2e7d32" if r["aicf"]["pass"] else "#c62828" for r in rows],
+           label="aicf's kernel, with its epilogue (green: at its bar)")
+    ax.axhline(100, color="black", linewidth=1, linestyle="--")
+    ax.set_xticks(list(xs), [r["aicf"]["kernel"] for r in rows], rotation=90, fontsize=7)
+    ax.set_ylabel("% of its bar: 50% of the tensor peak,\nor 80% of the copy bandwidth where memory-bound")
+    ax.set_title(title, fontsize=10)
+    top = max(max(of_bar(r["vendor_bar"]), of_bar(r["aicf"])) for r in rows) if rows else 100
+    ax.set_ylim(0, 1.25 * max(top, 100))   # room above the bars for the legend
+    ax.legend(fontsize=8, loc="upper left", ncol=2)
+    import matplotlib
+    with matplotlib.rc_context({"svg.fonttype": "none"}):   # an SVG's text as text, not outlines
+        _save_atomically(fig, target)
+    return len(rows)
+
+
 def aicf_profile(bundle: str, inputs: str) -> str:
     """`aicf-run BUNDLE --profile`'s table, measured in this process."""
     import numpy as np
@@ -221,14 +258,25 @@ def aicf_profile(bundle: str, inputs: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("onnx")
+    ap.add_argument("onnx", nargs="?")
     ap.add_argument("--bundle", help="the model's aicf bundle: profiled here, in the same process")
     ap.add_argument("--inputs", help="with --bundle: the model's inputs (.npz, as benchmarks/export_case.py writes them)")
     ap.add_argument("--profile", help="instead of --bundle: an `aicf-run BUNDLE --profile` table of the same model")
     ap.add_argument("--json", default=None)
     ap.add_argument("--precision", default="fp16", choices=("fp16", "bf16"))
     ap.add_argument("--peak-tflops", type=float, default=989.4, help="dense fp16 tensor-core peak (sm_90)")
+    ap.add_argument("--plot", help="draw each convolution's fraction of its bar into this file (.svg, .png, .pdf)")
+    ap.add_argument("--replot", help="a --json file of an earlier run: draw its --plot, measure nothing")
     args = ap.parse_args(argv)
+    if args.replot:
+        if not args.plot:
+            ap.error("--replot draws a picture: name it with --plot FILE")
+        doc = json.loads(Path(args.replot).read_text())
+        n = plot(doc, args.plot, f"{Path(args.replot).stem}: each convolution against its bar")
+        print(f"wrote {args.plot}: {n} convolutions")
+        return 0
+    if args.onnx is None:
+        ap.error("the ONNX model is needed (or --replot)")
     import onnx
     convs = conv_nodes(onnx.load(args.onnx, load_external_data=False))
     if (args.bundle is None) == (args.profile is None):
@@ -249,8 +297,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{tally['n'] - tally['joined']} compared; at their bar: the vendor's alone {tally['vendor']}, aicf {tally['aicf']} "
           f"(with its fused epilogues); below it on both: {tally['both_fail']}; sum of times: vendor {tally['vendor_us']:.1f} us, "
           f"aicf {tally['aicf_us']:.1f} us")
+    doc = {"copy_gbs": cgbs, "peak_tflops": args.peak_tflops, "convs": res}
     if args.json:
-        Path(args.json).write_text(json.dumps({"copy_gbs": cgbs, "peak_tflops": args.peak_tflops, "convs": res}, indent=1))
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    if args.plot:
+        plot(doc, args.plot, f"{Path(args.onnx).stem}: each convolution against its bar")
     return 0
 
 

@@ -501,3 +501,18 @@ def test_cudnn_convs_compares_a_joined_projection_in_its_host_kernel():
     assert "runs in k6 with a" in lines[1] and tally["joined"] == 1 and tally["aicf_us"] == 33.0
     # c's kernel does only its own work: nothing is joined to it
     assert res[2]["vendor_bar"]["with"] == []
+
+
+def test_cudnn_convs_plots_each_convolution_against_its_bar(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks import cudnn_convs
+    doc = {"convs": [
+        {"node": "a", "vendor_bar": {"bound": "memory", "fraction": 0.6, "pass": False},
+         "aicf": {"kernel": "k3", "bound": "memory", "fraction": 0.85, "pass": True}},
+        {"node": "b", "vendor_bar": {"bound": "compute", "fraction": 0.55, "pass": True},
+         "aicf": {"kernel": "k4", "bound": "compute", "fraction": 0.45, "pass": False}},
+        {"node": "c"}]}   # joined into another kernel: not drawn
+    out = tmp_path / "convs.svg"
+    assert cudnn_convs.plot(doc, str(out), "t") == 2
+    text = out.read_text()
+    assert "k3" in text and "k4" in text and not list(tmp_path.glob(".*.tmp"))
