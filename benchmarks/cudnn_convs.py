@@ -11,18 +11,19 @@ aicf's, against the line every one should clear: which side of it each lands on,
 
 With --bundle, aicf's kernels are profiled first in the same process (`Executor.profile()`, what
 `aicf-run --profile` prints); --profile reads such a table instead. A Conv node is matched with the
-kernel of the most FLOPs among those that name it (a projection shortcut whose GEMM is joined along k
-to the block's last 1x1 is named by that kernel and by the one that gathers its strided input; the
-vendor's figure is then for that one convolution alone). For each Conv node, torch runs `F.conv2d` on channels-last fp16 tensors of the node's shapes with
-`cudnn.benchmark` (cuDNN's fastest algorithm for that shape), and a 1x1 stride-1 one also as the
-cuBLAS GEMM [N·H·W, C] x [C, OC] (the faster of the two is the vendor's figure), without the bias,
-BatchNorm, ReLU, residual or pooling that aicf's kernel may fuse: the convolution alone, the most
-favourable case for the vendor. (A bias through F.conv2d cost 95 us against 31 without on the
-64->256 1x1 at 56x56, B32: cuDNN adds it in a separate pass.) Its figures: GB/s over its own bytes
-(input, weight and output once) and TFLOP/s
-(2·N·OH·OW·OC·(IC/groups)·KH·KW); its bar as in conv_profile_summary.py (memory-bound >= 80% of the
-copy bandwidth, measured here as a 1 GiB device-to-device copy, else >= 50% of the tensor peak).
-Needs torch and onnx (the GPU machine).
+kernel of the most FLOPs among those that name it. A projection shortcut whose GEMM aicf joins along k
+into its block's last 1x1 is compared in that kernel, against the vendor's two convolutions, their
+times, FLOPs and bytes added (`joins`).
+
+For each Conv node, torch runs `F.conv2d` on channels-last tensors of the node's shapes with
+`cudnn.benchmark` (cuDNN's fastest algorithm for that shape), and a 1x1 stride-1 one also as the cuBLAS
+GEMM [N·H·W, C] x [C, OC] (the faster of the two is the vendor's figure), without the bias, BatchNorm,
+ReLU, residual or pooling that aicf's kernel may fuse: the convolution alone, the most favourable case
+for the vendor. (A bias through F.conv2d cost 95 us against 31 without on the 64->256 1x1 at 56x56, B32:
+cuDNN adds it in a separate pass.) Its figures: GB/s over its own bytes (input, weight and output once)
+and TFLOP/s (2·N·OH·OW·OC·(IC/groups)·KH·KW); its bar as in conv_profile_summary.py (memory-bound:
+80% of the copy bandwidth, measured here as a 1 GiB device-to-device copy, gemv.copy_gbs; else 50% of
+the tensor peak). Needs torch and onnx (the GPU machine); --replot needs matplotlib alone.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.conv_profile_summary import COMPUTE_BAR, MEMORY_BAR, bar, rows  # noqa: E402
+from benchmarks.gemv import copy_gbs  # noqa: E402
 
 REPEATS = 20     # launches in one captured graph
 ROUNDS = 15      # graph replays; the median is the figure
@@ -56,7 +58,7 @@ def conv_nodes(model) -> list[dict]:
         w = inits.get(n.input[1])
         x = shapes.get(n.input[0])
         if w is None or not x or 0 in x:
-            raise SystemExit(f"error: conv {n.name}: its weight or input shape is unknown; export with shapes")
+            raise ValueError(f"conv {n.name}: its weight or input shape is unknown; export the model with its shapes")
         kh, kw = w[2], w[3]
         pads = list(a.get("pads", [0, 0, 0, 0]))
         out.append({"node": n.name, "x": x, "w": list(w), "bias": len(n.input) > 2 and bool(n.input[2]),
@@ -90,22 +92,6 @@ def time_graph(torch, fn) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def copy_gbs(torch) -> float:
-    n = 1 << 29   # 1 GiB of fp16
-    src = torch.empty(n, dtype=torch.float16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(11):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    ms = sorted(times)[len(times) // 2]
-    return 2 * src.numel() * 2 / (ms * 1e-3) / 1e9
-
-
 def measure(convs: list[dict], dtype: str) -> tuple[list[dict], float]:
     import torch
     import torch.nn.functional as F
@@ -135,7 +121,7 @@ def measure(convs: list[dict], dtype: str) -> tuple[list[dict], float]:
         res.append(dict(c, out=list(y.shape), us=us, lib=lib, flops=flops, bytes=nbytes,
                         gbs=nbytes / us / 1e3, tflops=flops / us / 1e6))
         print(f"  [{i + 1}/{len(convs)}] {c['node']}: {us:.2f} us ({lib})", file=sys.stderr, flush=True)
-    return res, copy_gbs(torch)
+    return res, copy_gbs()
 
 
 def kernels_by_node(table: str) -> dict[str, dict]:
@@ -179,7 +165,8 @@ def compare(res: list[dict], ours: dict[str, dict], copy: float, peak: float) ->
     for r in res:
         if r["node"] in joined:
             guests.setdefault(joined[r["node"]], []).append(r)
-    tally = {"n": len(res), "joined": len(joined), "vendor": 0, "aicf": 0, "both_fail": 0, "vendor_us": 0.0, "aicf_us": 0.0}
+    tally = {"n": len(res), "joined": len(joined), "vendor": 0, "aicf": 0, "both_fail": 0,
+             "vendor_us": 0.0, "aicf_us": 0.0}
     lines = []
     for r in res:
         shape = f"{r['x'][1]}x{r['x'][2]}x{r['x'][3]}->{r['out'][1]} k{r['kernel'][0]} s{r['stride'][0]}"
@@ -194,7 +181,8 @@ def compare(res: list[dict], ours: dict[str, dict], copy: float, peak: float) ->
         tflops = sum(g["flops"] for g in group) / us / 1e6
         vb, vf, vok = bar({"gbs": gbs, "tflops": tflops}, copy, peak)
         lib = "+".join(g["lib"] for g in group)
-        line = f"{r['node']:>18} {shape:>28} {lib:>6} | {us:9.2f} {vb:>7} {100 * vf:5.1f}% {'yes' if vok else 'NO':>4} | "
+        line = (f"{r['node']:>18} {shape:>28} {lib:>6} | {us:9.2f} {vb:>7} {100 * vf:5.1f}% "
+                f"{'yes' if vok else 'NO':>4} | ")
         r["vendor_bar"] = {"us": us, "bound": vb, "fraction": vf, "pass": vok, "with": [g["node"] for g in group[1:]]}
         tally["vendor"] += vok
         tally["vendor_us"] += us
@@ -260,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("onnx", nargs="?")
     ap.add_argument("--bundle", help="the model's aicf bundle: profiled here, in the same process")
-    ap.add_argument("--inputs", help="with --bundle: the model's inputs (.npz, as benchmarks/export_case.py writes them)")
+    ap.add_argument("--inputs",
+                    help="with --bundle: the model's inputs (.npz, as benchmarks/export_case.py writes them)")
     ap.add_argument("--profile", help="instead of --bundle: an `aicf-run BUNDLE --profile` table of the same model")
     ap.add_argument("--json", default=None)
     ap.add_argument("--precision", default="fp16", choices=("fp16", "bf16"))
@@ -268,17 +257,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", help="draw each convolution's fraction of its bar into this file (.svg, .png, .pdf)")
     ap.add_argument("--replot", help="a --json file of an earlier run: draw its --plot, measure nothing")
     args = ap.parse_args(argv)
+    if args.plot:
+        from aicf_run.errors import RunError
+        from aicf_run.roofline import check_path
+        try:
+            check_path(args.plot)
+        except RunError as err:
+            ap.error(str(err))
     if args.replot:
         if not args.plot:
             ap.error("--replot draws a picture: name it with --plot FILE")
-        doc = json.loads(Path(args.replot).read_text())
+        try:
+            doc = json.loads(Path(args.replot).read_text())
+        except (OSError, ValueError) as err:
+            ap.error(f"--replot {args.replot}: not a JSON file of an earlier run ({err})")
         n = plot(doc, args.plot, f"{Path(args.replot).stem}: each convolution against its bar")
         print(f"wrote {args.plot}: {n} convolutions")
         return 0
-    if args.onnx is None:
-        ap.error("the ONNX model is needed (or --replot)")
+    if args.onnx is None or not Path(args.onnx).is_file():
+        ap.error(f"the ONNX model {args.onnx or ''} is needed and must exist (or --replot)")
     import onnx
-    convs = conv_nodes(onnx.load(args.onnx, load_external_data=False))
+    try:
+        convs = conv_nodes(onnx.load(args.onnx, load_external_data=False))
+    except ValueError as err:
+        ap.error(str(err))
     if (args.bundle is None) == (args.profile is None):
         ap.error("give the bundle (--bundle) or its profile (--profile)")
     if args.bundle and not args.inputs:
@@ -288,14 +290,17 @@ def main(argv: list[str] | None = None) -> int:
         print(table)
     ours = kernels_by_node(table)
     res, cgbs = measure(convs, args.precision)
-    print(f"copy bandwidth (1 GiB device-to-device, read + write): {cgbs:.0f} GB/s; tensor peak {args.peak_tflops:.0f} TFLOP/s")
-    print(f"{'node':>18} {'shape':>28} {'lib':>6} | {'vendor us':>9} {'bound':>7} {'of bar':>6} {'pass':>4} | {'kernel':>6} {'aicf us':>8} "
+    print(f"copy bandwidth (1 GiB device-to-device, read + write): {cgbs:.0f} GB/s; "
+          f"tensor peak {args.peak_tflops:.0f} TFLOP/s")
+    print(f"{'node':>18} {'shape':>28} {'lib':>6} | {'vendor us':>9} {'bound':>7} {'of bar':>6} {'pass':>4} | "
+          f"{'kernel':>6} {'aicf us':>8} "
           f"{'of bar':>6} {'pass':>4} | {'aicf/vendor':>11}")
     lines, tally = compare(res, ours, cgbs, args.peak_tflops)
     print("\n".join(lines))
     print(f"convolutions: {tally['n']}, {tally['joined']} of them run inside another's kernel (joined along k), so "
-          f"{tally['n'] - tally['joined']} compared; at their bar: the vendor's alone {tally['vendor']}, aicf {tally['aicf']} "
-          f"(with its fused epilogues); below it on both: {tally['both_fail']}; sum of times: vendor {tally['vendor_us']:.1f} us, "
+          f"{tally['n'] - tally['joined']} compared; at their bar: the vendor's alone {tally['vendor']}, "
+          f"aicf {tally['aicf']} (with its fused epilogues); below it on both: {tally['both_fail']}; "
+          f"sum of times: vendor {tally['vendor_us']:.1f} us, "
           f"aicf {tally['aicf_us']:.1f} us")
     doc = {"copy_gbs": cgbs, "peak_tflops": args.peak_tflops, "convs": res}
     if args.json:
