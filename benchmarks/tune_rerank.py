@@ -13,9 +13,11 @@ does, with the report's ptxas register counts standing in for the build of the l
     python3 benchmarks/tune_rerank.py /tmp/r50/r50_b32.onnx benchmarks/results/tune_resnet50_b32_session29_h200.json \\
         --precision fp16 --profile aicfc/profiles/gpus/h200.json
 
-With --calibration it also prints, over every timed `wgmma` candidate, measured / predicted by warpgroup
-arrangement (cooperative, ping-pong, lone) and how many of the schedules timed both as a cluster pair and alone
-the model orders as measured: what session 38's two cost changes were found with.
+With --calibration it also prints, over every timed candidate, measured / predicted by group (a `wgmma`
+schedule's warpgroup arrangement: cooperative, ping-pong, lone; an `mma` tile's warps a block; every other unit)
+and how many of the wgmma schedules timed both as a cluster pair and alone the model orders as measured: what
+session 38's two cost changes were found with, and session 42's finding that `mma` runs 1.5-1.7x its prediction
+on the H200 (2.3x at one warp a block).
 
 The model must be the one the report was measured on, or one with the same kernels: kernels and
 candidates are matched by name and parameters. `benchmarks/resnet50_graph.py` writes ResNet-50
@@ -80,11 +82,23 @@ def arrangement(p: dict[str, Any]) -> str:
     return "cooperative" if cooperative(p) else "lone"
 
 
+def group(p: dict[str, Any]) -> str:
+    """A timed candidate's calibration group: a wgmma schedule's warpgroup arrangement, an `mma` tile's warps
+    a block (its error grows as they fall: session 42), else its unit."""
+    unit = p.get("unit", "?")
+    if unit == "wgmma":
+        return arrangement(p)
+    if unit == "mma":
+        return f"mma, {p['WM'] * p['WN']} warps"
+    return unit
+
+
 def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
-    """How this tree's predictions sit against the report's times, for every timed `wgmma` candidate of a GEMM or
-    convolution: the geometric mean of measured / predicted and the share within [0.8, 1.25] by warpgroup
-    arrangement ([Note: two issuing warpgroups] in planner/cost_wgmma.py), and, of the schedules timed both as a
-    cluster pair and alone, how many the model orders as measured ([Note: a cluster pair in lockstep])."""
+    """How this tree's predictions sit against the report's times, for every timed candidate of a GEMM or
+    convolution: the geometric mean of measured / predicted and the share within [0.8, 1.25] by group (`group`:
+    a wgmma schedule's warpgroup arrangement, [Note: two issuing warpgroups] in planner/cost_wgmma.py; an mma
+    tile's warps; every other unit), and, of the wgmma schedules timed both as a cluster pair and alone, how
+    many the model orders as measured ([Note: a cluster pair in lockstep])."""
     measured = {kt["name"]: kt for kt in report["kernels"] if kt["family"] in ("gemm", "conv")}
     ratios: dict[str, list[float]] = {}
     pairs = right = 0
@@ -93,10 +107,12 @@ def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
             continue
         by = {params_key(r.params): r.time_us for r in rank(k, plan, hw)[0]}
         timed = {params_key(c["params"]): c["measured_us"] for c in measured[k.name]["candidates"]
-                 if c.get("measured_us") and c["params"].get("unit") == "wgmma"}
+                 if c.get("measured_us")}
         for key, us in timed.items():
             if key in by:
-                ratios.setdefault(arrangement(dict(key)), []).append(us / by[key])
+                ratios.setdefault(group(dict(key)), []).append(us / by[key])
+            if dict(key).get("unit") != "wgmma":
+                continue
             alone = params_key({**dict(key), "CLUSTER": 1})
             if dict(key).get("CLUSTER", 1) > 1 and alone in timed and key in by and alone in by:
                 pairs += 1
@@ -105,7 +121,8 @@ def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
     for name, rs in sorted(ratios.items()):
         geo = math.exp(sum(math.log(r) for r in rs) / len(rs))
         band = sum(0.8 <= r <= 1.25 for r in rs) / len(rs)
-        lines.append(f"{name:12s} {len(rs):4d} timed wgmma candidates: measured / predicted {geo:.3f} (geometric mean), "
+        what = "wgmma candidates" if name in ("cooperative", "ping-pong", "lone") else "candidates"
+        lines.append(f"{name:12s} {len(rs):4d} timed {what}: measured / predicted {geo:.3f} (geometric mean), "
                      f"{band:.0%} in [0.8, 1.25]")
     lines.append(f"cluster pairs timed both ways: {pairs}; ordered as measured: {right}")
     return lines
@@ -145,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", help="hardware profile to re-rank under (JSON, or a bundled GPU's name)")
     ap.add_argument("--kernels", help="comma-separated kernel names (default: every GEMM and convolution)")
     ap.add_argument("--calibration", action="store_true",
-                    help="also print measured / predicted by warpgroup arrangement and the cluster pairs' order")
+                    help="also print measured / predicted by group (wgmma arrangement, mma warps, unit) and the "
+                         "cluster pairs' order")
     args = ap.parse_args(argv)
     report = json.loads(args.report.read_text())
     hw = load_profile(args.target, args.profile)

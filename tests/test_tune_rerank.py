@@ -64,3 +64,10 @@ def test_calibration_groups_the_timed_candidates_by_their_warpgroups():
     assert lines[-1].startswith("cluster pairs timed both ways: ")
     assert arrangement({"NWG": 2, "PP": 0}) == "cooperative" and arrangement({"NWG": 2, "PP": 1}) == "ping-pong"
     assert arrangement({"NWG": 1, "PP": 0, "MI": 2}) == "lone"
+
+
+def test_calibration_groups_other_units_by_unit_and_mma_by_its_warps():
+    from benchmarks.tune_rerank import group
+    assert group({"unit": "mma", "WM": 2, "WN": 1}) == "mma, 2 warps"
+    assert group({"unit": "simt", "BM": 64}) == "simt" and group({"unit": "thin"}) == "thin"
+    assert group({"unit": "wgmma", "NWG": 2, "PP": 1}) == "ping-pong"
