@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.conv_profile_summary import COMPUTE_BAR, MEMORY_BAR, bar, rows  # noqa: E402
 from benchmarks.gemv import copy_gbs  # noqa: E402
+from benchmarks.timing import torch_graph_us  # noqa: E402
 
-REPEATS = 20     # launches in one captured graph
+REPEATS = 20     # launches in one captured graph (timing.torch_graph_us)
 ROUNDS = 15      # graph replays; the median is the figure
 
 
@@ -68,30 +69,6 @@ def conv_nodes(model) -> list[dict]:
     return out
 
 
-def time_graph(torch, fn) -> float:
-    """us a call: REPEATS calls captured in one graph, median of ROUNDS replays."""
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPEATS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(ROUNDS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / REPEATS)
-    return sorted(times)[len(times) // 2]
-
-
 def measure(convs: list[dict], dtype: str) -> tuple[list[dict], float]:
     import torch
     import torch.nn.functional as F
@@ -110,12 +87,14 @@ def measure(convs: list[dict], dtype: str) -> tuple[list[dict], float]:
         n, oc, oh, ow = y.shape
         flops = 2 * n * oh * ow * oc * c["w"][1] * c["kernel"][0] * c["kernel"][1]
         nbytes = 2 * (x.numel() + w.numel() + y.numel())
-        us, lib = time_graph(torch, fn), "cuDNN"
+        # F.conv2d has no out=: inside the capture each call takes its own output from the graph's private
+        # pool (torch_graph_us asks for preallocated outputs; the matmul below keeps the same terms)
+        us, lib = torch_graph_us(fn, REPEATS, ROUNDS), "cuDNN"
         if c["kernel"] == [1, 1] and c["stride"] == [1, 1] and c["groups"] == 1 and c["pad"] == [0, 0]:
             # a 1x1 convolution over channels-last pixels is the GEMM [N·H·W, C] x [C, OC]: cuBLAS too
             a = x.permute(0, 2, 3, 1).reshape(-1, c["x"][1])
             b = w.reshape(oc, -1).t()
-            mm = time_graph(torch, lambda a=a, b=b: a @ b)
+            mm = torch_graph_us(lambda a=a, b=b: a @ b, REPEATS, ROUNDS)
             if mm < us:
                 us, lib = mm, "cuBLAS"
         res.append(dict(c, out=list(y.shape), us=us, lib=lib, flops=flops, bytes=nbytes,

@@ -101,6 +101,7 @@ def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
     many the model orders as measured ([Note: a cluster pair in lockstep])."""
     measured = {kt["name"]: kt for kt in report["kernels"] if kt["family"] in ("gemm", "conv")}
     ratios: dict[str, list[float]] = {}
+    units: dict[str, str] = {}
     pairs = right = 0
     for k in plan.kernels:
         if k.name not in measured:
@@ -111,6 +112,7 @@ def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
         for key, us in timed.items():
             if key in by:
                 ratios.setdefault(group(dict(key)), []).append(us / by[key])
+                units[group(dict(key))] = dict(key).get("unit", "?")
             if dict(key).get("unit") != "wgmma":
                 continue
             alone = params_key({**dict(key), "CLUSTER": 1})
@@ -121,7 +123,7 @@ def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
     for name, rs in sorted(ratios.items()):
         geo = math.exp(sum(math.log(r) for r in rs) / len(rs))
         band = sum(0.8 <= r <= 1.25 for r in rs) / len(rs)
-        what = "wgmma candidates" if name in ("cooperative", "ping-pong", "lone") else "candidates"
+        what = "wgmma candidates" if units[name] == "wgmma" else "candidates"
         lines.append(f"{name:12s} {len(rs):4d} timed {what}: measured / predicted {geo:.3f} (geometric mean), "
                      f"{band:.0%} in [0.8, 1.25]")
     lines.append(f"cluster pairs timed both ways: {pairs}; ordered as measured: {right}")
