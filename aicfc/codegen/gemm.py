@@ -359,15 +359,16 @@ def runs_along(off: Affine, n_var: str, n: int, ve: int) -> bool:
 
 
 def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
-                     n: int) -> list[str] | None:
+                     n: int, hoist: list | None = None) -> list[str] | None:
     """Epilogue for two adjacent columns (gn, gn+1) ending in one 2-element vector store, or
-    None when the stored tensor is not contiguous and 2-aligned along n (or N is odd)."""
+    None when the stored tensor is not contiguous and 2-aligned along n (or N is odd); `hoist`:
+    its pair loads go there (`paired_loads`)."""
     c = dims(k)[0]
     last, bind = store_target(k, types)
     off = element_offset(last, bind)
     if c.n is None or not runs_along(off, c.n, n, 2):
         return None
-    lines, values = _pair_values(k, types, sig, names)
+    lines, values = _pair_values(k, types, sig, names, hoist=hoist)
     vec_t, vec = PAIR_TYPES[types[last.out].dtype]
     ptr = sig.params[last.out]
     return lines + [f"*reinterpret_cast<{vec_t}*>({ptr} + ({c_affine(off, names)})) = {vec}({values[0]}, {values[1]});"]
@@ -379,12 +380,12 @@ PAIR_TYPES = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2hal
 
 
 def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
-                 staged_reads: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+                 staged_reads: Mapping[str, str] | None = None, hoist: list | None = None) -> tuple[list[str], list[str]]:
     """(lines, [value of column gn, value of column gn1]): the epilogue of the accumulators
     `accv`, `accv1` (the contraction itself when the kernel has no epilogue)."""
     em = Emitter(sig.params, types, prefix="v")
     if len(acc_ops(k)) == 2 and rotary(k) is None:
-        lines, cols = paired_loads(k, types, sig, names, staged_reads)
+        lines, cols = paired_loads(k, types, sig, names, staged_reads, hoist)
         if lines:
             mm, epi = acc_ops(k)
             n = dims(k)[0].n
@@ -402,22 +403,14 @@ PAIR_LOADS = {"f32": ("float2", "{r}.x", "{r}.y"), "f16": ("__half2", "__low2flo
               "bf16": ("__nv_bfloat162", "__low2float({r})", "__high2float({r})")}
 
 
-def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
-                 staged_reads: Mapping[str, str] | None = None) -> tuple[list[str], tuple[dict, dict]]:
-    """(lines, (values at column gn, values at gn + 1)): the epilogue's tensor reads (a residual,
-    a per-column scale) that are contiguous along n and pair-aligned, each read once for both
-    columns as a 2-element vector. Read as two scalars, a residual costs twice the load
-    instructions and registers, so fewer of the tile's reads are in flight at once: a 1x1
-    convolution's residual epilogue was a chain of memory round trips. A buffer of
-    `staged_reads` is read from the shared-memory element that expression names instead
-    ([Note: residual through the staging] in codegen/gemm_wgmma.py)."""
+def paired_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[tuple[Load, Affine]]:
+    """The epilogue's tensor reads that `paired_loads` reads as 2-element vectors (contiguous along
+    n, pair-aligned, not data-dependent), each with its flat offset, in the epilogue's order."""
     mm, epi = acc_ops(k)
     n = dims(k)[0].n
-    lines: list[str] = []
-    lo: dict = {}
-    hi: dict = {}
+    out: list[tuple[Load, Affine]] = []
     if n is None:
-        return lines, (lo, hi)
+        return out
     for ld in dict.fromkeys(loads(epi.body)):
         t = types.get(ld.buffer)
         if ld.buffer == mm.out or t is None or ld.fill is not None or t.dtype not in PAIR_LOADS or indirect_dims(ld):
@@ -425,14 +418,45 @@ def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
         off = flat_offset(ld.index, t)
         if off.coeff(n) != 1 or off.const % 2 or any(x % 2 for v, x in off.terms if v != n):
             continue
-        vec_t, low, high = PAIR_LOADS[t.dtype]
+        out.append((ld, off))
+    return out
+
+
+def paired_load_expr(ld: Load, off: Affine, types: Mapping[str, TensorType], sig, names: Mapping[str, str]) -> str:
+    """The 2-element vector load of `ld` (`paired_reads`) at the element `names` binds (its n to
+    the pair's first column)."""
+    vec_t = PAIR_LOADS[types[ld.buffer].dtype][0]
+    return f"__ldg(reinterpret_cast<const {vec_t}*>({sig.params[ld.buffer]} + ({c_affine(off, names)})))"
+
+
+def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
+                 staged_reads: Mapping[str, str] | None = None, hoist: list | None = None) -> tuple[list[str], tuple[dict, dict]]:
+    """(lines, (values at column gn, values at gn + 1)): the epilogue's tensor reads (a residual,
+    a per-column scale) that are contiguous along n and pair-aligned, each read once for both
+    columns as a 2-element vector. Read as two scalars, a residual costs twice the load
+    instructions and registers, so fewer of the tile's reads are in flight at once: a 1x1
+    convolution's residual epilogue was a chain of memory round trips. A buffer of
+    `staged_reads` is read from the shared-memory element that expression names instead
+    ([Note: residual through the staging] in codegen/gemm_wgmma.py); with `hoist`, each load goes
+    there as (vector type, register, code) and the register is read instead ([Note: epilogue reads
+    before the wait] in passes/early_epilogue.py)."""
+    n = dims(k)[0].n
+    lines: list[str] = []
+    lo: dict = {}
+    hi: dict = {}
+    for ld, off in paired_reads(k, types):
+        vec_t, low, high = PAIR_LOADS[types[ld.buffer].dtype]
         r = f"pr{len(lo)}"
-        at = c_affine(off, dict(names) | {n: "gn"})
         src = (staged_reads or {}).get(ld.buffer)
         if src is not None:
             lines.append(f"const {vec_t} {r} = *reinterpret_cast<const {vec_t}*>({src});")
-        else:
-            lines.append(f"const {vec_t} {r} = __ldg(reinterpret_cast<const {vec_t}*>({sig.params[ld.buffer]} + ({at})));")
+            lo[ld], hi[ld] = low.format(r=r), high.format(r=r)
+            continue
+        code = paired_load_expr(ld, off, types, sig, dict(names) | {n: "gn"})
+        if hoist is not None:
+            hoist.append((vec_t, f"epre{len(hoist)}", code))
+            code = hoist[-1][1]
+        lines.append(f"const {vec_t} {r} = {code};")
         lo[ld], hi[ld] = low.format(r=r), high.format(r=r)
     return lines, (lo, hi)
 
@@ -558,6 +582,25 @@ def staged_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict
     return Staged(lines, CTYPES[dt], vec_t, vec, sig.params[k.ops[-1].out], c_affine(off, names), ITEMSIZE[dt])
 
 
+def early_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[str] | None:
+    """The buffers a gemv's epilogue reads, which it may request before the dependent-launch wait
+    ([Note: epilogue reads before the wait] in passes/early_epilogue.py): an ungated, unrotated
+    epilogue stored as pairs (`_paired_epilogue`) whose every read is a pair vector
+    (`paired_reads`: a residual, a per-column scale); None otherwise, or where it reads nothing."""
+    c, _, n, _, _ = dims(k)
+    if len(acc_ops(k)) != 2 or gated(k) or rotary(k) is not None or c.n is None:
+        return None
+    last, bind = store_target(k, types)
+    if not runs_along(element_offset(last, bind), c.n, n, 2):
+        return None
+    mm, epi = acc_ops(k)
+    paired = {ld for ld, _ in paired_reads(k, types)}
+    reads = [ld for ld in dict.fromkeys(loads(epi.body)) if ld.buffer != mm.out]
+    if not reads or any(ld not in paired for ld in reads):
+        return None
+    return list(dict.fromkeys(ld.buffer for ld in reads))
+
+
 def _row_scale_parts(k: Kernel, types: Mapping[str, TensorType], sig) -> dict:
     """A row-scaled gemv's C pieces ([Note: a norm's row scale in the gemv] in codegen/gemm_gemv.py):
     `elem`, the statistic's summand of one element `x` of the row (the contraction's A operand,
@@ -598,17 +641,19 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     else:
         lines = [store_line(mm, {v: Affine.var(v) for v in mm.domain_vars}, "accv", sig.params, out_names)]
     rs = _row_scale_parts(k, types, sig) if row_scale(k) is not None else None
+    early: list[tuple[str, str, str]] | None = [] if p.get("EPRE") else None
     parts = dict(c=c, M=m, N=n, K=kk, row_scale=rs, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
-                 paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n),
+                 paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n, early),
                  staged=staged_epilogue(k, types, sig, out_names, n,
                                                 gemm_wgmma.staging_row(p) if p.get("RS") else 0) if p["unit"] in ("wgmma", "thin") else None,
                  copy_in=_residual_read(*staged_source(k, types, n), types, sig, out_names) if p.get("RS") else None,
                  prefetch=tuple(_residual_read(b, off, types, sig, out_names)
                                 for b, off in prefetch_reads(k, types)) if p["unit"] == "wgmma" else (),
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
-                 rotary=getattr(rotary(k), "head", None))
+                 rotary=getattr(rotary(k), "head", None),
+                 early=[dict(ctype=t, name=r, load=code) for t, r, code in early or ()])
     if p["unit"] == "gemv":
         return gemm_gemv.render_kernel(k, p, types, name, parts)
     if p["unit"] == "thin":

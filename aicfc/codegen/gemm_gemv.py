@@ -53,7 +53,10 @@ sides slower (243.3 and 255.9 us). So the copy before the wait stays at one step
 Measured again in session 20 (an H200, the 4-layer plan, 9 alternating rounds, one process;
 benchmarks/results/decode_ab_session20_h200.txt): without that step the plan replayed 214.6 us
 against 206.8, and the QKV and O projections' whole slices requested into L2 before the wait
-(`prefetch.global.L2`) 212.2 against 206.6.
+(`prefetch.global.L2`) 212.2 against 206.6. Session 43 (an H200, the same plan, 7 alternating rounds;
+benchmarks/results/early_epilogue_session43_h200.txt) requested both register buffers' steps before
+the wait (the O projection's whole slice: 2 steps of its 256 k-rows) with the residuals early: the
+O projections so 190.1 us, the O and QKV 188.6, against 189.2 with one step; not kept.
 An RMSNorm folded into the gemv that reads it fared the same (session 14, an H200, branch
 session14-fold-row-scale, benchmarks/results/fold_row_scale_session14_h200.txt): every block read
 its rows once (the statistics and the activation) and scaled its sums before the epilogue, one

@@ -141,17 +141,9 @@ def why_not_early(k: Kernel, plan: Plan) -> str | None:
 
 def read_early(k: Kernel, plan: Plan, hw: Profile) -> Kernel:
     """`k` with PRE = 1 and its prediction re-costed as plan_schedules costed it: the attention
-    without its folded writes (whose stores are the whole caches), at ptxas's register count
-    where the leaders were checked."""
-    from aicfc.passes.plan_schedules import recost
-    from aicfc.planner.cost import estimate_registers
-    s, a = k.schedule, attention_part(k)
-    p = dict(s.param, PRE=1)
-    checked = dict(s.predicted).get("registers_ptxas")
-    est = recost(a, p, s.grid, s.block, s.smem_bytes, int(checked or estimate_registers(a, p)), plan.types(), hw)
-    if checked:
-        est.terms["registers_ptxas"] = checked
-    return k.replace(schedule=dataclasses.replace(s, params=tuple(sorted(p.items())), predicted=est.as_items()))
+    without its folded writes (whose stores are the whole caches)."""
+    from aicfc.passes.plan_schedules import with_params
+    return with_params(k, {"PRE": 1}, plan.types(), hw, attention_part(k))
 
 
 def fold_cache_writes(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> Plan:

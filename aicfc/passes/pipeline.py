@@ -31,6 +31,7 @@ from aicfc.passes.inline_producers import inline_producers
 from aicfc.passes.interleave_gates import interleave_gates
 from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
+from aicfc.passes.early_epilogue import early_epilogue
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.pool_epilogue import pool_epilogue
@@ -92,6 +93,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p)),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
+    Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
@@ -135,6 +137,9 @@ assert _ORDER.index("form_kernels") < _ORDER.index("declare_state") < _ORDER.ind
 # fold_cache_writes folds declare_state's scatters into the attentions plan_schedules made split-KV,
 # before plan_memory places the buffers of the merged kernels.
 assert _ORDER.index("plan_schedules") < _ORDER.index("fold_cache_writes") < _ORDER.index("plan_memory")
+# early_epilogue reads the final kernel order (fold_cache_writes removes kernels) and precedes plan_memory,
+# which keeps an operand read before the wait live until its reader.
+assert _ORDER.index("fold_cache_writes") < _ORDER.index("early_epilogue") < _ORDER.index("plan_memory")
 # pool_epilogue merges a convolution whose layout (channels_last) and stem rows (unfold_taps) are decided,
 # before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
 assert (_ORDER.index("channels_last") < _ORDER.index("unfold_taps") < _ORDER.index("pool_epilogue")

@@ -77,6 +77,20 @@ def recost(k: Kernel, params: dict[str, Any], grid: tuple[int, int, int], block:
     return cost(k, params, grid, block, smem, regs, types, hw)
 
 
+def with_params(k: Kernel, changes: dict[str, Any], types: Mapping[str, TensorType], hw: Profile,
+                costed: Kernel | None = None) -> Kernel:
+    """`k` with its schedule's parameters updated by `changes` (a later pass's decision: a read
+    before the dependent-launch wait) and its prediction re-costed on the same launch, at ptxas's
+    register count where the leaders were checked; `costed`: the kernel to cost in its place."""
+    s, a = k.schedule, costed or k
+    p = dict(s.param) | changes
+    checked = dict(s.predicted).get("registers_ptxas")
+    est = recost(a, p, s.grid, s.block, s.smem_bytes, int(checked or estimate_registers(a, p)), types, hw)
+    if checked:
+        est.terms["registers_ptxas"] = checked
+    return k.replace(schedule=dataclasses.replace(s, params=tuple(sorted(p.items())), predicted=est.as_items()))
+
+
 # Schedule keys whose candidates only a --pin of that key makes eligible (the space keeps them, so explain
 # shows them with this reason): measured, correct, and slower than the default everywhere they were timed.
 OPT_IN = {"STREAM": "stream-k runs only under --pin STREAM=1: on an H200 it measured 1.4-1.6x slower than "
@@ -318,7 +332,8 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     from aicfc.passes.concat_projections import PIN as PROJECTION_PIN
     from aicfc.passes.pool_epilogue import PIN as POOLED_PIN
     from aicfc.passes.fold_row_scale import PIN as ROWSCALE_PIN
-    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN)
+    from aicfc.passes.early_epilogue import PIN as EPRE_PIN
+    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():
@@ -343,7 +358,7 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
     `check` counts the leading candidates' registers (`check_leaders`). Keys that switch a
     rewrite rather than a schedule (`unfold`, passes/unfold_taps.py; `early`, passes/fold_cache_writes.py;
     `projection`, passes/concat_projections.py; `pooled`, passes/pool_epilogue.py; `rowscale`,
-    passes/fold_row_scale.py) were the passes' to read and are dropped."""
+    passes/fold_row_scale.py; `epre`, passes/early_epilogue.py) were the passes' to read and are dropped."""
     every, by_node = node_pins(pin or {})
     covered = {node for k in plan.kernels for node in k.origins}
     missing = sorted(set(by_node) - covered)

@@ -25,6 +25,9 @@ plus the tails a block runs after its last load.
     t_reduce = gemv_reduce_us                               shuffles, one barrier, the warps'
                                                             ordered adds, the epilogue's stores,
                                                             the first load's round trip
+               - gemv_early_read_us (EPRE = 1)              the epilogue's operands requested
+                                                            before the wait ([Note: epilogue
+                                                            reads before the wait])
     t_split  = gemv_split_us + SPLITK · BM · BN · 4 / r_l2  (SPLITK > 1, CL = 0) partial rows to
                L2, a fence and a ticket, and the last block reading every split's rows back
                at one SM's L2 rate r_l2 = gemv_sm_gbs
@@ -100,6 +103,7 @@ CONSTANTS = {
     "gemv_full_us": 2.0,            # a grid that fills every block slot: the next kernel's blocks cannot start early
     "gemv_cluster_spread": 0.3,     # a cluster spread over more than two SMs (SPLITK > 2 x blocks an SM): the stream's loss
     "gemv_tc_issue": 2.0,           # tensor-core steps: their issue (permutes, loads, products) over the products' time
+    "gemv_early_read_us": 0.5,      # EPRE = 1 ([Note: epilogue reads before the wait]): the epilogue's round trip fewer (0.4-0.6 measured, session 43)
     "gemv_row_scale_us": 0.1,       # a row-scaled gemv: the statistic's adds, a barrier, the tile's sums scaled (B1: 4.4 us as unscaled, session 35)
 }
 
@@ -165,10 +169,11 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     t_exposed = t_fma * max(0.0, 1.0 - resident * p["WARPS"] / c["gemv_hiding_warps"])
     rounds = math.ceil(q / max(1, bps))                              # the busiest SM's rounds of blocks
     t_rounds = (rounds - 1) * c["gemv_wave_us"]
-    time = max(t_sm, t_fma) + t_exposed + t_rounds + t_full + c["gemv_reduce_us"] + t_split
+    t_tail = c["gemv_reduce_us"] - (c["gemv_early_read_us"] if p.get("EPRE") else 0.0)
+    time = max(t_sm, t_fma) + t_exposed + t_rounds + t_full + t_tail + t_split
     return {"time_us": time, "t_dram_us": t_dram, "t_sm_us": t_sm, "t_fma_us": t_fma, "t_split_us": t_split,
-            "t_fma_exposed_us": t_exposed, "t_pipeline_us": c["gemv_reduce_us"] + t_split,
-            "t_compute_us": t_fma, "t_smem_us": 0.0, "t_reduce_us": c["gemv_reduce_us"],
+            "t_fma_exposed_us": t_exposed, "t_pipeline_us": t_tail + t_split,
+            "t_compute_us": t_fma, "t_smem_us": 0.0, "t_reduce_us": t_tail,
             "sm_gbs": io_bytes / t_sm / 1e3 / sm_count, "inflight_per_sm": f, "blocks": blocks,
             "blocks_busiest_sm": q, "blocks_per_sm": bps, "rounds": rounds, "t_rounds_us": t_rounds, "t_full_us": t_full,
             "nominal_dram_gbs": dram_gbs, "tensor_cores": 1.0 if p.get("TC") else 0.0}
