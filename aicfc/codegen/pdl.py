@@ -14,7 +14,10 @@ completed and its writes are visible. Every kernel of a plan compiled for sm_90 
 
 - no kernel reads a buffer before its producer is complete, and none writes a buffer (the
   memory planner reuses the arena) before the kernels that read it are complete: the wait
-  returns only when the previous kernel is complete, which itself waited for the one before;
+  returns only when the previous kernel is complete, which itself waited for the one before
+  (so what a kernel reads before its wait is the plan's constants or what kernels two or more
+  launches back wrote: [Note: attention reads before the wait] in passes/fold_cache_writes.py,
+  [Note: epilogue reads before the wait] in passes/early_epilogue.py);
 - the next kernel is launched while this one runs and its blocks wait on the SMs as this
   one's retire: the launch latency overlaps the work instead of following it;
 - run-ahead is one kernel: a kernel triggers only after its own wait has returned. Triggering
