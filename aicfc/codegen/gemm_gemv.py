@@ -140,6 +140,7 @@ from typing import Mapping
 from aicfc.codegen import pdl
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.codegen.common import CTYPES, render
+from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import TensorType
@@ -327,6 +328,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
     ln, rw, _ = lanes(p["BN"])
     seg = segments(p)
+    if parts.get("early") and p["BM"] * p["BN"] // 2 > threads(p):   # one pair a thread: passes/early_epilogue.why_not
+        raise AicfError(f"internal: {name}: epilogue reads before the wait need one pair a thread, "
+                        f"{p['BM']}x{p['BN']} over {threads(p)} threads")
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
                   AVEC=bool(p.get("TC")) and vector_rows(c, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
