@@ -93,12 +93,14 @@ def group(p: dict[str, Any]) -> str:
     return unit
 
 
-def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
+def calibration(plan, hw, report: dict[str, Any], offset_us: float = 0.0) -> list[str]:
     """How this tree's predictions sit against the report's times, for every timed candidate of a GEMM or
     convolution: the geometric mean of measured / predicted and the share within [0.8, 1.25] by group (`group`:
     a wgmma schedule's warpgroup arrangement, [Note: two issuing warpgroups] in planner/cost_wgmma.py; an mma
     tile's warps; every other unit), and, of the wgmma schedules timed both as a cluster pair and alone, how
-    many the model orders as measured ([Note: a cluster pair in lockstep])."""
+    many the model orders as measured ([Note: a cluster pair in lockstep]). `offset_us` is added to every
+    prediction first: what the report's timing adds to a kernel over the launch term the profile is fitted to
+    (`aicfc tune` launches on a stream: [Note: launch overhead and the plan gap] in planner/hardware.py)."""
     measured = {kt["name"]: kt for kt in report["kernels"] if kt["family"] in ("gemm", "conv")}
     ratios: dict[str, list[float]] = {}
     units: dict[str, str] = {}
@@ -111,7 +113,7 @@ def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
                  if c.get("measured_us")}
         for key, us in timed.items():
             if key in by:
-                ratios.setdefault(group(dict(key)), []).append(us / by[key])
+                ratios.setdefault(group(dict(key)), []).append(us / (by[key] + offset_us))
                 units[group(dict(key))] = dict(key).get("unit", "?")
             if dict(key).get("unit") != "wgmma":
                 continue
@@ -126,6 +128,8 @@ def calibration(plan, hw, report: dict[str, Any]) -> list[str]:
         what = "wgmma candidates" if units[name] == "wgmma" else "candidates"
         lines.append(f"{name:12s} {len(rs):4d} timed {what}: measured / predicted {geo:.3f} (geometric mean), "
                      f"{band:.0%} in [0.8, 1.25]")
+    if offset_us:
+        lines.append(f"(every prediction + {offset_us:g} us, the report's timing over the profile's launch term)")
     lines.append(f"cluster pairs timed both ways: {pairs}; ordered as measured: {right}")
     return lines
 
@@ -166,7 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", action="store_true",
                     help="also print measured / predicted by group (wgmma arrangement, mma warps, unit) and the "
                          "cluster pairs' order")
+    ap.add_argument("--timing-offset-us", type=float, default=0.0, metavar="US",
+                    help="with --calibration, add US to every prediction: what the report's timing adds to a kernel "
+                         "over the profile's launch term (aicfc tune's stream launches: about 0.9 on an H200 with "
+                         "--profile h200, session 10's 1.89 us against the profile's 1.0)")
     args = ap.parse_args(argv)
+    if args.timing_offset_us < 0 or not math.isfinite(args.timing_offset_us):
+        print("tune_rerank: --timing-offset-us must be a finite number >= 0", file=sys.stderr)
+        return 2
     report = json.loads(args.report.read_text())
     hw = load_profile(args.target, args.profile)
     plan = run_pipeline(import_model(onnx.load(str(args.model)), None, name=args.model.stem),
@@ -174,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = rerank(plan, hw, report, set(args.kernels.split(",")) if args.kernels else None)
     print("\n".join(summary(rows)))
     if args.calibration:
-        print("\n".join(calibration(plan, hw, report)))
+        print("\n".join(calibration(plan, hw, report, args.timing_offset_us)))
     return 0
 
 

@@ -71,3 +71,26 @@ def test_calibration_groups_other_units_by_unit_and_mma_by_its_warps():
     assert group({"unit": "mma", "WM": 2, "WN": 1}) == "mma, 2 warps"
     assert group({"unit": "simt", "BM": 64}) == "simt" and group({"unit": "thin"}) == "thin"
     assert group({"unit": "wgmma", "NWG": 2, "PP": 1}) == "ping-pong"
+
+
+def test_calibration_adds_the_timing_offset_to_every_prediction():
+    """`--timing-offset-us`: the report's timing over the profile's launch term is added before the ratio, so a
+    candidate that measured its prediction now measures below it by exactly that share."""
+    from benchmarks.tune_rerank import calibration
+    plan, hw, report, kt = _report()
+    base, shifted = calibration(plan, hw, report), calibration(plan, hw, report, 0.5)
+    assert shifted[-2].startswith("(every prediction + 0.5 us")
+    assert len(shifted) == len(base) + 1
+    exact = [i for i, x in enumerate(base) if "predicted 1.000 " in x]   # groups that measured their predictions
+    assert exact
+    for i in exact:
+        geo = float(shifted[i].split("predicted ")[1].split()[0])
+        assert 0.5 < geo < 0.999
+
+
+def test_rerank_cli_rejects_a_negative_timing_offset(capsys, tmp_path):
+    from benchmarks.tune_rerank import main
+    report = tmp_path / "r.json"
+    report.write_text("{}")
+    assert main([str(tmp_path / "m.onnx"), str(report), "--calibration", "--timing-offset-us", "-1"]) == 2
+    assert capsys.readouterr().err.strip().startswith("tune_rerank: --timing-offset-us")
