@@ -152,14 +152,6 @@ def fitted_profile(base: dict[str, Any], fits: dict[str, dict[str, float]]) -> d
     return data
 
 
-def raw_profile(name: str) -> dict[str, Any]:
-    """The profile file as written (a GPU's figures over its base), for a copy with the fitted keys."""
-    if Path(name).exists():
-        return json.loads(Path(name).read_text())
-    from importlib import resources
-    return json.loads(resources.files("aicfc").joinpath("profiles", "gpus", f"{name}.json").read_text())
-
-
 def compare(base_rows: list[dict[str, Any]], new_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per model, over the kernels both plans have: the picks whose measured time got faster / slower (beyond 1%)
     and their sums where both picks were measured; the picks the GPU never timed under the fitted profile that
@@ -272,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nthe fit {'improves' if good else 'does not improve'} the measured picks (needs more better than worse, "
           f"a smaller sum, no pick moved to an unmeasured candidate, and the timed picks no slower)")
     if args.write_profile and good:
-        args.write_profile.write_text(json.dumps(fitted_profile(raw_profile(args.profile), fits), indent=2) + "\n")
+        args.write_profile.write_text(json.dumps(new_hw.data, indent=2) + "\n")   # the whole profile, fitted keys included
         print(f"wrote {args.write_profile} (keys the tree's cost model reads only with a change: see the module doc)")
     elif args.write_profile:
         print(f"{args.write_profile} not written")

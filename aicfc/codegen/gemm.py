@@ -438,8 +438,8 @@ def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
     convolution's residual epilogue was a chain of memory round trips. A buffer of
     `staged_reads` is read from the shared-memory element that expression names instead
     ([Note: residual through the staging] in codegen/gemm_wgmma.py); with `hoist`, each load goes
-    there as (vector type, register, code) and the register is read instead ([Note: epilogue reads
-    before the wait] in passes/early_epilogue.py)."""
+    there as {ctype, name, load} (the template's early registers) and the register is read instead
+    ([Note: epilogue reads before the wait] in passes/early_epilogue.py)."""
     n = dims(k)[0].n
     lines: list[str] = []
     lo: dict = {}
@@ -449,13 +449,12 @@ def paired_loads(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
         r = f"pr{len(lo)}"
         src = (staged_reads or {}).get(ld.buffer)
         if src is not None:
-            lines.append(f"const {vec_t} {r} = *reinterpret_cast<const {vec_t}*>({src});")
-            lo[ld], hi[ld] = low.format(r=r), high.format(r=r)
-            continue
-        code = paired_load_expr(ld, off, types, sig, dict(names) | {n: "gn"})
-        if hoist is not None:
-            hoist.append((vec_t, f"epre{len(hoist)}", code))
-            code = hoist[-1][1]
+            code = f"*reinterpret_cast<const {vec_t}*>({src})"
+        else:
+            code = paired_load_expr(ld, off, types, sig, dict(names) | {n: "gn"})
+            if hoist is not None:
+                hoist.append(dict(ctype=vec_t, name=f"epre{len(hoist)}", load=code))
+                code = hoist[-1]["name"]
         lines.append(f"const {vec_t} {r} = {code};")
         lo[ld], hi[ld] = low.format(r=r), high.format(r=r)
     return lines, (lo, hi)
@@ -641,7 +640,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     else:
         lines = [store_line(mm, {v: Affine.var(v) for v in mm.domain_vars}, "accv", sig.params, out_names)]
     rs = _row_scale_parts(k, types, sig) if row_scale(k) is not None else None
-    early: list[tuple[str, str, str]] | None = [] if p.get("EPRE") else None
+    early: list[dict[str, str]] | None = [] if p.get("EPRE") else None
     parts = dict(c=c, M=m, N=n, K=kk, row_scale=rs, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
@@ -653,7 +652,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                                 for b, off in prefetch_reads(k, types)) if p["unit"] == "wgmma" else (),
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
                  rotary=getattr(rotary(k), "head", None),
-                 early=[dict(ctype=t, name=r, load=code) for t, r, code in early or ()])
+                 early=early or [])
     if p["unit"] == "gemv":
         return gemm_gemv.render_kernel(k, p, types, name, parts)
     if p["unit"] == "thin":

@@ -190,6 +190,13 @@ def tc_held(seg: int, u: int) -> int:
     return 16 * seg + 32 * u * seg + 24
 
 
+def one_pair_a_thread(p: Mapping) -> bool:
+    """Whether the paired epilogue gives each thread at most one pair of columns (BM·BN/2 <= threads),
+    as its operands read before the wait need ([Note: epilogue reads before the wait] in
+    passes/early_epilogue.py: one register a read, loaded by the thread that adds it)."""
+    return p["BM"] * p["BN"] // 2 <= threads(p)
+
+
 def segments(p: Mapping) -> int:
     """Column segments a thread covers: 64 columns each on tensor cores, `lanes`'s SEG otherwise."""
     return p["BN"] // 64 if p.get("TC") else lanes(p["BN"])[2]
@@ -328,7 +335,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
     ln, rw, _ = lanes(p["BN"])
     seg = segments(p)
-    if parts.get("early") and p["BM"] * p["BN"] // 2 > threads(p):   # one pair a thread: passes/early_epilogue.why_not
+    if parts.get("early") and not one_pair_a_thread(p):   # passes/early_epilogue.why_not never asks for it
         raise AicfError(f"internal: {name}: epilogue reads before the wait need one pair a thread, "
                         f"{p['BM']}x{p['BN']} over {threads(p)} threads")
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],

@@ -55,7 +55,7 @@ def why_not(plan: Plan, i: int) -> str | None:
     reads = gemm.early_reads(k, plan.types())
     if not reads:
         return NOTHING
-    if p["BM"] * p["BN"] // 2 > gemm_gemv.threads(p):
+    if not gemm_gemv.one_pair_a_thread(p):
         return f"a thread would hold more than one pair of its {p['BM']}x{p['BN']} tile"
     source = {v.out: v.source for v in plan.views}
     for name in reads:
