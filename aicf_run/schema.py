@@ -35,6 +35,8 @@ ITEMSIZE: dict[str, int] = {
 IO_DTYPES = frozenset(ITEMSIZE) - {"bfloat16"}
 _MAX_SYMBOL = 256   # a kernel's constant array of tensor maps: a C identifier
 _MAX_STAMPED = 4096  # blocks a kernel stamps under --timeline (aicfc/codegen/timeline.py CAP)
+_MAX_PHASES = 4      # phase marks a kernel stamps (aicfc/codegen/timeline.py PHASES)
+_MAX_PHASE_NAME = 40  # characters of a phase's name (aicfc/codegen/timeline.py LABEL_MAX)
 _MAX_GRID = (2**31 - 1, 65535, 65535)
 _MAX_BLOCK = (1024, 1024, 64)
 _MAX_THREADS = 1024
@@ -294,7 +296,14 @@ def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> Non
             blocks = _int(stamps, "blocks", f"{where}.timeline", minimum=1, maximum=_MAX_STAMPED)
             if blocks > math.prod(kernel["grid"]):
                 _fail(f"{where}.timeline.blocks", f"is {blocks}, more than the kernel's {math.prod(kernel['grid'])} blocks")
-            _int(stamps, "stamps", f"{where}.timeline", minimum=3, maximum=3)
+            count = _int(stamps, "stamps", f"{where}.timeline", minimum=3, maximum=3 + _MAX_PHASES)
+            if "phases" in stamps:   # optional: the names of the kernel's phase marks, by index
+                phases = _list(stamps, "phases", f"{where}.timeline")
+                if len(phases) > count - 3:
+                    _fail(f"{where}.timeline.phases", f"names {len(phases)} phases, more than the {count - 3} stamped")
+                for i, name in enumerate(phases):
+                    if not isinstance(name, str) or len(name) > _MAX_PHASE_NAME:
+                        _fail(f"{where}.timeline.phases[{i}]", f"is not a str of at most {_MAX_PHASE_NAME} characters")
 
 
 def _check_symbol(symbol: str, where: str) -> None:

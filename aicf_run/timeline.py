@@ -19,6 +19,9 @@ plan's start (the first kernel's go):
 - landed: its first and last block's arrival; a block landed early when it arrived before the
   kernel's go (by more than EARLY_NS): it sat on an SM while the previous kernel still ran;
 - reached: blocks that stamped (a block that returns before its entry leaves zeros).
+- phases, where the kernel marks them (the bundle's `timeline.phases` names them): for each mark,
+  the median block's and the last block's thread 0 passing it, in us after the kernel's go, then
+  the same of the blocks' exits; a block that left before a mark is not counted in it.
 
 The figures of each kernel are the medians over the rounds. The plan runs with three clock
 reads and three stores a block more than without --timeline; `aicf-run --bench` on a bundle
@@ -38,9 +41,18 @@ if TYPE_CHECKING:
     from aicf_run.executor import Executor
 
 ROUNDS = 5
-STAMPS = 3         # u64 a block: arrived, ready, exited (aicfc/codegen/timeline.py STAMPS)
+ENTRY_STAMPS = 3   # u64 a block before its phases: arrived, ready, exited (aicfc/codegen/timeline.py)
 EARLY_NS = 100     # an arrival this much before the kernel's go counts as early (clock reads, the wait's own latency)
 COMPILE_HINT = "recompile it with aicfc compile --timeline"
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """One phase mark of a kernel (or its blocks' exits), us after the kernel's go (medians over the rounds)."""
+
+    name: str
+    median_us: float             # the median block's thread 0 passing it
+    last_us: float               # the last block's
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class KernelTimes:
     early: int                   # blocks that arrived before go
     predicted_us: float | None
     onnx_nodes: tuple[str, ...]
+    phases: tuple[PhaseTimes, ...] = ()   # its marks then "exit"; none where it marks none
 
 
 @dataclass(frozen=True)
@@ -81,15 +94,16 @@ def timeline(executor: Executor, rounds: int = ROUNDS) -> TimelineReport:
     executor.launch()
     executor.synchronize()
     per_round = []
+    widths = [k["timeline"]["stamps"] for k in executor.bundle.kernels]
     try:
         for _ in range(rounds):
-            for address, blocks in arrays:
-                cuda.memset_d8(address, 0, 8 * STAMPS * blocks)
+            for (address, blocks), width in zip(arrays, widths):
+                cuda.memset_d8(address, 0, 8 * width * blocks)
             executor.launch()
             executor.synchronize()
             stamps = []
-            for address, blocks in arrays:
-                host = np.empty((blocks, STAMPS), np.uint64)
+            for (address, blocks), width in zip(arrays, widths):
+                host = np.empty((blocks, width), np.uint64)
                 cuda.memcpy_dtoh(host, address)
                 stamps.append(host)
             per_round.append(stamps)
@@ -100,8 +114,9 @@ def timeline(executor: Executor, rounds: int = ROUNDS) -> TimelineReport:
 
 
 def summarize(rounds: Sequence[Sequence[np.ndarray]], kernels: Sequence[dict]) -> TimelineReport:
-    """The report from each round's stamps (per kernel a [blocks, STAMPS] array of arrived, ready
-    and exited ns; zeros where a block did not reach its entry, or where exits are not stamped)."""
+    """The report from each round's stamps (per kernel a [blocks, stamps] array of arrived, ready
+    and exited ns, then its phase marks'; zeros where a block did not reach its entry or a mark, or
+    where exits are not stamped)."""
     if not rounds:
         raise RunError("--timeline needs at least one replay")
     measured = [_one_round(stamps, kernels) for stamps in rounds]
@@ -116,11 +131,17 @@ def summarize(rounds: Sequence[Sequence[np.ndarray]], kernels: Sequence[dict]) -
         done = None if not whole or any(r["done"] is None for r in rows) else med("done")
         chain = None if i == len(kernels) - 1 else med("chain")
         predicted = kernel.get("predicted", {}).get("time_us")
+        labels = list(kernel.get("timeline", {}).get("phases", ()))
+        names = labels + [""] * (rounds[0][i].shape[1] - ENTRY_STAMPS - len(labels)) + ["exit"]
+        phases = tuple(PhaseTimes(name, statistics.median(r["phases"][j][0] for r in rows),
+                                  statistics.median(r["phases"][j][1] for r in rows))
+                       for j, name in enumerate(names) if name and all(r["phases"][j] for r in rows))
+        phases = phases if labels else ()
         out.append(KernelTimes(
             index=i, name=kernel["name"], blocks=len(rounds[0][i]), reached=int(med("reached")),
             first_landed_us=med("first"), last_landed_us=med("last"), go_us=med("go"), done_us=done, chain_us=chain,
             early=int(med("early")), predicted_us=float(predicted) if isinstance(predicted, (int, float)) else None,
-            onnx_nodes=tuple(kernel.get("onnx_nodes", ()))))
+            onnx_nodes=tuple(kernel.get("onnx_nodes", ())), phases=phases))
     predicted = [k.predicted_us for k in out]
     return TimelineReport(kernels=tuple(out), rounds=len(rounds),
                           last_go_us=statistics.median(m[-1]["go"] for m in measured),
@@ -136,9 +157,12 @@ def _one_round(stamps: Sequence[np.ndarray], kernels: Sequence[dict]) -> list[di
             raise RunError(f"kernel {i} ({kernels[i]['name']}): no block stamped its entry in a replay; "
                            f"the bundle's stamps are not being written, {COMPILE_HINT}")
         go = int(hit[:, 1].min())
+        marks = [hit[:, j] for j in range(ENTRY_STAMPS, hit.shape[1])] + [hit[:, 2]]   # its phases, then the exits
         rows.append({"reached": len(hit), "first": int(hit[:, 0].min()), "last": int(hit[:, 0].max()), "go": go,
                      "early": int((hit[:, 0] < go - EARLY_NS).sum()),
-                     "done": int(exits.max()) if len(exits) == len(hit) else None})
+                     "done": int(exits.max()) if len(exits) == len(hit) else None,
+                     "phases": [((float(np.median(t[t > 0])) - go) / 1e3, float(t[t > 0].max() - go) / 1e3)
+                                if (t > 0).any() else None for t in marks]})
     start = rows[0]["go"]
     for i, r in enumerate(rows):
         r["chain"] = (rows[i + 1]["go"] - r["go"]) / 1e3 if i + 1 < len(rows) else 0.0
@@ -165,6 +189,11 @@ def format_timeline(report: TimelineReport) -> str:
         lines.append(f"{k.index:>4}  {k.name:<8}{reached:>7}{k.early:>7}  {k.first_landed_us:>11.2f}"
                      f"{k.last_landed_us:>9.2f}{k.go_us:>9.2f}{done:>9}{chain:>10}{after:>12}{predicted:>11}  "
                      f"{nodes[:60] + ('...' if len(nodes) > 60 else '')}")
+    marked = [k for k in report.kernels if k.phases]
+    if marked:
+        lines.append("  phases, us after each kernel's go (the median block / the last block):")
+        lines += [f"{k.index:>4}  {k.name:<8}" + " · ".join(f"{p.name} {p.median_us:.2f}/{p.last_us:.2f}" for p in k.phases)
+                  for k in marked]
     chained = sum(k.chain_us for k in report.kernels if k.chain_us is not None)
     bounds = [k.go_us + k.chain_us - k.done_us for k in report.kernels if k.chain_us is not None and k.done_us is not None]
     early = sum(1 for k in report.kernels[1:] if k.early)

@@ -106,6 +106,26 @@ def test_gemv_clusters_are_of_two_four_or_eight():
     assert {3, 6, 12} <= {p["SPLITK"] for p in space if not p["CL"]}
 
 
+def test_cluster_splits_push_into_rank_0():
+    """[Note: splits pushed to rank 0]: the other splits store their sums into rank 0's inbox and arrive on the
+    cluster barrier; no split reads another's shared memory, and the inbox counts in the space's bound."""
+    rng = np.random.default_rng(3)
+    model = rows_model(1, 2048, 3072, rng)
+    plan = plan_of(model, {}, "fp16", {"CL": "1", "SPLITK": "8", "BN": "64", "WARPS": "8"})
+    (k,) = _gemms(plan)
+    source = gemm.render_kernel(k, k.schedule.param, plan.types(), "k")
+    assert "float inbox[448];" in source and source.count("aicf_cluster_st4(aicf_cluster_peer(inbox") == 1
+    assert "aicf_cluster_ld(" not in source.split("__global__")[1] and "aicf_cluster_sync_aligned" not in source.split("__global__")[1]
+    assert source.count("aicf_cluster_arrive();") == 1 and source.count("aicf_cluster_wait();") == 2
+    p = dict(k.schedule.param)
+    assert gemm_gemv.static_smem(p) == 4 * (8 + 7) * 64 + 16 == gemm_gemv.static_smem({**p, "CL": 0}) + 4 * 7 * 64
+    # 8 rows of 128 columns: 8 warps' rows fit alone (32 KB), not with 7 splits' inbox beside them (60 KB)
+    space = gemm_gemv.space(8, 1024, 4096)
+    tile = {"TC": 0, "BM": 8, "BN": 128, "WARPS": 8, "SPLITK": 8}
+    assert any(all(q[x] == v for x, v in tile.items()) and not q["CL"] for q in space)
+    assert not any(all(q[x] == v for x, v in tile.items()) and q["CL"] for q in space)
+
+
 def test_where_gemv_is_declined():
     rng = np.random.default_rng(1)
     for model, precision, why in ((rows_model(9, 64, 64, rng), "fp16", "9 rows"),

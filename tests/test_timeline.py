@@ -32,6 +32,8 @@ def _unstamped(source: str) -> str:
     source = source.replace(timeline.HELPER, "")
     source = re.sub(r"__device__ unsigned long long aicf_tl_\w+\[\d+\];\n", "", source)
     source = re.sub(r" AicfTimelineExit<aicf_tl_\w+, \d+u> aicf_tl_exit;", "", source)
+    source = re.sub(r"aicf_timeline_phase\(aicf_tl_\w+, \d+u, (\d+)u\);   // phase \d+: ", r"// [Note: timeline] phase \1: ",
+                    source)
     return re.sub(r"aicf_timeline_entry\(aicf_tl_\w+, \d+u(?:, (\d+u))?\);",
                   lambda m: f"aicf_pdl_entry({m.group(1)});" if m.group(1) else "aicf_pdl_entry();", source)
 
@@ -45,9 +47,11 @@ def test_stamps_change_only_the_entries(payloads):
         assert _unstamped(b["source"]) == a["source"]
     for k in stamped["kernels"]:
         blocks = min(timeline.CAP, int(np.prod(k["grid"])))
-        assert k["timeline"] == {"symbol": f"aicf_tl_{k['name']}", "blocks": blocks, "stamps": 3}
         source = stamped["modules"][k["module"]]["source"]
-        assert source.count(f"__device__ unsigned long long aicf_tl_{k['name']}[{3 * blocks}];") == 1
+        phases = timeline.phase_labels(source, k["name"])
+        assert k["timeline"] == {"symbol": f"aicf_tl_{k['name']}", "blocks": blocks, "stamps": timeline.STAMPS,
+                                 **({"phases": phases} if phases else {})}
+        assert source.count(f"__device__ unsigned long long aicf_tl_{k['name']}[{timeline.STAMPS * blocks}];") == 1
         assert source.count(f"aicf_timeline_entry(aicf_tl_{k['name']}, {blocks}u") == 1
         assert source.count(f"AicfTimelineExit<aicf_tl_{k['name']}, {blocks}u> aicf_tl_exit;") == 1
         assert k["timeline"]["symbol"].encode() + b"\0" in stamped["modules"][k["module"]]["cubin"]
@@ -69,7 +73,7 @@ def test_gemv_stamps_after_its_early_loads():
     from aicfc.codegen import pdl
     source = "__global__ void k7(const float* w) {\n  float a = w[0];\n  " + pdl.MARK + "\n  a += 1;\n}\n"
     out = timeline.instrument(source, "k7", (3, 2, 1))
-    assert out.startswith("__device__ unsigned long long aicf_tl_k7[18];\n")
+    assert out.startswith(f"__device__ unsigned long long aicf_tl_k7[{6 * timeline.STAMPS}];\n")
     assert ("float a = w[0];\n  aicf_timeline_entry(aicf_tl_k7, 6u); AicfTimelineExit<aicf_tl_k7, 6u> aicf_tl_exit;\n"
             "  a += 1;") in out
     assert timeline.instrument(source, "k7", (5000, 1, 1), 4224).count("aicf_timeline_entry(aicf_tl_k7, 4096u, 4224u);") == 1
@@ -83,6 +87,36 @@ def test_no_exit_stamp_in_a_nested_scope():
     out = timeline.instrument(source, "k3", (1, 1, 1))
     assert "aicf_timeline_entry(aicf_tl_k3, 1u);" in out and "AicfTimelineExit" not in out
     assert timeline.exits_stamped("__global__ void k4(float* p) {\n  " + pdl.MARK + "\n}\n", "k4")
+
+
+def test_phase_marks_become_stamps():
+    """A template's phase marks: comments in a plain plan, thread 0's clock in a stamped one, named in the bundle."""
+    from aicfc.codegen import pdl
+    marks = timeline.phase_mark(0, "streamed") + "\n  a += 2;\n  " + timeline.phase_mark(2, "merged")
+    source = "__global__ void k5(float* p) {\n  " + pdl.MARK + "\n  float a = p[0];\n  " + marks + "\n  p[0] = a;\n}\n"
+    out = timeline.instrument(source, "k5", (4, 1, 1))
+    assert "aicf_timeline_phase(aicf_tl_k5, 4u, 0u);   // phase 0: streamed\n  a += 2;" in out
+    assert "aicf_timeline_phase(aicf_tl_k5, 4u, 2u);   // phase 2: merged" in out
+    assert timeline.phase_labels(out, "k5") == ["streamed", "", "merged"]
+    assert timeline.phase_labels(out, "k6") == []
+    assert "[Note: timeline] phase" not in out
+    with pytest.raises(AssertionError, match="marked twice"):
+        timeline.instrument(source.replace("merged", "x").replace("phase 2", "phase 0"), "k5", (4, 1, 1))
+    with pytest.raises(AssertionError):
+        timeline.phase_mark(timeline.PHASES, "past the last")
+
+
+def test_decode_kernels_mark_their_phases():
+    """The gemv and the split attention of a decode step name their phases in a stamped bundle."""
+    from tests.test_row_scale import decode_shapes, decoder
+    payload = aicfc.compile(decoder(), target="sm_90", precision="fp16", shapes=decode_shapes(1), timeline=True)
+    by_family = {}
+    for k in payload["kernels"]:
+        by_family.setdefault((k["family"], k["params"].get("unit")), k["timeline"].get("phases"))
+    gemv = [p for (f, u), p in by_family.items() if f == "gemm" and p]
+    assert gemv and all(p[:2] == ["weights streamed", "block summed"] for p in gemv)
+    attention = [p for (f, u), p in by_family.items() if f == "attention" and p]
+    assert attention and attention[0][:3] == ["query staged", "keys scored", "warps merged"]
 
 
 def _stamps(blocks_of: list[list[tuple[int, ...]]]) -> list[np.ndarray]:
@@ -124,6 +158,24 @@ def test_summarize_arithmetic():
     assert summarize([late], KERNELS).kernels[1].early == 0
 
 
+def test_summarize_phases():
+    """Each phase: the median and the last block's mark after the go; blocks that left before it are skipped."""
+    t = 2_000_000
+    blocks = [(t, t + 100, t + 4100, t + 1100, t + 2100, 0, 0, 0, 0),
+              (t, t + 300, t + 3100, t + 1300, 0, 0, 0, 0, 0),       # left before phase 1
+              (t, t + 200, t + 5100, t + 2100, t + 3100, 0, 0, 0, 0)]
+    arrays = [np.array(blocks, dtype=np.uint64)[:, :3 + timeline.PHASES]]
+    kernels = [{"name": "k0", "predicted": {"time_us": 1.0}, "onnx_nodes": ["a"],
+                "timeline": {"phases": ["loop", "merged"]}}]
+    k0 = summarize([arrays, arrays], kernels).kernels[0]
+    assert [p.name for p in k0.phases] == ["loop", "merged", "exit"]
+    assert (k0.phases[0].median_us, k0.phases[0].last_us) == pytest.approx((1.2, 2.0))
+    assert (k0.phases[1].median_us, k0.phases[1].last_us) == pytest.approx((2.5, 3.0))
+    assert (k0.phases[2].median_us, k0.phases[2].last_us) == pytest.approx((4.0, 5.0))
+    assert "loop 1.20/2.00 · merged 2.50/3.00 · exit 4.00/5.00" in format_timeline(summarize([arrays], kernels))
+    assert summarize([arrays], [{**kernels[0], "timeline": {}}]).kernels[0].phases == ()
+
+
 def test_summarize_medians_over_rounds():
     t = 5_000_000
     rounds = [_stamps([[(t, t)], [(t + c, t + c)], [(t + 2 * c, t + 2 * c)]]) for c in (1000, 3000, 2000)]
@@ -152,6 +204,12 @@ def test_schema_bounds_the_record(payloads):
         Bundle.from_payload(_bad(stamped, symbol="a b"))
     with pytest.raises(RunError, match="timeline.blocks"):
         Bundle.from_payload(_bad(stamped, blocks=0))
+    with pytest.raises(RunError, match="more than the 4 stamped"):
+        Bundle.from_payload(_bad(stamped, phases=["a"] * 5))
+    with pytest.raises(RunError, match=r"phases\[1\]"):
+        Bundle.from_payload(_bad(stamped, phases=["a", "b" * 41]))
+    with pytest.raises(RunError, match="timeline.stamps"):
+        Bundle.from_payload(_bad(stamped, stamps=3 + timeline.PHASES + 1))
 
 
 def test_cli_refuses_a_bundle_without_stamps(payloads, tmp_path):

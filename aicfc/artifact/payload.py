@@ -10,7 +10,7 @@ from aicfc.codegen.common import kernel_args
 from aicfc.codegen.io_cast import Converted
 from aicfc.codegen.module import ModuleBuild
 from aicfc.codegen.pdl import DEPENDENT
-from aicfc.codegen.timeline import STAMPS, stamped_blocks, symbol as stamp_symbol
+from aicfc.codegen.timeline import STAMPS, phase_labels, stamped_blocks, symbol as stamp_symbol
 from aicfc.codegen.tma import constant_maps, maps_symbol, records
 from aicfc.ir.decision import Plan
 from aicfc.passes.pipeline import Result
@@ -32,12 +32,14 @@ def module_record(m: ModuleBuild, arch: str) -> dict[str, Any]:
 
 
 def _kernel(k, index: dict[str, int], module: int, types, launch: str,
-            constant: frozenset[str] = frozenset(), timeline: bool = False,
+            constant: frozenset[str] = frozenset(), timeline: str | None = None,
             trigger: int = 0, symbol: str | None = None) -> dict[str, Any]:
+    """`timeline`: the source of the kernel's module where the plan is stamped, else None."""
     s = k.schedule
     maps_in = {"maps_symbol": maps_symbol(k.name)} if k.name in constant else {}
-    if timeline:   # [Note: timeline] (codegen/timeline.py): where the kernel's entry stamps are
-        maps_in["timeline"] = {"symbol": stamp_symbol(k.name), "blocks": stamped_blocks(s.grid), "stamps": STAMPS}
+    if timeline is not None:   # [Note: timeline] (codegen/timeline.py): where the kernel's stamps are, its phases' names
+        maps_in["timeline"] = {"symbol": stamp_symbol(k.name), "blocks": stamped_blocks(s.grid), "stamps": STAMPS,
+                               **({"phases": labels} if (labels := phase_labels(timeline, k.name)) else {})}
     return {
         "name": k.name, "module": module, "symbol": symbol or k.name, "family": k.family,
         "params": dict(s.params), "grid": list(s.grid), "block": list(s.block),
@@ -125,7 +127,8 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
         "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
         "modules": [module_record(m, plan.target) for m in modules],
-        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant, plan.timeline, trigger, symbol)
+        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant,
+                            modules[module_of[k.name]].source if plan.timeline else None, trigger, symbol)
                     for k, trigger, symbol in zip(plan.kernels, plan.triggers, plan.symbols, strict=True)],
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [

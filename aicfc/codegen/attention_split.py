@@ -120,6 +120,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from aicfc.codegen import pdl
+from aicfc.codegen.timeline import phase_mark
 from aicfc.codegen.common import CTYPES, decompose, render
 from aicfc.ir.decision import Kernel
 from aicfc.ir.properties import Attention
@@ -294,6 +295,6 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   q=operands["q"], k=operands["k"], v=operands["v"], o=store, live=live, logit_lines=logit_lines,
                   logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
                   stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), PRE=p.get("PRE", 0),
-                  PDL_MARK=pdl.MARK, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD,
+                  PDL_MARK=pdl.MARK, PHASE=phase_mark, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD,
                   CL=p.get("CL", 0), PPR=math.ceil(tm["pairs"] / p["SPLITS"]),
                   CLP_AT=cluster_partial_at(smem_bytes(sp.rows, g.d, g.dv, {**p, "CL": 0})), **tm)

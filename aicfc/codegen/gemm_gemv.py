@@ -18,8 +18,9 @@ fp16/bf16 (contiguous along n: a k-row of a column tile is BN·2 >= 128 contiguo
 - reduction tail, all in a fixed order (the same bits every run): the RW sub-rows of a warp
   by shuffles, the warps through shared memory (one barrier, each element added in warp order
   by one thread), then the splits: CL = 1 (SPLITK of 2, 4 or 8) makes the splits of a column tile one
-  thread block cluster, and rank 0 adds the others' sums from their shared memory in rank order
-  (two cluster barriers, no global traffic); CL = 0 writes partial rows to the kernel's scratch
+  thread block cluster, whose other splits push their sums into rank 0's shared memory and leave, and
+  rank 0 adds them in rank order ([Note: splits pushed to rank 0]; no global traffic); CL = 0 writes
+  partial rows to the kernel's scratch
   and the last split to take a ticket adds them in split order (codegen/scratch.py);
 - the epilogue runs from shared memory: paired stores, a gate's up column beside it, and the
   rotary map, whose partner column (half a head away) is in the block's tile because BN is a
@@ -31,6 +32,27 @@ a weight not in L2): at M = 1 the large projections stream at 2.6-2.9 TB/s (gate
 LM head 45.0 us, cuBLAS 18.1 and 46.7), the small ones carry ~4 us of launch and tail (O-proj
 6.8 us, cuBLAS 6.2); at M = 8 the kernel is 1.5-2x slower than cuBLAS: 181 registers at 8 rows
 leave one block per SM, and the FMAs (8 a weight) are not hidden (cost_gemv's exposed term).
+
+[Note: splits pushed to rank 0]
+With CL = 1 the SPLITK blocks of a column tile are one cluster and rank 0 adds their sums in rank
+order. Until session 44 rank 0 pulled them: a cluster barrier once every block had its sums, rank 0
+reading each peer's over `ld.shared::cluster` (a remote round trip), then a second barrier so that no
+peer left while being read. `aicf-run --timeline`'s phases of the 1 B Llama's decode gemvs put 1.0-1.3
+us between the median block's sums and the median rank 0's merged ones, on every gemv of the step (0.8-1.0
+pushed, in the mbarrier form below). Now each other
+split stores its BM·BN sums into its slot of rank 0's inbox (SPLITK - 1 slots of static shared memory,
+counted in the space's bound) with 16-byte `st.shared::cluster`, arrives on the cluster barrier with
+release semantics and leaves; rank 0 arrives, waits (acquire) and adds its own sums and the inbox's in
+rank order: the same adds in the same order (bit-identical outputs), one barrier phase and the remote
+reads fewer on rank 0's path. The barrier's first phase, arrived at the kernel's start and waited
+before the push, makes sure rank 0 runs (its shared memory exists) before anyone writes into it. A first
+form signalled rank 0 through an mbarrier in its shared memory (remote arrives) and ran as fast, but
+compute-sanitizer racecheck, which does not follow mbarriers across CTAs, reported every push as a write
+into a block that might have exited; the cluster barrier it follows (0 hazards). Measured on an H200
+(session 44, benchmarks/results/cluster_push_session44_h200.txt, benchmarks/decode_ab.py against the
+previous commit's bundle, alternating rounds, one process): the 1 B Llama's 4-layer decode plan B1
+189.2 us against 192.1 (7 rounds; the mbarrier form 189.0 against 192.2), B8 231.3 against 239.7 (5
+rounds), the same tokens; the 20-layer B1 step 0.762 ms (session 43: 0.780-0.782).
 
 [Note: gemv weights before the wait]
 In a plan of dependent launches ([Note: PDL], codegen/pdl.py) a kernel's blocks sit on the SMs
@@ -138,6 +160,7 @@ import math
 from typing import Mapping
 
 from aicfc.codegen import pdl
+from aicfc.codegen.timeline import phase_mark
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.codegen.common import CTYPES, render
 from aicfc.errors import AicfError
@@ -155,7 +178,7 @@ MAX_ACC = 64       # fp32 accumulators per thread (BM x SEG x 8)
 MAX_HELD = 192     # accumulators + two buffers of a step's weight vectors (4 registers each) and activations (1)
 TC_MIN_ROWS = 2    # rows from which the tensor-core steps are candidates ([Note: the gemv on tensor cores])
 TC_MAX_HELD = 200  # tc_held's bound: BN 256 (U = 1: 216) took 220-230 registers, one block of 128 threads an SM
-SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows, and the split's flag
+SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows (and rank 0's inbox), and the split's flag
 
 
 ROW_SCALE_RULE = "gemv(x·r, W) => gemv(x, W)·r (the norm's row scale in the gemv)"
@@ -284,6 +307,8 @@ def _splits(tile: dict, kk: int, early: bool) -> list[dict]:
             if cl and sk not in CLUSTER_SPLITS:
                 continue
             p = tile | {"SPLITK": sk, "CL": cl}
+            if cl and 4 * (tile["WARPS"] + sk - 1) * tile["BM"] * tile["BN"] > SMEM_MAX:   # rank 0's inbox too
+                continue
             if early:
                 p["PRE"] = 1
             if sk == 1 or math.ceil(kk / sk) >= k_step(p):
@@ -305,8 +330,10 @@ def _tc_space(m: int, kk: int, early: bool) -> list[dict]:
 
 
 def static_smem(p: Mapping) -> int:
-    """The warps' partial rows, and the split's flag."""
-    return 4 * p["WARPS"] * p["BM"] * p["BN"] + 16
+    """The warps' partial rows, and the split's flag; in a cluster, rank 0's inbox of the other splits'
+    sums and its barrier ([Note: splits pushed to rank 0])."""
+    inbox = (p["SPLITK"] - 1) if p.get("CL") else 0
+    return 4 * (p["WARPS"] + inbox) * p["BM"] * p["BN"] + 16
 
 
 def threads(p: Mapping) -> int:
@@ -341,6 +368,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
                   AVEC=bool(p.get("TC")) and vector_rows(c, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
-                  PRE=p.get("PRE", 0), PDL_MARK=pdl.MARK, RSV=row_vectors(p, parts["K"]),
+                  PRE=p.get("PRE", 0), PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

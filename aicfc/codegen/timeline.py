@@ -17,6 +17,16 @@ clock a third time from its destructor, which C++ runs as thread 0 leaves the ke
 return. The kernel's code is otherwise the same, so its schedule is that of the plan without
 stamps, plus three clock reads and three stores a block (ptxas may give it a register or two more).
 
+Phases: where the time between a kernel's go and its last exit goes. A template may mark up to
+PHASES points of its body with a line `// [Note: timeline] phase N: what` (PHASE_MARK; N from 0,
+each at most once, in the order thread 0 passes them); a plain plan keeps the comment, a stamped one
+gets thread 0's clock there (`aicf_timeline_phase`, slot 3 + N of the block's stamps). A block whose
+thread 0 leaves before a mark (a cluster's ranks past 0 after the merge) leaves that slot at zero,
+which the reader skips. The bundle's timeline record names the phases (`phase_labels`); the gemv
+(templates/gemm_gemv.cu.j2) marks its last weight step, its warps' sums and its splits' merge, the
+split attention (templates/attention_split.cu.j2) its staged query, its key loop, its warps' merge
+and its cluster's first barrier.
+
 From the stamps of one replay (aicf_run/timeline.py): a kernel starts (`go`) when its first
 block passes the wait, which is when the kernel before it has completed; it is done when its last
 block's thread 0 leaves; its time in the chain is the next kernel's go less its own, of which
@@ -28,12 +38,18 @@ counts as not reached.
 """
 from __future__ import annotations
 
+import re
+
 from aicfc.codegen import pdl
 
 CAP = 4096          # blocks a kernel stamps (in linear order); the rest run unstamped
-STAMPS = 3          # u64 a block: arrived, ready, exited
+PHASES = 4          # marks a kernel body may carry (module docstring: phases)
+STAMPS = 3 + PHASES  # u64 a block: arrived, ready, exited, then each phase
 PREFIX = "aicf_tl_"
 ENTRY = "aicf_timeline_entry("
+PHASE_MARK = "// [Note: timeline] phase {n}: {what}"
+_MARK = re.compile(r"// \[Note: timeline\] phase (\d+): ([^\n]*)")
+LABEL_MAX = 40      # characters of a phase's name in the bundle (aicf_run/schema.py checks it)
 
 # Defined in the module header of a plan compiled with --timeline (after pdl.HELPER).
 HELPER = """// [Note: timeline] (aicfc/codegen/timeline.py): the dependent-launch entry between two reads of the
@@ -53,8 +69,8 @@ __device__ __forceinline__ void aicf_timeline_entry(unsigned long long* stamps, 
   const unsigned long long ready = aicf_timeline_now();
   unsigned b;
   if (aicf_timeline_stamps(cap, b)) {
-    stamps[3 * b] = arrived;
-    stamps[3 * b + 1] = ready;
+    stamps[STAMPS_ * b] = arrived;
+    stamps[STAMPS_ * b + 1] = ready;
   }
 }
 // Declared right after the entry in the kernel's outermost scope: its destructor runs as thread 0
@@ -63,10 +79,15 @@ template <unsigned long long* S, unsigned CAP>
 struct AicfTimelineExit {
   __device__ __forceinline__ ~AicfTimelineExit() {
     unsigned b;
-    if (aicf_timeline_stamps(CAP, b)) S[3 * b + 2] = aicf_timeline_now();
+    if (aicf_timeline_stamps(CAP, b)) S[STAMPS_ * b + 2] = aicf_timeline_now();
   }
 };
-"""
+// A phase mark of the kernel's body: thread 0's clock as it passes it.
+__device__ __forceinline__ void aicf_timeline_phase(unsigned long long* stamps, unsigned cap, unsigned phase) {
+  unsigned b;
+  if (aicf_timeline_stamps(cap, b)) stamps[STAMPS_ * b + 3 + phase] = aicf_timeline_now();
+}
+""".replace("STAMPS_", str(STAMPS))
 
 
 def symbol(kernel: str) -> str:
@@ -77,6 +98,35 @@ def symbol(kernel: str) -> str:
 def stamped_blocks(grid: tuple[int, int, int]) -> int:
     """The blocks of `grid` that store stamps: the first CAP in linear order."""
     return min(CAP, grid[0] * grid[1] * grid[2])
+
+
+def phase_mark(n: int, what: str) -> str:
+    """The line a template puts where phase `n` of its kernel ends (module docstring: phases)."""
+    assert 0 <= n < PHASES and 0 < len(what) <= LABEL_MAX and "\n" not in what, (n, what)
+    return PHASE_MARK.format(n=n, what=what)
+
+
+def _stamp_phases(source: str, kernel: str, cap: int) -> str:
+    """`source` with each phase mark a stamp into `kernel`'s array (the mark's words kept as a comment)."""
+    seen: set[int] = set()
+
+    def stamp(m: re.Match) -> str:
+        n = int(m.group(1))
+        assert n < PHASES and n not in seen, f"kernel {kernel}: phase {n} marked twice or past {PHASES}"
+        seen.add(n)
+        return f"aicf_timeline_phase({symbol(kernel)}, {cap}u, {n}u);   // phase {n}: {m.group(2)}"
+    return _MARK.sub(stamp, source)
+
+
+def phase_labels(source: str, kernel: str) -> list[str]:
+    """The names of kernel `kernel`'s phases, by index, from a module source compiled with --timeline
+    (a phase no mark names: empty)."""
+    found = re.findall(re.escape(f"aicf_timeline_phase({symbol(kernel)}, ") + r"\d+u, (\d+)u\);   // phase \d+: ([^\n]*)",
+                       source)
+    labels = [""] * (1 + max((int(n) for n, _ in found), default=-1))
+    for n, what in found:
+        labels[int(n)] = what
+    return labels
 
 
 def exits_stamped(source: str, kernel: str) -> bool:
@@ -93,4 +143,4 @@ def instrument(source: str, kernel: str, grid: tuple[int, int, int], from_block:
     if exits_stamped(source, kernel):
         entry += f" AicfTimelineExit<{symbol(kernel)}, {n}u> aicf_tl_exit;"
     return (f"__device__ unsigned long long {symbol(kernel)}[{STAMPS * n}];\n"
-            + pdl.instrument(source, kernel, from_block, entry=entry))
+            + _stamp_phases(pdl.instrument(source, kernel, from_block, entry=entry), kernel, n))

@@ -31,8 +31,8 @@ plus the tails a block runs after its last load.
     t_split  = gemv_split_us + SPLITK · BM · BN · 4 / r_l2  (SPLITK > 1, CL = 0) partial rows to
                L2, a fence and a ticket, and the last block reading every split's rows back
                at one SM's L2 rate r_l2 = gemv_sm_gbs
-             = gemv_cluster_us + SPLITK · BM · BN · 4 / r_l2  (CL = 1) two cluster barriers, rank
-               0 reading the others' sums from their shared memory
+             = gemv_cluster_us + SPLITK · BM · BN · 4 / r_l2  (CL = 1) the others' sums pushed into
+               rank 0's shared memory, a cluster barrier ([Note: splits pushed to rank 0])
 
 Fitted (session 15, one H200; benchmarks/results/gemv_session15_h200.txt): 39 schedules of the 1 B
 Llama's five decode projections at M = 1, each timed in a graph of copies that streams weights not
@@ -98,7 +98,8 @@ CONSTANTS = {
     "gemv_sm_gbs": 60.0,            # one SM's L2 rate for the split's partial rows (GB/s)
     "gemv_reduce_us": 0.5,          # after the last add: shuffles, barrier, warps' ordered adds, epilogue, stores
     "gemv_split_us": 1.2,           # split-k: partial rows to L2, fence, ticket, a second barrier (~2 L2 round trips)
-    "gemv_cluster_us": 0.4,         # split-k in a cluster: two cluster barriers and the remote shared-memory reads
+    "gemv_cluster_us": 0.2,         # split-k in a cluster: the pushes into rank 0 and a barrier phase (0.4 when pulled;
+                                    # [Note: splits pushed to rank 0]: 0.2-0.5 us a gemv less, session 44)
     "gemv_hiding_warps": 16,        # resident warps an SM needs to hide a step's FMAs under the next step's loads
     "gemv_full_us": 2.0,            # a grid that fills every block slot: the next kernel's blocks cannot start early
     "gemv_cluster_spread": 0.3,     # a cluster spread over more than two SMs (SPLITK > 2 x blocks an SM): the stream's loss
