@@ -24,7 +24,7 @@ plan's start (the first kernel's go):
   the same of the blocks' exits; a block that left before a mark is not counted in it.
 
 The figures of each kernel are the medians over the rounds. The plan runs with three clock
-reads and three stores a block more than without --timeline; `aicf-run --bench` on a bundle
+reads and three stores a block more than without --timeline, and one of each at every phase mark; `aicf-run --bench` on a bundle
 compiled without it times the plan as it is.
 """
 from __future__ import annotations
@@ -224,7 +224,8 @@ def timeline_svg(report: TimelineReport, title: str) -> str:
            f'font-family="monospace" font-size="10">',
            f'<text x="10" y="16" font-size="12">{escape(title)}</text>',
            f'<text x="10" y="30">light: blocks landed, waiting; dark: running (go to done); grey: until the next '
-           f'kernel starts. us from the first kernel\'s start, medians of {report.rounds} replays</text>']
+           f'kernel starts; orange ticks: the median block passing a phase mark. us from the first kernel\'s start, '
+           f'medians of {report.rounds} replays</text>']
     # ticks: the smallest 1, 2 or 5 x 10^k that leaves at most 12 on the axis
     step = next(m * 10 ** e for e in range(-2, 8) for m in (1, 2, 5) if (span - start) / (m * 10 ** e) <= 12)
     t = 0.0
@@ -244,6 +245,10 @@ def timeline_svg(report: TimelineReport, title: str) -> str:
                    f'{"done " + format(k.done_us, ".2f") + " us, " if k.done_us is not None else ""}'
                    f'in chain {"-" if k.chain_us is None else format(k.chain_us, ".2f")} us, '
                    f'predicted {"-" if k.predicted_us is None else format(k.predicted_us, ".2f")} us</title></rect>')
+        for p in k.phases[:-1]:   # the median block passing each phase mark (the last is the exits)
+            out.append(f'<line x1="{x(k.go_us + p.median_us):.1f}" y1="{y}" x2="{x(k.go_us + p.median_us):.1f}" '
+                       f'y2="{y + 12}" stroke="#fd8d3c" stroke-width="1.5"><title>{escape(k.name)}: {escape(p.name)} '
+                       f'{p.median_us:.2f} us after go (median block; last {p.last_us:.2f})</title></line>')
         if k.chain_us is not None and k.done_us is not None and k.go_us + k.chain_us > k.done_us:
             out.append(f'<rect x="{x(k.done_us):.1f}" y="{y + 1}" width="{(k.go_us + k.chain_us - k.done_us) * scale:.1f}" '
                        f'height="10" fill="#bbb"/>')

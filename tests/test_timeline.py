@@ -173,6 +173,9 @@ def test_summarize_phases():
     assert (k0.phases[1].median_us, k0.phases[1].last_us) == pytest.approx((2.5, 3.0))
     assert (k0.phases[2].median_us, k0.phases[2].last_us) == pytest.approx((4.0, 5.0))
     assert "loop 1.20/2.00 · merged 2.50/3.00 · exit 4.00/5.00" in format_timeline(summarize([arrays], kernels))
+    from aicf_run.timeline import timeline_svg   # a tick a mark on the kernel's bar, not one for the exits
+    svg = timeline_svg(summarize([arrays], kernels), "phases")
+    assert svg.count('stroke="#fd8d3c"') == 2 and "loop 1.20 us after go" in svg
     assert summarize([arrays], [{**kernels[0], "timeline": {}}]).kernels[0].phases == ()
 
 
