@@ -120,8 +120,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from aicfc.codegen import pdl
-from aicfc.codegen.timeline import phase_mark
 from aicfc.codegen.common import CTYPES, decompose, render
+from aicfc.codegen.timeline import phase_mark
 from aicfc.ir.decision import Kernel
 from aicfc.ir.properties import Attention
 from aicfc.ir.types import ITEMSIZE, TensorType

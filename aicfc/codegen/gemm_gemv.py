@@ -20,8 +20,8 @@ fp16/bf16 (contiguous along n: a k-row of a column tile is BN·2 >= 128 contiguo
   by one thread), then the splits: CL = 1 (SPLITK of 2, 4 or 8) makes the splits of a column tile one
   thread block cluster, whose other splits push their sums into rank 0's shared memory and leave, and
   rank 0 adds them in rank order ([Note: splits pushed to rank 0]; no global traffic); CL = 0 writes
-  partial rows to the kernel's scratch
-  and the last split to take a ticket adds them in split order (codegen/scratch.py);
+  partial rows to the kernel's scratch and the last split to take a ticket adds them in split order
+  (codegen/scratch.py);
 - the epilogue runs from shared memory: paired stores, a gate's up column beside it, and the
   rotary map, whose partner column (half a head away) is in the block's tile because BN is a
   multiple of the head (`gemm.why_not_rotary`): `rb` = the tile's first column, `rc` = the
@@ -38,21 +38,21 @@ With CL = 1 the SPLITK blocks of a column tile are one cluster and rank 0 adds t
 order. Until session 44 rank 0 pulled them: a cluster barrier once every block had its sums, rank 0
 reading each peer's over `ld.shared::cluster` (a remote round trip), then a second barrier so that no
 peer left while being read. `aicf-run --timeline`'s phases of the 1 B Llama's decode gemvs put 1.0-1.3
-us between the median block's sums and the median rank 0's merged ones, on every gemv of the step (0.8-1.0
-pushed, in the mbarrier form below). Now each other
-split stores its BM·BN sums into its slot of rank 0's inbox (SPLITK - 1 slots of static shared memory,
-counted in the space's bound) with 16-byte `st.shared::cluster`, arrives on the cluster barrier with
-release semantics and leaves; rank 0 arrives, waits (acquire) and adds its own sums and the inbox's in
-rank order: the same adds in the same order (bit-identical outputs), one barrier phase and the remote
-reads fewer on rank 0's path. The barrier's first phase, arrived at the kernel's start and waited
-before the push, makes sure rank 0 runs (its shared memory exists) before anyone writes into it. A first
-form signalled rank 0 through an mbarrier in its shared memory (remote arrives) and ran as fast, but
-compute-sanitizer racecheck, which does not follow mbarriers across CTAs, reported every push as a write
-into a block that might have exited; the cluster barrier it follows (0 hazards). Measured on an H200
-(session 44, benchmarks/results/cluster_push_session44_h200.txt, benchmarks/decode_ab.py against the
-previous commit's bundle, alternating rounds, one process): the 1 B Llama's 4-layer decode plan B1
-189.2 us against 192.1 (7 rounds; the mbarrier form 189.0 against 192.2), B8 231.3 against 239.7 (5
-rounds), the same tokens; the 20-layer B1 step 0.762 ms (session 43: 0.780-0.782).
+us between the median block's sums and the median rank 0's merged ones, on every gemv of the step.
+Now each other split stores its BM·BN sums into its slot of rank 0's inbox (SPLITK - 1 slots of
+static shared memory, counted in the space's bound) with 16-byte `st.shared::cluster`, arrives on the
+cluster barrier with release semantics and leaves; rank 0 arrives, waits (acquire) and adds its own
+sums and the inbox's in rank order: the same adds in the same order (bit-identical outputs), one
+barrier phase and the remote reads fewer on rank 0's path. The barrier's first phase, arrived at the
+kernel's start and waited before the push, makes sure rank 0 runs (its shared memory exists) before
+anyone writes into it. A first form signalled rank 0 through an mbarrier in its shared memory (remote
+arrives) and ran as fast (its phases: 0.8-1.0 us from the sums to the merge), but compute-sanitizer
+racecheck, which does not follow mbarriers across CTAs, reported every push as a write into a block
+that might have exited; the cluster barrier it follows (0 hazards). Measured on an H200 (session 44,
+benchmarks/results/cluster_push_session44_h200.txt, benchmarks/decode_ab.py against the previous
+commit's bundle, alternating rounds, one process): the 1 B Llama's 4-layer decode plan B1 189.2 us
+against 192.1 (7 rounds; the mbarrier form 189.0 against 192.2), B8 231.3 against 239.7 (5 rounds),
+the same tokens; the 20-layer B1 step 0.762 ms (session 43: 0.780-0.782).
 
 [Note: gemv weights before the wait]
 In a plan of dependent launches ([Note: PDL], codegen/pdl.py) a kernel's blocks sit on the SMs
@@ -160,9 +160,9 @@ import math
 from typing import Mapping
 
 from aicfc.codegen import pdl
-from aicfc.codegen.timeline import phase_mark
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.codegen.common import CTYPES, render
+from aicfc.codegen.timeline import phase_mark
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.properties import Contraction
@@ -331,7 +331,7 @@ def _tc_space(m: int, kk: int, early: bool) -> list[dict]:
 
 def static_smem(p: Mapping) -> int:
     """The warps' partial rows, and the split's flag; in a cluster, rank 0's inbox of the other splits'
-    sums and its barrier ([Note: splits pushed to rank 0])."""
+    sums ([Note: splits pushed to rank 0])."""
     inbox = (p["SPLITK"] - 1) if p.get("CL") else 0
     return 4 * (p["WARPS"] + inbox) * p["BM"] * p["BN"] + 16
 
