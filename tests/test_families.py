@@ -67,14 +67,19 @@ def test_exports_carry_the_ops_they_are_here_for():
 @pytest.mark.parametrize("stem", [s for s in MODELS if s.rsplit("_", 1)[0] in VISION])
 def test_vision_fixtures_are_well_conditioned_in_fp16(stem):
     """Every weight and tensor rounded to fp16 in onnxruntime moves the output by under 7.5e-3 of its
-    max, so a plan over the 1e-2 bound is the compiler's error. The inputs are fresh each run: over
-    40 draws (onnxruntime 1.32) mobilenetv3_ts's floor had median 4.9e-4, 95th percentile 1.5e-3 and
-    maximum 2.9e-3, the others stayed under 1.1e-3; a bound of 2e-3 failed about one run in twenty.
-    A clean clone's CI run in session 26 drew 5.7e-3 for it (onnxruntime alone: no aicf code runs
-    here), past the 5e-3 bound then; 7.5e-3 still leaves the compiler's 1e-2 a margin."""
+    max for a typical input, so a plan over the 1e-2 bound is the compiler's error. The inputs are
+    fresh each run, and the floor has a long tail: over 200 draws (onnxruntime 1.32, session 44)
+    mobilenetv3_ts's had median 5.0e-4, 99th percentile 4.0e-3 and maximum 1.6e-2 (its ten logits are
+    small where a draw lands near the decision boundary, and the error is relative to their max). One
+    draw a run therefore failed now and then: a clean clone's CI drew 5.7e-3 in session 26 (past the
+    5e-3 bound then) and 1.02e-2 in session 44. The bound is on the median of five fresh draws, which
+    over 10000 resamples of those 200 never passed 3.4e-3; onnxruntime alone, no aicf code runs here."""
     model = load(stem)
-    inputs = feeds(model, 2)
-    assert fp16_floor(model, inputs, reference(model, inputs)) <= 7.5e-3
+    floors = []
+    for seed in range(2, 7):
+        inputs = feeds(model, seed)
+        floors.append(fp16_floor(model, inputs, reference(model, inputs)))
+    assert sorted(floors)[2] <= 7.5e-3, floors
 
 
 def test_roberta_position_ids_are_integer_computes():
