@@ -135,8 +135,7 @@ def summarize(rounds: Sequence[Sequence[np.ndarray]], kernels: Sequence[dict]) -
         names = labels + [""] * (rounds[0][i].shape[1] - ENTRY_STAMPS - len(labels)) + ["exit"]
         phases = tuple(PhaseTimes(name, statistics.median(r["phases"][j][0] for r in rows),
                                   statistics.median(r["phases"][j][1] for r in rows))
-                       for j, name in enumerate(names) if name and all(r["phases"][j] for r in rows))
-        phases = phases if labels else ()
+                       for j, name in enumerate(names) if name and all(r["phases"][j] for r in rows)) if labels else ()
         out.append(KernelTimes(
             index=i, name=kernel["name"], blocks=len(rounds[0][i]), reached=int(med("reached")),
             first_landed_us=med("first"), last_landed_us=med("last"), go_us=med("go"), done_us=done, chain_us=chain,
