@@ -178,7 +178,9 @@ def test_cluster_merge_needs_no_scratch():
     assert cl and all(2 <= q["SPLITS"] <= attention_split.CLUSTER_SPLITS for q in cl)
     rows = attention_split.structure(attention.roles(k)).rows
     no_cl = attention_split.smem_bytes(rows, 64, 64, {**p, "CL": 0})
-    assert attention_split.smem_bytes(rows, 64, 64, p) == -(-no_cl // 16) * 16 + 4 * rows * 66
+    # the inbox: every chunk's share of this chunk's pairs, and every chunk's (m, l) a row
+    ppr = -(-rows * 32 // p["SPLITS"])
+    assert attention_split.smem_bytes(rows, 64, 64, p) == -(-no_cl // 16) * 16 + 4 * p["SPLITS"] * (2 * ppr + 2 * rows)
 
 
 @pytest.mark.parametrize("live", [1, 37, 768])
@@ -245,6 +247,8 @@ def test_cluster_merge_builds_without_spills(pin):
         kk = the_kernel(pinned)
         source = render_module(pinned)
         assert f"__cluster_dims__({pin['SPLITS']}, 1, 1)" in source and "atomicAdd" not in source
+        body = source.split("__global__")[1]   # the chunks push their partials; none reads a peer's memory
+        assert body.count("aicf_cluster_st2(") == 2 and "aicf_cluster_ld" not in body
         built = build(source, "sm_90")
         assert built.spills.get(kk.name, 0) == 0, (pin, built.spills)
 

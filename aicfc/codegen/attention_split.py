@@ -75,14 +75,20 @@ the chain the saving does not show. Kept as the shorter chain, not as a measured
 [Note: split attention as a cluster]
 CL = 1 (2 <= SPLITS <= CLUSTER_SPLITS, the portable cluster size): the SPLITS chunks of a K/V head are
 the CTAs of one thread block cluster (`__cluster_dims__(SPLITS, 1, 1)`; a head's chunks are consecutive
-blocks, so a chunk's rank is its split). Each keeps its partial (unnormalised O, then (m, l) a row) in its
-own shared memory; after a cluster barrier (release/acquire: the stores before it are visible to the
-peers after it) chunk s merges its share of the rows' column pairs (pairs s·PPR .. s·PPR + PPR - 1) from
-every live chunk's memory over `ld.shared::cluster`, every request before any use, adds them in split
-order and stores them; a second barrier keeps each block's memory alive until its peers have read it.
-No partials in global memory, no fence, no ticket, no scratch. A chunk past the live length reads no
-key (an empty chunk) but meets both barriers; the merge reads only the live chunks, so its (m, l) are
-never used. A new row at or past the live length (in no chunk) is written by chunk 0 after the merge.
+blocks, so a chunk's rank is its split). Chunk s merges its share of the rows' column pairs (pairs
+s·PPR .. s·PPR + PPR - 1). Each chunk pushes its partial into the chunks that merge it, as the gemv's
+splits do ([Note: splits pushed to rank 0] in codegen/gemm_gemv.py): every pair of its unnormalised O into
+the inbox of the chunk that merges that pair (8-byte `st.shared::cluster`), its rows' (m, l) into every
+chunk's, then arrives on the cluster barrier with release semantics and waits (acquire); each chunk then
+adds its pairs over the live chunks from its own inbox, in split order, and stores them. The barrier's
+first phase, arrived at the kernel's start, makes sure every chunk runs before anyone writes into it.
+Until session 44 each chunk kept its partial in its own memory and the mergers read it over
+`ld.shared::cluster` between two barriers (the second kept each block's memory alive for its peers):
+the timeline's phases put about 1 us from the first barrier to the exit (session 44, call 1). The push
+form is the same adds in the same order (bit-identical outputs). No partials in global memory, no fence,
+no ticket, no scratch. A chunk past the live length reads no key (an empty chunk) but pushes and meets
+the barrier; the merge reads only the live chunks, so its (m, l) are never used. A new row at or past
+the live length (in no chunk) is written by chunk 0 after the merge.
 Only where every block has an SM of its own (`cluster_why_not`): at B8 of the 1 B Llama, 256 blocks in
 clusters of 4 (two a SM) ran 14.1 us against 9.1 through the ticket. Measured on an H200 (session 28,
 benchmarks/results/split_attention_cluster_session28_h200.txt): the 1 B Llama's decode attention, 6
@@ -256,7 +262,7 @@ def smem_bytes(rows: int, d: int, dv: int, p: Mapping) -> int:
         base = staged + 16 * mi * (d + PAD) * esize + 4 * (p["warps"] * 16 * mi * (dv + 2) + stats)
     else:
         base = staged + 4 * (rows * d + rows * p["BN"] + stats + 2 * threads(p) + 3)
-    return cluster_partial_at(base) + 4 * rows * (dv + 2) if p.get("CL") else base
+    return cluster_partial_at(base) + 4 * inbox_floats(rows, dv, p["SPLITS"]) if p.get("CL") else base
 
 
 def cluster_why_not(p: Mapping, blocks: int, sms: int) -> str | None:
@@ -268,8 +274,18 @@ def cluster_why_not(p: Mapping, blocks: int, sms: int) -> str | None:
 
 
 def cluster_partial_at(base: int) -> int:
-    """CL = 1: the byte offset of the block's own partial (R x Dv, then (m, l) a row), after the rest."""
+    """CL = 1: the byte offset of the block's inbox (`inbox_floats`), after the rest."""
     return -(-base // 16) * 16
+
+
+def pairs_a_rank(rows: int, dv: int, splits: int) -> int:
+    """CL = 1: the column pairs of the rows each chunk merges (PPR; the last may merge fewer)."""
+    return math.ceil(rows * dv // 2 / splits)
+
+
+def inbox_floats(rows: int, dv: int, splits: int) -> int:
+    """CL = 1: a chunk's inbox, every chunk's share of the pairs it merges, then every chunk's (m, l) a row."""
+    return splits * (2 * pairs_a_rank(rows, dv, splits) + 2 * rows)
 
 
 def partial_floats(nkv: int, rows: int, dv: int, splits: int) -> int:
@@ -296,5 +312,5 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
                   stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), PRE=p.get("PRE", 0),
                   PDL_MARK=pdl.MARK, PHASE=phase_mark, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD,
-                  CL=p.get("CL", 0), PPR=math.ceil(tm["pairs"] / p["SPLITS"]),
+                  CL=p.get("CL", 0), PPR=pairs_a_rank(sp.rows, g.dv, p["SPLITS"]),
                   CLP_AT=cluster_partial_at(smem_bytes(sp.rows, g.d, g.dv, {**p, "CL": 0})), **tm)
