@@ -25,7 +25,7 @@ thread 0 leaves before a mark (a cluster's ranks past 0 after the merge) leaves 
 which the reader skips. The bundle's timeline record names the phases (`phase_labels`); the gemv
 (templates/gemm_gemv.cu.j2) marks its last weight step, its warps' sums and its splits' merge, the
 split attention (templates/attention_split.cu.j2) its staged query, its key loop, its warps' merge
-and its cluster's first barrier.
+and its cluster's barrier (the peers' pushes landed).
 
 From the stamps of one replay (aicf_run/timeline.py): a kernel starts (`go`) when its first
 block passes the wait, which is when the kernel before it has completed; it is done when its last
