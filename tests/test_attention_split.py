@@ -439,9 +439,10 @@ def test_tensor_core_body_within_band_of_the_h200(sched, measured):
     assert (t["t_combine_us"] == 0.0) == (splits == 1)
 
 
-# measured on an H200 by `aicfc tune` (session 28, benchmarks/results/split_attention_cluster_session28_h200.txt),
+# measured on an H200 by `aicfc tune` (session 45, the pushed merge, benchmarks/results/attention_push_session45_h200.txt),
 # tune's plain launch (0.88 us) taken off: (BN, warps, STAGES, SPLITS) of the tensor-core body as a cluster, us
-CL_MEASURED = [((128, 4, 2, 6), 4.27), ((128, 8, 2, 6), 4.66), ((64, 4, 2, 6), 4.99), ((128, 4, 2, 3), 5.31)]
+CL_MEASURED = [((128, 4, 2, 6), 4.07), ((128, 8, 2, 6), 4.07), ((64, 4, 2, 6), 4.28), ((128, 4, 2, 3), 5.07),
+               ((64, 4, 4, 4), 4.71)]
 
 
 @pytest.mark.parametrize("sched,measured", CL_MEASURED, ids=[f"BN{s[0]}-w{s[1]}-st{s[2]}-sp{s[3]}" for s, _ in CL_MEASURED])
@@ -453,7 +454,7 @@ def test_cluster_merge_within_band_of_the_h200(sched, measured):
     t = split_attention_terms(8, 4, 768, 64, 64, p, 2, hw, 0.4, 2)
     assert 0.8 <= measured / t["time_us"] <= 1.25, (measured, t["time_us"])
     ticket = split_attention_terms(8, 4, 768, 64, 64, {**p, "CL": 0}, 2, hw, 0.4, 2)
-    assert t["time_us"] < ticket["time_us"]   # measured 5.15 against 6.17 us for 6 chunks of 128 keys
+    assert t["time_us"] < ticket["time_us"]   # measured 4.95 against 6.24 us for 6 chunks of 128 keys
 
 
 def test_cluster_needs_an_sm_a_block():

@@ -17,6 +17,9 @@ A kernel that uses an architecture-specific feature (Hopper's wgmma needs `sm_90
 a line `// aicf: needs sm_90a` of its source; a module holding one is built for that target
 when it is the plain target's own (sm_90 -> sm_90a), and such a cubin runs on that GPU only.
 Modules without the line build for the plain target, as before.
+
+`AICF_NVCC_LINEINFO=1` adds `-lineinfo` (a new cache key): compute-sanitizer and Nsight then name the
+line of the module's source (the bundle keeps each module's source) behind a report; the SASS is unchanged.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from aicfc.errors import AicfError
 
-FLAGS = ("-O3", "-std=c++17", "-Xptxas", "-v")
+FLAGS = ("-O3", "-std=c++17", "-Xptxas", "-v") + (("-lineinfo",) if os.environ.get("AICF_NVCC_LINEINFO") == "1" else ())
 NEEDS = re.compile(r"^// aicf: needs (sm_\d+a)$", re.MULTILINE)
 
 

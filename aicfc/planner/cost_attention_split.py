@@ -28,11 +28,11 @@ that of one SM's blocks plus the combine:
                  (0.89-0.91) since its new rows come with the query ([Note: the new rows with the query])
     t          = launch + max(t_sched + t_combine, t_dram)
 
-CL = 1 ([Note: split attention as a cluster] in codegen/attention_split.py): the partial's
-publication is a store to the block's own shared memory and the cluster's barrier
-(CLUSTER_SYNC_US, not a round trip to L2 with a fence and a ticket), and the combine one
-round trip of distributed shared memory (CLUSTER_READ_US) where every chunk merges a share of
-the pairs, then the barrier that keeps the peers' memory until they are read.
+CL = 1 ([Note: split attention as a cluster] in codegen/attention_split.py): each chunk pushes its
+partial into the shared memory of the chunks that merge it (stores that ride in the cluster
+barrier's release, not a round trip to L2 with a fence and a ticket) and the barrier's one phase
+(CLUSTER_SYNC_US) is the whole combine; every chunk then merges its share of the pairs from its
+own memory.
 
 SPLITS trades the chunk's tiles (fewer with more splits) against the combine's reads and the
 SMs' blocks (more with more splits, past one wave). ISSUE_SCALE, STALL_WARPS, TILE_LATENCY_US,
@@ -65,11 +65,11 @@ STALL_WARPS = 2.75        # warps a scheduler needs to issue back to back
 TILE_LATENCY_US = 0.5     # a tile's wait: its cp.async group, the barriers between its phases
 ROUND_TRIP_US = 1.0       # one of the block's dependent round trips (FIXED)
 COMBINE_US = 0.4          # the ticket and the last block's first read of the partials
-# CL = 1: set so that the cluster's saving over the ticket matches `aicfc tune` on an H200 (session 28,
-# benchmarks/results/split_attention_cluster_session28_h200.txt: the 1 B Llama's decode attention, 6 chunks
-# of 128 keys, 5.15 us as a cluster against 6.17 through the ticket; tune's plain launches)
-CLUSTER_SYNC_US = 0.15    # barrier.cluster arrive + wait across the chunks' SMs
-CLUSTER_READ_US = 0.2     # the peers' partials over distributed shared memory, every request at once
+# CL = 1: the cluster's combine, one barrier phase whose release carries the pushes. `aicfc tune` of the 1 B
+# Llama's decode attention on an H200 (session 45, benchmarks/results/attention_push_session45_h200.txt): 6 chunks of
+# 128 keys 4.95 us as a cluster against 6.24 through the ticket (tune's plain launches); the pull form it replaced
+# (two barriers, then a read of the peers' memory: 0.15 + 0.15 + 0.2) measured 5.15 (session 28).
+CLUSTER_SYNC_US = 0.15    # barrier.cluster arrive (release) + wait (acquire) across the chunks' SMs
 
 
 def clock_ghz(hw) -> float:
@@ -137,8 +137,8 @@ def split_attention_terms(nkv: int, rows: int, sk: int, d: int, dv: int, p: dict
         t_tile, t_issue = mma_tile_us(rows, d, dv, p, hw, logit_ops, per_round)
         fixed += MMA_MERGE_US
     t_sched = rounds * (fixed + tiles * t_tile)
-    if p.get("CL"):   # two cluster barriers and one read of the peers' shared memory
-        t_combine = 2 * CLUSTER_SYNC_US + CLUSTER_READ_US
+    if p.get("CL"):   # the pushes and one cluster barrier phase
+        t_combine = CLUSTER_SYNC_US
     elif splits > 1:  # the ticket, then every chunk's partial read from L2 at an SM's share
         t_combine = COMBINE_US + splits * rows * (dv + 2) * 4.0 / (hw.l2_bandwidth_gbs * 1e3 / hw.sm_count)
     else:
