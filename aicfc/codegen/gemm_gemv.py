@@ -307,7 +307,7 @@ def _splits(tile: dict, kk: int, early: bool) -> list[dict]:
             if cl and sk not in CLUSTER_SPLITS:
                 continue
             p = tile | {"SPLITK": sk, "CL": cl}
-            if cl and 4 * (tile["WARPS"] + sk - 1) * tile["BM"] * tile["BN"] > SMEM_MAX:   # rank 0's inbox too
+            if cl and partial_bytes(p) > SMEM_MAX:   # rank 0's inbox too
                 continue
             if early:
                 p["PRE"] = 1
@@ -329,11 +329,16 @@ def _tc_space(m: int, kk: int, early: bool) -> list[dict]:
     return out
 
 
-def static_smem(p: Mapping) -> int:
-    """The warps' partial rows, and the split's flag; in a cluster, rank 0's inbox of the other splits'
-    sums ([Note: splits pushed to rank 0])."""
+def partial_bytes(p: Mapping) -> int:
+    """The warps' partial rows; in a cluster, rank 0's inbox of the other splits' sums too ([Note: splits
+    pushed to rank 0])."""
     inbox = (p["SPLITK"] - 1) if p.get("CL") else 0
-    return 4 * (p["WARPS"] + inbox) * p["BM"] * p["BN"] + 16
+    return 4 * (p["WARPS"] + inbox) * p["BM"] * p["BN"]
+
+
+def static_smem(p: Mapping) -> int:
+    """The partial rows (`partial_bytes`) and the split's flag."""
+    return partial_bytes(p) + 16
 
 
 def threads(p: Mapping) -> int:
