@@ -12,6 +12,8 @@ row (the tickets are zero again after a run).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -241,8 +243,10 @@ def test_merge_reads_at_once_where_it_fits(h, hkv, sq, splits, at_once):
                                  {"MMA": 0, "BN": 32, "warps": 4, "SPLITS": 8}])
 def test_cluster_merge_builds_without_spills(pin):
     """[Note: split attention as a cluster]: the kernel carries its cluster's shape, reads no ticket, and ptxas
-    spills nothing (B1 of 32 heads over 8, and 8 heads over 1 at Sq 4: 32 rows a block)."""
-    for model in (decode_attention(1, 32, 8, 768, 64), decode_attention(1, 8, 1, 768, 64, sq=4)):
+    spills nothing (B1 of 32 heads over 8, 8 heads over 1 at Sq 4: 32 rows a block, and B2 of 4 over 1 at Sq 4, which
+    spilled 4 bytes when the mask's key index was the clamped one, `gj_c`: [Note: the slot table as the key index])."""
+    for model in (decode_attention(1, 32, 8, 768, 64), decode_attention(1, 8, 1, 768, 64, sq=4),
+                  decode_attention(2, 4, 1, 768, 64, sq=4)):
         pinned = plan_of(model, pin={"unit": "split", "CL": 1, **pin})
         kk = the_kernel(pinned)
         source = render_module(pinned)
@@ -251,6 +255,26 @@ def test_cluster_merge_builds_without_spills(pin):
         assert body.count("aicf_cluster_st2(") == 2 and "aicf_cluster_ld" not in body
         built = build(source, "sm_90")
         assert built.spills.get(kk.name, 0) == 0, (pin, built.spills)
+
+
+@pytest.mark.parametrize("slots,precision", [(768, "fp16"), (4096, "fp32")])
+def test_slot_table_read_as_the_key_index(slots, precision):
+    """[Note: the slot table as the key index] (codegen/attention.py): under the live-key rule the score compares
+    the key index itself with the position: no load of the slot table, one of the position. A table stored in a
+    type that does not hold every index exactly (fp16 past 2048) keeps its load."""
+    plan = plan_of(decode_attention(1, 32, 8, slots, 64), precision)
+    k = the_kernel(plan)
+    assert LIVE_RULE in k.rewrites
+    source = render_module(plan)
+    body = source.split("The score expression")[1].split("s[mi][nb][q] = x;")[0] if "The score expression" in source else source
+    assert "static_cast<float>(gj)" in body
+    assert len([ln for ln in body.splitlines() if "= static_cast<float>(__ldg(" in ln]) == 1
+    types = dict(plan.types())
+    g = attention.geometry(k, types)
+    slot = attention.slot_is_index(g, types)
+    assert slot is not None and g.sk == slots
+    types[slot.buffer] = dataclasses.replace(types[slot.buffer], dtype="f16")
+    assert (attention.slot_is_index(g, types) is not None) == (slots <= 2049)
 
 
 # ---------------------------------------------------------------- GPU

@@ -54,7 +54,7 @@ from aicfc.codegen.cexpr import Emitter, c_affine, c_offset, flat_offset, litera
 from aicfc.codegen.common import CTYPES, decompose, render, signature
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Call, Compute, Const, Expr, Load, loads
-from aicfc.ir.properties import Attention, causal_split, live_key_position, streaming_attention
+from aicfc.ir.properties import Attention, causal_split, live_key_loads, live_key_position, streaming_attention
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.passes.fold_cache_writes import attention_part, cache_writes, scatter_part
 from aicfc.passes.streaming_attention import CAUSAL_RULE, LIVE_RULE
@@ -256,7 +256,26 @@ def static_smem(k: Kernel, p: Mapping) -> int:
 LOG2E = 1.4426950408889634
 
 
-def _logits(g: Geometry, p: Mapping, sig, types) -> tuple[list[str], str, str]:
+# [Note: the slot table as the key index] Under the live-key rule ([Note: live keys] in ir/properties.py)
+# the mask reads slot[j], a constant table the rule proved equal to j, once a score: a load from global memory
+# inside the key loop whose first round trip every block waits for (session 45, an H200: the 1 B Llama's decode
+# attention spent 1.8 us from its key tile's landing to its scores, one tile of 128 keys). Where the table's
+# stored type holds every key index exactly (`slot_is_index`), the score reads the index itself: the same value,
+# no load. It reads `gj`, not the clamped `gj_c` the load used: every template sets a key at or past SK to -inf
+# after its logit, and with `gj_c` ptxas spilled 4 bytes in one cluster kernel (B2, 4 heads over 1 at Sq 4).
+EXACT_INDEX = {"f16": 2048, "bf16": 256, "f32": 1 << 24, "f64": 1 << 53, "i32": 1 << 31, "i64": 1 << 63}
+
+
+def slot_is_index(g: Geometry, types: Mapping[str, TensorType]) -> Load | None:
+    """The restated mask's slot load when its table stores every key index 0..SK-1 exactly, else None."""
+    found = live_key_loads(g.att)
+    if found is None:
+        return None
+    slot = found[0]
+    return slot if g.sk - 1 <= EXACT_INDEX.get(types[slot.buffer].dtype, -1) else None
+
+
+def _logits(g: Geometry, p: Mapping, sig, types, live: bool = False) -> tuple[list[str], str, str]:
     """C statements computing F for one score `s_raw` at (gi_c, gj_c), the value's name, and the
     factor that takes it to log2 units for the tensor-core kernels' exp2. F = s·c with a constant
     c > 0 (the usual 1/sqrt(D)) is s itself with c folded into that factor: a positive scale keeps
@@ -272,7 +291,8 @@ def _logits(g: Geometry, p: Mapping, sig, types) -> tuple[list[str], str, str]:
         return [], "s_raw", literal(scale * LOG2E)
     em = Emitter(sig.params, types, prefix="f")
     names = {v: v for v, _ in g.batch} | {att.row: "gi_c", "r0": "gj_c"}
-    value = em.emit(f, names, {att.scores.out: "s_raw"})
+    slot = slot_is_index(g, types) if live else None   # [Note: the slot table as the key index]
+    value = em.emit(f, names, {att.scores.out: "s_raw"}, {slot: "static_cast<float>(gj)"} if slot else {})
     return em.take(), value, literal(LOG2E)
 
 
@@ -358,11 +378,11 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         operands[key] = {"ptr": sig.params[ld.buffer], "base": c_affine(base, names), "s_row": strides[0],
                          "s_col": strides[1], "T": CTYPES[types[ld.buffer].dtype]}
     if p["unit"] == "split":   # the score expression in natural units (attention_split.py says why)
-        lines, value, _ = _logits(g, {"unit": "simt", "causal": 0}, sig, types)
+        lines, value, _ = _logits(g, {"unit": "simt", "causal": 0}, sig, types, LIVE_RULE in k.rewrites)
         return attention_split.render_kernel(k, g, p, sig, operands, _store(g, types, sig, names),
                                              live_position(k, g, sig, types), lines, value, name,
                                              _cache_writes(k, g, sig, types, operands))
-    lines, value, log2_scale = _logits(g, p, sig, types)
+    lines, value, log2_scale = _logits(g, p, sig, types, LIVE_RULE in k.rewrites)
     tiles = math.ceil(g.sq / p["BM"])
     common = dict(name=name, signature=sig.text, idx=idx, decompose=decompose("batch", g.batch, idx),
                   SQ=g.sq, SK=g.sk, D=g.d, DV=g.dv, NB=g.nb, TILES=tiles, KT=math.ceil(g.sk / p["BN"]),

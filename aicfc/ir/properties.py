@@ -648,9 +648,9 @@ def live_key_mask(att: Attention, producers: Mapping[str, Compute],
     return None
 
 
-def live_key_position(att: Attention) -> Load | None:
-    """P over the attention's variables (batch, query row) when the logits, the mask restated in
-    the kernel ([Note: live keys]), are X + select(slot[j] <= P[i], 0, -big); None otherwise."""
+def live_key_loads(att: Attention) -> tuple[Load, Load] | None:
+    """(slot[j], P[i]) when the logits, the mask restated in the kernel ([Note: live keys]), are
+    X + select(slot[j] <= P[i], 0, -big); None otherwise."""
     f = att.logits
     if not (isinstance(f, Call) and f.fn == "add"):
         return None
@@ -658,5 +658,11 @@ def live_key_position(att: Attention) -> Load | None:
         cond = _mask_select(m)
         found = _slot_position(cond, "r0") if cond is not None else None
         if found is not None:
-            return found[1]
+            return found
     return None
+
+
+def live_key_position(att: Attention) -> Load | None:
+    """P over the attention's variables (batch, query row) of the restated mask (`live_key_loads`)."""
+    found = live_key_loads(att)
+    return found[1] if found is not None else None
