@@ -263,6 +263,9 @@ LOG2E = 1.4426950408889634
 # stored type holds every key index exactly (`slot_is_index`), the score reads the index itself: the same value,
 # no load. It reads `gj`, not the clamped `gj_c` the load used: every template sets a key at or past SK to -inf
 # after its logit, and with `gj_c` ptxas spilled 4 bytes in one cluster kernel (B2, 4 heads over 1 at Sq 4).
+# Measured (H200, the 1 B Llama's 4-layer plans, benchmarks/decode_ab.py; attention_push_session45_h200.txt and
+# l2_fill_session46_h200.txt): the decode step did not move (183.8 against 182.4 us: the load was not what the tile
+# waited on), the prefill plan, whose flash attention reads the same table, replayed 1.4-2.0% faster (497.5 against 504.7 us).
 EXACT_INDEX = {"f16": 2048, "bf16": 256, "f32": 1 << 24, "f64": 1 << 53, "i32": 1 << 31, "i64": 1 << 63}
 
 
