@@ -410,26 +410,3 @@ def test_rotary_epilogue_before_a_reader_of_the_first_map():
     refs = evaluate_graph(graph, inputs, dtype=np.float64)
     got = evaluate_ir(ir["plan_memory"], inputs)
     assert all(rel_err(got[n], refs[n]) <= 1e-2 for n in refs)
-
-
-def test_slice_prefetch_only_under_its_switch(monkeypatch):
-    """[Note: a gemv's slice into L2 before the wait] (experiment): PF is offered only under AICF_GEMV_PF=1, beside
-    PF = 0, and only where the weights are requested before the wait (PRE)."""
-    from aicfc.codegen import gemm_gemv
-    monkeypatch.delenv(gemm_gemv.PF_SWITCH, raising=False)
-    assert all("PF" not in p for p in gemm_gemv.space(1, 2048, 2048, early=True))
-    monkeypatch.setenv(gemm_gemv.PF_SWITCH, "1")
-    both = gemm_gemv.space(1, 2048, 2048, early=True)
-    assert {(p.get("PF"), p.get("TRIG")) for p in both} == {(0, 0), (0, 1), (1, 0), (1, 1)}
-    assert all("PF" not in p for p in gemm_gemv.space(1, 2048, 2048, early=False))
-
-
-def test_late_trigger_has_no_entry_trigger():
-    """TRIG = 1 (experiment): the block triggers the next launch after its loop, so its entry triggers for no block."""
-    from types import SimpleNamespace
-    from aicfc.codegen import pdl
-    from aicfc.planner.hardware import load_profile
-    hw = load_profile("sm_90")
-    ks = [SimpleNamespace(schedule=SimpleNamespace(param=param, grid=(32, 8, 1), block=(256, 1, 1), smem_bytes=0,
-                                                   registers=64)) for param in ({"TRIG": 1}, {"TRIG": 0}, {})]
-    assert pdl.entries(ks, pdl.DEPENDENT, hw) == [pdl.NO_ENTRY_TRIGGER, 0, 0]

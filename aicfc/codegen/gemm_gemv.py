@@ -157,7 +157,6 @@ memory <= SMEM_MAX, each split at least one step of k-rows; TC = 1 adds TC_SPACE
 from __future__ import annotations
 
 import math
-import os
 from typing import Mapping
 
 from aicfc.codegen import pdl
@@ -181,18 +180,6 @@ TC_MIN_ROWS = 2    # rows from which the tensor-core steps are candidates ([Note
 TC_MAX_HELD = 200  # tc_held's bound: BN 256 (U = 1: 216) took 220-230 registers, one block of 128 threads an SM
 SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows (and rank 0's inbox), and the split's flag
 
-
-# [Note: a gemv's slice into L2 before the wait] (experiment, branch session45-gemv-prefetch): with PF = 1 a block
-# requests the rest of its weight slice into L2 (`prefetch.global.L2`, one 128-byte line a row segment) before the
-# dependent-launch wait, beside its first step's vectors (PRE). The question for the GPU: whether the O projection,
-# whose blocks land while the decode attention runs and the DRAM is idle (session 45's timeline: about 5 us), then
-# streams from L2 after its wait. Sessions 8 and 20 prefetched every gemv's slice (QKV's too, whose blocks land while
-# the down projection still streams) and measured the plan slower. PF is offered only under the switch below, at the
-# PF = 0 candidate's cost, so it is chosen only by a pin (decode_ab.py dpin.NODE:PF=1). With TRIG = 1 (the same
-# switch) the block lets the next kernel launch after its last weight step (`griddepcontrol.launch_dependents`)
-# instead of at its entry (codegen/pdl.NO_ENTRY_TRIGGER), so the next kernel's blocks land, and request their
-# first weights (and, with PF, their slices), as this one's stream ends rather than while it streams.
-PF_SWITCH = "AICF_GEMV_PF"
 
 ROW_SCALE_RULE = "gemv(x·r, W) => gemv(x, W)·r (the norm's row scale in the gemv)"
 RSV_MAX = 4        # 16-byte vectors of the rows a thread holds through the loop for the row statistic
@@ -325,10 +312,7 @@ def _splits(tile: dict, kk: int, early: bool) -> list[dict]:
             if early:
                 p["PRE"] = 1
             if sk == 1 or math.ceil(kk / sk) >= k_step(p):
-                if early and os.environ.get(PF_SWITCH) == "1":   # [Note: a gemv's slice into L2 before the wait]
-                    out += [p | {"PF": pf, "TRIG": trig} for pf in (0, 1) for trig in (0, 1)]
-                else:
-                    out.append(p)
+                out.append(p)
     return out
 
 
@@ -389,7 +373,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
                   AVEC=bool(p.get("TC")) and vector_rows(c, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
-                  PRE=p.get("PRE", 0), PF=p.get("PF", 0), TRIG=p.get("TRIG", 0), LINES=-(-p["BN"] * ITEMSIZE[types[c.b.buffer].dtype] // 128),
+                  PRE=p.get("PRE", 0), PF=p.get("PF", 0), LINES=-(-p["BN"] * ITEMSIZE[types[c.b.buffer].dtype] // 128),
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

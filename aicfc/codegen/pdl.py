@@ -131,19 +131,12 @@ def trigger_from(grid: tuple[int, int, int], block: tuple[int, int, int], smem: 
     return 0 if blocks <= wave else (blocks - 1) // wave * wave
 
 
-# A kernel whose template triggers the next launch itself (the experimental gemv's TRIG = 1, after its last
-# weight loads: [Note: a gemv's slice into L2 before the wait] in codegen/gemm_gemv.py) has no block trigger at
-# its entry: the first block index that would is past any grid (the bundle schema's bound).
-NO_ENTRY_TRIGGER = 2**31 - 1
-
-
 def entries(kernels, launch: str, hw: Profile) -> list[int]:
     """The trigger_from of each scheduled kernel of a plan launched as `launch`, in order (0 for
     plain launches, where nothing triggers)."""
     if launch != DEPENDENT:
         return [0] * len(kernels)
-    return [NO_ENTRY_TRIGGER if k.schedule.param.get("TRIG") else
-            trigger_from(k.schedule.grid, k.schedule.block, k.schedule.smem_bytes, k.schedule.registers, hw)
+    return [trigger_from(k.schedule.grid, k.schedule.block, k.schedule.smem_bytes, k.schedule.registers, hw)
             for k in kernels]
 
 

@@ -79,6 +79,20 @@ class InPlace:
 
 
 @dataclass(frozen=True, slots=True)
+class Prefetch:
+    """A memory decision (passes/l2_fill.py): the kernel requests byte ranges [offset, offset + bytes) of
+    `buffer`, a weight a later kernel streams, into L2 before its dependent-launch wait."""
+
+    buffer: str
+    ranges: tuple[tuple[int, int], ...]
+    reason: str
+
+    @property
+    def bytes(self) -> int:
+        return sum(n for _, n in self.ranges)
+
+
+@dataclass(frozen=True, slots=True)
 class Kernel:
     name: str
     family: str
@@ -89,6 +103,7 @@ class Kernel:
     rewrites: tuple[str, ...] = ()
     schedule: Schedule | None = None
     inplace: tuple[InPlace, ...] = ()   # filled by plan_memory
+    prefetch: tuple[Prefetch, ...] = ()  # filled by passes/l2_fill.py
 
     def replace(self, **changes: Any) -> Kernel:
         return dataclasses.replace(self, **changes)
@@ -184,6 +199,8 @@ def print_kernel(k: Kernel) -> list[str]:
             lines.append(f"    candidate {text.attrs(c.params) or '{}'} {tail}")
     for ip in k.inplace:
         lines.append(f"    inplace {text.name(ip.output)} reuses {text.name(ip.reuses)} {text.attr_value(ip.reason)}")
+    for f in k.prefetch:
+        lines.append(f"    prefetch {text.name(f.buffer)} {text.attr_value([list(r) for r in f.ranges])} {text.attr_value(f.reason)}")
     lines.append("  }")
     return lines
 
@@ -225,6 +242,7 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
     predicted: tuple = ()
     cands: list[Candidate] = []
     inplace: list[InPlace] = []
+    prefetch: list[Prefetch] = []
     while not c.accept("}"):
         if c.accept("bind"):
             out = c.value()
@@ -254,6 +272,10 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
             out = c.value()
             c.expect("reuses")
             inplace.append(InPlace(out, c.value(), str(c.attr_value())))
+        elif c.accept("prefetch"):
+            buf = c.value()
+            ranges = tuple((int(a), int(b)) for a, b in c.attr_value())
+            prefetch.append(Prefetch(buf, ranges, str(c.attr_value())))
         elif c.accept("candidate"):
             params = tuple(sorted(c.attrs().items()))
             if c.accept("rejected"):
@@ -267,7 +289,7 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
             ops.append(op)
     sched = Schedule(*schedule, predicted, tuple(cands)) if schedule else None
     return Kernel(name, family, tuple(ops), tuple(binds.get(op.out, ()) for op in ops), tuple(stores),
-                  props, rewrites, sched, tuple(inplace))
+                  props, rewrites, sched, tuple(inplace), tuple(prefetch))
 
 
 def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:

@@ -32,6 +32,7 @@ from aicfc.passes.interleave_gates import interleave_gates
 from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.early_epilogue import early_epilogue
+from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.pool_epilogue import pool_epilogue
@@ -94,6 +95,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
+    Stage("l2_fill", "decision", "decision", lambda p, o: l2_fill(p, o.profile, dict(o.pin))),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
@@ -140,6 +142,8 @@ assert _ORDER.index("plan_schedules") < _ORDER.index("fold_cache_writes") < _ORD
 # early_epilogue reads the final kernel order (fold_cache_writes removes kernels) and precedes plan_memory,
 # which keeps an operand read before the wait live until its reader.
 assert _ORDER.index("fold_cache_writes") < _ORDER.index("early_epilogue") < _ORDER.index("plan_memory")
+# l2_fill reads the final kernel order and the gemvs' PRE (fold_cache_writes, early_epilogue re-cost them).
+assert _ORDER.index("early_epilogue") < _ORDER.index("l2_fill")
 # pool_epilogue merges a convolution whose layout (channels_last) and stem rows (unfold_taps) are decided,
 # before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
 assert (_ORDER.index("channels_last") < _ORDER.index("unfold_taps") < _ORDER.index("pool_epilogue")

@@ -333,7 +333,8 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     from aicfc.passes.pool_epilogue import PIN as POOLED_PIN
     from aicfc.passes.fold_row_scale import PIN as ROWSCALE_PIN
     from aicfc.passes.early_epilogue import PIN as EPRE_PIN
-    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN)
+    from aicfc.passes.l2_fill import PIN as FILL_PIN
+    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN, FILL_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():
@@ -358,7 +359,8 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
     `check` counts the leading candidates' registers (`check_leaders`). Keys that switch a
     rewrite rather than a schedule (`unfold`, passes/unfold_taps.py; `early`, passes/fold_cache_writes.py;
     `projection`, passes/concat_projections.py; `pooled`, passes/pool_epilogue.py; `rowscale`,
-    passes/fold_row_scale.py; `epre`, passes/early_epilogue.py) were the passes' to read and are dropped."""
+    passes/fold_row_scale.py; `epre`, passes/early_epilogue.py; `fill`, passes/l2_fill.py) were the passes' to read and
+    are dropped."""
     every, by_node = node_pins(pin or {})
     covered = {node for k in plan.kernels for node in k.origins}
     missing = sorted(set(by_node) - covered)

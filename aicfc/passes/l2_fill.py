@@ -1,0 +1,147 @@
+"""l2_fill: Decision IR → Decision IR; where a kernel leaves the DRAM idle, the gemv after it requests
+its own weight slice, and the first rows of the weight stream after it, into L2 before its
+dependent-launch wait (rule RULE: schedule parameter PF = 1 and a `prefetch` record on the kernel).
+
+[Note: L2 fill]
+Under dependent launches ([Note: PDL], codegen/pdl.py) a kernel's blocks land on the SMs while the
+kernel before it runs, and a gemv requests its first step of weights there ([Note: gemv weights
+before the wait]). Most kernels of a decode step stream weights, so the DRAM is busy when the next
+one's blocks land, and requesting more then slows the stream that runs (sessions 8, 20 and 45:
+every gemv's slice so requested, or the next kernel launched after the weight loop, ran the plan
+slower). One kernel a layer does not stream: the decode attention reads its cache (1.6 MB a layer
+of the 1 B Llama) and then computes, merges and waits for its cluster, about 5 us in the chain with
+the DRAM idle after its first tile. The O projection's blocks land during it; with PF = 1 each
+requests the rest of its weight slice into L2 (`prefetch.global.L2`, a 128-byte line a row
+segment), and its `prefetch` record gives it the first rows of the next weight stream's splits
+(the gate/up's), spread over its blocks as bulk requests (`cp.async.bulk.prefetch.L2`). The
+gate/up's blocks then start on rows already in L2.
+
+The amount: the idle window is the previous kernel's predicted time less its launch and its own
+bytes at the stream's rate; what the window moves at that rate, less this gemv's slice, goes to the
+next stream's head, split evenly over its k-splits, whole rows, at most the pin's `fill` (MB).
+
+Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
+writes), and its reads are of a buffer the next kernel reads anyway, within its bounds.
+`--pin fill=0` turns the rule off; `--pin fill=MB` sets the head's bytes (an A/B's knob).
+
+    kernel k12 gemm [gemv PRE=1]  { ... }
+  becomes
+    kernel k12 gemm [gemv PRE=1 PF=1]  { same ops }  prefetch %w_gateup [[0, 4505600], [23068672, 4505600]]
+"""
+from __future__ import annotations
+
+from aicfc.codegen import gemm_gemv
+from aicfc.codegen.cexpr import flat_offset
+from aicfc.errors import AicfError
+from aicfc.ir.decision import Kernel, Plan, Prefetch
+from aicfc.ir.lowered import Rewrite
+from aicfc.ir.types import ITEMSIZE
+from aicfc.planner import cost_gemv
+from aicfc.planner.hardware import Profile
+
+RULE = "a gemv whose blocks land while the kernel before leaves the DRAM idle => its slice and the next stream's head into L2"
+PIN = "fill"       # --pin fill=0: off; fill=MB: the next stream's head (MB) wherever the rule applies
+IDLE_SHARE = 0.5   # a kernel whose own bytes at the stream's rate take under this share of its body leaves the DRAM idle
+
+
+def _gemv(k: Kernel) -> dict | None:
+    p = k.schedule.param if k.schedule is not None else {}
+    return p if k.family == "gemm" and p.get("unit") == "gemv" else None
+
+
+def _weight_rows(k: Kernel, plan: Plan) -> tuple[str, int, int] | None:
+    """(weight buffer, bytes of a k-row, k-rows) where gemv `k`'s weight is a plan constant laid out
+    [K, N] (k-row r's N columns contiguous at r·N), else None."""
+    from aicfc.codegen.gemm import dims
+    c, _, n, kk, _ = dims(k)
+    if c.b.buffer not in {w.name for w in plan.weights}:
+        return None
+    t = plan.types()[c.b.buffer]
+    off = flat_offset(c.b.index, t)
+    if off.coeff("r0") != n or t.numel != n * kk or n * ITEMSIZE[t.dtype] % 16:
+        return None   # not [K, N], or a row's bytes not a multiple of a bulk request's 16
+    return c.b.buffer, n * ITEMSIZE[t.dtype], kk
+
+
+def _idle_us(k: Kernel, hw: Profile) -> float:
+    """How long kernel `k` leaves the DRAM idle: its predicted body (less the launch) less its own
+    bytes at the gemv stream's rate."""
+    terms = dict(k.schedule.predicted)
+    body = terms["time_us"] - terms.get("launch_us", hw.launch_overhead_us)
+    own = terms.get("bytes", 0.0) / _stream(hw)
+    return body - own if own < IDLE_SHARE * body else 0.0
+
+
+def why_not(plan: Plan, i: int, hw: Profile) -> str | None:
+    k = plan.kernels[i]
+    p = _gemv(k)
+    if p is None:
+        return "not a gemv"
+    if not p.get("PRE"):
+        return "its blocks do not start before the wait (PRE = 0)"
+    if i == 0:
+        return "the plan's first kernel"
+    if _weight_rows(k, plan) is None:
+        return "its weight is not a [K, N] constant"
+    idle = _idle_us(plan.kernels[i - 1], hw)
+    if idle <= 0.0:
+        return f"{plan.kernels[i - 1].name} streams its own bytes (the DRAM is busy)"
+    own, moves = dict(k.schedule.predicted).get("bytes", 0.0), idle * _stream(hw)
+    if own > moves:
+        return (f"its {own / 2**20:.1f} MiB are more than {plan.kernels[i - 1].name}'s idle {idle:.2f} us moves "
+                f"({moves / 2**20:.1f} MiB): they would stay in L2 only in part")
+    return None
+
+
+def _stream(hw: Profile) -> float:
+    """The gemv stream's rate, bytes an us."""
+    return cost_gemv.constants(hw.data)["gemv_stream_gbs"] * 1e3
+
+
+def head(plan: Plan, i: int, budget: float) -> Prefetch | None:
+    """The first rows of each split of the gemv after kernel `i`, `budget` bytes in all, or None."""
+    if i + 1 >= len(plan.kernels) or budget <= 0:
+        return None
+    nxt = plan.kernels[i + 1]
+    p = _gemv(nxt)
+    rows = _weight_rows(nxt, plan) if p is not None else None
+    if rows is None:
+        return None
+    buf, row_bytes, kk = rows
+    per = gemm_gemv.k_per_split(kk, p)
+    take = min(per, int(budget // (p["SPLITK"] * row_bytes)))
+    if take <= 0:
+        return None
+    ranges = tuple((y * per * row_bytes, min(take, kk - y * per) * row_bytes) for y in range(p["SPLITK"]) if y * per < kk)
+    return Prefetch(buf, ranges, f"the first {take} of each split's {per} k-rows of {nxt.name}'s weight")
+
+
+def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> Plan:
+    value = (pin or {}).get(PIN)
+    if value is not None:
+        try:
+            mb = float(value)
+        except ValueError:
+            raise AicfError(f"--pin {PIN}={value}: expected megabytes (0 turns the rule off)") from None
+    if hw is None or not plan.target.startswith("sm_9"):
+        return plan
+    from aicfc.passes.plan_schedules import with_params
+    kernels, records = list(plan.kernels), []
+    for i, k in enumerate(plan.kernels):
+        if _gemv(k) is None:
+            continue
+        why = why_not(plan, i, hw) if value is None or mb > 0 else f"--pin {PIN}=0"
+        if why is not None:
+            if why != "not a gemv":
+                records.append(Rewrite(RULE, k.name, False, why))
+            continue
+        idle = _idle_us(plan.kernels[i - 1], hw)
+        own = dict(k.schedule.predicted).get("bytes", 0.0)
+        budget = mb * 2**20 if value is not None else idle * _stream(hw) - own
+        fill = head(plan, i, budget)
+        kernels[i] = with_params(k, {"PF": 1}, plan.types(), hw).replace(prefetch=(fill,) if fill else ())
+        records.append(Rewrite(RULE, k.name, True,
+                               f"{plan.kernels[i - 1].name} leaves the DRAM idle about {idle:.2f} us: the rest of its "
+                               f"slice" + (f" and {fill.bytes / 2**20:.1f} MiB, {fill.reason}," if fill else "")
+                               + " requested into L2 before the wait"))
+    return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))

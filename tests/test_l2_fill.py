@@ -1,0 +1,113 @@
+"""A gemv that lands while the kernel before it leaves the DRAM idle requests its weight slice, and the
+first rows of the next weight stream, into L2 before its dependent-launch wait (passes/l2_fill.py,
+[Note: L2 fill]). On the GPU the decode step of test_row_scale's decoder is compared with onnxruntime
+with the fills and without them (`--pin fill=0`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import aicfc
+from aicfc.codegen import pdl
+from aicfc.codegen.common import kernel_args
+from aicfc.errors import AicfError
+from aicfc.ir.decision import parse_plan
+from aicfc.passes.l2_fill import RULE
+from tests.conftest import run_payload
+from tests.test_pipeline import rel_err
+from tests.test_row_scale import CFG, POSITION, decode_inputs, decode_shapes, decoder
+from tests.test_state import plan_of
+from benchmarks.decoder_graph import cache_names
+from benchmarks.light_models import onnxruntime_reference
+
+
+def _records(plan):
+    return [r for r in plan.rewrites if r.rule == RULE]
+
+
+def test_the_projection_after_the_attention_fills_the_next_stream():
+    plan = plan_of(decoder(), decode_shapes(1), "fp16")
+    index = {k.name: i for i, k in enumerate(plan.kernels)}
+    after_attention = [plan.kernels[i + 1] for i, k in enumerate(plan.kernels[:-1]) if k.family == "attention"]
+    assert len(after_attention) == CFG.layers
+    for k in after_attention:
+        assert k.schedule.param["unit"] == "gemv" and k.schedule.param["PF"] == 1
+        (fill,) = k.prefetch
+        nxt = plan.kernels[index[k.name] + 1]
+        assert nxt.ops[0].body and fill.buffer in kernel_args(nxt)          # the next gemv's own weight
+        assert fill.buffer in kernel_args(k)                                 # passed to this one, read-only
+        nbytes = plan.types()[fill.buffer].numel * 2
+        assert all(0 <= off and off + n <= nbytes and off % 16 == 0 and n % 16 == 0 for off, n in fill.ranges)
+        assert len(fill.ranges) == nxt.schedule.param["SPLITK"]             # the head of every split
+    assert sum(r.applied for r in _records(plan)) >= CFG.layers
+
+
+def test_fill_pin_sets_the_head_or_turns_the_rule_off():
+    off = plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "0"})
+    assert not any(k.prefetch or k.schedule.param.get("PF") for k in off.kernels if k.schedule is not None)
+    assert all(not r.applied and "--pin fill=0" in r.reason for r in _records(off))
+    small = plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "0.25"})
+    assert all(f.bytes <= 0.25 * 2**20 for k in small.kernels for f in k.prefetch)
+    with pytest.raises(AicfError, match="fill"):
+        plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "lots"})
+
+
+def test_a_stream_bigger_than_the_window_is_declined():
+    """A slice the idle window cannot bring in (the 1 B Llama's 125 MB LM head after its final norm)
+    would stay in L2 only in part: declined, as is a gemv after a kernel that streams its own bytes."""
+    import dataclasses
+    from aicfc.passes.l2_fill import why_not
+    from aicfc.planner.hardware import load_profile
+    hw = load_profile("sm_90")
+    plan = plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "0"})
+    i = next(i for i, k in enumerate(plan.kernels[:-1]) if k.family == "attention") + 1
+    assert why_not(plan, i, hw) is None
+    k = plan.kernels[i]
+    big = dict(k.schedule.predicted) | {"bytes": 125e6}
+    kernels = list(plan.kernels)
+    kernels[i] = k.replace(schedule=dataclasses.replace(k.schedule, predicted=tuple(sorted(big.items()))))
+    assert "more than" in why_not(plan.replace(kernels=tuple(kernels)), i, hw)
+    busy = dict(plan.kernels[i - 1].schedule.predicted) | {"bytes": 1e9}
+    kernels = list(plan.kernels)
+    kernels[i - 1] = plan.kernels[i - 1].replace(schedule=dataclasses.replace(plan.kernels[i - 1].schedule,
+                                                                             predicted=tuple(sorted(busy.items()))))
+    assert "busy" in why_not(plan.replace(kernels=tuple(kernels)), i, hw)
+
+
+def test_prefetch_records_print_and_parse():
+    plan = plan_of(decoder(), decode_shapes(1), "fp16")
+    assert any(k.prefetch for k in plan.kernels)
+    assert "    prefetch %" in str(plan)
+    assert parse_plan(str(plan), {w.name: w.data for w in plan.weights}) == plan
+
+
+def test_the_fill_comes_before_the_entry():
+    payload = aicfc.compile(decoder(), target="sm_90", precision="fp16", shapes=decode_shapes(1))
+    source = "".join(m["source"] for m in payload["modules"])
+    names = [k["name"] for k in payload["kernels"] if k["params"].get("PF")]
+    assert names
+    for name in names:
+        body = source[source.index(f" {name}("):]
+        body = body[:body.index("\nextern \"C\"")] if "\nextern \"C\"" in body else body
+        entry = body.index(pdl.ENTRY)
+        assert body.index("prefetch.global.L2") < entry
+        if "cp.async.bulk.prefetch.L2" in body:
+            assert body.index("cp.async.bulk.prefetch.L2") < entry
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,precision", [(1, "fp16"), (2, "fp16"), (1, "bf16")])
+@pytest.mark.parametrize("fill", ["auto", "0", "8"])
+def test_gpu_decode_step_with_fills_matches_onnxruntime(batch, precision, fill, gpu_device):
+    model = decoder(batch)
+    inputs = decode_inputs(batch, seed=17 + batch)
+    ref = onnxruntime_reference(model, inputs)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(batch),
+                            pin=None if fill == "auto" else {"fill": fill})
+    assert any(k["params"].get("PF") for k in payload["kernels"]) == (fill != "0")
+    got = run_payload(payload, inputs, gpu_device)
+    tol = {"fp16": 1e-2, "bf16": 3e-2}[precision]
+    assert np.isfinite(got["logits"]).all()
+    assert rel_err(got["logits"], ref["logits"].astype(np.float64)) <= tol
+    for _, present in cache_names(CFG):
+        assert rel_err(got[present][:, :, POSITION], ref[present][:, :, POSITION].astype(np.float64)) <= tol
