@@ -39,7 +39,20 @@ def test_the_projection_after_the_attention_fills_the_next_stream():
         nbytes = plan.types()[fill.buffer].numel * 2
         assert all(0 <= off and off + n <= nbytes and off % 16 == 0 and n % 16 == 0 for off, n in fill.ranges)
         assert len(fill.ranges) == nxt.schedule.param["SPLITK"]             # the head of every split
+        assert nxt.schedule.param["HOT"] == fill.bytes                      # credited to the stream that reads it
     assert sum(r.applied for r in _records(plan)) >= CFG.layers
+
+
+def test_the_head_is_credited_at_the_stream_rate():
+    from aicfc.planner.cost_gemv import CONSTANTS
+    on = plan_of(decoder(), decode_shapes(1), "fp16")
+    off = {k.name: k for k in plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "0"}).kernels}
+    hot = [k for k in on.kernels if k.schedule is not None and k.schedule.param.get("HOT")]
+    assert hot
+    for k in hot:
+        t_on, t_off = dict(k.schedule.predicted)["t_dram_us"], dict(off[k.name].schedule.predicted)["t_dram_us"]
+        assert t_off - t_on == pytest.approx(k.schedule.param["HOT"] / (CONSTANTS["gemv_stream_gbs"] * 1e3), abs=1e-5)
+        assert k.schedule.time_us < off[k.name].schedule.time_us
 
 
 def test_fill_pin_sets_the_head_or_turns_the_rule_off():
@@ -84,7 +97,7 @@ def test_prefetch_records_print_and_parse():
 def test_the_fill_comes_before_the_entry():
     payload = aicfc.compile(decoder(), target="sm_90", precision="fp16", shapes=decode_shapes(1))
     source = "".join(m["source"] for m in payload["modules"])
-    names = [k["name"] for k in payload["kernels"] if k["params"].get("PF")]
+    names = {k["symbol"] for k in payload["kernels"] if k["params"].get("PF")}
     assert names
     for name in names:
         body = source[source.index(f" {name}("):]

@@ -1,32 +1,45 @@
 """l2_fill: Decision IR → Decision IR; where a kernel leaves the DRAM idle, the gemv after it requests
 its own weight slice, and the first rows of the weight stream after it, into L2 before its
-dependent-launch wait (rule RULE: schedule parameter PF = 1 and a `prefetch` record on the kernel).
+dependent-launch wait (rule RULE: schedule parameter PF = 1 and a `prefetch` record on the kernel;
+the stream after it is credited those rows, HOT).
 
 [Note: L2 fill]
 Under dependent launches ([Note: PDL], codegen/pdl.py) a kernel's blocks land on the SMs while the
 kernel before it runs, and a gemv requests its first step of weights there ([Note: gemv weights
 before the wait]). Most kernels of a decode step stream weights, so the DRAM is busy when the next
-one's blocks land, and requesting more then slows the stream that runs (sessions 8, 20 and 45:
-every gemv's slice so requested, or the next kernel launched after the weight loop, ran the plan
-slower). One kernel a layer does not stream: the decode attention reads its cache (1.6 MB a layer
-of the 1 B Llama) and then computes, merges and waits for its cluster, about 5 us in the chain with
-the DRAM idle after its first tile. The O projection's blocks land during it; with PF = 1 each
+one's blocks land, and requesting more then slows the stream that runs (sessions 8 and 20: every
+gemv's slice so requested ran the plan slower; session 46: the next launch let in only after each
+gemv's weight loop, 7 us slower in 187). One kernel a layer does not stream: the decode attention
+reads its cache (1.6 MB a layer of the 1 B Llama) and then computes, merges and waits for its
+cluster, about 5 us in the chain. The O projection's blocks land during it; with PF = 1 each
 requests the rest of its weight slice into L2 (`prefetch.global.L2`, a 128-byte line a row
 segment), and its `prefetch` record gives it the first rows of the next weight stream's splits
-(the gate/up's), spread over its blocks as bulk requests (`cp.async.bulk.prefetch.L2`). The
-gate/up's blocks then start on rows already in L2.
+(the gate/up's), spread over its blocks as bulk requests (`cp.async.bulk.prefetch.L2`), so the
+gate/up's blocks start on rows already in L2.
 
-The amount: the idle window is the previous kernel's predicted time less its launch and its own
-bytes at the stream's rate; what the window moves at that rate, less this gemv's slice, goes to the
-next stream's head, split evenly over its k-splits, whole rows, at most the pin's `fill` (MB).
+Where: a gemv with PRE = 1 (its blocks land early) after a kernel whose own bytes at the stream's rate
+take under IDLE_SHARE of its predicted body (less its launch), and whose idle rest moves at least the
+gemv's slice (else the slice would stay in L2 only in part: the LM head's 125 MB after the final norm).
+The head: `gemv_fill_head_bytes` of cost_gemv's constants (4 MiB), whole rows, evenly over the next
+gemv's k-splits, where that gemv's weight is a constant laid out [K, N]. It is a fitted amount, not the
+window's: the decode attention's prediction in the chain is 1.4x short (session 45), so its predicted
+window (1.9 us) leaves 1.1 MiB after the O's 8 MiB, where 4 MiB measured fastest.
+
+Measured (session 46, an H200, benchmarks/decode_ab.py: the 1 B Llama's 4-layer decode plan, 7 alternating
+rounds in one process; benchmarks/results/l2_fill_session46_h200.txt): 186.8 us with the rule off, 186.3
+with the O projections' slices alone, 185.4 / 183.8 / 185.5 / 186.4 with a 1.1 / 4 / 8 / 16 MiB head of
+the gate/up (4 MiB: 2.1 us under off, faster in 6 of 7 rounds); a larger head competes with the
+attention's and the O's own reads. The credit (the head's bytes at the stream's rate, 0.84 us a layer)
+is above the 0.5 us a layer measured.
 
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
-writes), and its reads are of a buffer the next kernel reads anyway, within its bounds.
-`--pin fill=0` turns the rule off; `--pin fill=MB` sets the head's bytes (an A/B's knob).
+writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule
+off; `--pin fill=MB` sets the head (an A/B's knob).
 
-    kernel k12 gemm [gemv PRE=1]  { ... }
+    kernel k12 gemm [gemv PRE=1]  { ... }            kernel k14 gemm [gemv PRE=1]  { ... }
   becomes
-    kernel k12 gemm [gemv PRE=1 PF=1]  { same ops }  prefetch %w_gateup [[0, 4505600], [23068672, 4505600]]
+    kernel k12 gemm [gemv PRE=1 PF=1]  { same ops }  prefetch %w_gateup [[0, 2095104], [23068672, 2095104]]
+    kernel k14 gemm [gemv PRE=1 HOT=4190208]  { same ops }
 """
 from __future__ import annotations
 
@@ -127,6 +140,7 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
         return plan
     from aicfc.passes.plan_schedules import with_params
     kernels, records = list(plan.kernels), []
+    budget = mb * 2**20 if value is not None else cost_gemv.constants(hw.data)["gemv_fill_head_bytes"]
     for i, k in enumerate(plan.kernels):
         if _gemv(k) is None:
             continue
@@ -135,13 +149,14 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
             if why != "not a gemv":
                 records.append(Rewrite(RULE, k.name, False, why))
             continue
-        idle = _idle_us(plan.kernels[i - 1], hw)
-        own = dict(k.schedule.predicted).get("bytes", 0.0)
-        budget = mb * 2**20 if value is not None else idle * _stream(hw) - own
         fill = head(plan, i, budget)
-        kernels[i] = with_params(k, {"PF": 1}, plan.types(), hw).replace(prefetch=(fill,) if fill else ())
+        kernels[i] = with_params(kernels[i], {"PF": 1}, plan.types(), hw).replace(prefetch=(fill,) if fill else ())
+        if fill:
+            nxt = kernels[i + 1]
+            kernels[i + 1] = with_params(nxt, {"HOT": fill.bytes}, plan.types(), hw)
         records.append(Rewrite(RULE, k.name, True,
-                               f"{plan.kernels[i - 1].name} leaves the DRAM idle about {idle:.2f} us: the rest of its "
-                               f"slice" + (f" and {fill.bytes / 2**20:.1f} MiB, {fill.reason}," if fill else "")
+                               f"{plan.kernels[i - 1].name} leaves the DRAM idle about {_idle_us(plan.kernels[i - 1], hw):.2f} us "
+                               f"(predicted): the rest of its slice" + (f" and {fill.bytes / 2**20:.1f} MiB, {fill.reason} "
+                               f"(predicted {nxt.schedule.time_us:.2f} -> {kernels[i + 1].schedule.time_us:.2f} us)," if fill else "")
                                + " requested into L2 before the wait"))
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))

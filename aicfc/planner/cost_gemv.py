@@ -4,8 +4,9 @@ plus the tails a block runs after its last load.
 
     t = launch + max(t_sm, t_fma) + t_exposed + t_rounds + t_full + t_reduce + t_split
 
-    t_dram   = every byte once (weight, activations, epilogue operands, output) / gemv_stream_gbs
-               (the stream's asymptote; reported, and the floor of t_sm)
+    t_dram   = every byte once (weight, activations, epilogue operands, output), less HOT (the weight's
+               first rows a kernel before requested into L2: [Note: L2 fill] in passes/l2_fill.py),
+               / gemv_stream_gbs (the stream's asymptote; reported, and the floor of t_sm)
     t_sm     = t_dram · (F + gemv_half_inflight) / F · (1 + gemv_imbalance · (q / a - 1))
                F        = min(a, blocks_per_sm) · inflight   bytes in flight on an average SM
                a        = blocks / SMs                       the average SM's blocks
@@ -106,6 +107,8 @@ CONSTANTS = {
     "gemv_tc_issue": 2.0,           # tensor-core steps: their issue (permutes, loads, products) over the products' time
     "gemv_early_read_us": 0.5,      # EPRE = 1 ([Note: epilogue reads before the wait]): the epilogue's round trip fewer (0.4-0.6 measured, session 43)
     "gemv_row_scale_us": 0.1,       # a row-scaled gemv: the statistic's adds, a barrier, the tile's sums scaled (B1: 4.4 us as unscaled, session 35)
+    "gemv_fill_head_bytes": 4194304.0,  # [Note: L2 fill] (passes/l2_fill.py): the next stream's head requested into L2
+                                        # (1.1, 4, 8, 16 MiB measured; 4 the fastest plan, session 46)
 }
 
 
@@ -150,7 +153,8 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     q = math.ceil(avg)
     resident = max(1, min(q, bps))
     f = min(avg, bps) * inflight                                    # bytes in flight on an average SM
-    t_dram = io_bytes / (c["gemv_stream_gbs"] * 1e3)
+    # HOT: bytes of the weight's first rows a kernel before requested into L2 ([Note: L2 fill]), not streamed again
+    t_dram = max(io_bytes - p.get("HOT", 0), 0.0) / (c["gemv_stream_gbs"] * 1e3)
     t_sm = t_dram * (f + c["gemv_half_inflight"]) / f * (1.0 + c["gemv_imbalance"] * (q / avg - 1.0))
     if p.get("CL") and p["SPLITK"] > 2 * bps:
         t_sm *= 1.0 + c["gemv_cluster_spread"]
