@@ -9,7 +9,7 @@ kernel before it runs, and a gemv requests its first step of weights there ([Not
 before the wait]). Most kernels of a decode step stream weights, so the DRAM is busy when the next
 one's blocks land, and requesting more then slows the stream that runs (sessions 8 and 20: every
 gemv's slice so requested ran the plan slower; session 46: the next launch let in only after each
-gemv's weight loop, 7 us slower in 187). One kernel a layer does not stream: the decode attention
+gemv's weight loop: the 4-layer plan 190.7 against 183.7 us). One kernel a layer does not stream: the decode attention
 reads its cache (1.6 MB a layer of the 1 B Llama) and then computes, merges and waits for its
 cluster, about 5 us in the chain. The O projection's blocks land during it; with PF = 1 each
 requests the rest of its weight slice into L2 (`prefetch.global.L2`, a 128-byte line a row
@@ -23,14 +23,15 @@ gemv's slice (else the slice would stay in L2 only in part: the LM head's 125 MB
 The head: `gemv_fill_head_bytes` of cost_gemv's constants (4 MiB), whole rows, evenly over the next
 gemv's k-splits, where that gemv's weight is a constant laid out [K, N]. It is a fitted amount, not the
 window's: the decode attention's prediction in the chain is 1.4x short (session 45), so its predicted
-window (1.9 us) leaves 1.1 MiB after the O's 8 MiB, where 4 MiB measured fastest.
+window (1.9 us) leaves 1.1 MiB after the O's 8 MiB, where 4-6 MiB measured fastest.
 
 Measured (session 46, an H200, benchmarks/decode_ab.py: the 1 B Llama's 4-layer decode plan, 7 alternating
-rounds in one process; benchmarks/results/l2_fill_session46_h200.txt): 186.8 us with the rule off, 186.3
-with the O projections' slices alone, 185.4 / 183.8 / 185.5 / 186.4 with a 1.1 / 4 / 8 / 16 MiB head of
-the gate/up (4 MiB: 2.1 us under off, faster in 6 of 7 rounds); a larger head competes with the
-attention's and the O's own reads. The credit (the head's bytes at the stream's rate, 0.84 us a layer)
-is above the 0.5 us a layer measured.
+rounds in one process; benchmarks/results/l2_fill_session46_h200.txt), against the rule off: the O projections'
+slices alone 0.5 us faster; a 1.1 / 4 / 8 / 16 MiB head of the gate/up 1.4 / 3.0 / 1.3 / 0.4 us (call 2); 2 / 4 / 6
+MiB 2.6 / 1.5 / 3.7 us (call 5): 0.4-0.9 us a layer at 4-6 MiB, where a larger head competes with the attention's
+and the O's own reads. B8 unchanged (227.1 against 227.4 us), and the 20-layer B1 step (734.8 us replayed) did not
+move above the spread between processes. The credit (the head's bytes at the stream's rate, 0.84 us a layer) is
+above what was measured.
 
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule
