@@ -14,10 +14,8 @@ from aicfc.passes.early_epilogue import RULE
 from aicfc.planner.cost_gemv import CONSTANTS
 from tests.conftest import run_payload
 from tests.test_gemv import rows_model
-from tests.test_pipeline import rel_err
-from tests.test_row_scale import CFG, POSITION, decode_inputs, decode_shapes, decoder
+from tests.test_row_scale import check_decode_step, decode_inputs, decode_shapes, decoder
 from tests.test_state import plan_of
-from benchmarks.decoder_graph import cache_names
 from benchmarks.light_models import onnxruntime_reference
 
 
@@ -90,9 +88,4 @@ def test_gpu_decode_step_with_early_reads_matches_onnxruntime(batch, precision, 
     payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(batch),
                             pin={"epre": epre})
     assert any(k["params"].get("EPRE") for k in payload["kernels"]) == (epre == "1")
-    got = run_payload(payload, inputs, gpu_device)
-    tol = {"fp16": 1e-2, "bf16": 3e-2}[precision]
-    assert np.isfinite(got["logits"]).all()
-    assert rel_err(got["logits"], ref["logits"].astype(np.float64)) <= tol
-    for _, present in cache_names(CFG):
-        assert rel_err(got[present][:, :, POSITION], ref[present][:, :, POSITION].astype(np.float64)) <= tol
+    check_decode_step(run_payload(payload, inputs, gpu_device), ref, precision)

@@ -4,7 +4,6 @@ first rows of the next weight stream, into L2 before its dependent-launch wait (
 with the fills and without them (`--pin fill=0`)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import aicfc
@@ -14,10 +13,8 @@ from aicfc.errors import AicfError
 from aicfc.ir.decision import parse_plan
 from aicfc.passes.l2_fill import RULE
 from tests.conftest import run_payload
-from tests.test_pipeline import rel_err
-from tests.test_row_scale import CFG, POSITION, decode_inputs, decode_shapes, decoder
+from tests.test_row_scale import CFG, check_decode_step, decode_inputs, decode_shapes, decoder
 from tests.test_state import plan_of
-from benchmarks.decoder_graph import cache_names
 from benchmarks.light_models import onnxruntime_reference
 
 
@@ -118,9 +115,4 @@ def test_gpu_decode_step_with_fills_matches_onnxruntime(batch, precision, fill, 
     payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(batch),
                             pin=None if fill == "auto" else {"fill": fill})
     assert any(k["params"].get("PF") for k in payload["kernels"]) == (fill != "0")
-    got = run_payload(payload, inputs, gpu_device)
-    tol = {"fp16": 1e-2, "bf16": 3e-2}[precision]
-    assert np.isfinite(got["logits"]).all()
-    assert rel_err(got["logits"], ref["logits"].astype(np.float64)) <= tol
-    for _, present in cache_names(CFG):
-        assert rel_err(got[present][:, :, POSITION], ref[present][:, :, POSITION].astype(np.float64)) <= tol
+    check_decode_step(run_payload(payload, inputs, gpu_device), ref, precision)

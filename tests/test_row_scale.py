@@ -170,6 +170,19 @@ def test_both_plans_share_the_folded_weights(tmp_path):
 
 # ---------------------------------------------------------------- on the GPU
 
+TOL = {"fp16": 1e-2, "bf16": 3e-2}   # bf16 keeps 8 significant bits
+
+
+def check_decode_step(got: dict, ref: dict, precision: str) -> None:
+    """The decode step's logits and the step's row of every cache (the rest is the input) against
+    onnxruntime's, within the precision's tolerance; NaN never passes."""
+    tol = TOL[precision]
+    assert np.isfinite(got["logits"]).all()
+    assert rel_err(got["logits"], ref["logits"].astype(np.float64)) <= tol
+    for _, present in cache_names(CFG):
+        assert rel_err(got[present][:, :, POSITION], ref[present][:, :, POSITION].astype(np.float64)) <= tol
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch,tc,precision", [(1, 0, "fp16"), (2, 1, "fp16"), (2, 0, "fp16"), (1, 0, "bf16")])
 @pytest.mark.parametrize("fold", ["1", "0"])
@@ -181,11 +194,7 @@ def test_gpu_decode_step_matches_onnxruntime(batch, tc, precision, fold, gpu_dev
     payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(batch), pin=pin)
     folded = [k for k in payload["kernels"] if RULE in k["rewrites"]]
     assert bool(folded) == (fold == "1")
-    got = run_payload(payload, inputs, gpu_device)
-    tol = {"fp16": 1e-2, "bf16": 3e-2}[precision]   # bf16 keeps 8 significant bits
-    assert rel_err(got["logits"], ref["logits"].astype(np.float64)) <= tol
-    for _, present in cache_names(CFG):   # the step's row of every cache (the rest is the input)
-        assert rel_err(got[present][:, :, POSITION], ref[present][:, :, POSITION].astype(np.float64)) <= tol
+    check_decode_step(run_payload(payload, inputs, gpu_device), ref, precision)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
