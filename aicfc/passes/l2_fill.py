@@ -1,7 +1,7 @@
 """l2_fill: Decision IR → Decision IR; where a kernel leaves the DRAM idle, the gemv after it requests
 its own weight slice, and the first rows of the weight stream after it, into L2 before its
 dependent-launch wait (rule RULE: schedule parameter PF = 1 and a `prefetch` record on the kernel;
-the stream after it is credited those rows, HOT).
+the stream after it reads those rows at the L2's rate, HOT).
 
 [Note: L2 fill]
 Under dependent launches ([Note: PDL], codegen/pdl.py) a kernel's blocks land on the SMs while the
@@ -30,8 +30,8 @@ rounds in one process; benchmarks/results/l2_fill_session46_h200.txt), against t
 slices alone 0.5 us faster; a 1.1 / 4 / 8 / 16 MiB head of the gate/up 1.4 / 3.0 / 1.3 / 0.4 us (call 2); 2 / 4 / 6
 MiB 2.6 / 1.5 / 3.7 us (call 5): 0.4-0.9 us a layer at 4-6 MiB, where a larger head competes with the attention's
 and the O's own reads. B8 unchanged (227.1 against 227.4 us), and the 20-layer B1 step (734.8 us replayed) did not
-move above the spread between processes. The credit (the head's bytes at the stream's rate, 0.84 us a layer) is
-above what was measured.
+move above the spread between processes. The credit (the head's bytes at the L2's rate instead of the
+stream's: the gate/up 14.06 -> 13.53 us, 0.53 us a layer) is within what was measured.
 
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule

@@ -4,9 +4,10 @@ plus the tails a block runs after its last load.
 
     t = launch + max(t_sm, t_fma) + t_exposed + t_rounds + t_full + t_reduce + t_split
 
-    t_dram   = every byte once (weight, activations, epilogue operands, output), less HOT (the weight's
-               first rows a kernel before requested into L2: [Note: L2 fill] in passes/l2_fill.py),
-               / gemv_stream_gbs (the stream's asymptote; reported, and the floor of t_sm)
+    t_dram   = every byte once (weight, activations, epilogue operands, output) / gemv_stream_gbs (the
+               stream's asymptote; reported, and the floor of t_sm), where HOT of them (the weight's first
+               rows a kernel before requested into L2: [Note: L2 fill] in passes/l2_fill.py) come at the
+               profile's l2_bandwidth_gbs
     t_sm     = t_dram · (F + gemv_half_inflight) / F · (1 + gemv_imbalance · (q / a - 1))
                F        = min(a, blocks_per_sm) · inflight   bytes in flight on an average SM
                a        = blocks / SMs                       the average SM's blocks
@@ -132,17 +133,18 @@ def profile_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: flo
     """`gemv_terms` on `hw`'s SMs, bandwidth, fp32 rate and constants."""
     return gemv_terms(p, m, n, kk, esize, io_bytes, sm_count=hw.sm_count, bps=bps, dram_gbs=hw.dram_bandwidth_gbs,
                       fp32_tflops=hw.peak_tflops["fp32_simt"] * hw.efficiency["fp32_simt"],
-                      tc_tflops=hw.peak_tflops["fp16_tc"] * hw.efficiency["mma_sync"], c=constants(hw.data))
+                      tc_tflops=hw.peak_tflops["fp16_tc"] * hw.efficiency["mma_sync"], c=constants(hw.data),
+                      l2_gbs=hw.data["l2_bandwidth_gbs"])
 
 
 def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float, *, sm_count: int,
                bps: int, dram_gbs: float, fp32_tflops: float, tc_tflops: float = 445.0,
-               c: Mapping[str, float] = CONSTANTS) -> dict[str, float]:
+               c: Mapping[str, float] = CONSTANTS, l2_gbs: float = 10000.0) -> dict[str, float]:
     """The terms above (us), and `time_us` without the launch overhead. `dram_gbs` is the
     profile's nominal bandwidth (reported only: the stream's asymptote is `gemv_stream_gbs`);
     `fp32_tflops` its fp32 rate times its efficiency (an FMA counts as two), `tc_tflops` its
     fp16 tensor rate times mma.sync's efficiency (TC = 1); `c`:
-    `constants(profile data)`."""
+    `constants(profile data)`; `l2_gbs` the L2's rate, at which the HOT bytes stream."""
     tiles = math.ceil(n / p["BN"])
     blocks = tiles * p["SPLITK"]
     kper = min(kk, gemm_gemv.k_per_split(kk, p))
@@ -153,8 +155,9 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     q = math.ceil(avg)
     resident = max(1, min(q, bps))
     f = min(avg, bps) * inflight                                    # bytes in flight on an average SM
-    # HOT: bytes of the weight's first rows a kernel before requested into L2 ([Note: L2 fill]), not streamed again
-    t_dram = max(io_bytes - p.get("HOT", 0), 0.0) / (c["gemv_stream_gbs"] * 1e3)
+    # HOT: bytes of the weight's first rows a kernel before requested into L2 ([Note: L2 fill]): read at the L2's rate
+    hot = min(p.get("HOT", 0), io_bytes)
+    t_dram = (io_bytes - hot) / (c["gemv_stream_gbs"] * 1e3) + hot / (l2_gbs * 1e3)
     t_sm = t_dram * (f + c["gemv_half_inflight"]) / f * (1.0 + c["gemv_imbalance"] * (q / avg - 1.0))
     if p.get("CL") and p["SPLITK"] > 2 * bps:
         t_sm *= 1.0 + c["gemv_cluster_spread"]
@@ -181,4 +184,5 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
             "t_compute_us": t_fma, "t_smem_us": 0.0, "t_reduce_us": t_tail,
             "sm_gbs": io_bytes / t_sm / 1e3 / sm_count, "inflight_per_sm": f, "blocks": blocks,
             "blocks_busiest_sm": q, "blocks_per_sm": bps, "rounds": rounds, "t_rounds_us": t_rounds, "t_full_us": t_full,
-            "nominal_dram_gbs": dram_gbs, "tensor_cores": 1.0 if p.get("TC") else 0.0}
+            "nominal_dram_gbs": dram_gbs, "tensor_cores": 1.0 if p.get("TC") else 0.0,
+            **({"hot_bytes": float(p["HOT"])} if p.get("HOT") else {})}
