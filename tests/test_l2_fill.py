@@ -61,8 +61,9 @@ def test_fill_pin_sets_the_head_or_turns_the_rule_off():
     assert all(not r.applied and "--pin fill=0" in r.reason for r in _records(off))
     small = plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "0.25"})
     assert all(f.bytes <= 0.25 * 2**20 for k in small.kernels for f in k.prefetch)
-    with pytest.raises(AicfError, match="fill"):
-        plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "lots"})
+    for bad in ("lots", "-1", "nan", "inf"):
+        with pytest.raises(AicfError, match="fill"):
+            plan_of(decoder(), decode_shapes(1), "fp16", {"fill": bad})
 
 
 def test_a_stream_bigger_than_the_window_is_declined():

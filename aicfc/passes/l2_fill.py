@@ -136,7 +136,9 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
         try:
             mb = float(value)
         except ValueError:
-            raise AicfError(f"--pin {PIN}={value}: expected megabytes (0 turns the rule off)") from None
+            mb = -1.0
+        if not 0.0 <= mb < float("inf"):
+            raise AicfError(f"--pin {PIN}={value}: expected megabytes, 0 or more (0 turns the rule off)")
     if hw is None or not plan.target.startswith("sm_9"):
         return plan
     from aicfc.passes.plan_schedules import with_params
