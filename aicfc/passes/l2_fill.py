@@ -29,7 +29,8 @@ Measured (session 46, an H200, benchmarks/decode_ab.py: the 1 B Llama's 4-layer 
 rounds in one process; benchmarks/results/l2_fill_session46_h200.txt), against the rule off: the O projections'
 slices alone 0.5 us faster; a 1.1 / 4 / 8 / 16 MiB head of the gate/up 1.4 / 3.0 / 1.3 / 0.4 us (call 2); 2 / 4 / 6
 MiB 2.6 / 1.5 / 3.7 us (call 5): 0.4-0.9 us a layer at 4-6 MiB, where a larger head competes with the attention's
-and the O's own reads. B8 unchanged (227.1 against 227.4 us), and the 20-layer B1 step (734.8 us replayed) did not
+and the O's own reads. At B8 the rule applies nowhere (the attention reads 12 MB a layer: the DRAM busy by its
+prediction), so that A/B compared one plan twice (227.1 against 227.4 us); the 20-layer B1 step (734.8 us replayed) did not
 move above the spread between processes. The credit (the head's bytes at the L2's rate instead of the
 stream's: the gate/up 14.06 -> 13.53 us, 0.53 us a layer) is within what was measured.
 
