@@ -9,9 +9,9 @@ kernel before it runs, and a gemv requests its first step of weights there ([Not
 before the wait]). Most kernels of a decode step stream weights, so the DRAM is busy when the next
 one's blocks land, and requesting more then slows the stream that runs (sessions 8 and 20: every
 gemv's slice so requested ran the plan slower; session 46: the next launch let in only after each
-gemv's weight loop: the 4-layer plan 190.7 against 183.7 us). One kernel a layer does not stream: the decode attention
-reads its cache (1.6 MB a layer of the 1 B Llama) and then computes, merges and waits for its
-cluster, about 5 us in the chain. The O projection's blocks land during it; with PF = 1 each
+gemv's weight loop, the 4-layer plan 190.7 against 183.7 us). One kernel a layer does not stream:
+the decode attention reads its cache (1.6 MB a layer of the 1 B Llama) and then computes, merges
+and waits for its cluster, about 5 us in the chain. The O projection's blocks land during it; with PF = 1 each
 requests the rest of its weight slice into L2 (`prefetch.global.L2`, a 128-byte line a row
 segment), and its `prefetch` record gives it the first rows of the next weight stream's splits
 (the gate/up's), spread over its blocks as bulk requests (`cp.async.bulk.prefetch.L2`), so the
@@ -27,11 +27,11 @@ window (1.9 us) leaves 1.1 MiB after the O's 8 MiB, where 4-6 MiB measured faste
 
 Measured (session 46, an H200, benchmarks/decode_ab.py: the 1 B Llama's 4-layer decode plan, 7 alternating
 rounds in one process; benchmarks/results/l2_fill_session46_h200.txt), against the rule off: the O projections'
-slices alone 0.5 us faster; a 1.1 / 4 / 8 / 16 MiB head of the gate/up 1.4 / 3.0 / 1.3 / 0.4 us (call 2); 2 / 4 / 6
+slices alone 0.5 us faster (2.4 in call 1's form); a 1.1 / 4 / 8 / 16 MiB head of the gate/up 1.4 / 3.0 / 1.3 / 0.4 us (call 2); 2 / 4 / 6
 MiB 2.6 / 1.5 / 3.7 us (call 5): 0.4-0.9 us a layer at 4-6 MiB, where a larger head competes with the attention's
-and the O's own reads. At B8 the rule applies nowhere (the attention reads 12 MB a layer: the DRAM busy by its
-prediction), so that A/B compared one plan twice (227.1 against 227.4 us); the 20-layer B1 step (734.8 us replayed) did not
-move above the spread between processes. The credit (the head's bytes at the L2's rate instead of the
+and the O's own reads. At B8 the rule applies nowhere (the attention reads 12 MB a layer: the DRAM busy
+by its prediction), so that A/B compared one plan twice (227.1 against 227.4 us); the 20-layer B1 step
+(734.8 us replayed) did not move above the spread between processes. The credit (the head's bytes at the L2's rate instead of the
 stream's: the gate/up 14.06 -> 13.53 us, 0.53 us a layer) is within what was measured.
 
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
