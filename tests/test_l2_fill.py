@@ -120,3 +120,52 @@ def test_gpu_decode_step_with_fills_matches_onnxruntime(batch, precision, fill, 
                             pin=None if fill == "auto" else {"fill": fill})
     assert any(k["params"].get("PF") for k in payload["kernels"]) == (fill != "0")
     check_decode_step(run_payload(payload, inputs, gpu_device), ref, precision)
+
+
+def test_tail_fill_is_an_experiment_behind_its_pin():
+    """`--pin tail=MB`: every gemv without an entry fill requests, after its weight loop, MB of the next gemv's
+    head (printed `prefetch tail`, parsed back, not credited); `fillskip=1` starts the heads past the next
+    gemv's first step."""
+    from aicfc.codegen import gemm_gemv
+    plain = plan_of(decoder(), decode_shapes(1), "fp16")
+    assert not any(f.tail for k in plain.kernels for f in k.prefetch)
+    plan = plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "0", "tail": "0.5", "fillskip": "1"})
+    tails = [(i, f) for i, k in enumerate(plan.kernels) for f in k.prefetch if f.tail]
+    assert tails and all(f.bytes <= 0.5 * 2**20 for _, f in tails)
+    for i, f in tails:
+        nxt = plan.kernels[i + 1]
+        p = nxt.schedule.param
+        kk = plan.types()[f.buffer].shape[0]
+        row = plan.types()[f.buffer].shape[-1] * 2
+        per = gemm_gemv.k_per_split(kk, p)
+        assert f.buffer in kernel_args(nxt) and f.ranges[0][0] == min(gemm_gemv.k_step(p), per) * row   # past the first step
+        assert "HOT" not in nxt.schedule.param or any(g.buffer == f.buffer and not g.tail for k in plan.kernels for g in k.prefetch)
+    assert "    prefetch tail %" in str(plan)
+    assert parse_plan(str(plan), {w.name: w.data for w in plan.weights}) == plan
+    for bad in ("-1", "x"):
+        with pytest.raises(AicfError, match="tail"):
+            plan_of(decoder(), decode_shapes(1), "fp16", {"tail": bad})
+    payload = aicfc.compile(decoder(), target="sm_90", precision="fp16", shapes=decode_shapes(1), pin={"fill": "0", "tail": "0.5"})
+    source = "".join(m["source"] for m in payload["modules"])
+    names = {k["symbol"] for k in payload["kernels"] if any("tail fill" in r for r in k["rewrites"])} or \
+        {k["symbol"] for k in payload["kernels"] if k["family"] == "gemm"}
+    tailed = 0
+    for name in names:
+        body = source[source.index(f" {name}("):]
+        body = body[:body.index("\nextern \"C\"")] if "\nextern \"C\"" in body else body
+        if "(the tail fill)" in body:   # after the entry and the weight loop, before the warps' sums
+            tailed += 1
+            assert body.index(pdl.ENTRY) < body.index("(the tail fill)") < body.index("The warps' sums")
+    assert tailed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("pin", [{"fill": "0", "tail": "1"}, {"fill": "0", "tail": "1", "fillskip": "1"}])
+def test_gpu_decode_step_with_tail_fills_matches_onnxruntime(batch, pin, gpu_device):
+    model = decoder(batch)
+    inputs = decode_inputs(batch, seed=23 + batch)
+    ref = onnxruntime_reference(model, inputs)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(batch), pin=pin)
+    assert "(the tail fill)" in "".join(m["source"] for m in payload["modules"])
+    check_decode_step(run_payload(payload, inputs, gpu_device), ref, "fp16")

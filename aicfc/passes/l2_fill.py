@@ -34,6 +34,12 @@ by its prediction), so that A/B compared one plan twice (227.1 against 227.4 us)
 (734.8 us replayed) did not move above the spread between processes. The credit (the head's bytes at the L2's rate instead of the
 stream's: the gate/up 14.06 -> 13.53 us, 0.53 us a layer) is within what was measured.
 
+Two experiments behind pins (branch session46-tail-fill, not yet run on a GPU): `--pin tail=MB`, every gemv without
+an entry fill requests, after its own weight loop, MB of the next gemv's head (the gate/up's blocks the down's, the
+down's the next QKV's): the last blocks of a gemv stream on alone for 1-2 us after the median block's last weights
+(session 45's timeline), leaving the DRAM part idle; `--pin fillskip=1` starts every head past the next gemv's first
+step, which its blocks already request before their wait when they land early. Neither is credited in the cost.
+
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule
 off; `--pin fill=MB` sets the head (an A/B's knob).
@@ -56,6 +62,10 @@ from aicfc.planner.hardware import Profile
 
 RULE = "a gemv whose blocks land while the kernel before leaves the DRAM idle => its slice and the next stream's head into L2"
 PIN = "fill"       # --pin fill=0: off; fill=MB: the next stream's head (MB) wherever the rule applies
+TAIL_PIN = "tail"  # --pin tail=MB (experiment, off by default): every gemv's blocks request, after their weight loop,
+                   # their share of MB of the next gemv's head ([Note: L2 fill], the tail fill); not credited
+SKIP_PIN = "fillskip"  # --pin fillskip=1 (experiment): the head starts after the next gemv's first step, which its
+                       # blocks request themselves before their wait ([Note: gemv weights before the wait])
 IDLE_SHARE = 0.5   # a kernel whose own bytes at the stream's rate take under this share of its body leaves the DRAM idle
 
 
@@ -113,8 +123,9 @@ def _stream(hw: Profile) -> float:
     return cost_gemv.constants(hw.data)["gemv_stream_gbs"] * 1e3
 
 
-def head(plan: Plan, i: int, budget: float) -> Prefetch | None:
-    """The first rows of each split of the gemv after kernel `i`, `budget` bytes in all, or None."""
+def head(plan: Plan, i: int, budget: float, skip_step: bool = False, tail: bool = False) -> Prefetch | None:
+    """The first rows of each split of the gemv after kernel `i`, `budget` bytes in all, or None;
+    `skip_step`: the rows after the split's first step."""
     if i + 1 >= len(plan.kernels) or budget <= 0:
         return None
     nxt = plan.kernels[i + 1]
@@ -124,11 +135,14 @@ def head(plan: Plan, i: int, budget: float) -> Prefetch | None:
         return None
     buf, row_bytes, kk = rows
     per = gemm_gemv.k_per_split(kk, p)
-    take = min(per, int(budget // (p["SPLITK"] * row_bytes)))
+    skip = min(gemm_gemv.k_step(p), per) if skip_step else 0
+    take = min(per - skip, int(budget // (p["SPLITK"] * row_bytes)))
     if take <= 0:
         return None
-    ranges = tuple((y * per * row_bytes, min(take, kk - y * per) * row_bytes) for y in range(p["SPLITK"]) if y * per < kk)
-    return Prefetch(buf, ranges, f"the first {take} of each split's {per} k-rows of {nxt.name}'s weight")
+    starts = [y * per + skip for y in range(p["SPLITK"]) if y * per + skip < kk]
+    ranges = tuple((r0 * row_bytes, min(take, kk - r0, per - skip) * row_bytes) for r0 in starts)
+    where = f"rows {skip}..{skip + take - 1}" if skip else f"the first {take}"
+    return Prefetch(buf, ranges, f"{where} of each split's {per} k-rows of {nxt.name}'s weight", tail)
 
 
 def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> Plan:
@@ -153,7 +167,7 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
             if why != "not a gemv":
                 records.append(Rewrite(RULE, k.name, False, why))
             continue
-        fill = head(plan, i, budget)
+        fill = head(plan, i, budget, skip_step=(pin or {}).get(SKIP_PIN) == "1")
         kernels[i] = with_params(kernels[i], {"PF": 1}, plan.types(), hw).replace(prefetch=(fill,) if fill else ())
         if fill:
             nxt = kernels[i + 1]
@@ -163,4 +177,33 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
                                f"(predicted): the rest of its slice" + (f" and {fill.bytes / 2**20:.1f} MiB, {fill.reason} "
                                f"(predicted {nxt.schedule.time_us:.2f} -> {kernels[i + 1].schedule.time_us:.2f} us)," if fill else "")
                                + " requested into L2 before the wait"))
+    kernels = tail_fill(plan, kernels, records, (pin or {}).get(TAIL_PIN), (pin or {}).get(SKIP_PIN) == "1")
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
+
+
+TAIL_RULE = "a gemv's weight loop done => its share of the next gemv's head into L2 (the tail fill, --pin tail=MB)"
+
+
+def tail_fill(plan: Plan, kernels: list[Kernel], records: list[Rewrite], value, skip_step: bool = False) -> list[Kernel]:
+    """Under `--pin tail=MB` (an experiment: off by default, unmeasured, so not credited in the cost), every
+    gemv without an entry fill requests after its weight loop MB of the next gemv's head (past its first step under
+    `--pin fillskip=1`): the gemvs' tails,
+    where their last blocks still stream, leave the DRAM part idle (session 45's timeline: about 1-2 us from the
+    median block's last weights to the last block's)."""
+    if value is None:
+        return kernels
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = -1.0
+    if not 0.0 <= mb < float("inf"):
+        raise AicfError(f"--pin {TAIL_PIN}={value}: expected megabytes, 0 or more (0: no tail fill)")
+    for i, k in enumerate(kernels):
+        if mb == 0 or _gemv(k) is None or k.prefetch:
+            continue
+        fill = head(plan, i, mb * 2**20, skip_step, tail=True)
+        if fill is not None:
+            kernels[i] = k.replace(prefetch=(fill,))
+            records.append(Rewrite(TAIL_RULE, k.name, True, f"{fill.bytes / 2**20:.1f} MiB, {fill.reason}, after its "
+                                                             f"weight loop (--pin {TAIL_PIN}={value}; not credited)"))
+    return kernels
