@@ -132,8 +132,9 @@ def test_tail_fill_is_an_experiment_behind_its_pin():
     plan = plan_of(decoder(), decode_shapes(1), "fp16", {"fill": "0", "tail": "0.5", "fillskip": "1"})
     tails = [(i, f) for i, k in enumerate(plan.kernels) for f in k.prefetch if f.tail]
     assert tails and all(f.bytes <= 0.5 * 2**20 for _, f in tails)
+    from aicfc.passes.l2_fill import _next_stream
     for i, f in tails:
-        nxt = plan.kernels[i + 1]
+        nxt = plan.kernels[_next_stream(plan, i)]
         p = nxt.schedule.param
         kk = plan.types()[f.buffer].shape[0]
         row = plan.types()[f.buffer].shape[-1] * 2
@@ -145,6 +146,8 @@ def test_tail_fill_is_an_experiment_behind_its_pin():
     for bad in ("-1", "x"):
         with pytest.raises(AicfError, match="tail"):
             plan_of(decoder(), decode_shapes(1), "fp16", {"tail": bad})
+        with pytest.raises(AicfError, match="fillshare"):
+            plan_of(decoder(), decode_shapes(1), "fp16", {"fillshare": bad})
     payload = aicfc.compile(decoder(), target="sm_90", precision="fp16", shapes=decode_shapes(1), pin={"fill": "0", "tail": "0.5"})
     source = "".join(m["source"] for m in payload["modules"])
     names = {k["symbol"] for k in payload["kernels"] if any("tail fill" in r for r in k["rewrites"])} or \

@@ -38,7 +38,10 @@ Two experiments behind pins (branch session46-tail-fill, not yet run on a GPU): 
 an entry fill requests, after its own weight loop, MB of the next gemv's head (the gate/up's blocks the down's, the
 down's the next QKV's): the last blocks of a gemv stream on alone for 1-2 us after the median block's last weights
 (session 45's timeline), leaving the DRAM part idle; `--pin fillskip=1` starts every head past the next gemv's first
-step, which its blocks already request before their wait when they land early. Neither is credited in the cost.
+step, which its blocks already request before their wait when they land early; `--pin fillshare=F` sets IDLE_SHARE
+(at B8 the attention's 12 MB a layer take over half its predicted body, so the rule applies nowhere; 0.7 gives the O
+projections their slices and the gate/up's head, past the norm kept apart at B8: `_next_stream`). The tail fill is
+not credited in the cost.
 
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule
@@ -64,6 +67,8 @@ RULE = "a gemv whose blocks land while the kernel before leaves the DRAM idle =>
 PIN = "fill"       # --pin fill=0: off; fill=MB: the next stream's head (MB) wherever the rule applies
 TAIL_PIN = "tail"  # --pin tail=MB (experiment, off by default): every gemv's blocks request, after their weight loop,
                    # their share of MB of the next gemv's head ([Note: L2 fill], the tail fill); not credited
+SHARE_PIN = "fillshare"  # --pin fillshare=F (experiment): IDLE_SHARE for this plan (the B8 attention, 12 MB a layer,
+                         # is declined at 0.5)
 SKIP_PIN = "fillskip"  # --pin fillskip=1 (experiment): the head starts after the next gemv's first step, which its
                        # blocks request themselves before their wait ([Note: gemv weights before the wait])
 IDLE_SHARE = 0.5   # a kernel whose own bytes at the stream's rate take under this share of its body leaves the DRAM idle
@@ -88,16 +93,16 @@ def _weight_rows(k: Kernel, plan: Plan) -> tuple[str, int, int] | None:
     return c.b.buffer, n * ITEMSIZE[t.dtype], kk
 
 
-def _idle_us(k: Kernel, hw: Profile) -> float:
+def _idle_us(k: Kernel, hw: Profile, share: float = IDLE_SHARE) -> float:
     """How long kernel `k` leaves the DRAM idle: its predicted body (less the launch) less its own
     bytes at the gemv stream's rate."""
     terms = dict(k.schedule.predicted)
     body = terms["time_us"] - terms.get("launch_us", hw.launch_overhead_us)
     own = terms.get("bytes", 0.0) / _stream(hw)
-    return body - own if own < IDLE_SHARE * body else 0.0
+    return body - own if own < share * body else 0.0
 
 
-def why_not(plan: Plan, i: int, hw: Profile) -> str | None:
+def why_not(plan: Plan, i: int, hw: Profile, share: float = IDLE_SHARE) -> str | None:
     k = plan.kernels[i]
     p = _gemv(k)
     if p is None:
@@ -108,7 +113,7 @@ def why_not(plan: Plan, i: int, hw: Profile) -> str | None:
         return "the plan's first kernel"
     if _weight_rows(k, plan) is None:
         return "its weight is not a [K, N] constant"
-    idle = _idle_us(plan.kernels[i - 1], hw)
+    idle = _idle_us(plan.kernels[i - 1], hw, share)
     if idle <= 0.0:
         return f"{plan.kernels[i - 1].name} streams its own bytes (the DRAM is busy)"
     own, moves = dict(k.schedule.predicted).get("bytes", 0.0), idle * _stream(hw)
@@ -123,14 +128,26 @@ def _stream(hw: Profile) -> float:
     return cost_gemv.constants(hw.data)["gemv_stream_gbs"] * 1e3
 
 
+def _next_stream(plan: Plan, i: int) -> int | None:
+    """The index of the gemv that streams next after kernel `i`: kernel i + 1, or i + 2 past one kernel that is not a
+    gemv (a norm kept apart, as at B8), else None."""
+    for j in (i + 1, i + 2):
+        if j < len(plan.kernels) and _gemv(plan.kernels[j]) is not None:
+            return j
+        if j < len(plan.kernels) and plan.kernels[j].family not in ("row_reduce", "pointwise"):
+            return None
+    return None
+
+
 def head(plan: Plan, i: int, budget: float, skip_step: bool = False, tail: bool = False) -> Prefetch | None:
-    """The first rows of each split of the gemv after kernel `i`, `budget` bytes in all, or None;
-    `skip_step`: the rows after the split's first step."""
-    if i + 1 >= len(plan.kernels) or budget <= 0:
+    """The first rows of each split of the gemv streaming next after kernel `i` (`_next_stream`), `budget`
+    bytes in all, or None; `skip_step`: the rows after the split's first step."""
+    j = _next_stream(plan, i)
+    if j is None or budget <= 0:
         return None
-    nxt = plan.kernels[i + 1]
+    nxt = plan.kernels[j]
     p = _gemv(nxt)
-    rows = _weight_rows(nxt, plan) if p is not None else None
+    rows = _weight_rows(nxt, plan)
     if rows is None:
         return None
     buf, row_bytes, kk = rows
@@ -159,10 +176,16 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
     from aicfc.passes.plan_schedules import with_params
     kernels, records = list(plan.kernels), []
     budget = mb * 2**20 if value is not None else cost_gemv.constants(hw.data)["gemv_fill_head_bytes"]
+    try:
+        share = float((pin or {}).get(SHARE_PIN, IDLE_SHARE))
+    except ValueError:
+        share = -1.0
+    if not 0.0 < share <= 1.0:
+        raise AicfError(f"--pin {SHARE_PIN}={(pin or {}).get(SHARE_PIN)}: expected a share in (0, 1]")
     for i, k in enumerate(plan.kernels):
         if _gemv(k) is None:
             continue
-        why = why_not(plan, i, hw) if value is None or mb > 0 else f"--pin {PIN}=0"
+        why = why_not(plan, i, hw, share) if value is None or mb > 0 else f"--pin {PIN}=0"
         if why is not None:
             if why != "not a gemv":
                 records.append(Rewrite(RULE, k.name, False, why))
@@ -170,12 +193,13 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
         fill = head(plan, i, budget, skip_step=(pin or {}).get(SKIP_PIN) == "1")
         kernels[i] = with_params(kernels[i], {"PF": 1}, plan.types(), hw).replace(prefetch=(fill,) if fill else ())
         if fill:
-            nxt = kernels[i + 1]
-            kernels[i + 1] = with_params(nxt, {"HOT": fill.bytes}, plan.types(), hw)
+            j = _next_stream(plan, i)
+            nxt = kernels[j]
+            kernels[j] = with_params(nxt, {"HOT": fill.bytes}, plan.types(), hw)
         records.append(Rewrite(RULE, k.name, True,
-                               f"{plan.kernels[i - 1].name} leaves the DRAM idle about {_idle_us(plan.kernels[i - 1], hw):.2f} us "
+                               f"{plan.kernels[i - 1].name} leaves the DRAM idle about {_idle_us(plan.kernels[i - 1], hw, share):.2f} us "
                                f"(predicted): the rest of its slice" + (f" and {fill.bytes / 2**20:.1f} MiB, {fill.reason} "
-                               f"(predicted {nxt.schedule.time_us:.2f} -> {kernels[i + 1].schedule.time_us:.2f} us)," if fill else "")
+                               f"(predicted {nxt.schedule.time_us:.2f} -> {kernels[j].schedule.time_us:.2f} us)," if fill else "")
                                + " requested into L2 before the wait"))
     kernels = tail_fill(plan, kernels, records, (pin or {}).get(TAIL_PIN), (pin or {}).get(SKIP_PIN) == "1")
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
