@@ -30,22 +30,22 @@ CFG = DecoderConfig(512, 2, 8, 2, 1408, 1000, 64)
 POSITION = 37
 
 
-def decoder(batch: int = 1) -> onnx.ModelProto:
+def decoder(batch: int = 1, cfg: DecoderConfig = CFG) -> onnx.ModelProto:
     rng = np.random.default_rng(3)
-    weights = {n: random_weight(n, s, rng) for n, s in weight_shapes(CFG).items()}
-    return decoder_model(CFG, lambda name: weights[name], batch=batch)
+    weights = {n: random_weight(n, s, rng) for n, s in weight_shapes(cfg).items()}
+    return decoder_model(cfg, lambda name: weights[name], batch=batch)
 
 
 def decode_shapes(batch: int) -> dict[str, tuple[int, ...]]:
     return {"input_ids": (batch, 1), "cache_position": (1,)}
 
 
-def decode_inputs(batch: int, seed: int) -> dict[str, np.ndarray]:
+def decode_inputs(batch: int, seed: int, cfg: DecoderConfig = CFG) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    out = {"input_ids": rng.integers(0, CFG.vocab, (batch, 1)).astype(np.int64),
+    out = {"input_ids": rng.integers(0, cfg.vocab, (batch, 1)).astype(np.int64),
            "cache_position": np.asarray([POSITION], np.int64)}
-    for name, _ in cache_names(CFG):
-        out[name] = rng.standard_normal(CFG.cache_shape(batch)).astype(np.float32)
+    for name, _ in cache_names(cfg):
+        out[name] = rng.standard_normal(cfg.cache_shape(batch)).astype(np.float32)
     return out
 
 
@@ -173,13 +173,13 @@ def test_both_plans_share_the_folded_weights(tmp_path):
 TOL = {"fp16": 1e-2, "bf16": 3e-2}   # bf16 keeps 8 significant bits
 
 
-def check_decode_step(got: dict, ref: dict, precision: str) -> None:
+def check_decode_step(got: dict, ref: dict, precision: str, cfg: DecoderConfig = CFG) -> None:
     """The decode step's logits and the step's row of every cache (the rest is the input) against
     onnxruntime's, within the precision's tolerance; NaN never passes."""
     tol = TOL[precision]
     assert np.isfinite(got["logits"]).all()
     assert rel_err(got["logits"], ref["logits"].astype(np.float64)) <= tol
-    for _, present in cache_names(CFG):
+    for _, present in cache_names(cfg):
         assert rel_err(got[present][:, :, POSITION], ref[present][:, :, POSITION].astype(np.float64)) <= tol
 
 

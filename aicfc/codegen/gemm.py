@@ -653,8 +653,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
                  rotary=getattr(rotary(k), "head", None),
                  early=early or [],
-                 fill=[(sig.params[f.buffer], f.ranges) for f in k.prefetch if not f.tail],
-                 tail=[(sig.params[f.buffer], f.ranges) for f in k.prefetch if f.tail])
+                 fill=[(sig.params[f.buffer], f.ranges) for f in k.prefetch])
     if p["unit"] == "gemv":
         return gemm_gemv.render_kernel(k, p, types, name, parts)
     if p["unit"] == "thin":

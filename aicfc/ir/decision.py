@@ -81,13 +81,11 @@ class InPlace:
 @dataclass(frozen=True, slots=True)
 class Prefetch:
     """A memory decision (passes/l2_fill.py): the kernel requests byte ranges [offset, offset + bytes) of
-    `buffer`, a weight a later kernel streams, into L2 before its dependent-launch wait, or with `tail`
-    after its own weight loop."""
+    `buffer`, a weight a later kernel streams, into L2 before its dependent-launch wait."""
 
     buffer: str
     ranges: tuple[tuple[int, int], ...]
     reason: str
-    tail: bool = False
 
     @property
     def bytes(self) -> int:
@@ -202,8 +200,7 @@ def print_kernel(k: Kernel) -> list[str]:
     for ip in k.inplace:
         lines.append(f"    inplace {text.name(ip.output)} reuses {text.name(ip.reuses)} {text.attr_value(ip.reason)}")
     for f in k.prefetch:
-        lines.append(f"    prefetch {'tail ' if f.tail else ''}{text.name(f.buffer)} {text.attr_value([list(r) for r in f.ranges])} "
-                     f"{text.attr_value(f.reason)}")
+        lines.append(f"    prefetch {text.name(f.buffer)} {text.attr_value([list(r) for r in f.ranges])} {text.attr_value(f.reason)}")
     lines.append("  }")
     return lines
 
@@ -276,10 +273,9 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
             c.expect("reuses")
             inplace.append(InPlace(out, c.value(), str(c.attr_value())))
         elif c.accept("prefetch"):
-            tail = c.accept("tail")
             buf = c.value()
             ranges = tuple((int(a), int(b)) for a, b in c.attr_value())
-            prefetch.append(Prefetch(buf, ranges, str(c.attr_value()), bool(tail)))
+            prefetch.append(Prefetch(buf, ranges, str(c.attr_value())))
         elif c.accept("candidate"):
             params = tuple(sorted(c.attrs().items()))
             if c.accept("rejected"):

@@ -17,11 +17,11 @@ segment), and its `prefetch` record gives it the first rows of the next weight s
 (the gate/up's), spread over its blocks as bulk requests (`cp.async.bulk.prefetch.L2`), so the
 gate/up's blocks start on rows already in L2.
 
-Where: a gemv with PRE = 1 (its blocks land early) after a kernel whose own bytes at the stream's rate
-take under IDLE_SHARE of its predicted body (less its launch), and whose idle rest moves at least the
-gemv's slice (else the slice would stay in L2 only in part: the LM head's 125 MB after the final norm).
-The head: `gemv_fill_head_bytes` of cost_gemv's constants (4 MiB), whole rows, evenly over the next
-gemv's k-splits, where that gemv's weight is a constant laid out [K, N]. It is a fitted amount, not the
+Where: a gemv with PRE = 1 (its blocks land early) after a kernel, not a gemv (a gemv streams through its body),
+whose own bytes at the stream's rate take under IDLE_SHARE of its predicted body (less its launch), and whose idle
+rest moves at least the gemv's slice (else the slice would stay in L2 only in part: the LM head's 125 MB after the final norm).
+The head: `gemv_fill_head_bytes` of cost_gemv's constants (4 MiB), whole rows past the first step, evenly over the
+next gemv's k-splits (past one norm kept apart, as at B8), where that gemv's weight is a constant laid out [K, N]. It is a fitted amount, not the
 window's: the decode attention's prediction in the chain is 1.4x short (session 45), so its predicted
 window (1.9 us) leaves 1.1 MiB after the O's 8 MiB, where 4-6 MiB measured fastest.
 
@@ -34,18 +34,17 @@ by its prediction), so that A/B compared one plan twice (227.1 against 227.4 us)
 (734.8 us replayed) did not move above the spread between processes. The credit (the head's bytes at the L2's rate instead of the
 stream's: the gate/up 14.06 -> 13.53 us, 0.53 us a layer) is within what was measured.
 
-Two experiments behind pins (branch session46-tail-fill, not yet run on a GPU): `--pin tail=MB`, every gemv without
-an entry fill requests, after its own weight loop, MB of the next gemv's head (the gate/up's blocks the down's, the
-down's the next QKV's): the last blocks of a gemv stream on alone for 1-2 us after the median block's last weights
-(session 45's timeline), leaving the DRAM part idle; `--pin fillskip=1` starts every head past the next gemv's first
-step, which its blocks already request before their wait when they land early; `--pin fillshare=F` sets IDLE_SHARE
-(at B8 the attention's 12 MB a layer take over half its predicted body, so the rule applies nowhere; 0.7 gives the O
-projections their slices and the gate/up's head, past the norm kept apart at B8: `_next_stream`). The tail fill is
-not credited in the cost.
+Session 47 (call 1, the same A/B; benchmarks/results/l2_fill_session47_h200.txt): the head now starts past the
+next gemv's first step, which that gemv's blocks request themselves before their wait when they land early
+([Note: gemv weights before the wait]): 177.9 against 181.2 us (1.019x); the same at B8 with IDLE_SHARE 0.7
+(the attention's 12 MB a layer, over half its predicted body, declined it at 0.5; `_next_stream` reaches the gate/up
+past B8's norm kept apart): 222.0 against 225.8 us (1.017x). Tried and dropped: every other gemv requesting, after its
+own weight loop, a 2 / 4 MiB share of the next gemv's head (the "tail fill": its last blocks stream on alone for
+1-2 us): 180.8 / 183.5 us against 181.2.
 
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule
-off; `--pin fill=MB` sets the head (an A/B's knob).
+off; `--pin fill=MB` sets the head, `--pin fillshare=F` the idle share (A/Bs' knobs).
 
     kernel k12 gemm [gemv PRE=1]  { ... }            kernel k14 gemm [gemv PRE=1]  { ... }
   becomes
@@ -65,13 +64,8 @@ from aicfc.planner.hardware import Profile
 
 RULE = "a gemv whose blocks land while the kernel before leaves the DRAM idle => its slice and the next stream's head into L2"
 PIN = "fill"       # --pin fill=0: off; fill=MB: the next stream's head (MB) wherever the rule applies
-TAIL_PIN = "tail"  # --pin tail=MB (experiment, off by default): every gemv's blocks request, after their weight loop,
-                   # their share of MB of the next gemv's head ([Note: L2 fill], the tail fill); not credited
-SHARE_PIN = "fillshare"  # --pin fillshare=F (experiment): IDLE_SHARE for this plan (the B8 attention, 12 MB a layer,
-                         # is declined at 0.5)
-SKIP_PIN = "fillskip"  # --pin fillskip=1 (experiment): the head starts after the next gemv's first step, which its
-                       # blocks request themselves before their wait ([Note: gemv weights before the wait])
-IDLE_SHARE = 0.5   # a kernel whose own bytes at the stream's rate take under this share of its body leaves the DRAM idle
+SHARE_PIN = "fillshare"  # --pin fillshare=F: IDLE_SHARE for this plan (an A/B's knob)
+IDLE_SHARE = 0.7   # a kernel whose own bytes at the stream's rate take under this share of its body leaves the DRAM idle
 
 
 def _gemv(k: Kernel) -> dict | None:
@@ -95,7 +89,10 @@ def _weight_rows(k: Kernel, plan: Plan) -> tuple[str, int, int] | None:
 
 def _idle_us(k: Kernel, hw: Profile, share: float = IDLE_SHARE) -> float:
     """How long kernel `k` leaves the DRAM idle: its predicted body (less the launch) less its own
-    bytes at the gemv stream's rate."""
+    bytes at the gemv stream's rate; none for a gemv, which streams its weight through its body (what its
+    prediction adds to the bytes is its launch and tail: requests there slowed the plan, sessions 8, 20 and 47)."""
+    if _gemv(k) is not None:
+        return 0.0
     terms = dict(k.schedule.predicted)
     body = terms["time_us"] - terms.get("launch_us", hw.launch_overhead_us)
     own = terms.get("bytes", 0.0) / _stream(hw)
@@ -139,9 +136,9 @@ def _next_stream(plan: Plan, i: int) -> int | None:
     return None
 
 
-def head(plan: Plan, i: int, budget: float, skip_step: bool = False, tail: bool = False) -> Prefetch | None:
+def head(plan: Plan, i: int, budget: float) -> Prefetch | None:
     """The first rows of each split of the gemv streaming next after kernel `i` (`_next_stream`), `budget`
-    bytes in all, or None; `skip_step`: the rows after the split's first step."""
+    bytes in all, past each split's first step (its blocks request that themselves), or None."""
     j = _next_stream(plan, i)
     if j is None or budget <= 0:
         return None
@@ -152,14 +149,13 @@ def head(plan: Plan, i: int, budget: float, skip_step: bool = False, tail: bool 
         return None
     buf, row_bytes, kk = rows
     per = gemm_gemv.k_per_split(kk, p)
-    skip = min(gemm_gemv.k_step(p), per) if skip_step else 0
+    skip = min(gemm_gemv.k_step(p), per)
     take = min(per - skip, int(budget // (p["SPLITK"] * row_bytes)))
     if take <= 0:
         return None
     starts = [y * per + skip for y in range(p["SPLITK"]) if y * per + skip < kk]
     ranges = tuple((r0 * row_bytes, min(take, kk - r0, per - skip) * row_bytes) for r0 in starts)
-    where = f"rows {skip}..{skip + take - 1}" if skip else f"the first {take}"
-    return Prefetch(buf, ranges, f"{where} of each split's {per} k-rows of {nxt.name}'s weight", tail)
+    return Prefetch(buf, ranges, f"rows {skip}..{skip + take - 1} of each split's {per} k-rows of {nxt.name}'s weight")
 
 
 def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> Plan:
@@ -190,7 +186,7 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
             if why != "not a gemv":
                 records.append(Rewrite(RULE, k.name, False, why))
             continue
-        fill = head(plan, i, budget, skip_step=(pin or {}).get(SKIP_PIN) == "1")
+        fill = head(plan, i, budget)
         kernels[i] = with_params(kernels[i], {"PF": 1}, plan.types(), hw).replace(prefetch=(fill,) if fill else ())
         if fill:
             j = _next_stream(plan, i)
@@ -201,33 +197,5 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
                                f"(predicted): the rest of its slice" + (f" and {fill.bytes / 2**20:.1f} MiB, {fill.reason} "
                                f"(predicted {nxt.schedule.time_us:.2f} -> {kernels[j].schedule.time_us:.2f} us)," if fill else "")
                                + " requested into L2 before the wait"))
-    kernels = tail_fill(plan, kernels, records, (pin or {}).get(TAIL_PIN), (pin or {}).get(SKIP_PIN) == "1")
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
 
-
-TAIL_RULE = "a gemv's weight loop done => its share of the next gemv's head into L2 (the tail fill, --pin tail=MB)"
-
-
-def tail_fill(plan: Plan, kernels: list[Kernel], records: list[Rewrite], value, skip_step: bool = False) -> list[Kernel]:
-    """Under `--pin tail=MB` (an experiment: off by default, unmeasured, so not credited in the cost), every
-    gemv without an entry fill requests after its weight loop MB of the next gemv's head (past its first step under
-    `--pin fillskip=1`): the gemvs' tails,
-    where their last blocks still stream, leave the DRAM part idle (session 45's timeline: about 1-2 us from the
-    median block's last weights to the last block's)."""
-    if value is None:
-        return kernels
-    try:
-        mb = float(value)
-    except ValueError:
-        mb = -1.0
-    if not 0.0 <= mb < float("inf"):
-        raise AicfError(f"--pin {TAIL_PIN}={value}: expected megabytes, 0 or more (0: no tail fill)")
-    for i, k in enumerate(kernels):
-        if mb == 0 or _gemv(k) is None or k.prefetch:
-            continue
-        fill = head(plan, i, mb * 2**20, skip_step, tail=True)
-        if fill is not None:
-            kernels[i] = k.replace(prefetch=(fill,))
-            records.append(Rewrite(TAIL_RULE, k.name, True, f"{fill.bytes / 2**20:.1f} MiB, {fill.reason}, after its "
-                                                             f"weight loop (--pin {TAIL_PIN}={value}; not credited)"))
-    return kernels
