@@ -18,7 +18,8 @@ from aicfc.codegen.module import OnKernel, build_modules, count_registers, resol
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, check_model, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
-from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.passes.pipeline import Options, gemv_layout, run_pipeline
+from aicfc.passes.relayout_weights import GEMV_PIN
 from aicfc.passes.plan_schedules import pins_unused
 from aicfc.planner.hardware import load_profile
 
@@ -119,6 +120,7 @@ def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple
         if why:
             raise AicfError(f"{where}{why}")
     payloads = []
+    options = {**options, "pin": {GEMV_PIN: bundle_layout(model, shape_sets, options), **(options.get("pin") or {})}}
     for i, shapes in enumerate(shape_sets):
         folder = None if dump_ir is None else Path(dump_ir) / f"plan_{i}"
         if folder is not None:
@@ -128,6 +130,24 @@ def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple
         refuse_unused(payloads[-1:], own, f"shape set {i + 1}: ")   # a set's pin: words, its plan alone
     refuse_unused(payloads, options.get("pin") or {})
     return merge_plans(payloads)
+
+
+def bundle_layout(model: Any, shape_sets: list, options: dict[str, Any]) -> str:
+    """relayout_weights' GEMV_PIN for every plan of one bundle: the plans store one copy of the weights, so a
+    weight is K-major in all of them or in none. Under --pin kmajor=1 (the default) the weights
+    `pipeline.gemv_layout` finds; "0" or a list of names as given."""
+    choice = str((options.get("pin") or {}).get(GEMV_PIN, "1"))
+    if choice != "1":
+        return choice
+    target, precision = options.get("target", "sm_90"), options.get("precision", "fp32")
+    proto, name, _ = load(model)
+    graphs = []
+    for shapes in shape_sets:
+        if isinstance(shapes, (list, tuple)):
+            shapes = parse_shape_overrides(split_set(shapes)[0])
+        graphs.append(import_model(proto, shapes, name=name))
+    pins = tuple(sorted((options.get("pin") or {}).items()))
+    return gemv_layout(graphs, Options(target, load_profile(target, options.get("profile_path")), precision, pins))
 
 
 def shape_sets(specs: list[str] | tuple[str, ...], lines: list[str] | None = None) -> list[list[str]]:

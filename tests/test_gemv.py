@@ -111,7 +111,7 @@ def test_cluster_splits_push_into_rank_0():
     cluster barrier; no split reads another's shared memory, and the inbox counts in the space's bound."""
     rng = np.random.default_rng(3)
     model = rows_model(1, 2048, 3072, rng)
-    plan = plan_of(model, {}, "fp16", {"CL": "1", "SPLITK": "8", "BN": "64", "WARPS": "8"})
+    plan = plan_of(model, {}, "fp16", {"CL": "1", "SPLITK": "8", "BN": "64", "WARPS": "8", "kmajor": "0"})
     (k,) = _gemms(plan)
     source = gemm.render_kernel(k, k.schedule.param, plan.types(), "k")
     assert "float inbox[448];" in source and source.count("aicf_cluster_st4(aicf_cluster_peer(inbox") == 1
@@ -129,7 +129,7 @@ def test_cluster_splits_push_into_rank_0():
 def test_where_gemv_is_declined():
     rng = np.random.default_rng(1)
     for model, precision, why in ((rows_model(9, 64, 64, rng), "fp16", "9 rows"),
-                                  (rows_model(1, 64, 60, rng), "fp16", "16-byte rows")):
+                                  (rows_model(1, 60, 60, rng), "fp16", "16-byte rows")):
         (k,) = _gemms(plan_of(model, {}, precision))
         assert why in gemm_gemv.why_not(k, _plan(model, precision), "f16")
     (k,) = _gemms(plan_of(rows_model(1, 64, 64, rng), {}, "fp32"))
@@ -173,7 +173,7 @@ def test_pinned_gemv_source():
 
 
 def _source_of_gemv(model) -> tuple[dict, str]:
-    payload = aicfc.compile(model, target="sm_90", precision="fp16", pin={"unit": "gemv", "BN": 64, "SPLITK": 2})
+    payload = aicfc.compile(model, target="sm_90", precision="fp16", pin={"unit": "gemv", "BN": 64, "SPLITK": 2, "kmajor": "0"})
     (k,) = [k for k in payload["kernels"] if k["family"] == "gemm"]
     source = "".join(m["source"] for m in payload["modules"])
     return k["params"], source[source.index(f" {k['name']}("):]
@@ -240,7 +240,7 @@ def test_gemv_matches_numpy(case, pin, precision, gpu_device):
     if not any(all(p[x] == v for x, v in pin.items()) for p in gemm_gemv.space(batch, n, k)):
         pytest.skip("outside the space (accumulators per thread, k-rows per split)")
     model = rows_model(batch, k, n, np.random.default_rng(k + n), bias, residual)
-    payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, pin={"unit": "gemv", **pin})
+    payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, pin={"unit": "gemv", "kmajor": "0", **pin})
     assert [kk["params"]["unit"] for kk in payload["kernels"] if kk["family"] == "gemm"] == ["gemv"]
     rng = np.random.default_rng(3)
     graph = import_model(model, None)
@@ -331,7 +331,7 @@ def _run_against_numpy(model, pin: dict, precision: str, device, rule: str | Non
     from aicf_run.bundle import Bundle
     from aicf_run.executor import Executor
     model = _rounded_model(model, precision)
-    payload = aicfc.compile(model, target=device.arch, precision=precision, pin={"unit": "gemv", **pin})
+    payload = aicfc.compile(model, target=device.arch, precision=precision, pin={"unit": "gemv", "kmajor": "0", **pin})
     gemms = [kk for kk in payload["kernels"] if kk["family"] == "gemm"]
     assert gemms and all(kk["params"]["unit"] == "gemv" for kk in gemms)
     if rule:

@@ -171,7 +171,7 @@ def test_the_head_reaches_past_a_norm_kept_apart():
 def test_a_gemv_after_a_gemv_is_declined():
     """A gemv streams its weight through its body: the gemv after it never takes the fill, whatever its
     prediction adds to its bytes (requests while the DRAM streams slowed the plan)."""
-    plan = plan_of(wide(), decode_shapes(1), "fp16", {"fillshare": "1"})
+    plan = plan_of(wide(), decode_shapes(1), "fp16", {"fillshare": "1", "kmajor": "0"})
     by_name = {k.name: i for i, k in enumerate(plan.kernels)}
     after_gemv = [r for r in _records(plan) if plan.kernels[by_name[r.target] - 1].schedule is not None
                   and plan.kernels[by_name[r.target] - 1].schedule.param.get("unit") == "gemv"]

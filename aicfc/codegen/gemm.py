@@ -156,7 +156,7 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
         out += gemm_wgmma.space(k, plan, dtype, hw.sm_count, hw.smem_per_block_optin)
     if gemm_gemv.why_not(k, plan, dtype) is None:
         weights = {w.name for w in plan.weights}
-        out += gemm_gemv.space(rows, n, kk, early=dims(k)[0].b.buffer in weights)
+        out += gemm_gemv.space(rows, n, kk, early=dims(k)[0].b.buffer in weights, km=gemm_gemv.k_major(k, plan.types()))
     if gemm_thin.why_not(k, plan, dtype) is None:
         out += gemm_thin.space(rows, n, kk, hw.sm_count)
     if row_scale(k) is not None:   # [Note: a norm's row scale in the gemv]: only the gemv adds the rows' statistic

@@ -5,7 +5,7 @@ At M <= 8 a GEMM moves K·N weight bytes for 2·M·K·N FLOPs: it is a stream of
 time is the bytes over the bandwidth the kernel keeps in flight. Little's law sets the target:
 4.25 TB/s (an H200's measured copy) x ~1 us of loaded DRAM latency is ~4 MB in flight, 32 KB on
 each of 132 SMs. The kernel, over the ONNX [K, N] weight as relayout_weights keeps it for
-fp16/bf16 (contiguous along n: a k-row of a column tile is BN·2 >= 128 contiguous bytes, whole
+fp16/bf16 (a one-row gemv's may be stored K-major instead: [Note: the gemv over a K-major weight]; contiguous along n: a k-row of a column tile is BN·2 >= 128 contiguous bytes, whole
 128-byte lines, so no re-layout is needed for the loads to coalesce):
 
 - block = BN columns x KPER k-rows (split-k over SPLITK blocks along y); a warp instruction
@@ -32,6 +32,27 @@ a weight not in L2): at M = 1 the large projections stream at 2.6-2.9 TB/s (gate
 LM head 45.0 us, cuBLAS 18.1 and 46.7), the small ones carry ~4 us of launch and tail (O-proj
 6.8 us, cuBLAS 6.2); at M = 8 the kernel is 1.5-2x slower than cuBLAS: 181 registers at 8 rows
 leave one block per SM, and the FMAs (8 a weight) are not hidden (cost_gemv's exposed term).
+
+[Note: the gemv over a K-major weight]
+A one-row gemv over the ONNX [K, N] weight needs split-k for parallelism: a block's BN columns are 128 bytes
+of a k-row, so N = 2048 gives 32 column tiles, and the k-splits are merged across the blocks of a cluster.
+`aicf-run --timeline` of a chain of such gemvs (session 47, benchmarks/results/gemv_kmajor_session47_h200.txt)
+puts the median block's last weights at 2.05 us of a 2048 x 2048 gemv's 4.26 us in the chain and its merged
+splits at 3.07: the weights stream at the DRAM's rate, then a microsecond goes to sums and merging. Stored
+K-major ([N, K], relayout_weights.GEMV_RULE), a column's k-rows are contiguous: a block takes BN columns whole
+(SPLITK = 1, KM = 1), warp w adds part w % KS of the k-rows of columns w / KS + j·(WARPS / KS), a lane U 16-byte
+vectors a step with the next step loading (the weight's first step before the dependent-launch wait, as PRE
+does), the lanes' sums by shuffles and the parts in order through shared memory (the same bits every run),
+then the same epilogue from shared memory (residual, gate pairs, row scale). Rotary epilogues need whole heads
+in a block (64 columns: few blocks), and 2-8 rows the tensor-core steps, so those weights stay [K, N].
+Measured on an H200 (session 47): a chain of twelve K-major gemvs (benchmarks/gemv_layout/kmajor.cu, BN 2 over
+4 warps, U 4) ran 6.07 us a gemv against aicf's [K, N] plan of the same chain, 7.20 (both graph-replayed, PDL);
+in the 1 B Llama's 4-layer decode plan every one-row gemv K-major ran 197.8 us against 179.2 (the gate/up and LM
+head picks held too few bytes in flight and lost their L2 fill's head), the cost-chosen O and down projections
+176.7 against 182.7, the down projections alone 174.2 (1.048x; the down 5.57 us alone against 8.00 over [K, N]).
+So relayout_weights chooses it by the planner's prediction and keeps the gemv after the decode attention [K, N]
+(its blocks take the L2 fill, passes/l2_fill.py, which reads [K, N] rows). The K-major unit's predictions run
+high (measured/predicted 0.73-0.77 for the down and O projections alone): not refitted this session.
 
 [Note: splits pushed to rank 0]
 With CL = 1 the SPLITK blocks of a column tile are one cluster and rank 0 adds their sums in rank
@@ -201,6 +222,9 @@ def row_scale_fits(p: Mapping, kk: int) -> str | None:
     return None
 
 
+# [Note: the gemv over a K-major weight]: columns a block, k-parts a column (over the warps), vectors a lane a step
+KM_SPACE = {"BN": (2, 4, 8, 16, 32, 64), "WARPS": (4, 8), "KS": (1, 2, 4, 8), "U": (2, 4)}
+KM_MAX_STEPS = 32  # a warp's steps (columns x steps a column), unrolled in the template
 TC_SPACE = {"BN": (64, 128, 256), "U": (1, 2, 4)}   # the tensor-core steps' own (WARPS, SPLITK, CL as SPACE)
 
 
@@ -221,13 +245,24 @@ def one_pair_a_thread(p: Mapping) -> bool:
 
 
 def segments(p: Mapping) -> int:
-    """Column segments a thread covers: 64 columns each on tensor cores, `lanes`'s SEG otherwise."""
+    """Column segments a thread covers: 64 columns each on tensor cores, `lanes`'s SEG otherwise (one over a
+    K-major weight: a lane's vectors run along k)."""
+    if p.get("KM"):
+        return 1
     return p["BN"] // 64 if p.get("TC") else lanes(p["BN"])[2]
 
 
 def step_bytes(p: Mapping) -> int:
     """Weight bytes a thread requests per step of its loop."""
     return p["U"] * segments(p) * (64 if p.get("TC") else 16)
+
+
+def km_steps(p: Mapping, kk: int) -> tuple[int, int, int]:
+    """(CPW, VPP, SPC) of a K-major schedule ([Note: the gemv over a K-major weight]): the columns a warp
+    adds, the 16-byte vectors of a column's k-part, and the steps of U vectors a lane a part takes."""
+    cpw = p["BN"] * p["KS"] // p["WARPS"]
+    vpp = -(-kk // (VEC * p["KS"]))
+    return cpw, vpp, -(-vpp // (32 * p["U"]))
 
 
 def lanes(bn: int) -> tuple[int, int, int]:
@@ -244,14 +279,19 @@ def held(m: int, seg: int, u: int) -> int:
 
 
 def k_step(p: Mapping) -> int:
-    """k-rows a block covers per step of its loop."""
+    """k-rows a block covers per step of its loop (over a K-major weight, a column's k-part's step)."""
+    if p.get("KM"):
+        return 32 * p["U"] * VEC
     if p.get("TC"):
         return p["WARPS"] * 16 * p["U"]
     return p["WARPS"] * lanes(p["BN"])[1] * p["U"]
 
 
 def registers(p: Mapping) -> int:
-    """`held` (or `tc_held`) for the schedule `p`."""
+    """`held` (or `tc_held`) for the schedule `p`; over a K-major weight, the accumulators of a warp's
+    columns and two steps' weight and activation vectors."""
+    if p.get("KM"):
+        return p["BN"] * p["KS"] // p["WARPS"] + 16 * p["U"]
     if p.get("TC"):
         return tc_held(segments(p), p["U"])
     return held(p["BM"], lanes(p["BN"])[2], p["U"])
@@ -272,16 +312,34 @@ def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
     if c.n is None or types[c.a.buffer].dtype != dtype or types[c.b.buffer].dtype != dtype:
         return "gemv needs both operands in the tensor-core type"
     off = flat_offset(c.b.index, types[c.b.buffer])
+    if off.coeff("r0") == 1:   # K-major ([Note: the gemv over a K-major weight])
+        a = flat_offset(c.a.index, types[c.a.buffer])
+        if rows != 1:
+            return f"{rows} rows: the gemv over a K-major weight is for one row"
+        if kk % VEC or off.coeff(c.n) % VEC or off.const % VEC or any(x % VEC for v, x in off.terms if v not in (c.n, "r0")):
+            return "gemv needs a K-major weight's columns in whole 16-byte vectors"
+        if a.coeff("r0") != 1 or a.const % VEC or any(x % VEC for v, x in a.terms if v != "r0"):
+            return "gemv over a K-major weight needs the row contiguous along k in 16-byte vectors"
+        return None
     if off.coeff(c.n) != 1 or off.coeff("r0") % VEC or off.const % VEC or n % VEC or any(
             x % VEC for v, x in off.terms if v not in (c.n, "r0")):
         return "gemv needs the weight contiguous along n in 16-byte rows"
     return None
 
 
-def space(m: int, n: int, kk: int, early: bool = False) -> list[dict]:
+def k_major(k: Kernel, types: Mapping[str, TensorType]) -> bool:
+    """Whether the gemv's weight is K-major (a column's k-rows contiguous)."""
+    from aicfc.codegen.gemm import dims
+    c = dims(k)[0]
+    return flat_offset(c.b.index, types[c.b.buffer]).coeff("r0") == 1
+
+
+def space(m: int, n: int, kk: int, early: bool = False, km: bool = False) -> list[dict]:
     """`m`: every row, the batch variables' included (BM: all of them); `early`: the weight is a
     constant of the plan, so its first bytes are requested before the dependent-launch wait
-    (PRE = 1, [Note: gemv weights before the wait])."""
+    (PRE = 1, [Note: gemv weights before the wait]); `km`: the weight is K-major (`km_space`)."""
+    if km:
+        return km_space(n, kk, early)
     out = []
     for bn in SPACE["BN"]:
         seg = lanes(bn)[2]
@@ -295,6 +353,25 @@ def space(m: int, n: int, kk: int, early: bool = False) -> list[dict]:
                     out += _splits({"unit": "gemv", "TC": 0, "BM": m, "BN": bn, "WARPS": warps, "U": u}, kk, early)
     if m >= TC_MIN_ROWS:
         out += _tc_space(m, kk, early)
+    return out
+
+
+def km_space(n: int, kk: int, early: bool) -> list[dict]:
+    """[Note: the gemv over a K-major weight]: one row, BN columns a block over WARPS warps, each column's k-rows in
+    KS parts (KS divides WARPS, and BN is whole columns for every warp), at most KM_MAX_STEPS steps a warp."""
+    out = []
+    for bn in KM_SPACE["BN"]:
+        for warps in KM_SPACE["WARPS"]:
+            for ks in KM_SPACE["KS"]:
+                if warps % ks or bn * ks % warps or bn * ks < warps:
+                    continue
+                for u in KM_SPACE["U"]:
+                    p = {"unit": "gemv", "KM": 1, "TC": 0, "BM": 1, "BN": bn, "WARPS": warps, "KS": ks, "U": u,
+                         "SPLITK": 1, "CL": 0}
+                    cpw, _, spc = km_steps(p, kk)
+                    if cpw * spc > KM_MAX_STEPS or (bn > n and bn > 2):
+                        continue
+                    out.append(p | ({"PRE": 1} if early else {}))
     return out
 
 
@@ -365,12 +442,14 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     from aicfc.codegen.gemm import dims
     c, m, _, _, batch = dims(k)
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
-    ln, rw, _ = lanes(p["BN"])
+    ln, rw, _ = lanes(p["BN"]) if not p.get("KM") else (32, 1, 1)
     seg = segments(p)
+    cpw, vpp, spc = km_steps(p, parts["K"]) if p.get("KM") else (0, 0, 0)
     if parts.get("early") and not one_pair_a_thread(p):   # passes/early_epilogue.why_not never asks for it
         raise AicfError(f"internal: {name}: epilogue reads before the wait need one pair a thread, "
                         f"{p['BM']}x{p['BN']} over {threads(p)} threads")
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
+                  KM=p.get("KM", 0), KS=p.get("KS", 1), CPW=cpw, VPP=vpp, SPC_=spc,
                   AVEC=bool(p.get("TC")) and vector_rows(c, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
                   PRE=p.get("PRE", 0), PF=p.get("PF", 0), LINES=-(-p["BN"] * ITEMSIZE[types[c.b.buffer].dtype] // 128),

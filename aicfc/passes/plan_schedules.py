@@ -334,7 +334,8 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     from aicfc.passes.fold_row_scale import PIN as ROWSCALE_PIN
     from aicfc.passes.early_epilogue import PIN as EPRE_PIN
     from aicfc.passes.l2_fill import PIN as FILL_PIN, SHARE_PIN
-    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN, FILL_PIN, SHARE_PIN)
+    from aicfc.passes.relayout_weights import GEMV_PIN
+    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN, FILL_PIN, SHARE_PIN, GEMV_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():

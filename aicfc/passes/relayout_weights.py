@@ -11,6 +11,12 @@ needs 16-byte strides, which a row of N = 50257 fp16 elements (a vocabulary proj
 while a row of K = 768 is. Otherwise fp16/bf16 wgmma reads either layout (its transpose bit),
 and their weights keep the layout ONNX gave.
 
+GEMV_RULE: a one-row fp16/bf16 gemv (a decode step's projection) reads its weight K-major where the planner
+predicts its best schedule faster so ([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py: no
+split-k merge across blocks); a bundle's plans share one copy of the weights, so compile_plans decides it over
+all of them (pipeline.gemv_layout) and every plan, the prefill's GEMMs included (wgmma and mma read either
+layout), reads the weight so. `--pin kmajor=0` keeps every weight [K, N].
+
 Preconditions: after apply_precision (the weight's bytes are final), before plan_schedules.
 Declined, with the reason: a weight that a view aliases (the view would read the old layout),
 one read by a guarded or filled load, one of rank below 2. (Swapping the last two index
@@ -35,17 +41,22 @@ like the GEMM rule (views, guarded loads).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping
 
 import numpy as np
 
-from aicfc.codegen import gemm, gemm_wgmma
+from aicfc.codegen import gemm, gemm_gemv, gemm_wgmma
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, Rewrite, loads, map_loads
 from aicfc.ir.types import ITEMSIZE, TensorType, Weight
+from aicfc.planner.hardware import Profile
 
 RULE = "weight[.., k, n] => weight[.., n, k] (K-major for wgmma)"
+GEMV_RULE = "weight[k, n] => weight[n, k] (a one-row gemv adds each column's k-rows in one block: no split-k merge)"
+GEMV_PIN = "kmajor"   # --pin kmajor=0: every gemv's weight [K, N]; 1 (the default): one-row gemvs' weights K-major where
+                      # predicted faster; compile_plans passes the bundle's choice as "+"-joined names
 WINDOW_RULE = "weight[.., c, ..] => weight[.., c] (the window's vector loads along its innermost variable)"
 
 
@@ -70,6 +81,46 @@ def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight], types: Mapping[st
     return None
 
 
+def gemv_wants(plan: Plan, hw: Profile) -> tuple[dict[str, tuple[float, float]], set[str]]:
+    """([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py) the constant [K, N] weights whose
+    one-row fp16/bf16 gemvs are predicted faster over the weight K-major (name -> the readers' best predicted
+    times [K, N] and K-major, us), and those a gemv needs [K, N]: one of 2-8 rows (its tensor-core steps read
+    rows of columns), one with a rotary epilogue (whole heads a block: 64 columns of a K-major weight are a
+    few blocks), or one right after the decode attention, whose blocks take the L2 fill there ([Note: L2 fill]
+    in passes/l2_fill.py reads [K, N] rows; session 47: the O projections K-major too ran the 4-layer plan
+    176.7 us, 174.2 without them)."""
+    from aicfc.passes.plan_schedules import fastest
+    wants: dict[str, tuple[float, float]] = {}
+    keep: set[str] = set()
+    if plan.precision not in ("fp16", "bf16"):
+        return wants, keep
+    weights, types = {w.name for w in plan.weights}, plan.types()
+    maybe: set[str] = set()
+    for i, k in enumerate(plan.kernels):
+        if k.family != "gemm":
+            continue
+        c, m, n, kk, batch = gemm.dims(k)
+        rows = m * math.prod(e for _, e in batch)
+        if c.b.buffer not in weights or c.n is None or rows > gemm_gemv.MAX_ROWS:
+            continue   # a GEMM of many rows reads either layout (wgmma's transpose bit, mma's ldmatrix)
+        t = types[c.b.buffer]
+        off = flat_offset(c.b.index, t)
+        if len(t.shape) != 2 or off.coeff(c.n) != 1 or off.coeff("r0") != t.shape[-1]:
+            continue
+        a = flat_offset(c.a.index, types[c.a.buffer])
+        fits = kk % gemm_gemv.VEC == 0 and a.coeff("r0") == 1 and a.const % gemm_gemv.VEC == 0
+        after_attention = i > 0 and plan.kernels[i - 1].family == "attention"
+        (maybe if rows == 1 and gemm.rotary(k) is None and fits and not after_attention else keep).add(c.b.buffer)
+    for name in sorted(maybe - keep):
+        trial = _relaid(plan, {name: (0, GEMV_RULE)}, data=False)
+        readers = [i for i, k in enumerate(plan.kernels) if any(ld.buffer == name for op in k.ops for ld in loads(op.body))]
+        before = sum(fastest(plan.kernels[i], plan, hw) for i in readers)
+        after = sum(fastest(trial.kernels[i], trial, hw) for i in readers)
+        if after < before:
+            wants[name] = (before, after)
+    return wants, keep
+
+
 def _window_wanted(k: Kernel, weights: dict[str, Weight]) -> list[tuple[str, int]]:
     """(weight, dimension) pairs a window kernel reads with that dimension's entry exactly its
     outputs' innermost variable, the only entry that uses it, and not the last
@@ -91,7 +142,10 @@ def _move_last(ld: Load, dim: int) -> Load:
     return dataclasses.replace(ld, index=ld.index[:dim] + ld.index[dim + 1:] + (ld.index[dim],))
 
 
-def relayout_weights(plan: Plan) -> Plan:
+def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = None) -> Plan:
+    """`pin`'s GEMV_PIN: "0" keeps every gemv's weight [K, N]; "1" (the default) stores K-major those of this
+    plan's one-row gemvs predicted faster so (`gemv_wants`); a "+"-joined list of weight names (compile_plans'
+    choice over every plan of a bundle, which stores one copy) stores those K-major."""
     weights = {w.name: w for w in plan.weights}
     types = plan.types()
     # weight -> (the dimension moved last, why, rule); the GEMM rule swaps the last two
@@ -99,6 +153,15 @@ def relayout_weights(plan: Plan) -> Plan:
     for k in plan.kernels:
         if (w := _wanted(k, plan, weights, types)):
             wanted[w[0]] = (len(weights[w[0]].type.shape) - 2, w[1], RULE)
+    choice = str((pin or {}).get(GEMV_PIN, "1"))
+    wants, keep = gemv_wants(plan, hw) if choice != "0" else ({}, set())
+    gemv = set(wants) if choice == "1" else set() if choice == "0" else set(choice.split("+")) - keep - {""}
+    for name in sorted(gemv):
+        if name in weights and name not in wanted and len(weights[name].type.shape) == 2:
+            why = (f"a one-row gemv then adds each column's k-rows in one block, no split-k merge: predicted "
+                   f"{wants[name][0]:.2f} -> {wants[name][1]:.2f} us ([Note: the gemv over a K-major weight])" if name in wants else
+                   "another plan of the bundle reads it with a one-row gemv (one copy of the weights)")
+            wanted[name] = (0, why, GEMV_RULE)
     for k in plan.kernels:
         for name, dim in _window_wanted(k, weights):
             if name not in wanted:
@@ -121,9 +184,18 @@ def relayout_weights(plan: Plan) -> Plan:
         records.append(Rewrite(rule, name, True, f"{why}; stored as [{', '.join(map(str, shape))}]"))
     if not done:
         return plan.replace(rewrites=plan.rewrites + tuple(records))
+    return _relaid(plan, done).replace(rewrites=plan.rewrites + tuple(records))
+
+
+def _relaid(plan: Plan, done: Mapping[str, tuple[int, str]], data: bool = True) -> Plan:
+    """`plan` with each weight of `done` (name -> (the dimension moved last, the rule)) so stored and every load
+    of it so indexed; with `data=False` only the weight's type moves (a trial the planner ranks)."""
     new_weights = []
     for w in plan.weights:
-        if w.name in done:
+        if w.name in done and not data:
+            dim = done[w.name][0]
+            w = Weight(w.name, dataclasses.replace(w.type, shape=w.type.shape[:dim] + w.type.shape[dim + 1:] + (w.type.shape[dim],)), w.data)
+        elif w.name in done:
             # moved as raw elements of their storage size (bf16 has no numpy type of its own)
             arr = np.ascontiguousarray(np.moveaxis(w.raw(), done[w.name][0], -1))
             w = Weight(w.name, dataclasses.replace(w.type, shape=tuple(arr.shape)), arr.tobytes())
@@ -136,4 +208,4 @@ def relayout_weights(plan: Plan) -> Plan:
         rules = tuple(dict.fromkeys(done[ld.buffer][1] for op in k.ops for ld in loads(op.body) if ld.buffer in done))
         kernels.append(k.replace(ops=tuple(dataclasses.replace(op, body=map_loads(op.body, load)) for op in k.ops),
                                  rewrites=k.rewrites + rules))
-    return plan.replace(weights=tuple(new_weights), kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
+    return plan.replace(weights=tuple(new_weights), kernels=tuple(kernels))
