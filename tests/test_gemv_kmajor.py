@@ -38,6 +38,12 @@ def test_a_one_row_projection_reads_its_weight_k_major():
     assert GEMV_RULE not in _gemm(off).rewrites and not _gemm(off).schedule.param.get("KM")
 
 
+def test_a_bad_kmajor_pin_is_one_line():
+    from aicfc.errors import AicfError
+    with pytest.raises(AicfError, match="no weight named 'nope'"):
+        plan_of(rows_model(1, 256, 256, np.random.default_rng(0)), {}, "fp16", {"kmajor": "nope"})
+
+
 @pytest.mark.parametrize("rows", [2, 8])
 def test_more_rows_keep_the_weight_k_by_n(rows):
     plan = plan_of(rows_model(rows, 5632, 2048, np.random.default_rng(0)), {}, "fp16")

@@ -47,6 +47,7 @@ from typing import Mapping
 import numpy as np
 
 from aicfc.codegen import gemm, gemm_gemv, gemm_wgmma
+from aicfc.errors import AicfError
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, Rewrite, loads, map_loads
@@ -155,7 +156,10 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
             wanted[w[0]] = (len(weights[w[0]].type.shape) - 2, w[1], RULE)
     choice = str((pin or {}).get(GEMV_PIN, "1"))
     wants, keep = gemv_wants(plan, hw) if choice != "0" else ({}, set())
-    gemv = set(wants) if choice == "1" else set() if choice == "0" else set(choice.split("+")) - keep - {""}
+    gemv = set(wants) if choice == "1" else set() if choice == "0" else set(choice.split("+")) - keep
+    unknown = sorted(gemv - set(weights))
+    if unknown:
+        raise AicfError(f"--pin {GEMV_PIN}={choice}: no weight named {unknown[0]!r}; give 0, 1 or weight names joined by +")
     for name in sorted(gemv):
         if name in weights and name not in wanted and len(weights[name].type.shape) == 2:
             why = (f"a one-row gemv then adds each column's k-rows in one block, no split-k merge: predicted "
