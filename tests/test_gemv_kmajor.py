@@ -11,14 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import aicfc
 from aicfc.codegen import gemm, gemm_gemv
 from aicfc.driver import compile_plans
-from aicfc.frontend.onnx_import import import_model
-from aicfc.ir.high import evaluate_graph
 from aicfc.passes.relayout_weights import GEMV_RULE
-from tests.test_gemv import rows_model
-from tests.test_pipeline import rel_err
+from tests.test_gemv import _run_against_numpy, rows_model
 from tests.test_row_scale import decode_shapes, decoder
 from tests.test_state import plan_of
 
@@ -97,24 +93,8 @@ KM_CASES = [(2048, 3072, False, False), (5632, 2056, True, True), (1000, 264, Tr
 @pytest.mark.parametrize("pin", KM_PINS, ids=lambda p: "BN{BN}W{WARPS}KS{KS}U{U}".format(**p))
 @pytest.mark.parametrize("case", KM_CASES, ids=lambda c: "K{}N{}{}{}".format(c[0], c[1], "-bias" if c[2] else "", "-res" if c[3] else ""))
 def test_k_major_gemv_matches_numpy(case, pin, precision, gpu_device):
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
     k, n, bias, residual = case
     if not any(all(p[x] == v for x, v in pin.items()) for p in gemm_gemv.km_space(n, k, True)):
         pytest.skip("outside the space")
     model = rows_model(1, k, n, np.random.default_rng(k + n), bias, residual)
-    payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, pin={"unit": "gemv", "KM": 1, **pin})
-    assert [kk["params"].get("KM") for kk in payload["kernels"] if kk["family"] == "gemm"] == [1]
-    rng = np.random.default_rng(3)
-    graph = import_model(model, None)
-    inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
-    ref = evaluate_graph(graph, inputs, dtype=np.float64)["y"]
-    ex = Executor(Bundle.from_payload(payload), gpu_device)
-    try:
-        ex.poison()
-        first = ex.run(inputs)["y"]
-        again = ex.run(inputs)["y"]
-    finally:
-        ex.close()
-    assert np.isfinite(first).all() and rel_err(first, ref) <= 1e-2, f"rel err {rel_err(first, ref):.2e}"
-    assert np.array_equal(first, again)
+    _run_against_numpy(model, {"KM": 1, "kmajor": "w", **pin}, precision, gpu_device, GEMV_RULE)
