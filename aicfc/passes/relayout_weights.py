@@ -47,8 +47,8 @@ from typing import Mapping
 import numpy as np
 
 from aicfc.codegen import gemm, gemm_gemv, gemm_wgmma
-from aicfc.errors import AicfError
 from aicfc.codegen.cexpr import flat_offset
+from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, Rewrite, loads, map_loads
 from aicfc.ir.types import ITEMSIZE, TensorType, Weight
