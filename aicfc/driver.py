@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -18,8 +19,8 @@ from aicfc.codegen.module import OnKernel, build_modules, count_registers, resol
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, check_model, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
-from aicfc.passes.pipeline import Options, gemv_layout, run_pipeline
-from aicfc.passes.relayout_weights import GEMV_PIN
+from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.passes.relayout_weights import GEMV_PIN, GEMV_RULE
 from aicfc.passes.plan_schedules import pins_unused
 from aicfc.planner.hardware import load_profile
 
@@ -119,35 +120,57 @@ def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple
         why = pins_unused((k["params"] for p in payloads for k in p["kernels"]), pin)
         if why:
             raise AicfError(f"{where}{why}")
-    payloads = []
-    options = {**options, "pin": {GEMV_PIN: bundle_layout(model, shape_sets, options), **(options.get("pin") or {})}}
-    for i, shapes in enumerate(shape_sets):
+    user = dict(options.get("pin") or {})
+    order = sorted(range(len(shape_sets)), key=lambda i: _input_elements(shape_sets[i]))
+    payloads: dict[int, dict[str, Any]] = {}
+    layout: str | None = None if str(user.get(GEMV_PIN, "1")) == "1" else str(user[GEMV_PIN])
+    decide = layout is None
+
+    def build(i: int) -> None:
+        shapes = shape_sets[i]
         folder = None if dump_ir is None else Path(dump_ir) / f"plan_{i}"
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
-        payloads.append(compile_model(model, shapes=shapes, dump_ir=folder, check_pins=False, **options))
+        pin = user if layout is None else {**user, GEMV_PIN: layout}
+        payloads[i] = compile_model(model, shapes=shapes, dump_ir=folder, check_pins=False, **{**options, "pin": pin})
         own = split_set(shapes)[1] if isinstance(shapes, (list, tuple)) else {}
-        refuse_unused(payloads[-1:], own, f"shape set {i + 1}: ")   # a set's pin: words, its plan alone
-    refuse_unused(payloads, options.get("pin") or {})
-    return merge_plans(payloads)
+        refuse_unused([payloads[i]], own, f"shape set {i + 1}: ")   # a set's pin: words, its plan alone
+    # [Note: one layout for a bundle's plans]
+    # The plans share one copy of the weights, so a weight is K-major (relayout_weights.GEMV_RULE) in all of them
+    # or in none. The plan of the fewest input elements (a decode step's) is compiled first and decides by the
+    # planner's predictions; the others are compiled with its choice by name (a prefill's GEMMs read either
+    # layout). Where another plan needs one of those weights [K, N] (a gemv of 2-8 rows: its declined record),
+    # the weight stays [K, N] and the plans that stored it K-major are compiled again.
+    for i in order:
+        build(i)
+        if layout is None:
+            layout = "+".join(sorted(_k_major(payloads[i])[0])) or "0"
+    kept = set() if layout == "0" else set(layout.split("+"))
+    vetoed = set().union(*(_k_major(p)[1] for p in payloads.values())) & kept
+    if vetoed and decide:
+        layout = "+".join(sorted(kept - vetoed)) or "0"
+        for i in order:
+            if _k_major(payloads[i])[0] != kept - vetoed:
+                build(i)
+    refuse_unused(list(payloads.values()), user)
+    return merge_plans([payloads[i] for i in range(len(shape_sets))])
 
 
-def bundle_layout(model: Any, shape_sets: list, options: dict[str, Any]) -> str:
-    """relayout_weights' GEMV_PIN for every plan of one bundle: the plans store one copy of the weights, so a
-    weight is K-major in all of them or in none. Under --pin kmajor=1 (the default) the weights
-    `pipeline.gemv_layout` finds; "0" or a list of names as given."""
-    choice = str((options.get("pin") or {}).get(GEMV_PIN, "1"))
-    if choice != "1":
-        return choice
-    target, precision = options.get("target", "sm_90"), options.get("precision", "fp32")
-    proto, name, _ = load(model)
-    graphs = []
-    for shapes in shape_sets:
-        if isinstance(shapes, (list, tuple)):
-            shapes = parse_shape_overrides(split_set(shapes)[0])
-        graphs.append(import_model(proto, shapes, name=name))
-    pins = tuple(sorted((options.get("pin") or {}).items()))
-    return gemv_layout(graphs, Options(target, load_profile(target, options.get("profile_path")), precision, pins))
+def _input_elements(shapes: list[str] | dict[str, tuple[int, ...]]) -> int:
+    """The elements of a shape set's inputs: a decode step's set (one token) has the fewest."""
+    if isinstance(shapes, (list, tuple)):
+        shapes = parse_shape_overrides(split_set(shapes)[0])
+    return sum(math.prod(s) for s in shapes.values())
+
+
+def _k_major(payload: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(the weights a compiled plan stores K-major by relayout_weights.GEMV_RULE, those it declined to: a gemv
+    of the plan needs them [K, N]), from its decision log."""
+    done, declined = set(), set()
+    for d in payload.get("decisions", ()):
+        if d.get("kind") == "rewrite" and d.get("rule") == GEMV_RULE:
+            (done if d["applied"] else declined).add(d["target"])
+    return done, declined
 
 
 def shape_sets(specs: list[str] | tuple[str, ...], lines: list[str] | None = None) -> list[list[str]]:

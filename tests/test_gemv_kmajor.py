@@ -71,6 +71,20 @@ def test_a_bundle_stores_the_k_major_weights_once():
     assert all(GEMV_RULE in r for r in rules)
 
 
+def test_a_plan_that_needs_the_weight_k_by_n_keeps_it_so_in_every_plan():
+    """A one-row plan chooses K-major first; a two-row plan of the same bundle (tensor-core steps) declines it, so
+    the weight stays [K, N] and the one-row plan is compiled again: one copy, no plan K-major."""
+    model = rows_model(1, 5632, 2048, np.random.default_rng(0), residual=True)
+    for vi in (*model.graph.input, *model.graph.output):
+        vi.type.tensor_type.shape.dim[0].dim_param = "b"
+    payload = compile_plans(model, [["x=2x1x5632", "x2=2x1x2048"], ["x=1x1x5632", "x2=1x1x2048"]],
+                            check_registers=False, precision="fp16")
+    assert [len(w["data"]) for w in payload["weights"]].count(5632 * 2048 * 2) == 1   # (the two-row plan has a small constant too)
+    for plan in payload["plans"]:
+        assert not any(GEMV_RULE in r for kk in plan["kernels"] for r in kk["rewrites"])
+    assert any(d.get("rule") == GEMV_RULE and not d["applied"] for d in payload["plans"][0]["decisions"])
+
+
 def test_every_k_major_candidate_builds_without_spills():
     from aicfc.codegen.module import count_registers
     plan = plan_of(rows_model(1, 2000, 1032, np.random.default_rng(2), bias=True), {}, "fp16")

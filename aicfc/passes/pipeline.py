@@ -7,7 +7,6 @@ every stage as `NN_<stage>.txt`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -244,29 +243,6 @@ def with_figures(plan: Any, projections: tuple[tuple[str, str], ...]) -> Any:
             return r
         return dataclasses.replace(r, reason=f"{r.reason}; {why[r.target]}")
     return plan.replace(rewrites=tuple(fill(r) for r in plan.rewrites))
-
-
-def gemv_layout(graphs: Sequence[Graph], options: Options) -> str:
-    """The weights that every plan of a bundle stores K-major ([Note: the gemv over a K-major weight] in
-    codegen/gemm_gemv.py), as relayout_weights' pin value: those some plan's one-row gemv would read K-major and
-    no plan's other gemv needs [K, N] ("+"-joined names; "0" for none). Each graph (one shape set) runs the
-    stages before relayout_weights, where one of its MatMuls has at most gemm_gemv.MAX_ROWS rows (a prefill plan's
-    GEMMs read either layout and decide nothing)."""
-    from aicfc.codegen.gemm_gemv import MAX_ROWS
-    from aicfc.passes.relayout_weights import gemv_wants
-    front = PIPELINE[:_ORDER.index("relayout_weights")]
-    wants: set[str] = set()
-    keep: set[str] = set()
-    for graph in graphs:
-        types = graph.types()
-        if not any(n.op in ("MatMul", "Gemm") and math.prod(types[n.inputs[0]].shape[:-1]) <= MAX_ROWS for n in graph.nodes):
-            continue
-        last: dict[str, Any] = {}
-        plan = _run_stages(front, graph, options, last, False, None)
-        w, k = gemv_wants(plan, options.profile)
-        wants |= set(w)
-        keep |= k
-    return "+".join(sorted(wants - keep)) or "0"
 
 
 def run_pipeline(graph: Graph, options: Options, dump_dir: str | Path | None = None,

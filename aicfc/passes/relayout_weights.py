@@ -13,9 +13,9 @@ and their weights keep the layout ONNX gave.
 
 GEMV_RULE: a one-row fp16/bf16 gemv (a decode step's projection) reads its weight K-major where the planner
 predicts its best schedule faster so ([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py: no
-split-k merge across blocks); a bundle's plans share one copy of the weights, so compile_plans decides it over
-all of them (pipeline.gemv_layout) and every plan, the prefill's GEMMs included (wgmma and mma read either
-layout), reads the weight so. `--pin kmajor=0` keeps every weight [K, N].
+split-k merge across blocks); a bundle's plans share one copy of the weights, so compile_plans decides it for
+all of them ([Note: one layout for a bundle's plans] in driver.py) and every plan, the prefill's GEMMs included
+(wgmma and mma read either layout), reads the weight so. `--pin kmajor=0` keeps every weight [K, N].
 
 Preconditions: after apply_precision (the weight's bytes are final), before plan_schedules.
 Declined, with the reason: a weight that a view aliases (the view would read the old layout),
@@ -82,21 +82,18 @@ def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight], types: Mapping[st
     return None
 
 
-def gemv_wants(plan: Plan, hw: Profile) -> tuple[dict[str, tuple[float, float]], set[str]]:
-    """([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py) the constant [K, N] weights whose
-    one-row fp16/bf16 gemvs are predicted faster over the weight K-major (name -> the readers' best predicted
-    times [K, N] and K-major, us), and those a gemv needs [K, N]: one of 2-8 rows (its tensor-core steps read
-    rows of columns), one with a rotary epilogue (whole heads a block: 64 columns of a K-major weight are a
-    few blocks), or one right after the decode attention, whose blocks take the L2 fill there ([Note: L2 fill]
-    in passes/l2_fill.py reads [K, N] rows; session 47: the O projections K-major too ran the 4-layer plan
-    176.7 us, 174.2 without them)."""
-    from aicfc.passes.plan_schedules import fastest
-    wants: dict[str, tuple[float, float]] = {}
+def gemv_candidates(plan: Plan) -> tuple[set[str], set[str]]:
+    """([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py) the constant [K, N] weights a one-row
+    fp16/bf16 gemv of this plan could read K-major, and those a gemv needs [K, N]: one of 2-8 rows (its
+    tensor-core steps read rows of columns), one with a rotary epilogue (whole heads a block: 64 columns of a
+    K-major weight are a few blocks), or one right after the decode attention, whose blocks take the L2 fill
+    there ([Note: L2 fill] in passes/l2_fill.py reads [K, N] rows; session 47: the O projections K-major too ran
+    the 4-layer plan 176.7 us, 174.2 without them)."""
+    maybe: set[str] = set()
     keep: set[str] = set()
     if plan.precision not in ("fp16", "bf16"):
-        return wants, keep
+        return maybe, keep
     weights, types = {w.name for w in plan.weights}, plan.types()
-    maybe: set[str] = set()
     for i, k in enumerate(plan.kernels):
         if k.family != "gemm":
             continue
@@ -112,14 +109,33 @@ def gemv_wants(plan: Plan, hw: Profile) -> tuple[dict[str, tuple[float, float]],
         fits = kk % gemm_gemv.VEC == 0 and a.coeff("r0") == 1 and a.const % gemm_gemv.VEC == 0
         after_attention = i > 0 and plan.kernels[i - 1].family == "attention"
         (maybe if rows == 1 and gemm.rotary(k) is None and fits and not after_attention else keep).add(c.b.buffer)
-    for name in sorted(maybe - keep):
-        trial = _relaid(plan, {name: (0, GEMV_RULE)}, data=False)
-        readers = [i for i, k in enumerate(plan.kernels) if any(ld.buffer == name for op in k.ops for ld in loads(op.body))]
-        before = sum(fastest(plan.kernels[i], plan, hw) for i in readers)
-        after = sum(fastest(trial.kernels[i], trial, hw) for i in readers)
+    return maybe - keep, keep
+
+
+def gemv_wants(plan: Plan, hw: Profile, candidates: set[str]) -> dict[str, tuple[float, float]]:
+    """Of `candidates`, those whose readers' best predicted time is lower over the weight K-major: name -> (the
+    time [K, N], K-major), us. Readers of the same structure (a model's layers) are ranked once."""
+    from aicfc.passes.plan_schedules import fastest, structure
+    wants: dict[str, tuple[float, float]] = {}
+    seen: dict = {}
+    for name in sorted(candidates):
+        w = next(w for w in plan.weights if w.name == name)
+        shape = w.type.shape[1:] + w.type.shape[:1]
+        trial = plan.replace(weights=tuple(Weight(x.name, dataclasses.replace(x.type, shape=shape), x.data)
+                                           if x.name == name else x for x in plan.weights))
+        before = after = 0.0
+        for k in plan.kernels:
+            if not any(ld.buffer == name for op in k.ops for ld in loads(op.body)):
+                continue
+            moved = k.replace(ops=tuple(dataclasses.replace(op, body=map_loads(
+                op.body, lambda ld: _move_last(ld, 0) if ld.buffer == name else ld)) for op in k.ops))
+            key = (structure(k, plan.types()), structure(moved, trial.types()))
+            if key not in seen:
+                seen[key] = (fastest(k, plan, hw), fastest(moved, trial, hw))
+            before, after = before + seen[key][0], after + seen[key][1]
         if after < before:
             wants[name] = (before, after)
-    return wants, keep
+    return wants
 
 
 def _window_wanted(k: Kernel, weights: dict[str, Weight]) -> list[tuple[str, int]]:
@@ -146,7 +162,8 @@ def _move_last(ld: Load, dim: int) -> Load:
 def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = None) -> Plan:
     """`pin`'s GEMV_PIN: "0" keeps every gemv's weight [K, N]; "1" (the default) stores K-major those of this
     plan's one-row gemvs predicted faster so (`gemv_wants`); a "+"-joined list of weight names (compile_plans'
-    choice over every plan of a bundle, which stores one copy) stores those K-major."""
+    choice for every plan of a bundle, which stores one copy) stores those K-major, less those a gemv of this plan
+    needs [K, N] (recorded as declined: compile_plans reads them)."""
     weights = {w.name: w for w in plan.weights}
     types = plan.types()
     # weight -> (the dimension moved last, why, rule); the GEMM rule swaps the last two
@@ -155,13 +172,16 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
         if (w := _wanted(k, plan, weights, types)):
             wanted[w[0]] = (len(weights[w[0]].type.shape) - 2, w[1], RULE)
     choice = str((pin or {}).get(GEMV_PIN, "1"))
-    wants, keep = gemv_wants(plan, hw) if choice != "0" else ({}, set())
-    gemv = set(wants) if choice == "1" else set() if choice == "0" else set(choice.split("+")) - keep
+    maybe, keep = gemv_candidates(plan) if choice != "0" else (set(), set())
+    wants = gemv_wants(plan, hw, maybe) if choice == "1" else {}
+    gemv = set(wants) if choice == "1" else set() if choice == "0" else set(choice.split("+"))
     unknown = sorted(gemv - set(weights))
     if unknown:
         raise AicfError(f"--pin {GEMV_PIN}={choice}: no weight named {unknown[0]!r}; give 0, 1 or weight names joined by +")
-    for name in sorted(gemv):
-        if name in weights and name not in wanted and len(weights[name].type.shape) == 2:
+    refused = [Rewrite(GEMV_RULE, name, False, "a gemv of this plan needs it [K, N] (2-8 rows, a rotary epilogue, or "
+                       "right after the decode attention)") for name in sorted(gemv & keep)]
+    for name in sorted(gemv - keep):
+        if name not in wanted and len(weights[name].type.shape) == 2:
             why = (f"a one-row gemv then adds each column's k-rows in one block, no split-k merge: predicted "
                    f"{wants[name][0]:.2f} -> {wants[name][1]:.2f} us ([Note: the gemv over a K-major weight])" if name in wants else
                    "another plan of the bundle reads it with a one-row gemv (one copy of the weights)")
@@ -171,8 +191,8 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
             if name not in wanted:
                 wanted[name] = (dim, "its taps are then one vector along the window's innermost variable", WINDOW_RULE)
     if not wanted:
-        return plan
-    records, done = [], {}
+        return plan.replace(rewrites=plan.rewrites + tuple(refused)) if refused else plan
+    records, done = list(refused), {}
     aliased = {v.source for v in plan.views}
     for name, (dim, why, rule) in wanted.items():
         w = weights[name]
@@ -191,15 +211,12 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
     return _relaid(plan, done).replace(rewrites=plan.rewrites + tuple(records))
 
 
-def _relaid(plan: Plan, done: Mapping[str, tuple[int, str]], data: bool = True) -> Plan:
+def _relaid(plan: Plan, done: Mapping[str, tuple[int, str]]) -> Plan:
     """`plan` with each weight of `done` (name -> (the dimension moved last, the rule)) so stored and every load
-    of it so indexed; with `data=False` only the weight's type moves (a trial the planner ranks)."""
+    of it so indexed."""
     new_weights = []
     for w in plan.weights:
-        if w.name in done and not data:
-            dim = done[w.name][0]
-            w = Weight(w.name, dataclasses.replace(w.type, shape=w.type.shape[:dim] + w.type.shape[dim + 1:] + (w.type.shape[dim],)), w.data)
-        elif w.name in done:
+        if w.name in done:
             # moved as raw elements of their storage size (bf16 has no numpy type of its own)
             arr = np.ascontiguousarray(np.moveaxis(w.raw(), done[w.name][0], -1))
             w = Weight(w.name, dataclasses.replace(w.type, shape=tuple(arr.shape)), arr.tobytes())
