@@ -136,10 +136,9 @@ def _next_stream(plan: Plan, i: int) -> int | None:
     return None
 
 
-def head(plan: Plan, i: int, budget: float) -> Prefetch | None:
-    """The first rows of each split of the gemv streaming next after kernel `i` (`_next_stream`), `budget`
-    bytes in all, past each split's first step (its blocks request that themselves), or None."""
-    j = _next_stream(plan, i)
+def head(plan: Plan, j: int | None, budget: float) -> Prefetch | None:
+    """The first rows of each split of gemv `j` (the one streaming next: `_next_stream`), `budget` bytes in all,
+    past each split's first step (its blocks request that themselves), or None."""
     if j is None or budget <= 0:
         return None
     nxt = plan.kernels[j]
@@ -186,10 +185,10 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
             if why != "not a gemv":
                 records.append(Rewrite(RULE, k.name, False, why))
             continue
-        fill = head(plan, i, budget)
+        j = _next_stream(plan, i)
+        fill = head(plan, j, budget)
         kernels[i] = with_params(kernels[i], {"PF": 1}, plan.types(), hw).replace(prefetch=(fill,) if fill else ())
         if fill:
-            j = _next_stream(plan, i)
             nxt = kernels[j]
             kernels[j] = with_params(nxt, {"HOT": fill.bytes}, plan.types(), hw)
         records.append(Rewrite(RULE, k.name, True,
@@ -198,4 +197,3 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
                                f"(predicted {nxt.schedule.time_us:.2f} -> {kernels[j].schedule.time_us:.2f} us)," if fill else "")
                                + " requested into L2 before the wait"))
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
-
