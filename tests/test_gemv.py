@@ -278,7 +278,8 @@ def test_gemv_unit_is_in_the_gemm_family():
 def test_the_decode_steps_rotary_projection_runs_on_gemv(batch):
     """The 1 B Llama's decode step (hidden 2048, 32 query heads over 8 key/value heads of 64):
     its QKV projection carries the rotary epilogue and chooses gemv, whose epilogue reads the
-    partner column from shared memory (every rotary candidate builds: the spill test above)."""
+    partner column from shared memory (every rotary candidate builds: the spill test above); at one row over a
+    K-major weight a block under the head takes both halves' matching columns (`rb` from the column)."""
     from benchmarks.decoder_graph import DecoderConfig, cache_names, decoder_model, random_weight, weight_shapes
     from aicfc.passes.rotary_epilogue import ROTARY_RULE
     cfg = DecoderConfig(2048, 1, 32, 8, 5632, 256, 16)
@@ -289,7 +290,9 @@ def test_the_decode_steps_rotary_projection_runs_on_gemv(batch):
     (qkv,) = [k for k in plan.kernels if ROTARY_RULE in k.rewrites]
     assert qkv.schedule.param["unit"] == "gemv", qkv.schedule.param
     source = gemm.render_kernel(qkv, qkv.schedule.param, plan.types(), "qkv")
-    assert "accp = red[" in source and "rb = n0" in source
+    km = bool(qkv.schedule.param.get("KM"))
+    assert km == (batch == 1)
+    assert "accp = red[" in source and ("rb = gn - gn % 64" if km and qkv.schedule.param["BN"] < 64 else "rb = n0") in source
 
 
 def swiglu_model(batch: int, k: int, n: int, rng) -> onnx.ModelProto:

@@ -1,11 +1,12 @@
 """The gemv over a K-major weight ([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py) and the layout
 rule that chooses it (relayout_weights.GEMV_RULE, `--pin kmajor`).
 
-Without a GPU: which weights the rule stores K-major (a one-row gemv predicted faster so; never one of 2-8 rows,
-one with a rotary epilogue, or one right after the decode attention), that a bundle of a prefill and a decode
-plan stores them once and K-major in both, that `--pin kmajor=0` keeps [K, N], and that every candidate of the
-space compiles without spills. On the GPU: pinned schedules against numpy float64 (fp16/bf16: 1e-2 of the
-output's max), with bias and ReLU and a residual, and the same bits on a second run."""
+Without a GPU: which weights the rule stores K-major (a one-row gemv predicted faster so, the rotary QKV and the O
+projection that takes the L2 fill included; never one of 2-8 rows), that a bundle of a prefill and a decode plan
+stores them once and K-major in both, that `--pin kmajor=0` keeps [K, N], that a rotary block under the head takes
+both halves' columns, that MB (the launch bounds' blocks an SM) follows the grid, and that every candidate of the
+space compiles without spills. On the GPU: pinned schedules against numpy float64 (fp16/bf16: 1e-2 of the output's
+max), with bias, a residual and the rotary epilogue, and the same bits on a second run."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,12 @@ from aicfc.codegen import gemm, gemm_gemv
 from aicfc.driver import compile_plans
 from aicfc.passes.relayout_weights import GEMV_RULE
 from tests.test_gemv import _run_against_numpy, rows_model
+from benchmarks.decoder_graph import DecoderConfig
 from tests.test_row_scale import decode_shapes, decoder
 from tests.test_state import plan_of
+
+
+WIDE = DecoderConfig(2048, 1, 32, 8, 2816, 1000, 64)   # the 1 B Llama's widths: its K-major picks
 
 
 def _gemm(plan):
@@ -46,15 +51,26 @@ def test_more_rows_keep_the_weight_k_by_n(rows):
     assert GEMV_RULE not in _gemm(plan).rewrites and not _gemm(plan).schedule.param.get("KM")
 
 
-def test_the_decode_step_keeps_the_rotary_and_the_filled_projections_k_by_n():
-    plan = plan_of(decoder(), decode_shapes(1), "fp16")
+def test_the_decode_step_reads_its_rotary_and_filled_projections_k_major():
+    """At the 1 B Llama's widths the rotary QKV reads K-major ([Note: a rotary gemv over a K-major weight]: both
+    halves of its heads in each block) and so does the O projection after the decode attention, whose blocks take
+    the L2 fill as one bulk request a run of their columns."""
+    from aicfc.passes.l2_fill import RULE as FILL
+    plan = plan_of(decoder(cfg=WIDE), decode_shapes(1), "fp16")
+    rotary = filled = 0
     for i, k in enumerate(plan.kernels):
         if k.family != "gemm":
             continue
         km = GEMV_RULE in k.rewrites
-        if gemm.rotary(k) is not None or plan.kernels[i - 1].family == "attention":
-            assert not km, k.name
         assert bool(k.schedule.param.get("KM")) == km
+        if gemm.rotary(k) is not None:
+            assert km and gemm.why_not_rotary(gemm.rotary(k), k.schedule.param) is None
+            rotary += 1
+        if plan.kernels[i - 1].family == "attention":
+            assert km and k.schedule.param.get("PF") == 1, k.name
+            filled += 1
+    assert rotary and filled
+    assert any(r.rule == FILL and r.applied for r in plan.rewrites)
 
 
 def test_a_bundle_stores_the_k_major_weights_once():
@@ -96,8 +112,31 @@ def test_every_k_major_candidate_builds_without_spills():
     assert not bad, f"{len(bad)} of {len(space)} spill: {bad[:3]}"
 
 
+def test_rotary_k_major_blocks_take_both_halves_of_a_head():
+    """Under the head, a K-major block's BN columns are BN/2 of each half (an even run each); every such candidate
+    of a rotary gemv builds without spills."""
+    from benchmarks.gemv import rope_model
+    from aicfc.codegen.module import count_registers
+    model = rope_model(1, 1, hidden=1000, heads=8, kv_heads=2)
+    plan = plan_of(model, {}, "fp16", {"kmajor": _weight(model)})
+    k = _gemm(plan)
+    assert gemm.rotary(k) is not None and gemm_gemv.k_major(k, plan.types())
+    space = [p for p in gemm.space(k, plan) if p.get("KM")]
+    assert {p["BN"] for p in space} == {4, 8, 16, 32, 64}   # 2 is one column a half: no pair to store
+    assert [gemm_gemv.rotary_half_block(p, 64) for p in space if p["BN"] == 16][0] == 8
+    (found,) = count_registers(plan, [(k, space)])
+    bad = [(p, regs, spill) for p, (regs, spill) in zip(space, found) if spill or not 0 < regs <= 255]
+    assert not bad, f"{len(bad)} of {len(space)} spill: {bad[:3]}"
+
+
+def _weight(model) -> str:
+    """The name of the one gemv's weight as the planner sees it (the merged QKV's)."""
+    plan = plan_of(model, {}, "fp16", {"kmajor": "0"})
+    return gemm.dims(_gemm(plan))[0].b.buffer
+
+
 KM_PINS = [{"BN": 2, "WARPS": 4, "KS": 2, "U": 2}, {"BN": 16, "WARPS": 4, "KS": 2, "U": 4}, {"BN": 8, "WARPS": 8, "KS": 1, "U": 4},
-           {"BN": 64, "WARPS": 8, "KS": 8, "U": 2}, {"BN": 4, "WARPS": 8, "KS": 8, "U": 4}]
+           {"BN": 64, "WARPS": 8, "KS": 8, "U": 2}, {"BN": 4, "WARPS": 8, "KS": 8, "U": 4}, {"BN": 4, "WARPS": 8, "KS": 4, "U": 4}]
 # (K, N, bias, residual): N not a multiple of BN, K not a multiple of a part's step
 KM_CASES = [(2048, 3072, False, False), (5632, 2056, True, True), (1000, 264, True, False), (2000, 1030, False, True)]
 
@@ -111,4 +150,38 @@ def test_k_major_gemv_matches_numpy(case, pin, precision, gpu_device):
     if not any(all(p[x] == v for x, v in pin.items()) for p in gemm_gemv.km_space(n, k, True)):
         pytest.skip("outside the space")
     model = rows_model(1, k, n, np.random.default_rng(k + n), bias, residual)
-    _run_against_numpy(model, {"KM": 1, "kmajor": "w", **pin}, precision, gpu_device, GEMV_RULE)
+    # (a row of N = 1030 fp16 elements is no TMA stride: relayout_weights' TMA rule stores that weight K-major itself)
+    _run_against_numpy(model, {"KM": 1, "kmajor": "w", **pin}, precision, gpu_device, GEMV_RULE if n * 2 % 16 == 0 else None)
+
+
+KM_ROT_PINS = [{"BN": 4, "WARPS": 4, "KS": 1, "U": 4}, {"BN": 16, "WARPS": 8, "KS": 2, "U": 2}, {"BN": 32, "WARPS": 4, "KS": 1, "U": 2},
+               {"BN": 64, "WARPS": 8, "KS": 4, "U": 4}, {"BN": 4, "WARPS": 8, "KS": 2, "U": 4}]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("pin", KM_ROT_PINS, ids=lambda p: "BN{BN}W{WARPS}KS{KS}U{U}".format(**p))
+def test_k_major_rotary_gemv_matches_numpy(pin, precision, gpu_device):
+    """q and k rotated in the K-major gemv's epilogue (under the head, a block's columns are both halves' matching
+    runs), every head weighted by random factors over d and summed (a misplaced partner changes the sum)."""
+    from benchmarks.gemv import rope_model
+    model = rope_model(1, 1, hidden=1000, heads=8, kv_heads=2, d=64, position=7, seed=11, weighted=True)
+    _run_against_numpy(model, {"KM": 1, "kmajor": _weight(model), **pin}, precision, gpu_device, GEMV_RULE)
+
+
+def test_mb_is_the_grids_blocks_on_the_busiest_sm(monkeypatch):
+    """[Note: the K-major gemv's register budget]: MB = ceil(ceil(N / BN) / SMs) goes into the launch bounds where a
+    thread keeps 64 registers; none where it would not, and none under AICF_GEMV_MINB=0 (an A/B's switch)."""
+    p = {"BN": 2, "WARPS": 4, "KS": 2, "U": 2}
+    assert gemm_gemv.km_blocks_per_sm(2048, p, 132) == 8           # 1024 blocks of 128 threads
+    assert gemm_gemv.km_blocks_per_sm(2048, p | {"BN": 4, "WARPS": 8}, 132) == 4
+    assert gemm_gemv.km_blocks_per_sm(32000, p, 132) == 0          # 122 blocks an SM leave no 64 registers
+    monkeypatch.setenv("AICF_GEMV_MINB", "0")
+    assert gemm_gemv.km_blocks_per_sm(2048, p, 132) == 0
+    monkeypatch.delenv("AICF_GEMV_MINB")
+    import aicfc
+    payload = aicfc.compile(rows_model(1, 5632, 2048, np.random.default_rng(0), residual=True), target="sm_90",
+                            precision="fp16", pin={"unit": "gemv", "KM": 1, "kmajor": "w", **p})
+    (k,) = [k for k in payload["kernels"] if k["family"] == "gemm"]
+    assert k["params"]["MB"] == 8 and k["registers"] <= 64
+    assert "__launch_bounds__(128, 8)" in "".join(m["source"] for m in payload["modules"])

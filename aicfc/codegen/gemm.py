@@ -156,7 +156,8 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
         out += gemm_wgmma.space(k, plan, dtype, hw.sm_count, hw.smem_per_block_optin)
     if gemm_gemv.why_not(k, plan, dtype) is None:
         weights = {w.name for w in plan.weights}
-        out += gemm_gemv.space(rows, n, kk, early=dims(k)[0].b.buffer in weights, km=gemm_gemv.k_major(k, plan.types()))
+        out += gemm_gemv.space(rows, n, kk, early=dims(k)[0].b.buffer in weights, km=gemm_gemv.k_major(k, plan.types()),
+                               sm_count=hw.sm_count)
     if gemm_thin.why_not(k, plan, dtype) is None:
         out += gemm_thin.space(rows, n, kk, hw.sm_count)
     if row_scale(k) is not None:   # [Note: a norm's row scale in the gemv]: only the gemv adds the rows' statistic
@@ -169,10 +170,14 @@ def why_not_rotary(rot: Rotary, p: Mapping) -> str | None:
     """Why a tile cannot run a rotary epilogue: a thread must hold both halves of each head it
     touches (the partner column is 8·(head/16) blocks away in its own fragments). wgmma: a
     warpgroup holds all BN columns of its rows; mma: a warp its BN/WN; gemv: the block's BN
-    columns in shared memory; SIMT threads hold strided columns, never a head's two halves."""
+    columns in shared memory (over a K-major weight, BN/2 of each half of a head where BN is under the head);
+    SIMT threads hold strided columns, never a head's two halves."""
     if p["unit"] == "gemv" and rot.half % 8:
         return f"gemv's epilogue takes a head's halves in 8-column blocks; {rot.half} is not a multiple of 8"
     width = p["BN"] if p["unit"] in ("wgmma", "gemv") else p["BN"] // p["WN"] if p["unit"] == "mma" else None
+    if p.get("KM") and width < rot.head:   # [Note: a rotary gemv over a K-major weight]: a block takes both halves' columns
+        return None if rot.head % width == 0 and width % 4 == 0 else (
+            f"{width} columns a block are not two even runs of matching columns of a head of {rot.head}")
     if width is None:
         return f"{p['unit']} threads do not hold both halves of a head of {rot.head}"
     if width % rot.head:

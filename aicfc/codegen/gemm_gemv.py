@@ -43,16 +43,41 @@ K-major ([N, K], relayout_weights.GEMV_RULE), a column's k-rows are contiguous: 
 (SPLITK = 1, KM = 1), warp w adds part w % KS of the k-rows of columns w / KS + j·(WARPS / KS), a lane U 16-byte
 vectors a step with the next step loading (the weight's first step before the dependent-launch wait, as PRE
 does), the lanes' sums by shuffles and the parts in order through shared memory (the same bits every run),
-then the same epilogue from shared memory (residual, gate pairs, row scale). Rotary epilogues need whole heads
-in a block (64 columns: few blocks), and 2-8 rows the tensor-core steps, so those weights stay [K, N].
+then the same epilogue from shared memory (residual, gate pairs, row scale, rotary: [Note: a rotary gemv over a
+K-major weight]). 2-8 rows take the tensor-core steps, so their weights stay [K, N].
 Measured on an H200 (session 47): a chain of twelve K-major gemvs (benchmarks/gemv_layout/kmajor.cu, BN 2 over
 4 warps, U 4) ran 6.07 us a gemv against aicf's [K, N] plan of the same chain, 7.20 (both graph-replayed, PDL);
 in the 1 B Llama's 4-layer decode plan every one-row gemv K-major ran 197.8 us against 179.2 (the gate/up and LM
 head picks held too few bytes in flight and lost their L2 fill's head), the cost-chosen O and down projections
 176.7 against 182.7, the down projections alone 174.2 (1.048x; the down 5.57 us alone against 8.00 over [K, N]).
-So relayout_weights chooses it by the planner's prediction and keeps the gemv after the decode attention [K, N]
-(its blocks take the L2 fill, passes/l2_fill.py, which reads [K, N] rows). The K-major unit's predictions run
-high (measured/predicted 0.73-0.77 for the down and O projections alone): not refitted this session.
+So relayout_weights chooses it by the planner's prediction. Session 48 (an H200, benchmarks/decode_ab.py, the
+4-layer plan, alternating rounds in one process; benchmarks/results/gemv_kmajor_session48_h200.txt): the rotary
+QKV K-major too and the O projection after the decode attention K-major with the L2 fill as one bulk request a
+run of its columns (PF = 1 here: a block's columns are contiguous rows of [N, K]) replayed 170.1 us against 173.1
+(1.018x; the O's fill alone 0.7 us of it), then MB ([Note: the K-major gemv's register budget]) 164.5 against
+173.2 (1.053x). The gate/up pairs stay [K, N] (session 47: 17.7 us K-major against 12.6). The K-major unit's
+predictions are not refitted: alone they ran 0.59-1.02 of the prediction before MB, and MB's kernels have
+not been profiled alone.
+
+[Note: a rotary gemv over a K-major weight]
+A rotary epilogue needs each column's partner half a head away (passes/rotary_epilogue.py); the [K, N] gemv gets it by
+tiles of whole heads (BN a multiple of the head). Over a K-major weight a block's columns need not be contiguous:
+where BN is under the head (BN | head, BN/2 even), block b takes RH = BN/2 columns of one head's first half and
+the same RH of its second (head b / (head/BN), offset (b mod head/BN)·RH), so tile column j is weight column
+hb + j mod RH + (j / RH)·head/2 and its partner is j ± RH in shared memory; `rb`, `rc` (the names
+`gemm.epilogue_value` reads) come from the column itself. Paired stores keep (c, c + 1) in one half (RH even).
+The 1 B Llama's QKV (3072 columns) then takes 768 blocks of 4 columns where blocks of whole heads would be 48:
+alone 3.0-3.5 us against 4.1 over [K, N] (session 48's profile).
+
+[Note: the K-major gemv's register budget]
+ptxas schedules a K-major gemv for the occupancy its launch bounds allow: with `__launch_bounds__(threads)` alone it
+held 32-45 registers and issued each weight vector one vector's adds before its use (SASS: the first step's loads,
+then one load between every 8 FMAs), so a lane kept about U + 1 vectors in flight where the template asks for two
+steps (2U); the grid never reaches that occupancy (the down projection's 1024 blocks of 128 threads are 8 an SM).
+MB, the blocks the grid puts on its busiest SM (`km_blocks_per_sm`), goes into the launch bounds as their minimum
+where it leaves a thread 64 registers or more: ptxas then keeps more of the next step's loads issued ahead (the down
+projection's pick: 5 vectors ahead at 64 registers, 2 at 40). Measured (session 48, the 4-layer plan, 7 alternating
+rounds): 164.5 us against 173.2 without MB (`AICF_GEMV_MINB=0`, an A/B's switch), the same plan's schedules.
 
 [Note: splits pushed to rank 0]
 With CL = 1 the SPLITK blocks of a column tile are one cluster and rank 0 adds their sums in rank
@@ -178,6 +203,7 @@ memory <= SMEM_MAX, each split at least one step of k-rows; TC = 1 adds TC_SPACE
 from __future__ import annotations
 
 import math
+import os
 from typing import Mapping
 
 from aicfc.codegen import pdl
@@ -225,6 +251,8 @@ def row_scale_fits(p: Mapping, kk: int) -> str | None:
 # [Note: the gemv over a K-major weight]: columns a block, k-parts a column (over the warps), vectors a lane a step
 KM_SPACE = {"BN": (2, 4, 8, 16, 32, 64), "WARPS": (4, 8), "KS": (1, 2, 4, 8), "U": (2, 4)}
 KM_MAX_STEPS = 32  # a warp's steps (columns x steps a column), unrolled in the template
+KM_MB_REGS = 64    # registers a thread must keep for MB to be given ([Note: the K-major gemv's register budget])
+PF_CHUNK = 64 * 1024   # bytes a bulk L2 request of a K-major block's slice ([Note: L2 fill]: PF = 1)
 TC_SPACE = {"BN": (64, 128, 256), "U": (1, 2, 4)}   # the tensor-core steps' own (WARPS, SPLITK, CL as SPACE)
 
 
@@ -334,12 +362,12 @@ def k_major(k: Kernel, types: Mapping[str, TensorType]) -> bool:
     return flat_offset(c.b.index, types[c.b.buffer]).coeff("r0") == 1
 
 
-def space(m: int, n: int, kk: int, early: bool = False, km: bool = False) -> list[dict]:
+def space(m: int, n: int, kk: int, early: bool = False, km: bool = False, sm_count: int = 0) -> list[dict]:
     """`m`: every row, the batch variables' included (BM: all of them); `early`: the weight is a
     constant of the plan, so its first bytes are requested before the dependent-launch wait
     (PRE = 1, [Note: gemv weights before the wait]); `km`: the weight is K-major (`km_space`)."""
     if km:
-        return km_space(n, kk, early)
+        return km_space(n, kk, early, sm_count)
     out = []
     for bn in SPACE["BN"]:
         seg = lanes(bn)[2]
@@ -356,9 +384,20 @@ def space(m: int, n: int, kk: int, early: bool = False, km: bool = False) -> lis
     return out
 
 
-def km_space(n: int, kk: int, early: bool) -> list[dict]:
+def km_blocks_per_sm(n: int, p: Mapping, sm_count: int) -> int:
+    """MB ([Note: the K-major gemv's register budget]): the blocks the grid puts on its busiest SM, given to ptxas as
+    the launch bounds' minimum where it leaves a thread at least KM_MB_REGS registers; 0 (no hint) otherwise, or
+    where AICF_GEMV_MINB=0 (an A/B's switch)."""
+    if not sm_count or os.environ.get("AICF_GEMV_MINB", "1") == "0":
+        return 0
+    mb = -(-(-(-n // p["BN"])) // sm_count)
+    return mb if mb * threads(p) * KM_MB_REGS <= 65536 and mb * threads(p) <= 2048 else 0
+
+
+def km_space(n: int, kk: int, early: bool, sm_count: int = 0) -> list[dict]:
     """[Note: the gemv over a K-major weight]: one row, BN columns a block over WARPS warps, each column's k-rows in
-    KS parts (KS divides WARPS, and BN is whole columns for every warp), at most KM_MAX_STEPS steps a warp."""
+    KS parts (KS divides WARPS, and BN is whole columns for every warp), at most KM_MAX_STEPS steps a warp; MB the
+    launch bounds' blocks an SM (`km_blocks_per_sm`)."""
     out = []
     for bn in KM_SPACE["BN"]:
         for warps in KM_SPACE["WARPS"]:
@@ -371,8 +410,15 @@ def km_space(n: int, kk: int, early: bool) -> list[dict]:
                     cpw, _, spc = km_steps(p, kk)
                     if cpw * spc > KM_MAX_STEPS or (bn > n and bn > 2):
                         continue
-                    out.append(p | ({"PRE": 1} if early else {}))
+                    mb = km_blocks_per_sm(n, p, sm_count)
+                    out.append(p | ({"PRE": 1} if early else {}) | ({"MB": mb} if mb else {}))
     return out
+
+
+def rotary_half_block(p: Mapping, head: int | None) -> int:
+    """RH: the columns a K-major block takes from each half of a rotary head where BN is under the head
+    ([Note: a rotary gemv over a K-major weight]); 0 where its columns are contiguous."""
+    return p["BN"] // 2 if p.get("KM") and head and p["BN"] < head else 0
 
 
 def _splits(tile: dict, kk: int, early: bool) -> list[dict]:
@@ -455,4 +501,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   PRE=p.get("PRE", 0), PF=p.get("PF", 0), LINES=-(-p["BN"] * ITEMSIZE[types[c.b.buffer].dtype] // 128),
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
+                  RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0),
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

@@ -20,6 +20,9 @@ gate/up's blocks start on rows already in L2.
 Where: a gemv with PRE = 1 (its blocks land early) after a kernel, not a gemv (a gemv streams through its body),
 whose own bytes at the stream's rate take under IDLE_SHARE of its predicted body (less its launch), and whose idle
 rest moves at least the gemv's slice (else the slice would stay in L2 only in part: the LM head's 125 MB after the final norm).
+A gemv over a K-major weight ([Note: the gemv over a K-major weight]) fills its own slice too: its block's columns
+are one or two contiguous runs of [N, K] rows, each one bulk request (session 48: the O projection so, 0.7 us of the
+4-layer plan over the same plan with the O [K, N] and its fill).
 The head: `gemv_fill_head_bytes` of cost_gemv's constants (4 MiB), whole rows past the first step, evenly over the
 next gemv's k-splits (past one norm kept apart, as at B8), where that gemv's weight is a constant laid out [K, N]. It is a fitted amount, not the
 window's: the decode attention's prediction in the chain is 1.4x short (session 45), so its predicted
@@ -53,7 +56,7 @@ off; `--pin fill=MB` sets the head, `--pin fillshare=F` the idle share (A/Bs' kn
 """
 from __future__ import annotations
 
-from aicfc.codegen import gemm_gemv
+from aicfc.codegen import gemm, gemm_gemv
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan, Prefetch
@@ -108,8 +111,8 @@ def why_not(plan: Plan, i: int, hw: Profile, share: float = IDLE_SHARE) -> str |
         return "its blocks do not start before the wait (PRE = 0)"
     if i == 0:
         return "the plan's first kernel"
-    if _weight_rows(k, plan) is None:
-        return "its weight is not a [K, N] constant"
+    if _weight_rows(k, plan) is None and not (p.get("KM") and gemm.dims(k)[0].b.buffer in {w.name for w in plan.weights}):
+        return "its weight is not a constant laid out [K, N] or [N, K]"
     idle = _idle_us(plan.kernels[i - 1], hw, share)
     if idle <= 0.0:
         return f"{plan.kernels[i - 1].name} streams its own bytes (the DRAM is busy)"

@@ -13,7 +13,8 @@ and their weights keep the layout ONNX gave.
 
 GEMV_RULE: a one-row fp16/bf16 gemv (a decode step's projection) reads its weight K-major where the planner
 predicts its best schedule faster so ([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py: no
-split-k merge across blocks); a bundle's plans share one copy of the weights, so compile_plans decides it for
+split-k merge across blocks; rotary epilogues included, [Note: a rotary gemv over a K-major weight]; not the
+gated gate/up pairs, measured slower); a bundle's plans share one copy of the weights, so compile_plans decides it for
 all of them ([Note: one layout for a bundle's plans] in driver.py) and every plan, the prefill's GEMMs included
 (wgmma and mma read either layout), reads the weight so. `--pin kmajor=0` keeps every weight [K, N].
 
@@ -85,16 +86,15 @@ def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight], types: Mapping[st
 def gemv_candidates(plan: Plan) -> tuple[set[str], set[str]]:
     """([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py) the constant [K, N] weights a one-row
     fp16/bf16 gemv of this plan could read K-major, and those a gemv needs [K, N]: one of 2-8 rows (its
-    tensor-core steps read rows of columns), one with a rotary epilogue (whole heads a block: 64 columns of a
-    K-major weight are a few blocks), or one right after the decode attention, whose blocks take the L2 fill
-    there ([Note: L2 fill] in passes/l2_fill.py reads [K, N] rows; session 47: the O projections K-major too ran
-    the 4-layer plan 176.7 us, 174.2 without them)."""
+    tensor-core steps read rows of columns). A gated (SwiGLU) gemv's weight is not offered: over K-major weights its
+    interleaved gate/up pairs ran 17.7 us against 12.6 (the 1 B Llama's, session 47), where the K-major unit's
+    terms predict it faster."""
     maybe: set[str] = set()
     keep: set[str] = set()
     if plan.precision not in ("fp16", "bf16"):
         return maybe, keep
     weights, types = {w.name for w in plan.weights}, plan.types()
-    for i, k in enumerate(plan.kernels):
+    for k in plan.kernels:
         if k.family != "gemm":
             continue
         c, m, n, kk, batch = gemm.dims(k)
@@ -107,8 +107,9 @@ def gemv_candidates(plan: Plan) -> tuple[set[str], set[str]]:
             continue
         a = flat_offset(c.a.index, types[c.a.buffer])
         fits = kk % gemm_gemv.VEC == 0 and a.coeff("r0") == 1 and a.const % gemm_gemv.VEC == 0
-        after_attention = i > 0 and plan.kernels[i - 1].family == "attention"
-        (maybe if rows == 1 and gemm.rotary(k) is None and fits and not after_attention else keep).add(c.b.buffer)
+        if rows == 1 and gemm.gated(k):
+            continue   # the gate/up pairs: K-major measured 17.7 us against 12.6 [K, N] (session 47), which its terms miss
+        (maybe if rows == 1 and fits else keep).add(c.b.buffer)
     return maybe - keep, keep
 
 
@@ -178,8 +179,8 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
     unknown = sorted(gemv - set(weights))
     if unknown:
         raise AicfError(f"--pin {GEMV_PIN}={choice}: no weight named {unknown[0]!r}; give 0, 1 or weight names joined by +")
-    refused = [Rewrite(GEMV_RULE, name, False, "a gemv of this plan needs it [K, N] (2-8 rows, a rotary epilogue, or "
-                       "right after the decode attention)") for name in sorted(gemv & keep)]
+    refused = [Rewrite(GEMV_RULE, name, False, "a gemv of this plan needs it [K, N] (2-8 rows: tensor-core "
+                       "steps)") for name in sorted(gemv & keep)]
     for name in sorted(gemv - keep):
         if name not in wanted and len(weights[name].type.shape) == 2:
             why = (f"a one-row gemv then adds each column's k-rows in one block, no split-k merge: predicted "
