@@ -54,7 +54,7 @@ So relayout_weights chooses it by the planner's prediction. Session 48 (an H200,
 4-layer plan, alternating rounds in one process; benchmarks/results/gemv_kmajor_session48_h200.txt): the rotary
 QKV K-major too and the O projection after the decode attention K-major with the L2 fill as one bulk request a
 run of its columns (PF = 1 here: a block's columns are contiguous rows of [N, K]) replayed 170.1 us against 173.1
-(1.018x; the O's fill alone 0.7 us of it), then MB ([Note: the K-major gemv's register budget]) 164.5 against
+(1.017x; the O's fill 0.7 us of it), then MB ([Note: the K-major gemv's register budget]) 164.5 against
 173.2 (1.053x). The gate/up pairs stay [K, N] (session 47: 17.7 us K-major against 12.6). The K-major unit's
 predictions are not refitted: alone they ran 0.59-1.02 of the prediction before MB, and MB's kernels have
 not been profiled alone.
