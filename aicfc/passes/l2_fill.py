@@ -90,6 +90,11 @@ def _weight_rows(k: Kernel, plan: Plan) -> tuple[str, int, int] | None:
     return c.b.buffer, n * ITEMSIZE[t.dtype], kk
 
 
+def _k_major_constant(k: Kernel, plan: Plan) -> bool:
+    """Whether gemv `k` reads a plan constant K-major (KM = 1): its blocks' slices are contiguous runs of [N, K] rows."""
+    return bool(_gemv(k).get("KM")) and gemm.dims(k)[0].b.buffer in {w.name for w in plan.weights}
+
+
 def _idle_us(k: Kernel, hw: Profile, share: float = IDLE_SHARE) -> float:
     """How long kernel `k` leaves the DRAM idle: its predicted body (less the launch) less its own
     bytes at the gemv stream's rate; none for a gemv, which streams its weight through its body (what its
@@ -111,7 +116,7 @@ def why_not(plan: Plan, i: int, hw: Profile, share: float = IDLE_SHARE) -> str |
         return "its blocks do not start before the wait (PRE = 0)"
     if i == 0:
         return "the plan's first kernel"
-    if _weight_rows(k, plan) is None and not (p.get("KM") and gemm.dims(k)[0].b.buffer in {w.name for w in plan.weights}):
+    if _weight_rows(k, plan) is None and not _k_major_constant(k, plan):
         return "its weight is not a constant laid out [K, N] or [N, K]"
     idle = _idle_us(plan.kernels[i - 1], hw, share)
     if idle <= 0.0:
