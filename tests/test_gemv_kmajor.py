@@ -16,12 +16,9 @@ from aicfc.codegen import gemm, gemm_gemv
 from aicfc.driver import compile_plans
 from aicfc.passes.relayout_weights import GEMV_RULE
 from tests.test_gemv import _run_against_numpy, rows_model
-from benchmarks.decoder_graph import DecoderConfig
-from tests.test_row_scale import decode_shapes, decoder
+from tests.test_l2_fill import wide
+from tests.test_row_scale import decode_shapes
 from tests.test_state import plan_of
-
-
-WIDE = DecoderConfig(2048, 1, 32, 8, 2816, 1000, 64)   # the 1 B Llama's widths: its K-major picks
 
 
 def _gemm(plan):
@@ -56,7 +53,7 @@ def test_the_decode_step_reads_its_rotary_and_filled_projections_k_major():
     halves of its heads in each block) and so does the O projection after the decode attention, whose blocks take
     the L2 fill as one bulk request a run of their columns."""
     from aicfc.passes.l2_fill import RULE as FILL
-    plan = plan_of(decoder(cfg=WIDE), decode_shapes(1), "fp16")
+    plan = plan_of(wide(), decode_shapes(1), "fp16")   # the 1 B Llama's widths: its K-major picks
     rotary = filled = 0
     for i, k in enumerate(plan.kernels):
         if k.family != "gemm":

@@ -143,7 +143,6 @@ def test_gpu_decode_step_with_fills_matches_onnxruntime(batch, precision, fill, 
     check_decode_step(run_payload(payload, inputs, gpu_device), ref, precision, WIDE)
 
 
-
 def test_share_pin_sets_the_idle_share():
     """`--pin fillshare=F`: the share of its body under which a kernel's own bytes leave the DRAM idle; a share so
     small that no kernel qualifies declines the rule everywhere, and a share outside (0, 1] is refused."""

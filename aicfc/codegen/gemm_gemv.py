@@ -390,7 +390,7 @@ def km_blocks_per_sm(n: int, p: Mapping, sm_count: int) -> int:
     where AICF_GEMV_MINB=0 (an A/B's switch)."""
     if not sm_count or os.environ.get("AICF_GEMV_MINB", "1") == "0":
         return 0
-    mb = -(-(-(-n // p["BN"])) // sm_count)
+    mb = math.ceil(math.ceil(n / p["BN"]) / sm_count)
     return mb if mb * threads(p) * KM_MB_REGS <= 65536 and mb * threads(p) <= 2048 else 0
 
 
