@@ -169,12 +169,15 @@ def test_k_major_rotary_gemv_matches_numpy(pin, precision, gpu_device):
 def test_mb_is_the_grids_blocks_on_the_busiest_sm(monkeypatch):
     """[Note: the K-major gemv's register budget]: MB = ceil(ceil(N / BN) / SMs) goes into the launch bounds where a
     thread keeps 64 registers; none where it would not, and none under AICF_GEMV_MINB=0 (an A/B's switch)."""
+    from aicfc.planner.hardware import load_profile
+    hw = load_profile("sm_90")
     p = {"BN": 2, "WARPS": 4, "KS": 2, "U": 2}
-    assert gemm_gemv.km_blocks_per_sm(2048, p, 132) == 8           # 1024 blocks of 128 threads
-    assert gemm_gemv.km_blocks_per_sm(2048, p | {"BN": 4, "WARPS": 8}, 132) == 4
-    assert gemm_gemv.km_blocks_per_sm(32000, p, 132) == 0          # 122 blocks an SM leave no 64 registers
+    assert gemm_gemv.km_blocks_per_sm(2048, p, hw) == 8           # 1024 blocks of 128 threads
+    assert gemm_gemv.km_blocks_per_sm(2048, p | {"BN": 4, "WARPS": 8}, hw) == 4
+    assert gemm_gemv.km_blocks_per_sm(32000, p, hw) == 0          # 122 blocks an SM leave no 64 registers
+    assert gemm_gemv.km_blocks_per_sm(2048, p, None) == 0
     monkeypatch.setenv("AICF_GEMV_MINB", "0")
-    assert gemm_gemv.km_blocks_per_sm(2048, p, 132) == 0
+    assert gemm_gemv.km_blocks_per_sm(2048, p, hw) == 0
     monkeypatch.delenv("AICF_GEMV_MINB")
     import aicfc
     payload = aicfc.compile(rows_model(1, 5632, 2048, np.random.default_rng(0), residual=True), target="sm_90",

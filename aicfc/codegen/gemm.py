@@ -157,7 +157,7 @@ def space(k: Kernel, plan: Plan) -> list[dict]:
     if gemm_gemv.why_not(k, plan, dtype) is None:
         weights = {w.name for w in plan.weights}
         out += gemm_gemv.space(rows, n, kk, early=dims(k)[0].b.buffer in weights, km=gemm_gemv.k_major(k, plan.types()),
-                               sm_count=hw.sm_count)
+                               hw=hw)
     if gemm_thin.why_not(k, plan, dtype) is None:
         out += gemm_thin.space(rows, n, kk, hw.sm_count)
     if row_scale(k) is not None:   # [Note: a norm's row scale in the gemv]: only the gemv adds the rows' statistic

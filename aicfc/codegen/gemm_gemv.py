@@ -214,6 +214,7 @@ from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE, TensorType
+from aicfc.planner.hardware import Profile
 
 MAX_ROWS = 8
 VEC = 8            # columns of a 16-byte vector of fp16/bf16
@@ -362,12 +363,12 @@ def k_major(k: Kernel, types: Mapping[str, TensorType]) -> bool:
     return flat_offset(c.b.index, types[c.b.buffer]).coeff("r0") == 1
 
 
-def space(m: int, n: int, kk: int, early: bool = False, km: bool = False, sm_count: int = 0) -> list[dict]:
+def space(m: int, n: int, kk: int, early: bool = False, km: bool = False, hw: Profile | None = None) -> list[dict]:
     """`m`: every row, the batch variables' included (BM: all of them); `early`: the weight is a
     constant of the plan, so its first bytes are requested before the dependent-launch wait
-    (PRE = 1, [Note: gemv weights before the wait]); `km`: the weight is K-major (`km_space`)."""
+    (PRE = 1, [Note: gemv weights before the wait]); `km`: the weight is K-major (`km_space`, on `hw`'s SMs)."""
     if km:
-        return km_space(n, kk, early, sm_count)
+        return km_space(n, kk, early, hw)
     out = []
     for bn in SPACE["BN"]:
         seg = lanes(bn)[2]
@@ -384,17 +385,18 @@ def space(m: int, n: int, kk: int, early: bool = False, km: bool = False, sm_cou
     return out
 
 
-def km_blocks_per_sm(n: int, p: Mapping, sm_count: int) -> int:
+def km_blocks_per_sm(n: int, p: Mapping, hw: Profile | None) -> int:
     """MB ([Note: the K-major gemv's register budget]): the blocks the grid puts on its busiest SM, given to ptxas as
-    the launch bounds' minimum where it leaves a thread at least KM_MB_REGS registers; 0 (no hint) otherwise, or
-    where AICF_GEMV_MINB=0 (an A/B's switch)."""
-    if not sm_count or os.environ.get("AICF_GEMV_MINB", "1") == "0":
+    the launch bounds' minimum where `hw`'s SM holds that many blocks with KM_MB_REGS registers a thread; 0 (no hint)
+    otherwise, without a profile, or where AICF_GEMV_MINB=0 (an A/B's switch)."""
+    if hw is None or os.environ.get("AICF_GEMV_MINB", "1") == "0":
         return 0
-    mb = math.ceil(math.ceil(n / p["BN"]) / sm_count)
-    return mb if mb * threads(p) * KM_MB_REGS <= 65536 and mb * threads(p) <= 2048 else 0
+    mb = math.ceil(math.ceil(n / p["BN"]) / hw.sm_count)
+    fits = mb * threads(p) * KM_MB_REGS <= hw.registers_per_sm and mb * threads(p) <= hw.max_threads_per_sm
+    return mb if fits else 0
 
 
-def km_space(n: int, kk: int, early: bool, sm_count: int = 0) -> list[dict]:
+def km_space(n: int, kk: int, early: bool, hw: Profile | None = None) -> list[dict]:
     """[Note: the gemv over a K-major weight]: one row, BN columns a block over WARPS warps, each column's k-rows in
     KS parts (KS divides WARPS, and BN is whole columns for every warp), at most KM_MAX_STEPS steps a warp; MB the
     launch bounds' blocks an SM (`km_blocks_per_sm`)."""
@@ -410,7 +412,7 @@ def km_space(n: int, kk: int, early: bool, sm_count: int = 0) -> list[dict]:
                     cpw, _, spc = km_steps(p, kk)
                     if cpw * spc > KM_MAX_STEPS or (bn > n and bn > 2):
                         continue
-                    mb = km_blocks_per_sm(n, p, sm_count)
+                    mb = km_blocks_per_sm(n, p, hw)
                     out.append(p | ({"PRE": 1} if early else {}) | ({"MB": mb} if mb else {}))
     return out
 
