@@ -31,6 +31,7 @@ from aicfc.passes.inline_producers import inline_producers
 from aicfc.passes.interleave_gates import interleave_gates
 from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
+from aicfc.passes.attention_room import attention_room
 from aicfc.passes.early_epilogue import early_epilogue
 from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.fold_cache_writes import fold_cache_writes
@@ -96,6 +97,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
     Stage("l2_fill", "decision", "decision", lambda p, o: l2_fill(p, o.profile, dict(o.pin))),
+    Stage("attention_room", "decision", "decision", lambda p, o: attention_room(p, o.profile, dict(o.pin))),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
@@ -144,6 +146,9 @@ assert _ORDER.index("plan_schedules") < _ORDER.index("fold_cache_writes") < _ORD
 assert _ORDER.index("fold_cache_writes") < _ORDER.index("early_epilogue") < _ORDER.index("plan_memory")
 # l2_fill reads the final kernel order and the gemvs' PRE (fold_cache_writes, early_epilogue re-cost them).
 assert _ORDER.index("early_epilogue") < _ORDER.index("l2_fill")
+# attention_room reads the final kernel order and the attentions' PRE (fold_cache_writes sets it), after l2_fill,
+# which re-costs the gemvs it fills (each pass keeps the other's parameters).
+assert _ORDER.index("l2_fill") < _ORDER.index("attention_room") < _ORDER.index("plan_memory")
 # pool_epilogue merges a convolution whose layout (channels_last) and stem rows (unfold_taps) are decided,
 # before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
 assert (_ORDER.index("channels_last") < _ORDER.index("unfold_taps") < _ORDER.index("pool_epilogue")

@@ -335,7 +335,9 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     from aicfc.passes.early_epilogue import PIN as EPRE_PIN
     from aicfc.passes.l2_fill import PIN as FILL_PIN, SHARE_PIN
     from aicfc.passes.relayout_weights import GEMV_PIN
-    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN, FILL_PIN, SHARE_PIN, GEMV_PIN)
+    from aicfc.passes.attention_room import PIN as ROOM_PIN
+    passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN, FILL_PIN, SHARE_PIN, GEMV_PIN,
+              ROOM_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():
