@@ -83,6 +83,27 @@ def test_too_few_registers_left_is_declined():
     assert changes is None and f"under {MIN_REGS}" in why
 
 
+def test_a_raised_bound_that_spills_is_declined():
+    """The gemv is built under the raised bound before the rule keeps it: where ptxas spills there (a stub check
+    says so) the rule declines with the count, and without a register check it declines, as nothing would tell."""
+    from aicfc.passes.attention_room import attention_room
+    plan = _plan("0")
+    n = len(plan.rewrites)
+    built = []
+
+    def spills(p, problems):
+        built.extend(params for _, params in problems)
+        return [[(64, 48)] for _ in problems]
+    out = attention_room(plan, HW, {}, spills)
+    records = [r for r in out.rewrites[n:] if r.rule == RULE]
+    assert len(records) == WIDE.layers and all(not r.applied and "spills 48 B at 64 registers" in r.reason
+                                               for r in records)
+    assert len(built) == WIDE.layers and all(len(params) == 1 and params[0]["MB"] for params in built)
+    assert out.kernels == plan.kernels
+    off = attention_room(plan, HW, {}, None)
+    assert all(not r.applied and "register check is off" in r.reason for r in off.rewrites[n:] if r.rule == RULE)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rule", ["auto", "0"])
 def test_gpu_decode_step_with_room_matches_onnxruntime(rule, gpu_device):

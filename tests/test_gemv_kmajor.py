@@ -166,6 +166,23 @@ def test_k_major_rotary_gemv_matches_numpy(pin, precision, gpu_device):
     _run_against_numpy(model, {"KM": 1, "kmajor": _weight(model), **pin}, precision, gpu_device, GEMV_RULE)
 
 
+def test_a_schedule_that_spills_under_mb_runs_without_it():
+    """bf16's conversions need more than the 64 registers MB 8 leaves a thread of the 2056-column gemv: ptxas spills
+    under the bound, so the register check builds the same schedule without MB (plan_schedules.check_leaders) rather
+    than rejecting it; fp16 keeps MB 8 at 64 registers."""
+    import aicfc
+    from tests.test_gemv import _rounded_model
+    pin = {"unit": "gemv", "KM": 1, "kmajor": "w", "BN": 2, "WARPS": 4, "KS": 2, "U": 2}
+    for precision, mb in (("bf16", None), ("fp16", 8)):
+        model = _rounded_model(rows_model(1, 5632, 2056, np.random.default_rng(0), True, True), precision)
+        payload = aicfc.compile(model, target="sm_90", precision=precision, pin=pin)
+        (k,) = [k for k in payload["kernels"] if k["family"] == "gemm"]
+        assert k["params"].get("MB") == mb, precision
+        assert (k["registers"] <= 64) == (mb is not None)
+        spilled = [c for c in k["candidates"] if "spills" in c.get("rejected_because", "")]
+        assert bool(spilled) == (mb is None) and all(c["params"]["MB"] == 8 for c in spilled)
+
+
 def test_mb_is_the_grids_blocks_on_the_busiest_sm(monkeypatch):
     """[Note: the K-major gemv's register budget]: MB = ceil(ceil(N / BN) / SMs) goes into the launch bounds where a
     thread keeps 64 registers; none where it would not, and none under AICF_GEMV_MINB=0 (an A/B's switch)."""

@@ -244,6 +244,12 @@ def launch(k: Kernel, p: Mapping) -> tuple[tuple[int, int, int], tuple[int, int,
     return (math.ceil(n / p["BN"]), math.ceil(m / p["BM"]), nb), (threads(p), 1, 1), 0
 
 
+def without_hint(p: Mapping) -> dict | None:
+    """`p` without its launch-bounds hint (the K-major gemv's MB: [Note: the K-major gemv's register budget]), or None
+    where it has none: what plan_schedules.check_leaders builds again when ptxas spills under the hint."""
+    return {k: v for k, v in p.items() if k != "MB"} if p.get("MB") else None
+
+
 def static_smem(k: Kernel, p: Mapping) -> int:
     if p["unit"] == "gemv":   # and a row-scaled gemv's warps' parts of each row's statistic
         return gemm_gemv.static_smem(p) + (4 * p["WARPS"] * p["BM"] if row_scale(k) is not None else 0)

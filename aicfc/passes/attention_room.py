@@ -15,7 +15,9 @@ So the gemv before such an attention gets MB, its launch bounds' minimum blocks 
 ([Note: the K-major gemv's register budget] in codegen/gemm_gemv.py), raised until ptxas's register
 ceiling leaves, beside the gemv's blocks on its busiest SM, the registers of one attention block (at
 the register check's count). Declined where the gemv would keep fewer than MIN_REGS registers a
-thread, or the threads would not fit. `--pin room=0` turns the rule off.
+thread, or the threads would not fit, or ptxas spills under the raised bound (the gemv is built again
+under it: a bf16 gemv's conversions need more registers than an fp16 one's), or the register check is
+off (nothing would tell). `--pin room=0` turns the rule off.
 
 Measured (session 49, an H200, benchmarks/decode_ab.py --layers 4, 7 alternating rounds in one process;
 benchmarks/results/attention_room_session49_h200.txt): 160.3 us against 161.6 with `--pin room=0`, the same
@@ -32,11 +34,15 @@ every kernel of the plan at that carveout 161.8; so no carveout is set.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
 from aicfc.planner.hardware import Profile
+
+if TYPE_CHECKING:
+    from aicfc.passes.plan_schedules import RegisterCheck
 
 RULE = "a gemv before a split attention => the registers of one attention block left free on each SM"
 PIN = "room"       # --pin room=0: off
@@ -86,7 +92,8 @@ def _split_attention(k: Kernel) -> bool:
     return k.family == "attention" and p.get("unit") == "split" and bool(p.get("PRE"))
 
 
-def attention_room(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> Plan:
+def attention_room(plan: Plan, hw: Profile | None = None, pin: dict | None = None,
+                   check: RegisterCheck | None = None) -> Plan:
     value = (pin or {}).get(PIN)
     if value not in (None, "0", "1"):
         raise AicfError(f"--pin {PIN}={value}: expected 0 (off) or 1")
@@ -103,9 +110,15 @@ def attention_room(plan: Plan, hw: Profile | None = None, pin: dict | None = Non
             records.append(Rewrite(RULE, g.name, False, f"--pin {PIN}=0"))
             continue
         changes, why = room(g, a, hw)
+        if changes is not None and check is None:
+            changes, why = None, "the register check is off: whether ptxas spills under the raised bound is unknown"
         if changes is None:
             records.append(Rewrite(RULE, g.name, False, why))
             continue
-        kernels[i - 1] = with_params(g, changes, plan.types(), hw)
+        ((regs, spill),), = check(plan, [(g, [dict(g.schedule.param) | changes])])
+        if spill:
+            records.append(Rewrite(RULE, g.name, False, f"ptxas spills {spill} B at {regs} registers under MB {changes['MB']}"))
+            continue
+        kernels[i - 1] = with_params(g, changes, plan.types(), hw, registers=regs)
         records.append(Rewrite(RULE, g.name, True, why))
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))

@@ -97,7 +97,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
     Stage("l2_fill", "decision", "decision", lambda p, o: l2_fill(p, o.profile, dict(o.pin))),
-    Stage("attention_room", "decision", "decision", lambda p, o: attention_room(p, o.profile, dict(o.pin))),
+    Stage("attention_room", "decision", "decision", lambda p, o: attention_room(p, o.profile, dict(o.pin), o.check)),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 

@@ -78,13 +78,14 @@ def recost(k: Kernel, params: dict[str, Any], grid: tuple[int, int, int], block:
 
 
 def with_params(k: Kernel, changes: dict[str, Any], types: Mapping[str, TensorType], hw: Profile,
-                costed: Kernel | None = None) -> Kernel:
+                costed: Kernel | None = None, registers: int | None = None) -> Kernel:
     """`k` with its schedule's parameters updated by `changes` (a later pass's decision: a read
     before the dependent-launch wait) and its prediction re-costed on the same launch, at ptxas's
-    register count where the leaders were checked; `costed`: the kernel to cost in its place."""
+    register count where the leaders were checked (`registers`: where the caller checked the new
+    parameters themselves); `costed`: the kernel to cost in its place."""
     s, a = k.schedule, costed or k
     p = dict(s.param) | changes
-    checked = dict(s.predicted).get("registers_ptxas")
+    checked = registers or dict(s.predicted).get("registers_ptxas")
     est = recost(a, p, s.grid, s.block, s.smem_bytes, int(checked or estimate_registers(a, p)), types, hw)
     if checked:
         est.terms["registers_ptxas"] = checked
@@ -234,7 +235,12 @@ def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list
     loads and selects beside 128 accumulators), and the first candidate that does not spill
     beats any that does. Where every one checked spills, they stay, at their re-costed times: a
     spilling kernel still runs. One `check` call a round for all the problems, so their builds
-    can run in parallel."""
+    can run in parallel.
+
+    A leader that spills under a launch-bounds hint (the family's `without_hint`: the K-major gemv's
+    MB) is built again in the next round without it: the hint is a register ceiling given to ptxas for
+    more loads in flight, not part of the schedule, and where ptxas needs more registers than it
+    leaves (a bf16 gemv's conversions at 64) the schedule runs better without it than not at all."""
     types = plan.types()
     windows = [[r for r in ranked[:CHECK_MAX] if r.time_us <= ranked[0].time_us * (1 + CHECK_MARGIN)]
                for _, ranked, _ in problems]
@@ -246,18 +252,23 @@ def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list
         if not batch:
             break
         counts = check(plan, [(problems[i][0], [r.params for r in windows[i]]) for i in batch])
+        unhinted: dict[int, list[Ranked]] = {}
         for i, found in zip(batch, counts):
             k = problems[i][0]
+            relax = getattr(FAMILIES[k.family], "without_hint", lambda p: None)
             for r, (regs, spill) in zip(windows[i], found):
                 again = Ranked(r.params, r.grid, r.block, r.dyn_smem,
                                recost(k, r.params, r.grid, r.block, r.dyn_smem, regs, types, hw), regs)
                 again.estimate.terms["registers_ptxas"] = regs
                 results[i].append((again, spill))
-        pending = [i for i in batch if all(spill for _, spill in results[i])]
+                if spill and (plain := relax(r.params)) is not None:
+                    unhinted.setdefault(i, []).append(dataclasses.replace(r, params=plain))
+        pending = sorted({i for i in batch if all(spill for _, spill in results[i])} | set(unhinted))
         for i in pending:
             ranked = problems[i][1]
-            windows[i] = ranked[seen[i]:seen[i] + CHECK_MAX]
-            seen[i] += len(windows[i])
+            more = [] if i in unhinted and not all(spill for _, spill in results[i]) else ranked[seen[i]:seen[i] + CHECK_MAX]
+            windows[i] = unhinted.get(i, []) + more
+            seen[i] += len(more)
     out = []
     for (k, ranked, rejected), found, n in zip(problems, results, seen):
         checked = [r for r, spill in found if not spill]
