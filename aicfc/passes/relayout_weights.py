@@ -88,7 +88,11 @@ def gemv_candidates(plan: Plan) -> tuple[set[str], set[str]]:
     fp16/bf16 gemv of this plan could read K-major, and those a gemv needs [K, N]: one of 2-8 rows (its
     tensor-core steps read rows of columns). A gated (SwiGLU) gemv's weight is not offered: over K-major weights its
     interleaved gate/up pairs ran 17.7 us against 12.6 (the 1 B Llama's, session 47), where the K-major unit's
-    terms predict it faster."""
+    terms predict it faster. With MB ([Note: the K-major gemv's register budget]) they no longer lose, nor clearly
+    gain (session 50, an H200, the 4-layer B1 decode plan with `--pin kmajor=NAMES` adding the gate/up weights, 7
+    alternating rounds; benchmarks/results/decode_session50_h200.txt, call 5): 158.9 us against 159.6 at the
+    planner's K-major pick (BN 16, 4 warps, KS 2, U 2), 158.2 with BN 32, 8 warps, KS 2, U 4 pinned, 165.0 with BN
+    16, KS 1, U 4; too close to hand the choice to terms that were 0.6-1.0 of the measured times."""
     maybe: set[str] = set()
     keep: set[str] = set()
     if plan.precision not in ("fp16", "bf16"):
@@ -108,7 +112,7 @@ def gemv_candidates(plan: Plan) -> tuple[set[str], set[str]]:
         a = flat_offset(c.a.index, types[c.a.buffer])
         fits = kk % gemm_gemv.VEC == 0 and a.coeff("r0") == 1 and a.const % gemm_gemv.VEC == 0
         if rows == 1 and gemm.gated(k):
-            continue   # the gate/up pairs: K-major measured 17.7 us against 12.6 [K, N] (session 47), which its terms miss
+            continue   # the gate/up pairs: K-major 17.7 us against 12.6 [K, N] (session 47); with MB about even (session 50)
         (maybe if rows == 1 and fits else keep).add(c.b.buffer)
     return maybe - keep, keep
 

@@ -67,6 +67,12 @@ Two terms come from plans, not from kernels alone:
   (6.2-6.9 us alone against 8.7-9.1) 208.2. The alone figures are back-to-back launches of one
   kernel, where a weight under the L2's 50 MB may be read partly from L2, which a plan does not
   give it (not measured apart).
+- A miss these terms leave (sessions 48 and 50, an H200, benchmarks/decode_ab.py --layers 4, B1, 7 alternating
+  rounds): the gate/up at BN 128 in clusters of 4 splits (predicted 14.08 us against the pick's 13.53, BN 64 in
+  clusters of 2) replayed the plan 167.6 us against 170.2 (session 48, before MB) and 164.2 against 165.4
+  (session 50, benchmarks/results/decode_session50_h200.txt, call 4): a block then reads 256-byte runs of each
+  weight row where the pick reads 128, which no term sees; splits of 3 (a grid of 2 or 4 blocks on every SM)
+  replayed it 168.0 and 171.6. Not refitted on one plan's A/B.
 Tensor-core steps (TC = 1, [Note: the gemv on tensor cores]) use the same terms with their own
 step bytes and t_fma; gemv_tc_issue (2.0) is not fitted: at 8 rows the products are under a tenth
 of the stream's time, so no ranking depended on it. Measured against these terms (session 27, an
