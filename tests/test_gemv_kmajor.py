@@ -169,11 +169,11 @@ def test_k_major_rotary_gemv_matches_numpy(pin, precision, gpu_device):
 def test_a_schedule_that_spills_under_mb_runs_without_it():
     """bf16's conversions need more than the 64 registers MB 8 leaves a thread of the 2056-column gemv: ptxas spills
     under the bound, so the register check builds the same schedule without MB (plan_schedules.check_leaders) rather
-    than rejecting it; fp16 keeps MB 8 at 64 registers."""
+    than rejecting it; fp16 keeps MB 8 at 64 registers. Pinned with MB 8, bf16 fails in one line naming the spill."""
     import aicfc
     from tests.test_gemv import _rounded_model
     pin = {"unit": "gemv", "KM": 1, "kmajor": "w", "BN": 2, "WARPS": 4, "KS": 2, "U": 2}
-    for precision, mb in (("bf16", None), ("fp16", 8)):
+    for precision, mb in (("fp16", 8), ("bf16", None)):
         model = _rounded_model(rows_model(1, 5632, 2056, np.random.default_rng(0), True, True), precision)
         payload = aicfc.compile(model, target="sm_90", precision=precision, pin=pin)
         (k,) = [k for k in payload["kernels"] if k["family"] == "gemm"]
@@ -181,6 +181,9 @@ def test_a_schedule_that_spills_under_mb_runs_without_it():
         assert (k["registers"] <= 64) == (mb is not None)
         spilled = [c for c in k["candidates"] if "spills" in c.get("rejected_because", "")]
         assert bool(spilled) == (mb is None) and all(c["params"]["MB"] == 8 for c in spilled)
+    from aicfc.errors import AicfError   # the bf16 schedule pinned with MB: the error names the spill
+    with pytest.raises(AicfError, match=r"matches --pin .*MB=8.* \(the one that matches was rejected: spills \d+ B"):
+        aicfc.compile(model, target="sm_90", precision="bf16", pin=pin | {"MB": 8})
 
 
 def test_mb_is_the_grids_blocks_on_the_busiest_sm(monkeypatch):

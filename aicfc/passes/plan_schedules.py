@@ -421,7 +421,11 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
             scope = "".join(f"{n}:" for n in nodes)
             said = " ".join(f"{scope if a in own else ''}{a}={b}" for a, b in pin.items())
             if not pinned:
-                raise AicfError(f"kernel {k.name}: no feasible {k.family} candidate matches --pin {said}")
+                # a matching candidate the constraints or ptxas rejected: its reason is what to change
+                why = next((c.rejected_because for c in rejected if _matches(dict(c.params), pin)), None)
+                raise AicfError(f"kernel {k.name}: no feasible {k.family} candidate matches --pin {said}"
+                                + (f" (the one that matches was rejected: {why})" if why else
+                                   "; `aicfc explain` lists the feasible ones"))
             records.append(Rewrite("--pin " + said, k.name, True,
                                    f"the user restricted the schedule to {len(pinned)} of {len(ranked)} feasible "
                                    f"candidates; the unpinned best was {ranked[0].time_us:.2f} us"))
