@@ -117,7 +117,8 @@ def attention_room(plan: Plan, hw: Profile | None = None, pin: dict | None = Non
             continue
         ((regs, spill),), = check(plan, [(g, [dict(g.schedule.param) | changes])])
         if spill:
-            records.append(Rewrite(RULE, g.name, False, f"ptxas spills {spill} B at {regs} registers under MB {changes['MB']}"))
+            records.append(Rewrite(RULE, g.name, False,
+                                   f"ptxas spills {spill} B at {regs} registers under MB {changes['MB']}"))
             continue
         kernels[i - 1] = with_params(g, changes, plan.types(), hw, registers=regs)
         records.append(Rewrite(RULE, g.name, True, why))

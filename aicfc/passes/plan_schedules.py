@@ -263,10 +263,10 @@ def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list
                 results[i].append((again, spill))
                 if spill and (plain := relax(r.params)) is not None:
                     unhinted.setdefault(i, []).append(dataclasses.replace(r, params=plain))
-        pending = sorted({i for i in batch if all(spill for _, spill in results[i])} | set(unhinted))
+        spilled_all = {i for i in batch if all(spill for _, spill in results[i])}
+        pending = sorted(spilled_all | set(unhinted))
         for i in pending:
-            ranked = problems[i][1]
-            more = [] if i in unhinted and not all(spill for _, spill in results[i]) else ranked[seen[i]:seen[i] + CHECK_MAX]
+            more = problems[i][1][seen[i]:seen[i] + CHECK_MAX] if i in spilled_all else []
             windows[i] = unhinted.get(i, []) + more
             seen[i] += len(more)
     out = []
