@@ -119,9 +119,11 @@ Session 50 (an H200, benchmarks/results/decode_session50_h200.txt): the step's t
 1.5 us after the query is staged (one 128-key tile a block), and the kernel timed alone, its 1.6 MB in L2, at 3.8 us
 against 4.8-5.0 in the chain; so the QKV gemv before it was made to request both caches whole into L2 as its blocks
 land (`cp.async.bulk.prefetch.L2`, thread 0 of each of its 768 blocks a share, before its wait). The 4-layer plan
-replayed 160.0 us against 159.6 without it (7 alternating rounds, the same tokens; compute-sanitizer clean): the
-tile's DRAM latency is not what the chain waits on, and the pass was not kept. The attention at 8 warps (16 keys
-a warp) ran the plan in 188.5 us against 165.4.
+replayed 160.0 us against 159.6 without it (7 alternating rounds, the same tokens; compute-sanitizer clean), and in
+a 2-layer plan's timeline (call 8) the keys were scored 2.56 us after the go with the caches requested and without:
+the tile's DRAM latency is not what the chain waits on, and the pass was not kept. What the 1.5-1.8 us from the
+staged query to the scored keys is (one tile's products, scores, softmax and P·V in 4 warps, about 3000 cycles)
+is the open question. The attention at 8 warps (16 keys a warp) ran the plan in 188.5 us against 165.4.
 
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT
