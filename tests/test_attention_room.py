@@ -60,8 +60,9 @@ def test_the_gemv_before_the_attention_leaves_one_attention_block_its_registers(
 def test_room_pin_turns_the_rule_off_and_a_bad_value_is_one_line():
     records = [r for r in _plan("0").rewrites if r.rule == RULE]
     assert len(records) == WIDE.layers and all(not r.applied and "--pin room=0" in r.reason for r in records)
-    with pytest.raises(AicfError, match="room"):
-        _plan("2")
+    from aicfc.passes.attention_room import attention_room
+    with pytest.raises(AicfError, match="room=2"):
+        attention_room(_plan("0"), HW, {"room": "2"})
 
 
 def test_too_few_registers_left_is_declined():
