@@ -32,8 +32,30 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """Keep the cubin cache of a test run out of the user's home."""
-    os.environ.setdefault("AICF_CACHE_DIR", str(tmp_path_factory.mktemp("aicf-cache")))
+    """Keep the cubin cache of a test run out of the user's home. Under `pytest -n` the workers share
+    one (the folder above each worker's own): a module one worker built is not built again by the
+    others ([Note: cubin cache entry] in aicfc/codegen/nvcc.py: writers rename whole entries)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = base.parent / "aicf-cache"
+        shared.mkdir(exist_ok=True)
+        os.environ.setdefault("AICF_CACHE_DIR", str(shared))
+    else:
+        os.environ.setdefault("AICF_CACHE_DIR", str(tmp_path_factory.mktemp("aicf-cache")))
+
+
+@pytest.fixture(autouse=True)
+def _rankings_of_this_test(request):
+    """A test that patches a module or the environment plans with its own rankings: the planner keeps the
+    latest across compiles of one process ([Note: rankings remembered] in aicfc/passes/plan_schedules.py),
+    which a patched cost term or space must not meet (before and after such a test)."""
+    patched = "monkeypatch" in request.fixturenames
+    if patched:
+        from aicfc.passes.plan_schedules import forget_rankings
+        forget_rankings()
+    yield
+    if patched:   # nor does the next test meet the rankings made under this one's patches
+        forget_rankings()
 
 
 @pytest.fixture

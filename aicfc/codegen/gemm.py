@@ -15,6 +15,7 @@ from __future__ import annotations
 
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Mapping
@@ -23,7 +24,7 @@ from aicfc.codegen import gemm_gemv, gemm_mma, gemm_thin, gemm_wgmma
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition, literal
 from aicfc.codegen.common import CTYPES, decompose, element_offset, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.memo import by_identity
+from aicfc.ir.memo import by_identity, last_by_identity
 from aicfc.ir.lowered import Affine, Compute, Load, indirect_dims, loads
 from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, is_rotary_band, rotary_pairs
 from aicfc.ir.types import ITEMSIZE, TensorType
@@ -62,9 +63,16 @@ def _wavefronts(words: list[list[int]]) -> int:
 def smem_traffic(p: Mapping, a_k_fast: bool, b_k_fast: bool) -> tuple[float, float]:
     """(read, write) shared-memory wavefronts per warp and K step of the SIMT kernel, from the
     template's addressing (the first warp; rows padded by the vector width): the fragment reads
-    of every k (A then B) and the stores of the next step's tiles."""
+    of every k (A then B) and the stores of the next step's tiles. A function of the tile's five
+    sizes and the two layouts alone, so remembered (ranking asks it for every SIMT candidate)."""
+    return _smem_traffic(p["unit"], p["BM"], p["BN"], p["BK"], p["TM"], p["TN"], a_k_fast, b_k_fast)
+
+
+@functools.lru_cache(maxsize=4096)
+def _smem_traffic(unit: str, bm: int, bn: int, bk: int, tm: int, tn: int, a_k_fast: bool,
+                  b_k_fast: bool) -> tuple[float, float]:
+    p = {"unit": unit, "BM": bm, "BN": bn, "BK": bk, "TM": tm, "TN": tn}
     t = threads(p)
-    bm, bn, bk, tm, tn = p["BM"], p["BN"], p["BK"], p["TM"], p["TN"]
     vm, vn = vectors(p)
     lanes = range(min(32, t))
     cols = bn // tn
@@ -506,7 +514,8 @@ def staged_layout(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[A
     return off, dt
 
 
-def extra_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[str]:
+@last_by_identity   # the wgmma terms ask it for every candidate of a kernel in a row
+def extra_reads(k: Kernel, types: Mapping[str, TensorType]) -> tuple[str, ...]:
     """Tensors of (at least half) the output's size the epilogue reads per output element: residuals,
     not bias rows."""
     c, m, n, _, batch = dims(k)
@@ -517,7 +526,7 @@ def extra_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[str]:
         for ld in loads(ops[1].body):
             if ld.buffer != ops[0].out and ld.buffer not in (c.a.buffer, c.b.buffer) and 2 * types[ld.buffer].numel >= size:
                 out.append(ld.buffer)
-    return list(dict.fromkeys(out))
+    return tuple(dict.fromkeys(out))
 
 
 def prefetch_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[tuple[str, Affine]]:

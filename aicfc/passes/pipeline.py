@@ -37,7 +37,7 @@ from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.pool_epilogue import pool_epilogue
-from aicfc.passes.plan_schedules import RegisterCheck, fastest, forget_rankings, plan_schedules
+from aicfc.passes.plan_schedules import RANKED_BETWEEN, RegisterCheck, fastest, forget_rankings, plan_schedules
 from aicfc.passes.read_grouped_heads import read_grouped_heads
 from aicfc.passes.relayout_weights import relayout_weights
 from aicfc.passes.unfold_taps import unfold_taps
@@ -255,7 +255,7 @@ def run_pipeline(graph: Graph, options: Options, dump_dir: str | Path | None = N
     try:
         return _run_pipeline(graph, options, dump_dir, verify, on_stage)
     finally:
-        forget_rankings()   # [Note: rankings remembered] in passes/plan_schedules.py
+        forget_rankings(RANKED_BETWEEN)   # [Note: rankings remembered] in passes/plan_schedules.py
 
 
 def _run_pipeline(graph: Graph, options: Options, dump_dir: str | Path | None, verify: bool,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -113,15 +114,24 @@ OPT_IN = {"STREAM": "stream-k runs only under --pin STREAM=1: on an H200 it meas
 # 20.5 s of CPU with its projections decided, against 50.6 s ranking every time, the same schedules. A ranking
 # holds every candidate (about 1.6 thousand a kernel there, 190 MB for its 96 kernels), so run_pipeline forgets
 # them when it is done, and at most RANKED_KEEP are kept meanwhile.
+# Since session 51 run_pipeline keeps the RANKED_BETWEEN latest instead of none: a process that plans the same
+# model again (a bundle's plans share most kernels; an A/B of pins; the test suite, which compiles one decoder
+# dozens of times) ranks each kernel once. The key then also holds what a ranking reads outside its arguments,
+# the environment's switches of the gemv terms and space (RANK_ENV).
 RANKED_KEEP = 256
+RANKED_BETWEEN = 64
+RANK_ENV = ("AICF_GEMV_CONSTANTS", "AICF_GEMV_MINB")
 _ranked: OrderedDict[Hashable, tuple[tuple[Ranked, ...], tuple[Candidate, ...]]] = OrderedDict()
 _profiles: dict[int, tuple[Profile, str]] = {}   # id -> (the profile, its data as text): passes load their own copies
 
 
-def forget_rankings() -> None:
-    """Drop the remembered rankings ([Note: rankings remembered]): run_pipeline does at its end."""
-    _ranked.clear()
-    _profiles.clear()
+def forget_rankings(keep: int = 0) -> None:
+    """Drop the remembered rankings but the `keep` latest ([Note: rankings remembered]): run_pipeline
+    keeps RANKED_BETWEEN at its end."""
+    while len(_ranked) > keep:
+        _ranked.popitem(last=False)
+    if not keep or len(_profiles) > RANKED_BETWEEN:   # each run loads its own profile: its text is in the keys
+        _profiles.clear()
 
 
 def _profile_key(hw: Profile) -> str:
@@ -144,7 +154,7 @@ def _rank_key(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str]) -> Has
     weights = {w.name for w in plan.weights}
     return (dataclasses.replace(k, name="", schedule=None, inplace=(), rewrites=()),
             tuple(sorted((b, types.get(b)) for b in touched)), frozenset(touched & weights),
-            plan.target, plan.precision, _profile_key(hw), pinned)
+            plan.target, plan.precision, _profile_key(hw), pinned, tuple(os.environ.get(v) for v in RANK_ENV))
 
 
 def rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str] = frozenset()) -> tuple[list[Ranked], list[Candidate]]:

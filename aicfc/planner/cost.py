@@ -51,7 +51,7 @@ from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.codegen.common import element_offset
 from aicfc.ir.decision import Kernel
 from aicfc.ir.lowered import Affine, Call, Const, Expr, Load, count_ops, index_vars, indirect_dims, loads
-from aicfc.ir.memo import last_by_identity
+from aicfc.ir.memo import by_identity, last_by_identity
 from aicfc.ir.properties import Contraction
 from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import Profile, blocks_per_sm, l2_share_gbs
@@ -195,9 +195,14 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
     return sum(reads.values()) + sum(types[s].nbytes for s in k.stores)
 
 
+@by_identity   # asked for every candidate of a kernel
+def _kernel_ops(k: Kernel) -> int:
+    return sum(count_ops(op.body) for op in k.ops)
+
+
 def estimate_registers(k: Kernel, p: Mapping) -> int:
     """A planning-time register estimate (explain labels it as one)."""
-    ops = sum(count_ops(op.body) for op in k.ops)
+    ops = _kernel_ops(k)
     if k.family == "conv" and p["unit"] == "taps":   # 32 accumulators, a tap's fragments, the epilogue's pairs: ptxas
         return 128                                   # fits them in the 128 of 512 threads (setmaxnreg moves more)
     if k.family == "conv" and p["unit"] == "band":   # accumulators, a tap's A fragments, the rows' addressing

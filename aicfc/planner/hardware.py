@@ -1,6 +1,7 @@
 """Hardware profiles: data files in `aicfc/profiles/`, one per target, never code branches."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -21,7 +22,16 @@ MAX_PROFILE_BYTES = 1 << 20   # a profile is a few kB; a larger file is not one
 class Profile:
     data: dict[str, Any]
 
+    def __post_init__(self) -> None:
+        # Each entry also as an attribute of the instance: the planner reads a few of them millions of times a
+        # compile, and a plain attribute skips __getattr__. A profile's data is never changed after it is made.
+        for key, value in self.data.items():
+            if key.isidentifier() and not hasattr(type(self), key):
+                object.__setattr__(self, key, value)
+
     def __getattr__(self, key: str) -> Any:
+        if key == "data":   # not set yet (copy and pickle make the instance before its fields)
+            raise AttributeError(key)
         try:
             return self.data[key]
         except KeyError:
@@ -175,13 +185,20 @@ def l2_share_gbs(hw: Profile, active: int) -> float:
 
 def blocks_per_sm(threads: int, smem: int, regs: int, hw: Profile) -> tuple[int, str]:
     """Resident blocks per SM and the resource that limits it."""
+    return _blocks_per_sm(threads, smem, regs, hw.max_threads_per_sm, hw.max_blocks_per_sm, hw.registers_per_sm,
+                          hw.smem_per_sm)
+
+
+@functools.lru_cache(maxsize=1 << 14)   # asked for every candidate the planner ranks, twice
+def _blocks_per_sm(threads: int, smem: int, regs: int, max_threads_per_sm: int, max_blocks_per_sm: int,
+                   registers_per_sm: int, smem_per_sm: int) -> tuple[int, str]:
     warps = math.ceil(threads / 32)
     regs_per_block = math.ceil(warps * 32 * max(regs, 1) / 256) * 256   # allocation granularity
     limits = {
-        "threads": hw.max_threads_per_sm // (warps * 32),
-        "blocks": hw.max_blocks_per_sm,
-        "registers": hw.registers_per_sm // regs_per_block,
-        "shared memory": hw.smem_per_sm // smem if smem else hw.max_blocks_per_sm,
+        "threads": max_threads_per_sm // (warps * 32),
+        "blocks": max_blocks_per_sm,
+        "registers": registers_per_sm // regs_per_block,
+        "shared memory": smem_per_sm // smem if smem else max_blocks_per_sm,
     }
     which = min(limits, key=lambda k: limits[k])
     return limits[which], which
