@@ -35,7 +35,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 from aicfc.codegen import FAMILIES
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Candidate, Kernel, Plan, Schedule
-from aicfc.ir.lowered import Indirect, Load, Rewrite, loads, map_loads
+from aicfc.ir.lowered import Indirect, Load, Rewrite, map_loads
 from aicfc.ir.types import TensorType
 from aicfc.planner.cost import Estimate, cost, estimate_registers
 from aicfc.planner.hardware import Profile, blocks_per_sm
@@ -117,7 +117,11 @@ OPT_IN = {"STREAM": "stream-k runs only under --pin STREAM=1: on an H200 it meas
 # Since session 51 run_pipeline keeps the RANKED_BETWEEN latest instead of none: a process that plans the same
 # model again (a bundle's plans share most kernels; an A/B of pins; the test suite, which compiles one decoder
 # dozens of times) ranks each kernel once. The key then also holds what a ranking reads outside its arguments,
-# the environment's switches of the gemv terms and space (RANK_ENV).
+# the environment's switches of the gemv terms and space (RANK_ENV). And the kernel's tensors are named by their
+# order of appearance, its ops' ONNX origins and its prefetch reasons dropped: a ranking reads a tensor only
+# through its type and whether it is a weight (both in the key), so the layers of a model, equal but for their
+# names, are ranked once. Checked by recomputing every remembered answer (session 51): 73 hits over two decoders,
+# Llama, GPT-2, MobileNetV3, Swin, T5 and a UNet, every one the same candidates, times and rejections.
 RANKED_KEEP = 256
 RANKED_BETWEEN = 64
 RANK_ENV = ("AICF_GEMV_CONSTANTS", "AICF_GEMV_MINB")
@@ -142,19 +146,28 @@ def _profile_key(hw: Profile) -> str:
 
 
 def _rank_key(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str]) -> Hashable:
+    """What a ranking depends on: the kernel with every tensor named by its order of appearance (the
+    indices read through included) and without its ONNX origins, each tensor's type and whether it is a
+    weight; the target, precision, profile, keys pinned and the environment's switches (RANK_ENV). So
+    the layers of a model, equal but for their tensors' names, are ranked once ([Note: rankings remembered])."""
     types = plan.types()
-    touched: set[str] = set(k.stores)
-    for op in k.ops:
-        touched.add(op.out)
-        todo = loads(op.body)
-        while todo:
-            ld = todo.pop()
-            touched.add(ld.buffer)
-            todo += [a.ids for a in ld.index if isinstance(a, Indirect)]
     weights = {w.name for w in plan.weights}
-    return (dataclasses.replace(k, name="", schedule=None, inplace=(), rewrites=()),
-            tuple(sorted((b, types.get(b)) for b in touched)), frozenset(touched & weights),
-            plan.target, plan.precision, _profile_key(hw), pinned, tuple(os.environ.get(v) for v in RANK_ENV))
+    names: dict[str, str] = {}
+
+    def canon(name: str) -> str:
+        return names.setdefault(name, f"t{len(names)}")
+
+    def load(ld: Load) -> Load:
+        index = tuple(Indirect(load(a.ids)) if isinstance(a, Indirect) else a for a in ld.index)
+        return dataclasses.replace(ld, buffer=canon(ld.buffer), index=index)
+    ops = tuple(dataclasses.replace(op, out=canon(op.out), body=map_loads(op.body, load), origin=()) for op in k.ops)
+    stores = tuple(canon(s) for s in k.stores)
+    prefetch = tuple(dataclasses.replace(f, buffer=canon(f.buffer), reason="") for f in k.prefetch)
+    kernel = dataclasses.replace(k, name="", ops=ops, stores=stores, prefetch=prefetch, schedule=None, inplace=(),
+                                 rewrites=())
+    tensors = tuple((c, types.get(n), n in weights) for n, c in names.items())
+    return (kernel, tensors, plan.target, plan.precision, _profile_key(hw), pinned,
+            tuple(os.environ.get(v) for v in RANK_ENV))
 
 
 def rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str] = frozenset()) -> tuple[list[Ranked], list[Candidate]]:
