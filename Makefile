@@ -5,7 +5,7 @@ PYTHON ?= python3
 EXAMPLES := examples/mlp.onnx examples/block.onnx examples/encoder.onnx examples/decoder.onnx \
 	examples/mlp_x.npy examples/block_x.npy examples/encoder_x.npy examples/decoder_x.npy
 
-.PHONY: install examples demo test gpu-test fuzz golden readme-ops clean
+.PHONY: install examples demo test gpu-test test-every fuzz golden readme-ops clean
 
 install:
 	$(PYTHON) -m pip install -e '.[dev]'
@@ -42,6 +42,11 @@ test:
 
 gpu-test:
 	$(PYTHON) -m pytest -m gpu -q
+
+# The build sweeps with every candidate of their spaces, not the covering subset `make test` compiles
+# ([Note: candidate sweeps] in tests/sweep.py); run after changing a kernel template.
+test-every:
+	AICF_EVERY_CANDIDATE=1 $(PYTHON) -m pytest -q -n auto --dist loadfile -k "spills or both_halves"
 
 # Fuzz the bundle and ONNX readers (tests/fuzz_harness.py): each target in turn until
 # FUZZ_EXECS executions or FUZZ_SECONDS, whichever comes first; prints executions, seconds and

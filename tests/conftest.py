@@ -34,12 +34,16 @@ def pytest_collection_modifyitems(config, items):
 def _private_cache(tmp_path_factory):
     """Keep the cubin cache of a test run out of the user's home. Under `pytest -n` the workers share
     one (the folder above each worker's own): a module one worker built is not built again by the
-    others ([Note: cubin cache entry] in aicfc/codegen/nvcc.py: writers rename whole entries)."""
+    others ([Note: cubin cache entry] in aicfc/codegen/nvcc.py: writers rename whole entries). And the
+    workers fill the CPUs, so each compiles a plan as one module (AICF_JOBS=1): nvcc's front end costs
+    about 0.8 s a module whatever it holds (cuda_runtime.h and the fp16/bf16 headers), a plan cut in
+    one module per CPU paid it that many times."""
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = base.parent / "aicf-cache"
         shared.mkdir(exist_ok=True)
         os.environ.setdefault("AICF_CACHE_DIR", str(shared))
+        os.environ.setdefault("AICF_JOBS", "1")
     else:
         os.environ.setdefault("AICF_CACHE_DIR", str(tmp_path_factory.mktemp("aicf-cache")))
 

@@ -13,6 +13,8 @@ the same bits (the split-k tickets are zero again).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import pytest
@@ -20,9 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import aicfc
 from aicfc.codegen import gemm, gemm_gemv
+from aicfc.planner.cost import estimate_registers
 from aicfc.frontend.onnx_import import import_model
 from aicfc.ir.high import evaluate_graph
 from tests.test_pipeline import rel_err
+from tests.sweep import to_build
 from tests.test_state import plan_of
 
 
@@ -143,7 +147,7 @@ def _plan(model, precision):
 def _all_candidates_build(plan) -> None:
     from aicfc.codegen.module import count_registers
     (mm,) = [k for k in plan.kernels if k.family == "gemm"]
-    space = [p for p in gemm.space(mm, plan) if p["unit"] == "gemv"]
+    space = to_build([p for p in gemm.space(mm, plan) if p["unit"] == "gemv"], functools.partial(estimate_registers, mm))
     assert space
     (found,) = count_registers(plan, [(mm, space)])
     bad = [(p, regs, spill) for p, (regs, spill) in zip(space, found) if spill or not 0 < regs <= 255]
@@ -152,7 +156,8 @@ def _all_candidates_build(plan) -> None:
 
 @pytest.mark.parametrize("rows", [1, 8])
 def test_every_gemv_candidate_builds_without_spills(rows):
-    """Every candidate of the space compiles (nvcc, sm_90a) with no local memory (ptxas -v)."""
+    """Every candidate of the space ([Note: candidate sweeps] in tests/sweep.py) compiles (nvcc, sm_90a) with no
+    local memory (ptxas -v)."""
     _all_candidates_build(plan_of(rows_model(rows, 2000, 1032, np.random.default_rng(2), bias=True), {}, "fp16"))
 
 

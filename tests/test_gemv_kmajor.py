@@ -9,15 +9,19 @@ space compiles without spills. On the GPU: pinned schedules against numpy float6
 max), with bias, a residual and the rotary epilogue, and the same bits on a second run."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
 from aicfc.codegen import gemm, gemm_gemv
 from aicfc.driver import compile_plans
 from aicfc.passes.relayout_weights import GEMV_RULE
+from aicfc.planner.cost import estimate_registers
 from tests.test_gemv import _run_against_numpy, rows_model
 from tests.test_l2_fill import wide
 from tests.test_row_scale import decode_shapes
+from tests.sweep import to_build
 from tests.test_state import plan_of
 
 
@@ -104,6 +108,7 @@ def test_every_k_major_candidate_builds_without_spills():
     k = _gemm(plan)
     space = [p for p in gemm.space(k, plan) if p.get("KM")]
     assert space and all(p["SPLITK"] == 1 and p["BM"] == 1 for p in space)
+    space = to_build(space, functools.partial(estimate_registers, k))
     (found,) = count_registers(plan, [(k, space)])
     bad = [(p, regs, spill) for p, (regs, spill) in zip(space, found) if spill or not 0 < regs <= 255]
     assert not bad, f"{len(bad)} of {len(space)} spill: {bad[:3]}"
@@ -121,6 +126,7 @@ def test_rotary_k_major_blocks_take_both_halves_of_a_head():
     space = [p for p in gemm.space(k, plan) if p.get("KM")]
     assert {p["BN"] for p in space} == {4, 8, 16, 32, 64}   # 2 is one column a half: no pair to store
     assert [gemm_gemv.rotary_half_block(p, 64) for p in space if p["BN"] == 16][0] == 8
+    space = to_build(space, functools.partial(estimate_registers, k))
     (found,) = count_registers(plan, [(k, space)])
     bad = [(p, regs, spill) for p, (regs, spill) in zip(space, found) if spill or not 0 < regs <= 255]
     assert not bad, f"{len(bad)} of {len(space)} spill: {bad[:3]}"

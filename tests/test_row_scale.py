@@ -9,6 +9,8 @@ paths (SIMT at one row, tensor cores at two).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 import pytest
@@ -16,6 +18,7 @@ from onnx import TensorProto, helper
 
 import aicfc
 from aicfc.codegen import gemm, gemm_gemv
+from aicfc.planner.cost import estimate_registers
 from aicfc.frontend.onnx_import import import_model
 from aicfc.ir.high import evaluate_graph
 from aicfc.passes.fold_column_scale import COLUMN_SCALE_RULE, fold_column_scale
@@ -24,6 +27,7 @@ from benchmarks.decoder_graph import DecoderConfig, cache_names, decoder_model, 
 from benchmarks.light_models import onnxruntime_reference
 from tests.conftest import run_payload
 from tests.test_pipeline import rel_err
+from tests.sweep import to_build
 from tests.test_state import plan_of
 
 CFG = DecoderConfig(512, 2, 8, 2, 1408, 1000, 64)
@@ -201,12 +205,12 @@ def test_gpu_decode_step_matches_onnxruntime(batch, tc, precision, fold, gpu_dev
 def test_every_row_scaled_candidate_builds_without_spills(batch):
     """Every gemv candidate of the scaled QKV (rotary epilogue) and gate/up (gated epilogue) compiles
     (nvcc, sm_90a) with no local memory (ptxas -v), the rows' vectors held through the loop included;
-    at 4 rows a thread of 256 holds 4 of them (RSV_MAX)."""
+    at 4 rows a thread of 256 holds 4 of them (RSV_MAX). [Note: candidate sweeps] in tests/sweep.py."""
     from aicfc.codegen.module import count_registers
     plan = plan_of(decoder(batch), decode_shapes(batch), "fp16")
     scaled = [k for k in plan.kernels if gemm.row_scale(k) is not None][:2]
     assert len(scaled) == 2 and {gemm.rotary(k) is not None for k in scaled} == {True, False}
-    spaces = [(k, gemm.space(k, plan)) for k in scaled]
+    spaces = [(k, to_build(gemm.space(k, plan), functools.partial(estimate_registers, k))) for k in scaled]
     assert all(space for _, space in spaces)
     for (k, space), found in zip(spaces, count_registers(plan, spaces)):
         bad = [(p, regs, spill) for p, (regs, spill) in zip(space, found) if spill or not 0 < regs <= 255]
