@@ -116,7 +116,8 @@ def test_decode_kernels_mark_their_phases():
     gemv = [p for (f, u), p in by_family.items() if f == "gemm" and p]
     assert gemv and all(p[:2] == ["weights streamed", "block summed"] for p in gemv)
     attention = [p for (f, u), p in by_family.items() if f == "attention" and p]
-    assert attention and attention[0][:3] == ["query staged", "keys scored", "warps merged"]
+    assert attention and attention[0][:6] == ["query staged", "tile landed", "scores", "softmax", "keys scored",
+                                              "warps merged"]
 
 
 def _stamps(blocks_of: list[list[tuple[int, ...]]]) -> list[np.ndarray]:
@@ -207,8 +208,8 @@ def test_schema_bounds_the_record(payloads):
         Bundle.from_payload(_bad(stamped, symbol="a b"))
     with pytest.raises(RunError, match="timeline.blocks"):
         Bundle.from_payload(_bad(stamped, blocks=0))
-    with pytest.raises(RunError, match="more than the 4 stamped"):
-        Bundle.from_payload(_bad(stamped, phases=["a"] * 5))
+    with pytest.raises(RunError, match=f"more than the {timeline.PHASES} stamped"):
+        Bundle.from_payload(_bad(stamped, phases=["a"] * (timeline.PHASES + 1)))
     with pytest.raises(RunError, match=r"phases\[1\]"):
         Bundle.from_payload(_bad(stamped, phases=["a", "b" * 41]))
     with pytest.raises(RunError, match="timeline.stamps"):

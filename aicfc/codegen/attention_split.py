@@ -124,6 +124,15 @@ a 2-layer plan's timeline (call 8) the keys were scored 2.56 us after the go wit
 the tile's DRAM latency is not what the chain waits on, and the pass was not kept. What the 1.5-1.8 us from the
 staged query to the scored keys is (one tile's products, scores, softmax and P·V in 4 warps, about 3000 cycles)
 is the open question. The attention at 8 warps (16 keys a warp) ran the plan in 188.5 us against 165.4.
+Session 52 (an H200, benchmarks/results/attention_phases_session52_h200.txt) stamped the key loop's steps (thread 0
+of each block, the clock's 0.26 us steps, a 2-layer plan): query staged 0.8-1.0 us after the go, the tile landed 0.5
+later, the scores 0.5, the softmax 0.25, P·V 0.25, the warps' merge 0.5-0.8, the cluster's barrier 0.5, the exit 0.5.
+No step is long; each is a few hundred cycles of latency. Two guesses measured and dropped: (1) the code cold in the
+instruction caches (29 KB of SASS, most of it run once a block): the same kernel with its copy loops not unrolled and
+the dead in-loop prefetch of a one-tile chunk left out (21 KB) ran the 4-layer plan in 161.9 us against 162.9
+(1.006x, 7 rounds) with the same phases; (2) each warp pushing its own (m, l, O) to the cluster, no block merge
+(24 partials merged from the inbox): 167.0 against 163.4 us (9 rounds), its cluster met no sooner (the pushes are 8
+remote stores a thread instead of 1) and its merge of 24 partials took 1.5 us instead of 0.5.
 
 Parameter space: SPLITS (chunks of whole BN tiles: every distinct split of the key tiles, up to
 MAX_SPLITS) x BN ∈ {32, 64, 128} x warps ∈ {4, 8}, BN at most the threads and at most MAX_RT

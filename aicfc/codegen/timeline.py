@@ -24,8 +24,8 @@ gets thread 0's clock there (`aicf_timeline_phase`, slot 3 + N of the block's st
 thread 0 leaves before a mark (a cluster's ranks past 0 after the merge) leaves that slot at zero,
 which the reader skips. The bundle's timeline record names the phases (`phase_labels`); the gemv
 (templates/gemm_gemv.cu.j2) marks its last weight step, its warps' sums and its splits' merge, the
-split attention (templates/attention_split.cu.j2) its staged query, its key loop, its warps' merge
-and its cluster's barrier (the peers' pushes landed).
+split attention (templates/attention_split.cu.j2) its staged query, its first tile landed, its scores, its
+softmax, its key loop's end, its warps' merge and its cluster's barrier (the peers' pushes landed).
 
 From the stamps of one replay (aicf_run/timeline.py): a kernel starts (`go`) when its first
 block passes the wait, which is when the kernel before it has completed; it is done when its last
@@ -43,7 +43,7 @@ import re
 from aicfc.codegen import pdl
 
 CAP = 4096          # blocks a kernel stamps (in linear order); the rest run unstamped
-PHASES = 4          # marks a kernel body may carry (module docstring: phases)
+PHASES = 8          # marks a kernel body may carry (module docstring: phases)
 STAMPS = 3 + PHASES  # u64 a block: arrived, ready, exited, then each phase
 PREFIX = "aicf_tl_"
 ENTRY = "aicf_timeline_entry("
