@@ -193,6 +193,14 @@ kernel's schedules; one L2 round trip a block exposed) the 8-row plan was slower
 241.3 (HEAD) and 240.6 (the norms apart), the kernels alone 227.5 against 223.4 us (call 6; tried, not
 kept). So 8 rows keep their norms, which the planner's figures do not see (it predicts the 8-row folds
 faster: a one-row norm is predicted 2.8-3.4 us and measures 1.0-1.7 alone).
+The model's final norm (after the last down projection, before the LM head) stays a row pass: it reads
+the last residual sum, which inline_producers recomputes inside it (two buffers), so the fold declines.
+Session 52 (an H200, benchmarks/results/final_norm_session52_h200.txt) tried storing that sum from the
+down projection's epilogue, where the fold then took the norm into the LM head's gemv (predicted 33.08 us
+against 35.75 for the two apart; the decode plan one kernel shorter): the 4-layer B1 plan replayed
+163.8 us against 163.2 (9 alternating rounds, the same tokens) and the 20-layer step took 0.640 ms
+(session 51: 0.634), so it was not kept. The norm's 2.8 us in the chain are not lost: the LM head's
+500 blocks land while it runs and request their first weights then; the planner's figures miss that.
 
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with
