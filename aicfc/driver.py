@@ -17,6 +17,7 @@ from aicfc.codegen.greedy_feed import add_greedy_feed
 from aicfc.codegen.io_cast import build_casts
 from aicfc.codegen.module import OnKernel, build_modules, count_registers, resolve_jobs
 from aicfc.errors import AicfError
+from aicfc.ir.shared_weights import shared
 from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, check_model, import_model, load_model, parse_shape_overrides
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
@@ -116,6 +117,12 @@ def compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple
     set is compiled on its own, as `compile_model` would; --dump-ir goes to DIR/plan_<i>."""
     if len(shape_sets) <= 1:
         return compile_model(model, shapes=shape_sets[0] if shape_sets else None, dump_ir=dump_ir, **options)
+    with shared():   # [Note: weights shared by a bundle's plans] (ir/shared_weights.py)
+        return _compile_plans(model, shape_sets, dump_ir, **options)
+
+
+def _compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tuple[int, ...]]],
+                   dump_ir: str | Path | None, **options: Any) -> dict[str, Any]:
     def refuse_unused(payloads: list[dict[str, Any]], pin: dict[str, Any], where: str = "") -> None:
         why = pins_unused((k["params"] for p in payloads for k in p["kernels"]), pin)
         if why:

@@ -17,6 +17,7 @@ import numpy as np
 
 from aicf_run.convert import from_bf16_bytes, to_bf16_bytes
 from aicf_run.weights import CHUNK_BYTES, Lazy, data_sha256
+from aicfc.ir.shared_weights import remember
 
 # IR dtype name -> numpy dtype. The IR spells dtypes short, as MLIR does. bfloat16 has no
 # numpy dtype: it is evaluated as float32 (`np_dtype`) and stored as the top 16 bits of one.
@@ -118,7 +119,7 @@ class Weight:
     @property
     def sha256(self) -> str:
         if self._digest is None:
-            object.__setattr__(self, "_digest", data_sha256(self.data))
+            object.__setattr__(self, "_digest", remember("sha256", self.data, lambda: data_sha256(self.data)))
         return self._digest
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Plan
 from aicfc.ir.lowered import Call, Expr, Load, Rewrite, loads
+from aicfc.ir.shared_weights import remember
 from aicfc.ir.types import TensorType, Value, Weight, convert
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -115,6 +116,12 @@ def _bf16(values: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
 
 
+def _converted(w: Weight, storage: str) -> bytes:
+    """`w`'s values in `storage`, converted once for all the plans of a bundle ([Note: weights shared by a
+    bundle's plans] in ir/shared_weights.py)."""
+    return remember(("convert", storage), w.data, lambda: convert(w.array(), storage))
+
+
 def apply_precision(plan: Plan, precision: str) -> Plan:
     check_precision(precision)
     storage = STORAGE[precision]
@@ -126,7 +133,7 @@ def apply_precision(plan: Plan, precision: str) -> Plan:
     saved = 0
     if storage != "f32":
         saved = sum(t.nbytes - retype(t, n).nbytes for n, t in plan.types().items())
-    weights = tuple(Weight(w.name, retype(w.type, w.name), convert(w.array(), storage)) if w.type.dtype == "f32"
+    weights = tuple(Weight(w.name, retype(w.type, w.name), _converted(w, storage)) if w.type.dtype == "f32"
                     and storage != "f32" and w.name not in keep else w for w in plan.weights)
     kernels = tuple(k.replace(ops=tuple(op.__class__(op.out, retype(op.type, op.out), op.combiner, op.reduce, op.body,
                                                      op.origin) for op in k.ops)) for k in plan.kernels)

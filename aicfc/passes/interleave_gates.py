@@ -31,6 +31,7 @@ import numpy as np
 
 from aicfc.ir.lowered import Affine, Compute, Expr, Load, Program, Rewrite, loads, map_loads, reader_names
 from aicfc.ir.properties import REMAT, TILE, contraction
+from aicfc.ir.shared_weights import remember
 from aicfc.ir.types import Weight, convert
 
 GATE_RULE = "f(x·W[:, :N], x·W[:, N:]) => interleaved columns, gated gemm epilogue"
@@ -96,8 +97,9 @@ def _build(g: Gate) -> tuple[Compute, Compute, Weight, Rewrite]:
     n2 = w.type.shape[g.wdim]
     half = n2 // 2
     order = np.arange(n2).reshape(2, half).T.reshape(-1)      # column 2j + t holds old column t·N + j
-    data = np.take(w.array(), order, axis=g.wdim)
-    new_w = Weight(w.name + SUFFIX, w.type, convert(data, w.type.dtype))
+    # the bytes once for all the plans of a bundle ([Note: weights shared by a bundle's plans] in ir/shared_weights.py)
+    data = remember(("interleave", g.wdim), w.data, lambda: convert(np.take(w.array(), order, axis=g.wdim), w.type.dtype))
+    new_w = Weight(w.name + SUFFIX, w.type, data)
     c_name = mm.out + SUFFIX
 
     def to_weight(ld: Load) -> Expr:

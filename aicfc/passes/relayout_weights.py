@@ -52,6 +52,7 @@ from aicfc.codegen.cexpr import flat_offset
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, Rewrite, loads, map_loads
+from aicfc.ir.shared_weights import remember
 from aicfc.ir.types import ITEMSIZE, TensorType, Weight
 from aicfc.planner.hardware import Profile
 
@@ -222,9 +223,13 @@ def _relaid(plan: Plan, done: Mapping[str, tuple[int, str]]) -> Plan:
     new_weights = []
     for w in plan.weights:
         if w.name in done:
-            # moved as raw elements of their storage size (bf16 has no numpy type of its own)
-            arr = np.ascontiguousarray(np.moveaxis(w.raw(), done[w.name][0], -1))
-            w = Weight(w.name, dataclasses.replace(w.type, shape=tuple(arr.shape)), arr.tobytes())
+            # moved as raw elements of their storage size (bf16 has no numpy type of its own), once for all the
+            # plans of a bundle ([Note: weights shared by a bundle's plans] in ir/shared_weights.py)
+            axis = done[w.name][0]
+            data = remember(("move last", axis), w.data,
+                            lambda w=w, axis=axis: np.ascontiguousarray(np.moveaxis(w.raw(), axis, -1)).tobytes())
+            shape = w.type.shape[:axis] + w.type.shape[axis + 1:] + (w.type.shape[axis],)
+            w = Weight(w.name, dataclasses.replace(w.type, shape=shape), data)
         new_weights.append(w)
 
     def load(ld: Load) -> Load:
