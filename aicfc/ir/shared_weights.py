@@ -17,7 +17,9 @@ identity (the converted bytes one plan made and the next reuses). Outside it not
 within it nothing that a plan could see differently: the same source bytes give the same digest and
 the same conversion. Measured on a 2-core machine (`benchmarks/generate.py --compile-only --layers 20
 --batch 1 --jobs 2`, cubins cached): 84-87 s before, 55 s after, the bundle byte-identical
-(tests/test_shared_weights.py compares the payloads with and without it).
+(tests/test_shared_weights.py compares the payloads with and without it). The memory kept until the
+end (a weight's fp32 interleaving, its [K, N] copy before the K-major one) is less than what the second
+plan no longer allocates: the same compile's peak RSS 5.99 GB against 7.66 without.
 """
 from __future__ import annotations
 
