@@ -119,7 +119,7 @@ def _bf16(values: np.ndarray) -> np.ndarray:
 def _converted(w: Weight, storage: str) -> bytes:
     """`w`'s values in `storage`, converted once for all the plans of a bundle ([Note: weights shared by a
     bundle's plans] in ir/shared_weights.py)."""
-    return remember(("convert", storage), w.data, lambda: convert(w.array(), storage))
+    return remember(("convert", storage, w.type), w.data, lambda: convert(w.array(), storage))
 
 
 def apply_precision(plan: Plan, precision: str) -> Plan:

@@ -98,7 +98,7 @@ def _build(g: Gate) -> tuple[Compute, Compute, Weight, Rewrite]:
     half = n2 // 2
     order = np.arange(n2).reshape(2, half).T.reshape(-1)      # column 2j + t holds old column t·N + j
     # the bytes once for all the plans of a bundle ([Note: weights shared by a bundle's plans] in ir/shared_weights.py)
-    data = remember(("interleave", g.wdim), w.data, lambda: convert(np.take(w.array(), order, axis=g.wdim), w.type.dtype))
+    data = remember(("interleave", g.wdim, w.type), w.data, lambda: convert(np.take(w.array(), order, axis=g.wdim), w.type.dtype))
     new_w = Weight(w.name + SUFFIX, w.type, data)
     c_name = mm.out + SUFFIX
 

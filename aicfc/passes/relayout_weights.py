@@ -226,7 +226,7 @@ def _relaid(plan: Plan, done: Mapping[str, tuple[int, str]]) -> Plan:
             # moved as raw elements of their storage size (bf16 has no numpy type of its own), once for all the
             # plans of a bundle ([Note: weights shared by a bundle's plans] in ir/shared_weights.py)
             axis = done[w.name][0]
-            data = remember(("move last", axis), w.data,
+            data = remember(("move last", axis, w.type), w.data,
                             lambda w=w, axis=axis: np.ascontiguousarray(np.moveaxis(w.raw(), axis, -1)).tobytes())
             shape = w.type.shape[:axis] + w.type.shape[axis + 1:] + (w.type.shape[axis],)
             w = Weight(w.name, dataclasses.replace(w.type, shape=shape), data)
