@@ -17,8 +17,8 @@ from aicfc.codegen.greedy_feed import add_greedy_feed
 from aicfc.codegen.io_cast import build_casts
 from aicfc.codegen.module import OnKernel, build_modules, count_registers, resolve_jobs
 from aicfc.errors import AicfError
-from aicfc.ir.shared_weights import shared
 from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, check_model, import_model, load_model, parse_shape_overrides
+from aicfc.ir.shared_weights import shared
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.passes.relayout_weights import GEMV_PIN, GEMV_RULE

@@ -13,7 +13,8 @@ IR's 9, and reading the file 19 s within them.
 Inside `shared()` (compile_plans holds it for its plans) a derived value is remembered by the weight
 bytes it came from: a `Lazy` source (a slice of the model's files, or a join or a scaling of such
 slices) by its value, which is equal for the same bytes in every plan's import; bytes in memory by
-identity (the converted bytes one plan made and the next reuses). Outside it nothing is kept, and
+identity (the converted bytes one plan made and the next reuses), kept alive and checked with `is` as
+ir/memo.py's `by_identity` does, but only for the scope, and keyed by what is derived as well. Outside it nothing is kept, and
 within it nothing that a plan could see differently: the same source bytes give the same digest and
 the same conversion. Measured on a 2-core machine (`benchmarks/generate.py --compile-only --layers 20
 --batch 1 --jobs 2`, cubins cached): 84-87 s before, 55 s after, the bundle byte-identical
