@@ -27,6 +27,19 @@ in form_kernels).
     %y: f32[4,8] = map max(load(%t, [i0, i1]), 0.0)
   becomes
     %y: f32[4,8] = map max(add(load(%x, [i0, i1]), load(%b, [i1])), 0.0)
+
+[Note: tables recomputed in a gemv's epilogue]
+A decode step's rotary tables (cos and sin of position x inverse frequencies, read through an
+Unsqueeze, so stored by the first run) are two one-block kernels of about 2.3 us each in the
+dependent-launch chain. Session 53 let the second run recompute such a map inside the epilogue of
+every one-row gemv reading it (the QKV projections' rotary epilogue), which removed both kernels.
+Measured on an H200 (benchmarks/results/tables_in_epilogue_session53_h200.txt, the 1 B Llama's
+decode plan): the first QKV started 4.7 us sooner, but each QKV's epilogue, run by a thread or two
+a block after the block's sums meet, spent 1.8-2.0 us from the sums to the exit against 0.3-0.5
+(the angles' loads and four cosf/sinf on the kernel's critical tail), so the 4-layer plan replayed
+in 163.9 us against 161.1 (9 alternating rounds): a loss from about two layers on. Not kept. What
+would keep the gain is computing such values before the gemv's weight loop (they do not depend on
+its sums), which the gemv template does not do.
 """
 from __future__ import annotations
 
