@@ -49,16 +49,17 @@ PIN = "room"       # --pin room=0: off
 MIN_REGS = 64      # the fewest registers a thread the rule leaves a gemv (ptxas spilled none at 64: session 49)
 
 
-def _threads(k: Kernel) -> int:
+def block_threads(k: Kernel) -> int:
     return math.prod(k.schedule.block)
 
 
-def _warp_regs(regs: int) -> int:
+def warp_registers(regs: int) -> int:
     """A warp's register allocation: 256-register units."""
     return math.ceil(regs * 32 / 256) * 256
 
 
-def _registers(k: Kernel) -> int | None:
+def checked_registers(k: Kernel) -> int | None:
+    """ptxas's count where the register check ran, else the schedule's."""
     s = k.schedule
     checked = dict(s.predicted).get("registers_ptxas")
     return int(checked) if checked else s.registers
@@ -67,22 +68,22 @@ def _registers(k: Kernel) -> int | None:
 def room(gemv: Kernel, attention: Kernel, hw: Profile) -> tuple[dict | None, str]:
     """(the gemv's new MB, why) or (None, why not)."""
     p = gemv.schedule.param
-    a_regs = _registers(attention)
+    a_regs = checked_registers(attention)
     if a_regs is None:
         return None, f"{attention.name}'s registers are not known (the register check is off)"
-    a_threads = _threads(attention)
-    warps = math.ceil(_threads(gemv) / 32)
+    a_threads = block_threads(attention)
+    warps = math.ceil(block_threads(gemv) / 32)
     busiest = math.ceil(math.prod(gemv.schedule.grid) / hw.sm_count)
-    budget = hw.registers_per_sm - math.ceil(a_threads / 32) * _warp_regs(a_regs)
+    budget = hw.registers_per_sm - math.ceil(a_threads / 32) * warp_registers(a_regs)
     cap = (budget // (busiest * warps * 256)) * 8       # registers a thread, in the allocation's steps of 8
     cap = min(cap, 255)
     if cap < MIN_REGS:
         return None, (f"{busiest} of its blocks and one of {attention.name}'s would leave it {cap} registers a "
                       f"thread (under {MIN_REGS})")
-    if busiest * _threads(gemv) + a_threads > hw.max_threads_per_sm:
+    if busiest * block_threads(gemv) + a_threads > hw.max_threads_per_sm:
         return None, f"{busiest} of its blocks and one of {attention.name}'s take more threads than an SM holds"
-    mb = max(p.get("MB", 0), math.ceil(hw.registers_per_sm / (cap * _threads(gemv))))
-    return {"MB": mb}, (f"launch bounds' {mb} blocks an SM (at most {hw.registers_per_sm // (mb * _threads(gemv))} "
+    mb = max(p.get("MB", 0), math.ceil(hw.registers_per_sm / (cap * block_threads(gemv))))
+    return {"MB": mb}, (f"launch bounds' {mb} blocks an SM (at most {hw.registers_per_sm // (mb * block_threads(gemv))} "
                         f"registers a thread) leave one of {attention.name}'s blocks ({a_threads} threads at {a_regs} "
                         f"registers) room beside its {busiest} blocks on its busiest SM")
 

@@ -33,6 +33,7 @@ from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.attention_room import attention_room
 from aicfc.passes.early_epilogue import early_epilogue
+from aicfc.passes.gemv_room import gemv_room
 from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
@@ -95,6 +96,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p, o.profile, dict(o.pin))),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
+    Stage("gemv_room", "decision", "decision", lambda p, o: gemv_room(p, o.profile, dict(o.pin), o.check)),
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
     Stage("l2_fill", "decision", "decision", lambda p, o: l2_fill(p, o.profile, dict(o.pin))),
     Stage("attention_room", "decision", "decision", lambda p, o: attention_room(p, o.profile, dict(o.pin), o.check)),
@@ -141,6 +143,9 @@ assert _ORDER.index("form_kernels") < _ORDER.index("declare_state") < _ORDER.ind
 # fold_cache_writes folds declare_state's scatters into the attentions plan_schedules made split-KV,
 # before plan_memory places the buffers of the merged kernels.
 assert _ORDER.index("plan_schedules") < _ORDER.index("fold_cache_writes") < _ORDER.index("plan_memory")
+# gemv_room reads the final kernel order (fold_cache_writes removes kernels) and changes a gemv's launch, before
+# early_epilogue and l2_fill cost and fill that gemv as it will run.
+assert _ORDER.index("fold_cache_writes") < _ORDER.index("gemv_room") < _ORDER.index("early_epilogue")
 # early_epilogue reads the final kernel order (fold_cache_writes removes kernels) and precedes plan_memory,
 # which keeps an operand read before the wait live until its reader.
 assert _ORDER.index("fold_cache_writes") < _ORDER.index("early_epilogue") < _ORDER.index("plan_memory")

@@ -370,8 +370,9 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     from aicfc.passes.l2_fill import PIN as FILL_PIN, SHARE_PIN
     from aicfc.passes.relayout_weights import GEMV_PIN
     from aicfc.passes.attention_room import PIN as ROOM_PIN
+    from aicfc.passes.gemv_room import PIN as GEMV_ROOM_PIN
     passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN, FILL_PIN, SHARE_PIN, GEMV_PIN,
-              ROOM_PIN)
+              ROOM_PIN, GEMV_ROOM_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():
@@ -396,7 +397,8 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
     `check` counts the leading candidates' registers (`check_leaders`). Keys that switch a
     rewrite rather than a schedule (`unfold`, passes/unfold_taps.py; `early`, passes/fold_cache_writes.py;
     `projection`, passes/concat_projections.py; `pooled`, passes/pool_epilogue.py; `rowscale`,
-    passes/fold_row_scale.py; `epre`, passes/early_epilogue.py; `fill`, passes/l2_fill.py) were the passes' to read and
+    passes/fold_row_scale.py; `epre`, passes/early_epilogue.py; `fill`, passes/l2_fill.py; `room`, passes/attention_room.py;
+    `gemvroom`, passes/gemv_room.py) were the passes' to read and
     are dropped."""
     every, by_node = node_pins(pin or {})
     covered = {node for k in plan.kernels for node in k.origins}
