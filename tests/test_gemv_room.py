@@ -21,12 +21,12 @@ HW = load_profile("sm_90")
 
 
 @functools.cache
-def _plan(pin: str | None = None):
+def _plan(pin: str | None = None, schedule_pin: tuple = ()):
     """The wide decoder's decode plan as `aicfc compile` plans it (the leading candidates' registers from ptxas)."""
     from aicfc.driver import count_registers
     from aicfc.frontend.onnx_import import import_model
     from aicfc.passes.pipeline import Options, run_pipeline
-    opts = Options("sm_90", HW, "fp16", ((PIN, pin),) if pin is not None else (),
+    opts = Options("sm_90", HW, "fp16", (((PIN, pin),) if pin is not None else ()) + schedule_pin,
                    check=functools.partial(count_registers, jobs=2))
     return run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
 
@@ -64,6 +64,17 @@ def test_pin_turns_the_rule_off_and_a_bad_value_is_one_line():
     assert len(records) == WIDE.layers and all(not r.applied and f"--pin {PIN}=0" in r.reason for r in records)
     with pytest.raises(AicfError, match=f"{PIN}=2"):
         gemv_room(_plan("0"), HW, {PIN: "2"})
+
+
+def test_a_schedule_the_user_pinned_is_left_alone():
+    """`--pin NODE:KS=2` on the O projection: its schedule is the user's, so the rule declines there."""
+    (g, _), = _after_attention(_plan("0").kernels)[:1]
+    node = next(n for n in g.origins if n.startswith("node_matmul"))
+    plan = _plan(None, ((f"{node}:KS", "2"),))
+    (pinned, _), = _after_attention(plan.kernels)[:1]
+    assert pinned.schedule.param["KS"] == 2 and math.prod(pinned.schedule.grid) == math.prod(g.schedule.grid)
+    (record,) = [r for r in plan.rewrites if r.rule == RULE and r.target == pinned.name]
+    assert not record.applied and "its schedule is the user's (--pin" in record.reason
 
 
 def test_a_schedule_that_spills_or_an_unknown_register_count_is_declined():

@@ -19,7 +19,8 @@ landing); the one of 512 blocks (BN 4, one k-part a column) leaves the room.
 So where the pick leaves no room for one of the next gemv's blocks on its busiest SM, the first
 candidate in rank order predicted as fast as the pick (`TIE_US`) that does, at ptxas's register
 count (the register check builds it; one that spills is passed over), replaces it, re-costed.
-Declined with the reason where none does, or where the register check is off. Not for the gemvs
+Declined with the reason where none does, where the register check is off, or where a `--pin` chose
+the gemv's schedule. Not for the gemvs
 after a streaming gemv: the down projection given room for the QKV's blocks lost what the O gained
 (below). `--pin gemvroom=0` turns the rule off.
 
@@ -107,7 +108,7 @@ def _roomier(g: Kernel, nxt: Kernel, plan: Plan, hw: Profile, check: RegisterChe
         est.terms["registers_ptxas"] = regs
         kept = Candidate(s.params, round(now, 4))
         schedule = dataclasses.replace(s, params=tuple(sorted(r.params.items())), grid=r.grid, block=r.block,
-                                       smem_bytes=r.dyn_smem, predicted=est.as_items(),
+                                       smem_bytes=r.dyn_smem, registers=None, predicted=est.as_items(),
                                        candidates=(kept,) + tuple(c for c in s.candidates if dict(c.params) != r.params))
         blocks = math.prod(r.grid)
         return g.replace(schedule=schedule), (f"{blocks} blocks of {math.prod(r.block)} threads at {regs} registers, "
@@ -137,6 +138,10 @@ def gemv_room(plan: Plan, hw: Profile | None = None, pin: dict | None = None, ch
             continue   # already leaves the room: nothing to decide
         if value == "0":
             records.append(Rewrite(RULE, g.name, False, f"--pin {PIN}=0"))
+            continue
+        pinned = next((r.rule for r in plan.rewrites if r.target == g.name and r.rule.startswith("--pin ")), None)
+        if pinned:
+            records.append(Rewrite(RULE, g.name, False, f"its schedule is the user's ({pinned})"))
             continue
         if check is None:
             records.append(Rewrite(RULE, g.name, False, "the register check is off: nothing would tell a spill"))
