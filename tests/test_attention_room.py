@@ -105,13 +105,18 @@ def test_a_raised_bound_that_spills_is_declined():
     assert all(not r.applied and "register check is off" in r.reason for r in off.rewrites[n:] if r.rule == RULE)
 
 
+def check_decode_rule(gpu_device, rule: str, pin: dict | None, seed: int) -> None:
+    """The wide decoder's decode step compiled with `pin` (None: every rule as it decides) applies `rule` exactly
+    where no pin is given, and matches onnxruntime on fresh inputs."""
+    model = wide(1)
+    inputs = decode_inputs(1, seed=seed, cfg=WIDE)
+    ref = onnxruntime_reference(model, inputs)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(1), pin=pin)
+    assert any(d.get("rule") == rule and d["applied"] for d in payload["decisions"]) == (pin is None)
+    check_decode_step(run_payload(payload, inputs, gpu_device), ref, "fp16", WIDE)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rule", ["auto", "0"])
 def test_gpu_decode_step_with_room_matches_onnxruntime(rule, gpu_device):
-    model = wide(1)
-    inputs = decode_inputs(1, seed=23, cfg=WIDE)
-    ref = onnxruntime_reference(model, inputs)
-    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(1),
-                            pin=None if rule == "auto" else {"room": rule})
-    assert any(d.get("rule") == RULE and d["applied"] for d in payload["decisions"]) == (rule == "auto")
-    check_decode_step(run_payload(payload, inputs, gpu_device), ref, "fp16", WIDE)
+    check_decode_rule(gpu_device, RULE, None if rule == "auto" else {"room": rule}, seed=23)

@@ -8,14 +8,12 @@ import math
 
 import pytest
 
-import aicfc
 from aicfc.errors import AicfError
 from aicfc.passes.gemv_room import PIN, RULE, gemv_room, leaves_room
 from aicfc.planner.hardware import load_profile
-from benchmarks.light_models import onnxruntime_reference
-from tests.conftest import run_payload
+from tests.test_attention_room import check_decode_rule
 from tests.test_l2_fill import WIDE, wide
-from tests.test_row_scale import check_decode_step, decode_inputs, decode_shapes
+from tests.test_row_scale import decode_shapes
 
 HW = load_profile("sm_90")
 
@@ -99,10 +97,4 @@ def test_a_schedule_that_spills_or_an_unknown_register_count_is_declined():
 @pytest.mark.gpu
 @pytest.mark.parametrize("rule", ["auto", "0"])
 def test_gpu_decode_step_with_room_matches_onnxruntime(rule, gpu_device):
-    model = wide(1)
-    inputs = decode_inputs(1, seed=29, cfg=WIDE)
-    ref = onnxruntime_reference(model, inputs)
-    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(1),
-                            pin=None if rule == "auto" else {PIN: rule})
-    assert any(d.get("rule") == RULE and d["applied"] for d in payload["decisions"]) == (rule == "auto")
-    check_decode_step(run_payload(payload, inputs, gpu_device), ref, "fp16", WIDE)
+    check_decode_rule(gpu_device, RULE, None if rule == "auto" else {PIN: rule}, seed=29)
