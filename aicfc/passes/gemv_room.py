@@ -20,9 +20,8 @@ So where the pick leaves no room for one of the next gemv's blocks on its busies
 candidate in rank order predicted as fast as the pick (`TIE_US`) that does, at ptxas's register
 count (the register check builds it; one that spills is passed over), replaces it, re-costed.
 Declined with the reason where none does, where the register check is off, or where a `--pin` chose
-the gemv's schedule. Not for the gemvs
-after a streaming gemv: the down projection given room for the QKV's blocks lost what the O gained
-(below). `--pin gemvroom=0` turns the rule off.
+the gemv's schedule. Not for the gemvs after a streaming gemv: the down projection given room for
+the QKV's blocks lost what the O gained (below). `--pin gemvroom=0` turns the rule off.
 
 Measured on an H200 (session 53, benchmarks/results/gemv_room_session53_h200.txt,
 benchmarks/decode_ab.py --layers 4, 9 alternating rounds in one process): the O projections pinned
