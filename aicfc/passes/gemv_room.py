@@ -89,6 +89,7 @@ def _roomier(g: Kernel, nxt: Kernel, plan: Plan, hw: Profile, check: RegisterChe
     from aicfc.passes.plan_schedules import rank, recost
     s = g.schedule
     now = s.time_us
+    types = plan.types()
     ties = [r for r in rank(g, plan, hw)[0]
             if r.time_us <= now + TIE_US and dict(r.params) != s.param and r.params.get("unit") == "gemv"]
     tried = []
@@ -98,7 +99,7 @@ def _roomier(g: Kernel, nxt: Kernel, plan: Plan, hw: Profile, check: RegisterChe
             continue   # not at its estimated registers (those that do are built: ptxas's count decides)
         ((regs, spill),), = check(plan, [(g, [r.params])])
         why = f"ptxas spills {spill} B" if spill else leaves_room(r.grid, math.prod(r.block), regs, r.dyn_smem, nxt, hw)
-        est = recost(g, r.params, r.grid, r.block, r.dyn_smem, regs, plan.types(), hw)
+        est = recost(g, r.params, r.grid, r.block, r.dyn_smem, regs, types, hw)
         if why is None and est.time_us > now + TIE_US:
             why = f"re-costed at ptxas's {regs} registers it is predicted {est.time_us:.2f} us against {now:.2f}"
         if why:
