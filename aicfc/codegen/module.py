@@ -115,10 +115,11 @@ def _render_kernels(plan: Plan) -> list[str]:
     for k, start in zip(plan.kernels, plan.triggers or pdl.entries(plan.kernels, plan.launch, hw)):
         param = dict(k.schedule.param, MAPS=tma.maps_symbol(k.name)) if k.name in constant else k.schedule.param
         body = FAMILIES[k.family].render_kernel(k, param, types, k.name)
+        ahead = plan.launch == pdl.DEPENDENT and bool(k.schedule.param.get("AHEAD"))   # [Note: work before the wait]
         if plan.timeline:   # [Note: timeline]: the entry between two clock reads, in either launch mode
-            body = timeline.instrument(body, k.name, k.schedule.grid, start)
+            body = timeline.instrument(body, k.name, k.schedule.grid, start, ahead)
         elif plan.launch == pdl.DEPENDENT:
-            body = pdl.instrument(body, k.name, start)
+            body = pdl.instrument(body, k.name, start, ahead=ahead)
         out.append(body)
     return out
 

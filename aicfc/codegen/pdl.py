@@ -10,7 +10,9 @@ On sm_90 a launch may carry PROGRAMMATIC_STREAM_SERIALIZATION: the GPU may then 
 kernel once every block of the previous one has executed `griddepcontrol.launch_dependents`
 (or exited), and the kernel's `griddepcontrol.wait` returns when the previous kernel has
 completed and its writes are visible. Every kernel of a plan compiled for sm_90 starts with
-`aicf_pdl_entry()`: the wait, then the trigger, before its first access to memory. So
+`aicf_pdl_entry()`: the wait, then the trigger, before its first access to memory (a small kernel
+that reads nothing a running kernel writes instead triggers first and waits as it returns: [Note: work
+before the wait] in passes/work_before_wait.py). So
 
 - no kernel reads a buffer before its producer is complete, and none writes a buffer (the
   memory planner reuses the arena) before the kernels that read it are complete: the wait
@@ -87,6 +89,7 @@ from aicfc.planner.hardware import Profile, blocks_per_sm
 DEPENDENT, STREAM = "dependent", "stream"
 MIN_SM = 90
 ENTRY = "aicf_pdl_entry("
+AHEAD_ENTRY = "aicf_pdl_trigger("   # [Note: work before the wait]
 # A template may place this line where its kernel's entry belongs, after work that reads only
 # the plan's constants (the gemv's first weight loads); without it the entry is the first
 # statement. Left as it is (a comment) in a plan of plain launches.
@@ -96,13 +99,28 @@ MARK = "// [Note: PDL] the entry goes here"
 HELPER = """// [Note: PDL] (aicfc/codegen/pdl.py): wait for the previous kernel of the plan to complete, then
 // let the next one launch (blocks from linear index `from` on: the last wave); a no-op for a kernel
 // launched without programmatic serialization.
-__device__ __forceinline__ void aicf_pdl_entry(unsigned from = 0u) {
+__device__ __forceinline__ void aicf_pdl_trigger(unsigned from = 0u) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
   if (from == 0u || blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) >= from)
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+__device__ __forceinline__ void aicf_pdl_entry(unsigned from = 0u) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  aicf_pdl_trigger(from);
+}
+// [Note: work before the wait] (passes/work_before_wait.py): declared first in a kernel that triggers at its
+// entry and works before its wait; the wait runs as each thread returns, so the kernel completes only after
+// the one before it has.
+struct AicfPdlLateWait {
+  __device__ __forceinline__ ~AicfPdlLateWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  }
+};
 """
 
 
@@ -162,13 +180,22 @@ def entry_site(source: str, name: str) -> tuple[int, int, int]:
     return mark, mark + len(MARK), between.count("{") - between.count("}")
 
 
-def instrument(source: str, name: str, from_block: int = 0, entry: str | None = None) -> str:
+def ahead_entry(from_block: int = 0) -> str:
+    """The entry of a kernel that works before its wait ([Note: work before the wait]): the trigger, then
+    the object whose destructor waits as the thread returns."""
+    return AHEAD_ENTRY + (f"{from_block}u);" if from_block else ");") + " AicfPdlLateWait aicf_pdl_late;"
+
+
+def instrument(source: str, name: str, from_block: int = 0, entry: str | None = None, ahead: bool = False) -> str:
     """`source` with the entry (trigger from block `from_block`) as the first statement of kernel
     `name`'s body, or in place of the body's MARK line where it has one; `entry`, a statement
-    calling another entry in its place (codegen/timeline.py)."""
+    calling another entry in its place (codegen/timeline.py); `ahead`: the trigger and the wait as the
+    kernel returns (`ahead_entry`), in the body's outermost scope only."""
     if entry is None:
-        entry = ENTRY + (f"{from_block}u);" if from_block else ");")
-    start, end, _ = entry_site(source, name)
+        entry = ahead_entry(from_block) if ahead else ENTRY + (f"{from_block}u);" if from_block else ");")
+    start, end, depth = entry_site(source, name)
+    if ahead and depth != 1:
+        raise AicfError(f"internal: kernel {name!r} works before its wait, but its entry is not in its body's outermost scope")
     if start == end:
         return source[:start] + "\n  " + entry + source[start:]
     return source[:start] + entry + source[end:]

@@ -47,6 +47,7 @@ PHASES = 8          # marks a kernel body may carry (module docstring: phases)
 STAMPS = 3 + PHASES  # u64 a block: arrived, ready, exited, then each phase
 PREFIX = "aicf_tl_"
 ENTRY = "aicf_timeline_entry("
+AHEAD_ENTRY = "aicf_timeline_ahead_entry("
 PHASE_MARK = "// [Note: timeline] phase {n}: {what}"
 _MARK = re.compile(r"// \[Note: timeline\] phase (\d+): ([^\n]*)")
 LABEL_MAX = 40      # characters of a phase's name in the bundle (aicf_run/schema.py checks it)
@@ -71,6 +72,16 @@ __device__ __forceinline__ void aicf_timeline_entry(unsigned long long* stamps, 
   if (aicf_timeline_stamps(cap, b)) {
     stamps[STAMPS_ * b] = arrived;
     stamps[STAMPS_ * b + 1] = ready;
+  }
+}
+// [Note: work before the wait]: a kernel that triggers at its entry stamps its arrival twice (it waits as it returns).
+__device__ __forceinline__ void aicf_timeline_ahead_entry(unsigned long long* stamps, unsigned cap, unsigned from = 0u) {
+  const unsigned long long arrived = aicf_timeline_now();
+  aicf_pdl_trigger(from);
+  unsigned b;
+  if (aicf_timeline_stamps(cap, b)) {
+    stamps[STAMPS_ * b] = arrived;
+    stamps[STAMPS_ * b + 1] = arrived;
   }
 }
 // Declared right after the entry in the kernel's outermost scope: its destructor runs as thread 0
@@ -135,12 +146,16 @@ def exits_stamped(source: str, kernel: str) -> bool:
     return pdl.entry_site(source, kernel)[2] == 1
 
 
-def instrument(source: str, kernel: str, grid: tuple[int, int, int], from_block: int = 0) -> str:
+def instrument(source: str, kernel: str, grid: tuple[int, int, int], from_block: int = 0, ahead: bool = False) -> str:
     """`source` with kernel `kernel`'s stamp array declared before it and its entry stamped
-    (where pdl.instrument would put the plain entry), with the exit stamp where exits_stamped."""
+    (where pdl.instrument would put the plain entry), with the exit stamp where exits_stamped;
+    `ahead`: a kernel that works before its wait ([Note: work before the wait]), whose exit stamp
+    follows the wait it does as it returns (the waiting object is declared after the stamping one)."""
     n = stamped_blocks(grid)
-    entry = f"{ENTRY}{symbol(kernel)}, {n}u" + (f", {from_block}u);" if from_block else ");")
+    entry = f"{AHEAD_ENTRY if ahead else ENTRY}{symbol(kernel)}, {n}u" + (f", {from_block}u);" if from_block else ");")
     if exits_stamped(source, kernel):
         entry += f" AicfTimelineExit<{symbol(kernel)}, {n}u> aicf_tl_exit;"
+    if ahead:
+        entry += " AicfPdlLateWait aicf_pdl_late;"
     return (f"__device__ unsigned long long {symbol(kernel)}[{STAMPS * n}];\n"
-            + _stamp_phases(pdl.instrument(source, kernel, from_block, entry=entry), kernel, n))
+            + _stamp_phases(pdl.instrument(source, kernel, from_block, entry=entry, ahead=ahead), kernel, n))

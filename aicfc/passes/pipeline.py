@@ -42,6 +42,7 @@ from aicfc.passes.plan_schedules import RANKED_BETWEEN, RegisterCheck, fastest, 
 from aicfc.passes.read_grouped_heads import read_grouped_heads
 from aicfc.passes.relayout_weights import relayout_weights
 from aicfc.passes.unfold_taps import unfold_taps
+from aicfc.passes.work_before_wait import work_before_wait
 from aicfc.passes.rotary_epilogue import fold_rotary
 from aicfc.passes.sink_views import sink_views
 from aicfc.planner.hardware import Profile
@@ -100,6 +101,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
     Stage("l2_fill", "decision", "decision", lambda p, o: l2_fill(p, o.profile, dict(o.pin))),
     Stage("attention_room", "decision", "decision", lambda p, o: attention_room(p, o.profile, dict(o.pin), o.check)),
+    Stage("work_before_wait", "decision", "decision", lambda p, o: work_before_wait(p, o.profile, dict(o.pin))),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
@@ -154,6 +156,8 @@ assert _ORDER.index("early_epilogue") < _ORDER.index("l2_fill")
 # attention_room reads the final kernel order and the attentions' PRE (fold_cache_writes sets it), after l2_fill,
 # which re-costs the gemvs it fills (each pass keeps the other's parameters).
 assert _ORDER.index("l2_fill") < _ORDER.index("attention_room") < _ORDER.index("plan_memory")
+# work_before_wait reads the early epilogues it must not break, and plan_memory lengthens the lifetimes of what it marks
+assert _ORDER.index("attention_room") < _ORDER.index("work_before_wait") < _ORDER.index("plan_memory")
 # pool_epilogue merges a convolution whose layout (channels_last) and stem rows (unfold_taps) are decided,
 # before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
 assert (_ORDER.index("channels_last") < _ORDER.index("unfold_taps") < _ORDER.index("pool_epilogue")

@@ -23,6 +23,7 @@ import dataclasses
 
 from aicfc.codegen.scratch import scratch
 from aicfc.passes.fold_cache_writes import scatter_part
+from aicfc.passes.work_before_wait import ahead, running
 from aicfc.ir.decision import Buffer, InPlace, Kernel, Plan
 from aicfc.ir.lowered import Affine, Load, index_loads, indirect_dims, loads, view_base
 from aicfc.ir.properties import is_identity_access
@@ -81,9 +82,14 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
     # Inputs stay live to the end: no kernel overwrites them, so replaying the plan (a CUDA
     # graph, a benchmark loop) without copying the inputs in again gives the same outputs.
     live: dict[str, list[int]] = {v.name: [-1, end] for v in plan.inputs}
+    # A kernel that works before its wait ([Note: work before the wait]) writes while the kernels still
+    # running beside it read and write: what it stores is live from the first of them.
+    starts = [min([i] + running(plan.kernels, i)) if ahead(k) else i for i, k in enumerate(plan.kernels)]
+    writer: dict[str, int] = {}
     for i, k in enumerate(plan.kernels):
         for s in k.stores:
-            live.setdefault(s, [i, i])
+            live.setdefault(s, [starts[i], i])
+            writer.setdefault(s, i)
         for op in k.ops:
             for ld in loads(op.body):
                 b = base(ld.buffer)
@@ -92,7 +98,7 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
     for o in plan.outputs:
         live[base(o)][1] = end
     for name, (i, _) in arena_scratch.items():
-        live[name] = [i, i]
+        live[name] = [starts[i], i]
 
     # In-place: y takes x's slot when x, an intermediate, dies in the kernel that first writes y
     # (y may be a graph output: the slot then lives to the end).
@@ -103,7 +109,7 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
         decisions: list[InPlace] = []
         taken: set[str] = set()
         for y in k.stores:
-            if live[y][0] != i:
+            if writer[y] != i:
                 continue
             reads = dict.fromkeys(ld.buffer for op in k.ops for ld in loads(op.body))
             for x in reads:
