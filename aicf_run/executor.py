@@ -231,6 +231,12 @@ class Executor:
         """Whether `run` and `launch` replay a CUDA graph (graph=True at construction)."""
         return self._uses_graph
 
+    @property
+    def dependent_modules(self) -> pdl.Modules | None:
+        """The bundle's modules as the driver API loaded them for dependent launches ([Note: PDL]), or None
+        where no kernel is launched so (the greedy feed launches its kernels through them)."""
+        return self._pdl
+
     def run(self, inputs: Mapping[str, Any], *, outputs: Mapping[str, Any] | None = None,
             stream: Any = None, device_outputs: bool | None = None,
             plan: int | str | None = None) -> dict[str, Any]:

@@ -8,10 +8,24 @@ words, page-locked copies of both for reading back) and [plan + argmax + advance
 one CUDA graph (launched kernel by kernel when the executor runs without graphs). One
 `launch(n)` enqueues n steps and nothing else; `read_back(slot)` enqueues copies of the log and
 the control words and an event; `collect` waits for that event only. aicf_run.generate drives it.
+
+[Note: steps in one graph] Each CUDA graph launch costs the GPU a few microseconds before its first kernel
+starts, and the kernels of one graph do not overlap the next graph's. So the steps a chunk enqueues
+(aicf_run/generate.py's CHUNK_STEPS) are captured as one graph of that many steps, with a one-step graph for
+the remainder; both are captured when the feed is set up. Where the bundle compiled the feed's kernels with the
+dependent-launch entry (the record's `launch` is "dependent", [Note: PDL] in aicfc/codegen/pdl.py), the argmax
+and the advance are launched with programmatic serialization like the plan's kernels, so each lands while the
+kernel before it finishes and waits for it on the device, and the next step's first kernel follows the advance
+the same way inside a graph. `AICF_FEED_PLAIN=1` in the environment as the feed is set up keeps the form
+before this (one step a graph, the feed's kernels launched plainly): an A/B's switch
+(benchmarks/decode_ab.py's `run.AICF_FEED_PLAIN=1`). Measured on an H200 (session 54, the 1 B Llama's 4-layer
+decode plan, 9 alternating rounds in one process; benchmarks/results/feed_graph_session54_h200.txt): the generate
+step 0.1621 ms against 0.1641 with the switch (2.0 us a step), the same tokens, the plan's own replay unchanged.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
@@ -19,9 +33,12 @@ import numpy as np
 
 from aicf_run.errors import RunError
 from aicf_run.graph import Graph
+from aicf_run.pdl import DependentLaunch
 
 _KEYS = ("module", "argmax", "advance", "buffers", "dtypes", "batch", "vocab", "log_rows", "max_stops", "control")
 SLOTS = 2   # read-backs in flight: one chunk is read while the next one runs
+GRAPH_STEPS = 8   # steps captured in one graph: aicf_run/generate.py's CHUNK_STEPS ([Note: steps in one graph])
+PLAIN_ENV = "AICF_FEED_PLAIN"   # "1": one step a graph, the feed's kernels launched plainly (an A/B's switch)
 _FEEDS: "weakref.WeakKeyDictionary[Any, GreedyFeed]" = weakref.WeakKeyDictionary()
 
 
@@ -56,7 +73,7 @@ class GreedyFeed:
         self._done, self._last, self._stop_ids = int(control["done"]), int(control["last"]), int(control["stop_ids"])
         self._words = int(control["words"])
         self.closed = False
-        self._graph: Graph | None = None
+        self._graphs: dict[int, Graph] = {}   # steps -> a graph of that many steps ([Note: steps in one graph])
         self._log = self._control = None
         cuda = self._cuda = step.device.driver
         self._stream = step.stream
@@ -71,6 +88,7 @@ class GreedyFeed:
         self._module = module
         self._argmax.prepare("PPP")
         self._advance.prepare("PPP")
+        self._dependent: tuple[Any, Any] | None = None
         pointers = _interface_pointers(step)
         buffers = record["buffers"]
         try:
@@ -93,10 +111,25 @@ class GreedyFeed:
         except (cuda.Error, MemoryError) as err:
             self.close()
             raise RunError(f"cannot allocate the greedy feed's memory ({_one_line(err)})") from None
-        if step.uses_graph:
-            self._graph = Graph.capture(self._stream, self._enqueue_step)
+        plain = os.environ.get(PLAIN_ENV) == "1"
+        self.graph_steps = 1 if plain else GRAPH_STEPS
+        modules = getattr(step, "dependent_modules", None)
+        if record.get("launch") == "dependent" and modules is not None and not plain:
             try:
-                self._graph.upload(self._stream)
+                self._dependent = tuple(
+                    DependentLaunch(modules, modules.function(record["module"], record[k]["symbol"], 0, f"feed {k}"),
+                                    record[k]["grid"], record[k]["block"], 0, args, f"the greedy feed's {k}")
+                    for k, args in (("argmax", (self._logits, int(self._log), int(self._control))),
+                                    ("advance", (self._ids, self._position, int(self._control)))))
+            except RunError:
+                self.close()
+                raise
+        if step.uses_graph:
+            try:
+                for steps in dict.fromkeys((self.graph_steps, 1)):
+                    graph = Graph.capture(self._stream, lambda n=steps: self._enqueue_steps(n))
+                    self._graphs[steps] = graph
+                    graph.upload(self._stream)
             except RunError:
                 self.close()
                 raise
@@ -121,11 +154,13 @@ class GreedyFeed:
 
     def launch(self, steps: int) -> None:
         """Enqueue `steps` decode steps, each [plan, argmax, advance]; no sync."""
-        for _ in range(steps):
-            if self._graph is not None:
-                self._graph.launch(self._stream)
-            else:
-                self._enqueue_step()
+        if not self._graphs:
+            self._enqueue_steps(steps)
+            return
+        whole, rest = divmod(steps, self.graph_steps)
+        for n, count in ((self.graph_steps, whole), (1, rest)):
+            for _ in range(count):
+                self._graphs[n].launch(self._stream)
 
     def read_back(self, slot: int) -> None:
         """Enqueue copies of the log and the control words into page-locked slot `slot`."""
@@ -150,12 +185,13 @@ class GreedyFeed:
         if self.closed:
             return
         self.closed = True
-        if self._graph is not None:
+        for graph in self._graphs.values():
             try:
-                self._graph.close()
+                graph.close()
             except RunError:
                 pass   # a lost context frees the graph when it goes
-            self._graph = None
+        self._graphs = {}
+        self._dependent = None
         for allocation in (self._log, self._control):
             if allocation is not None:
                 try:
@@ -166,9 +202,17 @@ class GreedyFeed:
         # the functions, then the module: unloaded now, while the context is alive (as Executor.close does)
         self._argmax = self._advance = self._module = None
 
+    def _enqueue_steps(self, steps: int) -> None:
+        for _ in range(steps):
+            self._enqueue_step()
+
     def _enqueue_step(self) -> None:
         self.step.launch(graph=False)
         record, stream = self.record, self._stream
+        if self._dependent is not None:
+            for launch in self._dependent:
+                launch(stream.handle)
+            return
         try:
             self._argmax.prepared_async_call(tuple(record["argmax"]["grid"]), tuple(record["argmax"]["block"]),
                                              stream, self._logits, int(self._log), int(self._control))

@@ -150,7 +150,8 @@ def main() -> None:
     try:
         tokens, decode = {}, {}
         for name, model in models.items():
-            model.generate(prompt, 4)
+            with environment(loads[name]):   # the greedy feed is set up at the first generation
+                model.generate(prompt, 4)
             tokens[name] = model.generate(prompt, args.new).tokens
             decode[name] = next(i for i, p in enumerate(model.plans) if p.shapes["input_ids"][1] == 1)
         prefill_plan = {name: 1 - decode[name] for name in models}

@@ -14,9 +14,12 @@ import pytest
 import aicf_run.generate as gen
 from aicf_run.bundle import read_bundle
 from aicf_run.errors import RunError
+from aicf_run.generate import CHUNK_STEPS
+from aicf_run.greedy_feed import GRAPH_STEPS
 from aicfc.artifact import write_bundle
 from aicfc.codegen.greedy_feed import (LOG_ROWS, MAX_STOPS, control_words, decode_interface, plan_feed,
                                        render_feed, threads_for, vector_width)
+from aicfc.codegen import pdl
 from aicfc.codegen.nvcc import build
 from aicfc.driver import compile_plans
 from aicfc.explain import explain_json, explain_text
@@ -86,6 +89,22 @@ def test_the_feed_kernels_build(logits, ids, vocab, rows):
     assert not any(built.spills.values())
 
 
+def test_dependent_feed_kernels_wait_first_and_build():
+    values = plan_feed(fake_payload(batch=2, vocab=32000))
+    plain, dependent = render_feed(values), render_feed(values, dependent=True)
+    assert pdl.ENTRY not in plain
+    for name in (values["argmax"], values["advance"]):
+        body = dependent[dependent.index(f" {name}("):]
+        assert body.index(pdl.ENTRY) < body.index("control[")   # the wait before any access to memory
+    built = build(dependent, "sm_90")
+    assert values["argmax"].encode() in built.cubin and not any(built.spills.values())
+
+
+def test_a_chunk_is_one_graph():
+    """[Note: steps in one graph]: the feed captures a graph of as many steps as a chunk enqueues."""
+    assert GRAPH_STEPS == CHUNK_STEPS
+
+
 # ---------------------------------------------------------------- the bundle
 
 
@@ -113,6 +132,7 @@ def test_the_decode_plan_records_its_feed(small_decoder):
     assert record["buffers"] == {"logits": decode.outputs[0]["buffer"], "ids": ins["input_ids"],
                                  "position": ins["cache_position"]}
     assert record["dtypes"]["logits"] == "float16"   # the storage the kernel reads, not the interface
+    assert record["launch"] == "dependent" and pdl.ENTRY in module["source"]   # launched as the plan's kernels are
     assert any(d.get("kind") == "greedy_feed" for d in decode.payload["decisions"])
     assert explain_json(decode.payload)["greedy"]["argmax"] == record["argmax"]
     assert "greedy feed: " + record["argmax"]["symbol"] in explain_text(decode.payload)

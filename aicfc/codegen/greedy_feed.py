@@ -20,7 +20,8 @@ The control words are int64 at device memory the executor allocates: [0] step, [
 [4, 4 + B) done flags, [4 + B, 4 + 2B) last tokens, [4 + 2B, 4 + 2B + max_stops) stop token
 ids (the `control` record). With them the executor captures plan + feed into one CUDA graph
 and replays it N times with no host sync between steps, reading the log back every few steps
-(aicf_run/greedy_feed.py). Everything shape-dependent (B, V, vector width, offsets, thread
+(aicf_run/greedy_feed.py; where the plan's kernels are launched dependent, the feed's kernels start with the
+dependent-launch entry and are launched so too: [Note: steps in one graph]). Everything shape-dependent (B, V, vector width, offsets, thread
 count) is fixed here and recorded in the plan's `greedy` record.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from aicfc.artifact.payload import module_record
+from aicfc.codegen import pdl
 from aicfc.codegen.common import render
 from aicfc.codegen.module import ModuleBuild
 from aicfc.codegen.nvcc import build
@@ -108,8 +110,10 @@ def plan_feed(payload: dict[str, Any]) -> dict[str, Any] | None:
                        "position": buffers[pos["buffer"]]["dtype"]}}
 
 
-def render_feed(values: dict[str, Any]) -> str:
-    return render("greedy_feed.cu.j2", **values)
+def render_feed(values: dict[str, Any], dependent: bool = False) -> str:
+    """The feed module's source; `dependent`: its kernels start with the dependent-launch entry, to be launched
+    with programmatic serialization after the plan's last kernel and each other ([Note: PDL])."""
+    return render("greedy_feed.cu.j2", pdl_helper=pdl.HELPER if dependent else "", **values)
 
 
 def add_greedy_feed(payload: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +122,8 @@ def add_greedy_feed(payload: dict[str, Any]) -> dict[str, Any]:
     values = plan_feed(payload)
     if values is None:
         return payload
-    source, arch = render_feed(values), payload["target"]["arch"]
+    launch = payload.get("launch", {}).get("mode", pdl.STREAM)
+    source, arch = render_feed(values, launch == pdl.DEPENDENT), payload["target"]["arch"]
     module = module_record(ModuleBuild(f"{values['model']}_feed", source, build(source, arch),
                                       (values["argmax"], values["advance"])), arch)
     index = len(payload["modules"])
@@ -131,6 +136,7 @@ def add_greedy_feed(payload: dict[str, Any]) -> dict[str, Any]:
         "module": index,
         "argmax": {"symbol": values["argmax"], "grid": [batch, 1, 1], "block": [values["threads"], 1, 1]},
         "advance": {"symbol": values["advance"], "grid": [1, 1, 1], "block": [32, 1, 1]},
+        "launch": launch,
         "buffers": values["buffers"], "dtypes": values["dtypes"],
         "batch": batch, "vocab": values["vocab"], "vector": values["vec"],
         "log_rows": LOG_ROWS, "max_stops": MAX_STOPS,
