@@ -466,9 +466,10 @@ class Executor:
         """Time every kernel alone and the whole plan (see aicf_run.profile)."""
         return _profile.profile(self)
 
-    def timeline(self, rounds: int = _timeline.ROUNDS) -> _timeline.TimelineReport:
-        """When each kernel's blocks landed and started in replays of the plan (see aicf_run.timeline)."""
-        return _timeline.timeline(self, rounds)
+    def timeline(self, rounds: int = _timeline.ROUNDS, busy: bool = False) -> _timeline.TimelineReport:
+        """When each kernel's blocks landed and started in replays of the plan (see aicf_run.timeline); `busy`:
+        each timed replay right after another one."""
+        return _timeline.timeline(self, rounds, busy)
 
     def stamp_arrays(self) -> list[tuple[int, int] | None]:
         """Per kernel, the (device address, blocks) of its entry stamps, or None for a kernel

@@ -20,7 +20,8 @@ the same way inside a graph. `AICF_FEED_PLAIN=1` in the environment as the feed 
 before this (one step a graph, the feed's kernels launched plainly): an A/B's switch
 (benchmarks/decode_ab.py's `run.AICF_FEED_PLAIN=1`). Measured on an H200 (session 54, the 1 B Llama's 4-layer
 decode plan, 9 alternating rounds in one process; benchmarks/results/feed_graph_session54_h200.txt): the generate
-step 0.1621 ms against 0.1641 with the switch (2.0 us a step), the same tokens, the plan's own replay unchanged.
+step 0.1621 ms against 0.1641 with the switch (2.0 us a step), and 0.1603 against 0.1617 in a later call (7 rounds),
+the same tokens, the plan's own replay unchanged.
 """
 
 from __future__ import annotations

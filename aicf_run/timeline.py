@@ -23,6 +23,9 @@ plan's start (the first kernel's go):
   the median block's and the last block's thread 0 passing it, in us after the kernel's go, then
   the same of the blocks' exits; a block that left before a mark is not counted in it.
 
+With `busy` each timed replay follows another one on the stream with no gap (the stamps of the first are
+overwritten), so the plan starts on a busy GPU as a decode step does in generation, not after an idle one.
+
 The figures of each kernel are the medians over the rounds. The plan runs with three clock
 reads and three stores a block more than without --timeline, and one of each at every phase mark; `aicf-run --bench` on a bundle
 compiled without it times the plan as it is.
@@ -85,8 +88,9 @@ class TimelineReport:
         return asdict(self)
 
 
-def timeline(executor: Executor, rounds: int = ROUNDS) -> TimelineReport:
-    """Replay `executor`'s plan `rounds` times and read every kernel's stamps (module docstring)."""
+def timeline(executor: Executor, rounds: int = ROUNDS, busy: bool = False) -> TimelineReport:
+    """Replay `executor`'s plan `rounds` times and read every kernel's stamps (module docstring); `busy`:
+    each timed replay right after another one."""
     arrays = executor.stamp_arrays()
     if not arrays or any(a is None for a in arrays):
         raise RunError(f"{executor.bundle.path}: its kernels record no timeline; {COMPILE_HINT}")
@@ -99,6 +103,8 @@ def timeline(executor: Executor, rounds: int = ROUNDS) -> TimelineReport:
         for _ in range(rounds):
             for (address, blocks), width in zip(arrays, widths):
                 cuda.memset_d8(address, 0, 8 * width * blocks)
+            if busy:
+                executor.launch()
             executor.launch()
             executor.synchronize()
             stamps = []

@@ -16,6 +16,12 @@ early dependent-launch trigger and the shared-memory carveout ran this script on
 session10-gemv-staged (results: benchmarks/results/decode_ab*_session10_h200.txt).
 The model is benchmarks/generate.py's (hidden 2048, 32 heads over 8 key/value heads, FFN 5632,
 vocabulary 32000; cache prompt + new slots), fp16, batch --batch (1).
+
+A bundle's plans share one arena, so before each plan is timed its own inputs are written again (the decode
+step at position prompt + new/2); until session 54 the decode plan was timed on what the prefill plan had
+left there from the second round on (a garbage position), so earlier sessions' replay figures after round 1
+are of that, while their generate steps are not. `--timeline-busy` adds a timeline whose replays each follow
+another one.
 """
 from __future__ import annotations
 
@@ -114,6 +120,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also time every decode kernel of each variant alone")
     ap.add_argument("--marginal", action="store_true",
                     help="also time every decode kernel's in-plan marginal cost (the plan less the plan without it)")
+    ap.add_argument("--timeline-busy", action="store_true",
+                    help="with --timeline, also a timeline whose replays each follow another (a busy GPU, as in generation)")
     ap.add_argument("--timeline", action="store_true",
                     help="compile every variant with aicfc compile --timeline and print each decode plan's timeline "
                          "(aicf_run/timeline.py); the replay times then include the stamps")
@@ -158,9 +166,16 @@ def main() -> None:
         replay = {name: [] for name in models}
         prefill = {name: [] for name in models}
         step = {name: [] for name in models}
+        # A bundle's plans share one arena, so each plan's inputs are written again right before it is timed:
+        # a replay "on the inputs already in the arena" would otherwise read what the other plan left there
+        # (a decode step at a garbage position: its rotary tables' cosf/sinf on their slow path).
+        step_inputs = {"input_ids": prompt[:, :1], "cache_position": np.array([args.prompt + args.new // 2])}
+        prompt_inputs = {"input_ids": prompt, "cache_position": np.arange(args.prompt)}
         for _ in range(args.rounds):
             for name, model in models.items():
+                model.run(step_inputs, plan=decode[name])
                 replay[name].append(model.bench(args.replays, graph=True, plan=decode[name]).graph.median_us)
+                model.run(prompt_inputs, plan=prefill_plan[name])
                 prefill[name].append(model.bench(max(1, args.replays // 5), graph=True,
                                                  plan=prefill_plan[name]).graph.median_us)
                 start = time.perf_counter()
@@ -192,7 +207,11 @@ def main() -> None:
             from aicf_run.timeline import format_timeline
             for name, model in models.items():
                 print(f"# {name}: the decode plan's timeline", flush=True)
+                model.run(step_inputs, plan=decode[name])   # its inputs, not the prefill's leftovers
                 print(format_timeline(model.plan(decode[name]).timeline()), flush=True)
+                if args.timeline_busy:
+                    print(f"# {name}: the decode plan's timeline, each timed replay right after another", flush=True)
+                    print(format_timeline(model.plan(decode[name]).timeline(busy=True)), flush=True)
         if args.profile or args.marginal:
             from aicf_run.profile import format_profile, marginals
             for name, model in models.items():

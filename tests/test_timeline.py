@@ -273,3 +273,46 @@ def test_explain_says_the_bundle_is_stamped(payloads):
     assert explain_json(payloads["stamped"])["timeline"] is True and "timeline" not in explain_json(payloads["plain"])
     assert "timeline: every kernel stamps" in explain_text(payloads["stamped"])
     assert "timeline:" not in explain_text(payloads["plain"])
+
+
+class _FakeDriver:
+    """Device memory as a dict of numpy arrays, for aicf_run.timeline's reads and zeroing."""
+
+    def __init__(self, arrays: dict[int, np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def memset_d8(self, address: int, value: int, nbytes: int) -> None:
+        self.arrays[address].view(np.uint8)[:nbytes] = value
+
+    def memcpy_dtoh(self, host: np.ndarray, address: int) -> None:
+        host[...] = self.arrays[address].reshape(host.shape)
+
+
+class _FakeExecutor:
+    """One kernel of one block whose replays stamp consecutive clock values; counts the replays."""
+
+    def __init__(self) -> None:
+        self.memory = {8: np.zeros(11, np.uint64)}
+        self.device = type("Device", (), {"driver": _FakeDriver(self.memory)})()
+        self.bundle = type("B", (), {"kernels": [{"name": "k0", "grid": [1, 1, 1], "timeline": {"stamps": 11}}]})()
+        self.launches = 0
+
+    def stamp_arrays(self):
+        return [(8, 1)]
+
+    def launch(self) -> None:
+        self.launches += 1
+        t = 1_000_000 * self.launches
+        self.memory[8][:3] = (t, t + 100, t + 900)
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_busy_timeline_times_a_replay_right_after_another():
+    from aicf_run.timeline import timeline as run_timeline
+    plain, busy = _FakeExecutor(), _FakeExecutor()
+    run_timeline(plain, rounds=3)
+    report = run_timeline(busy, rounds=3, busy=True)
+    assert plain.launches == 1 + 3 and busy.launches == 1 + 2 * 3   # the warm-up, then one or two a round
+    assert report.kernels[0].done_us == pytest.approx(0.8)           # the second replay's own stamps

@@ -29,12 +29,15 @@ relies on is kept; only its work moves before the wait. Legal where
   where the destructor runs only as the kernel returns;
 - it is not the plan's first kernel (whatever ran before the plan may still be writing its inputs).
 
-Measured on an H200 (session 54, benchmarks/decode_ab.py, the 1 B Llama's 4-layer decode plan, 9 alternating
-rounds in one process; benchmarks/results/work_before_wait_session54_h200.txt): the sin table and the first norm
-AHEAD, the plan replayed in 156.0 us against 158.1 with `--pin ahead=0` (1.013x, the same tokens), the generate
-step 0.1617 against 0.1621 ms; in the 2-layer plan's timeline the first projection's go moved from 7.74 us
-(session 53) to 4.86. The cos table still waits for the product (a Concat's guarded loads keep the product
-stored, passes/inline_producers.py), so its 2.3 us in the chain stay on the path.
+Measured on an H200 (session 54, benchmarks/decode_ab.py, the 1 B Llama's 4-layer decode plan, alternating rounds
+in one process; benchmarks/results/work_before_wait_session54_h200.txt): the sin table and the first norm AHEAD,
+the generate step 0.1603 against 0.1609 ms with `--pin ahead=0` (7 rounds, the same tokens), and 0.1617 against
+0.1621 in an earlier call; the plan's own replay 155.4 against 155.5 us. The cos and sin tables take 0.5-0.7 us
+each in the chain (benchmarks/prototypes/plan_prefix.py), so little is left to overlap. (A first A/B showed
+156.0 against 158.1 us for the replay: decode_ab then timed the decode plan on inputs the prefill plan had
+overwritten in the arena the two share, a garbage position whose cosf and sinf took their slow path for about
+2 us each; decode_ab now writes each plan's inputs before timing it.) The cos table still waits for the product
+(a Concat's guarded loads keep the product stored, passes/inline_producers.py).
 
 The credit: its body (the prediction less the launch) overlaps the kernels still running, so
 the chain saves the shorter of the two; recorded with each decision. `--pin ahead=0` turns the
