@@ -80,6 +80,15 @@ def test_the_rule_leaves_a_kernel_that_reads_its_predecessor_and_the_first_kerne
     assert not rec["k3"].applied and "'m', which k2 writes" in rec["k3"].reason
 
 
+def test_no_kernel_is_ahead_without_dependent_launches():
+    """sm_80 has no programmatic dependent launch: every kernel starts plainly, nothing to move."""
+    from aicfc.frontend.onnx_import import import_model
+    from aicfc.passes.pipeline import Options, run_pipeline
+    from aicfc.planner.hardware import load_profile
+    plan = run_pipeline(import_model(side_model(), {}), Options("sm_80", load_profile("sm_80"), "fp32")).plan
+    assert not any(ahead(k) for k in plan.kernels) and not _records(plan)
+
+
 def test_ahead_pin_turns_the_rule_off():
     plan = plan_of(decoder(), decode_shapes(1), "fp16", {"ahead": "0"})
     assert not any(ahead(k) for k in plan.kernels)
@@ -108,7 +117,8 @@ def test_the_entry_triggers_first_and_waits_as_the_kernel_returns():
 def test_timeline_entry_of_an_ahead_kernel_stamps_the_exit_after_the_wait():
     payload = aicfc.compile(side_model(), target="sm_90", timeline=True)
     body = _body("".join(m["source"] for m in payload["modules"]), "k1")
-    assert body.index("aicf_timeline_ahead_entry(") < body.index("AicfTimelineExit<") < body.index("AicfPdlLateWait aicf_pdl_late")
+    assert (body.index("aicf_timeline_ahead_entry(") < body.index("AicfTimelineExit<")
+            < body.index("AicfPdlLateWait aicf_pdl_late"))
 
 
 def _softmax(v, axis):
@@ -122,7 +132,7 @@ def test_gpu_ahead_kernels_match_numpy_over_graph_replays(gpu_device):
     from aicf_run.executor import Executor
     model = side_model()
     rng = np.random.default_rng(5)
-    inputs = {"x": rng.standard_normal((64, 256)).astype(np.float32), "z": rng.standard_normal((64, 256)).astype(np.float32)}
+    inputs = {n: rng.standard_normal((64, 256)).astype(np.float32) for n in ("x", "z")}
     x, z = (inputs[n].astype(np.float64) for n in ("x", "z"))
     w = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float64)
     zn = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-5)

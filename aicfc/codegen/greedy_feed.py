@@ -20,9 +20,10 @@ The control words are int64 at device memory the executor allocates: [0] step, [
 [4, 4 + B) done flags, [4 + B, 4 + 2B) last tokens, [4 + 2B, 4 + 2B + max_stops) stop token
 ids (the `control` record). With them the executor captures plan + feed into one CUDA graph
 and replays it N times with no host sync between steps, reading the log back every few steps
-(aicf_run/greedy_feed.py; where the plan's kernels are launched dependent, the feed's kernels start with the
-dependent-launch entry and are launched so too: [Note: steps in one graph]). Everything shape-dependent (B, V, vector width, offsets, thread
-count) is fixed here and recorded in the plan's `greedy` record.
+(aicf_run/greedy_feed.py). Where the plan's kernels are launched dependent, the feed's kernels
+start with the dependent-launch entry and are launched so too ([Note: steps in one graph]).
+Everything shape-dependent (B, V, vector width, offsets, thread count) is fixed here and
+recorded in the plan's `greedy` record.
 """
 from __future__ import annotations
 

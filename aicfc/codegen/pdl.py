@@ -195,7 +195,8 @@ def instrument(source: str, name: str, from_block: int = 0, entry: str | None = 
         entry = ahead_entry(from_block) if ahead else ENTRY + (f"{from_block}u);" if from_block else ");")
     start, end, depth = entry_site(source, name)
     if ahead and depth != 1:
-        raise AicfError(f"internal: kernel {name!r} works before its wait, but its entry is not in its body's outermost scope")
+        raise AicfError(f"internal: kernel {name!r} works before its wait, but its entry is not in its body's "
+                        f"outermost scope")
     if start == end:
         return source[:start] + "\n  " + entry + source[start:]
     return source[:start] + entry + source[end:]

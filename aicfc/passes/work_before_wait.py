@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from aicfc.codegen import gemm
+from aicfc.codegen import gemm, pdl
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite, loads, view_base
 from aicfc.passes.merge_kernels import switch
@@ -120,7 +120,7 @@ def why_not(plan: Plan, kernels: list[Kernel], i: int) -> str | None:
     if i + 1 < len(kernels):
         nxt = kernels[i + 1]
         early = _pre_wait_reads(nxt, plan, at)
-        clash = sorted(early & set().union(*(_writes(o, at) for o in busy)))
+        clash = sorted(early & set().union(*(_writes(o, at) for o in [k, *busy])))   # it lands beside them all
         if clash:
             return f"{nxt.name} reads {clash[0]!r} before its wait, and a kernel running beside it may write it"
     return None
@@ -133,7 +133,7 @@ def _body(k: Kernel, hw: Profile) -> float:
 
 def work_before_wait(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> Plan:
     value = switch(pin, PIN, "every kernel waits at its entry", "work before the wait wherever legal")
-    if hw is None or not plan.target.startswith("sm_9"):
+    if hw is None or pdl.sm(plan.target) < pdl.MIN_SM:   # no dependent launches before sm_90
         return plan
     kernels, records = list(plan.kernels), []
     for i, k in enumerate(kernels):
