@@ -215,6 +215,7 @@ def main() -> None:
         if args.profile or args.marginal:
             from aicf_run.profile import format_profile, marginals
             for name, model in models.items():
+                model.run(step_inputs, plan=decode[name])   # its inputs, not the prefill's leftovers
                 alone = model.profile(plan=decode[name])
                 if args.profile:
                     print(f"# {name}: each decode kernel alone", flush=True)
