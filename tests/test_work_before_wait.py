@@ -71,6 +71,35 @@ def test_what_an_ahead_kernel_stores_shares_no_bytes_with_the_kernels_beside_it(
                     assert all(hi <= a or b <= lo for a, b in mine), (k.name, other.name)
 
 
+def reduce_model() -> onnx.ModelProto:
+    """a = x @ w (a gemm), b = the rows' sums of a (a row pass, the last reader of a), c = softmax(z) along
+    columns (its own kernel, reading nothing of the two before it: AHEAD beside b's)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((256, 256)).astype(np.float32), "w")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]),
+             helper.make_node("ReduceSum", ["a", "axes"], ["b"], keepdims=1),
+             helper.make_node("Softmax", ["z"], ["c"], axis=0)]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+          for n, s in (("x", [64, 256]), ("z", [64, 256]), ("b", [64, 1]), ("c", [64, 256]))]
+    graph = helper.make_graph(nodes, "ahead_memory", io[:2], io[2:], [w, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_plan_memory_keeps_an_ahead_store_off_what_the_kernel_beside_it_reads(monkeypatch):
+    """c (k2, AHEAD) is written while k1 may still read a, where a dies: placed by its writer's index alone, c
+    would take a's bytes."""
+    import aicfc.passes.plan_memory as plan_memory
+    plan = plan_of(reduce_model(), {}, "fp32")
+    assert [(k.family, k.stores, ahead(k)) for k in plan.kernels] == [
+        ("gemm", ("a",), False), ("row_reduce", ("b",), False), ("row_reduce", ("c",), True)]
+    (a0, a1), (c0, c1) = _arena(plan)["a"], _arena(plan)["c"]
+    assert a1 <= c0 or c1 <= a0
+    monkeypatch.setattr(plan_memory, "ahead", lambda k: False)   # lifetimes from the writer, as before the rule
+    apart = _arena(plan_of(reduce_model(), {}, "fp32"))
+    assert apart["a"][0] == apart["c"][0]   # what the rule's lifetimes prevent
+
+
 def test_the_rule_leaves_a_kernel_that_reads_its_predecessor_and_the_first_kernel_alone():
     plan = plan_of(side_model(), {}, "fp32")
     assert [k.family for k in plan.kernels] == ["row_reduce", "row_reduce", "gemm", "row_reduce"]
