@@ -101,14 +101,15 @@ def _pre_wait_reads(k: Kernel, plan: Plan, at) -> set[str]:
     return set()
 
 
-def why_not(plan: Plan, kernels: list[Kernel], i: int) -> str | None:
-    """Why kernel `i` may not work before its wait, the kernels before it as decided (`kernels`)."""
+def why_not(plan: Plan, kernels: list[Kernel], i: int, at=None) -> str | None:
+    """Why kernel `i` may not work before its wait, the kernels before it as decided (`kernels`); `at`: the plan's
+    `_storage`, where the caller has it."""
     k = kernels[i]
     if k.family not in FAMILIES:
         return f"a {k.family} kernel (only {' and '.join(FAMILIES)} kernels start their bodies at the entry)"
     if i == 0:
         return "the plan's first kernel: whatever ran before the plan may still be writing its inputs"
-    at = _storage(plan)
+    at = at or _storage(plan)
     busy = [kernels[j] for j in running(kernels, i)]
     for other in busy:
         clash = sorted(_reads(k, at) & _writes(other, at))
@@ -135,11 +136,11 @@ def work_before_wait(plan: Plan, hw: Profile | None = None, pin: dict | None = N
     value = switch(pin, PIN, "every kernel waits at its entry", "work before the wait wherever legal")
     if hw is None or pdl.sm(plan.target) < pdl.MIN_SM:   # no dependent launches before sm_90
         return plan
-    kernels, records = list(plan.kernels), []
+    kernels, records, at = list(plan.kernels), [], _storage(plan)
     for i, k in enumerate(kernels):
         if k.family not in FAMILIES or k.schedule is None or i == 0:
             continue
-        why = f"--pin {PIN}=0" if value == "0" else why_not(plan, kernels, i)
+        why = f"--pin {PIN}=0" if value == "0" else why_not(plan, kernels, i, at)
         if why is not None:
             records.append(Rewrite(RULE, k.name, False, why))
             continue
