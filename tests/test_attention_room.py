@@ -99,10 +99,34 @@ def test_a_raised_bound_that_spills_is_declined():
     records = [r for r in out.rewrites[n:] if r.rule == RULE]
     assert len(records) == WIDE.layers and all(not r.applied and "spills 48 B at 64 registers" in r.reason
                                                for r in records)
-    assert len(built) == WIDE.layers and all(len(params) == 1 and params[0]["MB"] for params in built)
+    # the attention is built as emitted first (its registers size the room), then the gemv under the raised bound
+    attention = [params for params in built if params[0].get("unit") == "split"]
+    gemv = [params for params in built if params[0].get("unit") == "gemv"]
+    assert len(attention) == len(gemv) == WIDE.layers and len(built) == 2 * WIDE.layers
+    assert all(len(params) == 1 and params[0]["PRE"] for params in attention)
+    assert all(len(params) == 1 and params[0]["MB"] for params in gemv)
     assert out.kernels == plan.kernels
     off = attention_room(plan, HW, {}, None)
     assert all(not r.applied and "register check is off" in r.reason for r in off.rewrites[n:] if r.rule == RULE)
+
+
+def test_the_room_is_sized_by_the_attention_as_emitted():
+    """The attention's registers come from building it as it is emitted (PRE, its folded cache writes), not from the
+    planner's count: a stub check that gives it 200 registers leaves no gemv 64 a thread, so the rule declines."""
+    from aicfc.passes.attention_room import attention_room
+    plan = _plan("0")
+    n = len(plan.rewrites)
+
+    def counts(p, problems):
+        return [[(200 if params.get("unit") == "split" else 64, 0) for params in ps] for _, ps in problems]
+    out = attention_room(plan, HW, {}, counts)
+    records = [r for r in out.rewrites[n:] if r.rule == RULE]
+    assert len(records) == WIDE.layers and all(not r.applied and "(under 64)" in r.reason for r in records)
+
+    def fits(p, problems):
+        return [[(96 if params.get("unit") == "split" else 64, 0) for params in ps] for _, ps in problems]
+    applied = [r for r in attention_room(plan, HW, {}, fits).rewrites[n:] if r.rule == RULE]
+    assert len(applied) == WIDE.layers and all(r.applied and "at 96 registers" in r.reason for r in applied)
 
 
 def check_decode_rule(gpu_device, rule: str, pin: dict | None, seed: int) -> None:

@@ -259,15 +259,20 @@ def test_cluster_merge_builds_without_spills(pin):
 @pytest.mark.parametrize("slots,precision", [(768, "fp16"), (4096, "fp32")])
 def test_slot_table_read_as_the_key_index(slots, precision):
     """[Note: the slot table as the key index] (codegen/attention.py): under the live-key rule the score compares
-    the key index itself with the position: no load of the slot table, one of the position. A table stored in a
-    type that does not hold every index exactly (fp16 past 2048) keeps its load."""
+    the key index itself with the position: no load of the slot table, one of the position; none in the split unit,
+    whose block reads each row's position once, before the key loop ([Note: the rows' positions read once]). A table
+    stored in a type that does not hold every index exactly (fp16 past 2048) keeps its load."""
     plan = plan_of(decode_attention(1, 32, 8, slots, 64), precision)
     k = the_kernel(plan)
     assert LIVE_RULE in k.rewrites
     source = render_module(plan)
     body = source.split("The score expression")[1].split("s[mi][nb][q] = x;")[0] if "The score expression" in source else source
     assert "static_cast<float>(gj)" in body
-    assert len([ln for ln in body.splitlines() if "= static_cast<float>(__ldg(" in ln]) == 1
+    position_loads = len([ln for ln in body.splitlines() if "= static_cast<float>(__ldg(" in ln])
+    if k.schedule.param["unit"] == "split":
+        assert position_loads == 0 and "<= (row_p[r])" in body
+    else:
+        assert position_loads == 1
     types = dict(plan.types())
     g = attention.geometry(k, types)
     slot = attention.slot_is_index(g, types)
@@ -426,9 +431,15 @@ def test_decode_attention_reads_its_cache_before_the_wait():
         {r.target for r in plan.rewrites if r.rule == EARLY_RULE} == {k.name for k in att}
     source = render_module(plan.replace(kernels=tuple(att), launch=pdl.DEPENDENT))
     body = source.split(att[0].name + "(", 1)[1].split("__global__", 1)[0]
-    query = body.index("Qs[x] =" if "Qs[x] =" in body else "Qh[r * ")   # the SIMT or the tensor-core body's rows
+    query = body.index("Qs[x] =" if "Qs[x] =" in body else "qreg[j] = static_cast")   # the SIMT or the tensor-core body's rows
     first_tile, entry = body.index("load_kv(0, c0);"), body.index(pdl.ENTRY)
     assert first_tile < entry < query and body.count(pdl.ENTRY) == 1
+    # [Note: the new rows with the query]: the slots it writes with the positions, before the entry; the new rows'
+    # reads after the query's are requested (the tensor-core body holds them in registers), so both overlap
+    assert body.index("wslot_k[u] = slot") < entry and body.index("wslot_v[u] = slot") < entry
+    assert body.index("row_p[r] = ") < entry   # [Note: the rows' positions read once]
+    if "qreg[" in body:
+        assert query < body.index("float wrow_k") < body.index("Qh[(x / ")
     # unfolded: the cache is written by the scatter kernel, which may run beside the attention's early part
     unfolded = att[0].replace(ops=tuple(op for op in att[0].ops if not op.out.startswith(att[0].stores[-1])))
     assert why_not_early(unfolded, plan) is not None

@@ -278,13 +278,15 @@ def slot_is_index(g: Geometry, types: Mapping[str, TensorType]) -> Load | None:
     return slot if g.sk - 1 <= EXACT_INDEX.get(types[slot.buffer].dtype, -1) else None
 
 
-def _logits(g: Geometry, p: Mapping, sig, types, live: bool = False) -> tuple[list[str], str, str]:
+def _logits(g: Geometry, p: Mapping, sig, types, live: bool = False,
+            position: str | None = None) -> tuple[list[str], str, str]:
     """C statements computing F for one score `s_raw` at (gi_c, gj_c), the value's name, and the
     factor that takes it to log2 units for the tensor-core kernels' exp2. F = s·c with a constant
     c > 0 (the usual 1/sqrt(D)) is s itself with c folded into that factor: a positive scale keeps
     the row's max where it was, and exp2(s·c·log2e - m·c·log2e) is the same softmax with one
     multiplication a score fewer (the softmax, not the products, bounds these kernels at D = 64:
-    planner/cost_attention_wgmma.py)."""
+    planner/cost_attention_wgmma.py). `position`: C holding the live-key position (`position_read`), read in its
+    place ([Note: the rows' positions read once] in codegen/attention_split.py)."""
     att = g.att
     f: Expr = att.logits
     if p["causal"]:
@@ -295,8 +297,19 @@ def _logits(g: Geometry, p: Mapping, sig, types, live: bool = False) -> tuple[li
     em = Emitter(sig.params, types, prefix="f")
     names = {v: v for v, _ in g.batch} | {att.row: "gi_c", "r0": "gj_c"}
     slot = slot_is_index(g, types) if live else None   # [Note: the slot table as the key index]
-    value = em.emit(f, names, {att.scores.out: "s_raw"}, {slot: "static_cast<float>(gj)"} if slot else {})
+    values = {slot: "static_cast<float>(gj)"} if slot else {}
+    if live and position is not None:
+        values[live_key_position(att)] = position
+    value = em.emit(f, names, {att.scores.out: "s_raw"}, values)
     return em.take(), value, literal(LOG2E)
+
+
+def position_read(g: Geometry, sig, types) -> tuple[list[str], str]:
+    """C statements reading the live-key position P of query row `gi_p` as the score expression reads it (a
+    float), and the value's name ([Note: the rows' positions read once] in codegen/attention_split.py)."""
+    em = Emitter(sig.params, types, prefix="lp")
+    value = em.emit(live_key_position(g.att), {v: v for v, _ in g.batch} | {g.att.row: "gi_p"})
+    return em.take(), value
 
 
 def _positive_scale(f: Expr, scores: str) -> float | None:
@@ -381,10 +394,12 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         operands[key] = {"ptr": sig.params[ld.buffer], "base": c_affine(base, names), "s_row": strides[0],
                          "s_col": strides[1], "T": CTYPES[types[ld.buffer].dtype]}
     if p["unit"] == "split":   # the score expression in natural units (attention_split.py says why)
-        lines, value, _ = _logits(g, {"unit": "simt", "causal": 0}, sig, types, LIVE_RULE in k.rewrites)
+        live = LIVE_RULE in k.rewrites   # [Note: the rows' positions read once]: the scores read row_p[r]
+        lines, value, _ = _logits(g, {"unit": "simt", "causal": 0}, sig, types, live, "row_p[r]" if live else None)
         return attention_split.render_kernel(k, g, p, sig, operands, _store(g, types, sig, names),
                                              live_position(k, g, sig, types), lines, value, name,
-                                             _cache_writes(k, g, sig, types, operands))
+                                             _cache_writes(k, g, sig, types, operands),
+                                             position_read(g, sig, types) if live else None)
     lines, value, log2_scale = _logits(g, p, sig, types, LIVE_RULE in k.rewrites)
     tiles = math.ceil(g.sq / p["BM"])
     common = dict(name=name, signature=sig.text, idx=idx, decompose=decompose("batch", g.batch, idx),

@@ -71,6 +71,29 @@ an H200 (session 25, benchmarks/results/new_rows_session25_h200.txt): the 1 B Ll
 attention 4.51-4.59 us alone against 4.68-4.71, but its 8-layer decode plan 368.9 us against
 368.1 (7 alternating rounds, the same tokens; the generate step 0.3710 against 0.3728 ms): in
 the chain the saving does not show. Kept as the shorter chain, not as a measured gain.
+Session 55 (an H200; SASS of the decode step's attention): the "one round trip" was three for the
+block holding the new rows: after the wait it read the position again (the slots), then the new rows,
+whose conversion to float waited for them, then the query rows. Now the slots are computed from the
+positions before the wait where PRE allows it (fold_cache_writes.why_not_early also asks that the
+slots read nothing another kernel writes), and on tensor cores a thread's query elements (at most
+QREG_MAX) are requested into registers before the new rows and stored after, so both reads are one
+trip. The slots are held as int (-1 outside the cache: in no chunk either way), two registers fewer.
+
+[Note: the rows' positions read once]
+Under the live-key rule the scores' mask compares each key with its row's position (j <= P). That
+position was read in the key loop, per score (`__ldg` after the tile's products: a trip to L1 or L2
+between the products and the softmax on every tile). The block now reads each row's position once, with
+the other positions (before the wait under PRE), into shared memory (`row_p`, R floats), and the score
+expression reads `row_p[r]` in its place (the Emitter's `values`: the same float the load gave). A
+per-thread register copy instead spilled 4 bytes at the 96 registers ptxas picked for the 1 B Llama's
+4-warp form, so it took the 8-warp form.
+Measured on an H200 (session 55, benchmarks/results/attention_trips_session55_h200.txt; the 1 B Llama's
+decode plan, benchmarks/decode_ab.py against the previous commit's bundle compiled in the same call):
+the 2-layer timeline's phases, each block from its go, put the query staged at 0.51-0.77 us (1.02 before),
+the scores 0.26-0.51 us after the tile (0.77) and the last block's exit 3.94-4.19 us (4.26-4.51); but
+the 4-layer plan replayed in 158.8 us against 158.0 (9 alternating rounds), the generate step 0.1619
+against 0.1620 ms, the same tokens: in the chain the attention's blocks still land late and the saving
+does not show in the plan. Kept as the shorter chain.
 
 [Note: split attention as a cluster]
 CL = 1 (2 <= SPLITS <= CLUSTER_SPLITS, the portable cluster size): the SPLITS chunks of a K/V head are
@@ -164,6 +187,8 @@ MAX_ROWS = 32       # query rows of one block (G·Sq)
 MAX_RT = 8          # score rows a thread accumulates (ptxas spilled at 16: 32 rows, BN 64, 4 warps)
 MAX_SPLITS = 64     # chunks per (batch, kv head): the combine's weights live in shared memory
 MERGE_HELD = 16     # at most this many chunks, the merge holds a thread's O pair of each in registers
+QREG_MAX = 4        # at most this many query elements a thread, they are held in registers while the new rows are
+                    # requested ([Note: the new rows with the query]; 8 spilled 4 bytes: B2, 4 heads over 1, Sq 4)
                     # ([Note: the merge's reads at once])
 CLUSTER_SPLITS = 8  # CL = 1: the chunks of a K/V head as one thread block cluster, at most the portable
                     # cluster size ([Note: split attention as a cluster])
@@ -279,7 +304,7 @@ def thread_map(rows: int, dv: int, p: Mapping) -> dict[str, int]:
 def smem_bytes(rows: int, d: int, dv: int, p: Mapping) -> int:
     esize = ITEMSIZE[p["dtype"]]
     staged = p.get("STAGES", 2) * p["BN"] * ((d + PAD) + (dv + PAD)) * esize
-    stats = 3 * rows + rows * p["SPLITS"] + 1
+    stats = 4 * rows + rows * p["SPLITS"] + 1   # row_m, row_l, row_a, the weights, row_p, the ticket
     if p.get("MMA"):   # the query rows as 16-row slices, and every warp's (O, m, l) for the merge
         mi = math.ceil(rows / 16)
         base = staged + 16 * mi * (d + PAD) * esize + 4 * (p["warps"] * 16 * mi * (dv + 2) + stats)
@@ -317,7 +342,8 @@ def partial_floats(nkv: int, rows: int, dv: int, splits: int) -> int:
 
 
 def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, live: str | None,
-                  logit_lines: list[str], logit: str, name: str, writes: list[dict] = ()) -> str:
+                  logit_lines: list[str], logit: str, name: str, writes: list[dict] = (),
+                  position: tuple[list[str], str] | None = None) -> str:
     """`g`, `sig`, `operands`, `store`, `live`, the logits: what codegen/attention.py derived for
     every unit (the score expression in natural units)."""
     from aicfc.codegen.scratch import scratch
@@ -334,6 +360,7 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   q=operands["q"], k=operands["k"], v=operands["v"], o=store, live=live, logit_lines=logit_lines,
                   logit=logit, empty_rows_zero=g.att.empty_rows_zero, partials=part, tickets=tickets,
                   stats_at=sp.nkv * p["SPLITS"] * sp.rows * g.dv, writes=list(writes), PRE=p.get("PRE", 0),
-                  PDL_MARK=pdl.MARK, PHASE=phase_mark, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD,
-                  CL=p.get("CL", 0), PPR=pairs_a_rank(sp.rows, g.dv, p["SPLITS"]),
+                  PDL_MARK=pdl.MARK, PHASE=phase_mark, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD, QREG_MAX=QREG_MAX,
+                  CL=p.get("CL", 0), pos_lines=position[0] if position else None,
+                  pos_value=position[1] if position else None, PPR=pairs_a_rank(sp.rows, g.dv, p["SPLITS"]),
                   CLP_AT=cluster_partial_at(smem_bytes(sp.rows, g.d, g.dv, {**p, "CL": 0})), **tm)

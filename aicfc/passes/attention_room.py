@@ -14,7 +14,9 @@ where the attention's block takes 12,288).
 So the gemv before such an attention gets MB, its launch bounds' minimum blocks an SM
 ([Note: the K-major gemv's register budget] in codegen/gemm_gemv.py), raised until ptxas's register
 ceiling leaves, beside the gemv's blocks on its busiest SM, the registers of one attention block (at
-the register check's count). Declined where the gemv would keep fewer than MIN_REGS registers a
+the count ptxas gives the attention as it is emitted: after fold_cache_writes and PRE, which the planner's register
+check did not see; session 55 found that check at 98 where the emitted kernel took 118, a block the room did not
+hold). Declined where the gemv would keep fewer than MIN_REGS registers a
 thread, or the threads would not fit, or ptxas spills under the raised bound (the gemv is built again
 under it: a bf16 gemv's conversions need more registers than an fp16 one's), or the register check is
 off (nothing would tell). `--pin room=0` turns the rule off.
@@ -65,10 +67,11 @@ def checked_registers(k: Kernel) -> int | None:
     return int(checked) if checked else s.registers
 
 
-def room(gemv: Kernel, attention: Kernel, hw: Profile) -> tuple[dict | None, str]:
-    """(the gemv's new MB, why) or (None, why not)."""
+def room(gemv: Kernel, attention: Kernel, hw: Profile, a_regs: int | None = None) -> tuple[dict | None, str]:
+    """(the gemv's new MB, why) or (None, why not); `a_regs`: the attention's registers as emitted, else the
+    planner's count."""
     p = gemv.schedule.param
-    a_regs = checked_registers(attention)
+    a_regs = a_regs or checked_registers(attention)
     if a_regs is None:
         return None, f"{attention.name}'s registers are not known (the register check is off)"
     a_threads = block_threads(attention)
@@ -108,7 +111,8 @@ def attention_room(plan: Plan, hw: Profile | None = None, pin: dict | None = Non
         if value == "0":
             records.append(Rewrite(RULE, g.name, False, f"--pin {PIN}=0"))
             continue
-        changes, why = room(g, a, hw)
+        emitted = check(plan, [(a, [dict(a.schedule.param)])])[0][0][0] if check is not None else None
+        changes, why = room(g, a, hw, emitted)
         if changes is not None and check is None:
             changes, why = None, "the register check is off: whether ptxas spills under the raised bound is unknown"
         if changes is None:

@@ -136,6 +136,12 @@ def why_not_early(k: Kernel, plan: Plan) -> str | None:
             return f"its {role} is not a cache it updates itself"
     if pos.buffer not in inputs or pos.buffer in written:
         return "its positions are not a plan input that no kernel writes"
+    from aicfc.codegen import scatter
+    for y in own:   # the slots it writes are computed before the wait too ([Note: the new rows with the query])
+        for ident, _ in scatter.parts(scatter_part(k, y))[3]:
+            late = sorted({ld.buffer for ld in loads(ident)} & written)
+            if late:
+                return f"the slots it writes read {late[0]}, which another kernel writes"
     return None
 
 

@@ -45,6 +45,13 @@ past B8's norm kept apart): 222.0 against 225.8 us (1.017x). Tried and dropped: 
 own weight loop, a 2 / 4 MiB share of the next gemv's head (the "tail fill": its last blocks stream on alone for
 1-2 us): 180.8 / 183.5 us against 181.2.
 
+Session 55 (calls 1-2, the same A/B, 7 rounds; benchmarks/results/l2_more_session55_h200.txt): more of the gate/up's
+rows past the head, requested by the O projection's blocks once the O reads its own slice from L2, at their go
+(4 / 8 / 14 MiB: 156.6 / 163.4 / 169.2 us against 155.9) or after their weight loop (4 / 8 / 12 MiB: 157.2 / 161.3 /
+164.8 against 155.3). Not kept: in the timeline the gate/up's body took as long as without them (its weights
+streamed 9.2 us after its go either way) while the O ran 0.7-1.1 us longer. The head itself at 8 MiB: 156.6
+against 155.9; the rule off (`--pin fill=0`): 159.7 against 155.3.
+
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule
 off; `--pin fill=MB` sets the head, `--pin fillshare=F` the idle share (A/Bs' knobs).
