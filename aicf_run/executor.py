@@ -111,6 +111,7 @@ class Shared:
     stream: Any
     uploaded: set[tuple[int, str]] = field(default_factory=set)
     state: Any = None
+    arena_plan: Any = None   # the Executor whose launch last wrote the arena ([Note: one arena, several plans])
 
 
 @dataclass(frozen=True, eq=False)
@@ -426,10 +427,27 @@ class Executor:
         if not graph:
             for launch in self._launches:
                 self._enqueue(launch)
+            self.wrote_arena()
             return
         if self._graph is None:
             self._graph = self._capture()
         self._graph.launch(self._stream)
+        self.wrote_arena()
+
+    def wrote_arena(self) -> None:
+        """Records that this plan's launch is what the arena it shares with other plans holds now."""
+        if self._shared is not None:
+            self._shared.arena_plan = self
+
+    def _check_arena(self, what: str) -> None:
+        """[Note: one arena, several plans] (aicf_run/plan_set.py): refuses, in one line, to time this plan on what
+        another plan of the bundle left in the arena they share."""
+        other = self._shared.arena_plan if self._shared is not None else None
+        if other is not None and other is not self:
+            mine, theirs = self.plans[0].name, other.plans[0].name
+            raise RunError(f"cannot {what} plan {mine}: the arena it shares holds what plan {theirs} left there, "
+                           f"which {mine} would read as its inputs; run plan {mine} once on its own inputs first "
+                           f"(run(inputs, plan={mine!r})), then time it")
 
     def launch_kernel(self, index: int) -> None:
         """Enqueue kernel `index` of the plan alone on the stream (for profiling); no sync."""
@@ -460,15 +478,18 @@ class Executor:
 
     def bench(self, replays: int, graph: bool | None = None) -> _bench.BenchReport:
         """Time `replays` whole-plan replays (see aicf_run.bench); graph None times both ways."""
+        self._check_arena("time")
         return _bench.bench(self, replays, graph)
 
     def profile(self) -> _profile.ProfileReport:
         """Time every kernel alone and the whole plan (see aicf_run.profile)."""
+        self._check_arena("profile")
         return _profile.profile(self)
 
     def timeline(self, rounds: int = _timeline.ROUNDS, busy: bool = False) -> _timeline.TimelineReport:
         """When each kernel's blocks landed and started in replays of the plan (see aicf_run.timeline); `busy`:
         each timed replay right after another one."""
+        self._check_arena("take the timeline of")
         return _timeline.timeline(self, rounds, busy)
 
     def stamp_arrays(self) -> list[tuple[int, int] | None]:

@@ -162,6 +162,7 @@ class GreedyFeed:
         for n, count in ((self.graph_steps, whole), (1, rest)):
             for _ in range(count):
                 self._graphs[n].launch(self._stream)
+        self.step.wrote_arena()
 
     def read_back(self, slot: int) -> None:
         """Enqueue copies of the log and the control words into page-locked slot `slot`."""

@@ -9,6 +9,15 @@ state tensors at the same offsets ([Note: state] in aicf_run/executor.py: a KV c
 state region, so a prefill plan's run leaves the cache the decode plan's next run reads
 (`shares_state`); otherwise each plan keeps its own. `run` picks the plan whose
 input shapes equal the inputs' (`select_plan`): a lookup, never a choice; `plan=` names one.
+
+[Note: one arena, several plans]
+`bench`, `profile` and a timeline replay a plan on what its arena holds, which for one plan alone is its last
+run's inputs. Here the arena is shared: after a prefill plan's run it holds the prefill's data, and a decode
+plan timed then reads that as its inputs (session 54: a garbage position sent the decode step's cos/sin
+tables down a slow path, 2.5 us a kernel where its own inputs take 0.74). So the shared memory records which
+plan's launch last wrote the arena (`Shared.arena_plan`: every launch, a run's included, and the greedy feed's
+graphs, which replay the decode plan), and timing another plan there is a one-line RunError that says to run
+that plan on its own inputs first.
 """
 
 from __future__ import annotations

@@ -189,6 +189,32 @@ def test_plan_set_runs_each_plan_over_weights_uploaded_once(tmp_path: Path, fake
     device.close()
 
 
+def test_timing_a_plan_on_another_plans_arena_is_refused(tmp_path: Path, fake_gpu: Any) -> None:
+    """[Note: one arena, several plans]: after plan 0 ran, the arena holds its data; timing plan 1 there would read
+    that as plan 1's inputs, so bench, profile and the timeline refuse in one line until plan 1 has run."""
+    path = tmp_path / "two.aicf"
+    write_bundle(two_plans(), path)
+    ex = aicf_run.load(path)
+    rng = np.random.default_rng(7)
+    ex.bench(2, graph=False, plan=1)   # nothing has run: the arena holds no other plan's data
+    ex.run({"x": rng.standard_normal((2, 3)).astype(np.float32)})
+    message = (r"^cannot {what} plan x=1x3: the arena it shares holds what plan x=2x3 left there, which x=1x3 would "
+               r"read as its inputs; run plan x=1x3 once on its own inputs first \(run\(inputs, plan='x=1x3'\)\), "
+               r"then time it$")
+    for call, what in ((lambda: ex.bench(2, graph=False, plan=1), "time"), (lambda: ex.profile(plan=1), "profile"),
+                       (lambda: ex.plan(1).timeline(rounds=1), "take the timeline of")):
+        with pytest.raises(RunError, match=message.format(what=what)):
+            call()
+    ex.bench(2, graph=False, plan=0)   # plan 0's own data: allowed
+    ex.run({"x": rng.standard_normal((1, 3)).astype(np.float32)})
+    assert ex.bench(2, graph=False, plan=1).launches is not None
+    with pytest.raises(RunError, match="^cannot time plan x=2x3: the arena it shares holds what plan x=1x3 left"):
+        ex.bench(2, graph=False, plan=0)
+    device = ex.device
+    ex.close()
+    device.close()
+
+
 def test_aicf_run_picks_the_plan_by_the_inputs_shapes(tmp_path: Path, fake_gpu: Any) -> None:
     path = tmp_path / "two.aicf"
     write_bundle(two_plans(), path)
