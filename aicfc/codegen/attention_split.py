@@ -86,7 +86,7 @@ between the products and the softmax on every tile). The block now reads each ro
 the other positions (before the wait under PRE), into shared memory (`row_p`, R floats), and the score
 expression reads `row_p[r]` in its place (the Emitter's `values`: the same float the load gave). A
 per-thread register copy instead spilled 4 bytes at the 96 registers ptxas picked for the 1 B Llama's
-4-warp form, so it took the 8-warp form.
+4-warp form, which the planner then rejected for the 8-warp form (session 50: the plan 188.5 us against 165.4).
 Measured on an H200 (session 55, benchmarks/results/attention_trips_session55_h200.txt; the 1 B Llama's
 decode plan, benchmarks/decode_ab.py against the previous commit's bundle compiled in the same call):
 the 2-layer timeline's phases, each block from its go, put the query staged at 0.51-0.77 us (1.02 before),
@@ -187,9 +187,9 @@ MAX_ROWS = 32       # query rows of one block (G·Sq)
 MAX_RT = 8          # score rows a thread accumulates (ptxas spilled at 16: 32 rows, BN 64, 4 warps)
 MAX_SPLITS = 64     # chunks per (batch, kv head): the combine's weights live in shared memory
 MERGE_HELD = 16     # at most this many chunks, the merge holds a thread's O pair of each in registers
+                    # ([Note: the merge's reads at once])
 QREG_MAX = 4        # at most this many query elements a thread, they are held in registers while the new rows are
                     # requested ([Note: the new rows with the query]; 8 spilled 4 bytes: B2, 4 heads over 1, Sq 4)
-                    # ([Note: the merge's reads at once])
 CLUSTER_SPLITS = 8  # CL = 1: the chunks of a K/V head as one thread block cluster, at most the portable
                     # cluster size ([Note: split attention as a cluster])
 LOG2E = 1.4426950408889634

@@ -15,8 +15,8 @@ So the gemv before such an attention gets MB, its launch bounds' minimum blocks 
 ([Note: the K-major gemv's register budget] in codegen/gemm_gemv.py), raised until ptxas's register
 ceiling leaves, beside the gemv's blocks on its busiest SM, the registers of one attention block (at
 the count ptxas gives the attention as it is emitted: after fold_cache_writes and PRE, which the planner's register
-check did not see; session 55 found that check at 98 where the emitted kernel took 118, a block the room did not
-hold). Declined where the gemv would keep fewer than MIN_REGS registers a
+check did not see: session 55 found that check at 98 registers where the emitted kernel took 118; the room held
+it at the 1 B Llama's MB, by the allocation's slack, not by design). Declined where the gemv would keep fewer than MIN_REGS registers a
 thread, or the threads would not fit, or ptxas spills under the raised bound (the gemv is built again
 under it: a bf16 gemv's conversions need more registers than an fp16 one's), or the register check is
 off (nothing would tell). `--pin room=0` turns the rule off.
