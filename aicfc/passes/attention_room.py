@@ -103,16 +103,18 @@ def attention_room(plan: Plan, hw: Profile | None = None, pin: dict | None = Non
         return plan
     from aicfc.passes.plan_schedules import with_params
     kernels, records = list(plan.kernels), []
-    for i in range(1, len(kernels)):
+    pairs = [i for i in range(1, len(kernels)) if _split_attention(kernels[i]) and kernels[i - 1].family == "gemm"
+             and (kernels[i - 1].schedule.param if kernels[i - 1].schedule is not None else {}).get("unit") == "gemv"]
+    emitted: dict[int, int] = {}   # each attention's registers as emitted, all built at once (in parallel)
+    if check is not None and value != "0" and pairs:
+        counts = check(plan, [(kernels[i], [dict(kernels[i].schedule.param)]) for i in pairs])
+        emitted = {i: c[0][0] for i, c in zip(pairs, counts)}
+    for i in pairs:
         a, g = kernels[i], kernels[i - 1]
-        gp = g.schedule.param if g.schedule is not None else {}
-        if not _split_attention(a) or g.family != "gemm" or gp.get("unit") != "gemv":
-            continue
         if value == "0":
             records.append(Rewrite(RULE, g.name, False, f"--pin {PIN}=0"))
             continue
-        emitted = check(plan, [(a, [dict(a.schedule.param)])])[0][0][0] if check is not None else None
-        changes, why = room(g, a, hw, emitted)
+        changes, why = room(g, a, hw, emitted.get(i))
         if changes is not None and check is None:
             changes, why = None, "the register check is off: whether ptxas spills under the raised bound is unknown"
         if changes is None:
