@@ -120,6 +120,8 @@ def _render_kernels(plan: Plan) -> list[str]:
             body = timeline.instrument(body, k.name, k.schedule.grid, start, ahead)
         elif plan.launch == pdl.DEPENDENT:
             body = pdl.instrument(body, k.name, start, ahead=ahead)
+        if plan.launch == pdl.DEPENDENT and k.schedule.param.get("TF"):   # [Note: the trigger before the wait]
+            body = pdl.trigger_first(body, k.name, start)
         out.append(body)
     return out
 

@@ -22,7 +22,8 @@ before the wait] in passes/work_before_wait.py). So
   [Note: epilogue reads before the wait] in passes/early_epilogue.py);
 - the next kernel is launched while this one runs and its blocks wait on the SMs as this
   one's retire: the launch latency overlaps the work instead of following it;
-- run-ahead is one kernel: a kernel triggers only after its own wait has returned. Triggering
+- run-ahead is one kernel: a kernel triggers only after its own wait has returned (but where the
+  kernel before it leaves the DRAM idle: [Note: the trigger before the wait] in passes/early_trigger.py). Triggering
   before the wait instead (every kernel's blocks then land while two kernels before them still
   run) measured slower on an H200: a 4-layer decode plan of a 1 B Llama replayed in 300.4 us
   against 228.6 (benchmarks/results/decode_ab_session10_h200.txt). Nor does it pay for the small
@@ -162,6 +163,17 @@ def entry_site(source: str, name: str) -> tuple[int, int, int]:
     """(start, end, depth) of where kernel `name`'s entry goes: the body's MARK line (replaced),
     else the start of its body (start == end); depth, the braces open there counted from the
     body's own (1: the body's outermost scope)."""
+    brace = _body_brace(source, name)
+    nxt = source.find("__global__", brace)
+    mark = source.find(MARK, brace, len(source) if nxt < 0 else nxt)
+    if mark < 0:
+        return brace + 1, brace + 1, 1
+    between = source[brace:mark]
+    return mark, mark + len(MARK), between.count("{") - between.count("}")
+
+
+def _body_brace(source: str, name: str) -> int:
+    """Where kernel `name`'s body opens in `source` (the index of its `{`)."""
     m = re.search(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source)
     if m is None:
         raise AicfError(f"internal: kernel {name!r} has no __global__ definition to start with {ENTRY}")
@@ -172,12 +184,14 @@ def entry_site(source: str, name: str) -> tuple[int, int, int]:
     brace = source.index("{", i)
     if source[i:brace].strip(" \n\t") and not source[i:brace].strip().startswith("__"):
         raise AicfError(f"internal: kernel {name!r}: unexpected text before its body: {source[i:brace]!r}")
-    nxt = source.find("__global__", brace)
-    mark = source.find(MARK, brace, len(source) if nxt < 0 else nxt)
-    if mark < 0:
-        return brace + 1, brace + 1, 1
-    between = source[brace:mark]
-    return mark, mark + len(MARK), between.count("{") - between.count("}")
+    return brace
+
+
+def trigger_first(source: str, name: str, from_block: int = 0) -> str:
+    """`source` with kernel `name`'s trigger as the first statement of its body ([Note: the trigger before the
+    wait] in passes/early_trigger.py); its entry, where the wait is, stays where it is (its trigger then a no-op)."""
+    brace = _body_brace(source, name) + 1
+    return source[:brace] + "\n  " + AHEAD_ENTRY + (f"{from_block}u);" if from_block else ");") + source[brace:]
 
 
 def ahead_entry(from_block: int = 0) -> str:

@@ -51,6 +51,12 @@ rows past the head, requested by the O projection's blocks once the O reads its 
 164.8 against 155.3). Not kept: in the timeline the gate/up's body took as long as without them (its weights
 streamed 9.2 us after its go either way) while the O ran 0.7-1.1 us longer. The head itself at 8 MiB: 156.6
 against 155.9; the rule off (`--pin fill=0`): 159.7 against 155.3.
+Session 56 (call 1, the same A/B, 9 rounds; benchmarks/results/early_trigger_session56_h200.txt): the split attention
+requesting the O's whole weight into L2 as its wait returns (thread 0 of each of its 48 blocks a share, bulk
+requests), so that the O's blocks could spend their window on a larger head: 157.2 us against 155.7 with the 4 MiB
+head, 159.7 / 163.8 with 8 / 12 MiB. In the 2-layer timeline the attention staged its query 0.5 us later (1.28
+against 0.77 us after its go) and the gate/up's weights streamed no sooner (8.96-9.22 us after its go against
+9.22-9.47). Not kept.
 
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule

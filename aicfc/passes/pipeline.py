@@ -33,6 +33,7 @@ from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.attention_room import attention_room
 from aicfc.passes.early_epilogue import early_epilogue
+from aicfc.passes.early_trigger import early_trigger
 from aicfc.passes.gemv_room import gemv_room
 from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.fold_cache_writes import fold_cache_writes
@@ -102,6 +103,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("l2_fill", "decision", "decision", lambda p, o: l2_fill(p, o.profile, dict(o.pin))),
     Stage("attention_room", "decision", "decision", lambda p, o: attention_room(p, o.profile, dict(o.pin), o.check)),
     Stage("work_before_wait", "decision", "decision", lambda p, o: work_before_wait(p, o.profile, dict(o.pin))),
+    Stage("early_trigger", "decision", "decision", lambda p, o: early_trigger(p, o.profile, dict(o.pin))),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 

@@ -77,7 +77,7 @@ def running(kernels, i: int) -> list[int]:
     return out
 
 
-def _storage(plan: Plan):
+def storage(plan: Plan):
     """name -> the bytes it names: a view's source, a state output's input (one buffer of the state)."""
     base = view_base(plan.views)
     pair = {st.output: st.input for st in plan.state}
@@ -88,11 +88,11 @@ def _reads(k: Kernel, at) -> set[str]:
     return {at(ld.buffer) for op in k.ops for ld in loads(op.body)} - {at(o) for o in k.outs}
 
 
-def _writes(k: Kernel, at) -> set[str]:
+def writes(k: Kernel, at) -> set[str]:
     return {at(s) for s in k.stores}
 
 
-def _pre_wait_reads(k: Kernel, plan: Plan, at) -> set[str]:
+def pre_wait_reads(k: Kernel, plan: Plan, at) -> set[str]:
     """What kernel `k`, not AHEAD, reads before its wait and a kernel of the plan may write: its early
     epilogue's operands (a gemv's weights, an attention's own cache and positions are written by no other kernel)."""
     p = k.schedule.param if k.schedule is not None else {}
@@ -103,25 +103,25 @@ def _pre_wait_reads(k: Kernel, plan: Plan, at) -> set[str]:
 
 def why_not(plan: Plan, kernels: list[Kernel], i: int, at=None) -> str | None:
     """Why kernel `i` may not work before its wait, the kernels before it as decided (`kernels`); `at`: the plan's
-    `_storage`, where the caller has it."""
+    `storage`, where the caller has it."""
     k = kernels[i]
     if k.family not in FAMILIES:
         return f"a {k.family} kernel (only {' and '.join(FAMILIES)} kernels start their bodies at the entry)"
     if i == 0:
         return "the plan's first kernel: whatever ran before the plan may still be writing its inputs"
-    at = at or _storage(plan)
+    at = at or storage(plan)
     busy = [kernels[j] for j in running(kernels, i)]
     for other in busy:
-        clash = sorted(_reads(k, at) & _writes(other, at))
+        clash = sorted(_reads(k, at) & writes(other, at))
         if clash:
             return f"it reads {clash[0]!r}, which {other.name} writes and may still be writing"
-        clash = sorted(_writes(k, at) & (_reads(other, at) | _writes(other, at)))
+        clash = sorted(writes(k, at) & (_reads(other, at) | writes(other, at)))
         if clash:
             return f"it writes {clash[0]!r}, which {other.name} may still be using"
     if i + 1 < len(kernels):
         nxt = kernels[i + 1]
-        early = _pre_wait_reads(nxt, plan, at)
-        clash = sorted(early & set().union(*(_writes(o, at) for o in [k, *busy])))   # it lands beside them all
+        early = pre_wait_reads(nxt, plan, at)
+        clash = sorted(early & set().union(*(writes(o, at) for o in [k, *busy])))   # it lands beside them all
         if clash:
             return f"{nxt.name} reads {clash[0]!r} before its wait, and a kernel running beside it may write it"
     return None
@@ -136,7 +136,7 @@ def work_before_wait(plan: Plan, hw: Profile | None = None, pin: dict | None = N
     value = switch(pin, PIN, "every kernel waits at its entry", "work before the wait wherever legal")
     if hw is None or pdl.sm(plan.target) < pdl.MIN_SM:   # no dependent launches before sm_90
         return plan
-    kernels, records, at = list(plan.kernels), [], _storage(plan)
+    kernels, records, at = list(plan.kernels), [], storage(plan)
     for i, k in enumerate(kernels):
         if k.family not in FAMILIES or k.schedule is None or i == 0:
             continue

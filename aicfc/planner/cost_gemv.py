@@ -72,7 +72,10 @@ Two terms come from plans, not from kernels alone:
   clusters of 2) replayed the plan 167.6 us against 170.2 (session 48, before MB) and 164.2 against 165.4
   (session 50, benchmarks/results/decode_session50_h200.txt, call 4): a block then reads 256-byte runs of each
   weight row where the pick reads 128, which no term sees; splits of 3 (a grid of 2 or 4 blocks on every SM)
-  replayed it 168.0 and 171.6. Not refitted on one plan's A/B.
+  replayed it 168.0 and 171.6. Not refitted on one plan's A/B. Session 56 (benchmarks/results/early_trigger_session56_h200.txt,
+  call 5, 7 rounds, bundle pairs in one process) timed the generate step, which the sessions before did not: BN 128 in
+  clusters of 4 splits 0.1605 and 0.1604 ms against the pick's 0.1592, and split 1 (176 blocks of 8 warps) 0.1627; the
+  pick stands.
 Tensor-core steps (TC = 1, [Note: the gemv on tensor cores]) use the same terms with their own
 step bytes and t_fma; gemv_tc_issue (2.0) is not fitted: at 8 rows the products are under a tenth
 of the stream's time, so no ranking depended on it. Measured against these terms (session 27, an
