@@ -27,14 +27,15 @@ rounds in one process, the same tokens; benchmarks/results/early_trigger_session
 the generate step (the greedy feed's graph of decode steps, what a decoder's plans run in) 0.1599 against 0.1605 ms
 (call 2, 9 rounds), 0.1600 against 0.1610 (call 3, 9 rounds), and 0.1600 / 0.1598 / 0.1602 against 0.1610 / 0.1610 /
 0.1606 over three bundles of each (call 4, 7 rounds): 1.004-1.006x, faster in every pair. The decode plan replayed
-alone moved the other way in four of the five pairs (154.0 against 155.1 us in call 2; 155.9 against 154.3 in
-call 3; 154.8 against 154.0 on average in call 4: 0.995x), so the rule is kept for the generate step, not for a
-plan's `aicf-run --bench`. Also measured in call 2 and not kept: the split attention triggering before its own
-wait as well (generate step 0.1596-0.1602 ms; the attention alone 0.1602 against 0.1605), and the O triggering
-first with an 8 MiB L2 head (0.1623: the larger head slowed the plan as in session 55).
+alone moved the other way in three of the five pairs (faster in call 2, 154.0 against 155.1 us; slower in call 3,
+155.9 against 154.3; in call 4 one faster and two slower, 154.8 against 154.0 on average: 0.995x), so the rule is
+kept for the generate step, not for a plan's `aicf-run --bench`. Also measured in call 2 and not kept: the split
+attention triggering before its own wait, alone (generate step 0.1602 ms against 0.1605) and with the O's (0.1596
+against the O's alone 0.1599), and the O triggering first with an 8 MiB L2 head (0.1623: the larger head slowed the
+plan as in session 55).
 
 No predicted time moves: what the next gemv's first step gains is set by where its blocks land in the chain,
-which the per-kernel terms do not see (the rewrite's reason gives the kernel before and its idle estimate).
+which the per-kernel terms do not see (the rewrite's reason names the idle kernel and the one that lands).
 `--pin trigger=0` turns the rule off.
 
     kernel k25 gemm [gemv PF=1 PRE=1]  { ... }
