@@ -105,6 +105,22 @@ def run_payload(payload: dict, inputs: dict, device, poison: bool = True) -> dic
         ex.close()
 
 
+def run_replayed(payload: dict, inputs: dict, device, replays: int = 200) -> tuple[dict, dict]:
+    """Run a compiled payload on `device` (arena poisoned first), replay its graph `replays` times back to back,
+    run it again: (the first outputs, the last). A race between its kernels shows as a difference."""
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    ex = Executor(Bundle.from_payload(payload), device)
+    try:
+        ex.poison()
+        first = ex.run(inputs)
+        for _ in range(replays):
+            ex.launch()
+        return first, ex.run(inputs)
+    finally:
+        ex.close()
+
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 
 

@@ -91,21 +91,12 @@ def test_the_trigger_is_the_first_statement_and_the_wait_stays(timeline):
 @pytest.mark.parametrize("on", ["1", "0"])
 @pytest.mark.parametrize("cfg", ["wide", "decoder"])
 def test_gpu_decode_step_triggering_first_matches_onnxruntime(on, cfg, gpu_device):
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
+    from tests.conftest import run_replayed
     model, kw = (wide(1), {"cfg": WIDE}) if cfg == "wide" else (decoder(1), {})
     inputs = decode_inputs(1, seed=23, **kw)
     ref = onnxruntime_reference(model, inputs)
     payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(1), pin={"trigger": on})
     assert any(k["params"].get("TF") for k in payload["kernels"]) == (on == "1")
-    ex = Executor(Bundle.from_payload(payload), gpu_device)
-    try:
-        ex.poison()
-        first = ex.run(inputs)
-        for _ in range(200):        # graph replays back to back: a race shows as a difference
-            ex.launch()
-        again = ex.run(inputs)
-    finally:
-        ex.close()
+    first, again = run_replayed(payload, inputs, gpu_device)   # 200 graph replays between the two
     check_decode_step(first, ref, "fp16", *((WIDE,) if cfg == "wide" else ()))
     check_decode_step(again, ref, "fp16", *((WIDE,) if cfg == "wide" else ()))

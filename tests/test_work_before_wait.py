@@ -157,8 +157,7 @@ def _softmax(v, axis):
 
 @pytest.mark.gpu
 def test_gpu_ahead_kernels_match_numpy_over_graph_replays(gpu_device):
-    from aicf_run.bundle import Bundle
-    from aicf_run.executor import Executor
+    from tests.conftest import run_replayed
     model = side_model()
     rng = np.random.default_rng(5)
     inputs = {n: rng.standard_normal((64, 256)).astype(np.float32) for n in ("x", "z")}
@@ -169,15 +168,7 @@ def test_gpu_ahead_kernels_match_numpy_over_graph_replays(gpu_device):
     for on in ("1", "0"):
         payload = aicfc.compile(model, target=gpu_device.arch, pin={"ahead": on})
         assert any(k["params"].get("AHEAD") for k in payload["kernels"]) == (on == "1")
-        ex = Executor(Bundle.from_payload(payload), gpu_device)
-        try:
-            ex.poison()
-            first = ex.run(inputs)
-            for _ in range(200):        # graph replays back to back: a race shows as a difference
-                ex.launch()
-            again = ex.run(inputs)
-        finally:
-            ex.close()
+        first, again = run_replayed(payload, inputs, gpu_device)   # a race shows as a difference
         for name, want in ref.items():
             assert np.isfinite(first[name]).all() and np.array_equal(first[name], again[name])
             assert np.abs(first[name] - want).max() / np.abs(want).max() <= 1e-4, (on, name)

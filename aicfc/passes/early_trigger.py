@@ -44,13 +44,11 @@ which the per-kernel terms do not see (the rewrite's reason names the idle kerne
 """
 from __future__ import annotations
 
-import dataclasses
-
 from aicfc.codegen import pdl
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
 from aicfc.passes.merge_kernels import switch
-from aicfc.passes.work_before_wait import ahead, pre_wait_reads, running, storage, writes
+from aicfc.passes.work_before_wait import ahead, marked, pre_wait_reads, running, storage, writes
 from aicfc.planner.hardware import Profile
 
 RULE = "a gemv landing while the kernel before leaves the DRAM idle => it lets the next kernel launch before its wait"
@@ -92,8 +90,7 @@ def early_trigger(plan: Plan, hw: Profile | None = None, pin: dict | None = None
             if k.schedule.param.get("PF"):
                 records.append(Rewrite(RULE, k.name, False, why))
             continue
-        kernels[i] = k.replace(schedule=dataclasses.replace(
-            k.schedule, params=tuple(sorted((k.schedule.param | {"TF": 1}).items()))))
+        kernels[i] = marked(k, "TF")
         records.append(Rewrite(RULE, k.name, True, (
             f"{kernels[i - 1].name} leaves the DRAM idle ([Note: L2 fill]): {kernels[i + 1].name}'s blocks land "
             f"beside it and request their first weights before {k.name}'s wait")))

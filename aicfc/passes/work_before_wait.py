@@ -66,6 +66,12 @@ def ahead(k: Kernel) -> bool:
     return bool(k.schedule is not None and k.schedule.param.get("AHEAD"))
 
 
+def marked(k: Kernel, key: str) -> Kernel:
+    """Kernel `k` with schedule parameter `key` = 1 and its prediction as it was: a form of its entry
+    (AHEAD here, TF in passes/early_trigger.py), not of its schedule."""
+    return k.replace(schedule=dataclasses.replace(k.schedule, params=tuple(sorted((k.schedule.param | {key: 1}).items()))))
+
+
 def running(kernels, i: int) -> list[int]:
     """The kernels that may still run as kernel `i`'s blocks start: the one before it, and while that
     one is AHEAD (it let `i` launch before its own wait), the ones that ran as that one started."""
@@ -146,8 +152,7 @@ def work_before_wait(plan: Plan, hw: Profile | None = None, pin: dict | None = N
             continue
         busy = [kernels[j] for j in running(kernels, i)]
         credit = min(_body(k, hw), max(_body(o, hw) for o in busy))
-        kernels[i] = k.replace(schedule=dataclasses.replace(
-            k.schedule, params=tuple(sorted((k.schedule.param | {"AHEAD": 1}).items()))))
+        kernels[i] = marked(k, "AHEAD")
         records.append(Rewrite(RULE, k.name, True, (
             f"reads nothing {', '.join(o.name for o in busy)} may still write: its {_body(k, hw):.2f} us body "
             f"runs beside them (predicted to overlap {credit:.2f} us), and it waits as it exits")))
