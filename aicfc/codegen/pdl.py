@@ -187,17 +187,22 @@ def _body_brace(source: str, name: str) -> int:
     return brace
 
 
+def call(entry: str, from_block: int = 0) -> str:
+    """The statement calling `entry` (ENTRY or AHEAD_ENTRY, with its open parenthesis) from block `from_block`."""
+    return entry + (f"{from_block}u);" if from_block else ");")
+
+
 def trigger_first(source: str, name: str, from_block: int = 0) -> str:
     """`source` with kernel `name`'s trigger as the first statement of its body ([Note: the trigger before the
     wait] in passes/early_trigger.py); its entry, where the wait is, stays where it is (its trigger then a no-op)."""
     brace = _body_brace(source, name) + 1
-    return source[:brace] + "\n  " + AHEAD_ENTRY + (f"{from_block}u);" if from_block else ");") + source[brace:]
+    return source[:brace] + "\n  " + call(AHEAD_ENTRY, from_block) + source[brace:]
 
 
 def ahead_entry(from_block: int = 0) -> str:
     """The entry of a kernel that works before its wait ([Note: work before the wait]): the trigger, then
     the object whose destructor waits as the thread returns."""
-    return AHEAD_ENTRY + (f"{from_block}u);" if from_block else ");") + " AicfPdlLateWait aicf_pdl_late;"
+    return call(AHEAD_ENTRY, from_block) + " AicfPdlLateWait aicf_pdl_late;"
 
 
 def instrument(source: str, name: str, from_block: int = 0, entry: str | None = None, ahead: bool = False) -> str:
@@ -206,7 +211,7 @@ def instrument(source: str, name: str, from_block: int = 0, entry: str | None = 
     calling another entry in its place (codegen/timeline.py); `ahead`: the trigger and the wait as the
     kernel returns (`ahead_entry`), in the body's outermost scope only."""
     if entry is None:
-        entry = ahead_entry(from_block) if ahead else ENTRY + (f"{from_block}u);" if from_block else ");")
+        entry = ahead_entry(from_block) if ahead else call(ENTRY, from_block)
     start, end, depth = entry_site(source, name)
     if ahead and depth != 1:
         raise AicfError(f"internal: kernel {name!r} works before its wait, but its entry is not in its body's "
