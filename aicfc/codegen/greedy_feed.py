@@ -24,6 +24,23 @@ and replays it N times with no host sync between steps, reading the log back eve
 start with the dependent-launch entry and are launched so too ([Note: steps in one graph]).
 Everything shape-dependent (B, V, vector width, offsets, thread count) is fixed here and
 recorded in the plan's `greedy` record.
+
+[Note: the feed's reads at once]
+The argmax sits on every decode step's critical path, after the LM head. Its threads read the row's
+logits in a loop of one 16-byte load an iteration, each compared before the next was requested: the
+PTX of the 1 B Llama's feed (32000 fp16 logits, 512 threads) held one `ld.global.nc.v4` in the loop,
+so a thread waited for about 8 round trips to L2 in turn. Thread 0 then read the control words one
+after another (step, NaN step, stop count, done flag, last token, each stop id) after the block's
+reduction. Now each thread requests its vectors (at most CHUNK_MAX) into registers before it
+compares any, and thread 0 requests its control words before the dependent-launch wait: they were
+written by the previous step's feed, which completed before this step's first kernel passed its wait
+(read with `__ldcg`, at L2). The comparisons are the same, in the same order (and the order above is
+total, so the winner does not depend on it): the tokens are the same. Measured on an H200 (session 57,
+benchmarks/results/feed_reads_session57_h200.txt; benchmarks/decode_ab.py, the 1 B Llama's 4-layer decode plan, 9
+alternating rounds in one process, two bundles of each form, the earlier form's compiled from the previous
+template): the generate step 0.1585 / 0.1593 ms against 0.1592 / 0.1598 (1.004x, about 0.6 us a step), the plan's
+own replay unchanged (153.6-154.6 us both), the same tokens. Folding the advance into the argmax (one launch a
+step fewer at B = 1, where no other block reads the logits) is the next step here; not tried.
 """
 from __future__ import annotations
 
@@ -43,6 +60,7 @@ CONTROL_HEAD = ("step", "position", "nan", "stops")
 LOGIT_TYPES = {"float32": ("float", 4), "float16": ("__half", 2), "bfloat16": ("__nv_bfloat16", 2)}
 INT_TYPES = {"int64": "long long", "int32": "int"}
 PACKS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short"}
+CHUNK_MAX = 8      # vectors a thread of the argmax holds in flight ([Note: the feed's reads at once])
 
 
 def control_words(batch: int) -> int:
@@ -56,6 +74,12 @@ def vector_width(vocab: int, itemsize: int, strides_bytes: list[int]) -> int:
     while width > 1 and any(s % (width * itemsize) for s in strides_bytes):
         width //= 2
     return width
+
+
+def chunk_for(vectors: int, threads: int) -> int:
+    """Vectors a thread requests before it compares any ([Note: the feed's reads at once]): all of its
+    share, at most CHUNK_MAX (each a 16-byte register quad at most)."""
+    return max(1, min(CHUNK_MAX, -(-vectors // threads)))
 
 
 def threads_for(vectors: int) -> int:
@@ -100,8 +124,10 @@ def plan_feed(payload: dict[str, Any]) -> dict[str, Any] | None:
     c_type, itemsize = LOGIT_TYPES[logit_dtype]
     stride, last = rows * vocab, (rows - 1) * vocab
     vec = vector_width(vocab, itemsize, [buffers[logits["buffer"]]["offset"], stride * itemsize, last * itemsize])
+    threads = threads_for(-(-vocab // vec))
     return {"model": payload["model"]["name"], "batch": batch, "vocab": vocab, "row_stride": stride,
-            "last_offset": last, "vec": vec, "threads": threads_for(-(-vocab // vec)), "log_rows": LOG_ROWS,
+            "last_offset": last, "vec": vec, "threads": threads, "chunk": chunk_for(-(-vocab // vec), threads),
+            "log_rows": LOG_ROWS,
             "max_stops": MAX_STOPS, "logits_c": c_type, "pack_c": PACKS[vec * itemsize],
             "ids_c": INT_TYPES[buffers[ids["buffer"]]["dtype"]],
             "position_c": INT_TYPES[buffers[pos["buffer"]]["dtype"]],
