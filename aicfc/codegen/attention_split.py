@@ -147,6 +147,16 @@ a 2-layer plan's timeline (call 8) the keys were scored 2.56 us after the go wit
 the tile's DRAM latency is not what the chain waits on, and the pass was not kept. What the 1.5-1.8 us from the
 staged query to the scored keys is (one tile's products, scores, softmax and P·V in 4 warps, about 3000 cycles)
 is the open question. The attention at 8 warps (16 keys a warp) ran the plan in 188.5 us against 165.4.
+Session 57 (an H200; benchmarks/results/smem_config_session57_h200.txt, attention_carveout_session57_h200.txt,
+qkv_attention_carveout_session57_h200.txt) found why its blocks never land early: ncu puts the attention's
+shared-memory configuration at 196 KB (two of its 94 KB blocks an SM, though its 48 blocks take one SM each)
+and every gemv's at 16-32 KB, so an attention block fits on an SM only once the QKV's blocks have left it; its go
+comes about 1.0 us after the QKV's done where other boundaries take 0.4. Preferring the configuration of one
+block (a 44% carveout, 100 KB) left the gemvs whose blocks then land on those 48 SMs 156 KB of L1 instead of 60:
+the 4-layer plan replayed 1.007-1.009x in two bundle pairs (9 rounds), the generate step 1.000x; the QKV at 44%
+too 1.005x on the generate step, the QKV alone 0.921x; in the 2-layer timeline the attention's blocks still
+landed as the QKV's left. Not kept. An attention whose shared memory fits the gemvs' 16 KB (its K/V tile through
+registers, a thread's 4 KB of keys and values) could land during the QKV; not built.
 Session 52 (an H200, benchmarks/results/attention_phases_session52_h200.txt) stamped the key loop's steps (thread 0
 of each block, the clock's 0.26 us steps, a 2-layer plan): query staged 0.8-1.0 us after the go, the tile landed 0.5
 later, the scores 0.5, the softmax 0.25, P·V 0.25, the warps' merge 0.5-0.8, the cluster's barrier 0.5, the exit 0.5.

@@ -126,6 +126,18 @@ against 206.8, and the QKV and O projections' whole slices requested into L2 bef
 benchmarks/results/early_epilogue_session43_h200.txt) requested both register buffers' steps before
 the wait (the O projection's whole slice: 2 steps of its 256 k-rows) with the residuals early: the
 O projections so 190.1 us, the O and QKV 188.6, against 189.2 with one step; not kept.
+Session 57 staged only the gate/up, whose blocks land while the split attention leaves the DRAM idle
+([Note: the trigger before the wait] in passes/early_trigger.py): steps 1..ST of each thread's vectors
+copied into static shared memory by 16-byte cp.async before the wait, the first streamed step requested
+before the register and staged steps were added (an H200, the 4-layer plan, 7 alternating rounds;
+benchmarks/results/gemv_stage*_session57_h200.txt). ST 1 / 2: 167.7 / 167.5 us against 158.5 (0.945x),
+with an 8 MiB L2 head 171.7. The 2-layer timeline says why: 73 of the 352 blocks (35 KB of shared memory
+each) landed early against all 352, as the SMs they land on run the O projection in a 16 KB shared-memory
+configuration (ncu's launch__shared_mem_config_size: every gemv 16-32 KB, the split attention 196 KB;
+benchmarks/results/smem_config_session57_h200.txt). With every kernel's preferred carveout at 100%,
+343 blocks landed early and the gate/up's weights were streamed 7.94 us after its go against 9.22, but
+every other gemv lost its L1 (the plan 178.8 us, the carveout alone 167.9, against 155.5); the carveout at
+50% for all, or at 100% for the attention, O and gate/up alone, 0.85-0.93x. So no weights in shared memory.
 An RMSNorm folded into the gemv that reads it fared the same (session 14, an H200, branch
 session14-fold-row-scale, benchmarks/results/fold_row_scale_session14_h200.txt): every block read
 its rows once (the statistics and the activation) and scaled its sums before the epilogue, one
