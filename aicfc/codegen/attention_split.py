@@ -148,10 +148,12 @@ the tile's DRAM latency is not what the chain waits on, and the pass was not kep
 staged query to the scored keys is (one tile's products, scores, softmax and P·V in 4 warps, about 3000 cycles)
 is the open question. The attention at 8 warps (16 keys a warp) ran the plan in 188.5 us against 165.4.
 Session 57 (an H200; benchmarks/results/smem_config_session57_h200.txt, attention_carveout_session57_h200.txt,
-qkv_attention_carveout_session57_h200.txt) found why its blocks never land early: ncu puts the attention's
+qkv_attention_carveout_session57_h200.txt) found what decides where its blocks land: ncu puts the attention's
 shared-memory configuration at 196 KB (two of its 94 KB blocks an SM, though its 48 blocks take one SM each)
-and every gemv's at 16-32 KB, so an attention block fits on an SM only once the QKV's blocks have left it; its go
-comes about 1.0 us after the QKV's done where other boundaries take 0.4. Preferring the configuration of one
+and every gemv's at 16-32 KB, so an attention block fits on an SM only once the QKV's blocks have left it. After
+the first layer's QKV (768 blocks, about 6 an SM) none lands early and its go comes 0.9-1.0 us after the QKV's
+done; after the later layers' (384 blocks) 24-48 of the 48 land early and the go comes 0.35-0.5 us after, as at
+the other boundaries (the 2-layer timelines of calls 1, 5 and 6). Preferring the configuration of one
 block (a 44% carveout, 100 KB) left the gemvs whose blocks then land on those 48 SMs 156 KB of L1 instead of 60:
 the 4-layer plan replayed 1.007-1.009x in two bundle pairs (9 rounds), the generate step 1.000x; the QKV at 44%
 too 1.005x on the generate step, the QKV alone 0.921x; in the 2-layer timeline the attention's blocks still
