@@ -3,7 +3,7 @@
 The compiler gave the decode plan a `greedy` record and a feed module ([Note: greedy feed] in
 aicfc/codegen/greedy_feed.py): an argmax that writes each row's next token into a log and the
 control words, and an advance that writes the tokens into `input_ids` and the next position
-into `cache_position`. Here they are loaded, their memory allocated (the log, the control
+into `cache_position` (at one row the argmax does that itself: [Note: the advance in the argmax]). Here they are loaded, their memory allocated (the log, the control
 words, page-locked copies of both for reading back) and [plan + argmax + advance] captured as
 one CUDA graph (launched kernel by kernel when the executor runs without graphs). One
 `launch(n)` enqueues n steps and nothing else; `read_back(slot)` enqueues copies of the log and
@@ -82,13 +82,19 @@ class GreedyFeed:
         try:
             module = cuda.module_from_buffer(module_record["cubin"])
             self._argmax = module.get_function(record["argmax"]["symbol"])
-            self._advance = module.get_function(record["advance"]["symbol"])
+            # [Note: the advance in the argmax] (aicfc/codegen/greedy_feed.py): none at one row
+            self._advance = module.get_function(record["advance"]["symbol"]) if record["advance"] else None
         except cuda.Error as err:
             raise RunError(f"cannot load the greedy feed module {module_record['name']} ({_one_line(err)}); "
                            f"recompile the model with `aicfc compile`") from None
         self._module = module
-        self._argmax.prepare("PPP")
-        self._advance.prepare("PPP")
+        self._argmax_args = len(record["argmax"].get("args", ("logits", "log", "control")))   # 5 since session 57
+        if self._argmax_args not in (3, 5) or (self._advance is None and self._argmax_args != 5):
+            raise RunError("the bundle's greedy record has an argmax of an unknown form; recompile the model with "
+                           "`aicfc compile`")
+        self._argmax.prepare("P" * self._argmax_args)
+        if self._advance is not None:
+            self._advance.prepare("PPP")
         self._dependent: tuple[Any, Any] | None = None
         pointers = _interface_pointers(step)
         buffers = record["buffers"]
@@ -120,8 +126,9 @@ class GreedyFeed:
                 self._dependent = tuple(
                     DependentLaunch(modules, modules.function(record["module"], record[k]["symbol"], 0, f"feed {k}"),
                                     record[k]["grid"], record[k]["block"], 0, args, f"the greedy feed's {k}")
-                    for k, args in (("argmax", (self._logits, int(self._log), int(self._control))),
-                                    ("advance", (self._ids, self._position, int(self._control)))))
+                    for k, args in (("argmax", self._argmax_pointers()),
+                                    ("advance", (self._ids, self._position, int(self._control))))
+                    if record[k])
             except RunError:
                 self.close()
                 raise
@@ -204,6 +211,11 @@ class GreedyFeed:
         # the functions, then the module: unloaded now, while the context is alive (as Executor.close does)
         self._argmax = self._advance = self._module = None
 
+    def _argmax_pointers(self) -> tuple[int, ...]:
+        """The argmax's arguments: logits, log, control, and since session 57 input_ids and cache_position."""
+        pointers = (self._logits, int(self._log), int(self._control))
+        return pointers + ((self._ids, self._position) if self._argmax_args == 5 else ())
+
     def _enqueue_steps(self, steps: int) -> None:
         for _ in range(steps):
             self._enqueue_step()
@@ -217,9 +229,10 @@ class GreedyFeed:
             return
         try:
             self._argmax.prepared_async_call(tuple(record["argmax"]["grid"]), tuple(record["argmax"]["block"]),
-                                             stream, self._logits, int(self._log), int(self._control))
-            self._advance.prepared_async_call(tuple(record["advance"]["grid"]), tuple(record["advance"]["block"]),
-                                              stream, self._ids, self._position, int(self._control))
+                                             stream, *self._argmax_pointers())
+            if self._advance is not None:
+                self._advance.prepared_async_call(tuple(record["advance"]["grid"]), tuple(record["advance"]["block"]),
+                                                  stream, self._ids, self._position, int(self._control))
         except self._cuda.Error as err:
             raise RunError(f"the greedy feed kernels failed to launch ({_one_line(err)}); recompile the model "
                            f"with `aicfc compile` for this GPU") from None

@@ -254,7 +254,8 @@ def explain_text(payload: dict[str, Any]) -> str:
     if "greedy" in e:
         g = e["greedy"]
         out.append(f"greedy feed: {g['argmax']['symbol']} grid={g['argmax']['grid']} block={g['argmax']['block']}, "
-                   f"then {g['advance']['symbol']}; {g['reason']}; ties: {g['ties']}; {g['nan']}")
+                   + (f"then {g['advance']['symbol']}; " if g['advance'] else "which also advances the inputs (one row); ")
+                   + f"{g['reason']}; ties: {g['ties']}; {g['nan']}")
     out.append("")
     out.append("rewrites considered:")
     for r in e["rewrites"]:

@@ -80,6 +80,25 @@ def test_the_feed_renders_the_decision():
     assert control_words(4) == 4 + 8 + MAX_STOPS
 
 
+def test_one_row_has_no_advance_kernel_and_chunks_its_reads():
+    """[Note: the advance in the argmax] and [Note: the feed's reads at once], as recorded and rendered."""
+    from aicfc.codegen.greedy_feed import ARGMAX_ARGS, add_greedy_feed, chunk_for
+    payload = fake_payload(batch=1)
+    payload["launch"] = {"mode": "stream"}
+    one = add_greedy_feed(payload)["greedy"]
+    assert one["advance"] is None and one["argmax"]["args"] == list(ARGMAX_ARGS)
+    two = add_greedy_feed(fake_payload(batch=2) | {"launch": {"mode": "stream"}})["greedy"]
+    assert two["advance"]["symbol"] and two["argmax"]["args"] == list(ARGMAX_ARGS)
+    assert chunk_for(4000, 512) == 8 and chunk_for(16032, 1024) == 8 and chunk_for(17, 32) == 1
+    values = plan_feed(fake_payload(batch=1))
+    source = render_feed(values)
+    assert "#define FEED_CHUNK 8" in source and "#if FEED_B == 1" in source
+    # the control words are requested before the dependent-launch wait
+    dependent = render_feed(values, True)
+    body = dependent[dependent.index(values["argmax"] + "("):]
+    assert body.index("__ldcg(control + CTL_STEP)") < body.index("aicf_pdl_entry();") < body.index("packs[j]")
+
+
 @pytest.mark.parametrize("logits,ids,vocab,rows", [("float16", "int64", 32000, 1), ("bfloat16", "int32", 1000, 3),
                                                    ("float32", "int64", 131, 1), ("float32", "int32", 128256, 1)])
 def test_the_feed_kernels_build(logits, ids, vocab, rows):

@@ -185,7 +185,7 @@ def test_feed_kernels_are_numpys_argmax(gpu_device, logits, ids, batch, rows, vo
         d_logits, d_log, d_control, d_ids, d_pos = allocations
         cuda.memcpy_htod(d_logits, np.ascontiguousarray(x).view(np.uint8))
         cuda.memcpy_htod(d_control, control)
-        argmax(d_logits, d_log, d_control, grid=(batch, 1), block=(values["threads"], 1, 1))
+        argmax(d_logits, d_log, d_control, d_ids, d_pos, grid=(batch, 1), block=(values["threads"], 1, 1))
         advance(d_ids, d_pos, d_control, grid=(1, 1), block=(32, 1, 1))
         gpu_device.context.synchronize()
         log = np.empty((64, batch), np.int64)
@@ -204,6 +204,43 @@ def test_feed_kernels_are_numpys_argmax(gpu_device, logits, ids, batch, rows, vo
     assert control[0] == 1 and control[1] == 42 and control[2] == 1       # step, position, NaN at step 0
     assert control[head:head + batch].tolist() == [0, 0, 0, 1, 1]         # row 3 stopped, row 4 stays done
     assert pos[0] == 42
+
+
+@pytest.mark.parametrize("logits,ids", [("float16", "int64"), ("float32", "int32")])
+def test_one_row_argmax_advances_itself(gpu_device, logits, ids):
+    """[Note: the advance in the argmax]: at B = 1 the argmax alone writes the token into input_ids, the next
+    position into cache_position and both control words; no advance kernel is in the record."""
+    from aicfc.codegen.greedy_feed import CONTROL_HEAD, control_words, plan_feed, render_feed
+    from aicfc.codegen.nvcc import build
+    from tests.test_generate_feed import fake_payload
+    vocab = 32000
+    values = plan_feed(fake_payload(1, 1, vocab, logits, ids))
+    cuda = gpu_device.driver
+    argmax = cuda.module_from_buffer(build(render_feed(values), gpu_device.arch).cubin).get_function(values["argmax"])
+    x = np.random.default_rng(3).standard_normal((1, 1, vocab)).astype(np.float16 if logits == "float16" else np.float32)
+    want = int(x[0, -1].astype(np.float32).argmax())
+    head = len(CONTROL_HEAD)
+    control = np.zeros(control_words(1), np.int64)
+    control[0], control[1] = 3, 41                     # step 3, position 41
+    allocations = [cuda.mem_alloc(n) for n in (x.nbytes, 64 * 8, control.nbytes, 8, 8)]
+    try:
+        d_logits, d_log, d_control, d_ids, d_pos = allocations
+        cuda.memcpy_htod(d_logits, np.ascontiguousarray(x).view(np.uint8))
+        cuda.memcpy_htod(d_control, control)
+        argmax(d_logits, d_log, d_control, d_ids, d_pos, grid=(1, 1), block=(values["threads"], 1, 1))
+        gpu_device.context.synchronize()
+        log = np.empty(64, np.int64)
+        cuda.memcpy_dtoh(log, d_log)
+        cuda.memcpy_dtoh(control, d_control)
+        got_ids = np.empty(1, np.dtype(ids))
+        cuda.memcpy_dtoh(got_ids, d_ids)
+        pos = np.empty(1, np.int64)
+        cuda.memcpy_dtoh(pos, d_pos)
+    finally:
+        for a in allocations:
+            a.free()
+    assert log[3] == want and got_ids[0] == want and control[head + 1] == want
+    assert control[0] == 4 and control[1] == 42 and pos[0] == 42
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -39,8 +39,20 @@ total, so the winner does not depend on it): the tokens are the same. Measured o
 benchmarks/results/feed_reads_session57_h200.txt; benchmarks/decode_ab.py, the 1 B Llama's 4-layer decode plan, 9
 alternating rounds in one process, two bundles of each form, the earlier form's compiled from the previous
 template): the generate step 0.1585 / 0.1593 ms against 0.1592 / 0.1598 (1.004x, about 0.6 us a step), the plan's
-own replay unchanged (153.6-154.6 us both), the same tokens. Folding the advance into the argmax (one launch a
-step fewer at B = 1, where no other block reads the logits) is the next step here; not tried.
+own replay unchanged (153.6-154.6 us both), the same tokens.
+
+[Note: the advance in the argmax]
+The advance is a launch of its own so that input_ids and cache_position, which the plan's arena may place over
+the logits, are written only once no block reads a logit. At one row (B = 1) the argmax is one block, and after
+its barrier every thread has read its logits, so thread 0 does the advance's work itself (the token into
+input_ids, step and position + 1, the position into cache_position; the position read with the other control
+words before the wait): a launch and a dependent-launch boundary fewer each step. The record's `advance` is then
+None and the executor launches the argmax alone; at B > 1 nothing changes. The argmax takes input_ids and
+cache_position at every B (`args` in its record), so the executor passes them whatever the batch; a bundle from
+before (no `args`) still runs its three-argument argmax and its advance. Measured on an H200 (session 57,
+benchmarks/results/feed_advance_session57_h200.txt; benchmarks/decode_ab.py, the 1 B Llama's 2-layer decode plan,
+7 alternating rounds, one bundle of each, the other compiled from the previous feed): the generate step 0.1005
+against 0.1012 ms (1.007x, faster in 6 of the 7 rounds), the same tokens.
 """
 from __future__ import annotations
 
@@ -61,6 +73,7 @@ LOGIT_TYPES = {"float32": ("float", 4), "float16": ("__half", 2), "bfloat16": ("
 INT_TYPES = {"int64": "long long", "int32": "int"}
 PACKS = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short"}
 CHUNK_MAX = 8      # vectors a thread of the argmax holds in flight ([Note: the feed's reads at once])
+ARGMAX_ARGS = ("logits", "log", "control", "ids", "position")   # the argmax's parameters, in order
 
 
 def control_words(batch: int) -> int:
@@ -161,8 +174,10 @@ def add_greedy_feed(payload: dict[str, Any]) -> dict[str, Any]:
               f"round trip")
     record = {
         "module": index,
-        "argmax": {"symbol": values["argmax"], "grid": [batch, 1, 1], "block": [values["threads"], 1, 1]},
-        "advance": {"symbol": values["advance"], "grid": [1, 1, 1], "block": [32, 1, 1]},
+        "argmax": {"symbol": values["argmax"], "grid": [batch, 1, 1], "block": [values["threads"], 1, 1],
+                   "args": list(ARGMAX_ARGS)},
+        # [Note: the advance in the argmax]: at one row no advance kernel runs
+        "advance": None if batch == 1 else {"symbol": values["advance"], "grid": [1, 1, 1], "block": [32, 1, 1]},
         "launch": launch,
         "buffers": values["buffers"], "dtypes": values["dtypes"],
         "batch": batch, "vocab": values["vocab"], "vector": values["vec"],
@@ -174,6 +189,7 @@ def add_greedy_feed(payload: dict[str, Any]) -> dict[str, Any]:
         "ties": "the first index",
         "reason": reason,
     }
-    decision = {"kind": "greedy_feed", "kernel": values["argmax"], "advance": values["advance"], "reason": reason}
+    decision = {"kind": "greedy_feed", "kernel": values["argmax"], "advance": values["advance"] if batch > 1 else None,
+                "reason": reason}
     return {**payload, "modules": [*payload["modules"], module], "greedy": record,
             "decisions": [*payload["decisions"], decision]}
