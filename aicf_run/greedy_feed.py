@@ -3,7 +3,8 @@
 The compiler gave the decode plan a `greedy` record and a feed module ([Note: greedy feed] in
 aicfc/codegen/greedy_feed.py): an argmax that writes each row's next token into a log and the
 control words, and an advance that writes the tokens into `input_ids` and the next position
-into `cache_position` (at one row the argmax does that itself: [Note: the advance in the argmax]). Here they are loaded, their memory allocated (the log, the control
+into `cache_position` (at one row the argmax does that itself: [Note: the advance in the argmax]
+in aicfc/codegen/greedy_feed.py). Here they are loaded, their memory allocated (the log, the control
 words, page-locked copies of both for reading back) and [plan + argmax + advance] captured as
 one CUDA graph (launched kernel by kernel when the executor runs without graphs). One
 `launch(n)` enqueues n steps and nothing else; `read_back(slot)` enqueues copies of the log and
