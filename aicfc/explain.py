@@ -181,7 +181,8 @@ def _formula(p: dict[str, Any]) -> str:
         ops = "tensor-core products" if p.get("tensor_cores") else "FMAs"
         return (f"max(stream {p['t_sm_us']:.2f} ({p['inflight_per_sm'] / 1024:.0f} KB in flight an SM, "
                 f"{p['blocks']:.0f} blocks, the busiest SM {p['blocks_busiest_sm']:.0f}; asymptote {p['t_dram_us']:.2f}"
-                + (f", {p['hot_bytes'] / 2**20:.1f} MiB of it in L2 already" if p.get("hot_bytes") else "") + "), "
+                + (f", {p['hot_bytes'] / 2**20:.1f} MiB of it in L2 already" if p.get("hot_bytes") else "")
+                + (f", {p['landed_bytes'] / 2**20:.1f} MiB of it landed before the go" if p.get("landed_bytes") else "") + "), "
                 f"{ops} {p['t_fma_us']:.2f}) "
                 f"+ exposed {ops} {p['t_fma_exposed_us']:.2f} + later rounds {p['t_rounds_us']:.2f} "
                 f"+ full grid {p['t_full_us']:.2f} + reduce {p['t_reduce_us']:.2f} + split {p['t_split_us']:.2f} "

@@ -514,6 +514,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     ln, rw, _ = lanes(p["BN"]) if not p.get("KM") else (32, 1, 1)
     seg = segments(p)
     cpw, vpp, spc = km_steps(p, parts["K"]) if p.get("KM") else (0, 0, 0)
+    if p.get("PRE", 0) > 1 and not p.get("KM"):   # passes/tail_steps.py offers more steps to K-major gemvs alone
+        raise AicfError(f"internal: {name}: PRE = {p['PRE']} steps before the wait needs a K-major weight (KM = 1)")
     if parts.get("early") and not one_pair_a_thread(p):   # passes/early_epilogue.why_not never asks for it
         raise AicfError(f"internal: {name}: epilogue reads before the wait need one pair a thread, "
                         f"{p['BM']}x{p['BN']} over {threads(p)} threads")

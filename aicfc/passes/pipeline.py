@@ -36,6 +36,7 @@ from aicfc.passes.early_epilogue import early_epilogue
 from aicfc.passes.early_trigger import early_trigger
 from aicfc.passes.gemv_room import gemv_room
 from aicfc.passes.l2_fill import l2_fill
+from aicfc.passes.tail_steps import tail_steps
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.pool_epilogue import pool_epilogue
@@ -101,6 +102,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("gemv_room", "decision", "decision", lambda p, o: gemv_room(p, o.profile, dict(o.pin), o.check)),
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
     Stage("l2_fill", "decision", "decision", lambda p, o: l2_fill(p, o.profile, dict(o.pin))),
+    Stage("tail_steps", "decision", "decision", lambda p, o: tail_steps(p, o.profile, dict(o.pin), o.check)),
     Stage("attention_room", "decision", "decision", lambda p, o: attention_room(p, o.profile, dict(o.pin), o.check)),
     Stage("work_before_wait", "decision", "decision", lambda p, o: work_before_wait(p, o.profile, dict(o.pin))),
     Stage("early_trigger", "decision", "decision", lambda p, o: early_trigger(p, o.profile, dict(o.pin))),
@@ -155,6 +157,9 @@ assert _ORDER.index("fold_cache_writes") < _ORDER.index("gemv_room") < _ORDER.in
 assert _ORDER.index("fold_cache_writes") < _ORDER.index("early_epilogue") < _ORDER.index("plan_memory")
 # l2_fill reads the final kernel order and the gemvs' PRE (fold_cache_writes, early_epilogue re-cost them).
 assert _ORDER.index("early_epilogue") < _ORDER.index("l2_fill")
+# tail_steps reads the final kernel order and the gemvs' tails as early_epilogue re-costed them (EPRE), after l2_fill,
+# which keys on PRE (a gemv with more steps before its wait still requests its first), before attention_room.
+assert _ORDER.index("l2_fill") < _ORDER.index("tail_steps") < _ORDER.index("attention_room")
 # attention_room reads the final kernel order and the attentions' PRE (fold_cache_writes sets it), after l2_fill,
 # which re-costs the gemvs it fills (each pass keeps the other's parameters).
 assert _ORDER.index("l2_fill") < _ORDER.index("attention_room") < _ORDER.index("plan_memory")

@@ -7,7 +7,9 @@ plus the tails a block runs after its last load.
     t_dram   = every byte once (weight, activations, epilogue operands, output) / gemv_stream_gbs (the
                stream's asymptote; reported, and the floor of t_sm), where HOT of them (the weight's first
                rows a kernel before requested into L2: [Note: L2 fill] in passes/l2_fill.py) come at the
-               profile's l2_bandwidth_gbs
+               profile's l2_bandwidth_gbs, and LANDED of them (its first steps, requested before its wait
+               while the gemv before it sums and merges: [Note: steps into the tail] in passes/tail_steps.py)
+               are in registers by its go
     t_sm     = t_dram · (F + gemv_half_inflight) / F · (1 + gemv_imbalance · (q / a - 1))
                F        = min(a, blocks_per_sm) · inflight   bytes in flight on an average SM
                a        = blocks / SMs                       the average SM's blocks
@@ -166,7 +168,10 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     f = min(avg, bps) * inflight                                    # bytes in flight on an average SM
     # HOT: bytes of the weight's first rows a kernel before requested into L2 ([Note: L2 fill]): read at the L2's rate
     hot = min(p.get("HOT", 0), io_bytes)
-    t_dram = (io_bytes - hot) / (c["gemv_stream_gbs"] * 1e3) + hot / (l2_gbs * 1e3)
+    # LANDED: bytes of its first steps requested before its wait that land in the kernel before's tail
+    # ([Note: steps into the tail] in passes/tail_steps.py): in registers by its go
+    landed = min(p.get("LANDED", 0), io_bytes - hot)
+    t_dram = (io_bytes - hot - landed) / (c["gemv_stream_gbs"] * 1e3) + hot / (l2_gbs * 1e3)
     t_sm = t_dram * (f + c["gemv_half_inflight"]) / f * (1.0 + c["gemv_imbalance"] * (q / avg - 1.0))
     if p.get("CL") and p["SPLITK"] > 2 * bps:
         t_sm *= 1.0 + c["gemv_cluster_spread"]
@@ -194,4 +199,5 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
             "sm_gbs": io_bytes / t_sm / 1e3 / sm_count, "inflight_per_sm": f, "blocks": blocks,
             "blocks_busiest_sm": q, "blocks_per_sm": bps, "rounds": rounds, "t_rounds_us": t_rounds, "t_full_us": t_full,
             "nominal_dram_gbs": dram_gbs, "tensor_cores": 1.0 if p.get("TC") else 0.0,
-            **({"hot_bytes": float(p["HOT"])} if p.get("HOT") else {})}
+            **({"hot_bytes": float(p["HOT"])} if p.get("HOT") else {}),
+            **({"landed_bytes": float(landed)} if landed else {})}
