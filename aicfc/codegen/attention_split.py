@@ -159,6 +159,12 @@ the 4-layer plan replayed 1.007-1.009x in two bundle pairs (9 rounds), the gener
 too 1.005x on the generate step, the QKV alone 0.921x; in the 2-layer timeline the attention's blocks still
 landed as the QKV's left. Not kept. An attention whose shared memory fits the gemvs' 16 KB (its K/V tile through
 registers, a thread's 4 KB of keys and values) could land during the QKV; not built.
+Session 58 (an H200, benchmarks/results/attention_fills_o_session58_h200.txt, 9 alternating rounds) had each block, once
+its keys and values had landed, request its share of the O projection's whole weight into L2 (thread 0, bulk requests of
+64 KB), so that the DRAM would stream it from the attention's first microsecond instead of from the O's landing about
+2 us later: the generate step 0.1605 ms against 0.1567 (0.977x), with the O's gate/up head at 8 / 12 MiB 0.1618 /
+0.1656. In the 2-layer timeline the tile landed no later but the cluster met 4.1-4.35 us after the go against 3.3:
+the merges, not the loads, waited. Not kept.
 Session 52 (an H200, benchmarks/results/attention_phases_session52_h200.txt) stamped the key loop's steps (thread 0
 of each block, the clock's 0.26 us steps, a 2-layer plan): query staged 0.8-1.0 us after the go, the tile landed 0.5
 later, the scores 0.5, the softmax 0.25, P·V 0.25, the warps' merge 0.5-0.8, the cluster's barrier 0.5, the exit 0.5.

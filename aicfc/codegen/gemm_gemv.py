@@ -138,6 +138,9 @@ benchmarks/results/smem_config_session57_h200.txt). With every kernel's preferre
 343 blocks landed early and the gate/up's weights were streamed 7.94 us after its go against 9.22, but
 every other gemv lost its L1 (the plan 178.8 us, the carveout alone 167.9, against 155.5); the carveout at
 50% for all, or at 100% for the attention, O and gate/up alone, 0.85-0.93x. So no weights in shared memory.
+The one exception is a K-major gemv whose blocks land in the sums and merges that end the gemv before it (the
+down projection after the gate/up): it requests as many steps as that tail moves, in registers ([Note: steps
+into the tail] in passes/tail_steps.py).
 An RMSNorm folded into the gemv that reads it fared the same (session 14, an H200, branch
 session14-fold-row-scale, benchmarks/results/fold_row_scale_session14_h200.txt): every block read
 its rows once (the statistics and the activation) and scaled its sums before the epilogue, one

@@ -22,11 +22,15 @@ operands are read before its wait: its t_reduce is 0), nothing is asked; the QKV
 slice before the wait anyway, ran 0.991x. Built at ptxas's count: a spilling count takes a step fewer, and the
 rule declines where even two spill, or where the register check is off (nothing would tell).
 
-Measured on an H200 (session 58, benchmarks/results/tail_steps_session58_h200.txt: benchmarks/decode_ab.py, the
-1 B Llama's 4-layer decode plan at B1, 7 alternating rounds in one process, the same tokens): the down
-projections with 2 steps before the wait, the generate step 0.1574 ms against 0.1586 (faster in all 7 rounds),
-the plan replayed 153.9 us against 156.0; with 3 steps the same step (0.1574); their slices into L2 instead
-(one bulk prefetch a block, PF) 0.1683 ms, the QKV's 0.1614.
+Measured on an H200 (session 58; benchmarks/decode_ab.py, the 1 B Llama's 4-layer decode plan at B1, alternating
+rounds in one process, the same tokens). As an experiment's switch (tail_steps_session58_h200.txt, 7 rounds): the
+down projections with 2 steps before the wait, the generate step 0.1574 ms against 0.1586 (faster in all 7 rounds),
+the plan replayed 153.9 us against 156.0; with 3 steps the same step (0.1574); their slices into L2 instead (one bulk
+prefetch a block, PF) 0.1683 ms, the QKVs' 0.1614, the QKVs' whole slices before the wait (2 steps) 0.1601. The rule
+as written (tail_steps_ab_session58_h200.txt, 9 rounds): 0.1569 ms against 0.1599 with `--pin tailsteps=0` (1.019x,
+faster in all 9), replayed 154.9 us against 156.4. In the 2-layer timeline the down ran 5.1 us from its go to its
+done against 6.0, and the gate/up before it 0.45 us longer: about 0.75 us a layer net, where the prediction credits
+the down 1.07 us (its 3.9 MiB landed).
 
 `--pin tailsteps=0` turns the rule off.
 
