@@ -162,7 +162,7 @@ registers, a thread's 4 KB of keys and values) could land during the QKV; not bu
 Session 58 (an H200, benchmarks/results/attention_fills_o_session58_h200.txt, 9 alternating rounds) had each block, once
 its keys and values had landed, request its share of the O projection's whole weight into L2 (thread 0, bulk requests of
 64 KB), so that the DRAM would stream it from the attention's first microsecond instead of from the O's landing about
-2 us later: the generate step 0.1605 ms against 0.1567 (0.977x), with the O's gate/up head at 8 / 12 MiB 0.1618 /
+2 us later: the generate step 0.1605 ms against 0.1567 (0.976x), with the O's gate/up head at 8 / 12 MiB 0.1618 /
 0.1656. In the 2-layer timeline the tile landed no later but the cluster met 4.1-4.35 us after the go against 3.3:
 the merges, not the loads, waited. Not kept.
 Session 52 (an H200, benchmarks/results/attention_phases_session52_h200.txt) stamped the key loop's steps (thread 0
