@@ -68,6 +68,21 @@ def test_pin_turns_the_rule_off_and_a_bad_value_is_one_line():
         tail_steps(_plan("0"), HW, {PIN: "2"})
 
 
+def test_a_schedule_the_user_pinned_is_left_alone():
+    """`--pin NODE:U=2` on the down projection: its schedule is the user's, so the rule declines there."""
+    from aicfc.driver import count_registers
+    from aicfc.frontend.onnx_import import import_model
+    from aicfc.passes.pipeline import Options, run_pipeline
+    (_, down), = [(b, k) for b, k in _gemv_pairs(_plan().kernels) if tail_us(b) > 0][:1]
+    node = next(n for n in down.origins if n.startswith("node_matmul"))
+    opts = Options("sm_90", HW, "fp16", ((f"{node}:U", "2"),), check=functools.partial(count_registers, jobs=2))
+    plan = run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
+    pinned = next(k for k in plan.kernels if node in k.origins)
+    assert pinned.schedule.param["PRE"] == 1
+    (record,) = [r for r in plan.rewrites if r.rule == RULE and r.target == pinned.name]
+    assert not record.applied and "its schedule is the user's (--pin" in record.reason
+
+
 def test_spills_take_a_step_fewer_and_no_check_declines():
     """Each count is built first: where ptxas spills (a stub check says so at every count) the rule declines with
     what it tried; without a register check it declines, as nothing would tell."""

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from aicfc.ir.decision import Candidate, Kernel, Plan
 from aicfc.ir.lowered import Rewrite
 from aicfc.passes.attention_room import block_threads, checked_registers, warp_registers
-from aicfc.passes.merge_kernels import switch
+from aicfc.passes.merge_kernels import switch, user_pinned
 from aicfc.planner.cost import estimate_registers
 from aicfc.planner.hardware import Profile
 
@@ -139,7 +139,7 @@ def gemv_room(plan: Plan, hw: Profile | None = None, pin: dict | None = None, ch
         if value == "0":
             records.append(Rewrite(RULE, g.name, False, f"--pin {PIN}=0"))
             continue
-        pinned = next((r.rule for r in plan.rewrites if r.target == g.name and r.rule.startswith("--pin ")), None)
+        pinned = user_pinned(plan, g.name)
         if pinned:
             records.append(Rewrite(RULE, g.name, False, f"its schedule is the user's ({pinned})"))
             continue

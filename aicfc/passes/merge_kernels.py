@@ -32,6 +32,11 @@ def switch(pin: dict | None, key: str, apart: str, merged: str) -> str | None:
     return None if forced is None else str(forced)
 
 
+def user_pinned(plan: Plan, name: str) -> str | None:
+    """The `--pin` record that chose kernel `name`'s schedule (a pass that would change it declines), else None."""
+    return next((r.rule for r in plan.rewrites if r.target == name and r.rule.startswith("--pin ")), None)
+
+
 def declined_for_unit(pin: dict | None, unit: str, forced: str | None, rule: str,
                       sites: list[tuple[str, str]]) -> tuple[Rewrite, ...]:
     """Where a plan-wide `--pin unit=X` asks for another unit than `unit` (the one the merged kernel runs

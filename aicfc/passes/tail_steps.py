@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from aicfc.codegen import gemm, gemm_gemv
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
-from aicfc.passes.merge_kernels import switch
+from aicfc.passes.merge_kernels import switch, user_pinned
 from aicfc.planner import cost_gemv
 from aicfc.planner.hardware import Profile
 
@@ -121,7 +121,7 @@ def tail_steps(plan: Plan, hw: Profile | None = None, pin: dict | None = None,
         if value == "0":
             records.append(Rewrite(RULE, k.name, False, f"--pin {PIN}=0"))
             continue
-        pinned = next((r.rule for r in plan.rewrites if r.target == k.name and r.rule.startswith("--pin ")), None)
+        pinned = user_pinned(plan, k.name)
         if pinned:
             records.append(Rewrite(RULE, k.name, False, f"its schedule is the user's ({pinned})"))
             continue
