@@ -57,6 +57,11 @@ requests), so that the O's blocks could spend their window on a larger head: 157
 head, 159.7 / 163.8 with 8 / 12 MiB. In the 2-layer timeline the attention staged its query 0.5 us later (1.28
 against 0.77 us after its go) and the gate/up's weights streamed no sooner (8.96-9.22 us after its go against
 9.22-9.47). Not kept.
+Session 58 (the same A/B, 9 rounds; benchmarks/results/qkv_fills_o_session58_h200.txt): each QKV gemv's block, once its
+own weight loop was done, requested its share of the O's whole weight into L2 (thread 0, one bulk request; over the
+QKV's 384-768 blocks, so no SM's memory path carries much of it, where the split attention's 48 did: [Note: the decode
+attention in the chain]), so that the DRAM would stream it from the QKV's tail instead of from the O's landing: the
+generate step 0.1582 ms against 0.1564 (0.989x), with the O's gate/up head at 8 MiB 0.1598 (0.979x). Not kept.
 
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule
