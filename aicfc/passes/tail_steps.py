@@ -36,7 +36,7 @@ the down 1.07 us (its 3.9 MiB landed).
 
     kernel k14 gemm [gemv CL=1 SPLITK=2]  (reduce 0.50 + split 0.21 + row scale 0.10)   kernel k15 gemm [gemv KM=1 PRE=1 U=2]
   becomes
-    kernel k15 gemm [gemv KM=1 PRE=2 LANDED=4194304 U=2]   rewrites += RULE
+    kernel k15 gemm [gemv KM=1 PRE=2 LANDED=4042664 U=2]   rewrites += RULE
 """
 from __future__ import annotations
 
