@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from aicfc.ir.decision import Candidate, Kernel, Plan
 from aicfc.ir.lowered import Rewrite
 from aicfc.passes.attention_room import block_threads, checked_registers, warp_registers
-from aicfc.passes.merge_kernels import switch, user_pinned
+from aicfc.passes.merge_kernels import left_by_pin, switch
 from aicfc.planner.cost import estimate_registers
 from aicfc.planner.hardware import Profile
 
@@ -136,12 +136,9 @@ def gemv_room(plan: Plan, hw: Profile | None = None, pin: dict | None = None, ch
         full = leaves_room(s.grid, block_threads(g), regs, s.smem_bytes, nxt, hw)
         if full is None:
             continue   # already leaves the room: nothing to decide
-        if value == "0":
-            records.append(Rewrite(RULE, g.name, False, f"--pin {PIN}=0"))
-            continue
-        pinned = user_pinned(plan, g.name)
-        if pinned:
-            records.append(Rewrite(RULE, g.name, False, f"its schedule is the user's ({pinned})"))
+        left = left_by_pin(plan, g.name, PIN, value)
+        if left:
+            records.append(Rewrite(RULE, g.name, False, left))
             continue
         if check is None:
             records.append(Rewrite(RULE, g.name, False, "the register check is off: nothing would tell a spill"))

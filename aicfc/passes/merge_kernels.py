@@ -32,9 +32,13 @@ def switch(pin: dict | None, key: str, apart: str, merged: str) -> str | None:
     return None if forced is None else str(forced)
 
 
-def user_pinned(plan: Plan, name: str) -> str | None:
-    """The `--pin` record that chose kernel `name`'s schedule (a pass that would change it declines), else None."""
-    return next((r.rule for r in plan.rewrites if r.target == name and r.rule.startswith("--pin ")), None)
+def left_by_pin(plan: Plan, name: str, key: str, value: str | None) -> str | None:
+    """Why a pass that would change kernel `name`'s schedule leaves it as it is: its switch `--pin key=0` (`value`,
+    from `switch`), or the `--pin` record that chose that schedule; None where neither does."""
+    if value == "0":
+        return f"--pin {key}=0"
+    pinned = next((r.rule for r in plan.rewrites if r.target == name and r.rule.startswith("--pin ")), None)
+    return f"its schedule is the user's ({pinned})" if pinned else None
 
 
 def declined_for_unit(pin: dict | None, unit: str, forced: str | None, rule: str,

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from aicfc.codegen import gemm, gemm_gemv
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
-from aicfc.passes.merge_kernels import switch, user_pinned
+from aicfc.passes.merge_kernels import left_by_pin, switch
 from aicfc.planner import cost_gemv
 from aicfc.planner.hardware import Profile
 
@@ -118,12 +118,9 @@ def tail_steps(plan: Plan, hw: Profile | None = None, pin: dict | None = None,
             continue
         before = plan.kernels[i - 1]
         pre, moves = wanted(before, k, hw)
-        if value == "0":
-            records.append(Rewrite(RULE, k.name, False, f"--pin {PIN}=0"))
-            continue
-        pinned = user_pinned(plan, k.name)
-        if pinned:
-            records.append(Rewrite(RULE, k.name, False, f"its schedule is the user's ({pinned})"))
+        left = left_by_pin(plan, k.name, PIN, value)
+        if left:
+            records.append(Rewrite(RULE, k.name, False, left))
             continue
         if pre < 2:
             records.append(Rewrite(RULE, k.name, False, f"it has {steps(k)} step: its whole slice is requested already"))
