@@ -40,8 +40,22 @@ from aicf_run.pdl import DependentLaunch
 _KEYS = ("module", "argmax", "advance", "buffers", "dtypes", "batch", "vocab", "log_rows", "max_stops", "control")
 SLOTS = 2   # read-backs in flight: one chunk is read while the next one runs
 GRAPH_STEPS = 8   # steps captured in one graph: aicf_run/generate.py's CHUNK_STEPS ([Note: steps in one graph])
+ARGMAX_ARGS = ("logits", "log", "control", "ids", "position")   # every parameter an argmax may name
 PLAIN_ENV = "AICF_FEED_PLAIN"   # "1": one step a graph, the feed's kernels launched plainly (an A/B's switch)
 _FEEDS: "weakref.WeakKeyDictionary[Any, GreedyFeed]" = weakref.WeakKeyDictionary()
+
+
+def argmax_names(record: dict) -> tuple[str, ...]:
+    """The argmax's parameters by name, in order, as the greedy record gives them (`args`; logits, log and control
+    before session 57, input_ids and cache_position too since, where no advance kernel writes them)."""
+    names = record["argmax"].get("args", ("logits", "log", "control"))
+    if (not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names)
+            or len(set(names)) != len(names) or not set(names) <= set(ARGMAX_ARGS)
+            or not {"logits", "log", "control"} <= set(names)
+            or (not record.get("advance") and not {"ids", "position"} <= set(names))):
+        raise RunError("the bundle's greedy record has an argmax of an unknown form; recompile the model with "
+                       "`aicfc compile`")
+    return tuple(names)
 
 
 def greedy_feed(step: Any) -> "GreedyFeed | None":
@@ -89,11 +103,8 @@ class GreedyFeed:
             raise RunError(f"cannot load the greedy feed module {module_record['name']} ({_one_line(err)}); "
                            f"recompile the model with `aicfc compile`") from None
         self._module = module
-        self._argmax_args = len(record["argmax"].get("args", ("logits", "log", "control")))   # 5 since session 57
-        if self._argmax_args not in (3, 5) or (self._advance is None and self._argmax_args != 5):
-            raise RunError("the bundle's greedy record has an argmax of an unknown form; recompile the model with "
-                           "`aicfc compile`")
-        self._argmax.prepare("P" * self._argmax_args)
+        self._argmax_args = argmax_names(record)
+        self._argmax.prepare("P" * len(self._argmax_args))
         if self._advance is not None:
             self._advance.prepare("PPP")
         self._dependent: tuple[Any, Any] | None = None
@@ -213,9 +224,10 @@ class GreedyFeed:
         self._argmax = self._advance = self._module = None
 
     def _argmax_pointers(self) -> tuple[int, ...]:
-        """The argmax's arguments: logits, log, control, and since session 57 input_ids and cache_position."""
-        pointers = (self._logits, int(self._log), int(self._control))
-        return pointers + ((self._ids, self._position) if self._argmax_args == 5 else ())
+        """The argmax's arguments, in the order the greedy record's `args` names them."""
+        pointers = {"logits": self._logits, "log": int(self._log), "control": int(self._control), "ids": self._ids,
+                    "position": self._position}
+        return tuple(pointers[name] for name in self._argmax_args)
 
     def _enqueue_steps(self, steps: int) -> None:
         for _ in range(steps):

@@ -26,10 +26,11 @@ def _early(plan):
 def test_decode_step_reads_its_residuals_early():
     plan = plan_of(decoder(), decode_shapes(1), "fp16")
     early = _early(plan)
-    # of 2 layers: the first down (it adds the O's sum) and the second O (the first layer's output); the first O
-    # adds the embedding's row through the token (a data-dependent read), the second down no residual, and
-    # the QKVs' rotary tables stay in the epilogue (measured slower early: the Note)
-    assert len(early) == 2 and all(k.schedule.param["unit"] == "gemv" and gemm.rotary(k) is None for k in early)
+    # of 2 layers: each down (it adds the O's sum; the last one's sum is the final norm's row, stored for the LM
+    # head's row scale: [Note: the last residual row stored]) and the second O (the first layer's output); the
+    # first O adds the embedding's row through the token (a data-dependent read), and the QKVs' rotary tables stay
+    # in the epilogue (measured slower early: the Note)
+    assert len(early) == 3 and all(k.schedule.param["unit"] == "gemv" and gemm.rotary(k) is None for k in early)
     index = {k.name: i for i, k in enumerate(plan.kernels)}
     for k in early:
         reads = gemm.early_reads(k, plan.types())
@@ -37,7 +38,7 @@ def test_decode_step_reads_its_residuals_early():
         for name in reads:   # written two or more launches back
             assert all(index[w.name] <= index[k.name] - 2 for w in plan.kernels if name in w.stores)
     recs = [r for r in plan.rewrites if r.rule == RULE]
-    assert sum(r.applied for r in recs) == 2 and all("requested while the previous kernel runs" in r.reason for r in recs)
+    assert sum(r.applied for r in recs) == 3 and all("requested while the previous kernel runs" in r.reason for r in recs)
 
 
 def test_early_reads_are_credited_one_round_trip():
@@ -69,8 +70,9 @@ def test_the_early_loads_come_before_the_entry():
     payload = aicfc.compile(decoder(), target="sm_90", precision="fp16", shapes=decode_shapes(1))
     source = "".join(m["source"] for m in payload["modules"])
     names = [k["name"] for k in payload["kernels"] if k["params"].get("EPRE")]
-    assert names
-    for name in names:
+    built = [name for name in names if f" {name}(" in source]   # a kernel of the same code runs the first's function
+    assert built
+    for name in built:
         body = source[source.index(f" {name}("):]
         body = body[:body.index("\nextern \"C\"")] if "\nextern \"C\"" in body else body
         entry = body.index(pdl.ENTRY)

@@ -89,6 +89,15 @@ def test_one_row_has_no_advance_kernel_and_chunks_its_reads():
     assert one["advance"] is None and one["argmax"]["args"] == list(ARGMAX_ARGS)
     two = add_greedy_feed(fake_payload(batch=2) | {"launch": {"mode": "stream"}})["greedy"]
     assert two["advance"]["symbol"] and two["argmax"]["args"] == list(ARGMAX_ARGS)
+    from aicf_run.greedy_feed import argmax_names   # the executor passes the pointers in the order the record names
+    assert argmax_names(one) == ARGMAX_ARGS and argmax_names(two) == ARGMAX_ARGS
+    assert argmax_names({"argmax": {}, "advance": two["advance"]}) == ("logits", "log", "control")   # before session 57
+    for bad in ({"argmax": {}, "advance": None}, {"argmax": {"args": ["logits", "log"]}, "advance": two["advance"]},
+                {"argmax": {"args": list(ARGMAX_ARGS) + ["logits"]}, "advance": None},
+                {"argmax": {"args": ["logits", "log", "control", "x"]}, "advance": two["advance"]},
+                {"argmax": {"args": "logits"}, "advance": two["advance"]}, {"argmax": {"args": [[1]]}, "advance": None}):
+        with pytest.raises(RunError, match="argmax of an unknown form"):
+            argmax_names(bad)
     assert chunk_for(4000, 512) == 8 and chunk_for(16032, 1024) == 8 and chunk_for(17, 32) == 1
     values = plan_feed(fake_payload(batch=1))
     source = render_feed(values)

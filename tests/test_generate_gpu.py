@@ -143,6 +143,26 @@ def _counting_choose(monkeypatch) -> list[int]:
     return calls
 
 
+def _feed_run(gpu_device, x, control, batch, ids, launch):
+    """`launch(logits, log, control, ids, position)` on device copies of the logits `x` and the control words; the
+    log (64 x batch), the control words, the ids and the position as the kernels left them."""
+    cuda = gpu_device.driver
+    allocations = [cuda.mem_alloc(n) for n in (x.nbytes, 64 * batch * 8, control.nbytes, batch * 8, 8)]
+    try:
+        cuda.memcpy_htod(allocations[0], np.ascontiguousarray(x).view(np.uint8))
+        cuda.memcpy_htod(allocations[2], control)
+        launch(*allocations)
+        gpu_device.context.synchronize()
+        out = (np.empty((64, batch), np.int64), np.empty_like(control), np.empty(batch, np.dtype(ids)),
+               np.empty(1, np.int64))
+        for host, device in zip(out, allocations[1:]):
+            cuda.memcpy_dtoh(host, device)
+    finally:
+        for a in allocations:
+            a.free()
+    return out
+
+
 @pytest.mark.parametrize("logits,ids,batch,rows,vocab", [("float16", "int64", 5, 1, 32000),
                                                           ("bfloat16", "int32", 5, 3, 1000),
                                                           ("float32", "int64", 5, 1, 131)])
@@ -180,24 +200,10 @@ def test_feed_kernels_are_numpys_argmax(gpu_device, logits, ids, batch, rows, vo
     control[head + 4] = 1                              # row 4 is done: it repeats its last token
     control[head + batch + 4] = 123
     control[head + 2 * batch] = vocab - 1              # row 3 meets the stop token
-    allocations = [cuda.mem_alloc(n) for n in (x.nbytes, 64 * batch * 8, control.nbytes, batch * 8, 8)]
-    try:
-        d_logits, d_log, d_control, d_ids, d_pos = allocations
-        cuda.memcpy_htod(d_logits, np.ascontiguousarray(x).view(np.uint8))
-        cuda.memcpy_htod(d_control, control)
+    def launch(d_logits, d_log, d_control, d_ids, d_pos):
         argmax(d_logits, d_log, d_control, d_ids, d_pos, grid=(batch, 1), block=(values["threads"], 1, 1))
         advance(d_ids, d_pos, d_control, grid=(1, 1), block=(32, 1, 1))
-        gpu_device.context.synchronize()
-        log = np.empty((64, batch), np.int64)
-        cuda.memcpy_dtoh(log, d_log)
-        cuda.memcpy_dtoh(control, d_control)
-        got_ids = np.empty(batch, np.dtype(ids))
-        cuda.memcpy_dtoh(got_ids, d_ids)
-        pos = np.empty(1, np.int64)
-        cuda.memcpy_dtoh(pos, d_pos)
-    finally:
-        for a in allocations:
-            a.free()
+    log, control, got_ids, pos = _feed_run(gpu_device, x, control, batch, ids, launch)
     expect = want.copy()
     expect[4] = 123
     assert log[0].tolist() == expect.tolist() and got_ids.tolist() == expect.tolist()
@@ -222,24 +228,9 @@ def test_one_row_argmax_advances_itself(gpu_device, logits, ids):
     head = len(CONTROL_HEAD)
     control = np.zeros(control_words(1), np.int64)
     control[0], control[1] = 3, 41                     # step 3, position 41
-    allocations = [cuda.mem_alloc(n) for n in (x.nbytes, 64 * 8, control.nbytes, 8, 8)]
-    try:
-        d_logits, d_log, d_control, d_ids, d_pos = allocations
-        cuda.memcpy_htod(d_logits, np.ascontiguousarray(x).view(np.uint8))
-        cuda.memcpy_htod(d_control, control)
-        argmax(d_logits, d_log, d_control, d_ids, d_pos, grid=(1, 1), block=(values["threads"], 1, 1))
-        gpu_device.context.synchronize()
-        log = np.empty(64, np.int64)
-        cuda.memcpy_dtoh(log, d_log)
-        cuda.memcpy_dtoh(control, d_control)
-        got_ids = np.empty(1, np.dtype(ids))
-        cuda.memcpy_dtoh(got_ids, d_ids)
-        pos = np.empty(1, np.int64)
-        cuda.memcpy_dtoh(pos, d_pos)
-    finally:
-        for a in allocations:
-            a.free()
-    assert log[3] == want and got_ids[0] == want and control[head + 1] == want
+    log, control, got_ids, pos = _feed_run(gpu_device, x, control, 1, ids, lambda *args: argmax(
+        *args, grid=(1, 1), block=(values["threads"], 1, 1)))
+    assert log[3, 0] == want and got_ids[0] == want and control[head + 1] == want
     assert control[0] == 4 and control[1] == 42 and pos[0] == 42
 
 

@@ -21,12 +21,26 @@ through a view is always stored. So is the row of a norm that something else als
 itself stored or read twice): recomputing h inside every kernel that reads h2 would re-read x
 and attn_out there, and along a residual chain the recomputed sum would grow layer by layer;
 stored, h is computed once by the row pass of its norm ("map + row pass => stored prologue"
-in form_kernels).
+in form_kernels), and the last residual sum before a norm that can become a gemv's row scale
+([Note: the last residual row stored]).
 
     %t: f32[4,8] = map add(load(%x, [i0, i1]), load(%b, [i1]))
     %y: f32[4,8] = map max(load(%t, [i0, i1]), 0.0)
   becomes
     %y: f32[4,8] = map max(add(load(%x, [i0, i1]), load(%b, [i1])), 0.0)
+
+[Note: the last residual row stored]
+A decoder's final norm reads the last residual sum h = x + down(...), which nothing else reads, so
+"map(x) => recompute in consumer" would put h into the norm's row pass: its statistic then reads two
+buffers (x and the down projection's result), fold_row_scale cannot move the norm into the LM head
+(it needs the statistic of the one row the gemv streams), and the decode step keeps a one-block
+row pass between the last down projection and the LM head (in the 20-layer plan of the 1 B Llama,
+1.3 us alone and about 2.7 us of the chain: its boundary, then 1.7 us before the LM head's go).
+So h stays stored when it reads a contraction's result (that contraction's epilogue then stores it,
+as every other layer's down projection stores its residual sum) and a map of its row times a
+factor, its row's statistic beside it, is read by tile-compatible contractions alone: the pattern
+fold_row_scale takes. Stored, h costs one row written by the epilogue that computes it; the
+prefill plan, whose norm reads the last position of h, stores h where it stored the down's result.
 
 [Note: tables recomputed in a gemv's epilogue]
 A decode step's rotary tables (cos and sin of position x inverse frequencies, read through an
@@ -44,7 +58,7 @@ its sums), which the gemv template does not do.
 from __future__ import annotations
 
 from aicfc.ir.memo import by_identity
-from aicfc.ir.lowered import (INTEGER_DTYPES, Compute, Expr, Load, Program, Rewrite, View, has_indirect, index_loads,
+from aicfc.ir.lowered import (INTEGER_DTYPES, Call, Compute, Expr, Load, Program, Rewrite, View, has_indirect, index_loads,
                               indirect_dims, is_integer_compute, loads, map_loads, substitute)
 from aicfc.ir.types import TensorType
 from aicfc.ir.properties import (implicit_gemm, is_identity_access, reads_per_element, recompute_cost,
@@ -147,6 +161,44 @@ def _why_keep_row(prod: Compute, consumers: list[Compute], readers: dict[str, li
     return None
 
 
+def _why_keep_scaled_row(prod: Compute, readers: dict[str, list[Compute]], producers: dict[str, Compute],
+                         stored: set[str]) -> str | None:
+    """Why `prod` stays stored as the row of a norm whose scaled row a contraction alone reads, or None
+    ([Note: the last residual row stored]).
+
+    It does when it reads a contraction's result (so that contraction's epilogue stores it), its row
+    (itself, or a pure move of it such as a Slice of the last position) feeds a statistic, and a map of
+    that row times a factor is read by tile-compatible contractions alone."""
+    if not any((src := producers.get(ld.buffer)) is not None and src.combiner == "sum" and src.reduce
+               for ld in loads(prod.body)):
+        return None
+    rows, frontier = {prod.out}, [prod.out]
+    while frontier:   # the row and the pure moves of it
+        for c in readers.get(frontier.pop(), []):
+            if c.combiner == "map" and isinstance(c.body, Load) and c.out not in stored and c.out not in rows:
+                rows.add(c.out)
+                frontier.append(c.out)
+    stats, scaled, frontier = [], [], list(rows)
+    while frontier:
+        for c in readers.get(frontier.pop(), []):
+            if c.out in rows:
+                continue
+            if c.combiner != "map":
+                stats.append(c.out)
+            elif (isinstance(c.body, Call) and c.body.fn == "mul" and len(c.body.args) == 2
+                  and any(isinstance(a, Load) and a.buffer in rows for a in c.body.args)
+                  and c.out not in stored and readers.get(c.out)
+                  and all(why_not_tile_compatible(r) is None for r in readers[c.out])):
+                scaled.append(c.out)
+            elif len(readers.get(c.out, [])) == 1 and c.out not in stored:
+                frontier.append(c.out)
+    if not stats or not scaled:
+        return None
+    return (f"it is the row of statistic(s) {sorted(set(stats))}, and {scaled[0]!r}, the row times a factor, is "
+            f"a contraction's operand: stored by its producer's epilogue, the norm's row scale can move into that "
+            f"contraction (fold_row_scale) and its row pass go")
+
+
 def inline_producers(p: Program, again: bool = False) -> Program:
     """Both rules in program order. `again`: the second run, access folding alone, after
     fold_views has taken the views that split dimensions out from between producers and
@@ -186,7 +238,9 @@ def inline_producers(p: Program, again: bool = False) -> Program:
                         for b in _reads(op):
                             readers.setdefault(b, []).append(op)
                 stored = set(p.outputs) | {op.source for op in ops if isinstance(op, View)}
-                reason = _why_keep_row(prod, consumers, readers, stored)
+                producers = {op.out: op for op in ops if isinstance(op, Compute)}
+                reason = (_why_keep_row(prod, consumers, readers, stored)
+                          or _why_keep_scaled_row(prod, readers, producers, stored))
         if reason:
             if not again:
                 records.append(Rewrite(rule, prod.out, False, reason))
