@@ -93,7 +93,9 @@ def gemv_candidates(plan: Plan) -> tuple[set[str], set[str]]:
     gain (session 50, an H200, the 4-layer B1 decode plan with `--pin kmajor=NAMES` adding the gate/up weights, 7
     alternating rounds; benchmarks/results/decode_session50_h200.txt, call 5): 158.9 us against 159.6 at the
     planner's K-major pick (BN 16, 4 warps, KS 2, U 2), 158.2 with BN 32, 8 warps, KS 2, U 4 pinned, 165.0 with BN
-    16, KS 1, U 4; too close to hand the choice to terms that were 0.6-1.0 of the measured times."""
+    16, KS 1, U 4; too close to hand the choice to terms that were 0.6-1.0 of the measured times. Session 59 (the same
+    A/B with the down projection's steps into the gate/up's tail, passes/tail_steps.py; 9 rounds,
+    benchmarks/results/last_norm_ab_session59_h200.txt): the generate step 0.1571 ms K-major against 0.1562."""
     maybe: set[str] = set()
     keep: set[str] = set()
     if plan.precision not in ("fp16", "bf16"):
