@@ -221,3 +221,37 @@ def test_every_row_scaled_candidate_builds_without_spills(batch):
     for (k, space), found in zip(spaces, count_registers(plan, spaces)):
         bad = [(p, regs, spill) for p, (regs, spill) in zip(space, found) if spill or not 0 < regs <= 255]
         assert not bad, f"{k.name}: {len(bad)} of {len(space)} spill: {bad[:3]}"
+
+
+def _residual_norm_model(factor_of_the_statistic: bool) -> onnx.ModelProto:
+    """h = x @ W1 + r, then h · 1/sqrt(mean(h²) + eps) (an RMSNorm without its weight) or, for the negative case,
+    h · g with g another input beside the statistic, read by a MatMul: [Note: the last residual row stored]."""
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [64, 64], rng.standard_normal(4096).astype(np.float32).tolist())
+             for n in ("w1", "w2")]
+    inits.append(helper.make_tensor("eps", TensorProto.FLOAT, [], [1e-6]))
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m"]), helper.make_node("Add", ["m", "r"], ["h"]),
+             helper.make_node("Mul", ["h", "h"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]), helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Reciprocal", ["rms"], ["inv"]),
+             helper.make_node("Mul", ["h", "inv" if factor_of_the_statistic else "g"], ["y"]),
+             helper.make_node("MatMul", ["y", "w2"], ["out"]),
+             helper.make_node("Add", ["out", "inv"], ["out2"])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 64]) for n in ("x", "r", "g")]
+    graph = helper.make_graph(nodes, "residual_norm", inputs,
+                              [helper.make_tensor_value_info("out2", TensorProto.FLOAT, [1, 1, 64])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_the_last_residual_row_stays_stored_only_before_a_row_scale(norm):
+    """The residual sum before a norm whose scaled row a GEMM reads stays stored (its MatMul's epilogue stores it); a
+    row times anything else than its statistics' factor is recomputed in its consumers as before."""
+    from aicfc.passes.inline_producers import REMAT_RULE
+    plan = plan_of(_residual_norm_model(norm), {"x": (1, 1, 64), "r": (1, 1, 64), "g": (1, 1, 64)}, "fp16")
+    (rec,) = [r for r in plan.rewrites if r.rule == REMAT_RULE and r.target == "h"]
+    assert rec.applied != norm
+    if norm:
+        assert "the row times a factor of them" in rec.reason
+        assert any(k.stores == ("h",) and k.family == "gemm" for k in plan.kernels)

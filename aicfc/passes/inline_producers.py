@@ -34,13 +34,19 @@ A decoder's final norm reads the last residual sum h = x + down(...), which noth
 "map(x) => recompute in consumer" would put h into the norm's row pass: its statistic then reads two
 buffers (x and the down projection's result), fold_row_scale cannot move the norm into the LM head
 (it needs the statistic of the one row the gemv streams), and the decode step keeps a one-block
-row pass between the last down projection and the LM head (in the 20-layer plan of the 1 B Llama,
-1.3 us alone and about 2.7 us of the chain: its boundary, then 1.7 us before the LM head's go).
-So h stays stored when it reads a contraction's result (that contraction's epilogue then stores it,
-as every other layer's down projection stores its residual sum) and a map of its row times a
-factor, its row's statistic beside it, is read by tile-compatible contractions alone: the pattern
-fold_row_scale takes. Stored, h costs one row written by the epilogue that computes it; the
-prefill plan, whose norm reads the last position of h, stores h where it stored the down's result.
+row pass between the last down projection and the LM head (the 1 B Llama's: 1.3 us alone in the
+20-layer profile; in session 58's 2-layer timeline 2.75 us of the chain, the LM head's go 1.7 us
+after its done). So h stays stored when it reads a contraction's result (that contraction's
+epilogue then stores it, as every other layer's down projection stores its residual sum), its row
+feeds a statistic, and a map of its row times a factor of the statistics alone is read by
+tile-compatible contractions alone: the pattern fold_row_scale takes (by the planner's predictions).
+Stored, h costs one row written by the epilogue that computes it; the prefill plan, whose norm
+reads the last position of h, stores h where it stored the down's result.
+Measured on an H200 (session 59, benchmarks/results/last_norm_ab_session59_h200.txt, the 1 B Llama's
+4-layer decode plan against the previous compiler's bundle, 9 alternating rounds): the generate step
+0.1562 ms against 0.1569 (1.004x), the plan's replay 154.6 us against 154.1; in the 2-layer timeline
+the LM head's blocks land during the last down projection's tail. The 20-layer step, 0.609 ms, is
+within the spread between processes of the step before (0.608).
 
 [Note: tables recomputed in a gemv's epilogue]
 A decode step's rotary tables (cos and sin of position x inverse frequencies, read through an
@@ -58,8 +64,8 @@ its sums), which the gemv template does not do.
 from __future__ import annotations
 
 from aicfc.ir.memo import by_identity
-from aicfc.ir.lowered import (INTEGER_DTYPES, Call, Compute, Expr, Load, Program, Rewrite, View, has_indirect, index_loads,
-                              indirect_dims, is_integer_compute, loads, map_loads, substitute)
+from aicfc.ir.lowered import (INTEGER_DTYPES, Call, Compute, Expr, Load, Program, Rewrite, View, has_indirect,
+                              index_loads, indirect_dims, is_integer_compute, loads, map_loads, substitute)
 from aicfc.ir.types import TensorType
 from aicfc.ir.properties import (implicit_gemm, is_identity_access, reads_per_element, recompute_cost,
                                  why_not_tile_compatible)
@@ -168,7 +174,7 @@ def _why_keep_scaled_row(prod: Compute, readers: dict[str, list[Compute]], produ
 
     It does when it reads a contraction's result (so that contraction's epilogue stores it), its row
     (itself, or a pure move of it such as a Slice of the last position) feeds a statistic, and a map of
-    that row times a factor is read by tile-compatible contractions alone."""
+    that row times a factor of the statistics alone is read by tile-compatible contractions alone."""
     if not any((src := producers.get(ld.buffer)) is not None and src.combiner == "sum" and src.reduce
                for ld in loads(prod.body)):
         return None
@@ -178,23 +184,33 @@ def _why_keep_scaled_row(prod: Compute, readers: dict[str, list[Compute]], produ
             if c.combiner == "map" and isinstance(c.body, Load) and c.out not in stored and c.out not in rows:
                 rows.add(c.out)
                 frontier.append(c.out)
-    stats, scaled, frontier = [], [], list(rows)
-    while frontier:
+    stats, maps, frontier = set(), [], list(rows)
+    while frontier:   # the statistics of the row (through maps read once) and the maps that read the row itself
         for c in readers.get(frontier.pop(), []):
             if c.out in rows:
                 continue
             if c.combiner != "map":
-                stats.append(c.out)
-            elif (isinstance(c.body, Call) and c.body.fn == "mul" and len(c.body.args) == 2
-                  and any(isinstance(a, Load) and a.buffer in rows for a in c.body.args)
-                  and c.out not in stored and readers.get(c.out)
-                  and all(why_not_tile_compatible(r) is None for r in readers[c.out])):
-                scaled.append(c.out)
-            elif len(readers.get(c.out, [])) == 1 and c.out not in stored:
+                stats.add(c.out)
+                continue
+            if any(isinstance(a, Load) and a.buffer in rows for a in getattr(c.body, "args", ())):
+                maps.append(c)
+            if len(readers.get(c.out, [])) == 1 and c.out not in stored:
                 frontier.append(c.out)
+    derived, frontier = set(stats), list(stats)
+    while frontier:   # what is computed from the statistics alone (the norm's factor)
+        for c in readers.get(frontier.pop(), []):
+            if c.combiner == "map" and c.out not in derived and {ld.buffer for ld in loads(c.body)} <= derived:
+                derived.add(c.out)
+                frontier.append(c.out)
+    scaled = [c.out for c in maps
+              if isinstance(c.body, Call) and c.body.fn == "mul" and len(c.body.args) == 2
+              and any(isinstance(a, Load) and a.buffer in rows and not {ld.buffer for ld in loads(other)} - derived
+                      for a, other in (c.body.args, c.body.args[::-1]))
+              and c.out not in stored and readers.get(c.out)
+              and all(why_not_tile_compatible(r) is None for r in readers[c.out])]
     if not stats or not scaled:
         return None
-    return (f"it is the row of statistic(s) {sorted(set(stats))}, and {scaled[0]!r}, the row times a factor, is "
+    return (f"it is the row of statistic(s) {sorted(stats)}, and {scaled[0]!r}, the row times a factor of them, is "
             f"a contraction's operand: stored by its producer's epilogue, the norm's row scale can move into that "
             f"contraction (fold_row_scale) and its row pass go")
 
