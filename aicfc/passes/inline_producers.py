@@ -190,7 +190,8 @@ def _why_keep_scaled_row(prod: Compute, readers: dict[str, list[Compute]], produ
             if c.out in rows:
                 continue
             if c.combiner != "map":
-                stats.add(c.out)
+                if why_not_tile_compatible(c) is not None:   # a statistic, not a contraction reading the row
+                    stats.add(c.out)
                 continue
             if any(isinstance(a, Load) and a.buffer in rows for a in getattr(c.body, "args", ())):
                 maps.append(c)
@@ -204,8 +205,8 @@ def _why_keep_scaled_row(prod: Compute, readers: dict[str, list[Compute]], produ
                 frontier.append(c.out)
     scaled = [c.out for c in maps
               if isinstance(c.body, Call) and c.body.fn == "mul" and len(c.body.args) == 2
-              and any(isinstance(a, Load) and a.buffer in rows and not {ld.buffer for ld in loads(other)} - derived
-                      for a, other in (c.body.args, c.body.args[::-1]))
+              and any(isinstance(a, Load) and a.buffer in rows and {ld.buffer for ld in loads(other)} <= derived
+                      and loads(other) for a, other in (c.body.args, c.body.args[::-1]))
               and c.out not in stored and readers.get(c.out)
               and all(why_not_tile_compatible(r) is None for r in readers[c.out])]
     if not stats or not scaled:
