@@ -253,6 +253,12 @@ TC_MAX_HELD = 200  # tc_held's bound: BN 256 (U = 1: 216) took 220-230 registers
 SMEM_MAX = 48 * 1024 - 16   # static shared memory: the warps' partial rows (and rank 0's inbox), and the split's flag
 
 
+def params(k: Kernel) -> dict | None:
+    """Kernel `k`'s schedule parameters where it runs on this unit (a gemm kernel scheduled `gemv`), else None."""
+    p = k.schedule.param if k.schedule is not None else {}
+    return p if k.family == "gemm" and p.get("unit") == "gemv" else None
+
+
 ROW_SCALE_RULE = "gemv(x·r, W) => gemv(x, W)·r (the norm's row scale in the gemv)"
 RSV_MAX = 4        # 16-byte vectors of the rows a thread holds through the loop for the row statistic
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from aicfc.codegen import gemm_gemv
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
 from aicfc.passes.merge_kernels import switch
@@ -103,8 +104,8 @@ def attention_room(plan: Plan, hw: Profile | None = None, pin: dict | None = Non
         return plan
     from aicfc.passes.plan_schedules import with_params
     kernels, records = list(plan.kernels), []
-    pairs = [i for i in range(1, len(kernels)) if _split_attention(kernels[i]) and kernels[i - 1].family == "gemm"
-             and (kernels[i - 1].schedule.param if kernels[i - 1].schedule is not None else {}).get("unit") == "gemv"]
+    pairs = [i for i in range(1, len(kernels))
+             if _split_attention(kernels[i]) and gemm_gemv.params(kernels[i - 1]) is not None]
     emitted: dict[int, int] = {}   # each attention's registers as emitted, all built at once (in parallel)
     if check is not None and value != "0" and pairs:
         counts = check(plan, [(kernels[i], [dict(kernels[i].schedule.param)]) for i in pairs])

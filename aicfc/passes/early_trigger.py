@@ -44,7 +44,7 @@ which the per-kernel terms do not see (the rewrite's reason names the idle kerne
 """
 from __future__ import annotations
 
-from aicfc.codegen import pdl
+from aicfc.codegen import gemm_gemv, pdl
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
 from aicfc.passes.merge_kernels import switch
@@ -83,7 +83,7 @@ def early_trigger(plan: Plan, hw: Profile | None = None, pin: dict | None = None
         return plan
     kernels, records, at = list(plan.kernels), [], storage(plan)
     for i, k in enumerate(kernels):
-        if k.family != "gemm" or k.schedule is None or k.schedule.param.get("unit") != "gemv" or i == 0:
+        if gemm_gemv.params(k) is None or i == 0:
             continue
         why = f"--pin {PIN}=0" if value == "0" else why_not(plan, kernels, i, at)
         if why is not None:

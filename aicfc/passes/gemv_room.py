@@ -42,6 +42,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
+from aicfc.codegen import gemm_gemv
 from aicfc.ir.decision import Candidate, Kernel, Plan
 from aicfc.ir.lowered import Rewrite
 from aicfc.passes.attention_room import block_threads, checked_registers, warp_registers
@@ -55,11 +56,6 @@ if TYPE_CHECKING:
 RULE = "a gemv after a split attention => of its equally fast schedules, one leaving the next gemv's block room"
 PIN = "gemvroom"   # --pin gemvroom=0: off
 TIE_US = 1e-3      # predicted times closer than this are the same prediction
-
-
-def _gemv(k: Kernel) -> bool:
-    p = k.schedule.param if k.schedule is not None else {}
-    return k.family == "gemm" and p.get("unit") == "gemv"
 
 
 def _split_attention(k: Kernel) -> bool:
@@ -126,7 +122,7 @@ def gemv_room(plan: Plan, hw: Profile | None = None, pin: dict | None = None, ch
     kernels, records = list(plan.kernels), []
     for i in range(1, len(kernels) - 1):
         a, g, nxt = kernels[i - 1], kernels[i], kernels[i + 1]
-        if not (_split_attention(a) and _gemv(g) and _gemv(nxt)):
+        if not (_split_attention(a) and gemm_gemv.params(g) is not None and gemm_gemv.params(nxt) is not None):
             continue
         s = g.schedule
         regs = checked_registers(g)

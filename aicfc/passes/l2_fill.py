@@ -89,11 +89,6 @@ SHARE_PIN = "fillshare"  # --pin fillshare=F: IDLE_SHARE for this plan (an A/B's
 IDLE_SHARE = 0.7   # a kernel whose own bytes at the stream's rate take under this share of its body leaves the DRAM idle
 
 
-def _gemv(k: Kernel) -> dict | None:
-    p = k.schedule.param if k.schedule is not None else {}
-    return p if k.family == "gemm" and p.get("unit") == "gemv" else None
-
-
 def _weight_rows(k: Kernel, plan: Plan) -> tuple[str, int, int] | None:
     """(weight buffer, bytes of a k-row, k-rows) where gemv `k`'s weight is a plan constant laid out
     [K, N] (k-row r's N columns contiguous at r·N), else None."""
@@ -110,14 +105,14 @@ def _weight_rows(k: Kernel, plan: Plan) -> tuple[str, int, int] | None:
 
 def _k_major_constant(k: Kernel, plan: Plan) -> bool:
     """Whether gemv `k` reads a plan constant K-major (KM = 1): its blocks' slices are contiguous runs of [N, K] rows."""
-    return bool(_gemv(k).get("KM")) and gemm.dims(k)[0].b.buffer in {w.name for w in plan.weights}
+    return bool(gemm_gemv.params(k).get("KM")) and gemm.dims(k)[0].b.buffer in {w.name for w in plan.weights}
 
 
 def _idle_us(k: Kernel, hw: Profile, share: float = IDLE_SHARE) -> float:
     """How long kernel `k` leaves the DRAM idle: its predicted body (less the launch) less its own
     bytes at the gemv stream's rate; none for a gemv, which streams its weight through its body (what its
     prediction adds to the bytes is its launch and tail: requests there slowed the plan, sessions 8, 20 and 47)."""
-    if _gemv(k) is not None:
+    if gemm_gemv.params(k) is not None:
         return 0.0
     terms = dict(k.schedule.predicted)
     body = terms["time_us"] - terms.get("launch_us", hw.launch_overhead_us)
@@ -127,7 +122,7 @@ def _idle_us(k: Kernel, hw: Profile, share: float = IDLE_SHARE) -> float:
 
 def why_not(plan: Plan, i: int, hw: Profile, share: float = IDLE_SHARE) -> str | None:
     k = plan.kernels[i]
-    p = _gemv(k)
+    p = gemm_gemv.params(k)
     if p is None:
         return "not a gemv"
     if not p.get("PRE"):
@@ -155,7 +150,7 @@ def _next_stream(plan: Plan, i: int) -> int | None:
     """The index of the gemv that streams next after kernel `i`: kernel i + 1, or i + 2 past one kernel that is not a
     gemv (a norm kept apart, as at B8), else None."""
     for j in (i + 1, i + 2):
-        if j < len(plan.kernels) and _gemv(plan.kernels[j]) is not None:
+        if j < len(plan.kernels) and gemm_gemv.params(plan.kernels[j]) is not None:
             return j
         if j < len(plan.kernels) and plan.kernels[j].family not in ("row_reduce", "pointwise"):
             return None
@@ -168,7 +163,7 @@ def head(plan: Plan, j: int | None, budget: float) -> Prefetch | None:
     if j is None or budget <= 0:
         return None
     nxt = plan.kernels[j]
-    p = _gemv(nxt)
+    p = gemm_gemv.params(nxt)
     rows = _weight_rows(nxt, plan)
     if rows is None:
         return None
@@ -204,7 +199,7 @@ def l2_fill(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> P
     if not 0.0 < share <= 1.0:
         raise AicfError(f"--pin {SHARE_PIN}={(pin or {}).get(SHARE_PIN)}: expected a share in (0, 1]")
     for i, k in enumerate(plan.kernels):
-        if _gemv(k) is None:
+        if gemm_gemv.params(k) is None:
             continue
         why = why_not(plan, i, hw, share) if value is None or mb > 0 else f"--pin {PIN}=0"
         if why is not None:

@@ -58,11 +58,6 @@ PIN = "tailsteps"   # --pin tailsteps=0: off
 TAIL_TERMS = ("t_reduce_us", "t_split_us", "t_row_scale_us")   # a gemv's predicted time after its last weights
 
 
-def _gemv(k: Kernel) -> dict | None:
-    p = k.schedule.param if k.schedule is not None else {}
-    return p if k.family == "gemm" and p.get("unit") == "gemv" else None
-
-
 def tail_us(k: Kernel) -> float:
     """Gemv `k`'s predicted time after its last weights: its blocks' sums, split merge, row scale and epilogue."""
     terms = dict(k.schedule.predicted)
@@ -89,10 +84,10 @@ def wanted(before: Kernel, k: Kernel, hw: Profile) -> tuple[int, float]:
 
 def why_not(plan: Plan, i: int) -> str | None:
     k = plan.kernels[i]
-    p = _gemv(k)
+    p = gemm_gemv.params(k)
     if p is None:
         return "not a gemv"
-    if i == 0 or _gemv(plan.kernels[i - 1]) is None:
+    if i == 0 or gemm_gemv.params(plan.kernels[i - 1]) is None:
         return "the kernel before it is not a gemv"
     if not p.get("KM"):
         return "its weight is not K-major (its loop is not unrolled: a step's registers are reused)"
