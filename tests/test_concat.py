@@ -166,6 +166,29 @@ def test_interpreter_matches_onnxruntime(case):
         assert np.array_equal(got, ref) if exact else np.allclose(got, ref, rtol=1e-6, atol=1e-7), p.ops[-1].out
 
 
+def test_a_table_is_inlined_through_the_guard():
+    """[Note: a table inlined through a Concat's guard]: cos(cat(a, a)) of a map of an input and a constant (a
+    rotary table's angles) computes the map in the cos's guarded reads through a band of ones, with the same
+    values (the interpreter against onnxruntime at every stage); a map of inputs alone stays stored."""
+    nodes = [helper.make_node("Mul", ["pos", "inv"], ["a"], name="angles"),
+             helper.make_node("Concat", ["a", "a"], ["cat"], name="cat", axis=1),
+             helper.make_node("Cos", ["cat"], ["y"], name="cos")]
+    inv = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    model = B._graph_model(nodes, "table", {"pos": (3, 1)}, {"y": (3, 8)}, {"inv": inv})
+    x = B.random_inputs(model, seed=5)
+    ref = B.run_onnxruntime(model, x)["y"]
+    programs = _programs(model)
+    for p in programs:
+        assert np.allclose(evaluate_program(p, x)["y"], ref, rtol=1e-6, atol=1e-7), p.ops[-1].out
+    last = programs[-1]
+    assert [op.out for op in last.ops if isinstance(op, Compute)] == ["y"]
+    assert any(".guard.band." in w.name and w.type.dtype == "bool" for w in last.weights)
+    applied = [r for r in last.rewrites if r.target == "a" and r.applied]
+    assert applied and applied[0].rule == "map(x) => recompute in consumer"
+    plain = concat_model([(3, 4), (3, 4)], axis=1, pre="Relu", post="Cos")   # relu of inputs: no table
+    assert any(op.out.startswith("p") for op in _programs(plain)[-1].ops if isinstance(op, Compute))
+
+
 def test_plan_and_vector_code():
     """One pointwise kernel. Channel concat: each term is one vector read under one test. An
     inner-axis concat at offsets that are multiples of the vector width reads vectors too; at

@@ -28,17 +28,23 @@ def test_decode_step_reads_its_residuals_early():
     early = _early(plan)
     # of 2 layers: each down (it adds the O's sum; the last one's sum is the final norm's row, stored for the LM
     # head's row scale: [Note: the last residual row stored]) and the second O (the first layer's output); the
-    # first O adds the embedding's row through the token (a data-dependent read), and the QKVs' rotary tables stay
-    # in the epilogue (measured slower early: the Note)
-    assert len(early) == 3 and all(k.schedule.param["unit"] == "gemv" and gemm.rotary(k) is None for k in early)
+    # first O adds the embedding's row through the token (a data-dependent read). The second QKV computes its
+    # rotary tables' terms before the wait ([Note: tables computed before the loop]); the first, kernel 1 of the
+    # plan, after it (the position may be written right before the plan)
+    assert len(early) == 4 and all(k.schedule.param["unit"] == "gemv" for k in early)
+    rotary = [k for k in early if gemm.rotary(k) is not None]
+    assert len(rotary) == 1 and gemm.early_reads(rotary[0], plan.types()) == ["cache_position", "c7"]
     index = {k.name: i for i, k in enumerate(plan.kernels)}
     for k in early:
         reads = gemm.early_reads(k, plan.types())
-        assert reads and len(reads) == 1
+        assert reads and (len(reads) == 1 or k in rotary)
         for name in reads:   # written two or more launches back
             assert all(index[w.name] <= index[k.name] - 2 for w in plan.kernels if name in w.stores)
     recs = [r for r in plan.rewrites if r.rule == RULE]
-    assert sum(r.applied for r in recs) == 3 and all("requested while the previous kernel runs" in r.reason for r in recs)
+    assert sum(r.applied for r in recs) == 4 and all(
+        "requested while the previous kernel runs" in r.reason for r in recs if r.applied)
+    first = next(k for k in plan.kernels if gemm.rotary(k) is not None)
+    assert index[first.name] == 1 and first not in early and gemm.table_terms(first, plan.types())
 
 
 def test_early_reads_are_credited_one_round_trip():
@@ -76,8 +82,23 @@ def test_the_early_loads_come_before_the_entry():
         body = source[source.index(f" {name}("):]
         body = body[:body.index("\nextern \"C\"")] if "\nextern \"C\"" in body else body
         entry = body.index(pdl.ENTRY)
-        assert "epilogue reads before the wait" in body[:entry]
-        assert body.index("epre0 = ") < entry < body.rindex("epre0")
+        held = "epre0" if "epilogue reads before the wait" in body[:entry] else "tbl0"   # a residual, or tables
+        assert held == "epre0" or "[Note: tables computed before the loop]" in body[:entry]
+        assert body.index(f"{held} = ") < entry < body.rindex(held)
+
+
+def test_the_first_qkv_computes_its_tables_after_the_wait():
+    """[Note: tables computed before the loop]: kernel 1 of the decode plan (its position may be written right
+    before the plan) computes its rotary tables' terms after the wait, and its epilogue reads the registers."""
+    payload = aicfc.compile(decoder(), target="sm_90", precision="fp16", shapes=decode_shapes(1))
+    source = "".join(m["source"] for m in payload["modules"])
+    name = payload["kernels"][1]["name"]
+    assert not payload["kernels"][1]["params"].get("EPRE")
+    body = source[source.index(f" {name}("):]
+    body = body[:body.index("\nextern \"C\"")] if "\nextern \"C\"" in body else body
+    entry, hoist = body.index(pdl.ENTRY), body.index("[Note: tables computed before the loop]")
+    assert entry < hoist < body.index("tbl0 = ") < body.index("* tbl0)")
+    assert "cosf(" not in body[body.index("* tbl0)"):]   # the tail reads registers, computes no table
 
 
 @pytest.mark.gpu

@@ -25,7 +25,7 @@ from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition,
 from aicfc.codegen.common import CTYPES, decompose, element_offset, render, signature, store_line
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity, last_by_identity
-from aicfc.ir.lowered import Affine, Compute, Load, indirect_dims, loads
+from aicfc.ir.lowered import Affine, Call, Compute, Expr, Load, indirect_dims, loads
 from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, is_rotary_band, rotary_pairs
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.planner.hardware import load_profile
@@ -327,7 +327,8 @@ def store_target(k: Kernel, types: Mapping[str, TensorType]) -> tuple[Compute, d
     return last, (dict(k.binds[-1]) if len(acc_ops(k)) == 2 else {v: Affine.var(v) for v in last.domain_vars})
 
 
-def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, acc: str, partner: str) -> str:
+def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, acc: str, partner: str,
+                   hoisted: Mapping[Expr, str] = {}) -> str:
     """The epilogue's value at the column named `col` from the accumulator `acc` (a rotary map:
     and its rotation partner's `partner`).
 
@@ -337,24 +338,77 @@ def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, a
     column's 8-column block within it, a constant of the unrolled loop. With col = rb + rc + (col
     & 7): head g = rb/head + rc/head, half t = (rc/half) & 1 and j = rc % half + (col & 7), so t
     and every choice that depends on it fold at compile time, and no element divides. The
-    range tests' bands are ones ([Note: rotary bands]): each read is its guard alone."""
+    range tests' bands are ones ([Note: rotary bands]): each read is its guard alone. `hoisted`: terms held in
+    registers already (`hoisted_tables`)."""
     mm, epi = acc_ops(k)
     rot = rotary(k)
     if rot is None:
         n = dims(k)[0].n
         return em.emit(epi.body, dict(names) | ({n: col} if n else {}), {mm.out: acc})
     t = f"((rc / {rot.half}) & 1)"
-    where = dict(names) | {rot.g: f"(rb / {rot.head} + rc / {rot.head})", rot.t: t,
-                           rot.j: f"(rc % {rot.half} + ({col} & 7))"}
-    values = {}
+    where = _rotary_where(rot, names, col)
+    values = _band_values(epi.body, em.types, where) | dict(hoisted)
     for ld in loads(epi.body):
         if ld.buffer == mm.out:
             u = rot.half_of(ld)
             values[ld] = acc if u is None else f"({t} == {u} ? {acc} : {partner})"
-        elif is_rotary_band(ld.buffer, em.types[ld.buffer].dtype):
-            guard = guard_condition(ld, em.types[ld.buffer], where)
-            values[ld] = f"({guard} ? 1.0f : {literal(ld.fill)})" if guard else "1.0f"
     return em.emit(epi.body, where, {}, values)
+
+
+def _rotary_where(rot: Rotary, names: Mapping[str, str], col: str) -> dict[str, str]:
+    """The rotary map's variables at the column named `col` (`epilogue_value`)."""
+    return dict(names) | {rot.g: f"(rb / {rot.head} + rc / {rot.head})", rot.t: f"((rc / {rot.half}) & 1)",
+                          rot.j: f"(rc % {rot.half} + ({col} & 7))"}
+
+
+def _band_values(e: Expr, types: Mapping[str, TensorType], where: Mapping[str, str]) -> dict[Load, str]:
+    """Each band of ones `e` reads, as its guard ([Note: rotary bands] in ir/properties.py)."""
+    values = {}
+    for ld in loads(e):
+        if is_rotary_band(ld.buffer, types[ld.buffer].dtype):
+            guard = guard_condition(ld, types[ld.buffer], where)
+            values[ld] = f"({guard} ? 1.0f : {literal(ld.fill)})" if guard else "1.0f"
+    return values
+
+
+def table_terms(k: Kernel, types: Mapping[str, TensorType]) -> list[Expr]:
+    """The terms of a rotary epilogue that read no accumulator but some table in memory (the cos and sin of a
+    decode step's positions, recomputed there: [Note: a table recomputed where it is read] in
+    passes/inline_producers.py), outermost first; none where the epilogue is no rotary map."""
+    if rotary(k) is None:
+        return []
+    mm, epi = acc_ops(k)
+    out: list[Expr] = []
+
+    def visit(e: Expr) -> None:
+        reads = loads(e)
+        if isinstance(e, Call) and not any(ld.buffer == mm.out for ld in reads) and any(
+                not is_rotary_band(ld.buffer, types[ld.buffer].dtype) for ld in reads):
+            if e not in out:
+                out.append(e)
+        elif isinstance(e, Call):
+            for a in e.args:
+                visit(a)
+    visit(epi.body)
+    return out
+
+
+def hoisted_tables(k: Kernel, types: Mapping[str, TensorType], sig, names: Mapping[str, str]) -> tuple[list[dict], tuple[dict, dict]]:
+    """([Note: tables computed before the loop] in codegen/gemm_gemv.py) each `table_terms` term at the pair's two
+    columns gn and gn1 as the template's hoisted registers {name, lines, value}, and for each column the map from
+    term to register that `epilogue_value` reads."""
+    rot = rotary(k)
+    regs: list[dict] = []
+    got: tuple[dict, dict] = ({}, {})
+    em = Emitter(sig.params, types, prefix="tq")
+    for col, held in zip(("gn", "gn1"), got):
+        where = _rotary_where(rot, names, col)
+        for term in table_terms(k, types):
+            value = em.emit(term, where, {}, _band_values(term, types, where))
+            name = f"tbl{len(regs)}"
+            regs.append(dict(name=name, lines=em.take(), value=value))
+            held[term] = name
+    return regs, got
 
 
 def _gated_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str]) -> list[str]:
@@ -378,16 +432,16 @@ def runs_along(off: Affine, n_var: str, n: int, ve: int) -> bool:
 
 
 def _paired_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
-                     n: int, hoist: list | None = None) -> list[str] | None:
+                     n: int, hoist: list | None = None, tables: tuple[dict, dict] | None = None) -> list[str] | None:
     """Epilogue for two adjacent columns (gn, gn+1) ending in one 2-element vector store, or
     None when the stored tensor is not contiguous and 2-aligned along n (or N is odd); `hoist`:
-    its pair loads go there (`paired_loads`)."""
+    its pair loads go there (`paired_loads`); `tables`: its table terms held in registers (`hoisted_tables`)."""
     c = dims(k)[0]
     last, bind = store_target(k, types)
     off = element_offset(last, bind)
     if c.n is None or not runs_along(off, c.n, n, 2):
         return None
-    lines, values = _pair_values(k, types, sig, names, hoist=hoist)
+    lines, values = _pair_values(k, types, sig, names, hoist=hoist, tables=tables)
     vec_t, vec = PAIR_TYPES[types[last.out].dtype]
     ptr = sig.params[last.out]
     return lines + [f"*reinterpret_cast<{vec_t}*>({ptr} + ({c_affine(off, names)})) = {vec}({values[0]}, {values[1]});"]
@@ -399,7 +453,8 @@ PAIR_TYPES = {"f32": ("float2", "make_float2"), "f16": ("__half2", "__floats2hal
 
 
 def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[str, str],
-                 staged_reads: Mapping[str, str] | None = None, hoist: list | None = None) -> tuple[list[str], list[str]]:
+                 staged_reads: Mapping[str, str] | None = None, hoist: list | None = None,
+                 tables: tuple[dict, dict] | None = None) -> tuple[list[str], list[str]]:
     """(lines, [value of column gn, value of column gn1]): the epilogue of the accumulators
     `accv`, `accv1` (the contraction itself when the kernel has no epilogue)."""
     em = Emitter(sig.params, types, prefix="v")
@@ -412,8 +467,8 @@ def _pair_values(k: Kernel, types: Mapping[str, TensorType], sig, names: dict[st
                       for col, acc, got in (("gn", "accv", cols[0]), ("gn1", "accv1", cols[1]))]
             return lines + em.take(), values
     values = []
-    for col, acc, partner in (("gn", "accv", "accp"), ("gn1", "accv1", "accp1")):
-        values.append(acc if len(acc_ops(k)) == 1 else epilogue_value(k, em, names, col, acc, partner))
+    for (col, acc, partner), held in zip((("gn", "accv", "accp"), ("gn1", "accv1", "accp1")), tables or ({}, {})):
+        values.append(acc if len(acc_ops(k)) == 1 else epilogue_value(k, em, names, col, acc, partner, held))
     return em.take(), values
 
 
@@ -605,13 +660,19 @@ def early_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[str] | None:
     """The buffers a gemv's epilogue reads, which it may request before the dependent-launch wait
     ([Note: epilogue reads before the wait] in passes/early_epilogue.py): an ungated, unrotated
     epilogue stored as pairs (`_paired_epilogue`) whose every read is a pair vector
-    (`paired_reads`: a residual, a per-column scale); None otherwise, or where it reads nothing."""
+    (`paired_reads`: a residual, a per-column scale), or a rotary map's table terms (`table_terms`: what they read
+    but the bands, [Note: tables computed before the loop] in codegen/gemm_gemv.py); None otherwise, or where it
+    reads nothing."""
     c, _, n, _, _ = dims(k)
-    if len(acc_ops(k)) != 2 or gated(k) or rotary(k) is not None or c.n is None:
+    if len(acc_ops(k)) != 2 or gated(k) or c.n is None:
         return None
     last, bind = store_target(k, types)
     if not runs_along(element_offset(last, bind), c.n, n, 2):
         return None
+    if rotary(k) is not None:
+        tables = [ld.buffer for t in table_terms(k, types) for ld in loads(t)
+                  if not is_rotary_band(ld.buffer, types[ld.buffer].dtype)]
+        return list(dict.fromkeys(tables)) or None
     mm, epi = acc_ops(k)
     paired = {ld for ld, _ in paired_reads(k, types)}
     reads = [ld for ld in dict.fromkeys(loads(epi.body)) if ld.buffer != mm.out]
@@ -661,10 +722,15 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         lines = [store_line(mm, {v: Affine.var(v) for v in mm.domain_vars}, "accv", sig.params, out_names)]
     rs = _row_scale_parts(k, types, sig) if row_scale(k) is not None else None
     early: list[dict[str, str]] | None = [] if p.get("EPRE") else None
+    tables, held = ([], None)
+    if (p["unit"] == "gemv" and not is_gated and gemm_gemv.one_pair_a_thread(p) and table_terms(k, types)
+            and _paired_epilogue(k, types, sig, out_names, n) is not None):
+        tables, held = hoisted_tables(k, types, sig, out_names)
     parts = dict(c=c, M=m, N=n, K=kk, row_scale=rs, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
-                 paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n, early),
+                 paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n, early, held),
+                 tables=tables, tables_early=bool(p.get("EPRE")),
                  staged=staged_epilogue(k, types, sig, out_names, n,
                                                 gemm_wgmma.staging_row(p) if p.get("RS") else 0) if p["unit"] in ("wgmma", "thin") else None,
                  copy_in=_residual_read(*staged_source(k, types, n), types, sig, out_names) if p.get("RS") else None,

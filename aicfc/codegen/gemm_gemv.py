@@ -217,6 +217,16 @@ against 35.75 for the two apart; the decode plan one kernel shorter): the 4-laye
 (session 51: 0.634), so it was not kept. The norm's 2.8 us in the chain are not lost: the LM head's
 500 blocks land while it runs and request their first weights then; the planner's figures miss that.
 
+[Note: tables computed before the loop]
+A rotary epilogue whose cos and sin are recomputed in it ([Note: a table recomputed where it is read] in
+passes/inline_producers.py) has terms that read a table in memory (the position, the inverse frequencies)
+and no accumulator (`gemm.table_terms`). They do not wait for the sums, so the threads that will run the
+paired epilogue (one pair a thread: BM·BN/2 <= threads) compute them at their pair's two columns into
+registers before the weight loop (`gemm.hoisted_tables`): before the dependent-launch wait where what they
+read was written two or more launches back (EPRE = 1 from passes/early_epilogue.py, whose `early_reads`
+names them), else right after the wait, where the thread's first weight step, requested before it, is
+still in flight. The epilogue then reads the registers: its tail is the plain rotary map's.
+
 Rows are the product of the output's m and batch variables (a decode step's [B, 1, N]: B rows),
 which only the activations vary with. Requires: fp16/bf16 operands, B contiguous along n with
 rows 16-byte aligned (N and the k stride multiples of 8 elements). Parameter space: SPACE, with

@@ -13,8 +13,9 @@ stores. The operand's buffer is not written by this kernel or the one before (no
 theirs: plan_memory keeps it live until this kernel reads it).
 
 Applied where the epilogue is stored as pairs and every read of it is a pair vector
-(codegen/gemm.early_reads: a residual, a per-column scale; not a rotary map's tables, not a
-data-dependent row) and a thread holds at most one pair of the tile (BM·BN/2 <= threads: one
+(codegen/gemm.early_reads: a residual, a per-column scale; not a data-dependent row), or is one of a
+rotary map's table terms, computed there ([Note: tables computed before the loop] in
+codegen/gemm_gemv.py), and a thread holds at most one pair of the tile (BM·BN/2 <= threads: one
 register a read); the block that adds the splits (rank 0 of a cluster, every block under the
 ticket) requests them right before the wait (templates/gemm_gemv.cu.j2). The cost model counts
 the round trip fewer (cost_gemv's `gemv_early_read_us`). `--pin epre=0` keeps every epilogue
@@ -43,7 +44,7 @@ from aicfc.planner.hardware import Profile
 
 RULE = "epilogue operand written two or more launches back => the gemv reads it before the dependent-launch wait"
 PIN = "epre"    # --pin epre=0: every epilogue after the wait
-NOTHING = "its epilogue reads nothing as pair vectors alone (no operand, or gated, rotary or not stored as pairs)"
+NOTHING = "its epilogue reads nothing as pair vectors or table terms alone (no operand, or gated, a rotary map without tables, or not stored as pairs)"
 
 
 def why_not(plan: Plan, i: int) -> str | None:

@@ -11,9 +11,10 @@ Two rules, tried on every map compute in program order:
   plain loads), and a consumer that would recompute an expensive producer many times per
   element declines.
 
-A producer read through a guarded load (a padded window, a Concat's term) is never inlined
-into it; a Concat itself is inlined only into consumers reading it at its own index (its terms
-keep their guards under the substitution, see `lowered.reindex`).
+A producer read through a guarded load (a padded window, a Concat's term) is inlined into it only
+where it is a table ([Note: a table inlined through a Concat's guard]); a Concat itself is inlined
+only into consumers reading it at its own index (its terms keep their guards under the substitution,
+see `lowered.reindex`).
 
 The producer disappears when every consumer took it; a graph output or a producer read
 through a view is always stored. So is the row of a norm that something else also needs
@@ -48,33 +49,60 @@ Measured on an H200 (session 59, benchmarks/results/last_norm_ab_session59_h200.
 the LM head's blocks land during the last down projection's tail. The 20-layer step, 0.609 ms, is
 within the spread between processes of the step before (0.608).
 
-[Note: tables recomputed in a gemv's epilogue]
-A decode step's rotary tables (cos and sin of position x inverse frequencies, read through an
-Unsqueeze, so stored by the first run) are two one-block kernels of about 2.3 us each in the
-dependent-launch chain. Session 53 let the second run recompute such a map inside the epilogue of
-every one-row gemv reading it (the QKV projections' rotary epilogue), which removed both kernels.
-Measured on an H200 (benchmarks/results/tables_in_epilogue_session53_h200.txt, the 1 B Llama's
-decode plan): the first QKV started 4.7 us sooner, but each QKV's epilogue, run by a thread or two
-a block after the block's sums meet, spent 1.8-2.0 us from the sums to the exit against 0.3-0.5
-(the angles' loads and four cosf/sinf on the kernel's critical tail), so the 4-layer plan replayed
-in 163.9 us against 161.1 (9 alternating rounds): a loss from about two layers on. Not kept. What
-would keep the gain is computing such values before the gemv's weight loop (they do not depend on
-its sums), which the gemv template does not do.
+[Note: a table inlined through a Concat's guard]
+A table is a map of the plan's constants (and inputs) alone: every read of a weight or a model input, at
+least one of a weight, none indirect (`_table`). A Llama's rotary angles are one, position x inverse
+frequency, read twice by each of the cos and sin maps through the guarded loads of the Concat that
+doubles them (cat(freqs, freqs)). Substituted into a guarded load, the producer's expression would be
+evaluated outside the guard on its own inputs instead of giving the fill, so a table is substituted as
+
+    select(load(%p.guard.band.<shape>, [index on the guarded dimensions], fill=0), <body, reads guarded>, fill)
+
+a band of ones over the guarded dimensions (1 inside the producer, 0 outside: the test the load made,
+[Note: rotary bands] in ir/properties.py, which codegen reads as its guard where it knows the index) and
+the body's reads guarded in every varying dimension (no read outside their buffers where the select
+discards the value; inside, the same values). The 1 B Llama's decode step so loses its angles kernel
+(the first of its step). A map reading a computed tensor keeps the rule above (a padded window or a
+Concat of convolution epilogues is stored as before).
+
+[Note: a table recomputed where it is read]
+A decode step's rotary tables (cos and sin of the angles, read through an Unsqueeze, so stored by the
+first run) were two one-block kernels in the dependent-launch chain ahead of the first QKV projection
+(about 0.65 us each in session 59's timeline, the QKV's go 4.45 us after the step's first kernel's). The
+second run, after fold_views, recomputes a table in every consumer that is a map, where the consumer's
+elements times the table's operations stay within TABLE_OPS (a few hundred operations a thread of one
+block: a decode step's q and k rotary maps, 2048 and 512 elements at 12 operations; not a prompt's
+512 rows, nor 8 rows). The rotary maps become the QKV gemv's epilogue (passes/rotary_epilogue.py), whose
+table terms the gemv computes before its weight loop ([Note: tables computed before the loop] in
+codegen/gemm_gemv.py), off its tail.
+Session 53 recomputed the tables there too, but on the epilogue's tail: each QKV's epilogue, run by a
+thread or two a block after the block's sums meet, spent 1.8-2.0 us from the sums to the exit against
+0.3-0.5 (the angles' loads and four cosf/sinf on the critical tail), so the 4-layer plan replayed in
+163.9 us against 161.1 (benchmarks/results/tables_in_epilogue_session53_h200.txt, 9 alternating
+rounds): not kept then.
 """
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from aicfc.ir.memo import by_identity
-from aicfc.ir.lowered import (INTEGER_DTYPES, Call, Compute, Expr, Load, Program, Rewrite, View, has_indirect,
-                              index_loads, indirect_dims, is_integer_compute, loads, map_loads, substitute)
-from aicfc.ir.types import TensorType
-from aicfc.ir.properties import (implicit_gemm, is_identity_access, reads_per_element, recompute_cost,
-                                 why_not_tile_compatible)
+from aicfc.ir.lowered import (INTEGER_DTYPES, Affine, Call, Compute, Const, Expr, Load, Program, Rewrite, View,
+                              has_indirect, index_loads, indirect_dims, is_integer_compute, loads, map_loads,
+                              substitute)
+from aicfc.ir.types import TensorType, Weight
+from aicfc.ir.properties import (guard_band_name, implicit_gemm, is_identity_access, reads_per_element,
+                                 recompute_cost, why_not_tile_compatible)
 
 FOLD_RULE = "load(map(x)) => access folding"
 REMAT_RULE = "map(x) => recompute in consumer"
 # A producer costing more than this many operations is only recomputed when each of its
 # elements is read once (recompute work then equals the work saved by not storing it).
 CHEAP_OPS = 8
+# [Note: a table recomputed where it is read]: the most operations a table's recomputation may add to one
+# consumer (its elements x the table's operations): a few hundred a thread of one block.
+TABLE_OPS = 1 << 16
 
 
 @by_identity   # each op's reads once: the scan for consumers runs per producer
@@ -82,20 +110,57 @@ def _reads(op: Compute) -> frozenset[str]:
     return frozenset(ld.buffer for ld in loads(op.body))
 
 
-def _inline(consumer: Compute, producer: Compute) -> Compute:
+def _inline(consumer: Compute, producer: Compute, bands: dict[str, Weight] | None = None) -> Compute:
+    """`consumer` with `producer`'s body in place of its reads of it; a guarded read becomes
+    select(band, the body with its reads guarded, fill), the bands collected into `bands`
+    ([Note: a table inlined through a Concat's guard])."""
     def replace(ld: Load) -> Expr:
         if ld.buffer != producer.out:
             return ld
-        return substitute(producer.body, dict(zip(producer.domain_vars, ld.index)))
+        body = substitute(producer.body, dict(zip(producer.domain_vars, ld.index)))
+        if ld.fill is None:
+            return body
+        return Call("select", (_guard_band(producer, ld, bands if bands is not None else {}),
+                               map_loads(body, _guarded), Const(ld.fill)))
     return Compute(consumer.out, consumer.type, consumer.combiner, consumer.reduce,
                    map_loads(consumer.body, replace), tuple(dict.fromkeys(consumer.origin + producer.origin)))
+
+
+def _guard_band(producer: Compute, ld: Load, bands: dict[str, Weight]) -> Load:
+    """A read of a band of ones over the dimensions `ld` guards, at its index there: 1 where `ld` reads inside
+    `producer`, its fill 0 outside ([Note: rotary bands] in ir/properties.py: codegen may read it as its guard)."""
+    dims = ld.guarded_dims
+    shape = tuple(producer.type.shape[d] for d in dims)
+    name = guard_band_name(producer.out, "x".join(map(str, shape)))
+    bands.setdefault(name, Weight.of(name, np.ones(shape, dtype=np.bool_)))
+    index = tuple(ld.index[d] for d in dims)
+    return Load(name, index, 0.0, tuple(i for i, d in enumerate(dims) if d in ld.guard))
+
+
+def _guarded(ld: Load) -> Load:
+    """`ld` tested against its buffer's bounds in every dimension: the same value inside, and no read
+    outside it where the select that holds it discards the value."""
+    varying = tuple(d for d, a in enumerate(ld.index) if isinstance(a, Affine) and a.terms)
+    if ld.fill is not None or not varying:
+        return ld
+    computed = Load(ld.buffer, ld.index, 0.0).computed_dims
+    return dataclasses.replace(ld, fill=0.0, guard=tuple(d for d in varying if d not in computed))
+
+
+def _table(producer: Compute, inputs: frozenset[str], weights: frozenset[str]) -> bool:
+    """Whether `producer` is a table of the plan's constants (and inputs): every read of a weight or a
+    model input, at least one of a weight, none indirect ([Note: a table recomputed where it is read])."""
+    reads = {ld.buffer for ld in loads(producer.body)}
+    return not has_indirect(producer.body) and reads <= inputs | weights and bool(reads & weights)
 
 
 def _why_not_domain(producer: Compute, consumer: Compute, pure_move: bool, types: dict[str, TensorType]) -> str | None:
     """[Note: Integer computes]: integer arithmetic is not moved into a float body (it would run
     in float), nor a float-to-integer conversion into an integer body (it happens at the
     producer's store). A pure move of integers changes no value wherever it is read."""
-    merged = _inline(consumer, producer)
+    bands: dict[str, Weight] = {}
+    merged = _inline(consumer, producer, bands)
+    types = types | {name: w.type for name, w in bands.items()}
     if is_integer_compute(producer.type.dtype, producer.body, types):
         if not pure_move and not is_integer_compute(merged.type.dtype, merged.body, types):
             return (f"it is an integer compute and consumer {consumer.out!r} computes in float: its int64 "
@@ -106,7 +171,11 @@ def _why_not_domain(producer: Compute, consumer: Compute, pure_move: bool, types
     return None
 
 
-def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | None:
+def _why_not(producer: Compute, consumer: Compute, pure_move: bool, table: bool = False,
+             counted: bool = False) -> str | None:
+    """Why `producer` may not be recomputed in `consumer` (None: it may); `table`: it is a table
+    (`_table`), which a map may read through a guarded load ([Note: a table inlined through a Concat's guard]);
+    `counted`: its recomputation's cost was bounded already (`_why_not_table`)."""
     if any(ld.buffer == producer.out for ld in index_loads(consumer.body)):
         return (f"consumer {consumer.out!r} reads it as the ids of an indirect index, which must stay a load "
                 "([Note: Indirect index])")
@@ -117,7 +186,9 @@ def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | Non
                                         or implicit_gemm(consumer) is not None):
         return (f"consumer {consumer.out!r} is a tile-compatible contraction; a gathered operand would make "
                 "it an indirect access, which does not tile")
-    if any(ld.buffer == producer.out and ld.fill is not None for ld in loads(consumer.body)):
+    guarded = any(ld.buffer == producer.out and ld.fill is not None for ld in loads(consumer.body))
+    if guarded and not (table and not pure_move and consumer.combiner == "map"
+                        and not any(ld.fill is not None for ld in loads(producer.body))):
         # A padded window or a Concat's term reads the fill outside the guard; substituted, the
         # producer's expression would be evaluated there on its own inputs' fills instead
         # (relu(acc + bias) at a zero fill is relu(bias), not 0), and its other inputs need
@@ -127,7 +198,7 @@ def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | Non
                 "outside the guard it must read the fill, which the producer's expression would not give")
     if pure_move:
         return None
-    if any(ld.fill is not None for ld in loads(producer.body)) and not all(
+    if not counted and any(ld.fill is not None for ld in loads(producer.body)) and not all(
             is_identity_access(ld, producer.type.shape) for ld in loads(consumer.body) if ld.buffer == producer.out):
         # A Concat's terms stay exact under any substitution (`reindex` keeps their guards), but
         # read elsewhere than at its own index a term may fall wholly outside its input.
@@ -136,7 +207,7 @@ def _why_not(producer: Compute, consumer: Compute, pure_move: bool) -> str | Non
     if why_not_tile_compatible(consumer) is None or implicit_gemm(consumer) is not None:
         return f"consumer {consumer.out!r} is a tile-compatible contraction; its operands must be plain loads"
     reads = reads_per_element(producer, consumer)
-    if reads > 1 and recompute_cost(producer) > CHEAP_OPS:
+    if reads > 1 and recompute_cost(producer) > CHEAP_OPS and not counted:
         return (f"consumer {consumer.out!r} would recompute each element {reads:g} times "
                 f"and the producer costs {recompute_cost(producer)} operations")
     return None
@@ -224,7 +295,9 @@ def inline_producers(p: Program, again: bool = False) -> Program:
     which then no longer fold into an attention operand. It only adds what it applies: its
     declines repeat the first run's."""
     ops = list(p.ops)
-    types = p.types()   # inlining makes no buffer and changes no dtype
+    bands: dict[str, Weight] = {}
+    types = dict(p.types())   # inlining makes no buffer and changes no dtype; the bands of ones join it
+    inputs, weights = frozenset(v.name for v in p.inputs), frozenset(w.name for w in p.weights)
     records: list[Rewrite] = list(p.rewrites)
     k = 0
     while k < len(ops):
@@ -234,7 +307,8 @@ def inline_producers(p: Program, again: bool = False) -> Program:
             continue
         pure_move = isinstance(prod.body, Load)
         rule = FOLD_RULE if pure_move else REMAT_RULE
-        if again and not pure_move:
+        table = _table(prod, inputs, weights | frozenset(bands))
+        if again and not pure_move and not table:
             continue
         consumers = [op for op in ops if isinstance(op, Compute) and prod.out in _reads(op)]
         viewers = [op for op in ops if isinstance(op, View) and op.source == prod.out]
@@ -245,8 +319,12 @@ def inline_producers(p: Program, again: bool = False) -> Program:
             reason = f"it is read through view {viewers[0].out!r}; a reshape is not an affine access"
         elif not consumers:
             reason = "it has no consumer"
+        elif again and not pure_move:
+            reason = _why_not_table(prod, consumers) or next(
+                (r for c in consumers if (r := _why_not(prod, c, pure_move, table=True, counted=True)
+                                          or _why_not_domain(prod, c, pure_move, types))), None)
         else:
-            reason = next((r for c in consumers if (r := _why_not(prod, c, pure_move)
+            reason = next((r for c in consumers if (r := _why_not(prod, c, pure_move, table)
                                                      or _why_not_domain(prod, c, pure_move, types))), None)
             if reason is None and not pure_move:
                 readers: dict[str, list[Compute]] = {}
@@ -266,9 +344,23 @@ def inline_producers(p: Program, again: bool = False) -> Program:
             records = [r for r in records if (r.rule, r.target, r.applied) != (rule, prod.out, False)]
         for i, op in enumerate(ops):
             if op in consumers:
-                ops[i] = _inline(op, prod)
+                ops[i] = _inline(op, prod, bands)
+        types.update({name: w.type for name, w in bands.items()})
         ops.remove(prod)
         k -= 1
         records.append(Rewrite(rule, prod.out, True, f"inlined into {len(consumers)} consumer(s)",
                                2 * prod.type.nbytes))
-    return p.replace(ops=tuple(ops), rewrites=tuple(records))
+    return p.replace(ops=tuple(ops), weights=p.weights + tuple(w for name, w in bands.items() if name not in weights),
+                     rewrites=tuple(records))
+
+
+def _why_not_table(prod: Compute, consumers: list[Compute]) -> str | None:
+    """Why the second run does not recompute the table `prod` in its consumers ([Note: a table recomputed
+    where it is read]), or None."""
+    for c in consumers:
+        if c.combiner != "map":
+            return f"consumer {c.out!r} is not a map"
+        if c.type.numel * recompute_cost(prod) > TABLE_OPS:
+            return (f"consumer {c.out!r} would recompute it {c.type.numel} times at {recompute_cost(prod)} "
+                    f"operations, over {TABLE_OPS}")
+    return None
