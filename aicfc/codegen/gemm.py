@@ -393,7 +393,8 @@ def table_terms(k: Kernel, types: Mapping[str, TensorType]) -> list[Expr]:
     return out
 
 
-def hoisted_tables(k: Kernel, types: Mapping[str, TensorType], sig, names: Mapping[str, str]) -> tuple[list[dict], tuple[dict, dict]]:
+def hoisted_tables(k: Kernel, types: Mapping[str, TensorType], sig,
+                   names: Mapping[str, str]) -> tuple[list[dict], tuple[dict, dict]]:
     """([Note: tables computed before the loop] in codegen/gemm_gemv.py) each `table_terms` term at the pair's two
     columns gn and gn1 as the template's hoisted registers {name, lines, value}, and for each column the map from
     term to register that `epilogue_value` reads."""
@@ -723,14 +724,15 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     rs = _row_scale_parts(k, types, sig) if row_scale(k) is not None else None
     early: list[dict[str, str]] | None = [] if p.get("EPRE") else None
     tables, held = ([], None)
-    if (p["unit"] == "gemv" and not is_gated and gemm_gemv.one_pair_a_thread(p) and table_terms(k, types)
-            and _paired_epilogue(k, types, sig, out_names, n) is not None):
+    if p["unit"] == "gemv" and not is_gated and gemm_gemv.one_pair_a_thread(p) and table_terms(k, types):
         tables, held = hoisted_tables(k, types, sig, out_names)
+    paired = lines if is_gated else _paired_epilogue(k, types, sig, out_names, n, early, held)
+    if paired is None:   # the epilogue of single columns computes its table terms itself
+        tables = []
     parts = dict(c=c, M=m, N=n, K=kk, row_scale=rs, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
                  decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
-                 paired=lines if is_gated else _paired_epilogue(k, types, sig, out_names, n, early, held),
-                 tables=tables, tables_early=bool(p.get("EPRE")),
+                 paired=paired, tables=tables, tables_early=bool(p.get("EPRE")),
                  staged=staged_epilogue(k, types, sig, out_names, n,
                                                 gemm_wgmma.staging_row(p) if p.get("RS") else 0) if p["unit"] in ("wgmma", "thin") else None,
                  copy_in=_residual_read(*staged_source(k, types, n), types, sig, out_names) if p.get("RS") else None,

@@ -118,7 +118,7 @@ def _inline(consumer: Compute, producer: Compute, bands: dict[str, Weight] | Non
         if ld.buffer != producer.out:
             return ld
         body = substitute(producer.body, dict(zip(producer.domain_vars, ld.index)))
-        if ld.fill is None:
+        if ld.fill is None or not ld.guarded_dims:   # no guard: never outside the producer
             return body
         return Call("select", (_guard_band(producer, ld, bands if bands is not None else {}),
                                map_loads(body, _guarded), Const(ld.fill)))
