@@ -342,14 +342,19 @@ def inline_producers(p: Program, again: bool = False) -> Program:
             continue
         if again:   # the first run's "declined" record for it no longer holds
             records = [r for r in records if (r.rule, r.target, r.applied) != (rule, prod.out, False)]
+        why = f"inlined into {len(consumers)} consumer(s)"
+        if any(ld.buffer == prod.out and ld.guarded_dims for c in consumers for ld in loads(c.body)):
+            why += "; a table read through a Concat's guard, whose test a band of ones keeps"
+        if again and not pure_move:
+            most = max(c.type.numel for c in consumers) * recompute_cost(prod)
+            why += f"; a table of the plan's constants, at most {most} operations a consumer (within {TABLE_OPS})"
         for i, op in enumerate(ops):
             if op in consumers:
                 ops[i] = _inline(op, prod, bands)
         types.update({name: w.type for name, w in bands.items()})
         ops.remove(prod)
         k -= 1
-        records.append(Rewrite(rule, prod.out, True, f"inlined into {len(consumers)} consumer(s)",
-                               2 * prod.type.nbytes))
+        records.append(Rewrite(rule, prod.out, True, why, 2 * prod.type.nbytes))
     return p.replace(ops=tuple(ops), weights=p.weights + tuple(w for name, w in bands.items() if name not in weights),
                      rewrites=tuple(records))
 
