@@ -32,6 +32,11 @@ faster in all 9), replayed 154.9 us against 156.4. In the 2-layer timeline the d
 done against 6.0, and the gate/up before it 0.45 us longer: about 0.75 us a layer net, where the prediction credits
 the down 1.07 us (its 3.9 MiB landed).
 
+Not after the split attention: the O projection's whole slice (2 steps, 76 registers) before its wait, where its
+blocks land during the attention and its L2 fill brings the slice anyway, ran the 4-layer generate step 0.1560 ms
+against 0.1539 (session 60, 9 alternating rounds, an experiment's switch since removed;
+benchmarks/results/o_steps_after_attention_session60_h200.txt), as the [K, N] O's two steps did in session 43.
+
 `--pin tailsteps=0` turns the rule off.
 
     kernel k14 gemm [gemv CL=1 SPLITK=2]  (reduce 0.50 + split 0.21 + row scale 0.10)   kernel k15 gemm [gemv KM=1 PRE=1 U=2]
