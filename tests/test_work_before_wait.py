@@ -127,7 +127,10 @@ def test_ahead_pin_turns_the_rule_off():
         plan_of(decoder(), decode_shapes(1), "fp16", {"ahead": "2"})
 
 
-def _body(source: str, name: str) -> str:
+def _body(payload: dict, name: str) -> str:
+    """Kernel `name`'s function in the payload's modules (to the next kernel of its module, not into the next
+    module's preamble)."""
+    source = next(m["source"] for m in payload["modules"] if f" {name}(" in m["source"])
     body = source[source.index(f" {name}("):]
     return body[:body.index('\nextern "C"')] if '\nextern "C"' in body else body
 
@@ -136,7 +139,7 @@ def test_the_entry_triggers_first_and_waits_as_the_kernel_returns():
     payload = aicfc.compile(side_model(), target="sm_90")
     source = "".join(m["source"] for m in payload["modules"])
     assert "struct AicfPdlLateWait" in source
-    ahead_body, plain_body = _body(source, "k1"), _body(source, "k0")
+    ahead_body, plain_body = _body(payload, "k1"), _body(payload, "k0")
     assert pdl.ahead_entry() in ahead_body and pdl.ENTRY not in ahead_body
     assert ahead_body.index(pdl.ahead_entry()) < ahead_body.index("__shared__")
     assert pdl.ENTRY in plain_body and pdl.AHEAD_ENTRY not in plain_body
@@ -146,7 +149,7 @@ def test_the_entry_triggers_first_and_waits_as_the_kernel_returns():
 
 def test_timeline_entry_of_an_ahead_kernel_stamps_the_exit_after_the_wait():
     payload = aicfc.compile(side_model(), target="sm_90", timeline=True)
-    body = _body("".join(m["source"] for m in payload["modules"]), "k1")
+    body = _body(payload, "k1")
     assert (body.index("aicf_timeline_ahead_entry(") < body.index("AicfTimelineExit<")
             < body.index("AicfPdlLateWait aicf_pdl_late"))
 
