@@ -36,8 +36,9 @@ the generate step 0.1603 against 0.1609 ms with `--pin ahead=0` (7 rounds, the s
 each in the chain (benchmarks/prototypes/plan_prefix.py), so little is left to overlap. (A first A/B showed
 156.0 against 158.1 us for the replay: decode_ab then timed the decode plan on inputs the prefill plan had
 overwritten in the arena the two share, a garbage position whose cosf and sinf took their slow path for about
-2 us each; decode_ab now writes each plan's inputs before timing it.) The cos table still waits for the product
-(a Concat's guarded loads keep the product stored, passes/inline_producers.py).
+2 us each; decode_ab now writes each plan's inputs before timing it.) Since session 60 the decode step has no
+kernel left for the rule: the product, cos and sin are recomputed in the QKV gemvs ([Note: a table recomputed where
+it is read] in passes/inline_producers.py), and the first norm is the plan's first kernel.
 
 The credit: its body (the prediction less the launch) overlaps the kernels still running, so
 the chain saves the shorter of the two; recorded with each decision. `--pin ahead=0` turns the
