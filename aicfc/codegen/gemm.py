@@ -26,7 +26,7 @@ from aicfc.codegen.common import CTYPES, decompose, element_offset, render, sign
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.memo import by_identity, last_by_identity
 from aicfc.ir.lowered import Affine, Call, Compute, Expr, Load, indirect_dims, loads
-from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, is_rotary_band, rotary_pairs
+from aicfc.ir.properties import Contraction, Rotary, contraction, gated_pairs, is_band_of_ones, rotary_pairs
 from aicfc.ir.types import ITEMSIZE, TensorType
 from aicfc.planner.hardware import load_profile
 
@@ -345,8 +345,8 @@ def epilogue_value(k: Kernel, em: Emitter, names: Mapping[str, str], col: str, a
     if rot is None:
         n = dims(k)[0].n
         return em.emit(epi.body, dict(names) | ({n: col} if n else {}), {mm.out: acc})
-    t = f"((rc / {rot.half}) & 1)"
     where = _rotary_where(rot, names, col)
+    t = where[rot.t]
     values = _band_values(epi.body, em.types, where) | dict(hoisted)
     for ld in loads(epi.body):
         if ld.buffer == mm.out:
@@ -365,7 +365,7 @@ def _band_values(e: Expr, types: Mapping[str, TensorType], where: Mapping[str, s
     """Each band of ones `e` reads, as its guard ([Note: rotary bands] in ir/properties.py)."""
     values = {}
     for ld in loads(e):
-        if is_rotary_band(ld.buffer, types[ld.buffer].dtype):
+        if is_band_of_ones(ld.buffer, types[ld.buffer].dtype):
             guard = guard_condition(ld, types[ld.buffer], where)
             values[ld] = f"({guard} ? 1.0f : {literal(ld.fill)})" if guard else "1.0f"
     return values
@@ -383,7 +383,7 @@ def table_terms(k: Kernel, types: Mapping[str, TensorType]) -> list[Expr]:
     def visit(e: Expr) -> None:
         reads = loads(e)
         if isinstance(e, Call) and not any(ld.buffer == mm.out for ld in reads) and any(
-                not is_rotary_band(ld.buffer, types[ld.buffer].dtype) for ld in reads):
+                not is_band_of_ones(ld.buffer, types[ld.buffer].dtype) for ld in reads):
             if e not in out:
                 out.append(e)
         elif isinstance(e, Call):
@@ -402,9 +402,10 @@ def hoisted_tables(k: Kernel, types: Mapping[str, TensorType], sig,
     regs: list[dict] = []
     got: tuple[dict, dict] = ({}, {})
     em = Emitter(sig.params, types, prefix="tq")
+    terms = table_terms(k, types)
     for col, held in zip(("gn", "gn1"), got):
         where = _rotary_where(rot, names, col)
-        for term in table_terms(k, types):
+        for term in terms:
             value = em.emit(term, where, {}, _band_values(term, types, where))
             name = f"tbl{len(regs)}"
             regs.append(dict(name=name, lines=em.take(), value=value))
@@ -672,7 +673,7 @@ def early_reads(k: Kernel, types: Mapping[str, TensorType]) -> list[str] | None:
         return None
     if rotary(k) is not None:
         tables = [ld.buffer for t in table_terms(k, types) for ld in loads(t)
-                  if not is_rotary_band(ld.buffer, types[ld.buffer].dtype)]
+                  if not is_band_of_ones(ld.buffer, types[ld.buffer].dtype)]
         return list(dict.fromkeys(tables)) or None
     mm, epi = acc_ops(k)
     paired = {ld for ld, _ in paired_reads(k, types)}

@@ -220,7 +220,7 @@ def gated_pairs(mm: Compute, epi: Compute) -> str | None:
 # [Note: rotary bands] passes/rotary_epilogue.py tests a head's range (and a half's) by reading a
 # bool weight of ones at an offset (1 inside, the fill 0 outside, as for Trilu). Its values are
 # known: codegen emits such a read as its guard alone, never a memory read. The weights are
-# named by `rotary_band_name`; `is_rotary_band` recognises them, and the bands with which
+# named by `rotary_band_name`; `is_band_of_ones` recognises them, and the bands with which
 # passes/inline_producers.py tests a Concat term's range ([Note: a table inlined through a Concat's
 # guard]), named by `guard_band_name`, too.
 ROTARY_BAND = ".rotary.band."
@@ -235,7 +235,7 @@ def guard_band_name(base: str, tag: str) -> str:
     return f"{base}{GUARD_BAND}{tag}"
 
 
-def is_rotary_band(name: str, dtype: str) -> bool:
+def is_band_of_ones(name: str, dtype: str) -> bool:
     """Whether `name` is a band of ones made by passes/rotary_epilogue.py or passes/inline_producers.py
     ([Note: rotary bands])."""
     return dtype == "bool" and (ROTARY_BAND in name or GUARD_BAND in name)

@@ -110,7 +110,7 @@ def _reads(op: Compute) -> frozenset[str]:
     return frozenset(ld.buffer for ld in loads(op.body))
 
 
-def _inline(consumer: Compute, producer: Compute, bands: dict[str, Weight] | None = None) -> Compute:
+def _inline(consumer: Compute, producer: Compute, bands: dict[str, Weight]) -> Compute:
     """`consumer` with `producer`'s body in place of its reads of it; a guarded read becomes
     select(band, the body with its reads guarded, fill), the bands collected into `bands`
     ([Note: a table inlined through a Concat's guard])."""
@@ -120,7 +120,7 @@ def _inline(consumer: Compute, producer: Compute, bands: dict[str, Weight] | Non
         body = substitute(producer.body, dict(zip(producer.domain_vars, ld.index)))
         if ld.fill is None or not ld.guarded_dims:   # no guard: never outside the producer
             return body
-        return Call("select", (_guard_band(producer, ld, bands if bands is not None else {}),
+        return Call("select", (_guard_band(producer, ld, bands),
                                map_loads(body, _guarded), Const(ld.fill)))
     return Compute(consumer.out, consumer.type, consumer.combiner, consumer.reduce,
                    map_loads(consumer.body, replace), tuple(dict.fromkeys(consumer.origin + producer.origin)))
@@ -319,14 +319,12 @@ def inline_producers(p: Program, again: bool = False) -> Program:
             reason = f"it is read through view {viewers[0].out!r}; a reshape is not an affine access"
         elif not consumers:
             reason = "it has no consumer"
-        elif again and not pure_move:
-            reason = _why_not_table(prod, consumers) or next(
-                (r for c in consumers if (r := _why_not(prod, c, pure_move, table=True, counted=True)
-                                          or _why_not_domain(prod, c, pure_move, types))), None)
         else:
-            reason = next((r for c in consumers if (r := _why_not(prod, c, pure_move, table)
-                                                     or _why_not_domain(prod, c, pure_move, types))), None)
-            if reason is None and not pure_move:
+            counted = again and not pure_move   # a table, in the second run
+            reason = (_why_not_table(prod, consumers) if counted else None) or next(
+                (r for c in consumers if (r := _why_not(prod, c, pure_move, table, counted)
+                                          or _why_not_domain(prod, c, pure_move, types))), None)
+            if reason is None and not pure_move and not again:
                 readers: dict[str, list[Compute]] = {}
                 for op in ops:   # who reads what, in the program as it is now
                     if isinstance(op, Compute):
