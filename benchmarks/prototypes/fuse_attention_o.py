@@ -79,7 +79,7 @@ def renamed(params: str, prefix: str) -> str:
     return ", ".join(" ".join(p.strip().split()[:-1] + [prefix + p.strip().split()[-1]]) for p in params.split(","))
 
 
-def o_body(o_src: str, sym: str, params: str, j: int, blocks: int, n_attn: int) -> str:
+def o_body(o_src: str, sym: str, params: str, j: int, blocks: int, n_attn: int, gate: bool, fill_next: bool) -> str:
     """The O role as a device function of the O kernel's own parameters and the block's index among the O's."""
     for need in ("k_hi = min(2048", "p2 + (2048 * gn + gk)", "p1 + (2048 * gm + gk)", "const int vv = 128 + u * 32 + lane", "aicf_gemv_unpack(cur[u], w, __half())"):
         if need not in o_src:
@@ -96,8 +96,16 @@ def o_body(o_src: str, sym: str, params: str, j: int, blocks: int, n_attn: int) 
     else:
         e = re.search(r"epre0 = (.*);\n", o_src).group(1)
         residual = f"{{ const __half2 e = {e}; r0 = __low2float(e); r1 = __high2float(e); }}"
+    wait_tiles = ""
+    if gate:   # the weight requests wait until every attention block's first tile has landed (or it has none)
+        wait_tiles = f"""  if (tid == 0) {{
+    unsigned v;
+    do {{ asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&fuse_count[{j}][2]) : "memory"); }} while (v < {n_attn}u);
+  }}
+  __syncthreads();
+"""
     fill = ""
-    if m := re.search(r"  // \[Note: L2 fill\]: this block's share.*?\n(  if \(tid == 0\) \{.*?\n  \}\n)", o_src, re.S):
+    if fill_next and (m := re.search(r"  // \[Note: L2 fill\]: this block's share.*?\n(  if \(tid == 0\) \{.*?\n  \}\n)", o_src, re.S)):
         fill = (m.group(1)
                 .replace("blockIdx.x + (unsigned long long)blockIdx.y * gridDim.x", "(unsigned long long)ob")
                 .replace("(unsigned long long)gridDim.x * gridDim.y", f"(unsigned long long){blocks}"))
@@ -116,7 +124,7 @@ __device__ __forceinline__ void {sym}_o({params}, const int ob) {{
   float* red = reinterpret_cast<float*>(aicf_smem + {cols * 4096});
   const unsigned sw = (unsigned)__cvta_generic_to_shared(aicf_smem);
   const char* wsrc = reinterpret_cast<const char*>(p2 + (long long)n0 * 2048);
-  for (int c = tid; c < {cols * 256}; c += 128)
+{wait_tiles}  for (int c = tid; c < {cols * 256}; c += 128)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(sw + c * 16), "l"(wsrc + (long long)c * 16) : "memory");
   asm volatile("cp.async.commit_group;" ::: "memory");
 {fill}  float r0 = 0.0f, r1 = 0.0f;
@@ -157,12 +165,22 @@ __device__ __forceinline__ void {sym}_o({params}, const int ob) {{
     const int c = 2 * tid;
     *reinterpret_cast<__half2*>(p0 + (n0 + c)) = __floats2half2_rn(r0 + red[c], r1 + red[c + 1]);
   }}
-  if (tid == 0 && atomicAdd(&fuse_count[{j}][1], 1u) == {blocks - 1}u) {{ fuse_count[{j}][0] = 0u; fuse_count[{j}][1] = 0u; }}
+  if (tid == 0 && atomicAdd(&fuse_count[{j}][1], 1u) == {blocks - 1}u) {{ fuse_count[{j}][0] = 0u; fuse_count[{j}][1] = 0u; fuse_count[{j}][2] = 0u; }}
 }}
 """
 
 
-def fuse(plan: dict, arch: str, blocks: int) -> int:
+def gated(attn: str) -> str:
+    """The attention body counting, once a block, that its first tile has landed (or that it has no tile)."""
+    loop = "#pragma unroll 1\n  for (int jt = 0; jt < n_tiles; ++jt) {"
+    landed = "    // [Note: timeline] phase 1: tile landed"
+    if attn.count(loop) != 1 or attn.count(landed) != 1:
+        raise SystemExit("the attention's key loop is not the form --gate handles")
+    attn = attn.replace(loop, "  if (n_tiles == 0 && tid == 0) atomicAdd(&fuse_count[0][2], 1u);\n" + loop)
+    return attn.replace(landed, "    if (jt == 0 && tid == 0) atomicAdd(&fuse_count[0][2], 1u);\n" + landed)
+
+
+def fuse(plan: dict, arch: str, blocks: int, gate: bool, fill_next: bool) -> int:
     kernels, modules = plan["kernels"], plan["modules"]
     out, j, i = [], 0, 0
     while i < len(kernels):
@@ -180,10 +198,12 @@ def fuse(plan: dict, arch: str, blocks: int) -> int:
         n_attn = a["grid"][0]
         total = -(-(n_attn + blocks) // cluster) * cluster
         attn = a_src[s0:s1].replace(am.group(0), f"__device__ __forceinline__ void {a['symbol']}_attn({am.group(3)}) {{", 1)
+        if gate:
+            attn = gated(attn)
         sym = f"fused_{a['symbol']}_{o['symbol']}"
         ap, op = am.group(3), om.group(3)
-        source = (helpers(a_src) + f"\n__device__ unsigned int fuse_count[1][2];\n" + attn
-                  + o_body(o_src[t0:t1], o["symbol"], op, 0, blocks, n_attn) + f"""
+        source = (helpers(a_src) + f"\n__device__ unsigned int fuse_count[1][3];\n" + attn
+                  + o_body(o_src[t0:t1], o["symbol"], op, 0, blocks, n_attn, gate, fill_next) + f"""
 extern "C" __global__ void {am.group(1)}{sym}({renamed(ap, 'a_')}, {renamed(op, 'o_')}) {{
   if (blockIdx.x < {n_attn}) {{
     {a['symbol']}_attn({', '.join('a_' + n for n in names(ap))});
@@ -217,6 +237,8 @@ def main() -> None:
     ap.add_argument("base")
     ap.add_argument("out")
     ap.add_argument("--blocks", type=int, default=128)
+    ap.add_argument("--gate", action="store_true", help="the O's weight requests wait for the attention's first tiles")
+    ap.add_argument("--no-fill", action="store_true", help="the O blocks leave the gate/up's head out of L2")
     args = ap.parse_args()
     raw = Path(args.base).read_bytes()
     magic, version, zero, length, digest = HEADER.unpack_from(raw)
@@ -225,7 +247,7 @@ def main() -> None:
     arch = payload["target"]["arch"]
     decode = [p for p in payload["plans"] if p["inputs"][0]["shape"][1] == 1]
     for plan in decode:
-        print(f"decode plan: {fuse(plan, arch, args.blocks)} attention + O pairs fused, "
+        print(f"decode plan: {fuse(plan, arch, args.blocks, args.gate, not args.no_fill)} attention + O pairs fused, "
               f"{len(plan['kernels'])} kernels", flush=True)
     data = msgpack.packb(payload, use_bin_type=True)
     header = HEADER.pack(magic, version, zero, len(data), hashlib.sha256(data).digest())
