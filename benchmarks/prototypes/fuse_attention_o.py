@@ -29,6 +29,13 @@ O gemv's order):
     python3 benchmarks/decode_ab.py --layers 4 --rounds 9 --folder /tmp/ab \
         --bundle base=/tmp/ab/base.aicf --bundle f128=/tmp/ab/f128.aicf --bundle f64=/tmp/ab/f64.aicf
 
+(`--gate` and `--no-fill` are two more forms to time beside them.) Then the 20-layer step of the faster one against
+the bandwidth limit and the peer (`generate.py` rewritten bundle in place, loaded with `--reuse`):
+
+    python3 benchmarks/generate.py --batch 1 --compile-only
+    python3 benchmarks/prototypes/fuse_attention_o.py /tmp/aicf-gen/model_b1.aicf /tmp/aicf-gen/model_b1.aicf
+    python3 benchmarks/generate.py --batch 1 --reuse
+
 Only the O form the 1 B Llama's plan has is handled (K = 2048, BN 4, U 4, one warp a column, KS 1); any
 other is refused. Every block needs the attention's shared memory, so all of them land only where the
 QKV's blocks have left, as the attention's do now.
