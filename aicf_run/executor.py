@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -453,6 +453,34 @@ class Executor:
         """Enqueue kernel `index` of the plan alone on the stream (for profiling); no sync."""
         self._check_open()
         self._enqueue(self._launches[index])
+
+    def kernel_pointers(self, index: int) -> tuple[int, ...] | None:
+        """The device addresses kernel `index` is launched with, one per entry of its `args`; None for a
+        kernel that takes tensor maps (they hold addresses of their own)."""
+        launch = self._launches[index]
+        return None if launch.maps else launch.pointers
+
+    def kernel_moved(self, index: int, moved: Mapping[int, int]) -> Callable[[], None]:
+        """A function that enqueues kernel `index` alone with the arguments at the positions of `moved` at
+        other addresses (for profiling: [Note: cold weights] in aicf_run/profile.py); no tensor maps."""
+        self._check_open()
+        launch = self._launches[index]
+        if launch.maps:
+            raise RunError(f"kernel {index} ({launch.name}) takes tensor maps; its buffers cannot be moved")
+        pointers = tuple(moved.get(i, p) for i, p in enumerate(launch.pointers))
+        moved_launch = dataclasses.replace(launch, pointers=pointers, dependent=None)
+        if launch.dependent is not None:
+            moved_launch = self._dependent(moved_launch, self.bundle.kernels[index])
+        return lambda: self._enqueue(moved_launch)
+
+    def device_copy(self, pointer: int, nbytes: int) -> Any:
+        """A new allocation holding a copy of `nbytes` at `pointer`, made on the stream and waited for
+        (outside any graph capture); free it with its `free()`."""
+        self._check_open()
+        copy = self._allocate(nbytes, "copies of a kernel's buffers")
+        self._cuda.memcpy_dtod_async(int(copy), pointer, nbytes, stream=self._stream)
+        self.synchronize()
+        return copy
 
     def synchronize(self) -> None:
         """Wait for the stream; a kernel fault becomes a RunError and marks the device lost."""

@@ -24,7 +24,7 @@ from aicf_run.bundle import Bundle, read_bundle
 from aicf_run.device import open_device
 from aicf_run.errors import RunError
 from aicf_run.executor import Executor
-from aicf_run.profile import GRAPH_LAUNCHES, marginals
+from aicf_run.profile import GRAPH_LAUNCHES, MAX_COPIES, cold_copies, format_profile, marginals
 from aicfc.artifact import write_bundle
 from tests.conftest import gpu_alone
 from tests.test_bundle_format import WEIGHT, make_payload
@@ -150,7 +150,7 @@ def test_json_report(bundle_path: Path, x_npy: Path, fake_gpu: FakeDriver) -> No
                             "mode", "repeats"}
     [kernel] = profile["kernels"]
     assert set(kernel) == {"index", "name", "measured_us", "predicted_us", "flops", "bytes",
-                           "share", "gbs", "tflops", "unit", "roofline_pct", "onnx_nodes"}
+                           "share", "gbs", "tflops", "unit", "roofline_pct", "onnx_nodes", "copies"}
     assert kernel["measured_us"] == pytest.approx(ALONE_US)
     assert kernel["gbs"] == pytest.approx(72 / (ALONE_US * 1e3))
     assert kernel["tflops"] == pytest.approx(6 / (ALONE_US * 1e6))
@@ -214,6 +214,47 @@ def test_executor_api(bundle_path: Path, fake_gpu: FakeDriver) -> None:
     assert fake_gpu.memory == {} and fake_gpu.libcuda.execs == {}
     with pytest.raises(RunError, match="this executor is closed"):
         executor.launch()
+
+
+def test_profile_rotates_weights_over_copies_past_the_l2(tmp_path: Path, fake_gpu: FakeDriver) -> None:
+    """[Note: cold weights] (aicf_run/profile.py): where the target names its L2, a kernel's launches rotate
+    over copies of the weights it reads (L2 96 bytes, the kernel's predicted 72: 2 x 96 / 72 -> 3, + 1 = 4
+    copies), each launch of one copy reading what the original holds; the copies are freed after."""
+    payload = make_payload()
+    payload["target"]["profile"]["l2_bytes"] = 96
+    path = tmp_path / "cold.aicf"
+    write_bundle(payload, path)
+    device = open_device()
+    for graph in (True, False):
+        executor = Executor(read_bundle(path), device, graph=graph)
+        held = set(fake_gpu.memory)
+        fake_gpu.launches.clear()
+        report = executor.profile()
+        [kernel] = report.kernels
+        assert kernel.copies == 4
+        if graph:   # 20 launches a replay either way (4 copies x 5)
+            assert kernel.measured_us == pytest.approx(ALONE_US)
+            assert "1 with their weights and state rotated over copies past the L2" in format_profile(report)
+        launched = [args for symbol, _, _, args, _ in fake_gpu.launches if symbol == "add"]
+        assert len({args[1] for args in launched}) == 4            # the weight, at four addresses
+        assert {(args[0], args[2]) for args in launched} == {launched[0][::2]}   # x and y where they lie
+        assert set(fake_gpu.memory) == held                         # every copy freed
+        np.testing.assert_array_equal(executor.run({"x": X})["y"], X + WEIGHT)
+    device.close()
+
+
+def test_cold_copies_stay_within_their_budget() -> None:
+    """A buffer whose copies would pass COPY_L2S L2s is read where it lies; past the L2, or in the arena, never
+    copied; the smallest are copied first."""
+    buffers = [{"region": "weights", "nbytes": 8}, {"region": "weights", "nbytes": 46},
+               {"region": "arena", "nbytes": 4}, {"region": "weights", "nbytes": 131},
+               {"region": "state", "nbytes": 2}]
+    kernel = {"args": [0, 1, 2, 3, 4], "predicted": {"bytes": 10}}
+    # 2 x 50 / 10 -> 10, + 1 = 11 copies: 10 more of 2 and 8 (100 of the 200 allowed), not of 46 (460)
+    assert cold_copies(kernel, buffers, 50) == (11, [0, 4])
+    assert cold_copies({"args": [2, 3], "predicted": {}}, buffers, 50) == (1, [])
+    assert cold_copies({"args": [1]}, buffers, 50) == (4, [0])   # no prediction: its own 46 bytes
+    assert cold_copies({"args": [4], "predicted": {"bytes": 0.5}}, buffers, 50) == (MAX_COPIES, [0])
 
 
 def test_marginal_is_the_plan_less_the_plan_without_the_kernel(bundle_path: Path, fake_gpu: FakeDriver) -> None:
