@@ -29,7 +29,15 @@ O gemv's order):
     python3 benchmarks/decode_ab.py --layers 4 --rounds 9 --folder /tmp/ab \
         --bundle base=/tmp/ab/base.aicf --bundle f128=/tmp/ab/f128.aicf --bundle f64=/tmp/ab/f64.aicf
 
-(`--gate` and `--no-fill` are two more forms to time beside them.) Then the 20-layer step of the faster one against
+(`--gate` and `--no-fill` are two more forms to time beside them.) Where the chain should be seen, the same on a
+2-layer `--timeline` build (the attention blocks stamp as before, the O blocks do not; the gate/up's go says when
+the O's outputs were complete):
+
+    python3 benchmarks/decode_ab.py --layers 2 --compile-only --timeline --folder /tmp/tl --variant base:
+    python3 benchmarks/prototypes/fuse_attention_o.py /tmp/tl/base.aicf /tmp/tl/f128.aicf
+    python3 benchmarks/decode_ab.py --layers 2 --rounds 3 --folder /tmp/tl --timeline --timeline-busy \
+        --bundle base=/tmp/tl/base.aicf --bundle f128=/tmp/tl/f128.aicf
+ Then the 20-layer step of the faster one against
 the bandwidth limit and the peer (`generate.py` rewritten bundle in place, loaded with `--reuse`):
 
     python3 benchmarks/generate.py --batch 1 --compile-only
@@ -227,7 +235,7 @@ extern "C" __global__ void {am.group(1)}{sym}({renamed(ap, 'a_')}, {renamed(op, 
         modules.append({"name": f"module_{sym}", "arch": arch, "cubin": built.cubin,
                         "cubin_sha256": hashlib.sha256(built.cubin).hexdigest(),
                         "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "source": source})
-        fused = {k: v for k, v in a.items() if k != "timeline"}
+        fused = dict(a)   # a --timeline build's record too: the attention blocks stamp as before, the O's do not
         fused.update(name=a["name"], symbol=sym, module=len(modules) - 1, grid=[total, 1, 1],
                      smem_bytes=max(a["smem_bytes"], 2048 // blocks * 4096 + 256),
                      args=a["args"] + o["args"], trigger_from=0,
