@@ -75,6 +75,8 @@ GRAPH_LAUNCHES = 20
 # memory stays within COPY_L2S L2s.
 COLD_L2S = 2
 COPY_L2S = 4
+# The band a kernel's measured / predicted time should fall in (the project's standard for the cost model).
+BAND = (0.8, 1.25)
 MAX_COPIES = 64   # a small kernel's launches a replay stay few; its few bytes barely stay warm anyway
 _METHODS = {"graph": f"{GRAPH_LAUNCHES} back-to-back launches per graph replay",
             "launches": "back-to-back launches from the host"}
@@ -187,6 +189,8 @@ def format_profile(report: ProfileReport) -> str:
              for row in rows]
     predicted = ("" if report.predicted_sum_us is None
                  else f" (predicted {report.predicted_sum_us:.2f} us)")
+    ratios = [k.measured_us / k.predicted_us for k in report.kernels if k.predicted_us]
+    within = [r for r in ratios if BAND[0] <= r <= BAND[1]]
     cold = sum(k.copies > 1 for k in report.kernels)
     rotated = f"; {cold} with their weights and state rotated over copies past the L2" if cold else ""
     return "\n".join(
@@ -194,7 +198,9 @@ def format_profile(report: ProfileReport) -> str:
          f"between CUDA events, median of {report.repeats}{rotated})"]
         + lines
         + [f"  sum of kernel times {report.kernel_sum_us:.2f} us{predicted}; whole plan "
-           f"({report.mode}, back-to-back replays) {report.plan_us:.2f} us"])
+           f"({report.mode}, back-to-back replays) {report.plan_us:.2f} us"]
+        + ([f"  measured / predicted within [{BAND[0]}, {BAND[1]}]: {len(within)} of {len(ratios)} kernels"]
+           if ratios else []))
 
 
 def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,

@@ -188,6 +188,8 @@ def test_profile_table_and_roofline(roofline_bundle: Path, fake_gpu: FakeDriver,
                    f"{100 * bound_us / ALONE_US:.1f}%", "add_0"]
     assert lines[4] == (f"  sum of kernel times {ALONE_US:.2f} us (predicted 1.50 us); whole "
                         f"plan (graph, back-to-back replays) {GRAPH_US:.2f} us")
+    within = 1 if 0.8 <= ALONE_US / 1.5 <= 1.25 else 0   # the one kernel, measured against its predicted 1.5 us
+    assert lines[5] == f"  measured / predicted within [0.8, 1.25]: {within} of 1 kernels"
     assert png.read_bytes().startswith(PNG_MAGIC)
     assert result.stderr.strip() == (f"wrote {png}: 1 kernel(s), measured beside predicted, on "
                                      f"the sm_90 roofline")
