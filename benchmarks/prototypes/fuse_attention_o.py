@@ -94,8 +94,10 @@ def renamed(params: str, prefix: str) -> str:
     return ", ".join(" ".join(p.strip().split()[:-1] + [prefix + p.strip().split()[-1]]) for p in params.split(","))
 
 
-def o_body(o_src: str, sym: str, params: str, j: int, blocks: int, n_attn: int, gate: bool, fill_next: bool) -> str:
-    """The O role as a device function of the O kernel's own parameters and the block's index among the O's."""
+def o_body(o_src: str, sym: str, params: str, j: int, blocks: int, n_attn: int, gate: bool,
+           fill_next: bool) -> tuple[int, str]:
+    """The O role as a device function of the O kernel's own parameters and the block's index among the O's, and
+    the columns a block takes."""
     for need in ("k_hi = min(2048", "p2 + (2048 * gn + gk)", "p1 + (2048 * gm + gk)", "const int vv = 128 + u * 32 + lane", "aicf_gemv_unpack(cur[u], w, __half())"):
         if need not in o_src:
             raise SystemExit(f"{sym}: not the O form this prototype handles ({need!r} missing)")
@@ -125,7 +127,7 @@ def o_body(o_src: str, sym: str, params: str, j: int, blocks: int, n_attn: int, 
                 .replace("blockIdx.x + (unsigned long long)blockIdx.y * gridDim.x", "(unsigned long long)ob")
                 .replace("(unsigned long long)gridDim.x * gridDim.y", f"(unsigned long long){blocks}"))
     pairs = cols // 2
-    return f"""
+    return cols, f"""
 __device__ __forceinline__ void fo_unpack(const uint4& v, float (&f)[8]) {{
   const __half2* h = reinterpret_cast<const __half2*>(&v);
 #pragma unroll
@@ -217,8 +219,8 @@ def fuse(plan: dict, arch: str, blocks: int, gate: bool, fill_next: bool) -> int
             attn = gated(attn)
         sym = f"fused_{a['symbol']}_{o['symbol']}"
         ap, op = am.group(3), om.group(3)
-        source = (helpers(a_src) + f"\n__device__ unsigned int fuse_count[1][3];\n" + attn
-                  + o_body(o_src[t0:t1], o["symbol"], op, 0, blocks, n_attn, gate, fill_next) + f"""
+        cols, o_role = o_body(o_src[t0:t1], o["symbol"], op, 0, blocks, n_attn, gate, fill_next)
+        source = (helpers(a_src) + "\n__device__ unsigned int fuse_count[1][3];\n" + attn + o_role + f"""
 extern "C" __global__ void {am.group(1)}{sym}({renamed(ap, 'a_')}, {renamed(op, 'o_')}) {{
   if (blockIdx.x < {n_attn}) {{
     {a['symbol']}_attn({', '.join('a_' + n for n in names(ap))});
@@ -237,7 +239,7 @@ extern "C" __global__ void {am.group(1)}{sym}({renamed(ap, 'a_')}, {renamed(op, 
                         "source_sha256": hashlib.sha256(source.encode()).hexdigest(), "source": source})
         fused = dict(a)   # a --timeline build's record too: the attention blocks stamp as before, the O's do not
         fused.update(name=a["name"], symbol=sym, module=len(modules) - 1, grid=[total, 1, 1],
-                     smem_bytes=max(a["smem_bytes"], 2048 // blocks * 4096 + 256),
+                     smem_bytes=max(a["smem_bytes"], cols * 4096 + 4 * cols),
                      args=a["args"] + o["args"], trigger_from=0,
                      onnx_nodes=a["onnx_nodes"] + o["onnx_nodes"], stores=a["stores"] + o["stores"])
         out.append(fused)
