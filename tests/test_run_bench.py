@@ -218,7 +218,8 @@ def test_executor_api(bundle_path: Path, fake_gpu: FakeDriver) -> None:
         executor.launch()
 
 
-def test_profile_rotates_weights_over_copies_past_the_l2(tmp_path: Path, fake_gpu: FakeDriver) -> None:
+def test_profile_rotates_weights_over_copies_past_the_l2(tmp_path: Path, fake_gpu: FakeDriver,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """[Note: cold weights] (aicf_run/profile.py): where the target names its L2, a kernel's launches rotate
     over copies of the weights it reads (L2 96 bytes, the kernel's predicted 72: 2 x 96 / 72 -> 3, + 1 = 4
     copies), each launch of one copy reading what the original holds; the copies are freed after."""
@@ -229,11 +230,18 @@ def test_profile_rotates_weights_over_copies_past_the_l2(tmp_path: Path, fake_gp
     device = open_device()
     for graph in (True, False):
         executor = Executor(read_bundle(path), device, graph=graph)
+        made, copy = [], executor.device_copy
+
+        def spy(pointer: int, nbytes: int, copy=copy, made=made) -> Any:
+            allocation = copy(pointer, nbytes)
+            made.append(fake_gpu.read(int(allocation), nbytes))
+            return allocation
+        monkeypatch.setattr(executor, "device_copy", spy)
         held = set(fake_gpu.memory)
         fake_gpu.launches.clear()
         report = executor.profile()
         [kernel] = report.kernels
-        assert kernel.copies == 4
+        assert kernel.copies == 4 and made == [WEIGHT.tobytes()] * 3   # three copies of the weight besides it
         if graph:   # 20 launches a replay either way (4 copies x 5)
             assert kernel.measured_us == pytest.approx(ALONE_US)
             assert "1 with their weights and state rotated over copies past the L2" in format_profile(report)
