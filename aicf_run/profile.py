@@ -44,6 +44,7 @@ Per kernel, beside the measured time:
 - roofline: 100 · max(bytes / B, flops / peak) / measured, the share of the roofline bound
   attained, with B the target's `dram_bandwidth_gbs` and peak its `peak_tflops` entry for the
   kernel's arithmetic unit (`unit`).
+The table ends with how many kernels measure within BAND of their predictions.
 """
 
 from __future__ import annotations
