@@ -44,6 +44,10 @@ the bandwidth limit and the peer (`generate.py` rewritten bundle in place, loade
     python3 benchmarks/prototypes/fuse_attention_o.py /tmp/aicf-gen/model_b1.aicf /tmp/aicf-gen/model_b1.aicf
     python3 benchmarks/generate.py --batch 1 --reuse
 
+Do not `--profile` a rewritten bundle: there one fused kernel follows itself, and the next launch's O blocks (which
+trigger at their entry) may land and read the counter before this launch's last O block has put it back to zero. In
+a plan a fused kernel follows itself only a whole step later, each layer's pair with a counter of its own module.
+
 Only the O form the 1 B Llama's plan has is handled (K = 2048, BN 4, U 4, one warp a column, KS 1); any
 other is refused. Every block needs the attention's shared memory, so all of them land only where the
 QKV's blocks have left, as the attention's do now.
