@@ -177,8 +177,8 @@ def format_profile(report: ProfileReport) -> str:
     header = ("#", "kernel", "measured us", "predicted us", "meas/pred", "share", "GB/s",
               "TFLOP/s", "roofline", "onnx nodes")
     rows = [header]
-    for k in report.kernels:
-        ratio = None if not k.predicted_us else k.measured_us / k.predicted_us
+    ratios = [None if not k.predicted_us else k.measured_us / k.predicted_us for k in report.kernels]
+    for k, ratio in zip(report.kernels, ratios):
         rows.append((str(k.index), k.name, f"{k.measured_us:.2f}", _num(k.predicted_us, ".2f"),
                      _num(ratio, ".2f"), f"{100 * k.share:.1f}%", _num(k.gbs, ".1f"),
                      _num(k.tflops, ".3f"), _num(k.roofline_pct, ".1f", "%"),
@@ -190,8 +190,8 @@ def format_profile(report: ProfileReport) -> str:
              for row in rows]
     predicted = ("" if report.predicted_sum_us is None
                  else f" (predicted {report.predicted_sum_us:.2f} us)")
-    ratios = [k.measured_us / k.predicted_us for k in report.kernels if k.predicted_us]
-    within = [r for r in ratios if BAND[0] <= r <= BAND[1]]
+    known = [r for r in ratios if r is not None]
+    within = [r for r in known if BAND[0] <= r <= BAND[1]]
     cold = sum(k.copies > 1 for k in report.kernels)
     rotated = f"; {cold} with their weights and state rotated over copies past the L2" if cold else ""
     return "\n".join(
@@ -200,8 +200,8 @@ def format_profile(report: ProfileReport) -> str:
         + lines
         + [f"  sum of kernel times {report.kernel_sum_us:.2f} us{predicted}; whole plan "
            f"({report.mode}, back-to-back replays) {report.plan_us:.2f} us"]
-        + ([f"  measured / predicted within [{BAND[0]}, {BAND[1]}]: {len(within)} of {len(ratios)} kernels"]
-           if ratios else []))
+        + ([f"  measured / predicted within [{BAND[0]}, {BAND[1]}]: {len(within)} of {len(known)} kernels"]
+           if known else []))
 
 
 def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
@@ -245,12 +245,12 @@ def _kernel_us(executor: Executor, index: int) -> tuple[float, int]:
     """Kernel `index` alone, through a graph of GRAPH_LAUNCHES launches (rounded up to whole rounds of its
     copies), or from the host; and the copies of its weights and state the launches rotated over ([Note: cold
     weights])."""
+    buffers, kernel = executor.bundle.buffers, executor.bundle.kernels[index]
     l2_bytes = executor.bundle.target.get("profile", {}).get("l2_bytes")
     pointers = executor.kernel_pointers(index)
     copies, moved = 1, []
     if isinstance(l2_bytes, int) and l2_bytes > 0 and pointers is not None:
-        copies, moved = cold_copies(executor.bundle.kernels[index], executor.bundle.buffers, l2_bytes)
-    buffers, kernel = executor.bundle.buffers, executor.bundle.kernels[index]
+        copies, moved = cold_copies(kernel, buffers, l2_bytes)
     held: list[Any] = []
     try:
         enqueue = [lambda: executor.launch_kernel(index)]
