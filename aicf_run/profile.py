@@ -206,8 +206,11 @@ def format_profile(report: ProfileReport) -> str:
 
 def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
             target: dict[str, Any], copies: int = 1) -> KernelProfile:
-    predicted = kernel.get("predicted", {})
-    time_us, flops, nbytes = (_float(predicted.get(key)) for key in ("time_us", "flops", "bytes"))
+    # a launch with kernels joined to it ([Note: a gemv joined to the launch before it] in aicfc/codegen/join.py) is
+    # timed as one: its prediction, flops and bytes are the sums of its kernels'
+    records = [kernel, *kernel.get("joined", [])]
+    sums = [[_float(r.get("predicted", {}).get(key)) for r in records] for key in ("time_us", "flops", "bytes")]
+    time_us, flops, nbytes = (None if None in values else sum(values) for values in sums)
     unit = peak_unit(kernel)
     bandwidth = _float(target.get("dram_bandwidth_gbs"))
     peak = _float(target.get("peak_tflops", {}).get(unit)) if unit else None
@@ -216,11 +219,12 @@ def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
         bound_us = max(nbytes / (bandwidth * 1e3), flops / (peak * 1e6))
         roofline = 100 * bound_us / measured
     return KernelProfile(
-        index=index, name=kernel["name"], measured_us=measured, predicted_us=time_us,
+        index=index, name="+".join(r["name"] for r in records), measured_us=measured, predicted_us=time_us,
         flops=flops, bytes=nbytes, share=measured / total if total > 0 else 0.0,
         gbs=None if nbytes is None or measured <= 0 else nbytes / (measured * 1e3),
         tflops=None if flops is None or measured <= 0 else flops / (measured * 1e6),
-        unit=unit, roofline_pct=roofline, onnx_nodes=tuple(kernel.get("onnx_nodes", ())), copies=copies)
+        unit=unit, roofline_pct=roofline, onnx_nodes=tuple(n for r in records for n in r.get("onnx_nodes", ())),
+        copies=copies)
 
 
 def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes: int) -> tuple[int, list[int]]:

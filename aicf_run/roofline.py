@@ -75,7 +75,7 @@ def points_from_payload(payload: dict[str, Any]) -> list[Point]:
     zero or undefined, and a log axis has no place for them.
     """
     points = []
-    for kern in payload["kernels"]:
+    for kern in (r for k in payload["kernels"] for r in (k, *k.get("joined", []))):   # joined kernels too
         p = kern["predicted"]
         point = Point(kern["name"], float(p["flops"]), float(p["bytes"]), float(p["time_us"]), "predicted")
         if point.plottable:

@@ -247,63 +247,74 @@ def _check_casts(payload: dict, module_count: int, buffers: list[dict]) -> None:
 
 
 def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> None:
-    buffer_count = len(buffers)
     for where, kernel in _records(payload, "kernels", ""):
-        _str(kernel, "name", where)
-        module = _int(kernel, "module", where, minimum=0)
-        if module >= module_count:
-            _fail(f"{where}.module", f"is {module}, but there are {module_count} modules")
-        if not _str(kernel, "symbol", where):
-            _fail(f"{where}.symbol", "is empty")
-        _str(kernel, "family", where)
-        for key, value in _map(kernel, "params", where).items():
-            if not isinstance(key, str) or not (_is_int(value) or isinstance(value, str)):
-                _fail(f"{where}.params", f"entry {key!r}: {_describe(value)} must map a str "
-                                         f"to an int or a str")
-        _dims(kernel, "grid", where, _MAX_GRID)
-        block = _dims(kernel, "block", where, _MAX_BLOCK)
-        if math.prod(block) > _MAX_THREADS:
-            _fail(f"{where}.block", f"{block} is {math.prod(block)} threads, over {_MAX_THREADS}")
-        _int(kernel, "smem_bytes", where, minimum=0, maximum=2**31 - 1)
-        # optional: bundles from before dependent launches ([Note: PDL]) launch every kernel plainly
-        if kernel.get("launch", "stream") not in LAUNCH_MODES:
-            _fail(f"{where}.launch", f"{_describe(kernel['launch'])} is not one of {', '.join(LAUNCH_MODES)}")
-        registers = _get(kernel, "registers", where)
-        if registers is not None and not _is_int(registers):
-            _fail(f"{where}.registers", f"must be an int or nil, got {_describe(registers)}")
-        for i, arg in enumerate(_list(kernel, "args", where)):
-            if not _is_int(arg) or not 0 <= arg < buffer_count:
-                _fail(f"{where}.args[{i}]", f"{_describe(arg)} is not a buffer id "
-                                            f"(0..{buffer_count - 1})")
-        for key in ("onnx_nodes", "properties", "rewrites"):
-            for i, text in enumerate(_list(kernel, key, where)):
-                if not isinstance(text, str):
-                    _fail(f"{where}.{key}[{i}]", f"must be a str, got {_describe(text)}")
-        _map(kernel, "predicted", where)
-        _records(kernel, "candidates", where)
-        if "tensor_maps" in kernel:   # optional: bundles from before TMA kernels have none
-            for map_where, record in _records(kernel, "tensor_maps", where):
-                _check_tensor_map(record, map_where, buffers)
-        if "maps_symbol" in kernel:   # optional: [Note: TMA maps in constant memory] (aicfc/codegen/tma.py)
-            _check_symbol(_str(kernel, "maps_symbol", where), f"{where}.maps_symbol")
-            if not kernel.get("tensor_maps"):
-                _fail(f"{where}.maps_symbol", "names a constant array, but the kernel has no tensor_maps")
-        if "trigger_from" in kernel:   # optional: [Note: PDL] (aicfc/codegen/pdl.py), the first block that triggers
-            _int(kernel, "trigger_from", where, minimum=0, maximum=2**31 - 1)
-        if "timeline" in kernel:   # optional: [Note: timeline] (aicfc/codegen/timeline.py), aicfc compile --timeline
-            stamps = _map(kernel, "timeline", where)
-            _check_symbol(_str(stamps, "symbol", f"{where}.timeline"), f"{where}.timeline.symbol")
-            blocks = _int(stamps, "blocks", f"{where}.timeline", minimum=1, maximum=_MAX_STAMPED)
-            if blocks > math.prod(kernel["grid"]):
-                _fail(f"{where}.timeline.blocks", f"is {blocks}, more than the kernel's {math.prod(kernel['grid'])} blocks")
-            count = _int(stamps, "stamps", f"{where}.timeline", minimum=3, maximum=3 + _MAX_PHASES)
-            if "phases" in stamps:   # optional: the names of the kernel's phase marks, by index
-                phases = _list(stamps, "phases", f"{where}.timeline")
-                if len(phases) > count - 3:
-                    _fail(f"{where}.timeline.phases", f"names {len(phases)} phases, more than the {count - 3} stamped")
-                for i, name in enumerate(phases):
-                    if not isinstance(name, str) or len(name) > _MAX_PHASE_NAME:
-                        _fail(f"{where}.timeline.phases[{i}]", f"is not a str of at most {_MAX_PHASE_NAME} characters")
+        _check_kernel(kernel, where, module_count, buffers)
+        if "joined" in kernel:   # optional: [Note: a gemv joined to the launch before it] (aicfc/codegen/join.py)
+            for joined_where, record in _records(kernel, "joined", where):
+                _check_kernel(record, joined_where, module_count, buffers)
+                if record.get("into") != kernel["name"]:
+                    _fail(f"{joined_where}.into", f"{_describe(record.get('into'))} is not the launch's kernel "
+                                                  f"{kernel['name']!r}")
+
+
+def _check_kernel(kernel: dict, where: str, module_count: int, buffers: list[dict]) -> None:
+    """One kernel record: a launch of `kernels`, or a kernel its `joined` list says runs in that launch."""
+    buffer_count = len(buffers)
+    _str(kernel, "name", where)
+    module = _int(kernel, "module", where, minimum=0)
+    if module >= module_count:
+        _fail(f"{where}.module", f"is {module}, but there are {module_count} modules")
+    if not _str(kernel, "symbol", where):
+        _fail(f"{where}.symbol", "is empty")
+    _str(kernel, "family", where)
+    for key, value in _map(kernel, "params", where).items():
+        if not isinstance(key, str) or not (_is_int(value) or isinstance(value, str)):
+            _fail(f"{where}.params", f"entry {key!r}: {_describe(value)} must map a str "
+                                     f"to an int or a str")
+    _dims(kernel, "grid", where, _MAX_GRID)
+    block = _dims(kernel, "block", where, _MAX_BLOCK)
+    if math.prod(block) > _MAX_THREADS:
+        _fail(f"{where}.block", f"{block} is {math.prod(block)} threads, over {_MAX_THREADS}")
+    _int(kernel, "smem_bytes", where, minimum=0, maximum=2**31 - 1)
+    # optional: bundles from before dependent launches ([Note: PDL]) launch every kernel plainly
+    if kernel.get("launch", "stream") not in LAUNCH_MODES:
+        _fail(f"{where}.launch", f"{_describe(kernel['launch'])} is not one of {', '.join(LAUNCH_MODES)}")
+    registers = _get(kernel, "registers", where)
+    if registers is not None and not _is_int(registers):
+        _fail(f"{where}.registers", f"must be an int or nil, got {_describe(registers)}")
+    for i, arg in enumerate(_list(kernel, "args", where)):
+        if not _is_int(arg) or not 0 <= arg < buffer_count:
+            _fail(f"{where}.args[{i}]", f"{_describe(arg)} is not a buffer id "
+                                        f"(0..{buffer_count - 1})")
+    for key in ("onnx_nodes", "properties", "rewrites"):
+        for i, text in enumerate(_list(kernel, key, where)):
+            if not isinstance(text, str):
+                _fail(f"{where}.{key}[{i}]", f"must be a str, got {_describe(text)}")
+    _map(kernel, "predicted", where)
+    _records(kernel, "candidates", where)
+    if "tensor_maps" in kernel:   # optional: bundles from before TMA kernels have none
+        for map_where, record in _records(kernel, "tensor_maps", where):
+            _check_tensor_map(record, map_where, buffers)
+    if "maps_symbol" in kernel:   # optional: [Note: TMA maps in constant memory] (aicfc/codegen/tma.py)
+        _check_symbol(_str(kernel, "maps_symbol", where), f"{where}.maps_symbol")
+        if not kernel.get("tensor_maps"):
+            _fail(f"{where}.maps_symbol", "names a constant array, but the kernel has no tensor_maps")
+    if "trigger_from" in kernel:   # optional: [Note: PDL] (aicfc/codegen/pdl.py), the first block that triggers
+        _int(kernel, "trigger_from", where, minimum=0, maximum=2**31 - 1)
+    if "timeline" in kernel:   # optional: [Note: timeline] (aicfc/codegen/timeline.py), aicfc compile --timeline
+        stamps = _map(kernel, "timeline", where)
+        _check_symbol(_str(stamps, "symbol", f"{where}.timeline"), f"{where}.timeline.symbol")
+        blocks = _int(stamps, "blocks", f"{where}.timeline", minimum=1, maximum=_MAX_STAMPED)
+        if blocks > math.prod(kernel["grid"]):
+            _fail(f"{where}.timeline.blocks", f"is {blocks}, more than the kernel's {math.prod(kernel['grid'])} blocks")
+        count = _int(stamps, "stamps", f"{where}.timeline", minimum=3, maximum=3 + _MAX_PHASES)
+        if "phases" in stamps:   # optional: the names of the kernel's phase marks, by index
+            phases = _list(stamps, "phases", f"{where}.timeline")
+            if len(phases) > count - 3:
+                _fail(f"{where}.timeline.phases", f"names {len(phases)} phases, more than the {count - 3} stamped")
+            for i, name in enumerate(phases):
+                if not isinstance(name, str) or len(name) > _MAX_PHASE_NAME:
+                    _fail(f"{where}.timeline.phases[{i}]", f"is not a str of at most {_MAX_PHASE_NAME} characters")
 
 
 def _check_symbol(symbol: str, where: str) -> None:

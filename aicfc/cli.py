@@ -176,7 +176,7 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
     if not quiet:
         size = Path(output).stat().st_size
         kernels = sum(len(p["kernels"]) for p in plans)
-        total = sum(k["predicted"]["time_us"] for k in plans[0]["kernels"])
+        total = sum(r["predicted"]["time_us"] for k in plans[0]["kernels"] for r in (k, *k.get("joined", [])))
         several = "" if len(plans) == 1 else f" ({len(plans)} plans, one per shape set, weights stored once)"
         click.echo(f"wrote {output}: {kernels} kernel(s) in {modules} module(s) ({cached} cached) "
                    f"for {target}{several}, {size} bytes, predicted {total:.1f} us"

@@ -49,7 +49,9 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
                                                              "tensor_maps": _maps_in(kern),
                                                              "candidates": [_only(c, CANDIDATE_KEYS) for c in kern["candidates"]],
                                                              "registers_source": "ptxas"
-                    if kern.get("registers") is not None else "unknown"} for kern in payload["kernels"]],
+                    if kern.get("registers") is not None else "unknown"}
+                    # [Note: a gemv joined to the launch before it]: a kernel that runs in the launch of the one before
+                    | ({"joined_into": kern["into"]} if "into" in kern else {}) for kern in _records(payload)],
         "memory": {k: mem[k] for k in ("arena_bytes", "weights_bytes", "intermediate_bytes", "inplace")}
         | {"graph_intermediate_bytes": mem.get("graph_intermediate_bytes", 0)}
         | {"buffers": [{k: b[k] for k in ("name", "region", "offset", "nbytes")} for b in payload["buffers"]]}
@@ -59,7 +61,7 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         "state": [{k: st[k] for k in ("name", "output", "dtype", "shape", "kernel", "write_bytes", "copy_bytes",
                                       "reason")} for st in payload.get("state", [])],
         # the kernels' predictions and the plan's gap between them ([Note: launch overhead and the plan gap])
-        "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in payload["kernels"])
+        "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in _records(payload))
                                     + len(payload["kernels"]) * gap, 3),
         "plan_gap_us": gap,
         # [Note: PDL]: how the kernels follow each other (absent in bundles from before: "stream")
@@ -67,6 +69,11 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
                    "reason": payload.get("launch", {}).get("reason", "")},
     } | ({"greedy": _only(payload["greedy"], GREEDY_KEYS)} if "greedy" in payload else {}) \
       | ({"timeline": True} if any("timeline" in k for k in payload["kernels"]) else {})   # [Note: timeline]
+
+
+def _records(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every kernel record in plan order: each launch, then the kernels joined to it (its `joined` list)."""
+    return [r for kern in payload["kernels"] for r in (kern, *kern.get("joined", []))]
 
 
 def check_explainable(payload: dict[str, Any]) -> None:
@@ -81,7 +88,7 @@ def check_explainable(payload: dict[str, Any]) -> None:
     launch = payload.get("launch", {})
     _want(isinstance(launch, dict) and all(isinstance(launch.get(k, ""), str) for k in ("mode", "reason")),
           "launch", "a map with str mode and reason", launch)
-    for i, kernel in enumerate(payload["kernels"]):
+    for i, kernel in enumerate(_records(payload)):
         where = f"kernels[{i}]"
         stores = kernel.get("stores", [])
         _want(isinstance(stores, list) and all(isinstance(s, str) for s in stores),
@@ -187,6 +194,8 @@ def _formula(p: dict[str, Any]) -> str:
                 f"+ exposed {ops} {p['t_fma_exposed_us']:.2f} + later rounds {p['t_rounds_us']:.2f} "
                 f"+ full grid {p['t_full_us']:.2f} + reduce {p['t_reduce_us']:.2f} + split {p['t_split_us']:.2f} "
                 + (f"+ the norm's row scale {p['t_row_scale_us']:.2f} " if "t_row_scale_us" in p else "")
+                + (f"+ the other role's publication and the activations' round trip {p['t_join_us']:.2f} "
+                   if "t_join_us" in p else "")   # a gemv joined to the launch before it
                 + f"+ launch {p['launch_us']:.2f}")
     body = (f"max(dram {p.get('t_dram_us', 0):.2f} + l2 {p.get('t_l2_us', 0):.2f}, "
             f"compute {p.get('t_compute_us', 0):.2f}, pipeline {p.get('t_pipeline_us', 0):.2f}) "
@@ -204,7 +213,9 @@ def explain_text(payload: dict[str, Any]) -> str:
         f"target: {e['target']} ({e['target_name']}), precision {e['precision']}",
         f"inputs: {sig(e['inputs'])}",
         f"outputs: {sig(e['outputs'])}",
-        f"{len(e['kernels'])} kernel(s), predicted total {e['predicted_total_us']} us"
+        f"{len(e['kernels'])} kernel(s)"
+        + (f" in {launched} launches" if (launched := sum("joined_into" not in k for k in e["kernels"])) < len(e["kernels"]) else "")
+        + f", predicted total {e['predicted_total_us']} us"
         + (f" (the kernels' predictions + {e['plan_gap_us']} us a kernel between them)" if e["plan_gap_us"] else ""),
         f"launches: {e['launch']['mode']}" + (f" ({e['launch']['reason']})" if e["launch"]["reason"] else ""),
         *(["timeline: every kernel stamps when its blocks land, may start and leave (compiled with --timeline; "
@@ -219,7 +230,10 @@ def explain_text(payload: dict[str, Any]) -> str:
                    f"; rewrites: {', '.join(k['rewrites']) or 'none'}")
         out.append(f"    schedule {_fmt_params(k['params'])}  grid={k['grid']} block={k['block']} "
                    f"smem={k['smem_bytes']} B  {regs}")
-        if k["symbol"] != k["name"]:   # [Note: shared kernel code] in codegen/module.py
+        if "joined_into" in k:   # [Note: a gemv joined to the launch before it] in codegen/join.py
+            out.append(f"    launch: none of its own; its blocks run in {k['joined_into']}'s launch, after that kernel's "
+                       f"(passes/join_launches.py)")
+        elif k["symbol"] != k["name"]:   # [Note: shared kernel code] in codegen/module.py
             out.append(f"    code: runs {k['symbol']}'s function (the same code but for its name and comments), built once")
         if k["tensor_maps"]:
             out.append(f"    tensor maps: {k['tensor_maps']}")

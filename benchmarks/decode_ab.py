@@ -96,7 +96,8 @@ def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env
     decode = [p for p in payload["plans"] if p["inputs"][0]["shape"][1] == 1]
     for plan in decode:
         picks = [" ".join(f"{k}{v}" for k, v in sorted(k["params"].items()) if k != "unit")
-                 for k in plan["kernels"] if k["params"].get("unit") == "gemv"]
+                 for k in (r for launch in plan["kernels"] for r in (launch, *launch.get("joined", [])))
+                 if k["params"].get("unit") == "gemv"]
         print(f"  {out.stem} decode gemvs: {' | '.join(dict.fromkeys(picks))}", flush=True)
     return time.perf_counter() - start
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from aicf_run.bundle import FORMAT_VERSION   # the runtime owns the format
 from aicfc import __version__
+from aicfc.codegen import join
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.io_cast import Converted
 from aicfc.codegen.module import ModuleBuild
@@ -57,6 +58,22 @@ def _kernel(k, index: dict[str, int], module: int, types, launch: str,
                        {"params": dict(c.params), "rejected_because": c.rejected_because}
                        for c in s.candidates],
     }
+
+
+def launches(plan: Plan, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The kernel records the executor launches: a joined kernel's record ([Note: a gemv joined to the launch before
+    it] in codegen/join.py) goes into its host's `joined` list, and the host's launch takes its blocks and arguments."""
+    out: list[dict[str, Any]] = []
+    for i, (k, record) in enumerate(zip(plan.kernels, records, strict=True)):
+        if not join.joined(k):
+            out.append(record)
+            continue
+        host = out[-1]   # the record of plan.kernels[i - 1]: a host is never joined itself (it is no gemv)
+        _, _, total = join.launch_blocks(plan.kernels[i - 1], k)
+        host.update(grid=[total, 1, 1], args=host["args"] + record["args"],
+                    joined=host.get("joined", []) + [{key: v for key, v in record.items() if key != "timeline"}
+                                                     | {"into": host["name"]}])   # the role's code is unstamped
+    return out
 
 
 def decision_log(plan: Plan) -> list[dict[str, Any]]:
@@ -127,9 +144,9 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
         "memory": {**mem, "arena_bytes": max(1, mem["arena_bytes"])},
         "weights": [{"buffer": index[n], "data": w.data, "sha256": w.sha256} for n, w in weights.items()],
         "modules": [module_record(m, plan.target) for m in modules],
-        "kernels": [_kernel(k, index, module_of[k.name], types, plan.launch, constant,
-                            modules[module_of[k.name]].source if plan.timeline else None, trigger, symbol)
-                    for k, trigger, symbol in zip(plan.kernels, plan.triggers, plan.symbols, strict=True)],
+        "kernels": launches(plan, [_kernel(k, index, module_of[k.name], types, plan.launch, constant,
+                                           modules[module_of[k.name]].source if plan.timeline else None, trigger, symbol)
+                                   for k, trigger, symbol in zip(plan.kernels, plan.triggers, plan.symbols, strict=True)]),
         "ir": {"high": str(result.high), "lowered": str(result.lowered), "decision": str(plan)},
         "decisions": decision_log(plan) + [
             {"kind": "state", "input": st.input, "output": st.output, "kernel": st.kernel, "reason": st.reason,

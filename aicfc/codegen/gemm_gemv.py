@@ -535,6 +535,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     cpw, vpp, spc = km_steps(p, parts["K"]) if p.get("KM") else (0, 0, 0)
     if p.get("PRE", 0) > 1 and not p.get("KM"):   # passes/tail_steps.py offers more steps to K-major gemvs alone
         raise AicfError(f"internal: {name}: PRE = {p['PRE']} steps before the wait needs a K-major weight (KM = 1)")
+    if p.get("JOIN") and not (p.get("KM") and p["SPLITK"] == 1 and p.get("KS") == 1 and not parts["rotary"]
+                              and parts["row_scale"] is None):   # passes/join_launches.why_not never asks for it
+        raise AicfError(f"internal: {name}: a joined gemv needs a K-major weight in one split and one part a column, "
+                        f"without a rotary or row-scaled epilogue")
     if parts.get("early") and not one_pair_a_thread(p):   # passes/early_epilogue.why_not never asks for it
         raise AicfError(f"internal: {name}: epilogue reads before the wait need one pair a thread, "
                         f"{p['BM']}x{p['BN']} over {threads(p)} threads")
@@ -546,4 +550,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0),
+                  JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]),
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 
 from aicfc import __version__
 from aicfc.codegen import FAMILIES
-from aicfc.codegen import pdl, timeline, tma
+from aicfc.codegen import join, pdl, timeline, tma
 from aicfc.codegen.common import render
 from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
@@ -111,9 +111,14 @@ def _render_kernels(plan: Plan) -> list[str]:
     hw = load_profile(plan.target)
     constant = tma.constant_maps(plan)   # [Note: TMA maps in constant memory]
     _check_scheduled(plan)
-    out = []
+    out: list[str] = []
     for k, start in zip(plan.kernels, plan.triggers or pdl.entries(plan.kernels, plan.launch, hw)):
         param = dict(k.schedule.param, MAPS=tma.maps_symbol(k.name)) if k.name in constant else k.schedule.param
+        if join.joined(k):   # [Note: a gemv joined to the launch before it]: rendered into the kernel before's text
+            role = FAMILIES[k.family].render_kernel(k, param, types, join.PLACEHOLDER)
+            out[-1] = join.combine(plan.kernels[len(out) - 1], out[-1], k, role, bool(param.get("TF")), hw.sm_count)
+            out.append("")
+            continue
         body = FAMILIES[k.family].render_kernel(k, param, types, k.name)
         ahead = plan.launch == pdl.DEPENDENT and bool(k.schedule.param.get("AHEAD"))   # [Note: work before the wait]
         if plan.timeline:   # [Note: timeline]: the entry between two clock reads, in either launch mode
@@ -151,10 +156,20 @@ def _launch_needs(plan: Plan) -> list[tuple]:
     return [(k.schedule.block, k.schedule.smem_bytes) for k in plan.kernels]
 
 
+def plan_symbols(plan: Plan, bodies: Sequence[str]) -> tuple[str, ...]:
+    """`shared_symbols` of the plan's kernels, a joined kernel's being its host's (the kernel before it, whose
+    launch runs it: [Note: a gemv joined to the launch before it])."""
+    symbols = list(shared_symbols([k.name for k in plan.kernels], bodies, _launch_needs(plan)))
+    for i, k in enumerate(plan.kernels):
+        if join.joined(k):
+            symbols[i] = symbols[i - 1]
+    return tuple(symbols)
+
+
 def render_module(plan: Plan) -> str:
     """Every kernel of the plan in one source (the whole plan as a single module)."""
     bodies = _render_kernels(plan)
-    symbols = shared_symbols([k.name for k in plan.kernels], bodies, _launch_needs(plan))
+    symbols = plan_symbols(plan, bodies)
     own = [b for k, s, b in zip(plan.kernels, symbols, bodies) if s == k.name]
     return "\n".join([module_header(plan, len(own)), *own])
 
@@ -193,7 +208,7 @@ def plan_modules(plan: Plan, jobs: int) -> tuple[list[tuple[str, str, tuple[Kern
     function). A module's kernels are those whose function it holds: its own ones, then those
     that share them ([Note: shared kernel code])."""
     bodies = _render_kernels(plan)
-    symbols = shared_symbols([k.name for k in plan.kernels], bodies, _launch_needs(plan))
+    symbols = plan_symbols(plan, bodies)
     own = [i for i, (k, s) in enumerate(zip(plan.kernels, symbols)) if s == k.name]
     out = []
     for i, group in enumerate(partition([len(bodies[j]) for j in own], jobs)):

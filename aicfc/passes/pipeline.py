@@ -29,6 +29,7 @@ from aicfc.passes.fold_views import fold_views
 from aicfc.passes.form_kernels import form_kernels
 from aicfc.passes.inline_producers import inline_producers
 from aicfc.passes.interleave_gates import interleave_gates
+from aicfc.passes.join_launches import join_launches
 from aicfc.passes.lower import lower
 from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.attention_room import attention_room
@@ -106,6 +107,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("attention_room", "decision", "decision", lambda p, o: attention_room(p, o.profile, dict(o.pin), o.check)),
     Stage("work_before_wait", "decision", "decision", lambda p, o: work_before_wait(p, o.profile, dict(o.pin))),
     Stage("early_trigger", "decision", "decision", lambda p, o: early_trigger(p, o.profile, dict(o.pin))),
+    Stage("join_launches", "decision", "decision", lambda p, o: join_launches(p, o.profile, dict(o.pin), o.check)),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
@@ -165,6 +167,9 @@ assert _ORDER.index("l2_fill") < _ORDER.index("tail_steps") < _ORDER.index("atte
 assert _ORDER.index("l2_fill") < _ORDER.index("attention_room") < _ORDER.index("plan_memory")
 # work_before_wait reads the early epilogues it must not break, and plan_memory lengthens the lifetimes of what it marks
 assert _ORDER.index("attention_room") < _ORDER.index("work_before_wait") < _ORDER.index("plan_memory")
+# join_launches reads every gemv's final parameters (l2_fill's fill, tail_steps' PRE, early_trigger's TF: it re-costs
+# the role it makes from them) and precedes plan_memory, which keeps the joined launch's buffers apart as two kernels'.
+assert _ORDER.index("early_trigger") < _ORDER.index("join_launches") < _ORDER.index("plan_memory")
 # pool_epilogue merges a convolution whose layout (channels_last) and stem rows (unfold_taps) are decided,
 # before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
 assert (_ORDER.index("channels_last") < _ORDER.index("unfold_taps") < _ORDER.index("pool_epilogue")

@@ -690,6 +690,9 @@ def _gemv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types
     if gemm.row_scale(k) is not None:   # [Note: a norm's row scale in the gemv]
         t["t_row_scale_us"] = constants(hw.data)["gemv_row_scale_us"]
         t["time_us"] += t["t_row_scale_us"]
+    if p.get("JOIN"):   # [Note: the O projection joined to the attention]: no launch of its own, a publication instead
+        t["t_join_us"] = constants(hw.data)["gemv_join_us"]
+        return Estimate(t.pop("time_us") + t["t_join_us"], 2.0 * rows * n * kk, dram, t | {"launch_us": 0.0})
     time = t.pop("time_us") + hw.launch_overhead_us
     t["launch_us"] = hw.launch_overhead_us
     return Estimate(time, 2.0 * rows * n * kk, dram, t)

@@ -1,0 +1,184 @@
+"""join_launches: Decision IR → Decision IR; a one-row K-major gemv right after a split decode attention whose
+output is its activation runs as more blocks of the attention's launch (rule RULE: schedule parameter JOIN, the
+attention's blocks; codegen/join.py renders the launch).
+
+[Note: the O projection joined to the attention]
+In the 1 B Llama's decode step the split attention streams 1.6 MB in about 4 us (a chain of round trips: the
+query, the keys, the merges), and the O projection after it streams its 8 MiB weight in about 1.8 us once its
+go comes, 0.4 us after the attention's done (session 59's 2-layer timeline, benchmarks/results/
+decode_session59_h200.txt). The DRAM is mostly idle while the attention runs. Joined, the O's blocks land with
+the attention's, request their whole weight slice at once (every step in registers of its own, as tail_steps'
+PRE does for a few), request the gate/up's head into L2 as the O did, and wait only for the attention's output:
+its launch boundary and its weight stream leave the chain.
+
+The role's schedule (`space`): the O's columns over fewer, larger blocks, so that the attention's blocks and the
+role's fit on the SMs at once (a role block spinning where an attention block should run would never finish:
+codegen/join.py), at the attention's block size (one launch, one block size) and with every step's registers
+at ptxas's count without a spill. Its prediction (planner/cost_gemv.py) counts the weight bytes the attention's
+predicted time moves at the stream's rate as landed by the output's arrival (LANDED), no launch, and
+gemv_join_us for the publication and the activations' round trip; the attention's own prediction is left as it
+is, though the role's weight requests share the DRAM with its cache reads (not measured).
+
+Not measured yet: no GPU was lent the session that wrote it (62); benchmarks/prototypes/fuse_attention_o.py is
+the same launch made by rewriting a compiled bundle, for the A/B. So it runs only under `--pin joino=1`; the
+record of every site says what the planner predicts either way.
+
+    kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=4 KM=1 PF=1 PRE=1 TF=1 U=4 WARPS=4]
+  becomes (under --pin joino=1)
+    kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=16 JOIN=48 KM=1 LANDED=8388608 PRE=8 ...]
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+from aicfc.codegen import FAMILIES, gemm, gemm_gemv, join
+from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.types import ITEMSIZE
+from aicfc.ir.lowered import Rewrite, loads
+from aicfc.passes.merge_kernels import switch
+from aicfc.planner import cost_gemv
+from aicfc.planner.hardware import Profile, blocks_per_sm
+
+if TYPE_CHECKING:
+    from aicfc.passes.plan_schedules import RegisterCheck
+
+RULE = "a K-major gemv after the split attention it reads => more blocks of the attention's launch"
+PIN = "joino"   # --pin joino=1: join where legal; unpinned or 0: apart (not yet measured)
+ROLE_BN = (8, 16, 32)   # the role's columns a block: few enough blocks to share one wave with the attention's
+
+
+def why_not(plan: Plan, i: int) -> str | None:
+    """Why gemv `plan.kernels[i]` cannot join the launch of the kernel before it; None where it can."""
+    k = plan.kernels[i]
+    p = gemm_gemv.params(k)
+    if p is None:
+        return "not a gemv"
+    host = plan.kernels[i - 1] if i else None
+    if host is None or host.family != "attention" or host.schedule.param.get("unit") != "split":
+        return "the kernel before it is not a split attention"
+    if not p.get("KM") or p["SPLITK"] != 1 or p.get("TC") or p["BM"] != 1:
+        return "not a one-row gemv over a K-major weight in one split"
+    if gemm.rotary(k) is not None or gemm.row_scale(k) is not None:
+        return "its epilogue needs whole heads or the row's statistic (rotary, row scale)"
+    if host.schedule.grid[1:] != (1, 1):
+        return f"the attention's grid {list(host.schedule.grid)} is not one-dimensional"
+    c = gemm.dims(k)[0]
+    source = {v.out: v.source for v in plan.views}
+
+    def root(buffer: str) -> str:   # the tensor whose bytes a view reads
+        while buffer in source:
+            buffer = source[buffer]
+        return buffer
+    written = set(host.stores) | {ip.output for ip in host.inplace}
+    if root(c.a.buffer) not in host.stores:
+        return f"its activation {c.a.buffer!r} is not the attention's output"
+    early = {root(ld.buffer) for op in k.ops for ld in loads(op.body)} - {root(c.a.buffer)} - k.outs
+    if early & written:
+        return f"it reads {sorted(early & written)} that the attention writes, besides its activation"
+    return None
+
+
+def role_params(k: Kernel, host: Kernel, bn: int, types) -> tuple[dict | None, str]:
+    """(the role's schedule at `bn` columns a block, "") or (None, why not)."""
+    warps = host.schedule.block[0] // 32
+    c, _, n, kk, _ = gemm.dims(k)
+    if host.schedule.block[1:] != (1, 1) or warps * 32 != host.schedule.block[0] or bn % warps or n % bn:
+        return None, f"{bn} columns are not whole columns for each of {warps} warps"
+    staged = bn * kk * ITEMSIZE[types[c.b.buffer].dtype]
+    if staged > host.schedule.smem_bytes:
+        return None, f"{staged} B of weight a block is more than the launch's {host.schedule.smem_bytes} B of shared memory"
+    role = {key: v for key, v in k.schedule.param.items() if key not in ("MB", "PF", "PRE", "LANDED", "HOT")}
+    role.update(BN=bn, WARPS=warps, KS=1, U=4, JOIN=host.schedule.grid[0])
+    return role, ""
+
+
+def one_wave(host: Kernel, role: Kernel, regs: int, hw: Profile) -> str | None:
+    """Why the launch's blocks would not all be resident at once; None where they would. A GPC's slots short of a
+    whole cluster are lost to clusters (profile `gpcs`, 8 where it does not say)."""
+    hp = host.schedule.param
+    smem = (host.schedule.smem_bytes + FAMILIES[host.family].static_smem(host, hp)
+            + FAMILIES[role.family].static_smem(role, role.schedule.param))
+    bps, limit = blocks_per_sm(host.schedule.block[0], smem, regs, hw)
+    _, _, total = join.launch_blocks(host, role)
+    lost = int(hw.data.get("gpcs", 8)) * (join.cluster_size(host) - 1)
+    if total > bps * hw.sm_count - lost:
+        return (f"{total} blocks over {hw.sm_count} SMs of {bps} ({limit}: {smem} B of shared memory, {regs} "
+                f"registers){f', {lost} slots short of a cluster' if lost else ''} is more than one wave")
+    return None
+
+
+def landed_bytes(host: Kernel, role: Kernel, types, hw: Profile) -> int:
+    """The role's weight bytes that the attention's predicted run (less its launch) moves at the stream's rate."""
+    weight = types[gemm.dims(role)[0].b.buffer].nbytes
+    run = host.schedule.time_us - hw.launch_overhead_us
+    return int(min(weight, max(0.0, run) * cost_gemv.constants(hw.data)["gemv_stream_gbs"] * 1e3))
+
+
+def as_role(k: Kernel, host: Kernel, p: dict, regs: int | None, plan: Plan, hw: Profile) -> Kernel:
+    """`k` scheduled as the role `p`, its launch and prediction re-costed."""
+    from aicfc.passes.plan_schedules import recost
+    from aicfc.planner.cost import estimate_registers
+    _, _, n, _, _ = gemm.dims(k)
+    grid, block = (math.ceil(n / p["BN"]), 1, 1), host.schedule.block
+    s = dataclasses.replace(k.schedule, params=tuple(sorted(p.items())), grid=grid, block=block, smem_bytes=0)
+    role = k.replace(schedule=s)
+    types = plan.types()
+    p = p | {"LANDED": landed_bytes(host, role, types, hw)}
+    est = recost(k, p, grid, block, 0, int(regs or estimate_registers(k, p)), types, hw)
+    if regs:
+        est.terms["registers_ptxas"] = regs
+    return k.replace(schedule=dataclasses.replace(s, params=tuple(sorted(p.items())), predicted=est.as_items()))
+
+
+def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None,
+                  check: RegisterCheck | None = None) -> Plan:
+    value = switch(pin, PIN, "apart", "wherever legal")
+    if hw is None or not plan.target.startswith("sm_9"):
+        return plan
+    kernels, records = list(plan.kernels), []
+    for i, k in enumerate(plan.kernels):
+        why = why_not(plan, i)
+        if why is not None:
+            if why not in ("not a gemv", "the kernel before it is not a split attention"):
+                records.append(Rewrite(RULE, k.name, False, why))
+            continue
+        host, tried, best = plan.kernels[i - 1], [], None
+        for bn in ROLE_BN:
+            p, why = role_params(k, host, bn, plan.types())
+            if p is None:
+                tried.append(f"BN {bn}: {why}")
+                continue
+            if check is None:
+                tried.append(f"BN {bn}: the register check is off: nothing would tell a spill")
+                continue
+            # the role's registers as a kernel of its own with the same loads (its weights into shared memory instead
+            # of a register step are fewer); the launch's own, which the wave needs, at least the attention's
+            probe = {key: v for key, v in p.items() if key != "JOIN"} | {"PRE": 1}
+            ((regs, spill),), = check(plan, [(k, [probe])])
+            host_regs = int(dict(host.schedule.predicted).get("registers_ptxas") or 0)
+            role = as_role(k, host, p, regs, plan, hw)
+            wave = one_wave(host, role, max(regs, host_regs), hw)
+            if spill:
+                tried.append(f"BN {bn}: spills {spill} B at {regs} registers")
+            elif wave:
+                tried.append(f"BN {bn}: {wave}")
+            else:
+                tried.append(f"BN {bn}: {role.schedule.time_us:.2f} us at {regs} registers")
+                if best is None or role.schedule.time_us < best.schedule.time_us:
+                    best = role
+        apart = f"{k.name} apart predicted {k.schedule.time_us:.2f} us"
+        if best is None:
+            records.append(Rewrite(RULE, k.name, False, f"no role fits ({'; '.join(tried)}); {apart}"))
+            continue
+        figures = (f"{k.name} as {best.schedule.grid[0]} blocks of {host.name}'s launch (BN "
+                   f"{best.schedule.param['BN']}) predicted {best.schedule.time_us:.2f} us after {host.name}'s output, "
+                   f"{apart} ({'; '.join(tried)})")
+        if value != "1":
+            how = "--pin joino=0" if value == "0" else "not yet measured on a GPU: runs only under --pin joino=1"
+            records.append(Rewrite(RULE, k.name, False, f"kept apart ({how}): {figures}"))
+            continue
+        kernels[i] = best
+        records.append(Rewrite(RULE, k.name, True, f"{figures}; --pin joino=1"))
+    return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
