@@ -1,0 +1,165 @@
+"""The O projection after a decode step's split attention as more blocks of the attention's launch
+(passes/join_launches.py, [Note: the O projection joined to the attention]; codegen/join.py, [Note: a gemv joined to
+the launch before it]): only under --pin joino=1 until measured; the plan's records, the bundle's launch and joined
+records, the module's code, explain and profile; on the GPU the joined step matches onnxruntime and the step apart,
+bit for bit, replay after replay."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+import re
+
+import numpy as np
+import pytest
+
+import aicfc
+from aicfc.codegen import gemm, join
+from aicfc.errors import AicfError
+from aicfc.passes.join_launches import PIN, RULE, join_launches
+from aicfc.planner.hardware import load_profile
+from benchmarks.light_models import onnxruntime_reference
+from tests.conftest import run_payload, run_replayed
+from tests.test_l2_fill import WIDE, wide
+from tests.test_row_scale import check_decode_step, decode_inputs, decode_shapes
+
+HW = load_profile("sm_90")
+
+
+@functools.cache
+def _plan(pin: str | None = None):
+    """The wide decoder's decode plan as `aicfc compile` plans it (the leading candidates' registers from ptxas)."""
+    from aicfc.driver import count_registers
+    from aicfc.frontend.onnx_import import import_model
+    from aicfc.passes.pipeline import Options, run_pipeline
+    opts = Options("sm_90", HW, "fp16", ((PIN, pin),) if pin is not None else (),
+                   check=functools.partial(count_registers, jobs=2))
+    return run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
+
+
+@functools.cache
+def _payload(pin: str | None = "1"):
+    return aicfc.compile(wide(), target="sm_90", precision="fp16", shapes=decode_shapes(1),
+                         pin={PIN: pin} if pin is not None else None)
+
+
+def _records(plan):
+    return {r.target: r for r in plan.rewrites if r.rule == RULE}
+
+
+def test_the_o_projection_joins_the_attentions_launch_only_when_pinned():
+    apart, joined = _plan(), _plan("1")
+    (name, record), = _records(apart).items()
+    assert not record.applied and "not yet measured on a GPU: runs only under --pin joino=1" in record.reason
+    assert not any(join.joined(k) for k in apart.kernels)
+    i = next(i for i, k in enumerate(joined.kernels) if join.joined(k))
+    host, role, before = joined.kernels[i - 1], joined.kernels[i], apart.kernels[i]
+    assert role.name == before.name == name and _records(joined)[name].applied
+    assert host.schedule.param["unit"] == "split"
+    p = role.schedule.param
+    _, _, n, kk, _ = gemm.dims(role)
+    # one launch, one block size; the role's columns whole warps' and its weight slice in the launch's shared memory
+    assert role.schedule.block == host.schedule.block and p["WARPS"] * 32 == host.schedule.block[0]
+    assert p["JOIN"] == host.schedule.grid[0] and role.schedule.grid == (n // p["BN"], 1, 1)
+    assert p["BN"] * kk * 2 <= host.schedule.smem_bytes and p["KS"] == 1 and "MB" not in p and "PF" not in p
+    # its weight lands while the attention runs, and it has no launch of its own: a publication instead
+    terms = dict(role.schedule.predicted)
+    assert terms["launch_us"] == 0.0 and terms["t_join_us"] > 0 and p["LANDED"] > 0
+    assert role.schedule.time_us < before.schedule.time_us
+    assert f"{p['BN']}) predicted {role.schedule.time_us:.2f} us" in _records(joined)[name].reason
+    # everything else is the plan apart
+    assert [k for k in joined.kernels if k is not role] == [k for k in apart.kernels if k.name != name]
+
+
+def test_the_pin_says_apart_and_a_bad_value_is_one_line():
+    record, = _records(_plan("0")).values()
+    assert not record.applied and "(--pin joino=0)" in record.reason
+    with pytest.raises(AicfError, match=f"{PIN}=2"):
+        join_launches(_plan(), HW, {PIN: "2"})
+
+
+def test_no_register_check_and_too_little_shared_memory_decline():
+    plan = _plan()
+    n = len(plan.rewrites)
+    out = join_launches(plan, HW, {PIN: "1"}, None)
+    record, = (r for r in out.rewrites[n:] if r.rule == RULE)
+    assert not record.applied and "the register check is off" in record.reason and out.kernels == plan.kernels
+    # an attention whose shared memory holds no role block's weight slice
+    i = next(i for i, k in enumerate(plan.kernels) if k.family == "attention")
+    small = plan.kernels[i].replace(schedule=dataclasses.replace(plan.kernels[i].schedule, smem_bytes=4096))
+    starved = plan.replace(kernels=plan.kernels[:i] + (small,) + plan.kernels[i + 1:])
+    from aicfc.driver import count_registers
+    out = join_launches(starved, HW, {PIN: "1"}, functools.partial(count_registers, jobs=2))
+    record, = (r for r in out.rewrites[n:] if r.rule == RULE)
+    assert not record.applied and "more than the launch's 4096 B of shared memory" in record.reason
+
+
+def test_the_bundle_launches_both_as_one_and_keeps_the_joined_record():
+    from aicf_run.bundle import Bundle
+    apart, joined = _payload(None), _payload("1")
+    assert len(joined["kernels"]) == len(apart["kernels"]) - 1
+    host = next(k for k in joined["kernels"] if k.get("joined"))
+    (role,) = host["joined"]
+    alone = {k["name"]: k for k in apart["kernels"]}
+    cluster = host["params"]["SPLITS"] if host["params"].get("CL") else 1
+    a, b = alone[host["name"]]["grid"][0], role["grid"][0]
+    assert host["grid"] == [math.ceil((a + b) / cluster) * cluster, 1, 1] and host["grid"][0] - a - b < cluster
+    assert host["args"] == alone[host["name"]]["args"] + role["args"] and role["into"] == host["name"]
+    assert role["symbol"] == host["symbol"] and "timeline" not in role
+    Bundle.from_payload(joined)   # the runtime's schema takes it
+    bad = copy.deepcopy(joined)
+    next(k for k in bad["kernels"] if k.get("joined"))["joined"][0]["into"] = "k0"
+    with pytest.raises(Exception, match=r"joined\[0\]\.into"):
+        Bundle.from_payload(bad)
+
+
+def test_the_module_dispatches_the_roles_and_builds_without_spills():
+    from aicfc.codegen.nvcc import build
+    payload = _payload("1")
+    host = next(k for k in payload["kernels"] if k.get("joined"))
+    source = payload["modules"][host["module"]]["source"]
+    head = re.search(r'extern "C" __global__ void (.*?)\b' + host["name"] + r"\(", source).group(1)
+    a, b = host["joined"][0]["params"]["JOIN"], host["joined"][0]["grid"][0]
+    assert f"__launch_bounds__({host['block'][0]}, {math.ceil(host['grid'][0] / HW.sm_count)})" in head
+    tag = re.search(r"aicf_join_(\w{12})_count\[2\]", source).group(1)
+    for text in (f"if (blockIdx.x < {a}u)", f"else if (blockIdx.x < {a + b}u)",
+                 f"atomicAdd(&aicf_join_{tag}_count[0], 1u)", "griddepcontrol.wait", "ld.acquire.gpu.global.u32",
+                 "cp.async.cg.shared.global", "__ldcg(", "atomicAdd(joined + 1, 1u)"):
+        assert text in source, text
+    built = build(source, payload["target"]["arch"])
+    assert built.spills.get(host["symbol"], 0) == 0 and built.registers[host["symbol"]] == host["registers"]
+
+
+def test_explain_and_profile_count_the_joined_kernel():
+    from aicf_run.profile import _kernel
+    from aicfc.explain import explain_json, explain_text
+    payload = _payload("1")
+    text = explain_text(payload)
+    host = next(k for k in payload["kernels"] if k.get("joined"))
+    role = host["joined"][0]
+    assert f"its blocks run in {host['name']}'s launch" in text
+    assert f"{len(payload['kernels']) + 1} kernel(s) in {len(payload['kernels'])} launches" in text
+    e = explain_json(payload)
+    assert [k["name"] for k in e["kernels"]].index(role["name"]) == [k["name"] for k in e["kernels"]].index(host["name"]) + 1
+    profiled = _kernel(0, host, 10.0, 10.0, payload["target"]["profile"])
+    assert profiled.name == f"{host['name']}+{role['name']}"
+    assert profiled.predicted_us == pytest.approx(host["predicted"]["time_us"] + role["predicted"]["time_us"])
+
+
+@pytest.mark.gpu
+def test_gpu_joined_decode_step_matches_onnxruntime_and_the_step_apart(gpu_device):
+    """The role adds each column in the O gemv's order: the joined step's outputs are the step apart's, bit for bit;
+    200 graph replays back to back (the counter zeroed by each launch's last role block) change nothing."""
+    model = wide(1)
+    inputs = decode_inputs(1, seed=37, cfg=WIDE)
+    ref = onnxruntime_reference(model, inputs)
+    joined = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(1), pin={PIN: "1"})
+    assert any(k.get("joined") for k in joined["kernels"])
+    apart = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(1))
+    first, last = run_replayed(joined, inputs, gpu_device)
+    check_decode_step(first, ref, "fp16", WIDE)
+    plain = run_payload(apart, inputs, gpu_device)
+    for name, value in plain.items():
+        assert np.array_equal(first[name], value, equal_nan=False), name
+        assert np.array_equal(last[name], value, equal_nan=False), name
