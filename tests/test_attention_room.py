@@ -4,7 +4,6 @@ without the rule matches onnxruntime."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import pytest
@@ -15,21 +14,14 @@ from aicfc.passes.attention_room import MIN_REGS, RULE, room
 from aicfc.planner.hardware import load_profile
 from benchmarks.light_models import onnxruntime_reference
 from tests.conftest import run_payload
-from tests.test_l2_fill import WIDE, wide
+from tests.test_l2_fill import WIDE, wide, wide_decode_plan
 from tests.test_row_scale import check_decode_step, decode_inputs, decode_shapes
 
 HW = load_profile("sm_90")
 
 
-@functools.cache
 def _plan(room_pin: str | None = None):
-    """The wide decoder's decode plan as `aicfc compile` plans it (the leading candidates' registers from ptxas)."""
-    from aicfc.driver import count_registers
-    from aicfc.frontend.onnx_import import import_model
-    from aicfc.passes.pipeline import Options, run_pipeline
-    pin = (("room", room_pin),) if room_pin is not None else ()
-    opts = Options("sm_90", HW, "fp16", pin, check=functools.partial(count_registers, jobs=2))
-    return run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
+    return wide_decode_plan((("room", room_pin),) if room_pin is not None else ())
 
 
 def _warp_regs(regs: int) -> int:

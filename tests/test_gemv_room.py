@@ -3,7 +3,6 @@ an SM room for a block of the gemv after it (passes/gemv_room.py, [Note: room fo
 GPU the decode step with and without the rule matches onnxruntime."""
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
@@ -12,21 +11,13 @@ from aicfc.errors import AicfError
 from aicfc.passes.gemv_room import PIN, RULE, gemv_room, leaves_room
 from aicfc.planner.hardware import load_profile
 from tests.test_attention_room import check_decode_rule
-from tests.test_l2_fill import WIDE, wide
-from tests.test_row_scale import decode_shapes
+from tests.test_l2_fill import WIDE, wide_decode_plan
 
 HW = load_profile("sm_90")
 
 
-@functools.cache
 def _plan(pin: str | None = None, schedule_pin: tuple = ()):
-    """The wide decoder's decode plan as `aicfc compile` plans it (the leading candidates' registers from ptxas)."""
-    from aicfc.driver import count_registers
-    from aicfc.frontend.onnx_import import import_model
-    from aicfc.passes.pipeline import Options, run_pipeline
-    opts = Options("sm_90", HW, "fp16", (((PIN, pin),) if pin is not None else ()) + schedule_pin,
-                   check=functools.partial(count_registers, jobs=2))
-    return run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
+    return wide_decode_plan((((PIN, pin),) if pin is not None else ()) + schedule_pin)
 
 
 def _after_attention(kernels):

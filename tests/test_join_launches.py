@@ -21,21 +21,14 @@ from aicfc.passes.join_launches import PIN, RULE, join_launches
 from aicfc.planner.hardware import load_profile
 from benchmarks.light_models import onnxruntime_reference
 from tests.conftest import run_payload, run_replayed
-from tests.test_l2_fill import WIDE, wide
+from tests.test_l2_fill import WIDE, wide, wide_decode_plan
 from tests.test_row_scale import check_decode_step, decode_inputs, decode_shapes
 
 HW = load_profile("sm_90")
 
 
-@functools.cache
 def _plan(pin: str | None = None):
-    """The wide decoder's decode plan as `aicfc compile` plans it (the leading candidates' registers from ptxas)."""
-    from aicfc.driver import count_registers
-    from aicfc.frontend.onnx_import import import_model
-    from aicfc.passes.pipeline import Options, run_pipeline
-    opts = Options("sm_90", HW, "fp16", ((PIN, pin),) if pin is not None else (),
-                   check=functools.partial(count_registers, jobs=2))
-    return run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
+    return wide_decode_plan(((PIN, pin),) if pin is not None else ())
 
 
 @functools.cache

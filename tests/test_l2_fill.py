@@ -31,6 +31,18 @@ def wide(batch: int = 1):
     return decoder(batch, WIDE)
 
 
+@functools.cache
+def wide_decode_plan(pins: tuple[tuple[str, str], ...] = ()):
+    """The wide decoder's decode plan as `aicfc compile` plans it under `--pin` `pins` (the leading candidates'
+    registers from ptxas), for the tests of the decode step's late passes."""
+    from aicfc.driver import count_registers
+    from aicfc.frontend.onnx_import import import_model
+    from aicfc.passes.pipeline import Options, run_pipeline
+    from aicfc.planner.hardware import load_profile
+    opts = Options("sm_90", load_profile("sm_90"), "fp16", pins, check=functools.partial(count_registers, jobs=2))
+    return run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
+
+
 def _records(plan):
     return [r for r in plan.rewrites if r.rule == RULE]
 

@@ -3,7 +3,6 @@ moves before its dependent-launch wait (passes/tail_steps.py, [Note: steps into 
 step with the rule and without it matches onnxruntime."""
 from __future__ import annotations
 
-import functools
 
 import pytest
 
@@ -11,21 +10,14 @@ from aicfc.errors import AicfError
 from aicfc.passes.tail_steps import PIN, RULE, steps, tail_steps, tail_us
 from aicfc.planner.hardware import load_profile
 from tests.test_attention_room import check_decode_rule
-from tests.test_l2_fill import WIDE, wide
+from tests.test_l2_fill import WIDE, wide, wide_decode_plan
 from tests.test_row_scale import decode_shapes
 
 HW = load_profile("sm_90")
 
 
-@functools.cache
 def _plan(pin: str | None = None):
-    """The wide decoder's decode plan as `aicfc compile` plans it (the leading candidates' registers from ptxas)."""
-    from aicfc.driver import count_registers
-    from aicfc.frontend.onnx_import import import_model
-    from aicfc.passes.pipeline import Options, run_pipeline
-    opts = Options("sm_90", HW, "fp16", ((PIN, pin),) if pin is not None else (),
-                   check=functools.partial(count_registers, jobs=2))
-    return run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
+    return wide_decode_plan(((PIN, pin),) if pin is not None else ())
 
 
 def _gemv_pairs(kernels):
@@ -70,13 +62,9 @@ def test_pin_turns_the_rule_off_and_a_bad_value_is_one_line():
 
 def test_a_schedule_the_user_pinned_is_left_alone():
     """`--pin NODE:U=2` on the down projection: its schedule is the user's, so the rule declines there."""
-    from aicfc.driver import count_registers
-    from aicfc.frontend.onnx_import import import_model
-    from aicfc.passes.pipeline import Options, run_pipeline
     (_, down), = [(b, k) for b, k in _gemv_pairs(_plan().kernels) if tail_us(b) > 0][:1]
     node = next(n for n in down.origins if n.startswith("node_matmul"))
-    opts = Options("sm_90", HW, "fp16", ((f"{node}:U", "2"),), check=functools.partial(count_registers, jobs=2))
-    plan = run_pipeline(import_model(wide(), decode_shapes(1)), opts).plan
+    plan = wide_decode_plan(((f"{node}:U", "2"),))
     pinned = next(k for k in plan.kernels if node in k.origins)
     assert pinned.schedule.param["PRE"] == 1
     (record,) = [r for r in plan.rewrites if r.rule == RULE and r.target == pinned.name]
