@@ -26,12 +26,14 @@ case "$1" in
     done
     ;;
   ab)
+    # joined_late: the role's blocks let the gate/up launch only as they leave (the O's early trigger off)
     timeout 150 python3 benchmarks/decode_ab.py --layers 4 --compile-only --folder /tmp/ab --jobs 16 \
-        --variant base: --variant joined:pin.joino=1 2>&1 | grep -i "compiled\|error\|Traceback"
+        --variant base: --variant joined:pin.joino=1 --variant joined_late:pin.joino=1,pin.trigger=0 2>&1 \
+        | grep -i "compiled\|error\|Traceback"
     timeout 60 python3 benchmarks/prototypes/fuse_attention_o.py /tmp/ab/base.aicf /tmp/ab/f128.aicf --blocks 128
-    timeout 330 python3 benchmarks/decode_ab.py --layers 4 --rounds 9 --folder /tmp/ab --jobs 16 \
-        --bundle base=/tmp/ab/base.aicf --bundle joined=/tmp/ab/joined.aicf --bundle f128=/tmp/ab/f128.aicf 2>&1 \
-        | grep -v "decode gemvs" | tee "$OUT/join_ab.txt" | tail -8
+    timeout 400 python3 benchmarks/decode_ab.py --layers 4 --rounds 7 --folder /tmp/ab --jobs 16 \
+        --bundle base=/tmp/ab/base.aicf --bundle joined=/tmp/ab/joined.aicf --bundle joined_late=/tmp/ab/joined_late.aicf \
+        --bundle f128=/tmp/ab/f128.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/join_ab.txt" | tail -10
     ;;
   timeline)
     timeout 150 python3 benchmarks/decode_ab.py --layers 2 --compile-only --timeline --folder /tmp/tl --jobs 16 \
