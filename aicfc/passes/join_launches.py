@@ -3,29 +3,32 @@ output is its activation runs as more blocks of the attention's launch (rule RUL
 attention's blocks; codegen/join.py renders the launch).
 
 [Note: the O projection joined to the attention]
-In the 1 B Llama's decode step the split attention streams 1.6 MB in about 4 us (a chain of round trips: the
-query, the keys, the merges), and the O projection after it streams its 8 MiB weight in about 1.8 us once its
-go comes, 0.4 us after the attention's done (session 59's 2-layer timeline, benchmarks/results/
-decode_session59_h200.txt). The DRAM is mostly idle while the attention runs. Joined, the O's blocks land with
-the attention's, request their whole weight slice at once (every step in registers of its own, as tail_steps'
-PRE does for a few), request the gate/up's head into L2 as the O did, and wait only for the attention's output:
-its launch boundary and its weight stream leave the chain.
+In the 1 B Llama's decode step the split attention reads 1.3 MB of cache in about 4 us (a chain of round trips:
+the query, the keys, the merges), and the O projection after it streams its 8 MiB weight in about 1.8 us from its
+go, 0.4 us after the attention's done (layer 1 of session 59's 4-layer timeline, benchmarks/results/
+last_norm_timeline_session59_h200.txt). The DRAM is mostly idle while the attention runs. Joined, the O's blocks
+land with the attention's, copy their whole weight slice into the launch's shared memory at once, request the
+gate/up's head into L2 as the O did, and wait only for the attention's output: the O's launch boundary and its
+weight stream leave the chain.
 
-The role's schedule (`space`): the O's columns over fewer, larger blocks, so that the attention's blocks and the
-role's fit on the SMs at once (a role block spinning where an attention block should run would never finish:
-codegen/join.py), at the attention's block size (one launch, one block size) and with every step's registers
-at ptxas's count without a spill. Its prediction (planner/cost_gemv.py) counts the weight bytes the attention's
-predicted time moves at the stream's rate as landed by the output's arrival (LANDED), no launch, and
-gemv_join_us for the publication and the activations' round trip; the attention's own prediction is left as it
-is, though the role's weight requests share the DRAM with its cache reads (not measured).
+The role's schedule (`role_params`, ROLE_BN): the O's columns over fewer, larger blocks, at the attention's block
+size (one launch, one block size), each block's slice within the launch's shared memory (the attention's), and
+every block of the launch resident at once (`one_wave`: a role block spinning where an attention block should run
+would never finish, codegen/join.py), at ptxas's register count without a spill; the fastest predicted of those.
+Its prediction (planner/cost_gemv.py) counts the weight bytes the attention's predicted run moves at the stream's
+rate as landed by the output's arrival (LANDED), no launch, and gemv_join_us for the publication and the
+activations' round trip. The attention's own prediction is left as it is, though the role's weight requests share
+the DRAM with its cache reads, and the launch's registers (the two roles' in one function) may exceed the room
+passes/attention_room.py left it beside the QKV's blocks (the 1 B Llama's: 122 against the attention's 118 alone,
+which still fits): neither is measured.
 
-Not measured yet: no GPU was lent the session that wrote it (62); benchmarks/prototypes/fuse_attention_o.py is
-the same launch made by rewriting a compiled bundle, for the A/B. So it runs only under `--pin joino=1`; the
-record of every site says what the planner predicts either way.
+Not measured yet: no GPU was lent the session that wrote it (62); benchmarks/prototypes/fuse_attention_o.py makes
+the same launch by rewriting a compiled bundle, and benchmarks/join_round.sh times both. So it runs only under
+`--pin joino=1`; the record of every site says what the planner predicts either way.
 
-    kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=4 KM=1 PF=1 PRE=1 TF=1 U=4 WARPS=4]
+    kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=4 KM=1 MB=4 PF=1 PRE=1 TF=1 U=4 WARPS=4]
   becomes (under --pin joino=1)
-    kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=16 JOIN=48 KM=1 LANDED=8388608 PRE=8 ...]
+    kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=16 JOIN=48 KM=1 LANDED=8388608 TF=1 U=4 WARPS=4]
 """
 from __future__ import annotations
 

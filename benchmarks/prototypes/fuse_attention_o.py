@@ -20,7 +20,9 @@ Each (split attention, K-major O gemv) pair of the decode plan becomes one launc
 - a few idle blocks round the grid up to the attention's cluster size.
 
 Status (session 61): built and compiled here (96 registers, no spill, for both block counts), not run: no GPU was
-lent that session. The A/B to run (one call, about 5 minutes), the same tokens expected (the O's adds are in the
+lent that session. Session 62 (no GPU either) put the same launch into the compiler, `aicfc compile --pin joino=1`
+(passes/join_launches.py, codegen/join.py; its role blocks also wait for the launch before, griddepcontrol.wait, before
+their epilogue reads and the counter); `bash benchmarks/join_round.sh ab` times this rewrite beside it. The A/B to run (one call, about 5 minutes), the same tokens expected (the O's adds are in the
 O gemv's order):
 
     python3 benchmarks/decode_ab.py --layers 4 --compile-only --folder /tmp/ab --variant base:
