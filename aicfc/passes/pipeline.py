@@ -168,7 +168,9 @@ assert _ORDER.index("l2_fill") < _ORDER.index("attention_room") < _ORDER.index("
 # work_before_wait reads the early epilogues it must not break, and plan_memory lengthens the lifetimes of what it marks
 assert _ORDER.index("attention_room") < _ORDER.index("work_before_wait") < _ORDER.index("plan_memory")
 # join_launches reads every gemv's final parameters (l2_fill's fill, tail_steps' PRE, early_trigger's TF: it re-costs
-# the role it makes from them) and precedes plan_memory, which keeps the joined launch's buffers apart as two kernels'.
+# the role it makes from them) and precedes plan_memory, which places the joined launch's buffers as for its two
+# kernels in order: the role writes only after every block of the kernel before has published, and what it reads
+# before that (weights, early epilogue operands) lives until the role.
 assert _ORDER.index("early_trigger") < _ORDER.index("join_launches") < _ORDER.index("plan_memory")
 # pool_epilogue merges a convolution whose layout (channels_last) and stem rows (unfold_taps) are decided,
 # before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
