@@ -141,17 +141,18 @@ def test_explain_and_profile_count_the_joined_kernel():
 
 
 @pytest.mark.gpu
-def test_gpu_joined_decode_step_matches_onnxruntime_and_the_step_apart(gpu_device):
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_gpu_joined_decode_step_matches_onnxruntime_and_the_step_apart(precision, gpu_device):
     """The role adds each column in the O gemv's order: the joined step's outputs are the step apart's, bit for bit;
     200 graph replays back to back (the counter zeroed by each launch's last role block) change nothing."""
     model = wide(1)
     inputs = decode_inputs(1, seed=37, cfg=WIDE)
     ref = onnxruntime_reference(model, inputs)
-    joined = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(1), pin={PIN: "1"})
+    joined = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(1), pin={PIN: "1"})
     assert any(k.get("joined") for k in joined["kernels"])
-    apart = aicfc.compile(model, target=gpu_device.arch, precision="fp16", shapes=decode_shapes(1))
+    apart = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(1))
     first, last = run_replayed(joined, inputs, gpu_device)
-    check_decode_step(first, ref, "fp16", WIDE)
+    check_decode_step(first, ref, precision, WIDE)
     plain = run_payload(apart, inputs, gpu_device)
     for name, value in plain.items():
         assert np.array_equal(first[name], value, equal_nan=False), name
