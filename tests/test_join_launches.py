@@ -88,6 +88,27 @@ def test_no_register_check_and_too_little_shared_memory_decline():
     assert not record.applied and "more than the launch's 4096 B of shared memory" in record.reason
 
 
+def test_the_launch_keeps_the_room_the_gemv_before_left():
+    """The launch's bounds hold its registers to what one of its blocks may take beside the blocks of the gemv
+    before the attention on that gemv's busiest SM ([Note: room for the attention]), and ask for one wave at least."""
+    from aicfc.passes.attention_room import checked_registers, warp_registers
+    from aicfc.passes.join_launches import launch_min_blocks, room_registers
+    plan = _plan("1")
+    i = next(i for i, k in enumerate(plan.kernels) if join.joined(k))
+    host, role, before = plan.kernels[i - 1], plan.kernels[i], plan.kernels[i - 2]
+    cap = room_registers(plan, i - 1, HW)
+    busiest = math.ceil(math.prod(before.schedule.grid) / HW.sm_count)
+    used = busiest * math.prod(before.schedule.block) // 32 * warp_registers(checked_registers(before))
+    assert cap is not None and checked_registers(host) <= cap
+    assert used + host.schedule.block[0] // 32 * warp_registers(cap) <= HW.registers_per_sm
+    assert used + host.schedule.block[0] // 32 * warp_registers(cap + 8) > HW.registers_per_sm
+    jmb, why = launch_min_blocks(plan, i - 1, role, HW)
+    wave = math.ceil(join.launch_blocks(host, role)[2] / HW.sm_count)
+    ceiling = HW.registers_per_sm // (jmb * host.schedule.block[0])   # what the bounds leave a thread
+    assert role.schedule.param["JMB"] == jmb >= wave and (ceiling <= cap or jmb == wave)
+    assert f"the launch's bounds: {why}" in _records(plan)[role.name].reason
+
+
 def test_the_bundle_launches_both_as_one_and_keeps_the_joined_record():
     from aicf_run.bundle import Bundle
     apart, joined = _payload(None), _payload("1")
@@ -114,7 +135,8 @@ def test_the_module_dispatches_the_roles_and_builds_without_spills():
     source = payload["modules"][host["module"]]["source"]
     head = re.search(r'extern "C" __global__ void (.*?)\b' + host["name"] + r"\(", source).group(1)
     a, b = host["joined"][0]["params"]["JOIN"], host["joined"][0]["grid"][0]
-    assert f"__launch_bounds__({host['block'][0]}, {math.ceil(host['grid'][0] / HW.sm_count)})" in head
+    minb = host["joined"][0]["params"]["JMB"]
+    assert f"__launch_bounds__({host['block'][0]}, {minb})" in head and minb >= math.ceil(host["grid"][0] / HW.sm_count)
     tag = re.search(r"aicf_join_(\w{12})_count\[2\]", source).group(1)
     for text in (f"if (blockIdx.x < {a}u)", f"else if (blockIdx.x < {a + b}u)",
                  f"atomicAdd(&aicf_join_{tag}_count[0], 1u)", "griddepcontrol.wait", "ld.acquire.gpu.global.u32",

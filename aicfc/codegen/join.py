@@ -77,8 +77,9 @@ def combine(host: Kernel, host_body: str, role: Kernel, role_body: str, trigger_
     """The module text of `host`'s launch with `role` joined: both bodies as device functions, their counter,
     and the kernel `host.name` dispatching on the block index. `host_body`: the host's kernel as rendered (and
     instrumented); `role_body`: the role rendered under JOIN with the name PLACEHOLDER; `trigger_first`: the role's
-    blocks let the next kernel launch at their entry (its TF). The kernel's launch bounds ask for the blocks an SM
-    must hold for the launch to be one wave on `sm_count` SMs, so that ptxas keeps the registers to it."""
+    blocks let the next kernel launch at their entry (its TF). The kernel's launch bounds ask for the role's JMB
+    blocks an SM (passes/join_launches.launch_min_blocks: one wave, and the room the gemv before left), else for
+    the blocks an SM must hold for one wave on `sm_count` SMs, so that ptxas keeps the registers to it."""
     m = _HEADER.search(host_body)
     if m is None or m.group(2) != host.name:
         raise AicfError(f"internal: {host.name} has no kernel header to join {role.name} to")
@@ -93,8 +94,8 @@ def combine(host: Kernel, host_body: str, role: Kernel, role_body: str, trigger_
     role_text = re.sub(rf"\b{PLACEHOLDER}\b", second, role_body)
     hp, rp = _params(m.group(3)), _params(r.group(2))
     params = ", ".join([f"{d} a_{n}" for d, n in hp] + [f"{d} b_{n}" for d, n in rp])
-    bounds = re.sub(r"__launch_bounds__\((\d+)(?:, *\d+)?\)", lambda b: f"__launch_bounds__({b.group(1)}, {-(-total // sm_count)})",
-                    m.group(1))
+    minb = role.schedule.param.get("JMB", -(-total // sm_count))
+    bounds = re.sub(r"__launch_bounds__\((\d+)(?:, *\d+)?\)", lambda b: f"__launch_bounds__({b.group(1)}, {minb})", m.group(1))
     if "__launch_bounds__" not in bounds:
         raise AicfError(f"internal: {host.name}'s kernel has no launch bounds to join {role.name} under")
     trigger = "    aicf_pdl_trigger();   // [Note: the trigger before the wait], as its own launch had it\n" if trigger_first else ""

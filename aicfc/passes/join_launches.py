@@ -112,6 +112,38 @@ def one_wave(host: Kernel, role: Kernel, regs: int, hw: Profile) -> str | None:
     return None
 
 
+def room_registers(plan: Plan, i: int, hw: Profile) -> int | None:
+    """The registers a thread the launch of attention `plan.kernels[i]` may take for one of its blocks to land beside
+    the blocks of the gemv before it on that gemv's busiest SM ([Note: room for the attention] in
+    passes/attention_room.py), where that room holds the attention alone; None where there is no such gemv or room."""
+    from aicfc.passes.attention_room import block_threads, checked_registers, warp_registers
+    host = plan.kernels[i]
+    before = plan.kernels[i - 1] if i else None
+    if before is None or gemm_gemv.params(before) is None or not (regs := checked_registers(before)):
+        return None
+    busiest = math.ceil(math.prod(before.schedule.grid) / hw.sm_count)
+    free = hw.registers_per_sm - busiest * math.ceil(block_threads(before) / 32) * warp_registers(regs)
+    cap = min(255, free // (math.ceil(block_threads(host) / 32) * 256) * 8)
+    own = checked_registers(host)
+    return cap if own and own <= cap else None
+
+
+def launch_min_blocks(plan: Plan, i: int, role: Kernel, hw: Profile) -> tuple[int, str]:
+    """(the blocks an SM the joined launch's bounds ask for, why): enough for one wave, and where the attention's
+    blocks had room beside the gemv before it, few enough registers to keep that room."""
+    host = plan.kernels[i]
+    _, _, total = join.launch_blocks(host, role)
+    wave = math.ceil(total / hw.sm_count)
+    cap = room_registers(plan, i, hw)
+    if cap is None:
+        return wave, f"{wave} blocks an SM for one wave"
+    kept = math.ceil(hw.registers_per_sm / (cap * host.schedule.block[0]))
+    if kept <= wave:
+        return wave, f"{wave} blocks an SM for one wave"
+    return kept, (f"{kept} blocks an SM: at most {hw.registers_per_sm // (kept * host.schedule.block[0])} registers a "
+                  f"thread, the room {plan.kernels[i - 1].name}'s blocks leave {host.name}'s")
+
+
 def landed_bytes(host: Kernel, role: Kernel, types, hw: Profile) -> int:
     """The role's weight bytes that the attention's predicted run (less its launch) moves at the stream's rate."""
     weight = types[gemm.dims(role)[0].b.buffer].nbytes
@@ -182,6 +214,8 @@ def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None
             how = "--pin joino=0" if value == "0" else "not yet measured on a GPU: runs only under --pin joino=1"
             records.append(Rewrite(RULE, k.name, False, f"kept apart ({how}): {figures}"))
             continue
-        kernels[i] = best
-        records.append(Rewrite(RULE, k.name, True, f"{figures}; --pin joino=1"))
+        jmb, bounds = launch_min_blocks(plan, i - 1, best, hw)
+        kernels[i] = best.replace(schedule=dataclasses.replace(
+            best.schedule, params=tuple(sorted((dict(best.schedule.params) | {"JMB": jmb}).items()))))
+        records.append(Rewrite(RULE, k.name, True, f"{figures}; the launch's bounds: {bounds}; --pin joino=1"))
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
