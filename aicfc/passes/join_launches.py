@@ -18,9 +18,10 @@ would never finish, codegen/join.py), at ptxas's register count without a spill;
 Its prediction (planner/cost_gemv.py) counts the weight bytes the attention's predicted run moves at the stream's
 rate as landed by the output's arrival (LANDED), no launch, and gemv_join_us for the publication and the
 activations' round trip. The attention's own prediction is left as it is, though the role's weight requests share
-the DRAM with its cache reads, and the launch's registers (the two roles' in one function) may exceed the room
-passes/attention_room.py left it beside the QKV's blocks (the 1 B Llama's: 122 against the attention's 118 alone,
-which still fits): neither is measured.
+the DRAM with its cache reads (not measured). The two roles are one function, whose registers are the larger
+role's or more (the 1 B Llama's: 122 against the attention's 118 alone): the launch's bounds (JMB,
+`launch_min_blocks`) ask for one wave and, where passes/attention_room.py left the attention's blocks room beside
+the blocks of the gemv before it, for few enough registers to keep that room (128 there).
 
 Not measured yet: no GPU was lent the session that wrote it (62); benchmarks/prototypes/fuse_attention_o.py makes
 the same launch by rewriting a compiled bundle, and benchmarks/join_round.sh times both. So it runs only under
