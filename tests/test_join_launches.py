@@ -65,6 +65,24 @@ def test_the_o_projection_joins_the_attentions_launch_only_when_pinned():
     assert [k for k in joined.kernels if k is not role] == [k for k in apart.kernels if k.name != name]
 
 
+def test_once_measured_the_rule_joins_where_it_predicts_the_launch_faster(monkeypatch):
+    """MEASURED names the A/B that lets the planner decide unpinned: then it joins by its prediction."""
+    from aicfc.driver import count_registers
+    from aicfc.passes import join_launches as rule
+    plan = _plan("0")
+    n = len(plan.rewrites)
+    monkeypatch.setattr(rule, "MEASURED", "an A/B's figure")
+    out = join_launches(plan, HW, {}, functools.partial(count_registers, jobs=2))
+    (record,) = (r for r in out.rewrites[n:] if r.rule == RULE)
+    assert record.applied and "(measured: an A/B's figure)" in record.reason
+    assert [k.schedule for k in out.kernels] == [k.schedule for k in _plan("1").kernels]
+    # predicted no faster: apart
+    monkeypatch.setattr(rule.cost_gemv, "CONSTANTS", rule.cost_gemv.CONSTANTS | {"gemv_join_us": 100.0})
+    out = join_launches(plan, HW, {}, functools.partial(count_registers, jobs=2))
+    (record,) = (r for r in out.rewrites[n:] if r.rule == RULE)
+    assert not record.applied and "kept apart (predicted no faster)" in record.reason and out.kernels == plan.kernels
+
+
 def test_the_pin_says_apart_and_a_bad_value_is_one_line():
     record, = _records(_plan("0")).values()
     assert not record.applied and "(--pin joino=0)" in record.reason

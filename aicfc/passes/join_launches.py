@@ -25,7 +25,8 @@ the blocks of the gemv before it, for few enough registers to keep that room (12
 
 Not measured yet: no GPU was lent the session that wrote it (62); benchmarks/prototypes/fuse_attention_o.py makes
 the same launch by rewriting a compiled bundle, and benchmarks/join_round.sh times both. So it runs only under
-`--pin joino=1`; the record of every site says what the planner predicts either way.
+`--pin joino=1` until MEASURED names the A/B that shows it faster, from when the rule joins wherever it predicts the
+launch faster; the record of every site says what the planner predicts either way.
 
     kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=4 KM=1 MB=4 PF=1 PRE=1 TF=1 U=4 WARPS=4]
   becomes (under --pin joino=1)
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 RULE = "a K-major gemv after the split attention it reads => more blocks of the attention's launch"
 PIN = "joino"   # --pin joino=1: join where legal; unpinned or 0: apart (not yet measured)
 ROLE_BN = (8, 16, 32)   # the role's columns a block: few enough blocks to share one wave with the attention's
+# The A/B on a GPU (a results file and its figure) after which the rule joins, unpinned, wherever it predicts the joined
+# launch faster; None until then (benchmarks/join_round.sh ab), and only --pin joino=1 joins.
+MEASURED: str | None = None
 
 
 def why_not(plan: Plan, i: int) -> str | None:
@@ -211,12 +215,16 @@ def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None
         figures = (f"{k.name} as {best.schedule.grid[0]} blocks of {host.name}'s launch (BN "
                    f"{best.schedule.param['BN']}) predicted {best.schedule.time_us:.2f} us after {host.name}'s output, "
                    f"{apart} ({'; '.join(tried)})")
-        if value != "1":
+        if value == "0" or (value is None and MEASURED is None):
             how = "--pin joino=0" if value == "0" else "not yet measured on a GPU: runs only under --pin joino=1"
             records.append(Rewrite(RULE, k.name, False, f"kept apart ({how}): {figures}"))
+            continue
+        if value is None and best.schedule.time_us >= k.schedule.time_us:
+            records.append(Rewrite(RULE, k.name, False, f"kept apart (predicted no faster): {figures}"))
             continue
         jmb, bounds = launch_min_blocks(plan, i - 1, best, hw)
         kernels[i] = best.replace(schedule=dataclasses.replace(
             best.schedule, params=tuple(sorted((dict(best.schedule.params) | {"JMB": jmb}).items()))))
-        records.append(Rewrite(RULE, k.name, True, f"{figures}; the launch's bounds: {bounds}; --pin joino=1"))
+        how = "; --pin joino=1" if value == "1" else f" (measured: {MEASURED})"
+        records.append(Rewrite(RULE, k.name, True, f"{figures}; the launch's bounds: {bounds}{how}"))
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
