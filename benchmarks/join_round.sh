@@ -9,6 +9,8 @@
 #   bash benchmarks/join_round.sh timeline   # the 2-layer plan's timeline, apart and joined
 #   bash benchmarks/join_round.sh generate   # the 20-layer step at B1 joined, against the bandwidth limit and the peer,
 #                                            # and its profile (measured / predicted per kernel, weights cold)
+#   bash benchmarks/join_round.sh profile    # where the join loses: the 20-layer step apart and its profile, weights
+#                                            # cold (session 61's [Note: cold weights], never run on a GPU yet)
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +47,12 @@ case "$1" in
     timeout 560 python3 benchmarks/generate.py --batch 1 --pin joino=1 --profile \
         --json "$OUT/generate_b1_joined.json" 2>&1 | tee "$OUT/generate_b1_joined.txt" | tail -30
     ;;
+  profile)
+    timeout 560 python3 benchmarks/generate.py --batch 1 --no-peer --profile \
+        --json "$OUT/generate_b1_apart.json" 2>&1 | tee "$OUT/generate_b1_apart.txt" | tail -30
+    ;;
   *)
-    echo "usage: bash benchmarks/join_round.sh tests|ab|timeline|generate" >&2
+    echo "usage: bash benchmarks/join_round.sh tests|ab|timeline|generate|profile" >&2
     exit 2
     ;;
 esac
