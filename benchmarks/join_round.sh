@@ -4,8 +4,9 @@
 #   bash benchmarks/join_round.sh tests      # the join's GPU tests (the joined step against onnxruntime and the step
 #                                            # apart, bit for bit, over 200 replays), compute-sanitizer memcheck and
 #                                            # synccheck on them, and the profile's GPU tests ([Note: cold weights])
-#   bash benchmarks/join_round.sh ab         # the 1 B Llama's 4-layer plan: apart, joined (--pin joino=1), and the
-#                                            # prototype's rewrite of the plan apart (benchmarks/prototypes/fuse_attention_o.py)
+#   bash benchmarks/join_round.sh ab         # the 1 B Llama's 4-layer plan: apart, joined (--pin joino=1), joined with
+#                                            # the role's early trigger off, and the prototype's rewrite of the plan apart
+#                                            # with its weight requests gated (benchmarks/prototypes/fuse_attention_o.py)
 #   bash benchmarks/join_round.sh timeline   # the 2-layer plan's timeline, apart and joined
 #   bash benchmarks/join_round.sh generate   # the 20-layer step at B1 joined, against the bandwidth limit and the peer,
 #                                            # and its profile (measured / predicted per kernel, weights cold)
@@ -32,10 +33,12 @@ case "$1" in
     timeout 150 python3 benchmarks/decode_ab.py --layers 4 --compile-only --folder /tmp/ab --jobs 16 \
         --variant base: --variant joined:pin.joino=1 --variant joined_late:pin.joino=1,pin.trigger=0 2>&1 \
         | grep -i "compiled\|error\|Traceback"
-    timeout 60 python3 benchmarks/prototypes/fuse_attention_o.py /tmp/ab/base.aicf /tmp/ab/f128.aicf --blocks 128
+    # gated: the prototype's form whose O blocks request their weights only once every attention block's first tile
+    # has landed (the compiler's joined form is the prototype's --blocks 128 with the role's dependent-launch wait)
+    timeout 60 python3 benchmarks/prototypes/fuse_attention_o.py /tmp/ab/base.aicf /tmp/ab/gated.aicf --blocks 128 --gate
     timeout 400 python3 benchmarks/decode_ab.py --layers 4 --rounds 7 --folder /tmp/ab --jobs 16 \
         --bundle base=/tmp/ab/base.aicf --bundle joined=/tmp/ab/joined.aicf --bundle joined_late=/tmp/ab/joined_late.aicf \
-        --bundle f128=/tmp/ab/f128.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/join_ab.txt" | tail -10
+        --bundle gated=/tmp/ab/gated.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/join_ab.txt" | tail -10
     ;;
   timeline)
     timeout 150 python3 benchmarks/decode_ab.py --layers 2 --compile-only --timeline --folder /tmp/tl --jobs 16 \
