@@ -73,7 +73,13 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _records(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Every kernel record in plan order: each launch, then the kernels joined to it (its `joined` list)."""
-    return [r for kern in payload["kernels"] for r in (kern, *kern.get("joined", []))]
+    return [r for _, r in _paths(payload)]
+
+
+def _paths(payload: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """`_records`, each with its path in the payload (kernels[3], kernels[3].joined[0])."""
+    return [(f"kernels[{i}]" + (f".joined[{j - 1}]" if j else ""), r) for i, kern in enumerate(payload["kernels"])
+            for j, r in enumerate((kern, *kern.get("joined", [])))]
 
 
 def check_explainable(payload: dict[str, Any]) -> None:
@@ -88,8 +94,7 @@ def check_explainable(payload: dict[str, Any]) -> None:
     launch = payload.get("launch", {})
     _want(isinstance(launch, dict) and all(isinstance(launch.get(k, ""), str) for k in ("mode", "reason")),
           "launch", "a map with str mode and reason", launch)
-    for i, kernel in enumerate(_records(payload)):
-        where = f"kernels[{i}]"
+    for where, kernel in _paths(payload):
         stores = kernel.get("stores", [])
         _want(isinstance(stores, list) and all(isinstance(s, str) for s in stores),
               f"{where}.stores", "a list of str", stores)
