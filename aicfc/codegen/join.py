@@ -4,9 +4,10 @@
 Where passes/join_launches.py joins gemv B (its schedule's JOIN = A, the blocks of the kernel before it) to
 kernel H, H's launch runs both: blocks 0 .. A-1 run H's body, then publish (every thread's stores ordered by a
 barrier, one fence, one atomic add on the pair's counter); blocks A .. A+B-1 run B's body as a role
-(templates/gemm_gemv.cu.j2 under JOIN): every weight step requested into registers at once, the L2 fill, then
-the waits (the launch before complete, then the counter at A), then the activations past L1 and the sums and
-epilogue as B's kernel has them; the last of B's blocks puts the counter back to zero. The grid is rounded up to
+(templates/gemm_gemv.cu.j2 under JOIN): its whole weight slice copied into the launch's shared memory by 16-byte
+cp.async at once, the L2 fill, then the waits (the launch before complete, then the counter at A), then the
+activations past L1 and the sums and epilogue as B's kernel has them; the last of B's blocks puts the counter back
+to zero. The grid is rounded up to
 H's cluster size with idle blocks. B's own record (its schedule and prediction) stays in the plan, launched as
 part of H's: the bundle's `joined` list (artifact/payload.py).
 
@@ -19,7 +20,8 @@ whose last role block zeroed it.
 
 All of the launch's blocks must be resident at once: B's blocks spin until every block of H has published, so
 one of H's blocks waiting for an SM that B's blocks hold would never run. passes/join_launches.py asks that the
-grid fit one wave at the launch's shared memory and registers; blocks are dispatched in index order, H's first.
+grid fit one wave at the launch's shared memory and registers (and a later launch cannot take an SM from a block
+not yet dispatched: it starts only once every block of this one has let it, by its trigger or its exit).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import hashlib
 import re
 
 from aicfc.errors import AicfError
-from aicfc.ir.decision import Kernel, Plan
+from aicfc.ir.decision import Kernel
 
 PLACEHOLDER = "aicf_join_role"   # the name B's body is rendered under before its hash is known
 _HEADER = re.compile(r'extern "C" __global__ void ((?:__\w+__\([^)]*\) )*)(\w+)\(([^)]*)\) \{')
@@ -37,11 +39,6 @@ _ROLE = re.compile(r"__device__ __forceinline__ void (\w+)\(([^)]*), const int o
 def joined(k: Kernel) -> bool:
     """Whether gemv `k` runs as blocks of the launch before it."""
     return k.schedule is not None and bool(k.schedule.param.get("JOIN"))
-
-
-def host_of(plan: Plan) -> dict[str, Kernel]:
-    """Each joined kernel's name -> the kernel whose launch runs it (the one before it)."""
-    return {k.name: plan.kernels[i - 1] for i, k in enumerate(plan.kernels) if joined(k)}
 
 
 def cluster_size(host: Kernel) -> int:
