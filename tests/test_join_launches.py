@@ -110,7 +110,7 @@ def test_the_launch_keeps_the_room_the_gemv_before_left():
     """The launch's bounds hold its registers to what one of its blocks may take beside the blocks of the gemv
     before the attention on that gemv's busiest SM ([Note: room for the attention]), and ask for one wave at least."""
     from aicfc.passes.attention_room import checked_registers, warp_registers
-    from aicfc.passes.join_launches import launch_min_blocks, room_registers
+    from aicfc.passes.join_launches import launch_min_blocks, room_registers, wave_blocks
     plan = _plan("1")
     i = next(i for i, k in enumerate(plan.kernels) if join.joined(k))
     host, role, before = plan.kernels[i - 1], plan.kernels[i], plan.kernels[i - 2]
@@ -121,10 +121,32 @@ def test_the_launch_keeps_the_room_the_gemv_before_left():
     assert used + host.schedule.block[0] // 32 * warp_registers(cap) <= HW.registers_per_sm
     assert used + host.schedule.block[0] // 32 * warp_registers(cap + 8) > HW.registers_per_sm
     jmb, why = launch_min_blocks(plan, i - 1, role, HW)
-    wave = math.ceil(join.launch_blocks(host, role)[2] / HW.sm_count)
+    wave, _ = wave_blocks(host, role, HW)
+    assert wave >= math.ceil(join.launch_blocks(host, role)[2] / HW.sm_count)
     ceiling = HW.registers_per_sm // (jmb * host.schedule.block[0])   # what the bounds leave a thread
     assert role.schedule.param["JMB"] == jmb >= wave and (ceiling <= cap or jmb == wave)
     assert f"the launch's bounds: {why}" in _records(plan)[role.name].reason
+
+
+def test_a_launch_that_is_not_one_wave_is_declined():
+    """Every block must be resident at once (a role block spinning on an SM an attention block needs would never
+    finish): with the SMs of a smaller GPU the wide decoder's launch needs more blocks an SM than its shared memory
+    holds, and the rule declines, saying so for every width."""
+    from aicfc.driver import count_registers
+    from aicfc.planner.hardware import Profile
+    from aicfc.passes.join_launches import wave_blocks
+    plan = _plan("1")
+    i = next(i for i, k in enumerate(plan.kernels) if join.joined(k))
+    need, why = wave_blocks(plan.kernels[i - 1], plan.kernels[i], HW)
+    assert need is not None and why == ""
+    small = Profile(HW.data | {"sm_count": 16})
+    need, why = wave_blocks(plan.kernels[i - 1], plan.kernels[i], small)
+    assert need is None and "an SM, where" in why
+    apart = _plan("0")
+    n = len(apart.rewrites)
+    out = join_launches(apart, small, {PIN: "1"}, functools.partial(count_registers, jobs=2))
+    (record,) = (r for r in out.rewrites[n:] if r.rule == RULE)
+    assert not record.applied and "no role fits" in record.reason and out.kernels == apart.kernels
 
 
 def test_the_bundle_launches_both_as_one_and_keeps_the_joined_record():

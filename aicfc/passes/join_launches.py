@@ -13,7 +13,7 @@ weight stream leave the chain.
 
 The role's schedule (`role_params`, ROLE_BN): the O's columns over fewer, larger blocks, at the attention's block
 size (one launch, one block size), each block's slice within the launch's shared memory (the attention's), and
-every block of the launch resident at once (`one_wave`: a role block spinning where an attention block should run
+every block of the launch resident at once (`wave_blocks`: a role block spinning where an attention block should run
 would never finish, codegen/join.py), at ptxas's register count without a spill; the fastest predicted of those.
 Its prediction (planner/cost_gemv.py) counts the weight bytes the attention's predicted run moves at the stream's
 rate as landed by the output's arrival (LANDED), no launch, and gemv_join_us for the publication and the
@@ -102,19 +102,22 @@ def role_params(k: Kernel, host: Kernel, bn: int, types) -> tuple[dict | None, s
     return role, ""
 
 
-def one_wave(host: Kernel, role: Kernel, regs: int, hw: Profile) -> str | None:
-    """Why the launch's blocks would not all be resident at once; None where they would. A GPC's slots short of a
-    whole cluster are lost to clusters (profile `gpcs`, 8 where it does not say)."""
+def wave_blocks(host: Kernel, role: Kernel, hw: Profile) -> tuple[int | None, str]:
+    """(the blocks an SM must hold for every block of the launch to be resident at once, "") or (None, why it cannot
+    hold them). A GPC's slots short of a whole cluster are lost to clusters (profile `gpcs`, 8 where it does not
+    say). Shared memory and threads are the launch's as they are; the registers, the launch's bounds hold to it
+    (`launch_min_blocks`), so one wave never rests on a register count ptxas might exceed."""
     hp = host.schedule.param
     smem = (host.schedule.smem_bytes + FAMILIES[host.family].static_smem(host, hp)
             + FAMILIES[role.family].static_smem(role, role.schedule.param))
-    bps, limit = blocks_per_sm(host.schedule.block[0], smem, regs, hw)
+    fits, limit = blocks_per_sm(host.schedule.block[0], smem, 1, hw)
     _, _, total = join.launch_blocks(host, role)
     lost = int(hw.data.get("gpcs", 8)) * (join.cluster_size(host) - 1)
-    if total > bps * hw.sm_count - lost:
-        return (f"{total} blocks over {hw.sm_count} SMs of {bps} ({limit}: {smem} B of shared memory, {regs} "
-                f"registers){f', {lost} slots short of a cluster' if lost else ''} is more than one wave")
-    return None
+    need = math.ceil((total + lost) / hw.sm_count)
+    if need > fits:
+        return None, (f"{total} blocks{f' (and {lost} slots short of a cluster)' if lost else ''} need {need} an SM, "
+                      f"where {fits} fit ({limit}: {smem} B of shared memory)")
+    return need, ""
 
 
 def room_registers(plan: Plan, i: int, hw: Profile) -> int | None:
@@ -134,15 +137,13 @@ def room_registers(plan: Plan, i: int, hw: Profile) -> int | None:
 
 
 def launch_min_blocks(plan: Plan, i: int, role: Kernel, hw: Profile) -> tuple[int, str]:
-    """(the blocks an SM the joined launch's bounds ask for, why): enough for one wave, and where the attention's
-    blocks had room beside the gemv before it, few enough registers to keep that room."""
+    """(the blocks an SM the joined launch's bounds ask for, why): those one wave needs (`wave_blocks`), and where the
+    attention's blocks had room beside the gemv before it, enough to keep that room's registers."""
     host = plan.kernels[i]
-    _, _, total = join.launch_blocks(host, role)
-    wave = math.ceil(total / hw.sm_count)
+    wave, _ = wave_blocks(host, role, hw)
+    assert wave is not None, f"{role.name}: joined without one wave"
     cap = room_registers(plan, i, hw)
-    if cap is None:
-        return wave, f"{wave} blocks an SM for one wave"
-    kept = math.ceil(hw.registers_per_sm / (cap * host.schedule.block[0]))
+    kept = math.ceil(hw.registers_per_sm / (cap * host.schedule.block[0])) if cap else 0
     if kept <= wave:
         return wave, f"{wave} blocks an SM for one wave"
     return kept, (f"{kept} blocks an SM: at most {hw.registers_per_sm // (kept * host.schedule.block[0])} registers a "
@@ -197,13 +198,12 @@ def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None
             # of a register step are fewer); the launch's own, which the wave needs, at least the attention's
             probe = {key: v for key, v in p.items() if key != "JOIN"} | {"PRE": 1}
             ((regs, spill),), = check(plan, [(k, [probe])])
-            host_regs = int(dict(host.schedule.predicted).get("registers_ptxas") or 0)
             role = as_role(k, host, p, regs, plan, hw)
-            wave = one_wave(host, role, max(regs, host_regs), hw)
+            wave, why = wave_blocks(host, role, hw)
             if spill:
                 tried.append(f"BN {bn}: spills {spill} B at {regs} registers")
-            elif wave:
-                tried.append(f"BN {bn}: {wave}")
+            elif wave is None:
+                tried.append(f"BN {bn}: {why}")
             else:
                 tried.append(f"BN {bn}: {role.schedule.time_us:.2f} us at {regs} registers")
                 if best is None or role.schedule.time_us < best.schedule.time_us:
