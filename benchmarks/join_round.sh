@@ -5,8 +5,8 @@
 #                                            # apart, bit for bit, over 200 replays), compute-sanitizer memcheck and
 #                                            # synccheck on them, and the profile's GPU tests ([Note: cold weights])
 #   bash benchmarks/join_round.sh ab         # the 1 B Llama's 4-layer plan: apart, joined (--pin joino=1), joined with
-#                                            # the role's early trigger off, and the prototype's rewrite of the plan apart
-#                                            # with its weight requests gated (benchmarks/prototypes/fuse_attention_o.py)
+#                                            # the role's early trigger off, and joined with its weight requests gated
+#                                            # (--pin joingate=1)
 #   bash benchmarks/join_round.sh timeline   # the 2-layer plan's timeline, apart and joined
 #   bash benchmarks/join_round.sh generate   # the 20-layer step at B1 joined, against the bandwidth limit and the peer,
 #                                            # and its profile (measured / predicted per kernel, weights cold)
@@ -22,23 +22,21 @@ python3 -m pip install -q -e . > /dev/null 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu_$1.txt"
 case "$1" in
   tests)
-    timeout 220 python3 -m pytest -q -m gpu tests/test_join_launches.py tests/test_run_bench.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
+    timeout 240 python3 -m pytest -q -m gpu tests/test_join_launches.py tests/test_run_bench.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
     for tool in memcheck synccheck; do
       timeout 130 compute-sanitizer --tool "$tool" --target-processes all python3 -m pytest -q -m gpu -k fp16 \
           tests/test_join_launches.py 2>&1 | grep -E "ERROR SUMMARY|passed|failed" | tee -a "$OUT/sanitizer.txt"
     done
     ;;
   ab)
-    # joined_late: the role's blocks let the gate/up launch only as they leave (the O's early trigger off)
+    # joined_late: the role's blocks let the gate/up launch only as they leave (the O's early trigger off);
+    # joined_gated: the role's weight requests after every attention block's first tile ([Note: the joined role's gate])
     timeout 150 python3 benchmarks/decode_ab.py --layers 4 --compile-only --folder /tmp/ab --jobs 16 \
-        --variant base: --variant joined:pin.joino=1 --variant joined_late:pin.joino=1,pin.trigger=0 2>&1 \
-        | grep -i "compiled\|error\|Traceback"
-    # gated: the prototype's form whose O blocks request their weights only once every attention block's first tile
-    # has landed (the compiler's joined form is the prototype's --blocks 128 with the role's dependent-launch wait)
-    timeout 60 python3 benchmarks/prototypes/fuse_attention_o.py /tmp/ab/base.aicf /tmp/ab/gated.aicf --blocks 128 --gate
+        --variant base: --variant joined:pin.joino=1 --variant joined_late:pin.joino=1,pin.trigger=0 \
+        --variant joined_gated:pin.joino=1,pin.joingate=1 2>&1 | grep -i "compiled\|error\|Traceback"
     timeout 400 python3 benchmarks/decode_ab.py --layers 4 --rounds 7 --folder /tmp/ab --jobs 16 \
         --bundle base=/tmp/ab/base.aicf --bundle joined=/tmp/ab/joined.aicf --bundle joined_late=/tmp/ab/joined_late.aicf \
-        --bundle gated=/tmp/ab/gated.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/join_ab.txt" | tail -10
+        --bundle joined_gated=/tmp/ab/joined_gated.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/join_ab.txt" | tail -10
     ;;
   timeline)
     timeout 150 python3 benchmarks/decode_ab.py --layers 2 --compile-only --timeline --folder /tmp/tl --jobs 16 \

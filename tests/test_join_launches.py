@@ -17,7 +17,7 @@ import pytest
 import aicfc
 from aicfc.codegen import gemm, join
 from aicfc.errors import AicfError
-from aicfc.passes.join_launches import PIN, RULE, join_launches
+from aicfc.passes.join_launches import GATE_PIN, PIN, RULE, join_launches
 from aicfc.planner.hardware import load_profile
 from benchmarks.light_models import onnxruntime_reference
 from tests.conftest import run_payload, run_replayed
@@ -32,9 +32,9 @@ def _plan(pin: str | None = None):
 
 
 @functools.cache
-def _payload(pin: str | None = "1"):
-    return aicfc.compile(wide(), target="sm_90", precision="fp16", shapes=decode_shapes(1),
-                         pin={PIN: pin} if pin is not None else None)
+def _payload(pin: str | None = "1", gate: str | None = None):
+    pins = ({PIN: pin} if pin is not None else {}) | ({GATE_PIN: gate} if gate is not None else {})
+    return aicfc.compile(wide(), target="sm_90", precision="fp16", shapes=decode_shapes(1), pin=pins or None)
 
 
 def _records(plan):
@@ -177,13 +177,34 @@ def test_the_module_dispatches_the_roles_and_builds_without_spills():
     a, b = host["joined"][0]["params"]["JOIN"], host["joined"][0]["grid"][0]
     minb = host["joined"][0]["params"]["JMB"]
     assert f"__launch_bounds__({host['block'][0]}, {minb})" in head and minb >= math.ceil(host["grid"][0] / HW.sm_count)
-    tag = re.search(r"aicf_join_(\w{12})_count\[2\]", source).group(1)
+    tag = re.search(r"aicf_join_(\w{12})_count\[3\]", source).group(1)
     for text in (f"if (blockIdx.x < {a}u)", f"else if (blockIdx.x < {a + b}u)",
                  f"atomicAdd(&aicf_join_{tag}_count[0], 1u)", "griddepcontrol.wait", "ld.acquire.gpu.global.u32",
                  "cp.async.cg.shared.global", "__ldcg(", "atomicAdd(joined + 1, 1u)"):
         assert text in source, text
     built = build(source, payload["target"]["arch"])
     assert built.spills.get(host["symbol"], 0) == 0 and built.registers[host["symbol"]] == host["registers"]
+
+
+def test_the_gate_holds_the_roles_weight_requests_until_every_first_tile():
+    """--pin joingate=1: each attention block counts its first tile (or its lack of one) on the counter's third word,
+    and the role requests its weights only after the launch before is complete and that count is whole."""
+    from aicfc.codegen.nvcc import build
+    payload = _payload("1", "1")
+    host = next(k for k in payload["kernels"] if k.get("joined"))
+    role = host["joined"][0]
+    assert role["params"]["JG"] == 1 and "JG" not in _payload("1")["kernels"][0]["params"]
+    source = payload["modules"][host["module"]]["source"]
+    tag = re.search(r"aicf_join_(\w{12})_count\[3\]", source).group(1)
+    attention = source[source.index(f"void aicf_join_{tag}_a("):source.index(f"void aicf_join_{tag}_b(")]
+    assert attention.count(f"atomicAdd(&aicf_join_{tag}_count[2], 1u)") >= 2 and "aicf_join_gate" not in source
+    gemv = source[source.index(f"void aicf_join_{tag}_b("):]
+    wait, gate, copy = (gemv.index(t) for t in ("griddepcontrol.wait", "joined + 2", "cp.async.cg.shared.global"))
+    assert wait < gate < copy and gemv.count("griddepcontrol.wait") == 1 and "joined[2] = 0u" in gemv
+    record = next(d for d in payload["decisions"] if d.get("rule") == RULE and d["target"] == role["name"])
+    assert record["applied"] and "--pin joingate=1" in record["reason"]
+    built = build(source, payload["target"]["arch"])
+    assert built.spills.get(host["symbol"], 0) == 0
 
 
 def test_explain_and_profile_count_the_joined_kernel():
@@ -203,14 +224,15 @@ def test_explain_and_profile_count_the_joined_kernel():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_gpu_joined_decode_step_matches_onnxruntime_and_the_step_apart(precision, gpu_device):
+@pytest.mark.parametrize("precision,gate", [("fp16", "0"), ("bf16", "0"), ("fp16", "1")])
+def test_gpu_joined_decode_step_matches_onnxruntime_and_the_step_apart(precision, gate, gpu_device):
     """The role adds each column in the O gemv's order: the joined step's outputs are the step apart's, bit for bit;
     200 graph replays back to back (the counter zeroed by each launch's last role block) change nothing."""
     model = wide(1)
     inputs = decode_inputs(1, seed=37, cfg=WIDE)
     ref = onnxruntime_reference(model, inputs)
-    joined = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(1), pin={PIN: "1"})
+    joined = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(1),
+                           pin={PIN: "1", GATE_PIN: gate})
     assert any(k.get("joined") for k in joined["kernels"])
     apart = aicfc.compile(model, target=gpu_device.arch, precision=precision, shapes=decode_shapes(1))
     first, last = run_replayed(joined, inputs, gpu_device)

@@ -381,4 +381,4 @@ def render_kernel(k: Kernel, g, p: Mapping, sig, operands: dict, store: dict, li
                   PDL_MARK=pdl.MARK, PHASE=phase_mark, MMA=p.get("MMA", 0), STAGES=p.get("STAGES", 2), MERGE_HELD=MERGE_HELD, QREG_MAX=QREG_MAX,
                   CL=p.get("CL", 0), pos_lines=position[0] if position else None,
                   pos_value=position[1] if position else None, PPR=pairs_a_rank(sp.rows, g.dv, p["SPLITS"]),
-                  CLP_AT=cluster_partial_at(smem_bytes(sp.rows, g.d, g.dv, {**p, "CL": 0})), **tm)
+                  CLP_AT=cluster_partial_at(smem_bytes(sp.rows, g.d, g.dv, {**p, "CL": 0})), JG=p.get("JG", 0), **tm)

@@ -550,5 +550,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0),
-                  JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]),
+                  JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]), JG=p.get("JG", 0),
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

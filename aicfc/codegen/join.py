@@ -32,6 +32,7 @@ from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel
 
 PLACEHOLDER = "aicf_join_role"   # the name B's body is rendered under before its hash is known
+GATE = "aicf_join_gate"          # the counter as H's body names it when it counts its first tiles for B (JG)
 _HEADER = re.compile(r'extern "C" __global__ void ((?:__\w+__\([^)]*\) )*)(\w+)\(([^)]*)\) \{')
 _ROLE = re.compile(r"__device__ __forceinline__ void (\w+)\(([^)]*), const int ob, unsigned int\* joined\) \{")
 
@@ -89,6 +90,7 @@ def combine(host: Kernel, host_body: str, role: Kernel, role_body: str, trigger_
     first, second, count = f"aicf_join_{tag}_a", f"aicf_join_{tag}_b", f"aicf_join_{tag}_count"
     head = host_body[:m.start()] + f"__device__ __forceinline__ void {first}({m.group(3)}) {{" + host_body[m.end():]
     role_text = re.sub(rf"\b{PLACEHOLDER}\b", second, role_body)
+    head = re.sub(rf"\b{GATE}\b", count, head)   # [Note: the joined role's gate] in passes/join_launches.py
     hp, rp = _params(m.group(3)), _params(r.group(2))
     params = ", ".join([f"{d} a_{n}" for d, n in hp] + [f"{d} b_{n}" for d, n in rp])
     minb = role.schedule.param.get("JMB", -(-total // sm_count))
@@ -98,7 +100,7 @@ def combine(host: Kernel, host_body: str, role: Kernel, role_body: str, trigger_
     trigger = "    aicf_pdl_trigger();   // [Note: the trigger before the wait], as its own launch had it\n" if trigger_first else ""
     return f"""// {host.name} and {role.name} as one launch of {total} blocks ([Note: a gemv joined to the launch before it] in
 // codegen/join.py): {a} of {host.name}, then {b} of {role.name}{f', {total - a - b} idle' if total > a + b else ''}.
-__device__ unsigned int {count}[2];   // {host.name}'s blocks published, {role.name}'s blocks done
+__device__ unsigned int {count}[3];   // {host.name}'s blocks published, {role.name}'s blocks done, {host.name}'s first tiles landed
 {head}
 {role_text}
 extern "C" __global__ void {bounds}{host.name}({params}) {{

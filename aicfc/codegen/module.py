@@ -112,8 +112,11 @@ def _render_kernels(plan: Plan) -> list[str]:
     constant = tma.constant_maps(plan)   # [Note: TMA maps in constant memory]
     _check_scheduled(plan)
     out: list[str] = []
+    gated = {plan.kernels[i - 1].name for i, k in enumerate(plan.kernels) if join.joined(k) and k.schedule.param.get("JG")}
     for k, start in zip(plan.kernels, plan.triggers or pdl.entries(plan.kernels, plan.launch, hw)):
         param = dict(k.schedule.param, MAPS=tma.maps_symbol(k.name)) if k.name in constant else k.schedule.param
+        if k.name in gated:   # [Note: the joined role's gate]: the host counts its blocks' first tiles for the role
+            param = dict(param, JG=1)
         if join.joined(k):   # [Note: a gemv joined to the launch before it]: rendered into the kernel before's text
             role = FAMILIES[k.family].render_kernel(k, param, types, join.PLACEHOLDER)
             out[-1] = join.combine(plan.kernels[len(out) - 1], out[-1], k, role, bool(param.get("TF")), hw.sm_count)

@@ -31,6 +31,14 @@ launch faster; the record of every site says what the planner predicts either wa
     kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=4 KM=1 MB=4 PF=1 PRE=1 TF=1 U=4 WARPS=4]
   becomes (under --pin joino=1)
     kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=16 JOIN=48 KM=1 LANDED=8388608 TF=1 U=4 WARPS=4]
+
+[Note: the joined role's gate]
+The role's 8 MiB of weight requests go out as its blocks land, beside the attention's cache reads, which are its
+critical path: they may delay them by more than they save. Under `--pin joingate=1` (JG) the role's blocks wait,
+after the launch before is complete, until every attention block has its first key tile (or has none: its chunk
+is past the live keys), counted on a third word of the launch's counter, then request their weights. The
+prediction does not tell the two apart (not measured: benchmarks/prototypes/fuse_attention_o.py --gate is the
+same gate by a bundle's rewrite).
 """
 from __future__ import annotations
 
@@ -51,6 +59,7 @@ if TYPE_CHECKING:
 
 RULE = "a K-major gemv after the split attention it reads => more blocks of the attention's launch"
 PIN = "joino"   # --pin joino=1: join where legal; unpinned or 0: apart (not yet measured)
+GATE_PIN = "joingate"   # --pin joingate=1: the role's weight requests after every attention block's first tile (JG)
 ROLE_BN = (8, 16, 32)   # the role's columns a block: few enough blocks to share one wave with the attention's
 # The A/B on a GPU (a results file and its figure) after which the rule joins, unpinned, wherever it predicts the joined
 # launch faster; None until then (benchmarks/join_round.sh ab), and only --pin joino=1 joins.
@@ -88,8 +97,9 @@ def why_not(plan: Plan, i: int) -> str | None:
     return None
 
 
-def role_params(k: Kernel, host: Kernel, bn: int, types) -> tuple[dict | None, str]:
-    """(the role's schedule at `bn` columns a block, "") or (None, why not)."""
+def role_params(k: Kernel, host: Kernel, bn: int, types, gated: bool = False) -> tuple[dict | None, str]:
+    """(the role's schedule at `bn` columns a block, "") or (None, why not); `gated`: its weight requests wait for
+    the attention's first tiles ([Note: the joined role's gate])."""
     warps = host.schedule.block[0] // 32
     c, _, n, kk, _ = gemm.dims(k)
     if host.schedule.block[1:] != (1, 1) or warps * 32 != host.schedule.block[0] or bn % warps or n % bn:
@@ -98,7 +108,7 @@ def role_params(k: Kernel, host: Kernel, bn: int, types) -> tuple[dict | None, s
     if staged > host.schedule.smem_bytes:
         return None, f"{staged} B of weight a block is more than the launch's {host.schedule.smem_bytes} B of shared memory"
     role = {key: v for key, v in k.schedule.param.items() if key not in ("MB", "PF", "PRE", "LANDED", "HOT")}
-    role.update(BN=bn, WARPS=warps, KS=1, U=4, JOIN=host.schedule.grid[0])
+    role.update(BN=bn, WARPS=warps, KS=1, U=4, JOIN=host.schedule.grid[0], **({"JG": 1} if gated else {}))
     return role, ""
 
 
@@ -176,6 +186,7 @@ def as_role(k: Kernel, host: Kernel, p: dict, regs: int | None, plan: Plan, hw: 
 def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None,
                   check: RegisterCheck | None = None) -> Plan:
     value = switch(pin, PIN, "apart", "wherever legal")
+    gated = switch(pin, GATE_PIN, "as its blocks land", "after every attention block's first tile") == "1"
     if hw is None or not plan.target.startswith("sm_9"):
         return plan
     kernels, records = list(plan.kernels), []
@@ -187,7 +198,7 @@ def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None
             continue
         host, tried, best = plan.kernels[i - 1], [], None
         for bn in ROLE_BN:
-            p, why = role_params(k, host, bn, plan.types())
+            p, why = role_params(k, host, bn, plan.types(), gated)
             if p is None:
                 tried.append(f"BN {bn}: {why}")
                 continue
@@ -225,6 +236,7 @@ def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None
         jmb, bounds = launch_min_blocks(plan, i - 1, best, hw)
         kernels[i] = best.replace(schedule=dataclasses.replace(
             best.schedule, params=tuple(sorted((dict(best.schedule.params) | {"JMB": jmb}).items()))))
-        how = "; --pin joino=1" if value == "1" else f" (measured: {MEASURED})"
+        how = ("; --pin joino=1" if value == "1" else f" (measured: {MEASURED})") + (
+            "; its weight requests after every attention block's first tile (--pin joingate=1)" if gated else "")
         records.append(Rewrite(RULE, k.name, True, f"{figures}; the launch's bounds: {bounds}{how}"))
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
