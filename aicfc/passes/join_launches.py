@@ -50,7 +50,7 @@ from aicfc.codegen import FAMILIES, gemm, gemm_gemv, join
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.types import ITEMSIZE
 from aicfc.ir.lowered import Rewrite, loads
-from aicfc.passes.merge_kernels import switch
+from aicfc.passes.merge_kernels import sites, switch
 from aicfc.planner import cost_gemv
 from aicfc.planner.hardware import Profile, blocks_per_sm
 
@@ -160,9 +160,9 @@ def launch_min_blocks(plan: Plan, i: int, role: Kernel, hw: Profile) -> tuple[in
                   f"thread, the room {plan.kernels[i - 1].name}'s blocks leave {host.name}'s")
 
 
-def landed_bytes(host: Kernel, role: Kernel, types, hw: Profile) -> int:
-    """The role's weight bytes that the attention's predicted run (less its launch) moves at the stream's rate."""
-    weight = types[gemm.dims(role)[0].b.buffer].nbytes
+def landed_bytes(host: Kernel, k: Kernel, types, hw: Profile) -> int:
+    """Gemv `k`'s weight bytes that the attention's predicted run (less its launch) moves at the stream's rate."""
+    weight = types[gemm.dims(k)[0].b.buffer].nbytes
     run = host.schedule.time_us - hw.launch_overhead_us
     return int(min(weight, max(0.0, run) * cost_gemv.constants(hw.data)["gemv_stream_gbs"] * 1e3))
 
@@ -174,9 +174,8 @@ def as_role(k: Kernel, host: Kernel, p: dict, regs: int | None, plan: Plan, hw: 
     _, _, n, _, _ = gemm.dims(k)
     grid, block = (math.ceil(n / p["BN"]), 1, 1), host.schedule.block
     s = dataclasses.replace(k.schedule, params=tuple(sorted(p.items())), grid=grid, block=block, smem_bytes=0)
-    role = k.replace(schedule=s)
     types = plan.types()
-    p = p | {"LANDED": landed_bytes(host, role, types, hw)}
+    p = p | {"LANDED": landed_bytes(host, k, types, hw)}
     est = recost(k, p, grid, block, 0, int(regs or estimate_registers(k, p)), types, hw)
     if regs:
         est.terms["registers_ptxas"] = regs
@@ -190,12 +189,7 @@ def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None
     if hw is None or not plan.target.startswith("sm_9"):
         return plan
     kernels, records = list(plan.kernels), []
-    for i, k in enumerate(plan.kernels):
-        why = why_not(plan, i)
-        if why is not None:
-            if why not in ("not a gemv", "the kernel before it is not a split attention"):
-                records.append(Rewrite(RULE, k.name, False, why))
-            continue
+    for i, k in sites(plan, RULE, why_not, ("not a gemv", "the kernel before it is not a split attention"), records):
         host, tried, best = plan.kernels[i - 1], [], None
         for bn in ROLE_BN:
             p, why = role_params(k, host, bn, plan.types(), gated)

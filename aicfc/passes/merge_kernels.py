@@ -5,7 +5,7 @@ figures in the record.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
@@ -22,6 +22,18 @@ def kernel_readers(plan: Plan) -> dict[str, list[Kernel]]:
         for b in {ld.buffer for op in k.ops for ld in loads(op.body)} - k.outs:
             readers.setdefault(b, []).append(k)
     return readers
+
+
+def sites(plan: Plan, rule: str, why_not: Callable[[Plan, int], str | None], quiet: tuple[str, ...],
+          records: list[Rewrite]) -> Iterator[tuple[int, Kernel]]:
+    """(index, kernel) of each kernel `why_not` finds nothing against, in plan order; a kernel it declines for a
+    reason other than `quiet` (those the rule never concerns) gets its record in `records` as the walk passes it."""
+    for i, k in enumerate(plan.kernels):
+        why = why_not(plan, i)
+        if why is None:
+            yield i, k
+        elif why not in quiet:
+            records.append(Rewrite(rule, k.name, False, why))
 
 
 def switch(pin: dict | None, key: str, apart: str, merged: str) -> str | None:

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 from aicfc.codegen import gemm, gemm_gemv
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
-from aicfc.passes.merge_kernels import left_by_pin, switch
+from aicfc.passes.merge_kernels import left_by_pin, sites, switch
 from aicfc.planner import cost_gemv
 from aicfc.planner.hardware import Profile
 
@@ -110,12 +110,7 @@ def tail_steps(plan: Plan, hw: Profile | None = None, pin: dict | None = None,
         return plan
     from aicfc.passes.plan_schedules import with_params
     kernels, records = list(plan.kernels), []
-    for i, k in enumerate(plan.kernels):
-        why = why_not(plan, i)
-        if why is not None:
-            if why not in ("not a gemv", "the kernel before it is not a gemv"):
-                records.append(Rewrite(RULE, k.name, False, why))
-            continue
+    for i, k in sites(plan, RULE, why_not, ("not a gemv", "the kernel before it is not a gemv"), records):
         before = plan.kernels[i - 1]
         pre, moves = wanted(before, k, hw)
         left = left_by_pin(plan, k.name, PIN, value)
