@@ -204,13 +204,22 @@ def format_profile(report: ProfileReport) -> str:
            if known else []))
 
 
+def _records(kernel: dict[str, Any]) -> list[dict[str, Any]]:
+    """A launch's kernel records: its own and those joined to it ([Note: a gemv joined to the launch before it] in
+    aicfc/codegen/join.py), timed as one launch."""
+    return [kernel, *kernel.get("joined", [])]
+
+
+def _predicted(kernel: dict[str, Any], key: str) -> float | None:
+    """A launch's predicted `key` (time_us, flops, bytes): the sum over its records; None where one lacks it."""
+    values = [_float(r.get("predicted", {}).get(key)) for r in _records(kernel)]
+    return None if None in values else sum(values)
+
+
 def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
             target: dict[str, Any], copies: int = 1) -> KernelProfile:
-    # a launch with kernels joined to it ([Note: a gemv joined to the launch before it] in aicfc/codegen/join.py) is
-    # timed as one: its prediction, flops and bytes are the sums of its kernels'
-    records = [kernel, *kernel.get("joined", [])]
-    sums = [[_float(r.get("predicted", {}).get(key)) for r in records] for key in ("time_us", "flops", "bytes")]
-    time_us, flops, nbytes = (None if None in values else sum(values) for values in sums)
+    records = _records(kernel)
+    time_us, flops, nbytes = (_predicted(kernel, key) for key in ("time_us", "flops", "bytes"))
     unit = peak_unit(kernel)
     bandwidth = _float(target.get("dram_bandwidth_gbs"))
     peak = _float(target.get("peak_tflops", {}).get(unit)) if unit else None
@@ -234,7 +243,7 @@ def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes:
              if buffers[b]["region"] in ("weights", "state") and 0 < buffers[b]["nbytes"] <= l2_bytes}
     if not sizes:
         return 1, []
-    touched = _float(kernel.get("predicted", {}).get("bytes")) or float(sum(sizes.values()))
+    touched = _predicted(kernel, "bytes") or float(sum(sizes.values()))
     copies = min(math.ceil(COLD_L2S * l2_bytes / touched) + 1, MAX_COPIES)
     moved, spent = [], 0
     for i in sorted(sizes, key=lambda i: (sizes[i], i)):

@@ -221,6 +221,11 @@ def test_explain_and_profile_count_the_joined_kernel():
     profiled = _kernel(0, host, 10.0, 10.0, payload["target"]["profile"])
     assert profiled.name == f"{host['name']}+{role['name']}"
     assert profiled.predicted_us == pytest.approx(host["predicted"]["time_us"] + role["predicted"]["time_us"])
+    # [Note: cold weights]: the launch's copies are counted by the bytes of both its kernels
+    from aicf_run.profile import COLD_L2S, MAX_COPIES, cold_copies
+    l2 = payload["target"]["profile"]["l2_bytes"]
+    touched = host["predicted"]["bytes"] + role["predicted"]["bytes"]
+    assert cold_copies(host, payload["buffers"], l2)[0] == min(math.ceil(COLD_L2S * l2 / touched) + 1, MAX_COPIES)
 
 
 @pytest.mark.gpu
