@@ -521,17 +521,19 @@ class Executor:
         return _timeline.timeline(self, rounds, busy)
 
     def stamp_arrays(self) -> list[tuple[int, int] | None]:
-        """Per kernel, the (device address, blocks) of its entry stamps, or None for a kernel
-        compiled without them ([Note: timeline] in aicfc/codegen/timeline.py): in the instance of
+        """Per kernel record (a launch's own, then those joined to it), the (device address, blocks) of
+        its entry stamps, or None for a kernel compiled without them ([Note: timeline] in aicfc/codegen/timeline.py): in the instance of
         its module that launches it (the driver API's for a dependent launch, else PyCUDA's)."""
         self._check_open()
         out: list[tuple[int, int] | None] = []
-        for launch, kernel in zip(self._launches, self.bundle.kernels):
+        # a launch's records, its own and those joined to it ([Note: a joined role's stamps] in aicfc/codegen/timeline.py)
+        for launch, kernel in ((launch, record) for launch, host in zip(self._launches, self.bundle.kernels)
+                               for record in (host, *host.get("joined", []))):
             stamps = kernel.get("timeline")
             if stamps is None:
                 out.append(None)
                 continue
-            what = f"kernel {launch.index} ({launch.name}) timeline"
+            what = f"kernel {launch.index} ({kernel['name']}) timeline"
             try:
                 if launch.dependent is not None:
                     address, size = self._pdl.global_address(kernel["module"], stamps["symbol"], what)

@@ -98,7 +98,8 @@ def timeline(executor: Executor, rounds: int = ROUNDS, busy: bool = False) -> Ti
     executor.launch()
     executor.synchronize()
     per_round = []
-    widths = [k["timeline"]["stamps"] for k in executor.bundle.kernels]
+    kernels = records(executor.bundle.kernels)
+    widths = [k["timeline"]["stamps"] for k in kernels]
     try:
         for _ in range(rounds):
             for (address, blocks), width in zip(arrays, widths):
@@ -116,7 +117,13 @@ def timeline(executor: Executor, rounds: int = ROUNDS, busy: bool = False) -> Ti
     except cuda.Error as err:
         raise RunError(f"cannot read the timeline's stamps ({' '.join(str(err).split())[:300]}); check "
                        f"nvidia-smi") from None
-    return summarize(per_round, executor.bundle.kernels)
+    return summarize(per_round, kernels)
+
+
+def records(launches: Sequence[dict]) -> list[dict]:
+    """The kernel records in the order they run: each launch's own, then those joined to it ([Note: a joined role's
+    stamps] in aicfc/codegen/timeline.py)."""
+    return [r for k in launches for r in (k, *k.get("joined", []))]
 
 
 def summarize(rounds: Sequence[Sequence[np.ndarray]], kernels: Sequence[dict]) -> TimelineReport:
@@ -139,9 +146,11 @@ def summarize(rounds: Sequence[Sequence[np.ndarray]], kernels: Sequence[dict]) -
         predicted = kernel.get("predicted", {}).get("time_us")
         labels = list(kernel.get("timeline", {}).get("phases", ()))
         names = labels + [""] * (rounds[0][i].shape[1] - ENTRY_STAMPS - len(labels)) + ["exit"]
-        phases = tuple(PhaseTimes(name, statistics.median(r["phases"][j][0] for r in rows),
-                                  statistics.median(r["phases"][j][1] for r in rows))
-                       for j, name in enumerate(names) if name and all(r["phases"][j] for r in rows)) if labels else ()
+        # in the order the median block passes them (a joined role's marks are not numbered in that order)
+        phases = tuple(sorted((PhaseTimes(name, statistics.median(r["phases"][j][0] for r in rows),
+                                          statistics.median(r["phases"][j][1] for r in rows))
+                               for j, name in enumerate(names) if name and all(r["phases"][j] for r in rows)),
+                              key=lambda p: p.median_us)) if labels else ()
         out.append(KernelTimes(
             index=i, name=kernel["name"], blocks=len(rounds[0][i]), reached=int(med("reached")),
             first_landed_us=med("first"), last_landed_us=med("last"), go_us=med("go"), done_us=done, chain_us=chain,

@@ -32,9 +32,10 @@ def _plan(pin: str | None = None):
 
 
 @functools.cache
-def _payload(pin: str | None = "1", gate: str | None = None):
+def _payload(pin: str | None = "1", gate: str | None = None, stamped: bool = False):
     pins = ({PIN: pin} if pin is not None else {}) | ({GATE_PIN: gate} if gate is not None else {})
-    return aicfc.compile(wide(), target="sm_90", precision="fp16", shapes=decode_shapes(1), pin=pins or None)
+    return aicfc.compile(wide(), target="sm_90", precision="fp16", shapes=decode_shapes(1), pin=pins or None,
+                         timeline=stamped)
 
 
 def _records(plan):
@@ -226,6 +227,47 @@ def test_explain_and_profile_count_the_joined_kernel():
     l2 = payload["target"]["profile"]["l2_bytes"]
     touched = host["predicted"]["bytes"] + role["predicted"]["bytes"]
     assert cold_copies(host, payload["buffers"], l2)[0] == min(math.ceil(COLD_L2S * l2 / touched) + 1, MAX_COPIES)
+
+
+def test_the_role_stamps_its_own_timeline_after_its_hosts():
+    """[Note: a joined role's stamps] (aicfc/codegen/timeline.py): under --timeline the role has an array of its own,
+    a row per role block, read after its host's; its go is its dependent-launch wait's return."""
+    from aicf_run.timeline import records, summarize
+    from aicfc.codegen import timeline
+    from aicfc.codegen.nvcc import build
+    payload = _payload("1", stamped=True)
+    host = next(k for k in payload["kernels"] if k.get("joined"))
+    role = host["joined"][0]
+    a, b = role["params"]["JOIN"], role["grid"][0]
+    assert host["timeline"]["blocks"] == a and role["timeline"]["symbol"] == f"aicf_tl_{role['name']}"
+    assert role["timeline"]["blocks"] == b and role["timeline"]["phases"][2:5] == [
+        "slice requested", "output published", "slice landed"]
+    source = payload["modules"][host["module"]]["source"]
+    assert source.count(f"__device__ unsigned long long aicf_tl_{role['name']}[{timeline.STAMPS * b}];") == 1
+    for mark in (f"aicf_timeline_role_ready(aicf_tl_{role['name']}, {b}u, {a}u, aicf_tl_arrived);",
+                 f"aicf_timeline_role_exit(aicf_tl_{role['name']}, {b}u, {a}u);",
+                 f"aicf_timeline_phase(aicf_tl_{role['name']}, {b}u, 3u, {a}u);   // phase 3: output published"):
+        assert source.count(mark) == 1, mark
+    assert all(m not in source for m in timeline.ROLE_MARKS)
+    assert not any(m in _payload("1")["modules"][host["module"]]["source"] for m in ("aicf_tl_", "aicf_timeline_"))
+    built = build(source, payload["target"]["arch"])
+    assert built.spills.get(host["symbol"], 0) == 0
+    # the reader: the role a row after its host; its phases in the order its blocks pass them
+    kernels = records(payload["kernels"])
+    at = kernels.index(role)
+    assert kernels[at - 1] is host and len(kernels) == len(payload["kernels"]) + 1
+    stamps = []
+    for i, k in enumerate(kernels):
+        s = np.zeros((k["timeline"]["blocks"], k["timeline"]["stamps"]), np.uint64)
+        s[:, 0], s[:, 1], s[:, 2] = 1000 * i + 1, 1000 * i + 2, 1000 * i + 900
+        if k is role:
+            s[:, 3 + 2], s[:, 3 + 4], s[:, 3 + 3], s[:, 3 + 0], s[:, 3 + 1] = (1000 * i + t for t in (1, 300, 500, 600, 700))
+        stamps.append(s)
+    report = summarize([stamps], kernels)
+    row = report.kernels[at]
+    assert row.name == role["name"] and [p.name for p in row.phases] == [
+        "slice requested", "slice landed", "output published", "weights streamed", "block summed", "exit"]
+    assert report.kernels[at - 1].chain_us == pytest.approx(1.0)
 
 
 @pytest.mark.gpu

@@ -71,8 +71,7 @@ def launches(plan: Plan, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         host = out[-1]   # the record of plan.kernels[i - 1]: a host is never joined itself (it is no gemv)
         _, _, total = join.launch_blocks(plan.kernels[i - 1], k)
         host.update(grid=[total, 1, 1], args=host["args"] + record["args"],
-                    joined=host.get("joined", []) + [{key: v for key, v in record.items() if key != "timeline"}
-                                                     | {"into": host["name"]}])   # the role's code is unstamped
+                    joined=host.get("joined", []) + [record | {"into": host["name"]}])   # its stamps: [Note: a joined role's stamps]
     return out
 
 

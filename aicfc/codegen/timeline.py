@@ -35,12 +35,21 @@ kernel's wait released). A block `landed early` when it reached the entry before
 go, that is, while the previous kernel was still running. A block that returns before its entry
 (the split attention's blocks past the live keys) leaves its slots at zero, which the reader
 counts as not reached.
+
+[Note: a joined role's stamps]
+A gemv joined to the launch before it ([Note: a gemv joined to the launch before it] in codegen/join.py) has an
+array of its own, one row per block of the role (the launch's blocks past the host's, `skip`), and is read as a
+kernel after its host: it arrives with the launch, its `go` is its dependent-launch wait's return (the launch
+before complete), its phases say when its slice was requested and had landed and when the host's output was
+published, and its exit is its last statement. The host's time in the chain is then the role's go less its own
+(about nothing), the role's the whole launch's from there.
 """
 from __future__ import annotations
 
 import re
 
 from aicfc.codegen import pdl
+from aicfc.errors import AicfError
 
 CAP = 4096          # blocks a kernel stamps (in linear order); the rest run unstamped
 PHASES = 8          # marks a kernel body may carry (module docstring: phases)
@@ -50,6 +59,8 @@ ENTRY = "aicf_timeline_entry("
 AHEAD_ENTRY = "aicf_timeline_ahead_entry("
 PHASE_MARK = "// [Note: timeline] phase {n}: {what}"
 _MARK = re.compile(r"// \[Note: timeline\] phase (\d+): ([^\n]*)")
+# A joined role's entry, wait and exit ([Note: a joined role's stamps]): comments in a plain plan's source.
+ROLE_MARKS = ("// [Note: timeline] role arrived", "// [Note: timeline] role ready", "// [Note: timeline] role exit")
 LABEL_MAX = 40      # characters of a phase's name in the bundle (aicf_run/schema.py checks it)
 
 # Defined in the module header of a plan compiled with --timeline (after pdl.HELPER).
@@ -60,8 +71,9 @@ __device__ __forceinline__ unsigned long long aicf_timeline_now() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) :: "memory");
   return t;
 }
-__device__ __forceinline__ bool aicf_timeline_stamps(unsigned cap, unsigned& b) {
-  b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+// `skip`: the launch's blocks before the kernel's own (a joined role's: [Note: a joined role's stamps]).
+__device__ __forceinline__ bool aicf_timeline_stamps(unsigned cap, unsigned& b, unsigned skip = 0u) {
+  b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) - skip;
   return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 && b < cap;
 }
 __device__ __forceinline__ void aicf_timeline_entry(unsigned long long* stamps, unsigned cap, unsigned from = 0u) {
@@ -94,9 +106,23 @@ struct AicfTimelineExit {
   }
 };
 // A phase mark of the kernel's body: thread 0's clock as it passes it.
-__device__ __forceinline__ void aicf_timeline_phase(unsigned long long* stamps, unsigned cap, unsigned phase) {
+__device__ __forceinline__ void aicf_timeline_phase(unsigned long long* stamps, unsigned cap, unsigned phase,
+                                                    unsigned skip = 0u) {
   unsigned b;
-  if (aicf_timeline_stamps(cap, b)) stamps[STAMPS_ * b + 3 + phase] = aicf_timeline_now();
+  if (aicf_timeline_stamps(cap, b, skip)) stamps[STAMPS_ * b + 3 + phase] = aicf_timeline_now();
+}
+// A joined role's entry ([Note: a joined role's stamps]): its arrival, then the clock as its dependent-launch wait returns.
+__device__ __forceinline__ void aicf_timeline_role_ready(unsigned long long* stamps, unsigned cap, unsigned skip,
+                                                        unsigned long long arrived) {
+  unsigned b;
+  if (aicf_timeline_stamps(cap, b, skip)) {
+    stamps[STAMPS_ * b] = arrived;
+    stamps[STAMPS_ * b + 1] = aicf_timeline_now();
+  }
+}
+__device__ __forceinline__ void aicf_timeline_role_exit(unsigned long long* stamps, unsigned cap, unsigned skip) {
+  unsigned b;
+  if (aicf_timeline_stamps(cap, b, skip)) stamps[STAMPS_ * b + 2] = aicf_timeline_now();
 }
 """.replace("STAMPS_", str(STAMPS))
 
@@ -117,22 +143,38 @@ def phase_mark(n: int, what: str) -> str:
     return PHASE_MARK.format(n=n, what=what)
 
 
-def _stamp_phases(source: str, kernel: str, cap: int) -> str:
-    """`source` with each phase mark a stamp into `kernel`'s array (the mark's words kept as a comment)."""
+def _stamp_phases(source: str, kernel: str, cap: int, skip: int = 0) -> str:
+    """`source` with each phase mark a stamp into `kernel`'s array (the mark's words kept as a comment); `skip`:
+    the launch's blocks before the kernel's own."""
     seen: set[int] = set()
+    after = f", {skip}u" if skip else ""
 
     def stamp(m: re.Match) -> str:
         n = int(m.group(1))
         assert n < PHASES and n not in seen, f"kernel {kernel}: phase {n} marked twice or past {PHASES}"
         seen.add(n)
-        return f"aicf_timeline_phase({symbol(kernel)}, {cap}u, {n}u);   // phase {n}: {m.group(2)}"
+        return f"aicf_timeline_phase({symbol(kernel)}, {cap}u, {n}u{after});   // phase {n}: {m.group(2)}"
     return _MARK.sub(stamp, source)
+
+
+def instrument_role(source: str, kernel: str, grid: tuple[int, int, int], skip: int) -> str:
+    """A joined role's rendered device function with its own stamps ([Note: a joined role's stamps]): `kernel`'s
+    array declared before it, its ROLE_MARKS and phase marks stamps of the blocks past the launch's first `skip`."""
+    n = stamped_blocks(grid)
+    arrived, ready, left = ROLE_MARKS
+    if not all(source.count(m) == 1 for m in ROLE_MARKS):
+        raise AicfError(f"internal: joined kernel {kernel} lacks its timeline marks")
+    sym = symbol(kernel)
+    source = (source.replace(arrived, "const unsigned long long aicf_tl_arrived = aicf_timeline_now();")
+              .replace(ready, f"aicf_timeline_role_ready({sym}, {n}u, {skip}u, aicf_tl_arrived);")
+              .replace(left, f"aicf_timeline_role_exit({sym}, {n}u, {skip}u);"))
+    return f"__device__ unsigned long long {sym}[{STAMPS * n}];\n" + _stamp_phases(source, kernel, n, skip)
 
 
 def phase_labels(source: str, kernel: str) -> list[str]:
     """The names of kernel `kernel`'s phases, by index, from a module source compiled with --timeline
     (a phase no mark names: empty)."""
-    found = re.findall(re.escape(f"aicf_timeline_phase({symbol(kernel)}, ") + r"\d+u, (\d+)u\);   // phase \d+: ([^\n]*)",
+    found = re.findall(re.escape(f"aicf_timeline_phase({symbol(kernel)}, ") + r"\d+u, (\d+)u(?:, \d+u)?\);   // phase \d+: ([^\n]*)",
                        source)
     labels = [""] * (1 + max((int(n) for n, _ in found), default=-1))
     for n, what in found:
