@@ -23,14 +23,30 @@ role's or more (the 1 B Llama's: 122 against the attention's 118 alone): the lau
 `launch_min_blocks`) ask for one wave and, where passes/attention_room.py left the attention's blocks room beside
 the blocks of the gemv before it, for few enough registers to keep that room (128 there).
 
-Not measured yet: no GPU was lent the session that wrote it (62); benchmarks/prototypes/fuse_attention_o.py makes
-the same launch by rewriting a compiled bundle, and benchmarks/join_round.sh times both. So it runs only under
-`--pin joino=1` until MEASURED names the A/B that shows it faster, from when the rule joins wherever it predicts the
-launch faster; the record of every site says what the planner predicts either way.
+Written without a GPU (session 62) and measured slower (session 63, [Note: the joined launch measured]), so it runs
+only under `--pin joino=1`; MEASURED would name an A/B that shows a joined form faster, from when the rule joins
+wherever it predicts the launch faster. The record of every site says what the planner predicts either way.
 
     kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=4 KM=1 MB=4 PF=1 PRE=1 TF=1 U=4 WARPS=4]
   becomes (under --pin joino=1)
     kernel k8 attention [split CL=1 SPLITS=6]  kernel k9 gemm [gemv BN=16 JOIN=48 KM=1 LANDED=8388608 TF=1 U=4 WARPS=4]
+
+[Note: the joined launch measured]
+Session 63, an H200 (benchmarks/join_round.sh; benchmarks/results/join_*_session63_h200.txt). The joined step matches
+onnxruntime and the step apart bit for bit over 200 replays (fp16, bf16, gated), compute-sanitizer memcheck and
+synccheck clean. The 1 B Llama's 4-layer decode plan, 7 alternating rounds: apart 151.2 us, joined 155.1 (0.975x),
+gated 157.2 (0.962x), the role's early trigger off 167.2 (0.905x). The role's own stamps ([Note: a joined role's
+stamps] in codegen/timeline.py; layer 1 of the 2-layer timeline) say where it goes, in us after the role's go,
+median block / last block: its slice requested -1.02 / -0.38 (it lands with the attention), the attention's last exit
+3.58, the attention's output seen published 4.35 / 4.42, the slice long landed then, its sums 5.63 / 6.18, its exit
+6.14 / 6.69, and the next launch's go 7.10. Apart, the attention's last exit to the O's go is 0.35 us (the dependent
+launch's boundary) and the O's body 1.89 (its slice already in L2 by its fill, [Note: L2 fill]). So the join trades
+a 0.35 us boundary for a 0.8 us publication (barrier, fence, atomic, the spinner's acquire), and the activations'
+round trip and the sums stay (1.3 us from shared memory against the O's from L2): the boundary and the weight stream
+the rule meant to take out of the chain were mostly out of it already. gemv_join_us (planner/cost_gemv.py) is fitted
+to it: the role's 2.88 us after the attention (the joined launch's 7.10 in the chain less the attention's 4.22 apart).
+The O apart is predicted 3.74 us against 2.46 measured in the chain, so the planner, comparing the two, would still
+pick the join (2.88 against 3.74): it stays pinned until the O's prediction holds in a dependent chain.
 
 [Note: the joined role's gate]
 The role's 8 MiB of weight requests go out as its blocks land, beside the attention's cache reads, which are its
@@ -58,12 +74,15 @@ if TYPE_CHECKING:
     from aicfc.passes.plan_schedules import RegisterCheck
 
 RULE = "a K-major gemv after the split attention it reads => more blocks of the attention's launch"
-PIN = "joino"   # --pin joino=1: join where legal; unpinned or 0: apart (not yet measured)
+PIN = "joino"   # --pin joino=1: join where legal; unpinned or 0: apart (measured slower: SLOWER)
 GATE_PIN = "joingate"   # --pin joingate=1: the role's weight requests after every attention block's first tile (JG)
 ROLE_BN = (8, 16, 32)   # the role's columns a block: few enough blocks to share one wave with the attention's
 # The A/B on a GPU (a results file and its figure) after which the rule joins, unpinned, wherever it predicts the joined
-# launch faster; None until then (benchmarks/join_round.sh ab), and only --pin joino=1 joins.
+# launch faster; None until one shows it faster, and only --pin joino=1 joins.
 MEASURED: str | None = None
+# The A/B that showed it slower ([Note: the joined launch measured]).
+SLOWER = ("measured slower: the 1 B Llama's 4-layer decode step 155.1 us joined against 151.2 apart, session 63, "
+          "benchmarks/results/join_ab_session63_h200.txt")
 
 
 def why_not(plan: Plan, i: int) -> str | None:
@@ -221,7 +240,7 @@ def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None
                    f"{best.schedule.param['BN']}) predicted {best.schedule.time_us:.2f} us after {host.name}'s output, "
                    f"{apart} ({'; '.join(tried)})")
         if value == "0" or (value is None and MEASURED is None):
-            how = "--pin joino=0" if value == "0" else "not yet measured on a GPU: runs only under --pin joino=1"
+            how = "--pin joino=0" if value == "0" else f"{SLOWER}: runs only under --pin joino=1"
             records.append(Rewrite(RULE, k.name, False, f"kept apart ({how}): {figures}"))
             continue
         if value is None and best.schedule.time_us >= k.schedule.time_us:

@@ -120,9 +120,10 @@ CONSTANTS = {
     "gemv_tc_issue": 2.0,           # tensor-core steps: their issue (permutes, loads, products) over the products' time
     "gemv_early_read_us": 0.5,      # EPRE = 1 ([Note: epilogue reads before the wait]): the epilogue's round trip fewer (0.4-0.6 measured, session 43)
     "gemv_row_scale_us": 0.1,       # a row-scaled gemv: the statistic's adds, a barrier, the tile's sums scaled (B1: 4.4 us as unscaled, session 35)
-    "gemv_join_us": 0.8,            # JOIN ([Note: the O projection joined to the attention] in passes/join_launches.py): the
-                                    # other role's fences and atomics, the spin seeing the count, the activations' round
-                                    # trip past L1 (not measured: a guess of two L2 round trips and a fence)
+    "gemv_join_us": 2.4,            # JOIN ([Note: the O projection joined to the attention] in passes/join_launches.py): the
+                                    # other role's barrier, fence and atomic, the spin seeing the count, the activations'
+                                    # round trip past L1; fitted to the 1 B Llama's role, 2.88 us after the attention
+                                    # (session 63, [Note: the joined launch measured]; 0.8 guessed before)
     "gemv_fill_head_bytes": 4194304.0,  # [Note: L2 fill] (passes/l2_fill.py): the next stream's head requested into L2
                                         # (1.1, 4, 8, 16 MiB measured; 4 the fastest plan, session 46)
 }
