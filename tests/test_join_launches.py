@@ -60,7 +60,9 @@ def test_the_o_projection_joins_the_attentions_launch_only_when_pinned():
     # its weight lands while the attention runs, and it has no launch of its own: a publication instead
     terms = dict(role.schedule.predicted)
     assert terms["launch_us"] == 0.0 and terms["t_join_us"] > 0 and p["LANDED"] > 0
-    assert role.schedule.time_us < before.schedule.time_us
+    # as measured (session 63, [Note: the joined launch measured]): the role after the attention is slower than the O
+    # apart, whose slice its fill brought into L2 ([Note: the fill's own slice])
+    assert role.schedule.time_us > before.schedule.time_us
     assert f"{p['BN']}) predicted {role.schedule.time_us:.2f} us" in _records(joined)[name].reason
     # everything else is the plan apart
     assert [k for k in joined.kernels if k is not role] == [k for k in apart.kernels if k.name != name]
@@ -73,15 +75,17 @@ def test_once_measured_the_rule_joins_where_it_predicts_the_launch_faster(monkey
     plan = _plan("0")
     n = len(plan.rewrites)
     monkeypatch.setattr(rule, "MEASURED", "an A/B's figure")
-    out = join_launches(plan, HW, {}, functools.partial(count_registers, jobs=2))
-    (record,) = (r for r in out.rewrites[n:] if r.rule == RULE)
-    assert record.applied and "(measured: an A/B's figure)" in record.reason
-    assert [k.schedule for k in out.kernels] == [k.schedule for k in _plan("1").kernels]
-    # predicted no faster: apart
-    monkeypatch.setattr(rule.cost_gemv, "CONSTANTS", rule.cost_gemv.CONSTANTS | {"gemv_join_us": 100.0})
+    # predicted no faster (as measured): apart
     out = join_launches(plan, HW, {}, functools.partial(count_registers, jobs=2))
     (record,) = (r for r in out.rewrites[n:] if r.rule == RULE)
     assert not record.applied and "kept apart (predicted no faster)" in record.reason and out.kernels == plan.kernels
+    # a cheaper publication would make it faster: joined
+    monkeypatch.setattr(rule.cost_gemv, "CONSTANTS", rule.cost_gemv.CONSTANTS | {"gemv_join_us": 0.0})
+    out = join_launches(plan, HW, {}, functools.partial(count_registers, jobs=2))
+    (record,) = (r for r in out.rewrites[n:] if r.rule == RULE)
+    assert record.applied and "(measured: an A/B's figure)" in record.reason
+    joined = [k for k in out.kernels if join.joined(k)]
+    assert [k.name for k in joined] == [k.name for k in _plan("1").kernels if join.joined(k)]
 
 
 def test_the_pin_says_apart_and_a_bad_value_is_one_line():

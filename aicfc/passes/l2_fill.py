@@ -63,6 +63,14 @@ QKV's 384-768 blocks, so no SM's memory path carries much of it, where the split
 attention in the chain]), so that the DRAM would stream it from the QKV's tail instead of from the O's landing: the
 generate step 0.1582 ms against 0.1564 (0.989x), with the O's gate/up head at 8 MiB 0.1598 (0.979x). Not kept.
 
+[Note: the fill's own slice]
+With PF = 1 the gemv's prediction (planner/cost_gemv.py) reads its whole weight at the L2's rate: the rule asks that
+the window the kernel before leaves idle move at least the slice, so it is in L2 by the gemv's go. Before session 63
+only the next stream's head was credited (HOT), and the 1 B Llama's O projection was predicted 3.74 us (its 8 MiB
+streamed from the DRAM, 2.24 us, and the launch) against 2.46-2.50 us measured in the chain of the 2-layer timeline
+(layer 1, the next kernel's go less its own; 2.94-3.01 at layer 0, whose attention starts cold); credited, 2.62 us.
+Timed alone (`aicf-run --profile`) no kernel runs before it, so its fill hides under nothing there.
+
 Legal always: a prefetch moves no value (the weights are constants of the plan that no kernel
 writes), and it reads within a buffer the next kernel reads anyway. `--pin fill=0` turns the rule
 off; `--pin fill=MB` sets the head, `--pin fillshare=F` the idle share (A/Bs' knobs).

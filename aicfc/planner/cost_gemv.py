@@ -7,7 +7,7 @@ plus the tails a block runs after its last load.
     t_dram   = every byte once (weight, activations, epilogue operands, output) / gemv_stream_gbs (the
                stream's asymptote; reported, and the floor of t_sm), where HOT of them (the weight's first
                rows a kernel before requested into L2: [Note: L2 fill] in passes/l2_fill.py) come at the
-               profile's l2_bandwidth_gbs, and LANDED of them (its first steps, requested before its wait
+               profile's l2_bandwidth_gbs (with PF = 1 its whole weight, which it requested into L2 itself), and LANDED of them (its first steps, requested before its wait
                while the gemv before it sums and merges: [Note: steps into the tail] in passes/tail_steps.py)
                are in registers by its go
     t_sm     = t_dram · (F + gemv_half_inflight) / F · (1 + gemv_imbalance · (q / a - 1))
@@ -171,8 +171,10 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     q = math.ceil(avg)
     resident = max(1, min(q, bps))
     f = min(avg, bps) * inflight                                    # bytes in flight on an average SM
-    # HOT: bytes of the weight's first rows a kernel before requested into L2 ([Note: L2 fill]): read at the L2's rate
-    hot = min(p.get("HOT", 0), io_bytes)
+    # HOT: bytes of the weight's first rows a kernel before requested into L2 ([Note: L2 fill]): read at the L2's rate;
+    # PF: the gemv requested its whole slice itself, in the idle window of the kernel before ([Note: the fill's own
+    # slice] in passes/l2_fill.py)
+    hot = min(p.get("HOT", 0) + (kk * n * esize if p.get("PF") else 0), io_bytes)
     # LANDED: bytes of its first steps requested before its wait that land in the kernel before's tail
     # ([Note: steps into the tail] in passes/tail_steps.py): in registers by its go
     landed = min(p.get("LANDED", 0), io_bytes - hot)
