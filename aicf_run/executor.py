@@ -521,12 +521,13 @@ class Executor:
         return _timeline.timeline(self, rounds, busy)
 
     def stamp_arrays(self) -> list[tuple[int, int] | None]:
-        """Per kernel record (a launch's own, then those joined to it), the (device address, blocks) of
-        its entry stamps, or None for a kernel compiled without them ([Note: timeline] in aicfc/codegen/timeline.py): in the instance of
-        its module that launches it (the driver API's for a dependent launch, else PyCUDA's)."""
+        """Per kernel record (a launch's own, then those joined to it), the (device address, blocks)
+        of its entry stamps, or None for a kernel compiled without them ([Note: timeline] in
+        aicfc/codegen/timeline.py): in the instance of its module that launches it (the driver API's
+        for a dependent launch, else PyCUDA's)."""
         self._check_open()
         out: list[tuple[int, int] | None] = []
-        # a launch's records, its own and those joined to it ([Note: a joined role's stamps] in aicfc/codegen/timeline.py)
+        # a launch's records, its own and those joined to it ([Note: a joined role's stamps])
         for launch, kernel in ((launch, record) for launch, host in zip(self._launches, self.bundle.kernels)
                                for record in (host, *host.get("joined", []))):
             stamps = kernel.get("timeline")

@@ -45,7 +45,8 @@ def _records(plan):
 def test_the_o_projection_joins_the_attentions_launch_only_when_pinned():
     apart, joined = _plan(), _plan("1")
     (name, record), = _records(apart).items()
-    assert not record.applied and "measured slower" in record.reason and "runs only under --pin joino=1" in record.reason
+    assert not record.applied and "measured slower" in record.reason
+    assert "runs only under --pin joino=1" in record.reason
     assert not any(join.joined(k) for k in apart.kernels)
     i = next(i for i, k in enumerate(joined.kernels) if join.joined(k))
     host, role, before = joined.kernels[i - 1], joined.kernels[i], apart.kernels[i]
@@ -265,7 +266,9 @@ def test_the_role_stamps_its_own_timeline_after_its_hosts():
         s = np.zeros((k["timeline"]["blocks"], k["timeline"]["stamps"]), np.uint64)
         s[:, 0], s[:, 1], s[:, 2] = 1000 * i + 1, 1000 * i + 2, 1000 * i + 900
         if k is role:
-            s[:, 3 + 2], s[:, 3 + 4], s[:, 3 + 3], s[:, 3 + 0], s[:, 3 + 1] = (1000 * i + t for t in (1, 300, 500, 600, 700))
+            # phases 2 (requested), 4 (landed), 3 (published), 0 (streamed), 1 (summed), in that order in time
+            for phase, t in ((2, 1), (4, 300), (3, 500), (0, 600), (1, 700)):
+                s[:, 3 + phase] = 1000 * i + t
         stamps.append(s)
     report = summarize([stamps], kernels)
     row = report.kernels[at]

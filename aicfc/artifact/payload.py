@@ -71,7 +71,8 @@ def launches(plan: Plan, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         host = out[-1]   # the record of plan.kernels[i - 1]: a host is never joined itself (it is no gemv)
         _, _, total = join.launch_blocks(plan.kernels[i - 1], k)
         host.update(grid=[total, 1, 1], args=host["args"] + record["args"],
-                    joined=host.get("joined", []) + [record | {"into": host["name"]}])   # its stamps: [Note: a joined role's stamps]
+                    # its stamps, under --timeline: [Note: a joined role's stamps] in codegen/timeline.py
+                    joined=host.get("joined", []) + [record | {"into": host["name"]}])
     return out
 
 

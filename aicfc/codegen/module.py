@@ -118,10 +118,11 @@ def _render_kernels(plan: Plan) -> list[str]:
         if k.name in gated:   # [Note: the joined role's gate]: the host counts its blocks' first tiles for the role
             param = dict(param, JG=1)
         if join.joined(k):   # [Note: a gemv joined to the launch before it]: rendered into the kernel before's text
+            host = plan.kernels[len(out) - 1]
             role = FAMILIES[k.family].render_kernel(k, param, types, join.PLACEHOLDER)
             if plan.timeline:   # [Note: a joined role's stamps] in codegen/timeline.py
-                role = timeline.instrument_role(role, k.name, k.schedule.grid, join.launch_blocks(plan.kernels[len(out) - 1], k)[0])
-            out[-1] = join.combine(plan.kernels[len(out) - 1], out[-1], k, role, bool(param.get("TF")), hw.sm_count)
+                role = timeline.instrument_role(role, k.name, k.schedule.grid, join.launch_blocks(host, k)[0])
+            out[-1] = join.combine(host, out[-1], k, role, bool(param.get("TF")), hw.sm_count)
             out.append("")
             continue
         body = FAMILIES[k.family].render_kernel(k, param, types, k.name)

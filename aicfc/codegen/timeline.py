@@ -111,7 +111,7 @@ __device__ __forceinline__ void aicf_timeline_phase(unsigned long long* stamps, 
   unsigned b;
   if (aicf_timeline_stamps(cap, b, skip)) stamps[STAMPS_ * b + 3 + phase] = aicf_timeline_now();
 }
-// A joined role's entry ([Note: a joined role's stamps]): its arrival, then the clock as its dependent-launch wait returns.
+// A joined role's entry ([Note: a joined role's stamps]): its arrival, then the clock as its wait returns.
 __device__ __forceinline__ void aicf_timeline_role_ready(unsigned long long* stamps, unsigned cap, unsigned skip,
                                                         unsigned long long arrived) {
   unsigned b;
@@ -174,8 +174,8 @@ def instrument_role(source: str, kernel: str, grid: tuple[int, int, int], skip: 
 def phase_labels(source: str, kernel: str) -> list[str]:
     """The names of kernel `kernel`'s phases, by index, from a module source compiled with --timeline
     (a phase no mark names: empty)."""
-    found = re.findall(re.escape(f"aicf_timeline_phase({symbol(kernel)}, ") + r"\d+u, (\d+)u(?:, \d+u)?\);   // phase \d+: ([^\n]*)",
-                       source)
+    found = re.findall(re.escape(f"aicf_timeline_phase({symbol(kernel)}, ")
+                       + r"\d+u, (\d+)u(?:, \d+u)?\);   // phase \d+: ([^\n]*)", source)
     labels = [""] * (1 + max((int(n) for n, _ in found), default=-1))
     for n, what in found:
         labels[int(n)] = what

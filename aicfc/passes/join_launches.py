@@ -45,8 +45,9 @@ a 0.35 us boundary for a 0.8 us publication (barrier, fence, atomic, the spinner
 round trip and the sums stay (1.3 us from shared memory against the O's from L2): the boundary and the weight stream
 the rule meant to take out of the chain were mostly out of it already. gemv_join_us (planner/cost_gemv.py) is fitted
 to it: the role's 2.88 us after the attention (the joined launch's 7.10 in the chain less the attention's 4.22 apart).
-The O apart is predicted 3.74 us against 2.46 measured in the chain, so the planner, comparing the two, would still
-pick the join (2.88 against 3.74): it stays pinned until the O's prediction holds in a dependent chain.
+The O apart was predicted 3.74 us against 2.46-2.50 measured in the chain, which would have had the planner pick the
+join; with its fill credited ([Note: the fill's own slice] in passes/l2_fill.py) it is 2.62, so every site's record
+now predicts the join slower, as measured. It stays pinned: MEASURED names no A/B where a joined form is faster.
 
 [Note: the joined role's gate]
 The role's 8 MiB of weight requests go out as its blocks land, beside the attention's cache reads, which are its

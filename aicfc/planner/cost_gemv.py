@@ -7,7 +7,8 @@ plus the tails a block runs after its last load.
     t_dram   = every byte once (weight, activations, epilogue operands, output) / gemv_stream_gbs (the
                stream's asymptote; reported, and the floor of t_sm), where HOT of them (the weight's first
                rows a kernel before requested into L2: [Note: L2 fill] in passes/l2_fill.py) come at the
-               profile's l2_bandwidth_gbs (with PF = 1 its whole weight, which it requested into L2 itself), and LANDED of them (its first steps, requested before its wait
+               profile's l2_bandwidth_gbs (with PF = 1 its whole weight, which it requested into L2 itself:
+               [Note: the fill's own slice]), and LANDED of them (its first steps, requested before its wait
                while the gemv before it sums and merges: [Note: steps into the tail] in passes/tail_steps.py)
                are in registers by its go
     t_sm     = t_dram · (F + gemv_half_inflight) / F · (1 + gemv_imbalance · (q / a - 1))
@@ -120,9 +121,9 @@ CONSTANTS = {
     "gemv_tc_issue": 2.0,           # tensor-core steps: their issue (permutes, loads, products) over the products' time
     "gemv_early_read_us": 0.5,      # EPRE = 1 ([Note: epilogue reads before the wait]): the epilogue's round trip fewer (0.4-0.6 measured, session 43)
     "gemv_row_scale_us": 0.1,       # a row-scaled gemv: the statistic's adds, a barrier, the tile's sums scaled (B1: 4.4 us as unscaled, session 35)
-    "gemv_join_us": 2.4,            # JOIN ([Note: the O projection joined to the attention] in passes/join_launches.py): the
-                                    # other role's barrier, fence and atomic, the spin seeing the count, the activations'
-                                    # round trip past L1; fitted to the 1 B Llama's role, 2.88 us after the attention
+    "gemv_join_us": 2.4,            # JOIN ([Note: the O projection joined to the attention]): the other role's
+                                    # barrier, fence and atomic, the spin seeing the count, the activations' round
+                                    # trip past L1; fitted to the 1 B Llama's role, 2.88 us after the attention
                                     # (session 63, [Note: the joined launch measured]; 0.8 guessed before)
     "gemv_fill_head_bytes": 4194304.0,  # [Note: L2 fill] (passes/l2_fill.py): the next stream's head requested into L2
                                         # (1.1, 4, 8, 16 MiB measured; 4 the fastest plan, session 46)
