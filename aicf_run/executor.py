@@ -59,6 +59,7 @@ from aicf_run.errors import RunError
 from aicf_run.graph import Graph
 from aicf_run.interop import DeviceArray, DeviceView, check_tensors, view
 from aicf_run.plans import PlanInfo, plan_index, plan_infos
+from aicf_run.schema import launch_records
 from aicf_run.streams import Joiner, stream_handle
 from aicf_run.weights import CHUNK_BYTES, weight_pieces
 
@@ -529,7 +530,7 @@ class Executor:
         out: list[tuple[int, int] | None] = []
         # a launch's records, its own and those joined to it ([Note: a joined role's stamps])
         for launch, kernel in ((launch, record) for launch, host in zip(self._launches, self.bundle.kernels)
-                               for record in (host, *host.get("joined", []))):
+                               for record in launch_records(host)):
             stamps = kernel.get("timeline")
             if stamps is None:
                 out.append(None)

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from aicf_run.errors import RunError
 from aicf_run.graph import Graph
 from aicf_run.roofline import Point
+from aicf_run.schema import launch_records
 from aicf_run.timing import REPEATS, median_per_launch_us
 
 if TYPE_CHECKING:
@@ -204,21 +205,15 @@ def format_profile(report: ProfileReport) -> str:
            if known else []))
 
 
-def _records(kernel: dict[str, Any]) -> list[dict[str, Any]]:
-    """A launch's kernel records: its own and those joined to it ([Note: a gemv joined to the launch before it] in
-    aicfc/codegen/join.py), timed as one launch."""
-    return [kernel, *kernel.get("joined", [])]
-
-
 def _predicted(kernel: dict[str, Any], key: str) -> float | None:
     """A launch's predicted `key` (time_us, flops, bytes): the sum over its records; None where one lacks it."""
-    values = [_float(r.get("predicted", {}).get(key)) for r in _records(kernel)]
+    values = [_float(r.get("predicted", {}).get(key)) for r in launch_records(kernel)]
     return None if None in values else sum(values)
 
 
 def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
             target: dict[str, Any], copies: int = 1) -> KernelProfile:
-    records = _records(kernel)
+    records = launch_records(kernel)   # timed as one launch
     time_us, flops, nbytes = (_predicted(kernel, key) for key in ("time_us", "flops", "bytes"))
     unit = peak_unit(kernel)
     bandwidth = _float(target.get("dram_bandwidth_gbs"))

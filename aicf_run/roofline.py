@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from aicf_run.errors import RunError
+from aicf_run.schema import kernel_records
 
 KINDS = ("predicted", "measured")
 FORMATS = (".png", ".svg", ".pdf")
@@ -75,7 +76,7 @@ def points_from_payload(payload: dict[str, Any]) -> list[Point]:
     zero or undefined, and a log axis has no place for them.
     """
     points = []
-    for kern in (r for k in payload["kernels"] for r in (k, *k.get("joined", []))):   # joined kernels too
+    for kern in kernel_records(payload["kernels"]):   # joined kernels too
         p = kern["predicted"]
         point = Point(kern["name"], float(p["flops"]), float(p["bytes"]), float(p["time_us"]), "predicted")
         if point.plottable:

@@ -246,6 +246,17 @@ def _check_casts(payload: dict, module_count: int, buffers: list[dict]) -> None:
                 _fail(f"{where}.block", f"{block} is {math.prod(block)} threads, over {_MAX_THREADS}")
 
 
+def launch_records(kernel: dict) -> list[dict]:
+    """A launch's kernel records: its own, then those its `joined` list says run in it ([Note: a gemv joined to the
+    launch before it] in aicfc/codegen/join.py)."""
+    return [kernel, *kernel.get("joined", [])]
+
+
+def kernel_records(kernels: list[dict]) -> list[dict]:
+    """Every kernel record of a payload's `kernels` (its launches), in the order they run."""
+    return [r for k in kernels for r in launch_records(k)]
+
+
 def _check_kernels(payload: dict, module_count: int, buffers: list[dict]) -> None:
     for where, kernel in _records(payload, "kernels", ""):
         _check_kernel(kernel, where, module_count, buffers)

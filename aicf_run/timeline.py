@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from aicf_run.errors import RunError
+from aicf_run.schema import kernel_records
 
 if TYPE_CHECKING:
     from aicf_run.executor import Executor
@@ -98,7 +99,7 @@ def timeline(executor: Executor, rounds: int = ROUNDS, busy: bool = False) -> Ti
     executor.launch()
     executor.synchronize()
     per_round = []
-    kernels = records(executor.bundle.kernels)
+    kernels = kernel_records(executor.bundle.kernels)
     widths = [k["timeline"]["stamps"] for k in kernels]
     try:
         for _ in range(rounds):
@@ -118,12 +119,6 @@ def timeline(executor: Executor, rounds: int = ROUNDS, busy: bool = False) -> Ti
         raise RunError(f"cannot read the timeline's stamps ({' '.join(str(err).split())[:300]}); check "
                        f"nvidia-smi") from None
     return summarize(per_round, kernels)
-
-
-def records(launches: Sequence[dict]) -> list[dict]:
-    """The kernel records in the order they run: each launch's own, then those joined to it ([Note: a joined role's
-    stamps] in aicfc/codegen/timeline.py)."""
-    return [r for k in launches for r in (k, *k.get("joined", []))]
 
 
 def summarize(rounds: Sequence[Sequence[np.ndarray]], kernels: Sequence[dict]) -> TimelineReport:

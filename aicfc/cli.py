@@ -118,6 +118,7 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
     """Compile MODEL (ONNX) into a bundle for aicf-run: one plan, or one per shape set."""
     from aicfc.artifact import write_bundle
     from aicfc.artifact.plans import merge_plans
+    from aicf_run.schema import kernel_records
     from aicfc.codegen.module import ModuleBuild, resolve_jobs
     from aicfc.driver import compile_model, parse_pins, shape_sets
     from aicfc.passes.pipeline import PIPELINE
@@ -176,7 +177,7 @@ def compile(model: str, output: str, target: str, precision: str, shapes: tuple[
     if not quiet:
         size = Path(output).stat().st_size
         kernels = sum(len(p["kernels"]) for p in plans)
-        total = sum(r["predicted"]["time_us"] for k in plans[0]["kernels"] for r in (k, *k.get("joined", [])))
+        total = sum(r["predicted"]["time_us"] for r in kernel_records(plans[0]["kernels"]))
         several = "" if len(plans) == 1 else f" ({len(plans)} plans, one per shape set, weights stored once)"
         click.echo(f"wrote {output}: {kernels} kernel(s) in {modules} module(s) ({cached} cached) "
                    f"for {target}{several}, {size} bytes, predicted {total:.1f} us"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from numbers import Real
 from typing import Any
 
+from aicf_run.schema import kernel_records, launch_records
 from aicfc.errors import AicfError
 
 KERNEL_KEYS = ("name", "symbol", "onnx_nodes", "family", "params", "grid", "block", "smem_bytes", "registers",
@@ -51,7 +52,8 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
                                                              "registers_source": "ptxas"
                     if kern.get("registers") is not None else "unknown"}
                     # [Note: a gemv joined to the launch before it]: a kernel that runs in the launch of the one before
-                    | ({"joined_into": kern["into"]} if "into" in kern else {}) for kern in _records(payload)],
+                    | ({"joined_into": kern["into"]} if "into" in kern else {})
+                    for kern in kernel_records(payload["kernels"])],
         "memory": {k: mem[k] for k in ("arena_bytes", "weights_bytes", "intermediate_bytes", "inplace")}
         | {"graph_intermediate_bytes": mem.get("graph_intermediate_bytes", 0)}
         | {"buffers": [{k: b[k] for k in ("name", "region", "offset", "nbytes")} for b in payload["buffers"]]}
@@ -61,7 +63,7 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
         "state": [{k: st[k] for k in ("name", "output", "dtype", "shape", "kernel", "write_bytes", "copy_bytes",
                                       "reason")} for st in payload.get("state", [])],
         # the kernels' predictions and the plan's gap between them ([Note: launch overhead and the plan gap])
-        "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in _records(payload))
+        "predicted_total_us": round(sum(k["predicted"]["time_us"] for k in kernel_records(payload["kernels"]))
                                     + len(payload["kernels"]) * gap, 3),
         "plan_gap_us": gap,
         # [Note: PDL]: how the kernels follow each other (absent in bundles from before: "stream")
@@ -71,15 +73,10 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
       | ({"timeline": True} if any("timeline" in k for k in payload["kernels"]) else {})   # [Note: timeline]
 
 
-def _records(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every kernel record in plan order: each launch, then the kernels joined to it (its `joined` list)."""
-    return [r for _, r in _paths(payload)]
-
-
 def _paths(payload: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """`_records`, each with its path in the payload (kernels[3], kernels[3].joined[0])."""
+    """`kernel_records`, each with its path in the payload (kernels[3], kernels[3].joined[0])."""
     return [(f"kernels[{i}]" + (f".joined[{j - 1}]" if j else ""), r) for i, kern in enumerate(payload["kernels"])
-            for j, r in enumerate((kern, *kern.get("joined", [])))]
+            for j, r in enumerate(launch_records(kern))]
 
 
 def check_explainable(payload: dict[str, Any]) -> None:

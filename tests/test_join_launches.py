@@ -237,7 +237,8 @@ def test_explain_and_profile_count_the_joined_kernel():
 def test_the_role_stamps_its_own_timeline_after_its_hosts():
     """[Note: a joined role's stamps] (aicfc/codegen/timeline.py): under --timeline the role has an array of its own,
     a row per role block, read after its host's; its go is its dependent-launch wait's return."""
-    from aicf_run.timeline import records, summarize
+    from aicf_run.schema import kernel_records
+    from aicf_run.timeline import summarize
     from aicfc.codegen import timeline
     from aicfc.codegen.nvcc import build
     payload = _payload("1", stamped=True)
@@ -258,7 +259,7 @@ def test_the_role_stamps_its_own_timeline_after_its_hosts():
     built = build(source, payload["target"]["arch"])
     assert built.spills.get(host["symbol"], 0) == 0
     # the reader: the role a row after its host; its phases in the order its blocks pass them
-    kernels = records(payload["kernels"])
+    kernels = kernel_records(payload["kernels"])
     at = kernels.index(role)
     assert kernels[at - 1] is host and len(kernels) == len(payload["kernels"]) + 1
     stamps = []

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from aicfc.codegen import gemm, gemm_gemv
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Rewrite
+from aicfc.ir.lowered import Rewrite, view_base
 from aicfc.passes.merge_kernels import switch
 from aicfc.planner.hardware import Profile
 
@@ -58,11 +58,9 @@ def why_not(plan: Plan, i: int) -> str | None:
         return NOTHING
     if not gemm_gemv.one_pair_a_thread(p):
         return f"a thread would hold more than one pair of its {p['BM']}x{p['BN']} tile"
-    source = {v.out: v.source for v in plan.views}
+    base = view_base(plan.views)
     for name in reads:
-        buf = name
-        while buf in source:
-            buf = source[buf]
+        buf = base(name)
         writers = [j for j, other in enumerate(plan.kernels) if buf in other.stores]
         late = [j for j in writers if j >= i - 1]
         if late:

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 from aicfc.codegen import FAMILIES, gemm, gemm_gemv, join
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.types import ITEMSIZE
-from aicfc.ir.lowered import Rewrite, loads
+from aicfc.ir.lowered import Rewrite, loads, view_base
 from aicfc.passes.merge_kernels import sites, switch
 from aicfc.planner import cost_gemv
 from aicfc.planner.hardware import Profile, blocks_per_sm
@@ -102,12 +102,7 @@ def why_not(plan: Plan, i: int) -> str | None:
     if host.schedule.grid[1:] != (1, 1):
         return f"the attention's grid {list(host.schedule.grid)} is not one-dimensional"
     c = gemm.dims(k)[0]
-    source = {v.out: v.source for v in plan.views}
-
-    def root(buffer: str) -> str:   # the tensor whose bytes a view reads
-        while buffer in source:
-            buffer = source[buffer]
-        return buffer
+    root = view_base(plan.views)   # the tensor whose bytes a view reads
     written = set(host.stores) | {ip.output for ip in host.inplace}
     if root(c.a.buffer) not in host.stores:
         return f"its activation {c.a.buffer!r} is not the attention's output"
@@ -193,13 +188,13 @@ def as_role(k: Kernel, host: Kernel, p: dict, regs: int | None, plan: Plan, hw: 
     from aicfc.planner.cost import estimate_registers
     _, _, n, _, _ = gemm.dims(k)
     grid, block = (math.ceil(n / p["BN"]), 1, 1), host.schedule.block
-    s = dataclasses.replace(k.schedule, params=tuple(sorted(p.items())), grid=grid, block=block, smem_bytes=0)
     types = plan.types()
     p = p | {"LANDED": landed_bytes(host, k, types, hw)}
     est = recost(k, p, grid, block, 0, int(regs or estimate_registers(k, p)), types, hw)
     if regs:
         est.terms["registers_ptxas"] = regs
-    return k.replace(schedule=dataclasses.replace(s, params=tuple(sorted(p.items())), predicted=est.as_items()))
+    return k.replace(schedule=dataclasses.replace(k.schedule, params=tuple(sorted(p.items())), grid=grid, block=block,
+                                                  smem_bytes=0, predicted=est.as_items()))
 
 
 def join_launches(plan: Plan, hw: Profile | None = None, pin: dict | None = None,
