@@ -525,6 +525,19 @@ def vector_rows(c: Contraction, types: Mapping[str, TensorType]) -> bool:
     return off.coeff("r0") == 1 and off.const % 4 == 0 and all(x % 4 == 0 for v, x in off.terms if v != "r0")
 
 
+def ahead(p: Mapping) -> int:
+    """AHEAD: steps a thread requests into L2 ahead of its loads ([Note: requests ahead of the stream]); an
+    experiment's switch, AICF_GEMV_AHEAD=kn=N;km=N (the [K, N] and the K-major gemvs; N alone: both), 0 by default."""
+    out = {}
+    for item in filter(None, os.environ.get("AICF_GEMV_AHEAD", "").split(";")):
+        key, _, value = item.rpartition("=")
+        for kind in ((key,) if key else ("kn", "km")):
+            if kind not in ("kn", "km") or not value.isdigit():
+                raise AicfError(f"AICF_GEMV_AHEAD: {item!r} is not kn=N, km=N or N")
+            out[kind] = int(value)
+    return 0 if p.get("TC") or p.get("JOIN") else out.get("km" if p.get("KM") else "kn", 0)
+
+
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: dict) -> str:
     from aicfc.codegen.common import decompose
     from aicfc.codegen.gemm import dims
@@ -549,6 +562,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   PRE=p.get("PRE", 0), PF=p.get("PF", 0), LINES=-(-p["BN"] * ITEMSIZE[types[c.b.buffer].dtype] // 128),
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
-                  RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0),
+                  RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0), AHEAD=ahead(p),
                   JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]), JG=p.get("JG", 0),
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
