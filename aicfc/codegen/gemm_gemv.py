@@ -110,7 +110,13 @@ H100, the 4-layer decode plan of benchmarks/generate.py's Llama, replayed as one
 alternating rounds: 280.6 us against 285.5 without (`benchmarks/results/gemv_prewait_session8_h100.txt`).
 Prefetching more of the slice into L2 (`prefetch.global.L2`, 32 KB a block) made each gemv
 faster timed alone but the plan slower: 295.7 us with the prefetch before the wait, 297.2 after
-it, 318.8 with a rolling prefetch two steps ahead; so the kernel keeps no L2 prefetch.
+it, 318.8 with a rolling prefetch two steps ahead; so the kernel keeps no L2 prefetch. Measured again in
+session 64 on the kernels of today (an H200, the 1 B Llama's 4-layer decode plan, 5 alternating rounds, one process;
+benchmarks/results/ahead_ab_session64_h200.txt): each thread requesting its weight lines N steps past its own loads
+into L2 (`prefetch.global.L2`, one request a 128-byte line, an experiment's switch since removed) replayed the plan
+165.9 / 170.0 us with the [K, N] gemvs (the gate/up, the LM head) 2 / 4 steps ahead, 159.0 with the K-major ones
+1 step ahead, 172.4 with both, against 151.6: more bytes requested in flight do not raise a gemv's stream. The
+QKVs in blocks of 4 warps (768 blocks that fit one retiring down block's registers) replayed it in 151.5.
 Staging more of the slice in shared memory fared the same (session 10, an H200, the same plan,
 benchmarks/decode_ab.py on the branch session10-gemv-staged; results in
 benchmarks/results/decode_ab*_session10_h200.txt): the first steps of each block's weight
@@ -525,19 +531,6 @@ def vector_rows(c: Contraction, types: Mapping[str, TensorType]) -> bool:
     return off.coeff("r0") == 1 and off.const % 4 == 0 and all(x % 4 == 0 for v, x in off.terms if v != "r0")
 
 
-def ahead(p: Mapping) -> int:
-    """AHEAD: steps a thread requests into L2 ahead of its loads ([Note: requests ahead of the stream]); an
-    experiment's switch, AICF_GEMV_AHEAD=kn=N;km=N (the [K, N] and the K-major gemvs; N alone: both), 0 by default."""
-    out = {}
-    for item in filter(None, os.environ.get("AICF_GEMV_AHEAD", "").split(";")):
-        key, _, value = item.rpartition("=")
-        for kind in ((key,) if key else ("kn", "km")):
-            if kind not in ("kn", "km") or not value.isdigit():
-                raise AicfError(f"AICF_GEMV_AHEAD: {item!r} is not kn=N, km=N or N")
-            out[kind] = int(value)
-    return 0 if p.get("TC") or p.get("JOIN") else out.get("km" if p.get("KM") else "kn", 0)
-
-
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: dict) -> str:
     from aicfc.codegen.common import decompose
     from aicfc.codegen.gemm import dims
@@ -562,6 +555,6 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   PRE=p.get("PRE", 0), PF=p.get("PF", 0), LINES=-(-p["BN"] * ITEMSIZE[types[c.b.buffer].dtype] // 128),
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
-                  RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0), AHEAD=ahead(p),
+                  RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0),
                   JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]), JG=p.get("JG", 0),
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
