@@ -152,21 +152,17 @@ def test_prefill_and_fp32_keep_their_norms():
 
 @pytest.mark.parametrize("batch", [2, 8])
 def test_rows_held_bound_the_schedules(batch):
-    """A scaled gemv holds at most RSV_MAX vectors of the rows a thread; at 8 rows none fits, and the tensor-core
-    steps add the statistic from their own activations instead ([Note: the row statistic from the stream]): one split,
-    or splits of one cluster, which meet the statistics with the sums."""
+    """A scaled gemv holds at most RSV_MAX vectors of the rows a thread: at 8 rows none fits, and the
+    norms stay row passes (measured: the plan did not gain, [Note: a norm's row scale in the gemv])."""
     plan = plan_of(decoder(batch=batch), decode_shapes(batch), "fp16")
     scaled = [k for k in plan.kernels if gemm.row_scale(k) is not None]
-    assert len(scaled) == 4
+    assert bool(scaled) == (batch < 8)
     for k in scaled:
         p, kk = k.schedule.param, gemm.dims(k)[3]
+        assert p["BM"] * gemm_gemv.row_vectors(p, kk) <= gemm_gemv.RSV_MAX
         assert all(dict(c.params)["unit"] == "gemv" for c in k.schedule.candidates if not c.rejected_because)
-        held = p["BM"] * gemm_gemv.row_vectors(p, kk) <= gemm_gemv.RSV_MAX
-        assert held == (batch < 8) and gemm_gemv.row_stat_from_stream(p, kk) == (batch == 8)
-        if batch == 8:
-            assert p["TC"] == 1 and (p["SPLITK"] == 1 or p["CL"] == 1)
-    assert gemm_gemv.row_scale_fits({"BM": 8, "WARPS": 4, "SPLITK": 2, "CL": 0, "TC": 1}, 2048) is not None
-    assert gemm_gemv.row_scale_fits({"BM": 8, "WARPS": 4, "SPLITK": 1, "TC": 0}, 2048) is not None
+    if batch == 8:
+        assert any("no gemv schedule holds its rows" in r.reason for r in _records(plan))
 
 
 def test_both_plans_share_the_folded_weights(tmp_path):
@@ -198,8 +194,7 @@ def check_decode_step(got: dict, ref: dict, precision: str, cfg: DecoderConfig =
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,tc,precision", [(1, 0, "fp16"), (2, 1, "fp16"), (2, 0, "fp16"), (1, 0, "bf16"),
-                                               (8, 1, "fp16"), (8, 1, "bf16")])
+@pytest.mark.parametrize("batch,tc,precision", [(1, 0, "fp16"), (2, 1, "fp16"), (2, 0, "fp16"), (1, 0, "bf16")])
 @pytest.mark.parametrize("fold", ["1", "0"])
 def test_gpu_decode_step_matches_onnxruntime(batch, tc, precision, fold, gpu_device):
     model = decoder(batch)
@@ -212,7 +207,7 @@ def test_gpu_decode_step_matches_onnxruntime(batch, tc, precision, fold, gpu_dev
     check_decode_step(run_payload(payload, inputs, gpu_device), ref, precision)
 
 
-@pytest.mark.parametrize("batch", [1, 4, 8])
+@pytest.mark.parametrize("batch", [1, 4])
 def test_every_row_scaled_candidate_builds_without_spills(batch):
     """Every gemv candidate of the scaled QKV (rotary epilogue) and gate/up (gated epilogue) compiles
     (nvcc, sm_90a) with no local memory (ptxas -v), the rows' vectors held through the loop included;

@@ -260,7 +260,7 @@ def without_hint(p: Mapping) -> dict | None:
 
 def static_smem(k: Kernel, p: Mapping) -> int:
     if p["unit"] == "gemv":   # and a row-scaled gemv's warps' parts of each row's statistic
-        return gemm_gemv.static_smem(p) + (gemm_gemv.row_stat_smem(p, dims(k)[3]) if row_scale(k) is not None else 0)
+        return gemm_gemv.static_smem(p) + (4 * p["WARPS"] * p["BM"] if row_scale(k) is not None else 0)
     if p["unit"] == "thin":
         return gemm_thin.static_smem(p)
     if p["unit"] == "wgmma":

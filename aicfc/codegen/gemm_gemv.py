@@ -286,28 +286,13 @@ def row_vectors(p: Mapping, kk: int) -> int:
 
 
 def row_scale_fits(p: Mapping, kk: int) -> str | None:
-    """Why schedule `p` cannot hold the rows of a row-scaled gemv (None: it can); on tensor cores, where they do
-    not fit, the statistic comes from the loop's own activations ([Note: the row statistic from the stream])."""
+    """Why schedule `p` cannot hold the rows of a row-scaled gemv (None: it can)."""
     held = p["BM"] * row_vectors(p, kk)
     if kk % VEC:
         return f"a row of {kk} elements is not whole 16-byte vectors"
-    if held > RSV_MAX and not p.get("TC"):
+    if held > RSV_MAX:
         return f"{held} vectors of the rows a thread, over {RSV_MAX}"
-    if held > RSV_MAX and p["SPLITK"] > 1 and not p.get("CL"):
-        return f"{held} vectors of the rows a thread, over {RSV_MAX}, and the splits' statistics would meet in scratch"
     return None
-
-
-def row_stat_from_stream(p: Mapping, kk: int) -> bool:
-    """[Note: the row statistic from the stream]: a tensor-core gemv whose threads cannot hold the rows (RSV_MAX)."""
-    return bool(p.get("TC")) and p["BM"] * row_vectors(p, kk) > RSV_MAX
-
-
-def row_stat_smem(p: Mapping, kk: int) -> int:
-    """Shared memory of a row-scaled gemv's statistic: the warps' parts, and from the stream the block's rows and
-    its cluster's inbox of the other splits' rows."""
-    out = 4 * p["WARPS"] * p["BM"]
-    return out + (4 * p["BM"] * p["SPLITK"] if row_stat_from_stream(p, kk) else 0)
 
 
 # [Note: the gemv over a K-major weight]: columns a block, k-parts a column (over the warps), vectors a lane a step
@@ -571,6 +556,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0),
-                  RSL=parts["row_scale"] is not None and row_stat_from_stream(p, parts["K"]),
                   JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]), JG=p.get("JG", 0),
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})

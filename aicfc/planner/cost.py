@@ -225,10 +225,7 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
         # the epilogue's operations do not add (they run after the loop's registers are free);
         # tensor-core steps: gemm_gemv.tc_held's own fit (session 27)
         # a row-scaled gemv also holds its rows' vectors through the loop ([Note: a norm's row scale in the gemv])
-        kk = gemm.dims(k)[3]
-        # a row-scaled gemv's rows held through the loop, where it holds them ([Note: the row statistic from the stream])
-        held = (4 * p["BM"] * gemm_gemv.row_vectors(p, kk)
-                if gemm.row_scale(k) is not None and not gemm_gemv.row_stat_from_stream(p, kk) else 0)
+        held = 4 * p["BM"] * gemm_gemv.row_vectors(p, gemm.dims(k)[3]) if gemm.row_scale(k) is not None else 0
         return gemm_gemv.registers(p) + 16 + held
     if k.family == "gemm" and p["unit"] == "thin":
         # the held weight fragments, accumulators and two slabs' A pieces (gemm_thin.held), the epilogue's values
