@@ -212,8 +212,14 @@ the plan did not gain (240.5 us against 240.9): the scaled QKV and gate/up ran 0
 alone, about what the two norms cost. Read after the loop instead (no register held, the unscaled
 kernel's schedules; one L2 round trip a block exposed) the 8-row plan was slower still: 244.4 us against
 241.3 (HEAD) and 240.6 (the norms apart), the kernels alone 227.5 against 223.4 us (call 6; tried, not
-kept). So 8 rows keep their norms, which the planner's figures do not see (it predicts the 8-row folds
-faster: a one-row norm is predicted 2.8-3.4 us and measures 1.0-1.7 alone).
+kept). A third form, session 64 (benchmarks/results/rowstat_b8_session64_h200.txt, commit 9eac58a, reverted): on
+tensor cores each lane added the statistic's elements of the activations it loads for its own products (no row held,
+no extra load), the quads and warps in order and a cluster's splits pushing theirs to rank 0 with the sums, so the
+scaled QKV and gate/up kept the unscaled schedules (122 and 126 registers against 120 and 124): correct (the GPU tests
+at B8 fp16 and bf16 against onnxruntime, memcheck 0 errors) and slower, the 4-layer 8-row plan 212.9 us against 210.0
+with its norms apart (5 alternating rounds; the generate step 0.2303 ms against 0.2269). So 8 rows keep their norms,
+which the planner's figures do not see (it predicts the 8-row folds faster: a one-row norm is predicted 2.8-3.4 us and
+measures 1.0-1.7 alone; at 8 rows 1.05-1.11 us alone against 2.77, session 64's profile).
 The model's final norm (after the last down projection, before the LM head) stays a row pass: it reads
 the last residual sum, which inline_producers recomputes inside it (two buffers), so the fold declines.
 Session 52 (an H200, benchmarks/results/final_norm_session52_h200.txt) tried storing that sum from the
