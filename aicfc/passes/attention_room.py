@@ -61,6 +61,12 @@ def warp_registers(regs: int) -> int:
     return math.ceil(regs * 32 / 256) * 256
 
 
+def register_cap(hw: Profile, held_warps: int, held_regs: int, warps: int) -> int:
+    """Registers a thread (in the allocation's steps of 8, at most 255) that `warps` more warps may take on an SM
+    beside `held_warps` warps of `held_regs` registers a thread."""
+    return min(255, (hw.registers_per_sm - held_warps * warp_registers(held_regs)) // (warps * 256) * 8)
+
+
 def checked_registers(k: Kernel) -> int | None:
     """ptxas's count where the register check ran, else the schedule's."""
     s = k.schedule
@@ -78,9 +84,7 @@ def room(gemv: Kernel, attention: Kernel, hw: Profile, a_regs: int | None = None
     a_threads = block_threads(attention)
     warps = math.ceil(block_threads(gemv) / 32)
     busiest = math.ceil(math.prod(gemv.schedule.grid) / hw.sm_count)
-    budget = hw.registers_per_sm - math.ceil(a_threads / 32) * warp_registers(a_regs)
-    cap = (budget // (busiest * warps * 256)) * 8       # registers a thread, in the allocation's steps of 8
-    cap = min(cap, 255)
+    cap = register_cap(hw, math.ceil(a_threads / 32), a_regs, busiest * warps)
     if cap < MIN_REGS:
         return None, (f"{busiest} of its blocks and one of {attention.name}'s would leave it {cap} registers a "
                       f"thread (under {MIN_REGS})")

@@ -149,14 +149,13 @@ def room_registers(plan: Plan, i: int, hw: Profile) -> int | None:
     """The registers a thread the launch of attention `plan.kernels[i]` may take for one of its blocks to land beside
     the blocks of the gemv before it on that gemv's busiest SM ([Note: room for the attention] in
     passes/attention_room.py), where that room holds the attention alone; None where there is no such gemv or room."""
-    from aicfc.passes.attention_room import block_threads, checked_registers, warp_registers
+    from aicfc.passes.attention_room import block_threads, checked_registers, register_cap
     host = plan.kernels[i]
     before = plan.kernels[i - 1] if i else None
     if before is None or gemm_gemv.params(before) is None or not (regs := checked_registers(before)):
         return None
     busiest = math.ceil(math.prod(before.schedule.grid) / hw.sm_count)
-    free = hw.registers_per_sm - busiest * math.ceil(block_threads(before) / 32) * warp_registers(regs)
-    cap = min(255, free // (math.ceil(block_threads(host) / 32) * 256) * 8)
+    cap = register_cap(hw, busiest * math.ceil(block_threads(before) / 32), regs, math.ceil(block_threads(host) / 32))
     own = checked_registers(host)
     return cap if own and own <= cap else None
 
