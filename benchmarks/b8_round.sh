@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The 8-row decode step's next GPU checks (issue 19; written in session 64, whose device was taken away before they
+# ran), each a device call of under 10 minutes:
+#   bash benchmarks/b8_round.sh proto   # benchmarks/prototypes/gemv_tc_kmajor.cu: an 8-row tensor-core gemv over a
+#                                       # K-major weight, k permuted so a lane loads its fragments directly, against a
+#                                       # plain read of the same bytes; session 64's profile of the product's kernels
+#                                       # alone: gate/up 15.3 us, down 9.43, QKV 6.47, O 5.21-5.45
+#   bash benchmarks/b8_round.sh ab      # the 1 B Llama's 4-layer B8 decode plan: the planner's pick against the split
+#                                       # attention in 3 / 6 chunks (it picks 2) and the O projections split 8 ways
+#                                       # (it picks 4), 5 alternating rounds in one process
+# Logs go to $OUT (the device tool's output folder), or /tmp/out.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source .gpu/env.sh
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu_$1.txt"
+case "$1" in
+  proto)
+    nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/gemv_tc_kmajor benchmarks/prototypes/gemv_tc_kmajor.cu &&
+        timeout 300 /tmp/gemv_tc_kmajor | tee "$OUT/gemv_tc_kmajor.txt"
+    ;;
+  ab)
+    python3 -m pip install -q -e . > /dev/null 2>&1
+    O8=dpin.node_matmul_104:SPLITK=8,dpin.node_matmul_200:SPLITK=8,dpin.node_matmul_296:SPLITK=8,dpin.node_matmul_392:SPLITK=8
+    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+        --variant base: --variant s3:dpin.SPLITS=3 --variant s6:dpin.SPLITS=6 --variant "o8:$O8" \
+        2>&1 | grep -i "compiled\|error\|Traceback"
+    timeout 330 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 5 --folder /tmp/b8 --jobs 16 \
+        --bundle base=/tmp/b8/base.aicf --bundle s3=/tmp/b8/s3.aicf --bundle s6=/tmp/b8/s6.aicf \
+        --bundle o8=/tmp/b8/o8.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/b8_ab.txt" | tail -8
+    ;;
+  *)
+    echo "usage: bash benchmarks/b8_round.sh proto|ab" >&2
+    exit 2
+    ;;
+esac
