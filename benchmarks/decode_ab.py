@@ -79,6 +79,7 @@ def environment(values: dict[str, str]):
 
 def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env: dict, out: Path, jobs: int,
                     timeline: bool = False, batch: int = 1) -> float:
+    from aicf_run.schema import kernel_records
     from aicfc.artifact import write_bundle
     from aicfc.driver import compile_plans
     start = time.perf_counter()
@@ -96,8 +97,7 @@ def compile_variant(path: Path, cfg: DecoderConfig, prompt: int, pins: dict, env
     decode = [p for p in payload["plans"] if p["inputs"][0]["shape"][1] == 1]
     for plan in decode:
         picks = [" ".join(f"{k}{v}" for k, v in sorted(k["params"].items()) if k != "unit")
-                 for k in (r for launch in plan["kernels"] for r in (launch, *launch.get("joined", [])))
-                 if k["params"].get("unit") == "gemv"]
+                 for k in kernel_records(plan["kernels"]) if k["params"].get("unit") == "gemv"]
         print(f"  {out.stem} decode gemvs: {' | '.join(dict.fromkeys(picks))}", flush=True)
     return time.perf_counter() - start
 
