@@ -21,7 +21,7 @@ from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, check_model, import_mode
 from aicfc.ir.shared_weights import shared
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
-from aicfc.passes.relayout_weights import GEMV_PIN, GEMV_RULE
+from aicfc.passes.relayout_weights import DECIDING, GEMV_PIN, GEMV_RULE
 from aicfc.passes.plan_schedules import pins_unused
 from aicfc.planner.hardware import load_profile
 
@@ -130,7 +130,7 @@ def _compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tupl
     user = dict(options.get("pin") or {})
     order = sorted(range(len(shape_sets)), key=lambda i: _input_elements(shape_sets[i]))
     payloads: dict[int, dict[str, Any]] = {}
-    layout: str | None = None if str(user.get(GEMV_PIN, "1")) == "1" else str(user[GEMV_PIN])
+    layout: str | None = None if str(user.get(GEMV_PIN, "1")) in DECIDING else str(user[GEMV_PIN])
     decide = layout is None
 
     def build(i: int) -> None:
@@ -151,11 +151,13 @@ def _compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tupl
     for i in order:
         build(i)
         if layout is None:
-            layout = "+".join(sorted(_k_major(payloads[i])[0])) or "0"
-    kept = set() if layout == "0" else set(layout.split("+"))
+            chosen = sorted(_k_major(payloads[i])[0])
+            layout = "+".join((["tc"] if str(user.get(GEMV_PIN)) == "tc" else []) + chosen) if chosen else "0"
+    kept = set() if layout == "0" else set(layout.split("+")) - {"tc"}
     vetoed = set().union(*(_k_major(p)[1] for p in payloads.values())) & kept
     if vetoed and decide:
-        layout = "+".join(sorted(kept - vetoed)) or "0"
+        tc = ["tc"] if str(user.get(GEMV_PIN)) == "tc" else []
+        layout = "+".join(tc + sorted(kept - vetoed)) if kept - vetoed else "0"
         for i in order:
             if _k_major(payloads[i])[0] != kept - vetoed:
                 build(i)

@@ -8,6 +8,8 @@
 #   bash benchmarks/b8_round.sh ab      # the 1 B Llama's 4-layer B8 decode plan: the planner's pick against the split
 #                                       # attention in 3 / 6 chunks (it picks 2) and the O projections split 8 ways
 #                                       # (it picks 4), 5 alternating rounds in one process
+#   bash benchmarks/b8_round.sh tc      # session 65: the tensor-core gemv over K-major weights (`--pin kmajor=tc`):
+#                                       # its GPU tests, memcheck of one case, the 4-layer B8 plan against the default
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,8 +32,20 @@ case "$1" in
         --bundle base=/tmp/b8/base.aicf --bundle s3=/tmp/b8/s3.aicf --bundle s6=/tmp/b8/s6.aicf \
         --bundle o8=/tmp/b8/o8.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/b8_ab.txt" | tail -8
     ;;
+  tc)
+    # the tensor-core gemv over K-major weights (session 65, `--pin kmajor=tc`): its GPU tests, memcheck of one
+    # case, then the 4-layer B8 decode plan against the planner's default ([K, N] tensor-core gemvs), 4 rounds
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    timeout 130 python3 -m pytest -q -m gpu -n 8 tests/test_gemv_kmajor.py -k tensor_core 2>&1 | tail -6 | tee "$OUT/tckm_tests.txt"
+    timeout 70 compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu tests/test_gemv_kmajor.py \
+        -k "tensor_core and M8K2000 and BN32W8U4 and fp16" 2>&1 | tail -4 | tee "$OUT/tckm_memcheck.txt"
+    timeout 110 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+        --variant base: --variant tc:pin.kmajor=tc 2>&1 | tee "$OUT/tckm_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
+    timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 4 --folder /tmp/b8 --jobs 16 \
+        --bundle base=/tmp/b8/base.aicf --bundle tc=/tmp/b8/tc.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tckm_ab.txt" | tail -8
+    ;;
   *)
-    echo "usage: bash benchmarks/b8_round.sh proto|ab" >&2
+    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc" >&2
     exit 2
     ;;
 esac

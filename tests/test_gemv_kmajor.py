@@ -48,8 +48,26 @@ def test_a_bad_kmajor_pin_is_one_line():
 
 @pytest.mark.parametrize("rows", [2, 8])
 def test_more_rows_keep_the_weight_k_by_n(rows):
+    """By default 2-8 rows keep [K, N]; `--pin kmajor=tc` offers their weights K-major to the tensor-core steps over
+    them ([Note: the tensor-core gemv over a K-major weight]), taken where predicted faster."""
     plan = plan_of(rows_model(rows, 5632, 2048, np.random.default_rng(0)), {}, "fp16")
     assert GEMV_RULE not in _gemm(plan).rewrites and not _gemm(plan).schedule.param.get("KM")
+    tc = plan_of(rows_model(rows, 5632, 2048, np.random.default_rng(0)), {}, "fp16", {"kmajor": "tc"})
+    p = _gemm(tc).schedule.param
+    assert GEMV_RULE in _gemm(tc).rewrites and p["KM"] == 1 and p["TC"] == 1 and p["BM"] == rows and p["KS"] == p["WARPS"]
+
+
+def test_every_tensor_core_k_major_candidate_builds_without_spills():
+    """The tensor-core steps over a K-major weight at 3 rows, N not a multiple of the tile, K not of a warp's part:
+    each candidate builds; at most the spills the register check rejects (none at U 1 or 4)."""
+    from aicfc.codegen.module import count_registers
+    plan = plan_of(rows_model(3, 2000, 1032, np.random.default_rng(2), bias=True), {}, "fp16", {"kmajor": "tc"})
+    k = _gemm(plan)
+    space = [p for p in gemm.space(k, plan) if p.get("KM")]
+    assert space and all(p["TC"] == 1 and p["BM"] == 3 and p["SPLITK"] == 1 for p in space)
+    (found,) = count_registers(plan, [(k, space)])
+    assert all(0 < regs <= 255 for regs, _ in found)
+    assert not [(p, spill) for p, (_, spill) in zip(space, found) if spill and p["U"] != 2]
 
 
 def test_the_decode_step_reads_its_rotary_and_filled_projections_k_major():
@@ -211,3 +229,31 @@ def test_mb_is_the_grids_blocks_on_the_busiest_sm(monkeypatch):
     (k,) = [k for k in payload["kernels"] if k["family"] == "gemm"]
     assert k["params"]["MB"] == 8 and k["registers"] <= 64
     assert "__launch_bounds__(128, 8)" in "".join(m["source"] for m in payload["modules"])
+
+
+TCKM_PINS = [{"BN": 16, "WARPS": 4, "U": 1}, {"BN": 16, "WARPS": 8, "U": 4}, {"BN": 32, "WARPS": 4, "U": 2},
+             {"BN": 32, "WARPS": 8, "U": 4}]
+# (rows, K, N, bias, residual): N not a multiple of BN, K not a multiple of a warp's part
+TCKM_CASES = [(8, 2048, 3072, False, True), (2, 5632, 2056, True, True), (3, 1000, 264, True, False), (8, 2000, 1030, False, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("pin", TCKM_PINS, ids=lambda p: "BN{BN}W{WARPS}U{U}".format(**p))
+@pytest.mark.parametrize("case", TCKM_CASES, ids=lambda c: "M{}K{}N{}{}{}".format(c[0], c[1], c[2], "-bias" if c[3] else "",
+                                                                                  "-res" if c[4] else ""))
+def test_tensor_core_k_major_gemv_matches_numpy(case, pin, precision, gpu_device):
+    rows, k, n, bias, residual = case
+    model = rows_model(rows, k, n, np.random.default_rng(k + n), bias, residual)
+    _run_against_numpy(model, {"KM": 1, "TC": 1, "kmajor": "tc+w", **pin}, precision, gpu_device,
+                       GEMV_RULE if n * 2 % 16 == 0 else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("pin", TCKM_PINS[:3], ids=lambda p: "BN{BN}W{WARPS}U{U}".format(**p))
+def test_tensor_core_k_major_rotary_gemv_matches_numpy(pin, precision, gpu_device):
+    """The rotary epilogue over the tensor-core steps at 8 rows (a 16-column block is 8 columns of each half)."""
+    from benchmarks.gemv import rope_model
+    model = rope_model(8, 1, hidden=1000, heads=8, kv_heads=2, d=64, position=7, seed=11, weighted=True)
+    _run_against_numpy(model, {"KM": 1, "TC": 1, "kmajor": "tc+" + _weight(model), **pin}, precision, gpu_device, GEMV_RULE)

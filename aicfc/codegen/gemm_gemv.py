@@ -307,6 +307,8 @@ KM_MAX_STEPS = 32  # a warp's steps (columns x steps a column), unrolled in the 
 KM_MB_REGS = 64    # registers a thread must keep for MB to be given ([Note: the K-major gemv's register budget])
 PF_CHUNK = 64 * 1024   # bytes a bulk L2 request of a K-major block's slice ([Note: L2 fill]: PF = 1)
 TC_SPACE = {"BN": (64, 128, 256), "U": (1, 2, 4)}   # the tensor-core steps' own (WARPS, SPLITK, CL as SPACE)
+# [Note: the tensor-core gemv over a K-major weight]: 16-column tiles a block (BN = 16·T), U chunks of 32 k-rows a warp a step
+TCKM_SPACE = {"T": (1, 2), "WARPS": (4, 8), "U": (1, 2, 4)}
 
 
 def tc_held(seg: int, u: int) -> int:
@@ -316,6 +318,18 @@ def tc_held(seg: int, u: int) -> int:
     ptxas (CUDA 13) allocates within -22..+8 of it over the plain and rotary spaces at 3 and 8
     rows (U = 1: 66-71 for 72; U = 4: 188-192)."""
     return 16 * seg + 32 * u * seg + 24
+
+
+def tckm_held(t: int, u: int) -> int:
+    """Registers a tensor-core thread over a K-major weight holds through its loop: U chunks of two 16-byte weight
+    vectors a tile and one of activations, 4 accumulators a tile, and 24 for the addresses and the rest (a guess
+    until ptxas's counts are fitted: the register check reads what ptxas allocates)."""
+    return 8 * u * t + 4 * u + 4 * t + 24
+
+
+def k_part(kk: int, p: Mapping) -> int:
+    """k-rows of a warp's part in a tensor-core gemv over a K-major weight: K over the warps, in whole 32-row chunks."""
+    return -(-kk // (32 * p["WARPS"])) * 32
 
 
 def one_pair_a_thread(p: Mapping) -> bool:
@@ -334,7 +348,10 @@ def segments(p: Mapping) -> int:
 
 
 def step_bytes(p: Mapping) -> int:
-    """Weight bytes a thread requests per step of its loop."""
+    """Weight bytes a thread requests per step of its loop (tensor cores over a K-major weight: two 16-byte
+    vectors a 16-column tile a chunk)."""
+    if p.get("KM") and p.get("TC"):
+        return p["U"] * p["BN"] * 2
     return p["U"] * segments(p) * (64 if p.get("TC") else 16)
 
 
@@ -362,7 +379,7 @@ def held(m: int, seg: int, u: int) -> int:
 def k_step(p: Mapping) -> int:
     """k-rows a block covers per step of its loop (over a K-major weight, a column's k-part's step)."""
     if p.get("KM"):
-        return 32 * p["U"] * VEC
+        return 32 * p["U"] if p.get("TC") else 32 * p["U"] * VEC
     if p.get("TC"):
         return p["WARPS"] * 16 * p["U"]
     return p["WARPS"] * lanes(p["BN"])[1] * p["U"]
@@ -371,6 +388,8 @@ def k_step(p: Mapping) -> int:
 def registers(p: Mapping) -> int:
     """`held` (or `tc_held`) for the schedule `p`; over a K-major weight, the accumulators of a warp's
     columns and two steps' weight and activation vectors."""
+    if p.get("KM") and p.get("TC"):
+        return tckm_held(p["BN"] // 16, p["U"])
     if p.get("KM"):
         return p["BN"] * p["KS"] // p["WARPS"] + 16 * p["U"]
     if p.get("TC"):
@@ -395,8 +414,8 @@ def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
     off = flat_offset(c.b.index, types[c.b.buffer])
     if off.coeff("r0") == 1:   # K-major ([Note: the gemv over a K-major weight])
         a = flat_offset(c.a.index, types[c.a.buffer])
-        if rows != 1:
-            return f"{rows} rows: the gemv over a K-major weight is for one row"
+        if 1 < rows < TC_MIN_ROWS:
+            return f"{rows} rows: the gemv over a K-major weight is for one row or the tensor-core steps' {TC_MIN_ROWS}+"
         if kk % VEC or off.coeff(c.n) % VEC or off.const % VEC or any(x % VEC for v, x in off.terms if v not in (c.n, "r0")):
             return "gemv needs a K-major weight's columns in whole 16-byte vectors"
         if a.coeff("r0") != 1 or a.const % VEC or any(x % VEC for v, x in a.terms if v != "r0"):
@@ -420,7 +439,7 @@ def space(m: int, n: int, kk: int, early: bool = False, km: bool = False, hw: Pr
     constant of the plan, so its first bytes are requested before the dependent-launch wait
     (PRE = 1, [Note: gemv weights before the wait]); `km`: the weight is K-major (`km_space`, on `hw`'s SMs)."""
     if km:
-        return km_space(n, kk, early, hw)
+        return km_space(n, kk, early, hw) if m == 1 else tckm_space(m, n, kk, early)
     out = []
     for bn in SPACE["BN"]:
         seg = lanes(bn)[2]
@@ -466,6 +485,24 @@ def km_space(n: int, kk: int, early: bool, hw: Profile | None = None) -> list[di
                         continue
                     mb = km_blocks_per_sm(n, p, hw)
                     out.append(p | ({"PRE": 1} if early else {}) | ({"MB": mb} if mb else {}))
+    return out
+
+
+def tckm_space(m: int, n: int, kk: int, early: bool) -> list[dict]:
+    """[Note: the tensor-core gemv over a K-major weight]: `m` rows (2-8), T tiles of 16 columns a block, every warp
+    a part of k (KS = WARPS), U chunks of 32 k-rows a step; no split."""
+    out = []
+    for t in TCKM_SPACE["T"]:
+        if 16 * t > max(16, n):
+            continue
+        for warps in TCKM_SPACE["WARPS"]:
+            if warps * m * 16 * t * 4 > SMEM_MAX:
+                continue
+            for u in TCKM_SPACE["U"]:
+                p = {"unit": "gemv", "KM": 1, "TC": 1, "BM": m, "BN": 16 * t, "WARPS": warps, "KS": warps, "U": u,
+                     "SPLITK": 1, "CL": 0}
+                if tckm_held(t, u) <= TC_MAX_HELD:
+                    out.append(p | ({"PRE": 1} if early else {}))
     return out
 
 
@@ -544,9 +581,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
     ln, rw, _ = lanes(p["BN"]) if not p.get("KM") else (32, 1, 1)
     seg = segments(p)
-    cpw, vpp, spc = km_steps(p, parts["K"]) if p.get("KM") else (0, 0, 0)
-    if p.get("PRE", 0) > 1 and not p.get("KM"):   # passes/tail_steps.py offers more steps to K-major gemvs alone
-        raise AicfError(f"internal: {name}: PRE = {p['PRE']} steps before the wait needs a K-major weight (KM = 1)")
+    cpw, vpp, spc = km_steps(p, parts["K"]) if p.get("KM") and not p.get("TC") else (0, 0, 0)
+    if p.get("PRE", 0) > 1 and not (p.get("KM") and not p.get("TC")):   # passes/tail_steps.py offers more steps to K-major gemvs alone
+        raise AicfError(f"internal: {name}: PRE = {p['PRE']} steps before the wait needs a K-major weight on "
+                         f"the SIMT steps (KM = 1, TC = 0)")
     if p.get("JOIN") and not (p.get("KM") and p["SPLITK"] == 1 and p.get("KS") == 1 and not parts["rotary"]
                               and parts["row_scale"] is None):   # passes/join_launches.why_not never asks for it
         raise AicfError(f"internal: {name}: a joined gemv needs a K-major weight in one split and one part a column, "
@@ -556,6 +594,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                         f"{p['BM']}x{p['BN']} over {threads(p)} threads")
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
                   KM=p.get("KM", 0), KS=p.get("KS", 1), CPW=cpw, VPP=vpp, SPC_=spc,
+                  T=p["BN"] // 16, KP=k_part(parts["K"], p) if p.get("KM") and p.get("TC") else 0,
                   AVEC=bool(p.get("TC")) and vector_rows(c, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
                   PRE=p.get("PRE", 0), PF=p.get("PF", 0), LINES=-(-p["BN"] * ITEMSIZE[types[c.b.buffer].dtype] // 128),

@@ -59,7 +59,10 @@ from aicfc.planner.hardware import Profile
 RULE = "weight[.., k, n] => weight[.., n, k] (K-major for wgmma)"
 GEMV_RULE = "weight[k, n] => weight[n, k] (a one-row gemv adds each column's k-rows in one block: no split-k merge)"
 GEMV_PIN = "kmajor"   # --pin kmajor=0: every gemv's weight [K, N]; 1 (the default): one-row gemvs' weights K-major where
-                      # predicted faster; compile_plans passes the bundle's choice as "+"-joined names
+                      # predicted faster; tc: 2-8 row gemvs' too (tensor-core steps over K-major weights, not yet
+                      # measured on a GPU: [Note: the tensor-core gemv over a K-major weight]); compile_plans passes
+                      # the bundle's choice as "+"-joined names (and the word tc where it was given)
+DECIDING = ("1", "tc")   # the pin's values under which the planner's predictions decide
 WINDOW_RULE = "weight[.., c, ..] => weight[.., c] (the window's vector loads along its innermost variable)"
 
 
@@ -84,10 +87,11 @@ def _wanted(k: Kernel, plan: Plan, weights: dict[str, Weight], types: Mapping[st
     return None
 
 
-def gemv_candidates(plan: Plan) -> tuple[set[str], set[str]]:
+def gemv_candidates(plan: Plan, tensor_cores: bool = False) -> tuple[set[str], set[str]]:
     """([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py) the constant [K, N] weights a one-row
-    fp16/bf16 gemv of this plan could read K-major, and those a gemv needs [K, N]: one of 2-8 rows (its
-    tensor-core steps read rows of columns). A gated (SwiGLU) gemv's weight is not offered: over K-major weights its
+    fp16/bf16 gemv of this plan could read K-major (one row, or 2-8 on tensor cores: [Note: the tensor-core gemv over
+    a K-major weight] in codegen/gemm_gemv.py), and those a gemv needs [K, N]: one whose rows are not whole 16-byte
+    vectors along k. A gated (SwiGLU) gemv's weight is not offered: over K-major weights its
     interleaved gate/up pairs ran 17.7 us against 12.6 (the 1 B Llama's, session 47), where the K-major unit's
     terms predict it faster. With MB ([Note: the K-major gemv's register budget]) they no longer lose, nor clearly
     gain (session 50, an H200, the 4-layer B1 decode plan with `--pin kmajor=NAMES` adding the gate/up weights, 7
@@ -116,7 +120,9 @@ def gemv_candidates(plan: Plan) -> tuple[set[str], set[str]]:
         fits = kk % gemm_gemv.VEC == 0 and a.coeff("r0") == 1 and a.const % gemm_gemv.VEC == 0
         if rows == 1 and gemm.gated(k):
             continue   # the gate/up pairs: K-major 17.7 us against 12.6 [K, N] (session 47); with MB about even (session 50)
-        (maybe if rows == 1 and fits else keep).add(c.b.buffer)
+        # 2-8 rows: the tensor-core steps read either layout ([Note: the tensor-core gemv over a K-major weight]);
+        # offered under `--pin kmajor=tc` alone until measured
+        (maybe if fits and (rows == 1 or tensor_cores and rows >= gemm_gemv.TC_MIN_ROWS) else keep).add(c.b.buffer)
     return maybe - keep, keep
 
 
@@ -169,7 +175,7 @@ def _move_last(ld: Load, dim: int) -> Load:
 
 def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = None) -> Plan:
     """`pin`'s GEMV_PIN: "0" keeps every gemv's weight [K, N]; "1" (the default) stores K-major those of this
-    plan's one-row gemvs predicted faster so (`gemv_wants`); a "+"-joined list of weight names (compile_plans'
+    plan's one-row gemvs predicted faster so (`gemv_wants`); "tc" those of its 2-8 row gemvs too; a "+"-joined list of weight names (compile_plans'
     choice for every plan of a bundle, which stores one copy) stores those K-major, less those a gemv of this plan
     needs [K, N] (recorded as declined: compile_plans reads them)."""
     weights = {w.name: w for w in plan.weights}
@@ -180,19 +186,22 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
         if (w := _wanted(k, plan, weights, types)):
             wanted[w[0]] = (len(weights[w[0]].type.shape) - 2, w[1], RULE)
     choice = str((pin or {}).get(GEMV_PIN, "1"))
-    maybe, keep = gemv_candidates(plan) if choice != "0" else (set(), set())
-    wants = gemv_wants(plan, hw, maybe) if choice == "1" else {}
-    gemv = set(wants) if choice == "1" else set() if choice == "0" else set(choice.split("+"))
+    words = set(choice.split("+"))
+    maybe, keep = gemv_candidates(plan, "tc" in words) if choice != "0" else (set(), set())
+    wants = gemv_wants(plan, hw, maybe) if choice in DECIDING else {}
+    gemv = set(wants) if choice in DECIDING else set() if choice == "0" else words - {"tc"}
     unknown = sorted(gemv - set(weights))
     if unknown:
-        raise AicfError(f"--pin {GEMV_PIN}={choice}: no weight named {unknown[0]!r}; give 0, 1 or weight names joined by +")
-    refused = [Rewrite(GEMV_RULE, name, False, "a gemv of this plan needs it [K, N] (2-8 rows: tensor-core "
-                       "steps)") for name in sorted(gemv & keep)]
+        raise AicfError(f"--pin {GEMV_PIN}={choice}: no weight named {unknown[0]!r}; give 0, 1, tc or weight names "
+                        "joined by +")
+    refused = [Rewrite(GEMV_RULE, name, False, "a gemv of this plan needs it [K, N] (2-8 rows: tensor-core steps "
+                       "over [K, N] unless --pin kmajor=tc, or rows not whole 16-byte vectors along k)")
+               for name in sorted(gemv & keep)]
     for name in sorted(gemv - keep):
         if name not in wanted and len(weights[name].type.shape) == 2:
-            why = (f"a one-row gemv then adds each column's k-rows in one block, no split-k merge: predicted "
+            why = (f"a gemv then adds each column's k-rows in one block, no split-k merge: predicted "
                    f"{wants[name][0]:.2f} -> {wants[name][1]:.2f} us ([Note: the gemv over a K-major weight])" if name in wants else
-                   "another plan of the bundle reads it with a one-row gemv (one copy of the weights)")
+                   "another plan of the bundle reads it with a gemv over it K-major (one copy of the weights)")
             wanted[name] = (0, why, GEMV_RULE)
     for k in plan.kernels:
         for name, dim in _window_wanted(k, weights):

@@ -94,8 +94,9 @@ def why_not(plan: Plan, i: int) -> str | None:
         return "not a gemv"
     if i == 0 or gemm_gemv.params(plan.kernels[i - 1]) is None:
         return "the kernel before it is not a gemv"
-    if not p.get("KM"):
-        return "its weight is not K-major (its loop is not unrolled: a step's registers are reused)"
+    if not p.get("KM") or p.get("TC"):
+        return ("its weight is not K-major" if not p.get("KM") else "it runs tensor-core steps") + \
+            " (its loop is not unrolled: a step's registers are reused)"
     if p.get("PRE") != 1:
         return "it requests no weights before its wait (PRE = 0)" if not p.get("PRE") else "already decided"
     if tail_us(plan.kernels[i - 1]) <= 0.0:

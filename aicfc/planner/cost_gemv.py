@@ -119,6 +119,7 @@ CONSTANTS = {
     "gemv_full_us": 2.0,            # a grid that fills every block slot: the next kernel's blocks cannot start early
     "gemv_cluster_spread": 0.3,     # a cluster spread over more than two SMs (SPLITK > 2 x blocks an SM): the stream's loss
     "gemv_tc_issue": 2.0,           # tensor-core steps: their issue (permutes, loads, products) over the products' time
+    "gemv_tckm_issue": 1.0,         # the same over a K-major weight: fragments as loaded, no shuffles or permutes (not fitted)
     "gemv_early_read_us": 0.5,      # EPRE = 1 ([Note: epilogue reads before the wait]): the epilogue's round trip fewer (0.4-0.6 measured, session 43)
     "gemv_row_scale_us": 0.1,       # a row-scaled gemv: the statistic's adds, a barrier, the tile's sums scaled (B1: 4.4 us as unscaled, session 35)
     "gemv_join_us": 2.4,            # JOIN ([Note: the O projection joined to the attention]): the other role's
@@ -187,7 +188,8 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     if p.get("TC"):
         # m16n8k16 products (the rows padded to 8) at an SM's share of the mma.sync rate, with
         # their byte permutes and loads issued beside them: gemv_tc_issue times the products' time
-        t_fma = (q * kper * min(p["BN"], n) * 8 * 2 / (tc_tflops * 1e6 / sm_count)) * c["gemv_tc_issue"]
+        t_fma = (q * kper * min(p["BN"], n) * 8 * 2 / (tc_tflops * 1e6 / sm_count)) * c[
+            "gemv_tckm_issue" if p.get("KM") else "gemv_tc_issue"]
     else:
         # fp32 FMAs: M per weight element and one for its conversion, at an SM's share of the peak
         t_fma = q * kper * min(p["BN"], n) * (m + 0.5) * 2 / (fp32_tflops * 1e6 / sm_count)
