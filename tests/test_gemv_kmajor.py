@@ -2,11 +2,12 @@
 rule that chooses it (relayout_weights.GEMV_RULE, `--pin kmajor`).
 
 Without a GPU: which weights the rule stores K-major (a one-row gemv predicted faster so, the rotary QKV and the O
-projection that takes the L2 fill included; never one of 2-8 rows), that a bundle of a prefill and a decode plan
+projection that takes the L2 fill included; one of 2-8 rows only under `--pin kmajor=tc`, on tensor cores), that a bundle of a prefill and a decode plan
 stores them once and K-major in both, that `--pin kmajor=0` keeps [K, N], that a rotary block under the head takes
 both halves' columns, that MB (the launch bounds' blocks an SM) follows the grid, and that every candidate of the
 space compiles without spills. On the GPU: pinned schedules against numpy float64 (fp16/bf16: 1e-2 of the output's
-max), with bias, a residual and the rotary epilogue, and the same bits on a second run."""
+max), with bias, a residual and the rotary epilogue, and the same bits on a second run; the tensor-core steps over
+a K-major weight at 2-8 rows the same way."""
 from __future__ import annotations
 
 import functools

@@ -185,6 +185,22 @@ an H200): the 4-layer decode plan at B8 replayed 239.4 us against 325.7 with TC 
 (`benchmarks/decode_ab.py --batch 8`, 5 alternating rounds, one process); the 20-layer B8 step
 1.009 ms (session 25: 1.343).
 
+[Note: the tensor-core gemv over a K-major weight]
+The tensor-core steps above read W as [K, N], so the A fragment (two k-rows of one column a register) is gathered by
+a shuffle a register and byte permutes. Over W stored [N, K] (KM = 1, TC = 1, 2-8 rows) a lane's 16-byte vector
+holds 8 k-rows of one column, and since the contraction adds over k, the mma's logical k may be any physical k as
+long as the weight and the rows take the same: lane (group, quad) loads k-rows 8·quad..8·quad+7 of a 32-row chunk
+of columns group and group + 8 of each 16-column tile, and of row `group` (rows past M zero), and those registers
+are its A and B fragments as loaded, physical k 8·quad + 0..3 in one m16n8k16 and + 4..7 in the next. Block = T
+tiles (BN = 16·T) whole over k, warp w a part of KP = K / WARPS k-rows (in 32-row chunks; KS = WARPS, so the warps'
+sums meet in shared memory in warp order as the SIMT K-major form's parts do), U chunks in flight a warp, each
+chunk's registers loaded again with the chunk U ahead once multiplied; no split, no cluster, the tail and the
+epilogue (rotary through `colof` included) the K-major unit's. The loads are 16-byte vectors of 128-byte runs of
+one column (4 lanes a column's 64 bytes). Offered by `--pin kmajor=tc` alone (relayout_weights): its cost terms
+are the tensor-core steps' with gemv_tckm_issue (1.0, a guess) in place of gemv_tc_issue, not fitted, and the
+kernel has not yet run on a GPU (written in session 65 while no device could be had; benchmarks/b8_round.sh tc
+is its check: GPU tests against numpy, memcheck, the 4-layer B8 plan against the default).
+
 [Note: a norm's row scale in the gemv]
 A decode step's RMSNorm is a kernel of one block between two gemvs: it reads the residual stream
 h (2048 elements a row), adds its squares and stores h·r, r = 1/sqrt(mean(h²) + eps) (the norm's
