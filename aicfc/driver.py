@@ -132,6 +132,7 @@ def _compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tupl
     payloads: dict[int, dict[str, Any]] = {}
     layout: str | None = None if str(user.get(GEMV_PIN, "1")) in DECIDING else str(user[GEMV_PIN])
     decide = layout is None
+    tc = ["tc"] if str(user.get(GEMV_PIN)) == "tc" else []   # the word carried to the other plans with the names
 
     def build(i: int) -> None:
         shapes = shape_sets[i]
@@ -152,11 +153,10 @@ def _compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tupl
         build(i)
         if layout is None:
             chosen = sorted(_k_major(payloads[i])[0])
-            layout = "+".join((["tc"] if str(user.get(GEMV_PIN)) == "tc" else []) + chosen) if chosen else "0"
+            layout = "+".join(tc + chosen) if chosen else "0"
     kept = set() if layout == "0" else set(layout.split("+")) - {"tc"}
     vetoed = set().union(*(_k_major(p)[1] for p in payloads.values())) & kept
     if vetoed and decide:
-        tc = ["tc"] if str(user.get(GEMV_PIN)) == "tc" else []
         layout = "+".join(tc + sorted(kept - vetoed)) if kept - vetoed else "0"
         for i in order:
             if _k_major(payloads[i])[0] != kept - vetoed:

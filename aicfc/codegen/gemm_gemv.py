@@ -336,6 +336,12 @@ def tc_held(seg: int, u: int) -> int:
     return 16 * seg + 32 * u * seg + 24
 
 
+def tc_k_major(p: Mapping) -> bool:
+    """Whether schedule `p` runs the tensor-core steps over a K-major weight ([Note: the tensor-core gemv over a
+    K-major weight])."""
+    return bool(p.get("KM") and p.get("TC"))
+
+
 def tckm_held(t: int, u: int) -> int:
     """Registers a tensor-core thread over a K-major weight holds through its loop: U chunks of two 16-byte weight
     vectors a tile and one of activations, 4 accumulators a tile, and 24 for the addresses and the rest (a guess
@@ -366,7 +372,7 @@ def segments(p: Mapping) -> int:
 def step_bytes(p: Mapping) -> int:
     """Weight bytes a thread requests per step of its loop (tensor cores over a K-major weight: two 16-byte
     vectors a 16-column tile a chunk)."""
-    if p.get("KM") and p.get("TC"):
+    if tc_k_major(p):
         return p["U"] * p["BN"] * 2
     return p["U"] * segments(p) * (64 if p.get("TC") else 16)
 
@@ -404,7 +410,7 @@ def k_step(p: Mapping) -> int:
 def registers(p: Mapping) -> int:
     """`held` (or `tc_held`) for the schedule `p`; over a K-major weight, the accumulators of a warp's
     columns and two steps' weight and activation vectors."""
-    if p.get("KM") and p.get("TC"):
+    if tc_k_major(p):
         return tckm_held(p["BN"] // 16, p["U"])
     if p.get("KM"):
         return p["BN"] * p["KS"] // p["WARPS"] + 16 * p["U"]
@@ -597,8 +603,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     rows = decompose("row", list(batch) + [("gm", m)], parts["idx"])   # the row's batch variables and gm
     ln, rw, _ = lanes(p["BN"]) if not p.get("KM") else (32, 1, 1)
     seg = segments(p)
-    cpw, vpp, spc = km_steps(p, parts["K"]) if p.get("KM") and not p.get("TC") else (0, 0, 0)
-    if p.get("PRE", 0) > 1 and not (p.get("KM") and not p.get("TC")):   # passes/tail_steps.py offers more steps to K-major gemvs alone
+    cpw, vpp, spc = km_steps(p, parts["K"]) if p.get("KM") and not tc_k_major(p) else (0, 0, 0)
+    if p.get("PRE", 0) > 1 and (not p.get("KM") or tc_k_major(p)):   # passes/tail_steps.py offers more steps to K-major gemvs alone
         raise AicfError(f"internal: {name}: PRE = {p['PRE']} steps before the wait needs a K-major weight on "
                          f"the SIMT steps (KM = 1, TC = 0)")
     if p.get("JOIN") and not (p.get("KM") and p["SPLITK"] == 1 and p.get("KS") == 1 and not parts["rotary"]
@@ -610,7 +616,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                         f"{p['BM']}x{p['BN']} over {threads(p)} threads")
     return render("gemm_gemv.cu.j2", name=name, threads=threads(p), TC=p.get("TC", 0), BM=p["BM"], BN=p["BN"], WARPS=p["WARPS"],
                   KM=p.get("KM", 0), KS=p.get("KS", 1), CPW=cpw, VPP=vpp, SPC_=spc,
-                  T=p["BN"] // 16, KP=k_part(parts["K"], p) if p.get("KM") and p.get("TC") else 0,
+                  T=p["BN"] // 16, KP=k_part(parts["K"], p) if tc_k_major(p) else 0,
                   AVEC=bool(p.get("TC")) and vector_rows(c, types),
                   SPLITK=p["SPLITK"], CL=p.get("CL", 0), LN=ln, RW=rw, SEG=seg, U=p["U"], KSTEP=k_step(p), KPER=k_per_split(parts["K"], p),
                   PRE=p.get("PRE", 0), PF=p.get("PF", 0), LINES=-(-p["BN"] * ITEMSIZE[types[c.b.buffer].dtype] // 128),

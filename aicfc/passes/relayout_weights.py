@@ -175,8 +175,9 @@ def _move_last(ld: Load, dim: int) -> Load:
 
 def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = None) -> Plan:
     """`pin`'s GEMV_PIN: "0" keeps every gemv's weight [K, N]; "1" (the default) stores K-major those of this
-    plan's one-row gemvs predicted faster so (`gemv_wants`); "tc" those of its 2-8 row gemvs too; a "+"-joined list of weight names (compile_plans'
-    choice for every plan of a bundle, which stores one copy) stores those K-major, less those a gemv of this plan
+    plan's one-row gemvs predicted faster so (`gemv_wants`); "tc" those of its 2-8 row gemvs too; a "+"-joined list
+    of weight names (compile_plans' choice for every plan of a bundle, which stores one copy; with the word tc where
+    it was given) stores those K-major, less those a gemv of this plan
     needs [K, N] (recorded as declined: compile_plans reads them)."""
     weights = {w.name: w for w in plan.weights}
     types = plan.types()

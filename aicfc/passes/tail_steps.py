@@ -94,7 +94,7 @@ def why_not(plan: Plan, i: int) -> str | None:
         return "not a gemv"
     if i == 0 or gemm_gemv.params(plan.kernels[i - 1]) is None:
         return "the kernel before it is not a gemv"
-    if not p.get("KM") or p.get("TC"):
+    if not p.get("KM") or gemm_gemv.tc_k_major(p):
         return ("its weight is not K-major" if not p.get("KM") else "it runs tensor-core steps") + \
             " (its loop is not unrolled: a step's registers are reused)"
     if p.get("PRE") != 1:
