@@ -10,6 +10,10 @@
 #                                       # (it picks 4), 5 alternating rounds in one process
 #   bash benchmarks/b8_round.sh tc      # session 65: the tensor-core gemv over K-major weights (`--pin kmajor=tc`):
 #                                       # its GPU tests, memcheck of one case, the 4-layer B8 plan against the default
+#   bash benchmarks/b8_round.sh tcgemv  # session 66: its GPU tests and memcheck, then each 8-row projection alone
+#                                       # (benchmarks/gemv.py) at the pick and at the tc pin's schedules, with the
+#                                       # cost terms (--json), which fitting gemv_tckm_issue needs
+#   bash benchmarks/b8_round.sh tcab    # session 66: the 4-layer B8 plan with `--pin kmajor=tc` against the default
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,20 +36,33 @@ case "$1" in
         --bundle base=/tmp/b8/base.aicf --bundle s3=/tmp/b8/s3.aicf --bundle s6=/tmp/b8/s6.aicf \
         --bundle o8=/tmp/b8/o8.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/b8_ab.txt" | tail -8
     ;;
-  tc)
+  tc|tcgemv)
     # the tensor-core gemv over K-major weights (session 65, `--pin kmajor=tc`): its GPU tests, memcheck of one
-    # case, then the 4-layer B8 decode plan against the planner's default ([K, N] tensor-core gemvs), 4 rounds
+    # case, then (tc) the 4-layer B8 decode plan against the planner's default ([K, N] tensor-core gemvs), 4 rounds,
+    # or (tcgemv) each 8-row projection alone at the pick and at the schedules the tc pin takes in that plan
     python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
     timeout 130 python3 -m pytest -q -m gpu -n 8 tests/test_gemv_kmajor.py -k tensor_core 2>&1 | tail -6 | tee "$OUT/tckm_tests.txt"
     timeout 70 compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu tests/test_gemv_kmajor.py \
         -k "tensor_core and M8K2000 and BN32W8U4 and fp16" 2>&1 | tail -4 | tee "$OUT/tckm_memcheck.txt"
+    if [ "$1" = tcgemv ]; then
+      TC=kmajor=tc,KM=1,TC=1
+      timeout 240 python3 benchmarks/gemv.py --rows 8 --shapes o_proj gate_up down --json "$OUT/tckm_gemv.json" \
+          --cand o_proj:$TC,BN=16,WARPS=8,U=4 --cand o_proj:$TC,BN=16,WARPS=4,U=4 --cand o_proj:$TC,BN=32,WARPS=4,U=2 \
+          --cand gate_up:$TC,BN=32,WARPS=4,U=4 --cand gate_up:$TC,BN=16,WARPS=8,U=4 --cand gate_up:$TC,BN=32,WARPS=8,U=2 \
+          --cand down:$TC,BN=16,WARPS=8,U=4 --cand down:$TC,BN=16,WARPS=4,U=4 --cand down:$TC,BN=32,WARPS=8,U=2 \
+          2>&1 | tee "$OUT/tckm_gemv.txt" | tail -30
+      exit 0
+    fi
+    ;&
+  tcab)
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
     timeout 110 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
         --variant base: --variant tc:pin.kmajor=tc 2>&1 | tee "$OUT/tckm_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
     timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 4 --folder /tmp/b8 --jobs 16 \
         --bundle base=/tmp/b8/base.aicf --bundle tc=/tmp/b8/tc.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tckm_ab.txt" | tail -8
     ;;
   *)
-    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc" >&2
+    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab" >&2
     exit 2
     ;;
 esac

@@ -2,7 +2,8 @@
 copy bandwidth measured in the same process, with the cost model's prediction beside each.
 
     source .gpu/env.sh && python3 benchmarks/gemv.py [--rows 1 8] [--top 4] [--json F] [--jobs 16]
-        [--cand SHAPE:BN=64,WARPS=8,U=4,SPLITK=3,CL=0 ...]   (these schedules instead of --top's)
+        [--cand SHAPE:BN=64,WARPS=8,U=4,SPLITK=3,CL=0 ...]   (these schedules instead of --top's; kmajor=tc,KM=1,TC=1,...
+        times the tensor-core steps over a K-major weight, which only that pin offers)
 
 Shapes (a 1 B Llama, hidden 2048, 32 query heads over 8 key/value heads of 64, FFN 5632):
 qkv_rope 2048x3072 with the rotary epilogue (q, k, v projections and rotate_half as a Llama
@@ -275,7 +276,7 @@ def main() -> int:
         pin = {"unit": "gemv"}
         for item in filter(None, rest.split(",")):
             key, _, value = item.partition("=")
-            pin[key] = int(value)
+            pin[key] = int(value) if value.lstrip("-").isdigit() else value   # kmajor=tc stays a word
         cands.setdefault(shape, []).append(pin)
     from aicf_run.device import open_device
     import multiprocessing
