@@ -14,6 +14,8 @@
 #                                       # (benchmarks/gemv.py) at the pick and at the tc pin's schedules, with the
 #                                       # cost terms (--json), which fitting gemv_tckm_issue needs
 #   bash benchmarks/b8_round.sh tcab    # session 66: the 4-layer B8 plan with `--pin kmajor=tc` against the default
+#   bash benchmarks/b8_round.sh tcall   # session 66, one call for all of it by priority: tests, memcheck, the plan
+#                                       # A/B (3 rounds), then the gate/up and down alone (a timeout cuts the last)
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,20 @@ case "$1" in
     timeout 330 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 5 --folder /tmp/b8 --jobs 16 \
         --bundle base=/tmp/b8/base.aicf --bundle s3=/tmp/b8/s3.aicf --bundle s6=/tmp/b8/s6.aicf \
         --bundle o8=/tmp/b8/o8.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/b8_ab.txt" | tail -8
+    ;;
+  tcall)
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    timeout 130 python3 -m pytest -q -m gpu -n 8 tests/test_gemv_kmajor.py -k tensor_core 2>&1 | tail -6 | tee "$OUT/tckm_tests.txt"
+    timeout 70 compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu tests/test_gemv_kmajor.py \
+        -k "tensor_core and M8K2000 and BN32W8U4 and fp16" 2>&1 | tail -4 | tee "$OUT/tckm_memcheck.txt"
+    timeout 110 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+        --variant base: --variant tc:pin.kmajor=tc 2>&1 | tee "$OUT/tckm_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
+    timeout 160 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
+        --bundle base=/tmp/b8/base.aicf --bundle tc=/tmp/b8/tc.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tckm_ab.txt" | tail -8
+    TC=kmajor=tc,KM=1,TC=1
+    timeout 150 python3 benchmarks/gemv.py --rows 8 --shapes gate_up down --json "$OUT/tckm_gemv.json" \
+        --cand gate_up:$TC,BN=32,WARPS=4,U=4 --cand gate_up:$TC,BN=16,WARPS=8,U=4 \
+        --cand down:$TC,BN=16,WARPS=8,U=4 --cand down:$TC,BN=16,WARPS=4,U=4 2>&1 | tee "$OUT/tckm_gemv.txt" | tail -12
     ;;
   tc|tcgemv)
     # the tensor-core gemv over K-major weights (session 65, `--pin kmajor=tc`): its GPU tests, memcheck of one
@@ -62,7 +78,7 @@ case "$1" in
         --bundle base=/tmp/b8/base.aicf --bundle tc=/tmp/b8/tc.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tckm_ab.txt" | tail -8
     ;;
   *)
-    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab" >&2
+    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab|tcall" >&2
     exit 2
     ;;
 esac
