@@ -259,6 +259,19 @@ def bench(dev, pool, name: str, rows: int, k: int, n: int, top: int, bw: float, 
     return out
 
 
+def parse_cands(specs: list[str]) -> dict[str, list[dict]]:
+    """`--cand SHAPE:KEY=VALUE,...` as {shape: [gemv pins]}: numbers as ints, words (kmajor=tc) as they are."""
+    cands: dict[str, list[dict]] = {}
+    for spec in specs:
+        shape, _, rest = spec.partition(":")
+        pin: dict = {"unit": "gemv"}
+        for item in filter(None, rest.split(",")):
+            key, _, value = item.partition("=")
+            pin[key] = int(value) if value.lstrip("-").isdigit() else value
+        cands.setdefault(shape, []).append(pin)
+    return cands
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
@@ -270,14 +283,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    cands: dict[str, list[dict]] = {}
-    for spec in args.cand:
-        shape, _, rest = spec.partition(":")
-        pin = {"unit": "gemv"}
-        for item in filter(None, rest.split(",")):
-            key, _, value = item.partition("=")
-            pin[key] = int(value) if value.lstrip("-").isdigit() else value   # kmajor=tc stays a word
-        cands.setdefault(shape, []).append(pin)
+    cands = parse_cands(args.cand)
     from aicf_run.device import open_device
     import multiprocessing
     dev = open_device(0)

@@ -58,6 +58,18 @@ def test_more_rows_keep_the_weight_k_by_n(rows):
     assert GEMV_RULE in _gemm(tc).rewrites and p["KM"] == 1 and p["TC"] == 1 and p["BM"] == rows and p["KS"] == p["WARPS"]
 
 
+def test_the_benchmarks_tc_candidate_pins_a_tensor_core_k_major_schedule():
+    """`benchmarks/gemv.py --cand SHAPE:kmajor=tc,KM=1,TC=1,...` (what `b8_round.sh tcall` times): the word stays a
+    word, the numbers become ints, and the pin compiles to that schedule over a K-major weight."""
+    from benchmarks.gemv import parse_cands
+    cands = parse_cands(["down:kmajor=tc,KM=1,TC=1,BN=16,WARPS=8,U=4", "down:BN=64"])
+    assert cands == {"down": [{"unit": "gemv", "kmajor": "tc", "KM": 1, "TC": 1, "BN": 16, "WARPS": 8, "U": 4},
+                              {"unit": "gemv", "BN": 64}]}
+    plan = plan_of(rows_model(8, 5632, 2048, np.random.default_rng(0)), {}, "fp16", cands["down"][0])
+    p = _gemm(plan).schedule.param
+    assert GEMV_RULE in _gemm(plan).rewrites and (p["KM"], p["TC"], p["BN"], p["WARPS"], p["U"]) == (1, 1, 16, 8, 4)
+
+
 def test_every_tensor_core_k_major_candidate_builds_without_spills():
     """The tensor-core steps over a K-major weight at 3 rows, N not a multiple of the tile, K not of a warp's part:
     each candidate builds; at most the spills the register check rejects (none at U 1 or 4)."""
