@@ -210,33 +210,6 @@ __global__ void __launch_bounds__(NT, 1) gemv_kn(const __half* __restrict__ w, c
 #undef KN_LIVE
 }
 
-__global__ void plain(const uint4* p, size_t n, float* sink) {
-  float a = 0.f;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    a += __uint_as_float(v.x ^ v.w);
-  }
-  if (a == 1.2345f) *sink = a;
-}
-
-template <class F>
-static float time_us(F launch, int copies) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch(i % copies);
-  std::vector<float> t;
-  for (int r = 0; r < 7; ++r) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < 20; ++i) launch(i % copies);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms; CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3f / 20);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(a)); CK(cudaEventDestroy(b));
-  return t[3];
-}
 
 struct Data {
   size_t wn = (size_t)N * K;
