@@ -23,6 +23,29 @@ source .gpu/env.sh
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu_$1.txt"
+# The tensor-core gemv over K-major weights (session 65, `--pin kmajor=tc`):
+TC=kmajor=tc,KM=1,TC=1
+tc_tests() {   # its GPU tests and memcheck of one case
+  python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+  timeout 130 python3 -m pytest -q -m gpu -n 8 tests/test_gemv_kmajor.py -k tensor_core 2>&1 | tail -6 | tee "$OUT/tckm_tests.txt"
+  timeout 70 compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu tests/test_gemv_kmajor.py \
+      -k "tensor_core and M8K2000 and BN32W8U4 and fp16" 2>&1 | tail -4 | tee "$OUT/tckm_memcheck.txt"
+}
+tc_ab() {   # the 4-layer B8 decode plan against the planner's default ([K, N] tensor-core gemvs), $1 rounds
+  python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+  timeout 110 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+      --variant base: --variant tc:pin.kmajor=tc 2>&1 | tee "$OUT/tckm_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
+  timeout $((50 * $1)) python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds "$1" --folder /tmp/b8 --jobs 16 \
+      --bundle base=/tmp/b8/base.aicf --bundle tc=/tmp/b8/tc.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tckm_ab.txt" | tail -8
+}
+tc_gemv() {   # 8-row projections alone at the pick and at these `--cand` schedules, with their cost terms
+  local shapes cands=()
+  shapes=$(printf '%s\n' "$@" | cut -d: -f1 | sort -u | tr '\n' ' ')
+  for c in "$@"; do cands+=(--cand "$c"); done
+  # shellcheck disable=SC2086
+  timeout 240 python3 benchmarks/gemv.py --rows 8 --shapes $shapes --json "$OUT/tckm_gemv.json" "${cands[@]}" 2>&1 \
+      | tee "$OUT/tckm_gemv.txt" | tail -30
+}
 case "$1" in
   proto)
     nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/gemv_tc_kmajor benchmarks/prototypes/gemv_tc_kmajor.cu &&
@@ -38,44 +61,18 @@ case "$1" in
         --bundle base=/tmp/b8/base.aicf --bundle s3=/tmp/b8/s3.aicf --bundle s6=/tmp/b8/s6.aicf \
         --bundle o8=/tmp/b8/o8.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/b8_ab.txt" | tail -8
     ;;
-  tcall)
-    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
-    timeout 130 python3 -m pytest -q -m gpu -n 8 tests/test_gemv_kmajor.py -k tensor_core 2>&1 | tail -6 | tee "$OUT/tckm_tests.txt"
-    timeout 70 compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu tests/test_gemv_kmajor.py \
-        -k "tensor_core and M8K2000 and BN32W8U4 and fp16" 2>&1 | tail -4 | tee "$OUT/tckm_memcheck.txt"
-    timeout 110 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
-        --variant base: --variant tc:pin.kmajor=tc 2>&1 | tee "$OUT/tckm_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
-    timeout 160 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
-        --bundle base=/tmp/b8/base.aicf --bundle tc=/tmp/b8/tc.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tckm_ab.txt" | tail -8
-    TC=kmajor=tc,KM=1,TC=1
-    timeout 150 python3 benchmarks/gemv.py --rows 8 --shapes gate_up down --json "$OUT/tckm_gemv.json" \
-        --cand gate_up:$TC,BN=32,WARPS=4,U=4 --cand gate_up:$TC,BN=16,WARPS=8,U=4 \
-        --cand down:$TC,BN=16,WARPS=8,U=4 --cand down:$TC,BN=16,WARPS=4,U=4 2>&1 | tee "$OUT/tckm_gemv.txt" | tail -12
+  tcall)   # by priority: a timeout cuts the last
+    tc_tests; tc_ab 3
+    tc_gemv gate_up:$TC,BN=32,WARPS=4,U=4 gate_up:$TC,BN=16,WARPS=8,U=4 down:$TC,BN=16,WARPS=8,U=4 \
+        down:$TC,BN=16,WARPS=4,U=4
     ;;
-  tc|tcgemv)
-    # the tensor-core gemv over K-major weights (session 65, `--pin kmajor=tc`): its GPU tests, memcheck of one
-    # case, then (tc) the 4-layer B8 decode plan against the planner's default ([K, N] tensor-core gemvs), 4 rounds,
-    # or (tcgemv) each 8-row projection alone at the pick and at the schedules the tc pin takes in that plan
-    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
-    timeout 130 python3 -m pytest -q -m gpu -n 8 tests/test_gemv_kmajor.py -k tensor_core 2>&1 | tail -6 | tee "$OUT/tckm_tests.txt"
-    timeout 70 compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu tests/test_gemv_kmajor.py \
-        -k "tensor_core and M8K2000 and BN32W8U4 and fp16" 2>&1 | tail -4 | tee "$OUT/tckm_memcheck.txt"
-    if [ "$1" = tcgemv ]; then
-      TC=kmajor=tc,KM=1,TC=1
-      timeout 240 python3 benchmarks/gemv.py --rows 8 --shapes o_proj gate_up down --json "$OUT/tckm_gemv.json" \
-          --cand o_proj:$TC,BN=16,WARPS=8,U=4 --cand o_proj:$TC,BN=16,WARPS=4,U=4 --cand o_proj:$TC,BN=32,WARPS=4,U=2 \
-          --cand gate_up:$TC,BN=32,WARPS=4,U=4 --cand gate_up:$TC,BN=16,WARPS=8,U=4 --cand gate_up:$TC,BN=32,WARPS=8,U=2 \
-          --cand down:$TC,BN=16,WARPS=8,U=4 --cand down:$TC,BN=16,WARPS=4,U=4 --cand down:$TC,BN=32,WARPS=8,U=2 \
-          2>&1 | tee "$OUT/tckm_gemv.txt" | tail -30
-      exit 0
-    fi
-    ;&
-  tcab)
-    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
-    timeout 110 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
-        --variant base: --variant tc:pin.kmajor=tc 2>&1 | tee "$OUT/tckm_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
-    timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 4 --folder /tmp/b8 --jobs 16 \
-        --bundle base=/tmp/b8/base.aicf --bundle tc=/tmp/b8/tc.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tckm_ab.txt" | tail -8
+  tc) tc_tests; tc_ab 4 ;;
+  tcab) tc_ab 4 ;;
+  tcgemv)
+    tc_tests
+    tc_gemv o_proj:$TC,BN=16,WARPS=8,U=4 o_proj:$TC,BN=16,WARPS=4,U=4 o_proj:$TC,BN=32,WARPS=4,U=2 \
+        gate_up:$TC,BN=32,WARPS=4,U=4 gate_up:$TC,BN=16,WARPS=8,U=4 gate_up:$TC,BN=32,WARPS=8,U=2 \
+        down:$TC,BN=16,WARPS=8,U=4 down:$TC,BN=16,WARPS=4,U=4 down:$TC,BN=32,WARPS=8,U=2
     ;;
   *)
     echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab|tcall" >&2
