@@ -47,6 +47,12 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int P>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(P) : "memory"); }
 
+// x (K halves) into the block's shared memory, one 16-byte vector a thread at a time, then a barrier
+__device__ __forceinline__ void stage_x(uint4* xs, const __half* x) {
+  for (int i = threadIdx.x; i < K / 8; i += NT) xs[i] = reinterpret_cast<const uint4*>(x)[i];
+  __syncthreads();
+}
+
 // the step range [s0, s1) of warp gw out of nw: even shares of every step
 __device__ __forceinline__ void range(int gw, int nw, int& s0, int& s1) {
   const long long total = (long long)N * CH;
@@ -69,8 +75,7 @@ __global__ void __launch_bounds__(NT) gemv_reg(const __half* __restrict__ w, con
   range(gw, gridDim.x * (NT / 32), s0, s1);
   const uint4* wv = reinterpret_cast<const uint4*>(w);
   __shared__ uint4 xs[K / 8];
-  for (int i = threadIdx.x; i < K / 8; i += NT) xs[i] = reinterpret_cast<const uint4*>(x)[i];
-  __syncthreads();
+  stage_x(xs, x);
   uint4 buf[U];
 #pragma unroll
   for (int u = 0; u < U; ++u)
@@ -94,7 +99,7 @@ __global__ void __launch_bounds__(NT) gemv_reg(const __half* __restrict__ w, con
 }
 
 template <int D>
-__global__ void __launch_bounds__(NT) gemv_ring(const __half* __restrict__ w, const __half* __restrict__ x,
+__global__ void __launch_bounds__(NT, 4) gemv_ring(const __half* __restrict__ w, const __half* __restrict__ x,
                                                 float* __restrict__ y) {
   extern __shared__ uint4 ring[];   // [D][NT]: a thread's slots NT x 16 bytes apart (no bank conflicts)
   const int lane = threadIdx.x & 31, gw = blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
@@ -108,8 +113,7 @@ __global__ void __launch_bounds__(NT) gemv_ring(const __half* __restrict__ w, co
     cp_commit();
   }
   __shared__ uint4 xs[K / 8];
-  for (int i = threadIdx.x; i < K / 8; i += NT) xs[i] = reinterpret_cast<const uint4*>(x)[i];
-  __syncthreads();
+  stage_x(xs, x);
   float acc = 0.f;
   int row = s0 / CH;
   for (int s = s0; s < s1; s += D) {
@@ -140,7 +144,7 @@ template <int U, int RING>
 __global__ void __launch_bounds__(NT, 1) gemv_kn(const __half* __restrict__ w, const __half* __restrict__ x,
                                               float* __restrict__ y) {
   extern __shared__ uint4 ring[];
-  __shared__ __half xs[K];
+  __shared__ __align__(16) __half xs[K];
   const int lane = threadIdx.x & 31, gw = blockIdx.x * (NT / 32) + (threadIdx.x >> 5);
   const int nw = gridDim.x * (NT / 32), wpc = nw / CBS;
   if (gw >= wpc * CBS) return;
@@ -162,8 +166,7 @@ __global__ void __launch_bounds__(NT, 1) gemv_kn(const __half* __restrict__ w, c
       buf[RING ? 0 : d] = KN_LIVE(d) ? __ldcs(KN_SRC(d)) : make_uint4(0u, 0u, 0u, 0u);
     }
   }
-  for (int i = threadIdx.x; i < K / 8; i += NT) reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(x)[i];
-  __syncthreads();
+  stage_x(reinterpret_cast<uint4*>(xs), x);
   float acc[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) acc[j] = 0.f;
@@ -238,10 +241,6 @@ template <int U>
 static void run_reg(Data& d, int sms, int bps, int grid = 0) {
   const int g = grid ? grid : sms * bps;
   cudaFuncAttributes fa; CK(cudaFuncGetAttributes(&fa, gemv_reg<U>));
-  CK(cudaMemset(d.dy, 0, N * 4));
-  gemv_reg<U><<<g, NT>>>(d.dw, d.dx, d.dy);
-  CK(cudaDeviceSynchronize());
-  std::vector<float> keep(N);
   const float t = time_us([&](int c) { gemv_reg<U><<<g, NT>>>(d.dw + c * d.wn, d.dx, d.dy); }, d.copies);
   CK(cudaMemset(d.dy, 0, N * 4));
   gemv_reg<U><<<g, NT>>>(d.dw, d.dx, d.dy);
