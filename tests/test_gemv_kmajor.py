@@ -200,7 +200,8 @@ def test_k_major_rotary_gemv_matches_numpy(pin, precision, gpu_device):
     runs), every head weighted by random factors over d and summed (a misplaced partner changes the sum)."""
     from benchmarks.gemv import rope_model
     model = rope_model(1, 1, hidden=1000, heads=8, kv_heads=2, d=64, position=7, seed=11, weighted=True)
-    _run_against_numpy(model, {"KM": 1, "kmajor": _weight(model), **pin}, precision, gpu_device, GEMV_RULE)
+    _run_against_numpy(model, {"KM": 1, "kmajor": _weight(model), **pin}, precision, gpu_device, GEMV_RULE,
+                       joint_scale=True)
 
 
 def test_a_schedule_that_spills_under_mb_runs_without_it():
@@ -269,4 +270,5 @@ def test_tensor_core_k_major_rotary_gemv_matches_numpy(pin, precision, gpu_devic
     """The rotary epilogue over the tensor-core steps at 8 rows (a 16-column block is 8 columns of each half)."""
     from benchmarks.gemv import rope_model
     model = rope_model(8, 1, hidden=1000, heads=8, kv_heads=2, d=64, position=7, seed=11, weighted=True)
-    _run_against_numpy(model, {"KM": 1, "TC": 1, "kmajor": "tc+" + _weight(model), **pin}, precision, gpu_device, GEMV_RULE)
+    _run_against_numpy(model, {"KM": 1, "TC": 1, "kmajor": "tc+" + _weight(model), **pin}, precision, gpu_device, GEMV_RULE,
+                       joint_scale=True)
