@@ -20,10 +20,11 @@ def example_models():
     return [(f"example_{name}", build) for name, build in ex.BUILDERS.items()]
 
 
-def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
+def rel_err(y: np.ndarray, ref: np.ndarray, scale: float | None = None) -> float:
+    """The largest error over `scale` (default: ref's largest magnitude)."""
     assert y.shape == ref.shape
     assert np.isfinite(y).all() and np.isfinite(ref).all()
-    return float(np.abs(y.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+    return float(np.abs(y.astype(np.float64) - ref).max() / max(np.abs(ref).max() if scale is None else scale, 1e-30))
 
 
 def stages(model, precision: str = "fp32", pin: dict | None = None) -> dict:
