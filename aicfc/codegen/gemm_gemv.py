@@ -478,6 +478,18 @@ def space(m: int, n: int, kk: int, early: bool = False, km: bool = False, hw: Pr
     return out
 
 
+WEIGHT_LOADS = {"cs": "__ldcs", "cs128": "aicf_ldw_cs128", "cs256": "aicf_ldw_cs256", "nc256": "aicf_ldw_nc256"}
+
+
+def weight_load() -> str:
+    """[Note: the weight loads' L2 hints]: the load a weight vector takes, `__ldcs` (evict-first, the L2's own fetch size)
+    unless AICF_GEMV_LOAD names another of WEIGHT_LOADS (an experiment's switch, as AICF_GEMV_MINB)."""
+    key = os.environ.get("AICF_GEMV_LOAD", "cs")
+    if key not in WEIGHT_LOADS:
+        raise AicfError(f"AICF_GEMV_LOAD={key!r}: choose one of {', '.join(WEIGHT_LOADS)}")
+    return WEIGHT_LOADS[key]
+
+
 def km_blocks_per_sm(n: int, p: Mapping, hw: Profile | None) -> int:
     """MB ([Note: the K-major gemv's register budget]): the blocks the grid puts on its busiest SM, given to ptxas as
     the launch bounds' minimum where `hw`'s SM holds that many blocks with KM_MB_REGS registers a thread; 0 (no hint)
@@ -623,5 +635,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0),
-                  JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]), JG=p.get("JG", 0),
+                  JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]), JG=p.get("JG", 0), LDW=weight_load(),
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
