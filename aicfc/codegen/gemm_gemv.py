@@ -117,6 +117,12 @@ into L2 (`prefetch.global.L2`, one request a 128-byte line, an experiment's swit
 165.9 / 170.0 us with the [K, N] gemvs (the gate/up, the LM head) 2 / 4 steps ahead, 159.0 with the K-major ones
 1 step ahead, 172.4 with both, against 151.6: more bytes requested in flight do not raise a gemv's stream. The
 QKVs in blocks of 4 warps (768 blocks that fit one retiring down block's registers) replayed it in 151.5.
+Nor do larger DRAM fetches a request (session 68, an H100, benchmarks/results/l2hint_session68_h100.txt; commit
+e2045e0, an experiment's switch since removed): every weight vector loaded with the PTX prefetch size `.L2::256B`
+(`ld.global.cs.L2::256B`: the L2 fetches the aligned 256 bytes around a missed sector) replayed the 4-layer B1
+plan in 204.0 us against 196.4 (0.963x, 5 alternating rounds, the same tokens); alone at one row the QKV, O and
+gate/up ran 4.67 / 3.71 / 16.97 us against 4.56 / 3.63 / 16.91, and past L1 (`ld.global.nc.L1::no_allocate.L2::256B`)
+6.01 / 4.34 / 17.69. Not measured on an H200.
 Staging more of the slice in shared memory fared the same (session 10, an H200, the same plan,
 benchmarks/decode_ab.py on the branch session10-gemv-staged; results in
 benchmarks/results/decode_ab*_session10_h200.txt): the first steps of each block's weight
@@ -478,18 +484,6 @@ def space(m: int, n: int, kk: int, early: bool = False, km: bool = False, hw: Pr
     return out
 
 
-WEIGHT_LOADS = {"cs": "__ldcs", "cs128": "aicf_ldw_cs128", "cs256": "aicf_ldw_cs256", "nc256": "aicf_ldw_nc256"}
-
-
-def weight_load() -> str:
-    """[Note: the weight loads' L2 hints]: the load a weight vector takes, `__ldcs` (evict-first, the L2's own fetch size)
-    unless AICF_GEMV_LOAD names another of WEIGHT_LOADS (an experiment's switch, as AICF_GEMV_MINB)."""
-    key = os.environ.get("AICF_GEMV_LOAD", "cs")
-    if key not in WEIGHT_LOADS:
-        raise AicfError(f"AICF_GEMV_LOAD={key!r}: choose one of {', '.join(WEIGHT_LOADS)}")
-    return WEIGHT_LOADS[key]
-
-
 def km_blocks_per_sm(n: int, p: Mapping, hw: Profile | None) -> int:
     """MB ([Note: the K-major gemv's register budget]): the blocks the grid puts on its busiest SM, given to ptxas as
     the launch bounds' minimum where `hw`'s SM holds that many blocks with KM_MB_REGS registers a thread; 0 (no hint)
@@ -635,5 +629,5 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   LINE_ELEMS=128 // ITEMSIZE[types[c.b.buffer].dtype], PDL_MARK=pdl.MARK, PHASE=phase_mark, RSV=row_vectors(p, parts["K"]),
                   TA=CTYPES[types[c.a.buffer].dtype], TB=CTYPES[types[c.b.buffer].dtype], rows=rows, ROT_D=parts["rotary"],
                   RH=rotary_half_block(p, parts["rotary"]), PF_CHUNK=PF_CHUNK, MB=p.get("MB", 0),
-                  JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]), JG=p.get("JG", 0), LDW=weight_load(),
+                  JOIN=bool(p.get("JOIN")), JOIN_FIRST=p.get("JOIN", 0), JOIN_BLOCKS=-(-parts["N"] // p["BN"]), JG=p.get("JG", 0),
                   **{x: parts[x] for x in parts if x not in ("c", "rotary", "M")})
