@@ -354,13 +354,28 @@ def test_cli_refuses_a_bundle_that_is_no_decoder(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    ([], "--prompt IDS|FILE.npy or --prompt-length P"),
+    ([], "--prompt IDS|FILE.npy, --prompt-length P or --text TEXT"),
     (["--prompt", "1,x"], "not comma-separated integer token ids"),
     (["--prompt", "1,999"], "prompt ids must be in [0, 256)"),
     (["--prompt", "1", "--prompt-length", "3"], "one of them"),
 ])
 def test_cli_refuses_bad_prompts_before_the_gpu(decoder_bundle, args, message):
     code, out = _cli(["generate", str(decoder_bundle), *args])
+    assert code == 2 and out.count("\n") == 1 and message in out, out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--text", "w5 w6"], "--text needs the model's tokenizer"),
+    (["--text", "w5 w6", "--tokenizer", "missing.json"], "no such file"),
+    (["--text", "w5 w299", "--tokenizer", "TOK"], "prompt ids must be in [0, 256)"),
+    (["--text", "w5", "--prompt", "1,2", "--tokenizer", "TOK"], "one of them"),
+])
+def test_cli_refuses_bad_text_prompts_before_the_gpu(decoder_bundle, tmp_path, args, message):
+    """[Note: text prompts]: a text prompt is checked as an id prompt is, and needs a tokenizer that loads."""
+    pytest.importorskip("tokenizers")
+    from tests.test_text import word_tokenizer
+    tok = str(word_tokenizer(tmp_path / "tokenizer.json"))
+    code, out = _cli(["generate", str(decoder_bundle), *[tok if a == "TOK" else a for a in args]])
     assert code == 2 and out.count("\n") == 1 and message in out, out
 
 

@@ -126,6 +126,20 @@ def test_cli_generate(tmp_path, gpu_device, expected):
     text = CliRunner().invoke(run_main, ["generate", str(path), "--prompt", str(prompt), "--stop-token", str(stop),
                                          "--temperature", "0.7", "--top-k", "5", "--seed", "3"])
     assert text.exit_code == 0 and "time to first token" in text.output, text.output
+    # [Note: text prompts]: the prompt as text through a word-level tokenizer (no BOS; a word an id) gives the same
+    # greedy tokens, printed back as words
+    pytest.importorskip("tokenizers")
+    from aicf_run.text import decode_rows, load_tokenizer
+    from tests.test_text import word_tokenizer
+    tok_path = str(word_tokenizer(tmp_path / "tokenizer.json", vocab=256, bos=False))
+    tok = load_tokenizer(tok_path)
+    words = " ".join(tok.id_to_token(int(t)) for t in expected["prompt"][0])
+    result = CliRunner().invoke(run_main, ["generate", str(path), "--text", words, "--tokenizer", tok_path,
+                                           "--max-new-tokens", "64", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["tokens"] == expected["tokens"].tolist()
+    assert report["text"] == decode_rows(tok, expected["tokens"], []) and report["text"][0].count(" ") >= 32
 
 
 # ---------------------------------------------------------------- greedy on the device ([Note: greedy feed])

@@ -1,0 +1,66 @@
+"""Text in and out of `aicf-run generate` through a Hugging Face tokenizer (`tokenizer.json`).
+
+[Note: text prompts] A decoder bundle takes and returns token ids; a user of it holds text and the model's
+`tokenizer.json`. `--tokenizer PATH` (the file, or the model's folder holding it) loads it with the `tokenizers`
+package (the optional extra `aicf[text]`: the tokenizer's normalizer, pre-tokenizer, BPE or unigram model and
+post-processor are its own, nothing to write again here), `--text` is encoded with the tokenizer's special tokens
+(a Llama's BOS, as transformers' tokenizers add them), and each row's new tokens are decoded up to and including
+its first stop token (a stopped row repeats it), special tokens left out. The ids the model sees are checked as any
+prompt's are (below the logits' size). Nothing here touches the GPU, so every error comes before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aicf_run.errors import RunError
+
+TOKENIZER_FILE = "tokenizer.json"
+MAX_TOKENIZER_BYTES = 256 << 20   # the largest tokenizer.json read (vocabularies of 256 k tokens take ~20 MB)
+MAX_TEXT_CHARS = 1 << 20          # the longest --text encoded
+
+
+def load_tokenizer(path: str) -> Any:
+    """The `tokenizers.Tokenizer` of `path`: a tokenizer.json file, or a folder that holds one."""
+    where = Path(path)
+    if where.is_dir():
+        where = where / TOKENIZER_FILE
+    if not where.is_file():
+        raise RunError(f"--tokenizer {path}: no such file; give the model's {TOKENIZER_FILE} or the folder holding it")
+    size = where.stat().st_size
+    if size > MAX_TOKENIZER_BYTES:
+        raise RunError(f"--tokenizer {where}: {size} bytes, over the {MAX_TOKENIZER_BYTES} read; "
+                       f"give the model's {TOKENIZER_FILE}")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise RunError("--tokenizer needs the tokenizers package: pip install 'aicf[text]'") from None
+    try:
+        return Tokenizer.from_str(where.read_text(encoding="utf-8"))
+    except Exception as err:   # a malformed file: tokenizers raises a bare Exception, a bad encoding UnicodeDecodeError
+        first = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        raise RunError(f"--tokenizer {where}: not a tokenizers JSON file ({first}); give the model's "
+                       f"{TOKENIZER_FILE}") from None
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """`text` as token ids, with the tokenizer's special tokens (its post-processor's BOS, if any)."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise RunError(f"--text is {len(text)} characters, over {MAX_TEXT_CHARS}; give a shorter prompt")
+    ids = tokenizer.encode(text, add_special_tokens=True).ids
+    if not ids:
+        raise RunError("--text encodes to no tokens; give a non-empty prompt")
+    return list(ids)
+
+
+def decode_rows(tokenizer: Any, tokens: np.ndarray, stops: Sequence[int]) -> list[str]:
+    """Each row's new tokens as text: up to and including its first stop token, special tokens left out."""
+    out = []
+    for row in np.asarray(tokens).tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+        out.append(tokenizer.decode(row[:end], skip_special_tokens=True))
+    return out
