@@ -33,7 +33,8 @@ from aicf_run.errors import RunError
 @click.option("--text", default=None, metavar="TEXT",
               help="Instead of --prompt: this text, encoded by --tokenizer (every batch row gets it).")
 @click.option("--tokenizer", default=None, metavar="PATH",
-              help="The model's Hugging Face tokenizer.json (or its folder): encodes --text and prints the new "
+              help="The model's Hugging Face tokenizer.json (or its folder, whose generation_config.json's "
+                   "eos_token_id then stops rows unless --stop-token is given): encodes --text and prints the new "
                    "tokens as text (pip install 'aicf[text]').")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -111,8 +112,9 @@ def _generate(bundle_path: str, prompt: str | None, length: int | None, vocab: i
         raise RunError("--text needs the model's tokenizer: add --tokenizer tokenizer.json")
     tokenizer = None
     if tokenizer_path is not None:
-        from aicf_run.text import encode, load_tokenizer
+        from aicf_run.text import default_stops, encode, load_tokenizer
         tokenizer = load_tokenizer(tokenizer_path)
+        stops = stops or default_stops(tokenizer_path)
     bundle = read_bundle(bundle_path)
     interface = decoder_interface(bundle.plans)   # a one-line error before the GPU is touched
     size = next(o for o in bundle.plans[0].outputs if o["name"] == LOGITS)["shape"][-1]
@@ -153,7 +155,8 @@ def _generate(bundle_path: str, prompt: str | None, length: int | None, vocab: i
         return
     mode = "greedy" if sampling.greedy else f"sampled (T={temperature:g}, top-k {top_k}, top-p {top_p:g}, seed {seed})"
     click.echo(f"{bundle.payload['model']['name']} on {gpu}: batch {result.batch}, prompt {result.prompt_length} "
-               f"tokens (prefill runs {result.prefill_plans}), {result.new_tokens} new tokens, {mode}")
+               f"tokens (prefill runs {result.prefill_plans}), {result.new_tokens} new tokens, {mode}"
+               + (f", stop tokens {', '.join(map(str, stops))}" if stops else ""))
     for b, row in enumerate(result.tokens[:4]):
         click.echo(f"  row {b}: {' '.join(str(t) for t in row)}")
         if texts is not None:

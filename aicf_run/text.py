@@ -5,12 +5,15 @@
 package (the optional extra `aicf[text]`: the tokenizer's normalizer, pre-tokenizer, BPE or unigram model and
 post-processor are its own, nothing to write again here), `--text` is encoded with the tokenizer's special tokens
 (a Llama's BOS, as transformers' tokenizers add them), and each row's new tokens are decoded up to and including
-its first stop token (a stopped row repeats it), special tokens left out. The ids the model sees are checked as any
-prompt's are (below the logits' size). Nothing here touches the GPU, so every error comes before it.
+its first stop token (a stopped row repeats it), special tokens left out. Given the model's folder and no
+`--stop-token`, the rows stop at its generation_config.json's `eos_token_id`, as transformers' `generate` does. The
+ids the model sees are checked as any prompt's are (below the logits' size). Nothing here touches the GPU, so every
+error comes before it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,3 +67,26 @@ def decode_rows(tokenizer: Any, tokens: np.ndarray, stops: Sequence[int]) -> lis
         end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
         out.append(tokenizer.decode(row[:end], skip_special_tokens=True))
     return out
+
+
+GENERATION_CONFIG = "generation_config.json"
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def default_stops(path: str) -> tuple[int, ...]:
+    """The end-of-sequence ids of the model folder `path` (its generation_config.json's `eos_token_id`, an id or a
+    list of them, as transformers' `generate` stops on them), or () where `path` is a file or the folder has none."""
+    config = Path(path) / GENERATION_CONFIG
+    if not Path(path).is_dir() or not config.is_file():
+        return ()
+    try:
+        if config.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"over {MAX_CONFIG_BYTES} bytes")
+        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token_id")
+    except (ValueError, AttributeError) as err:   # bad JSON, a bad encoding, not an object
+        raise RunError(f"{config}: not a generation config ({str(err).splitlines()[0][:100]}); fix it or give "
+                       f"--tokenizer the tokenizer.json itself") from None
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise RunError(f"{config}: eos_token_id {eos!r} is not a token id or a list of them")
+    return tuple(ids)

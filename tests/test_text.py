@@ -80,3 +80,32 @@ def test_without_the_package_the_error_says_what_to_install(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "tokenizers", None)   # import tokenizers -> ImportError
     with pytest.raises(RunError, match=r"pip install 'aicf\[text\]'"):
         load_tokenizer(str(path))
+
+
+@pytest.mark.parametrize("config,stops", [
+    (None, ()),
+    ('{"eos_token_id": 2}', (2,)),
+    ('{"eos_token_id": [2, 7]}', (2, 7)),
+    ('{"bos_token_id": 1}', ()),
+])
+def test_a_model_folder_gives_its_eos_ids_as_stops(tmp_path, config, stops):
+    from aicf_run.text import default_stops
+    word_tokenizer(tmp_path / "tokenizer.json")
+    if config is not None:
+        (tmp_path / "generation_config.json").write_text(config)
+    assert default_stops(str(tmp_path)) == stops
+    assert default_stops(str(tmp_path / "tokenizer.json")) == ()   # the file alone: no folder to read
+
+
+@pytest.mark.parametrize("config,message", [
+    ("{oops", "not a generation config"),
+    ("[1, 2]", "not a generation config"),
+    ('{"eos_token_id": "x"}', "is not a token id"),
+    ('{"eos_token_id": [2, -1]}', "is not a token id"),
+])
+def test_a_bad_generation_config_is_one_line(tmp_path, config, message):
+    from aicf_run.text import default_stops
+    (tmp_path / "generation_config.json").write_text(config)
+    with pytest.raises(RunError) as err:
+        default_stops(str(tmp_path))
+    assert message in str(err.value) and "\n" not in str(err.value)
