@@ -42,12 +42,16 @@ def load_tokenizer(path: str) -> Any:
         from tokenizers import Tokenizer
     except ImportError:
         raise RunError("--tokenizer needs the tokenizers package: pip install 'aicf[text]'") from None
+    content = where.read_bytes()   # an OSError here is the CLI's one line about the path
     try:
-        return Tokenizer.from_str(where.read_text(encoding="utf-8"))
+        return Tokenizer.from_str(content.decode("utf-8"))
     except Exception as err:   # a malformed file: tokenizers raises a bare Exception, a bad encoding UnicodeDecodeError
-        first = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        raise RunError(f"--tokenizer {where}: not a tokenizers JSON file ({first}); give the model's "
+        raise RunError(f"--tokenizer {where}: not a tokenizers JSON file ({_first_line(err)}); give the model's "
                        f"{TOKENIZER_FILE}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0][:120]
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -84,7 +88,7 @@ def default_stops(path: str) -> tuple[int, ...]:
             raise ValueError(f"over {MAX_CONFIG_BYTES} bytes")
         eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token_id")
     except (ValueError, AttributeError) as err:   # bad JSON, a bad encoding, not an object
-        raise RunError(f"{config}: not a generation config ({str(err).splitlines()[0][:100]}); fix it or give "
+        raise RunError(f"{config}: not a generation config ({_first_line(err)}); fix it or give "
                        f"--tokenizer the tokenizer.json itself") from None
     ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
