@@ -126,9 +126,9 @@ def gemv_candidates(plan: Plan, tensor_cores: bool = False) -> tuple[set[str], s
     return maybe - keep, keep
 
 
-def gemv_wants(plan: Plan, hw: Profile, candidates: set[str]) -> dict[str, tuple[float, float]]:
-    """Of `candidates`, those whose readers' best predicted time is lower over the weight K-major: name -> (the
-    time [K, N], K-major), us. Readers of the same structure (a model's layers) are ranked once."""
+def gemv_times(plan: Plan, hw: Profile, candidates: set[str]) -> dict[str, tuple[float, float]]:
+    """Each of `candidates`: name -> (its readers' best predicted time over the weight [K, N], over it K-major), us.
+    Readers of the same structure (a model's layers) are ranked once."""
     from aicfc.passes.plan_schedules import fastest, structure
     wants: dict[str, tuple[float, float]] = {}
     seen: dict = {}
@@ -147,8 +147,7 @@ def gemv_wants(plan: Plan, hw: Profile, candidates: set[str]) -> dict[str, tuple
             if key not in seen:
                 seen[key] = (fastest(k, plan, hw), fastest(moved, trial, hw))
             before, after = before + seen[key][0], after + seen[key][1]
-        if after < before:
-            wants[name] = (before, after)
+        wants[name] = (before, after)
     return wants
 
 
@@ -175,7 +174,7 @@ def _move_last(ld: Load, dim: int) -> Load:
 
 def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = None) -> Plan:
     """`pin`'s GEMV_PIN: "0" keeps every gemv's weight [K, N]; "1" (the default) stores K-major those of this
-    plan's one-row gemvs predicted faster so (`gemv_wants`); "tc" those of its 2-8 row gemvs too; a "+"-joined list
+    plan's one-row gemvs predicted faster so (`gemv_times`); "tc" those of its 2-8 row gemvs too; a "+"-joined list
     of weight names (compile_plans' choice for every plan of a bundle, which stores one copy; with the word tc where
     it was given) stores those K-major, less those a gemv of this plan
     needs [K, N] (recorded as declined: compile_plans reads them)."""
@@ -189,7 +188,8 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
     choice = str((pin or {}).get(GEMV_PIN, "1"))
     words = set(choice.split("+"))
     maybe, keep = gemv_candidates(plan, "tc" in words) if choice != "0" else (set(), set())
-    wants = gemv_wants(plan, hw, maybe) if choice in DECIDING else {}
+    times = gemv_times(plan, hw, maybe) if choice in DECIDING else {}
+    wants = {name: t for name, t in times.items() if t[1] < t[0]}
     gemv = set(wants) if choice in DECIDING else set() if choice == "0" else words - {"tc"}
     unknown = sorted(gemv - set(weights))
     if unknown:
@@ -198,6 +198,10 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
     refused = [Rewrite(GEMV_RULE, name, False, "a gemv of this plan needs it [K, N] (2-8 rows: tensor-core steps "
                        "over [K, N] unless --pin kmajor=tc, or rows not whole 16-byte vectors along k)")
                for name in sorted(gemv & keep)]
+    # a candidate the planner predicts no faster K-major: the comparison is the decision's record, as an applied one's
+    refused += [Rewrite(GEMV_RULE, name, False, f"its readers' best schedules are predicted no faster over it K-major: "
+                        f"{before:.2f} us [K, N] against {after:.2f} ([Note: the gemv over a K-major weight])")
+                for name, (before, after) in sorted(times.items()) if name not in wants]
     for name in sorted(gemv - keep):
         if name not in wanted and len(weights[name].type.shape) == 2:
             why = (f"a gemv then adds each column's k-rows in one block, no split-k merge: predicted "
