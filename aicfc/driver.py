@@ -174,8 +174,8 @@ def _input_elements(shapes: list[str] | dict[str, tuple[int, ...]]) -> int:
 
 def _k_major(payload: dict[str, Any]) -> tuple[set[str], set[str]]:
     """(the weights a compiled plan stores K-major by relayout_weights.GEMV_RULE, those it declined to: a gemv
-    of the plan needs them [K, N], or, in the plan that decides, its gemv is predicted no faster so, a weight that
-    plan therefore never stores K-major), from its decision log."""
+    of the plan needs them [K, N], or, in the plan that decides, K-major is predicted no faster, so that plan does
+    not store them K-major either), from its decision log."""
     done, declined = set(), set()
     for d in payload.get("decisions", ()):
         if d.get("kind") == "rewrite" and d.get("rule") == GEMV_RULE:

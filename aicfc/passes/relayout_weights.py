@@ -130,7 +130,7 @@ def gemv_times(plan: Plan, hw: Profile, candidates: set[str]) -> dict[str, tuple
     """Each of `candidates`: name -> (its readers' best predicted time over the weight [K, N], over it K-major), us.
     Readers of the same structure (a model's layers) are ranked once."""
     from aicfc.passes.plan_schedules import fastest, structure
-    wants: dict[str, tuple[float, float]] = {}
+    times: dict[str, tuple[float, float]] = {}
     seen: dict = {}
     for name in sorted(candidates):
         w = next(w for w in plan.weights if w.name == name)
@@ -147,8 +147,8 @@ def gemv_times(plan: Plan, hw: Profile, candidates: set[str]) -> dict[str, tuple
             if key not in seen:
                 seen[key] = (fastest(k, plan, hw), fastest(moved, trial, hw))
             before, after = before + seen[key][0], after + seen[key][1]
-        wants[name] = (before, after)
-    return wants
+        times[name] = (before, after)
+    return times
 
 
 def _window_wanted(k: Kernel, weights: dict[str, Weight]) -> list[tuple[str, int]]:
