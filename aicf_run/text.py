@@ -81,11 +81,12 @@ def default_stops(path: str) -> tuple[int, ...]:
     """The end-of-sequence ids of the model folder `path` (its generation_config.json's `eos_token_id`, an id or a
     list of them, as transformers' `generate` stops on them), or () where `path` is a file or the folder has none."""
     config = Path(path) / GENERATION_CONFIG
-    if not Path(path).is_dir() or not config.is_file():
+    if not config.is_file():   # (a file's path / anything is no file)
         return ()
+    if config.stat().st_size > MAX_CONFIG_BYTES:
+        raise RunError(f"{config}: over {MAX_CONFIG_BYTES} bytes, not a generation config; fix it or give "
+                       f"--tokenizer the tokenizer.json itself")
     try:
-        if config.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"over {MAX_CONFIG_BYTES} bytes")
         eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token_id")
     except (ValueError, AttributeError) as err:   # bad JSON, a bad encoding, not an object
         raise RunError(f"{config}: not a generation config ({_first_line(err)}); fix it or give "

@@ -45,11 +45,7 @@ def test_a_weight_kept_k_by_n_says_what_k_major_was_predicted():
     """The layout is a decision either way: under the H200's profile the one-row down projection's best schedule (a
     tile on the mma unit, which reads either layout) is predicted no faster over the weight K-major, and the record
     says so with both times."""
-    from aicfc.passes.pipeline import Options, run_pipeline
-    from aicfc.planner.hardware import load_profile
-    from tests.test_state import import_model
-    model = rows_model(1, 5632, 2048, np.random.default_rng(0), residual=True)
-    plan = run_pipeline(import_model(model, {}), Options("sm_90", load_profile("sm_90", "h200"), "fp16", ())).plan
+    plan = plan_of(rows_model(1, 5632, 2048, np.random.default_rng(0), residual=True), {}, "fp16", profile="h200")
     (record,) = [r for r in plan.rewrites if r.rule == GEMV_RULE]
     assert not record.applied and "predicted no faster over it K-major" in record.reason
     assert " us [K, N] against " in record.reason and not _gemm(plan).schedule.param.get("KM")

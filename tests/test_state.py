@@ -55,8 +55,10 @@ def random_cache(rng: np.random.Generator) -> dict[str, np.ndarray]:
 SPLIT = {"SPLITS": 2}
 
 
-def plan_of(model: onnx.ModelProto, seq_shapes: dict, precision: str = "fp32", pin: dict | None = None):
-    opts = Options("sm_90", load_profile("sm_90"), precision, tuple(sorted((pin or {}).items())))
+def plan_of(model: onnx.ModelProto, seq_shapes: dict, precision: str = "fp32", pin: dict | None = None,
+            profile: str | None = None):
+    """The model's plan for sm_90, with the bundled GPU profile `profile` (e.g. "h200") where given."""
+    opts = Options("sm_90", load_profile("sm_90", profile), precision, tuple(sorted((pin or {}).items())))
     return run_pipeline(import_model(model, seq_shapes), opts).plan
 
 
