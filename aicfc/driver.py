@@ -21,7 +21,7 @@ from aicfc.frontend.onnx_import import MAX_MODEL_BYTES, check_model, import_mode
 from aicfc.ir.shared_weights import shared
 from aicfc.passes.apply_precision import check_precision
 from aicfc.passes.pipeline import Options, run_pipeline
-from aicfc.passes.relayout_weights import DECIDING, GEMV_PIN, GEMV_RULE
+from aicfc.passes.relayout_weights import DECIDING, GEMV_PIN, GEMV_RULE, ONE_ROW
 from aicfc.passes.plan_schedules import pins_unused
 from aicfc.planner.hardware import load_profile
 
@@ -132,7 +132,7 @@ def _compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tupl
     payloads: dict[int, dict[str, Any]] = {}
     layout: str | None = None if str(user.get(GEMV_PIN, "1")) in DECIDING else str(user[GEMV_PIN])
     decide = layout is None
-    tc = ["tc"] if str(user.get(GEMV_PIN)) == "tc" else []   # the word carried to the other plans with the names
+    word = [ONE_ROW] if str(user.get(GEMV_PIN)) == ONE_ROW else []   # the word carried to the other plans with the names
 
     def build(i: int) -> None:
         shapes = shape_sets[i]
@@ -153,11 +153,11 @@ def _compile_plans(model: Any, shape_sets: list[list[str]] | list[dict[str, tupl
         build(i)
         if layout is None:
             chosen = sorted(_k_major(payloads[i])[0])
-            layout = "+".join(tc + chosen) if chosen else "0"
-    kept = set() if layout == "0" else set(layout.split("+")) - {"tc"}
+            layout = "+".join(word + chosen) if chosen else "0"
+    kept = set() if layout == "0" else set(layout.split("+")) - {ONE_ROW}
     vetoed = set().union(*(_k_major(p)[1] for p in payloads.values())) & kept
     if vetoed and decide:
-        layout = "+".join(tc + sorted(kept - vetoed)) if kept - vetoed else "0"
+        layout = "+".join(word + sorted(kept - vetoed)) if kept - vetoed else "0"
         for i in order:
             if _k_major(payloads[i])[0] != kept - vetoed:
                 build(i)

@@ -16,6 +16,16 @@
 #   bash benchmarks/b8_round.sh tcab    # session 66: the 4-layer B8 plan with `--pin kmajor=tc` against the default
 #   bash benchmarks/b8_round.sh tcall   # session 66, one call for all of it by priority: tests, memcheck, the plan
 #                                       # A/B (3 rounds), then the gate/up and down alone (a timeout cuts the last)
+#   bash benchmarks/b8_round.sh fit     # session 69: every schedule of the tc pin's space (T, WARPS, U) for the four
+#                                       # 8-row projections alone, with their cost terms (--json): gemv_tckm_issue's fit
+#   bash benchmarks/b8_round.sh tcbest  # session 69: the 4-layer B8 plan: the default, the tc pin, the tc pin with its
+#                                       # gate/up at the schedule session 67 measured fastest alone (BN 16, 8 warps,
+#                                       # U 4), and the split attention in 3 chunks (it picks 2), 3 alternating rounds
+#   bash benchmarks/b8_round.sh refit   # session 69, after the tensor-core K-major terms' refit made those gemvs the
+#                                       # default at 2-8 rows: their GPU tests (and the generation tests, whose 2-row
+#                                       # plans now take them), then the 4-layer B8 plan: the default against
+#                                       # `--pin kmajor=one` (the default before) and the gate/up at the schedule
+#                                       # fastest alone (BN 32, 8 warps, U 2), 4 alternating rounds
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +53,7 @@ tc_gemv() {   # 8-row projections alone at the pick and at these `--cand` schedu
   shapes=$(printf '%s\n' "$@" | cut -d: -f1 | sort -u | tr '\n' ' ')
   for c in "$@"; do cands+=(--cand "$c"); done
   # shellcheck disable=SC2086
-  timeout 240 python3 benchmarks/gemv.py --rows 8 --shapes $shapes --json "$OUT/tckm_gemv.json" "${cands[@]}" 2>&1 \
+  timeout "${GEMV_TIMEOUT:-240}" python3 benchmarks/gemv.py --rows 8 --shapes $shapes --json "$OUT/tckm_gemv.json" "${cands[@]}" 2>&1 \
       | tee "$OUT/tckm_gemv.txt" | tail -30
 }
 case "$1" in
@@ -66,6 +76,38 @@ case "$1" in
     tc_gemv gate_up:$TC,BN=32,WARPS=4,U=4 gate_up:$TC,BN=16,WARPS=8,U=4 down:$TC,BN=16,WARPS=8,U=4 \
         down:$TC,BN=16,WARPS=4,U=4
     ;;
+  fit)
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    all=()
+    for shape in gate_up down o_proj qkv_rope; do
+      for bn in 16 32; do for w in 4 8; do for u in 1 2 4; do all+=("$shape:$TC,BN=$bn,WARPS=$w,U=$u"); done; done; done
+    done
+    GEMV_TIMEOUT=520 tc_gemv "${all[@]}"
+    ;;
+  tcbest)
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    GU=""
+    for n in 115 211 307 403; do GU="$GU,dpin.node_matmul_$n:BN=16,dpin.node_matmul_$n:WARPS=8,dpin.node_matmul_$n:U=4"; done
+    timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+        --variant base: --variant tc:pin.kmajor=tc --variant "tcb:pin.kmajor=tc$GU" --variant s3:dpin.SPLITS=3 \
+        2>&1 | tee "$OUT/tcbest_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
+    timeout 330 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
+        --bundle base=/tmp/b8/base.aicf --bundle tc=/tmp/b8/tc.aicf --bundle tcb=/tmp/b8/tcb.aicf \
+        --bundle s3=/tmp/b8/s3.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tcbest_ab.txt" | tail -10
+    ;;
+  refit)
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    timeout 200 python3 -m pytest -q -m gpu -n 16 tests/test_gemv_kmajor.py tests/test_generate_gpu.py \
+        tests/test_llama.py tests/test_state_gpu.py tests/test_row_scale.py 2>&1 | tail -4 | tee "$OUT/refit_tests.txt"
+    GU=""
+    for n in 115 211 307 403; do GU="$GU,dpin.node_matmul_$n:BN=32,dpin.node_matmul_$n:WARPS=8,dpin.node_matmul_$n:U=2"; done
+    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+        --variant new: --variant one:pin.kmajor=one --variant "gu32:$GU" \
+        2>&1 | tee "$OUT/refit_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
+    timeout 300 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 4 --folder /tmp/b8 --jobs 16 \
+        --bundle new=/tmp/b8/new.aicf --bundle one=/tmp/b8/one.aicf --bundle gu32=/tmp/b8/gu32.aicf \
+        2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
+    ;;
   tc) tc_tests; tc_ab 4 ;;
   tcab) tc_ab 4 ;;
   tcgemv)
@@ -75,7 +117,7 @@ case "$1" in
         down:$TC,BN=16,WARPS=8,U=4 down:$TC,BN=16,WARPS=4,U=4 down:$TC,BN=32,WARPS=8,U=2
     ;;
   *)
-    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab|tcall" >&2
+    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab|tcall|fit|tcbest|refit" >&2
     exit 2
     ;;
 esac

@@ -2,7 +2,7 @@
 rule that chooses it (relayout_weights.GEMV_RULE, `--pin kmajor`).
 
 Without a GPU: which weights the rule stores K-major (a one-row gemv predicted faster so, the rotary QKV and the O
-projection that takes the L2 fill included; one of 2-8 rows only under `--pin kmajor=tc`, on tensor cores), that a bundle of a prefill and a decode plan
+projection that takes the L2 fill included; one of 2-8 rows on tensor cores, unless `--pin kmajor=one`), that a bundle of a prefill and a decode plan
 stores them once and K-major in both, that `--pin kmajor=0` keeps [K, N], that a rotary block under the head takes
 both halves' columns, that MB (the launch bounds' blocks an SM) follows the grid, and that every candidate of the
 space compiles without spills. On the GPU: pinned schedules against numpy float64 (fp16/bf16: 1e-2 of the output's
@@ -58,14 +58,16 @@ def test_a_bad_kmajor_pin_is_one_line():
 
 
 @pytest.mark.parametrize("rows", [2, 8])
-def test_more_rows_keep_the_weight_k_by_n(rows):
-    """By default 2-8 rows keep [K, N]; `--pin kmajor=tc` offers their weights K-major to the tensor-core steps over
-    them ([Note: the tensor-core gemv over a K-major weight]), taken where predicted faster."""
-    plan = plan_of(rows_model(rows, 5632, 2048, np.random.default_rng(0)), {}, "fp16")
-    assert GEMV_RULE not in _gemm(plan).rewrites and not _gemm(plan).schedule.param.get("KM")
-    tc = plan_of(rows_model(rows, 5632, 2048, np.random.default_rng(0)), {}, "fp16", {"kmajor": "tc"})
-    p = _gemm(tc).schedule.param
-    assert GEMV_RULE in _gemm(tc).rewrites and p["KM"] == 1 and p["TC"] == 1 and p["BM"] == rows and p["KS"] == p["WARPS"]
+def test_more_rows_read_the_weight_k_major_where_predicted_faster(rows):
+    """By default (and under its old name `--pin kmajor=tc`) 2-8 rows' weights are offered K-major to the tensor-core
+    steps over them ([Note: the tensor-core gemv over a K-major weight]) and taken where predicted faster: the 1 B
+    Llama's down projection is; `--pin kmajor=one` keeps them [K, N] (the default until session 69)."""
+    for pin in ({}, {"kmajor": "tc"}):
+        plan = plan_of(rows_model(rows, 5632, 2048, np.random.default_rng(0)), {}, "fp16", pin)
+        p = _gemm(plan).schedule.param
+        assert GEMV_RULE in _gemm(plan).rewrites and (p["KM"], p["TC"], p["BM"]) == (1, 1, rows) and p["KS"] == p["WARPS"]
+    one = plan_of(rows_model(rows, 5632, 2048, np.random.default_rng(0)), {}, "fp16", {"kmajor": "one"})
+    assert GEMV_RULE not in _gemm(one).rewrites and not _gemm(one).schedule.param.get("KM")
 
 
 def test_the_benchmarks_tc_candidate_pins_a_tensor_core_k_major_schedule():
@@ -130,17 +132,23 @@ def test_a_bundle_stores_the_k_major_weights_once():
 
 
 def test_a_plan_that_needs_the_weight_k_by_n_keeps_it_so_in_every_plan():
-    """A one-row plan chooses K-major first; a two-row plan of the same bundle (tensor-core steps) declines it, so
-    the weight stays [K, N] and the one-row plan is compiled again: one copy, no plan K-major."""
+    """A one-row plan chooses K-major first; under `--pin kmajor=one` a two-row plan of the same bundle (tensor-core
+    steps over [K, N]) declines it, so the weight stays [K, N] and the one-row plan is compiled again: one copy, no
+    plan K-major. By default the two-row plan reads it K-major too (its tensor-core steps over K-major weights)."""
     model = rows_model(1, 5632, 2048, np.random.default_rng(0), residual=True)
     for vi in (*model.graph.input, *model.graph.output):
         vi.type.tensor_type.shape.dim[0].dim_param = "b"
-    payload = compile_plans(model, [["x=2x1x5632", "x2=2x1x2048"], ["x=1x1x5632", "x2=1x1x2048"]],
-                            check_registers=False, precision="fp16")
+    sets = [["x=2x1x5632", "x2=2x1x2048"], ["x=1x1x5632", "x2=1x1x2048"]]
+    payload = compile_plans(model, sets, check_registers=False, precision="fp16", pin={"kmajor": "one"})
     assert [len(w["data"]) for w in payload["weights"]].count(5632 * 2048 * 2) == 1   # (the two-row plan has a small constant too)
     for plan in payload["plans"]:
         assert not any(GEMV_RULE in r for kk in plan["kernels"] for r in kk["rewrites"])
     assert any(d.get("rule") == GEMV_RULE and not d["applied"] for d in payload["plans"][0]["decisions"])
+    payload = compile_plans(model, sets, check_registers=False, precision="fp16")
+    assert [len(w["data"]) for w in payload["weights"]].count(5632 * 2048 * 2) == 1
+    for plan in payload["plans"]:
+        (gemv,) = [kk for kk in plan["kernels"] if kk["family"] == "gemm"]
+        assert any(GEMV_RULE in r for r in gemv["rewrites"]) and gemv["params"]["KM"] == 1
 
 
 def test_every_k_major_candidate_builds_without_spills():

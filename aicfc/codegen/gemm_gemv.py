@@ -202,10 +202,15 @@ tiles (BN = 16·T) whole over k, warp w a part of KP = K / WARPS k-rows (in 32-r
 sums meet in shared memory in warp order as the SIMT K-major form's parts do), U chunks in flight a warp, each
 chunk's registers loaded again with the chunk U ahead once multiplied; no split, no cluster, the tail and the
 epilogue (rotary through `colof` included) the K-major unit's. The loads are 16-byte vectors of 128-byte runs of
-one column (4 lanes a column's 64 bytes). Offered by `--pin kmajor=tc` alone (relayout_weights): its cost terms
-are the tensor-core steps' with gemv_tckm_issue (1.0, a guess) in place of gemv_tc_issue, not fitted, and the
-kernel has not yet run on a GPU (written in session 65 while no device could be had; benchmarks/b8_round.sh tc
-is its check: GPU tests against numpy, memcheck, the 4-layer B8 plan against the default).
+one column (4 lanes a column's 64 bytes). Written in session 65 while no device could be had and offered by
+`--pin kmajor=tc` alone; session 67 (an H100) ran its GPU tests and memcheck clean, but its plan chose schedules
+that ran 1.5x their predictions. Session 69 (an H200) timed its whole space at the 1 B Llama's four 8-row
+projections, refitted its stream ([Note: the tensor-core gemv's stream] in planner/cost_gemv.py), and its weights
+are now offered by default where 2-8 rows read them (relayout_weights; `--pin kmajor=one` as before): alone each
+projection's measured best beat the [K, N] pick (QKV 5.30 us against 6.17, O 4.16 against 4.87, gate/up 12.20
+against 15.47, down 8.50 against 9.56; benchmarks/results/tckm_fit_session69_h200.txt), and in the 4-layer B8
+decode plan the gate/up at BN 16, 8 warps, U 4 took the generate step to 0.2239 ms against the default's 0.2302
+(3 alternating rounds; benchmarks/results/tcbest_b8_session69_h200.txt).
 
 [Note: a norm's row scale in the gemv]
 A decode step's RMSNorm is a kernel of one block between two gemvs: it reads the residual stream

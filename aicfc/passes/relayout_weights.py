@@ -14,7 +14,9 @@ and their weights keep the layout ONNX gave.
 GEMV_RULE: a one-row fp16/bf16 gemv (a decode step's projection) reads its weight K-major where the planner
 predicts its best schedule faster so ([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py: no
 split-k merge across blocks; rotary epilogues included, [Note: a rotary gemv over a K-major weight]; not the
-gated gate/up pairs, measured slower); a bundle's plans share one copy of the weights, so compile_plans decides it for
+gated gate/up pairs, measured slower), and so does a gemv of 2-8 rows on tensor cores ([Note: the tensor-core
+gemv over a K-major weight], the gated pairs included; `--pin kmajor=one` leaves those [K, N], the default until
+session 69); a bundle's plans share one copy of the weights, so compile_plans decides it for
 all of them ([Note: one layout for a bundle's plans] in driver.py) and every plan, the prefill's GEMMs included
 (wgmma and mma read either layout), reads the weight so. `--pin kmajor=0` keeps every weight [K, N].
 
@@ -58,11 +60,13 @@ from aicfc.planner.hardware import Profile
 
 RULE = "weight[.., k, n] => weight[.., n, k] (K-major for wgmma)"
 GEMV_RULE = "weight[k, n] => weight[n, k] (a one-row gemv adds each column's k-rows in one block: no split-k merge)"
-GEMV_PIN = "kmajor"   # --pin kmajor=0: every gemv's weight [K, N]; 1 (the default): one-row gemvs' weights K-major where
-                      # predicted faster; tc: 2-8 row gemvs' too (tensor-core steps over K-major weights, not yet
-                      # measured on a GPU: [Note: the tensor-core gemv over a K-major weight]); compile_plans passes
-                      # the bundle's choice as "+"-joined names (and the word tc where it was given)
-DECIDING = ("1", "tc")   # the pin's values under which the planner's predictions decide
+GEMV_PIN = "kmajor"   # --pin kmajor=0: every gemv's weight [K, N]; 1 (the default; tc, its name until session 69, too):
+                      # one-row gemvs' weights K-major where predicted faster, and 2-8 row gemvs' (tensor-core steps
+                      # over K-major weights: [Note: the tensor-core gemv over a K-major weight]); one: one-row gemvs'
+                      # alone (the default until session 69); compile_plans passes the bundle's choice as "+"-joined
+                      # names (and the word one where it was given)
+DECIDING = ("1", "tc", "one")   # the pin's values under which the planner's predictions decide
+ONE_ROW = "one"
 WINDOW_RULE = "weight[.., c, ..] => weight[.., c] (the window's vector loads along its innermost variable)"
 
 
@@ -121,7 +125,7 @@ def gemv_candidates(plan: Plan, tensor_cores: bool = False) -> tuple[set[str], s
         if rows == 1 and gemm.gated(k):
             continue   # the gate/up pairs: K-major 17.7 us against 12.6 [K, N] (session 47); with MB about even (session 50)
         # 2-8 rows: the tensor-core steps read either layout ([Note: the tensor-core gemv over a K-major weight]);
-        # offered under `--pin kmajor=tc` alone until measured
+        # offered unless `--pin kmajor=one`
         (maybe if fits and (rows == 1 or tensor_cores and rows >= gemm_gemv.TC_MIN_ROWS) else keep).add(c.b.buffer)
     return maybe - keep, keep
 
@@ -173,10 +177,10 @@ def _move_last(ld: Load, dim: int) -> Load:
 
 
 def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = None) -> Plan:
-    """`pin`'s GEMV_PIN: "0" keeps every gemv's weight [K, N]; "1" (the default) stores K-major those of this
-    plan's one-row gemvs predicted faster so (`gemv_times`); "tc" those of its 2-8 row gemvs too; a "+"-joined list
-    of weight names (compile_plans' choice for every plan of a bundle, which stores one copy; with the word tc where
-    it was given) stores those K-major, less those a gemv of this plan
+    """`pin`'s GEMV_PIN: "0" keeps every gemv's weight [K, N]; "1" (the default, or "tc") stores K-major those of
+    this plan's one-row and 2-8 row (tensor-core) gemvs predicted faster so (`gemv_times`); "one" those of its
+    one-row gemvs alone; a "+"-joined list of weight names (compile_plans' choice for every plan of a bundle, which
+    stores one copy; with the word one where it was given) stores those K-major, less those a gemv of this plan
     needs [K, N] (recorded as declined: compile_plans reads them)."""
     weights = {w.name: w for w in plan.weights}
     types = plan.types()
@@ -187,16 +191,16 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
             wanted[w[0]] = (len(weights[w[0]].type.shape) - 2, w[1], RULE)
     choice = str((pin or {}).get(GEMV_PIN, "1"))
     words = set(choice.split("+"))
-    maybe, keep = gemv_candidates(plan, "tc" in words) if choice != "0" else (set(), set())
+    maybe, keep = gemv_candidates(plan, ONE_ROW not in words) if choice != "0" else (set(), set())
     times = gemv_times(plan, hw, maybe) if choice in DECIDING else {}
     wants = {name: t for name, t in times.items() if t[1] < t[0]}
-    gemv = set(wants) if choice in DECIDING else set() if choice == "0" else words - {"tc"}
+    gemv = set(wants) if choice in DECIDING else set() if choice == "0" else words - {"tc", ONE_ROW}
     unknown = sorted(gemv - set(weights))
     if unknown:
-        raise AicfError(f"--pin {GEMV_PIN}={choice}: no weight named {unknown[0]!r}; give 0, 1, tc or weight names "
+        raise AicfError(f"--pin {GEMV_PIN}={choice}: no weight named {unknown[0]!r}; give 0, 1, one or weight names "
                         "joined by +")
-    refused = [Rewrite(GEMV_RULE, name, False, "a gemv of this plan needs it [K, N] (2-8 rows: tensor-core steps "
-                       "over [K, N] unless --pin kmajor=tc, or rows not whole 16-byte vectors along k)")
+    refused = [Rewrite(GEMV_RULE, name, False, "a gemv of this plan needs it [K, N] (2-8 rows under --pin "
+                       "kmajor=one: tensor-core steps over [K, N]; or rows not whole 16-byte vectors along k)")
                for name in sorted(gemv & keep)]
     # a candidate the planner predicts no faster K-major: the comparison is the decision's record, as an applied one's
     refused += [Rewrite(GEMV_RULE, name, False, f"its readers' best schedules are predicted no faster over it K-major: "

@@ -87,6 +87,24 @@ H200, benchmarks/gemv.py --rows 8, 30 TC candidates of the five decode projectio
 benchmarks/results/gemv_tc_session27_h200.txt): 26 of 30 within [0.8, 1.25] of the prediction, the
 picks within 10% of the fastest measured for four of five (the QKV's 6.68 us against 5.98); in the
 4-layer B8 decode plan the kernels alone summed 224.4 us against 231.8 predicted.
+[Note: the tensor-core gemv's stream]
+Over a K-major weight ([Note: the tensor-core gemv over a K-major weight] in codegen/gemm_gemv.py) the
+terms above measured 0.76-1.46 of their predictions and ranked the schedules wrongly (session 69, an
+H200, `bash benchmarks/b8_round.sh fit`: all 12 schedules of its space for each of the 1 B Llama's four
+8-row projections alone, benchmarks/results/tckm_fit_session69_h200.txt): the gate/up's predicted best
+(BN 32, 4 warps, U 4: 12.91 us) ran 15.09 and its predicted worst-but-two (BN 32, 8 warps, U 2: 15.85)
+ran 12.20. Three terms were off, each fitted on those 48 (grid search on the log error):
+- a warp reloads a chunk's registers only once its products are done, so U chunks in flight hold
+  the SM's stream for U / (U + gemv_tckm_duty) of the time (0.25): U = 1 ran 1.2-1.5x its prediction;
+- the stream reaches at most gemv_tckm_cap (0.85) of gemv_stream_gbs: 64-128 KB in flight an SM ran
+  the gate/up at 0.79-0.91 of it, not nearer the asymptote with more;
+- later rounds of blocks cost nothing measurable (gemv_tckm_wave_us 0): a block streams 64-180 KB
+  whole over k and the SM's other blocks, started at other times, keep streaming while it ends
+  (the gate/up at BN 16 ran 704 blocks in 2-3 rounds at 0.87-0.88 of the asymptote).
+With them 46 of the 48 measure within [0.8, 1.25] of their predictions (U = 1 of the gate/up at BN 32,
+8 warps, 1.26, and of the down at BN 16, 4 warps, 1.28), and each projection's predicted best ran
+within 5% of its measured best (the QKV 5.55 us against 5.30, the O 4.20 against 4.16, the gate/up
+12.62 against 12.20, the down the best). The full-grid term (gemv_full_us) is a plan's and stays.
 The stream's asymptote is the H200's: on an H100 (3.35 TB/s) a profile should set
 `gemv_stream_gbs` near 3500. The M = 8 terms (t_fma, t_exposed) are the H100 run's
 (benchmarks/results/gemv_h100.txt), where the M = 8 kernel was 1.5-2x slower than cuBLAS.
@@ -120,6 +138,10 @@ CONSTANTS = {
     "gemv_cluster_spread": 0.3,     # a cluster spread over more than two SMs (SPLITK > 2 x blocks an SM): the stream's loss
     "gemv_tc_issue": 2.0,           # tensor-core steps: their issue (permutes, loads, products) over the products' time
     "gemv_tckm_issue": 1.0,         # the same over a K-major weight: fragments as loaded, no shuffles or permutes (not fitted)
+    "gemv_tckm_duty": 0.25,         # [Note: the tensor-core gemv's stream] (a K-major weight): a warp's U chunks in flight
+                                    # count U / (U + this) of the time (each waits for its products before it is reloaded)
+    "gemv_tckm_cap": 0.85,          # ... and its stream reaches at most this share of gemv_stream_gbs
+    "gemv_tckm_wave_us": 0.0,       # ... and a later round of its blocks costs this (gemv_wave_us for the others)
     "gemv_early_read_us": 0.5,      # EPRE = 1 ([Note: epilogue reads before the wait]): the epilogue's round trip fewer (0.4-0.6 measured, session 43)
     "gemv_row_scale_us": 0.1,       # a row-scaled gemv: the statistic's adds, a barrier, the tile's sums scaled (B1: 4.4 us as unscaled, session 35)
     "gemv_join_us": 2.4,            # JOIN ([Note: the O projection joined to the attention]): the other role's
@@ -173,6 +195,9 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     q = math.ceil(avg)
     resident = max(1, min(q, bps))
     f = min(avg, bps) * inflight                                    # bytes in flight on an average SM
+    tckm = gemm_gemv.tc_k_major(p)
+    if tckm:   # [Note: the tensor-core gemv's stream]
+        f *= p["U"] / (p["U"] + c["gemv_tckm_duty"])
     # HOT: bytes of the weight's first rows a kernel before requested into L2 ([Note: L2 fill]): read at the L2's rate;
     # PF: the gemv requested its whole slice itself, in the idle window of the kernel before ([Note: the fill's own
     # slice] in passes/l2_fill.py)
@@ -181,7 +206,10 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     # ([Note: steps into the tail] in passes/tail_steps.py): in registers by its go
     landed = min(p.get("LANDED", 0), io_bytes - hot)
     t_dram = (io_bytes - hot - landed) / (c["gemv_stream_gbs"] * 1e3) + hot / (l2_gbs * 1e3)
-    t_sm = t_dram * (f + c["gemv_half_inflight"]) / f * (1.0 + c["gemv_imbalance"] * (q / avg - 1.0))
+    rate = f / (f + c["gemv_half_inflight"])                        # of the stream's asymptote
+    if tckm:
+        rate = min(rate, c["gemv_tckm_cap"])
+    t_sm = t_dram / rate * (1.0 + c["gemv_imbalance"] * (q / avg - 1.0))
     if p.get("CL") and p["SPLITK"] > 2 * bps:
         t_sm *= 1.0 + c["gemv_cluster_spread"]
     t_full = c["gemv_full_us"] if blocks >= bps * sm_count else 0.0
@@ -200,7 +228,7 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     # FMAs hidden under the loads only with enough resident warps: the rest is exposed
     t_exposed = t_fma * max(0.0, 1.0 - resident * p["WARPS"] / c["gemv_hiding_warps"])
     rounds = math.ceil(q / max(1, bps))                              # the busiest SM's rounds of blocks
-    t_rounds = (rounds - 1) * c["gemv_wave_us"]
+    t_rounds = (rounds - 1) * c["gemv_tckm_wave_us" if tckm else "gemv_wave_us"]
     t_tail = c["gemv_reduce_us"] - (c["gemv_early_read_us"] if p.get("EPRE") else 0.0)
     time = max(t_sm, t_fma) + t_exposed + t_rounds + t_full + t_tail + t_split
     return {"time_us": time, "t_dram_us": t_dram, "t_sm_us": t_sm, "t_fma_us": t_fma, "t_split_us": t_split,
