@@ -208,9 +208,15 @@ that ran 1.5x their predictions. Session 69 (an H200) timed its whole space at t
 projections, refitted its stream ([Note: the tensor-core gemv's stream] in planner/cost_gemv.py), and its weights
 are now offered by default where 2-8 rows read them (relayout_weights; `--pin kmajor=one` as before): alone each
 projection's measured best beat the [K, N] pick (QKV 5.30 us against 6.17, O 4.16 against 4.87, gate/up 12.20
-against 15.47, down 8.50 against 9.56; benchmarks/results/tckm_fit_session69_h200.txt), and in the 4-layer B8
-decode plan the gate/up at BN 16, 8 warps, U 4 took the generate step to 0.2239 ms against the default's 0.2302
-(3 alternating rounds; benchmarks/results/tcbest_b8_session69_h200.txt).
+against 15.47, down 8.50 against 9.56; benchmarks/results/tckm_fit_session69_h200.txt). In the 4-layer B8 decode
+plan (3 alternating rounds, one process; benchmarks/results/tcbest_b8_session69_h200.txt) all four K-major with the
+gate/up at BN 16, 8 warps, U 4 ran the generate step in 0.2239 ms against the [K, N] default's 0.2302 (replay
+208.1 us against 212.0); with the old terms' gate/up pick (BN 32, 4 warps, U 4: 15.09 us alone) 0.2308 (replay
+215.2). The refitted planner picks the gate/up's BN 16, 4 warps, U 4 (12.62 us alone against 12.59 at 8 warps;
+not a full grid), the other three as measured; that exact plan has not yet run (`bash benchmarks/b8_round.sh
+refit` is its A/B). In a plan the alone gains shrink: the four at those schedules gain 5.2 us a layer alone and the
+step gained 1.6; with the old gate/up pick they gain 2.7 alone and the step lost 0.8. Which of the four should be
+K-major in a plan is that A/B's to tell.
 
 [Note: a norm's row scale in the gemv]
 A decode step's RMSNorm is a kernel of one block between two gemvs: it reads the residual stream

@@ -59,7 +59,7 @@ from aicfc.ir.types import ITEMSIZE, TensorType, Weight
 from aicfc.planner.hardware import Profile
 
 RULE = "weight[.., k, n] => weight[.., n, k] (K-major for wgmma)"
-GEMV_RULE = "weight[k, n] => weight[n, k] (a one-row gemv adds each column's k-rows in one block: no split-k merge)"
+GEMV_RULE = "weight[k, n] => weight[n, k] (a decode gemv of 1-8 rows adds each column's k-rows in one block: no split-k merge)"
 GEMV_PIN = "kmajor"   # --pin kmajor=0: every gemv's weight [K, N]; 1 (the default; tc, its name until session 69, too):
                       # one-row gemvs' weights K-major where predicted faster, and 2-8 row gemvs' (tensor-core steps
                       # over K-major weights: [Note: the tensor-core gemv over a K-major weight]); one: one-row gemvs'
