@@ -212,8 +212,8 @@ against 15.47, down 8.50 against 9.56; benchmarks/results/tckm_fit_session69_h20
 plan (3 alternating rounds, one process; benchmarks/results/tcbest_b8_session69_h200.txt) all four K-major with the
 gate/up at BN 16, 8 warps, U 4 ran the generate step in 0.2239 ms against the [K, N] default's 0.2302 (replay
 208.1 us against 212.0); with the old terms' gate/up pick (BN 32, 4 warps, U 4: 15.09 us alone) 0.2308 (replay
-215.2). The refitted planner picks the gate/up's BN 16, 4 warps, U 4 (12.62 us alone against 12.59 at 8 warps;
-not a full grid), the other three as measured; that exact plan has not yet run (`bash benchmarks/b8_round.sh
+215.2). The refitted planner picks the gate/up's BN 16, 4 warps, U 4 (12.62 us alone against 12.59 at 8 warps),
+the other three as measured; that exact plan has not yet run (`bash benchmarks/b8_round.sh
 refit` is its A/B). In a plan the alone gains shrink: the four at those schedules gain 5.2 us a layer alone and the
 step gained 1.6; with the old gate/up pick they gain 2.7 alone and the step lost 0.8. Which of the four should be
 K-major in a plan is that A/B's to tell.

@@ -101,10 +101,18 @@ ran 12.20. Three terms were off, each fitted on those 48 (grid search on the log
 - later rounds of blocks cost nothing measurable (gemv_tckm_wave_us 0): a block streams 64-180 KB
   whole over k and the SM's other blocks, started at other times, keep streaming while it ends
   (the gate/up at BN 16 ran 704 blocks in 2-3 rounds at 0.87-0.88 of the asymptote).
-With them 46 of the 48 measure within [0.8, 1.25] of their predictions (U = 1 of the gate/up at BN 32,
-8 warps, 1.26, and of the down at BN 16, 4 warps, 1.28), and each projection's predicted best ran
-within 5% of its measured best (the QKV 5.55 us against 5.30, the O 4.20 against 4.16, the gate/up
-12.62 against 12.20, the down the best). The full-grid term (gemv_full_us) is a plan's and stays.
+The full-grid term (gemv_full_us, a plan's: the next kernel's blocks cannot land while every block slot
+is taken) is charged here only to a grid of one round. Its rounds' blocks end at their own times and leave
+slots free: in the 4-layer B8 decode plan (benchmarks/results/tcbest_b8_session69_h200.txt, 3 alternating
+rounds) the gate/up at BN 16, 8 warps, U 4 (704 blocks, 2-3 rounds of 3 an SM, a full grid) replayed the
+plan 7.1 us faster than at BN 32, 4 warps, U 4 (352 blocks, 4 an SM fit) with all else the same: 1.8 us a
+layer, where alone they differ by 2.5 (12.59 against 15.09 us), not by 2.5 less the 2.0 the term charged.
+With these terms 46 of the 48 measure within [0.8, 1.25] of their predictions (U = 1 of the gate/up at BN
+32, 8 warps, 1.26, and of the down at BN 16, 4 warps, 1.28). Each projection's predicted best ran within 5%
+of its measured best (the QKV 5.55 us against 5.30, the O 4.20 against 4.16, the down the best), but for the
+gate/up, where four schedules tie at the cap: 12.20-13.77 us (BN 32, 8 warps, U 4 the slowest; the cap does
+not see why, nor why BN 32, 4 warps, U 4 runs 15.09). In the 1 B Llama's B8 plan five tie there and the
+order's fixed last key picks BN 16, 4 warps, U 4 (12.62 alone).
 The stream's asymptote is the H200's: on an H100 (3.35 TB/s) a profile should set
 `gemv_stream_gbs` near 3500. The M = 8 terms (t_fma, t_exposed) are the H100 run's
 (benchmarks/results/gemv_h100.txt), where the M = 8 kernel was 1.5-2x slower than cuBLAS.
@@ -212,7 +220,10 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
     t_sm = t_dram / rate * (1.0 + c["gemv_imbalance"] * (q / avg - 1.0))
     if p.get("CL") and p["SPLITK"] > 2 * bps:
         t_sm *= 1.0 + c["gemv_cluster_spread"]
-    t_full = c["gemv_full_us"] if blocks >= bps * sm_count else 0.0
+    rounds = math.ceil(q / max(1, bps))                              # the busiest SM's rounds of blocks
+    # a full grid keeps the next kernel's blocks off the SMs; over a K-major weight on tensor cores only in one round
+    # ([Note: the tensor-core gemv's stream]: rounds of blocks ending at their own times leave slots free)
+    t_full = c["gemv_full_us"] if blocks >= bps * sm_count and not (tckm and rounds > 1) else 0.0
     if p.get("TC"):
         # m16n8k16 products (the rows padded to 8) at an SM's share of the mma.sync rate, with
         # their byte permutes and loads issued beside them: gemv_tc_issue times the products' time
@@ -227,7 +238,6 @@ def gemv_terms(p: Mapping, m: int, n: int, kk: int, esize: int, io_bytes: float,
                    + p["SPLITK"] * p["BM"] * p["BN"] * 4 / (c["gemv_sm_gbs"] * 1e3))
     # FMAs hidden under the loads only with enough resident warps: the rest is exposed
     t_exposed = t_fma * max(0.0, 1.0 - resident * p["WARPS"] / c["gemv_hiding_warps"])
-    rounds = math.ceil(q / max(1, bps))                              # the busiest SM's rounds of blocks
     t_rounds = (rounds - 1) * c["gemv_tckm_wave_us" if tckm else "gemv_wave_us"]
     t_tail = c["gemv_reduce_us"] - (c["gemv_early_read_us"] if p.get("EPRE") else 0.0)
     time = max(t_sm, t_fma) + t_exposed + t_rounds + t_full + t_tail + t_split
