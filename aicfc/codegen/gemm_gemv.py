@@ -214,9 +214,9 @@ gate/up at BN 16, 8 warps, U 4 ran the generate step in 0.2239 ms against the [K
 208.1 us against 212.0); with the old terms' gate/up pick (BN 32, 4 warps, U 4: 15.09 us alone) 0.2308 (replay
 215.2). The refitted planner picks the gate/up's BN 16, 4 warps, U 4 (12.62 us alone against 12.59 at 8 warps),
 the other three as measured; that exact plan has not yet run (`bash benchmarks/b8_round.sh
-refit` is its A/B). In a plan the alone gains shrink: the four at those schedules gain 5.2 us a layer alone and the
-step gained 1.6; with the old gate/up pick they gain 2.7 alone and the step lost 0.8. Which of the four should be
-K-major in a plan is that A/B's to tell.
+refit` is its A/B). In a plan the alone gains shrink: the four at those schedules gain 5.2 us a layer alone, and the
+generate step gained 1.6 (the replay 1.0); with the old gate/up pick they gain 2.7 alone, and the step lost 0.15 (the
+replay 0.8). Which of the four should be K-major in a plan is that A/B's to tell.
 
 [Note: a norm's row scale in the gemv]
 A decode step's RMSNorm is a kernel of one block between two gemvs: it reads the residual stream
