@@ -17,7 +17,7 @@
 #   bash benchmarks/b8_round.sh tcall   # session 66, one call for all of it by priority: tests, memcheck, the plan
 #                                       # A/B (3 rounds), then the gate/up and down alone (a timeout cuts the last)
 #   bash benchmarks/b8_round.sh fit     # session 69: every schedule of the tc pin's space (T, WARPS, U) for the four
-#                                       # 8-row projections alone, with their cost terms (--json): gemv_tckm_issue's fit
+#                                       # 8-row projections alone, with their cost terms (--json): the refit's data
 #   bash benchmarks/b8_round.sh tcbest  # session 69: the 4-layer B8 plan: the default, the tc pin, the tc pin with its
 #                                       # gate/up at the schedule session 67 measured fastest alone (BN 16, 8 warps,
 #                                       # U 4), and the split attention in 3 chunks (it picks 2), 3 alternating rounds
@@ -27,7 +27,7 @@
 #                                       # `--pin kmajor=one` (the default before), the gate/up pairs alone K-major
 #                                       # (session 69's A/B suggests the QKV, O and down lose in a plan what they gain
 #                                       # alone) and the gate/up at the schedule fastest alone (BN 32, 8 warps, U 2),
-#                                       # 4 alternating rounds
+#                                       # 4 alternating rounds; then the 20-layer B8 step (generate.py, no peer)
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -113,6 +113,9 @@ case "$1" in
         --bundle new=/tmp/b8/new.aicf --bundle one=/tmp/b8/one.aicf --bundle gu=/tmp/b8/gu.aicf \
         --bundle gu32=/tmp/b8/gu32.aicf \
         2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
+    # the 20-layer B8 step at the new default against the bandwidth limit (the README's figure; no peer)
+    timeout 240 python3 benchmarks/generate.py --batch 8 --no-peer --json "$OUT/refit_generate_b8.json" 2>&1 \
+        | tee "$OUT/refit_generate_b8.txt" | tail -8
     ;;
   tc) tc_tests; tc_ab 4 ;;
   tcab) tc_ab 4 ;;
