@@ -93,7 +93,9 @@ terms above measured 0.76-1.46 of their predictions and ranked the schedules wro
 H200, `bash benchmarks/b8_round.sh fit`: all 12 schedules of its space for each of the 1 B Llama's four
 8-row projections alone, benchmarks/results/tckm_fit_session69_h200.txt): the gate/up's predicted best
 (BN 32, 4 warps, U 4: 12.91 us) ran 15.09 and its predicted worst-but-two (BN 32, 8 warps, U 2: 15.85)
-ran 12.20. Three terms were off, each fitted on those 48 (grid search on the log error):
+ran 12.20. Three terms were off, each fitted on those 48 (grid search on the log error; checked again with each
+block count an SM from ptxas's registers, as the planner re-costs its leaders, where the run recorded some from the
+estimate):
 - a warp reloads a chunk's registers only once its products are done, so U chunks in flight hold
   the SM's stream for U / (U + gemv_tckm_duty) of the time (0.25): U = 1 ran 1.2-1.5x its prediction;
 - the stream reaches at most gemv_tckm_cap (0.85) of gemv_stream_gbs: 64-128 KB in flight an SM ran
@@ -110,8 +112,8 @@ layer, where alone they differ by 2.5 (12.59 against 15.09 us), not by 2.5 less 
 With these terms 46 of the 48 measure within [0.8, 1.25] of their predictions (U = 1 of the gate/up at BN
 32, 8 warps, 1.26, and of the down at BN 16, 4 warps, 1.26). Each projection's predicted best ran within 5%
 of its measured best (the QKV 5.55 us against 5.30, the O 4.20 against 4.16, the down the best), but for the
-gate/up, where four schedules tie at the cap: 12.20-13.77 us (BN 32, 8 warps, U 4 the slowest; the cap does
-not see why, nor why BN 32, 4 warps, U 4 runs 15.09). In the 1 B Llama's B8 plan five tie there and the
+gate/up, where five schedules tie at the cap: 12.20-13.77 us (BN 32, 8 warps, U 4 the slowest; the cap does
+not see why, nor why BN 32, 4 warps, U 4 runs 15.09). In the 1 B Llama's B8 plan the same five tie and the
 order's fixed last key picks BN 16, 4 warps, U 4 (12.62 alone).
 The stream's asymptote is the H200's: on an H100 (3.35 TB/s) a profile should set
 `gemv_stream_gbs` near 3500. The M = 8 terms (t_fma, t_exposed) are the H100 run's
