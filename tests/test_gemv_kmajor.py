@@ -86,8 +86,7 @@ def _session69_timings() -> list[tuple[float, float, dict]]:
             continue
         t = r["terms"]
         bps = blocks_per_sm(gemm_gemv.threads(r["params"]), 0, r["registers"], hw)[0]
-        terms = cost_gemv.gemv_terms(r["params"], r["rows"], r["N"], r["K"], 2, t["bytes"], sm_count=132, bps=bps,
-                                     dram_gbs=3350, fp32_tflops=66.9 * 0.7, tc_tflops=989.4 * 0.45)
+        terms = cost_gemv.profile_terms(r["params"], r["rows"], r["N"], r["K"], 2, t["bytes"], bps, hw)
         out.append((terms["time_us"] + t["launch_us"], r["measured_us"], dict(r["params"], shape=r["shape"])))
     return out
 
@@ -111,16 +110,17 @@ def test_a_tensor_core_k_major_full_grid_pays_only_in_one_round():
     """The full-grid term ([Note: a gemv leaves room]) is charged to a tensor-core K-major grid of one round alone:
     rounds of its blocks end at their own times and leave slots free ([Note: the tensor-core gemv's stream])."""
     from aicfc.planner import cost_gemv
+    from aicfc.planner.hardware import load_profile
+    hw = load_profile("sm_90")
     p = {"unit": "gemv", "BM": 8, "BN": 16, "WARPS": 8, "U": 4, "SPLITK": 1, "CL": 0, "KM": 1, "TC": 1, "KS": 8}
     def full(n, bps):
-        return cost_gemv.gemv_terms(p, 8, n, 2048, 2, 2048 * n * 2, sm_count=132, bps=bps, dram_gbs=3350,
-                                    fp32_tflops=46.8)["t_full_us"]
+        return cost_gemv.profile_terms(p, 8, n, 2048, 2, 2048 * n * 2, bps, hw)["t_full_us"]
     assert full(11264, 3) == 0.0                                        # 704 blocks, 3 an SM: 2 rounds
     assert full(132 * 16 * 3, 3) == cost_gemv.CONSTANTS["gemv_full_us"]   # 396 blocks, 3 an SM: one round, full
     assert full(11264, 6) == 0.0                                        # 704 blocks, 6 an SM: room left
     plain = {k: v for k, v in p.items() if k not in ("KM", "TC")} | {"TC": 0}
-    assert cost_gemv.gemv_terms(plain, 1, 11264, 2048, 2, 2048 * 11264 * 2, sm_count=132, bps=3, dram_gbs=3350,
-                                fp32_tflops=46.8)["t_full_us"] == cost_gemv.CONSTANTS["gemv_full_us"]
+    assert cost_gemv.profile_terms(plain, 1, 11264, 2048, 2, 2048 * 11264 * 2, 3, hw)["t_full_us"] == \
+        cost_gemv.CONSTANTS["gemv_full_us"]
 
 
 def test_the_benchmarks_tc_candidate_pins_a_tensor_core_k_major_schedule():
