@@ -109,12 +109,14 @@ case "$1" in
     timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
         --variant new: --variant one:pin.kmajor=one --variant "gu:pin.kmajor=${PAIRS#+}" --variant "gu32:$GU" \
         2>&1 | tee "$OUT/refit_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
-    timeout 300 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 4 --folder /tmp/b8 --jobs 16 \
+    timeout 260 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
         --bundle new=/tmp/b8/new.aicf --bundle one=/tmp/b8/one.aicf --bundle gu=/tmp/b8/gu.aicf \
         --bundle gu32=/tmp/b8/gu32.aicf \
         2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
-    # the 20-layer B8 step at the new default against the bandwidth limit (the README's figure; no peer)
-    timeout 240 python3 benchmarks/generate.py --batch 8 --no-peer --json "$OUT/refit_generate_b8.json" 2>&1 \
+    ;;
+  gen8)   # the 20-layer B8 step at the new default against the bandwidth limit (the README's figure; no peer)
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    timeout 300 python3 benchmarks/generate.py --batch 8 --no-peer --json "$OUT/refit_generate_b8.json" 2>&1 \
         | tee "$OUT/refit_generate_b8.txt" | tail -8
     ;;
   tc) tc_tests; tc_ab 4 ;;
@@ -126,7 +128,7 @@ case "$1" in
         down:$TC,BN=16,WARPS=8,U=4 down:$TC,BN=16,WARPS=4,U=4 down:$TC,BN=32,WARPS=8,U=2
     ;;
   *)
-    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab|tcall|fit|tcbest|refit" >&2
+    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab|tcall|fit|tcbest|refit|gen8" >&2
     exit 2
     ;;
 esac
