@@ -26,8 +26,8 @@
 #                                       # plans now take them), then the 4-layer B8 plan: the default against
 #                                       # `--pin kmajor=one` (the default before), the gate/up pairs alone K-major
 #                                       # (session 69's A/B suggests the QKV, O and down lose in a plan what they gain
-#                                       # alone) and the gate/up at the schedule fastest alone (BN 32, 8 warps, U 2),
-#                                       # 4 alternating rounds; then the 20-layer B8 step (generate.py, no peer)
+#                                       # alone), 3 alternating rounds (session 70: trimmed to fit a short budget)
+#   bash benchmarks/b8_round.sh gen8    # the 20-layer B8 step at the default (generate.py, no peer)
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,19 +99,17 @@ case "$1" in
     ;;
   refit)
     python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
-    timeout 200 python3 -m pytest -q -m gpu -n 16 tests/test_gemv_kmajor.py tests/test_generate_gpu.py \
-        tests/test_llama.py tests/test_state_gpu.py tests/test_row_scale.py 2>&1 | tail -4 | tee "$OUT/refit_tests.txt"
-    GU="" PAIRS=""
-    for n in 115 211 307 403; do GU="$GU,dpin.node_matmul_$n:BN=32,dpin.node_matmul_$n:WARPS=8,dpin.node_matmul_$n:U=2"; done
+    timeout 150 python3 -m pytest -q -m gpu -n 16 tests/test_gemv_kmajor.py tests/test_generate_gpu.py \
+        2>&1 | tail -4 | tee "$OUT/refit_tests.txt"
+    PAIRS=""
     for l in 0 1 2 3; do
       PAIRS="$PAIRS+model.layers.$l.mlp.gate_proj.weight.g.model.layers.$l.mlp.up_proj.weight.g.cat.pairs"
     done
-    timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
-        --variant new: --variant one:pin.kmajor=one --variant "gu:pin.kmajor=${PAIRS#+}" --variant "gu32:$GU" \
+    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+        --variant new: --variant one:pin.kmajor=one --variant "gu:pin.kmajor=${PAIRS#+}" \
         2>&1 | tee "$OUT/refit_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
-    timeout 260 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
+    timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
         --bundle new=/tmp/b8/new.aicf --bundle one=/tmp/b8/one.aicf --bundle gu=/tmp/b8/gu.aicf \
-        --bundle gu32=/tmp/b8/gu32.aicf \
         2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
     ;;
   gen8)   # the 20-layer B8 step at the new default against the bandwidth limit (the README's figure; no peer)
