@@ -27,6 +27,7 @@
 #                                       # `--pin kmajor=one` (the default before), the gate/up pairs alone K-major
 #                                       # (session 69's A/B suggests the QKV, O and down lose in a plan what they gain
 #                                       # alone), 3 alternating rounds (session 70: trimmed to fit a short budget)
+#   bash benchmarks/b8_round.sh quick   # refit's tests and the default against kmajor=one alone (about 6 minutes)
 #   bash benchmarks/b8_round.sh gen8    # the 20-layer B8 step at the default (generate.py, no peer)
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 set -uo pipefail
@@ -112,6 +113,16 @@ case "$1" in
         --bundle new=/tmp/b8/new.aicf --bundle one=/tmp/b8/one.aicf --bundle gu=/tmp/b8/gu.aicf \
         2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
     ;;
+  quick)   # refit's core on a short budget: its tests, then the default against `--pin kmajor=one`, 3 rounds
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    timeout 120 python3 -m pytest -q -m gpu -n 16 tests/test_gemv_kmajor.py tests/test_generate_gpu.py \
+        2>&1 | tail -4 | tee "$OUT/refit_tests.txt"
+    timeout 100 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+        --variant new: --variant one:pin.kmajor=one 2>&1 | tee "$OUT/refit_compile.txt" | grep -i "compiled\|error\|Traceback"
+    timeout 130 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
+        --bundle new=/tmp/b8/new.aicf --bundle one=/tmp/b8/one.aicf \
+        2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
+    ;;
   gen8)   # the 20-layer B8 step at the new default against the bandwidth limit (the README's figure; no peer)
     python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
     timeout 300 python3 benchmarks/generate.py --batch 8 --no-peer --json "$OUT/refit_generate_b8.json" 2>&1 \
@@ -126,7 +137,7 @@ case "$1" in
         down:$TC,BN=16,WARPS=8,U=4 down:$TC,BN=16,WARPS=4,U=4 down:$TC,BN=32,WARPS=8,U=2
     ;;
   *)
-    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab|tcall|fit|tcbest|refit|gen8" >&2
+    echo "usage: bash benchmarks/b8_round.sh proto|ab|tc|tcgemv|tcab|tcall|fit|tcbest|refit|quick|gen8" >&2
     exit 2
     ;;
 esac
