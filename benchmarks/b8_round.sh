@@ -59,6 +59,11 @@ tc_gemv() {   # 8-row projections alone at the pick and at these `--cand` schedu
   timeout "${GEMV_TIMEOUT:-240}" python3 benchmarks/gemv.py --rows 8 --shapes $shapes --json "$OUT/tckm_gemv.json" "${cands[@]}" 2>&1 \
       | tee "$OUT/tckm_gemv.txt" | tail -30
 }
+default_tests() {   # the GPU tests the 2-8 row K-major default reaches (the generation tests' 2-row plans take it), $1 s
+  python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+  timeout "$1" python3 -m pytest -q -m gpu -n 16 tests/test_gemv_kmajor.py tests/test_generate_gpu.py \
+      2>&1 | tail -4 | tee "$OUT/refit_tests.txt"
+}
 case "$1" in
   proto)
     nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/gemv_tc_kmajor benchmarks/prototypes/gemv_tc_kmajor.cu &&
@@ -99,9 +104,7 @@ case "$1" in
         --bundle s3=/tmp/b8/s3.aicf 2>&1 | grep -v "decode gemvs" | tee "$OUT/tcbest_ab.txt" | tail -10
     ;;
   refit)
-    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
-    timeout 150 python3 -m pytest -q -m gpu -n 16 tests/test_gemv_kmajor.py tests/test_generate_gpu.py \
-        2>&1 | tail -4 | tee "$OUT/refit_tests.txt"
+    default_tests 150
     PAIRS=""
     for l in 0 1 2 3; do
       PAIRS="$PAIRS+model.layers.$l.mlp.gate_proj.weight.g.model.layers.$l.mlp.up_proj.weight.g.cat.pairs"
@@ -114,9 +117,7 @@ case "$1" in
         2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
     ;;
   quick)   # refit's core on a short budget: its tests, then the default against `--pin kmajor=one`, 3 rounds
-    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
-    timeout 120 python3 -m pytest -q -m gpu -n 16 tests/test_gemv_kmajor.py tests/test_generate_gpu.py \
-        2>&1 | tail -4 | tee "$OUT/refit_tests.txt"
+    default_tests 120
     timeout 100 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
         --variant new: --variant one:pin.kmajor=one 2>&1 | tee "$OUT/refit_compile.txt" | grep -i "compiled\|error\|Traceback"
     timeout 130 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
