@@ -9,12 +9,7 @@
 #                                    # ([K, N] gated, 352 blocks: 3.96 TB/s in session 63's timeline where a plain
 #                                    # read reaches 4.45), 5 alternating rounds in one process
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-source .gpu/env.sh
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu_b1_$1.txt"
+source "$(dirname "$0")/round_env.sh" "gpu_b1_$1.txt"
 KM="" GU32=""
 for l in 0 1 2 3; do   # every one-row gemv weight the default reads K-major, and the layer's gate/up pairs
   p=model.layers.$l

@@ -30,12 +30,7 @@
 #   bash benchmarks/b8_round.sh quick   # refit's tests and the default against kmajor=one alone (about 6 minutes)
 #   bash benchmarks/b8_round.sh gen8    # the 20-layer B8 step at the default (generate.py, no peer)
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-source .gpu/env.sh
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu_$1.txt"
+source "$(dirname "$0")/round_env.sh" "gpu_$1.txt"
 # The tensor-core gemv over K-major weights (session 65, `--pin kmajor=tc`):
 TC=kmajor=tc,KM=1,TC=1
 tc_tests() {   # its GPU tests and memcheck of one case

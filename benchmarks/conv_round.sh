@@ -7,11 +7,7 @@
 #                                          # profiled; the 3x3 convolutions by cost, im2col and halo, pinned
 #   bash benchmarks/conv_round.sh final    # ResNet-50 B32 checked and profiled; ResNet-50 B32 and B1 against
 #                                          # torch.compile(mode="reduce-overhead") (benchmarks/models.py)
-set -uo pipefail
-source .gpu/env.sh
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # profile NAME: ResNet-50 B32's bundle $W/NAME.aicf checked against onnxruntime, then every kernel timed alone
 profile() {

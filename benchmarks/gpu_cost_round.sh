@@ -7,11 +7,7 @@
 #   bash benchmarks/gpu_cost_round.sh verify        # predictions under the current profile, paired GEMMs, ResNet-50 B32 profile
 #   bash benchmarks/gpu_cost_round.sh refit NAME '{"key": value}' ...   # predictions under changed profile keys
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
-set -uo pipefail
-source .gpu/env.sh
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu_$1.txt"
+source "$(dirname "$0")/round_env.sh" "gpu_$1.txt"
 quiet() { grep -v -i "warn\|onnxscript\|exporter\|^\s*$"; }
 # profile NAME JSON: /tmp/sm_90_NAME.json, the sm_90 profile with JSON's keys changed
 profile() {

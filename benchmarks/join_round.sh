@@ -13,13 +13,8 @@
 #   bash benchmarks/join_round.sh profile    # where the join loses: the 20-layer step apart and its profile, weights
 #                                            # cold (session 61's [Note: cold weights], never run on a GPU yet)
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-source .gpu/env.sh
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/round_env.sh" "gpu_$1.txt"
 python3 -m pip install -q -e . > /dev/null 2>&1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu_$1.txt"
 case "$1" in
   tests)
     timeout 240 python3 -m pytest -q -m gpu tests/test_join_launches.py tests/test_run_bench.py 2>&1 | tail -8 | tee "$OUT/tests.txt"
