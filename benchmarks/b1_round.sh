@@ -8,6 +8,7 @@
 #                                    # best, there at KS 2; the planner takes KS 1 now), against the default
 #                                    # ([K, N] gated, 352 blocks: 3.96 TB/s in session 63's timeline where a plain
 #                                    # read reaches 4.45), 5 alternating rounds in one process
+#                                    # (ROUNDS=3 for a short budget)
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 source "$(dirname "$0")/round_env.sh" "gpu_b1_$1.txt"
 KM="" GU32=""
@@ -23,7 +24,8 @@ case "$1" in
     timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --compile-only --folder /tmp/b1 --jobs 16 \
         --variant base: --variant "gk:pin.kmajor=${KM#+}" --variant "gk32:pin.kmajor=${KM#+}$GU32" \
         2>&1 | tee "$OUT/b1gk_compile.txt" | grep -i "compiled\|error\|Traceback" | cut -c1-200
-    timeout 330 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --rounds 5 --folder /tmp/b1 --jobs 16 \
+    timeout $((60 * ${ROUNDS:-5} + 30)) python3 benchmarks/decode_ab.py --layers 4 --batch 1 --rounds "${ROUNDS:-5}" \
+        --folder /tmp/b1 --jobs 16 \
         --bundle base=/tmp/b1/base.aicf --bundle gk=/tmp/b1/gk.aicf --bundle gk32=/tmp/b1/gk32.aicf \
         2>&1 | grep -v "decode gemvs" | tee "$OUT/b1gk_ab.txt" | tail -10
     ;;
