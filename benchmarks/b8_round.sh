@@ -59,6 +59,15 @@ default_tests() {   # the GPU tests the 2-8 row K-major default reaches (the gen
   timeout "$1" python3 -m pytest -q -m gpu -n 16 tests/test_gemv_kmajor.py tests/test_generate_gpu.py \
       2>&1 | tail -4 | tee "$OUT/refit_tests.txt"
 }
+default_ab() {   # the 4-layer B8 plan's variants NAME:PINS compiled in $1 s, then timed in 3 alternating rounds in $2 s
+  local compile=$1 rounds=$2 v variants=() bundles=()
+  shift 2
+  for v in "$@"; do variants+=(--variant "$v"); bundles+=(--bundle "${v%%:*}=/tmp/b8/${v%%:*}.aicf"); done
+  timeout "$compile" python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
+      "${variants[@]}" 2>&1 | tee "$OUT/refit_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
+  timeout "$rounds" python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
+      "${bundles[@]}" 2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
+}
 case "$1" in
   proto)
     nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/gemv_tc_kmajor benchmarks/prototypes/gemv_tc_kmajor.cu &&
@@ -104,20 +113,11 @@ case "$1" in
     for l in 0 1 2 3; do
       PAIRS="$PAIRS+model.layers.$l.mlp.gate_proj.weight.g.model.layers.$l.mlp.up_proj.weight.g.cat.pairs"
     done
-    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
-        --variant new: --variant one:pin.kmajor=one --variant "gu:pin.kmajor=${PAIRS#+}" \
-        2>&1 | tee "$OUT/refit_compile.txt" | grep -i "compiled\|error\|Traceback\|gemvs"
-    timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
-        --bundle new=/tmp/b8/new.aicf --bundle one=/tmp/b8/one.aicf --bundle gu=/tmp/b8/gu.aicf \
-        2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
+    default_ab 150 200 new: one:pin.kmajor=one "gu:pin.kmajor=${PAIRS#+}"
     ;;
   quick)   # refit's core on a short budget: its tests, then the default against `--pin kmajor=one`, 3 rounds
     default_tests 120
-    timeout 100 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --compile-only --folder /tmp/b8 --jobs 16 \
-        --variant new: --variant one:pin.kmajor=one 2>&1 | tee "$OUT/refit_compile.txt" | grep -i "compiled\|error\|Traceback"
-    timeout 130 python3 benchmarks/decode_ab.py --layers 4 --batch 8 --rounds 3 --folder /tmp/b8 --jobs 16 \
-        --bundle new=/tmp/b8/new.aicf --bundle one=/tmp/b8/one.aicf \
-        2>&1 | grep -v "decode gemvs" | tee "$OUT/refit_ab.txt" | tail -8
+    default_ab 100 130 new: one:pin.kmajor=one
     ;;
   gen8)   # the 20-layer B8 step at the new default against the bandwidth limit (the README's figure; no peer)
     python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
