@@ -70,6 +70,21 @@ def test_more_rows_read_the_weight_k_major_where_predicted_faster(rows):
     assert GEMV_RULE not in _gemm(one).rewrites and not _gemm(one).schedule.param.get("KM")
 
 
+@pytest.mark.parametrize("pin", [{"TC": "0"}, {"MatMul_0:TC": "0"}], ids=["plan-wide", "node"])
+def test_a_pin_the_k_major_schedules_cannot_meet_keeps_the_weight_k_by_n(pin):
+    """Every gemv of 2-8 rows over a K-major weight is on tensor cores, so `--pin TC=0` (plan-wide or the node's own)
+    leaves it none: the layout decision weighs only the schedules the pins leave, keeps the weight [K, N] and says
+    why, and the plan is the one `--pin kmajor=one` gives (session 72: under the session-69 default the pin failed
+    with 'no feasible gemm candidate')."""
+    model = lambda: rows_model(2, 5632, 2048, np.random.default_rng(0))
+    plan = plan_of(model(), {}, "fp16", pin)
+    p = _gemm(plan).schedule.param
+    assert GEMV_RULE not in _gemm(plan).rewrites and not p.get("KM") and p["TC"] == 0
+    (record,) = [r for r in plan.rewrites if r.rule == GEMV_RULE]
+    assert not record.applied and "matches the --pin given" in record.reason
+    assert _gemm(plan_of(model(), {}, "fp16", pin | {"kmajor": "one"})).schedule == _gemm(plan).schedule
+
+
 def _session69_timings() -> list[tuple[float, float, dict]]:
     """(predicted us, measured us, schedule) of every tensor-core K-major schedule session 69 timed alone on an
     H200 (benchmarks/results/tckm_fit_session69_h200.json), predicted by today's terms from the inputs it recorded,

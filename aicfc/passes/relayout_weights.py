@@ -130,9 +130,11 @@ def gemv_candidates(plan: Plan, tensor_cores: bool = False) -> tuple[set[str], s
     return maybe - keep, keep
 
 
-def gemv_times(plan: Plan, hw: Profile, candidates: set[str]) -> dict[str, tuple[float, float]]:
-    """Each of `candidates`: name -> (its readers' best predicted time over the weight [K, N], over it K-major), us.
-    Readers of the same structure (a model's layers) are ranked once."""
+def gemv_times(plan: Plan, hw: Profile, candidates: set[str],
+               pin: Mapping[str, str] | None = None) -> dict[str, tuple[float, float]]:
+    """Each of `candidates`: name -> (its readers' best predicted time over the weight [K, N], over it K-major), us,
+    among the schedules `pin` leaves them (inf where it leaves none: `--pin TC=0` at 2-8 rows, where every gemv
+    over a K-major weight is on tensor cores). Readers of the same structure (a model's layers) are ranked once."""
     from aicfc.passes.plan_schedules import fastest, structure
     times: dict[str, tuple[float, float]] = {}
     seen: dict = {}
@@ -149,7 +151,7 @@ def gemv_times(plan: Plan, hw: Profile, candidates: set[str]) -> dict[str, tuple
                 op.body, lambda ld: _move_last(ld, 0) if ld.buffer == name else ld)) for op in k.ops))
             key = (structure(k, plan.types()), structure(moved, trial.types()))
             if key not in seen:
-                seen[key] = (fastest(k, plan, hw), fastest(moved, trial, hw))
+                seen[key] = (fastest(k, plan, hw, pin), fastest(moved, trial, hw, pin))
             before, after = before + seen[key][0], after + seen[key][1]
         times[name] = (before, after)
     return times
@@ -192,7 +194,7 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
     choice = str((pin or {}).get(GEMV_PIN, "1"))
     words = set(choice.split("+"))
     maybe, keep = gemv_candidates(plan, ONE_ROW not in words) if choice != "0" else (set(), set())
-    times = gemv_times(plan, hw, maybe) if choice in DECIDING else {}
+    times = gemv_times(plan, hw, maybe, pin) if choice in DECIDING else {}
     wants = {name: t for name, t in times.items() if t[1] < t[0]}
     gemv = set(wants) if choice in DECIDING else set() if choice == "0" else words - {"tc", ONE_ROW}
     unknown = sorted(gemv - set(weights))
@@ -204,7 +206,8 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
                for name in sorted(gemv & keep)]
     # a candidate the planner predicts no faster K-major: the comparison is the decision's record, as an applied one's
     refused += [Rewrite(GEMV_RULE, name, False, f"its readers' best schedules are predicted no faster over it K-major: "
-                        f"{before:.2f} us [K, N] against {after:.2f} ([Note: the gemv over a K-major weight])")
+                        f"{before:.2f} us [K, N] against {after:.2f} ([Note: the gemv over a K-major weight])"
+                        if math.isfinite(after) else "no schedule of its readers over it K-major matches the --pin given")
                 for name, (before, after) in sorted(times.items()) if name not in wants]
     for name in sorted(gemv - keep):
         if name not in wanted and len(weights[name].type.shape) == 2:
