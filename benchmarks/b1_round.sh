@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The one-row decode step's next GPU check (issue 19, session 70), one device call of under 10 minutes:
 #   bash benchmarks/b1_round.sh gk   # the 1 B Llama's 4-layer B1 decode plan with its gated gate/up pairs read K-major
-#                                    # (no rule offers them at one row: sessions 47 and 50 measured them slower or
-#                                    # even, before the tail steps, the tables before the loop and the early trigger
-#                                    # that the plan has now) at the planner's pick and at BN 32, 8 warps (the
+#                                    # (the planner predicts them slower K-major and keeps them [K, N]; sessions 50
+#                                    # and 59 measured them even on an H200 before the tail steps, the tables before
+#                                    # the loop and the early trigger, session 72 even on an H100) at the planner's pick and at BN 32, 8 warps (the
 #                                    # plain gate/up's fastest alone on an H100, session 67) with U 4 (session 50's
 #                                    # best, there at KS 2; the planner takes KS 1 now), against the default
 #                                    # ([K, N] gated, 352 blocks: 3.96 TB/s in session 63's timeline where a plain

@@ -188,14 +188,21 @@ def rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str] = frozenset(
 def fastest(k: Kernel, plan: Plan, hw: Profile, pin: Mapping[str, Any] | None = None) -> float:
     """The best predicted time of `k` (inf where no candidate fits): what the passes that weigh a rewrite
     by the planner's predictions compare (channels_last, unfold_taps, pipeline.decide_projections,
-    relayout_weights). `pin` (`--pin` as `plan_schedules` takes it): only the candidates it would leave `k`, so
-    that a rewrite is not chosen for a schedule the user's pins then refuse (inf where they leave none)."""
+    relayout_weights). `pin`: as `pinned_best`."""
+    return pinned_best(k, plan, hw, pin)[0]
+
+
+def pinned_best(k: Kernel, plan: Plan, hw: Profile, pin: Mapping[str, Any] | None = None) -> tuple[float, bool]:
+    """(the best predicted time of `k` among the candidates `pin` (`--pin` as `plan_schedules` takes it) would leave
+    it, inf where none; whether its plan-wide pins bind `k`, some candidate having all of their keys), so that a
+    rewrite is not chosen for a schedule the user's pins then refuse."""
     every, by_node = node_pins(pin or {})
     own = {key: value for node in k.origins for key, value in by_node.get(node, {}).items()}
     ranked = rank(k, plan, hw, frozenset(every) | frozenset(own))[0]
     # as plan_schedules applies them: a node's own pins always, the plan-wide ones where the space has their keys
-    use = {**(every if any(set(every) <= set(r.params) for r in ranked) else {}), **own}
-    return min((r.time_us for r in ranked if _matches(r.params, use)), default=math.inf)
+    binds = bool(every) and any(set(every) <= set(r.params) for r in ranked)
+    use = {**(every if binds else {}), **own}
+    return min((r.time_us for r in ranked if _matches(r.params, use)), default=math.inf), binds
 
 
 def _rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str]) -> tuple[list[Ranked], list[Candidate]]:

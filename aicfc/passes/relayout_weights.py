@@ -13,8 +13,8 @@ and their weights keep the layout ONNX gave.
 
 GEMV_RULE: a one-row fp16/bf16 gemv (a decode step's projection) reads its weight K-major where the planner
 predicts its best schedule faster so ([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py: no
-split-k merge across blocks; rotary epilogues included, [Note: a rotary gemv over a K-major weight]; not the
-gated gate/up pairs, measured slower), and so does a gemv of 2-8 rows on tensor cores ([Note: the tensor-core
+split-k merge across blocks; rotary epilogues and the gated gate/up pairs included, [Note: a rotary gemv over a
+K-major weight]), and so does a gemv of 2-8 rows on tensor cores ([Note: the tensor-core
 gemv over a K-major weight], the gated pairs included; `--pin kmajor=one` leaves those [K, N], the default until
 session 69); a bundle's plans share one copy of the weights, so compile_plans decides it for
 all of them ([Note: one layout for a bundle's plans] in driver.py) and every plan, the prefill's GEMMs included
@@ -95,15 +95,21 @@ def gemv_candidates(plan: Plan, tensor_cores: bool = False) -> tuple[set[str], s
     """([Note: the gemv over a K-major weight] in codegen/gemm_gemv.py) the constant [K, N] weights a one-row
     fp16/bf16 gemv of this plan could read K-major (one row, or 2-8 on tensor cores: [Note: the tensor-core gemv over
     a K-major weight] in codegen/gemm_gemv.py), and those a gemv needs [K, N]: one whose rows are not whole 16-byte
-    vectors along k. A gated (SwiGLU) gemv's weight is not offered: over K-major weights its
-    interleaved gate/up pairs ran 17.7 us against 12.6 (the 1 B Llama's, session 47), where the K-major unit's
-    terms predict it faster. With MB ([Note: the K-major gemv's register budget]) they no longer lose, nor clearly
-    gain (session 50, an H200, the 4-layer B1 decode plan with `--pin kmajor=NAMES` adding the gate/up weights, 7
-    alternating rounds; benchmarks/results/decode_session50_h200.txt, call 5): 158.9 us against 159.6 at the
-    planner's K-major pick (BN 16, 4 warps, KS 2, U 2), 158.2 with BN 32, 8 warps, KS 2, U 4 pinned, 165.0 with BN
-    16, KS 1, U 4; too close to hand the choice to terms that were 0.6-1.0 of the measured times. Session 59 (the same
-    A/B with the down projection's steps into the gate/up's tail, passes/tail_steps.py; 9 rounds,
-    benchmarks/results/last_norm_ab_session59_h200.txt): the generate step 0.1571 ms K-major against 0.1562."""
+    vectors along k.
+
+    A gated (SwiGLU) gemv's weight, its interleaved gate/up pairs, is offered like the others and decided by the
+    predictions. From session 47 to 71 a rule kept it [K, N] at one row: K-major it ran 17.7 us against 12.6 (the 1 B
+    Llama's, session 47) where the K-major unit's terms of then predicted it faster. With MB ([Note: the K-major
+    gemv's register budget]) it no longer lost, nor clearly gained (session 50, an H200, the 4-layer B1 decode plan
+    with `--pin kmajor=NAMES` adding the gate/up weights, 7 alternating rounds;
+    benchmarks/results/decode_session50_h200.txt, call 5): 158.9 us against 159.6 at the planner's K-major pick (BN
+    16, 4 warps, KS 2, U 2), 158.2 with BN 32, 8 warps, KS 2, U 4 pinned; session 59 (9 rounds,
+    last_norm_ab_session59_h200.txt) the generate step 0.1571 ms K-major against 0.1562; session 72 (an H100,
+    `benchmarks/b1_round.sh gk`, 3 rounds, gk_b1_session72_h100.txt) 192.4 us against 193.9 at the pick, 194.6 at
+    BN 32, 8 warps, U 4. The terms now predict the pair slower K-major (the 1 B Llama: 16.08 us against 14.06 before
+    the L2 fill's and the tail steps' credits; the plan 182.9 us against 172.3), so the cost keeps it [K, N], as the
+    rule did, and `explain` shows both predictions; what the A/Bs say is that those terms read the K-major pair
+    about 2 us a layer high (each pair timed alone would fit them; not done: no device time)."""
     maybe: set[str] = set()
     keep: set[str] = set()
     if plan.precision not in ("fp16", "bf16"):
@@ -122,8 +128,6 @@ def gemv_candidates(plan: Plan, tensor_cores: bool = False) -> tuple[set[str], s
             continue
         a = flat_offset(c.a.index, types[c.a.buffer])
         fits = kk % gemm_gemv.VEC == 0 and a.coeff("r0") == 1 and a.const % gemm_gemv.VEC == 0
-        if rows == 1 and gemm.gated(k):
-            continue   # the gate/up pairs: K-major 17.7 us against 12.6 [K, N] (session 47); with MB about even (session 50)
         # 2-8 rows: the tensor-core steps read either layout ([Note: the tensor-core gemv over a K-major weight]);
         # offered unless `--pin kmajor=one`
         (maybe if fits and (rows == 1 or tensor_cores and rows >= gemm_gemv.TC_MIN_ROWS) else keep).add(c.b.buffer)
@@ -133,9 +137,9 @@ def gemv_candidates(plan: Plan, tensor_cores: bool = False) -> tuple[set[str], s
 def gemv_times(plan: Plan, hw: Profile, candidates: set[str],
                pin: Mapping[str, str] | None = None) -> dict[str, tuple[float, float]]:
     """Each of `candidates`: name -> (its readers' best predicted time over the weight [K, N], over it K-major), us,
-    among the schedules `pin` leaves them (inf where it leaves none: `--pin TC=0` at 2-8 rows, where every gemv
-    over a K-major weight is on tensor cores). Readers of the same structure (a model's layers) are ranked once."""
-    from aicfc.passes.plan_schedules import fastest, structure
+    among the schedules `pin` leaves them ([Note: a layout under the user's pins]). Readers of the same structure (a
+    model's layers) are ranked once."""
+    from aicfc.passes.plan_schedules import pinned_best, structure
     times: dict[str, tuple[float, float]] = {}
     seen: dict = {}
     for name in sorted(candidates):
@@ -144,6 +148,7 @@ def gemv_times(plan: Plan, hw: Profile, candidates: set[str],
         trial = plan.replace(weights=tuple(Weight(x.name, dataclasses.replace(x.type, shape=shape), x.data)
                                            if x.name == name else x for x in plan.weights))
         before = after = 0.0
+        binds = [False, False]
         for k in plan.kernels:
             if not any(ld.buffer == name for op in k.ops for ld in loads(op.body)):
                 continue
@@ -151,10 +156,26 @@ def gemv_times(plan: Plan, hw: Profile, candidates: set[str],
                 op.body, lambda ld: _move_last(ld, 0) if ld.buffer == name else ld)) for op in k.ops))
             key = (structure(k, plan.types()), structure(moved, trial.types()))
             if key not in seen:
-                seen[key] = (fastest(k, plan, hw, pin), fastest(moved, trial, hw, pin))
-            before, after = before + seen[key][0], after + seen[key][1]
+                seen[key] = (pinned_best(k, plan, hw, pin), pinned_best(moved, trial, hw, pin))
+            (b, b_binds), (a, a_binds) = seen[key]
+            before, after = before + b, after + a
+            binds = [binds[0] or b_binds, binds[1] or a_binds]
+        # [Note: a layout under the user's pins]
+        if binds == [False, True] and math.isfinite(after):
+            before = math.inf
+        elif binds == [True, False] and math.isfinite(before):
+            after = math.inf
         times[name] = (before, after)
     return times
+
+# [Note: a layout under the user's pins]
+# The layout is decided before the schedules, so it weighs each layout's readers among the schedules the user's `--pin`
+# leaves them, as plan_schedules will apply them (a node's own pins always, a plan-wide pin where the reader's space
+# has its keys): a layout whose readers the pins leave no schedule is predicted inf (`--pin TC=0` at 2-8 rows, where
+# every gemv over a K-major weight is on tensor cores: under session 69's default the pin failed with "no feasible
+# gemm candidate", session 72's H100), and where the plan-wide pins bind the readers in one layout alone (`--pin KM=1
+# KS=2`: no [K, N] schedule has those keys) and some schedule there meets them, that layout is taken, since the other
+# would leave the pins binding nothing.
 
 
 def _window_wanted(k: Kernel, weights: dict[str, Weight]) -> list[tuple[str, int]]:
@@ -207,12 +228,16 @@ def relayout_weights(plan: Plan, hw: Profile, pin: Mapping[str, str] | None = No
     # a candidate the planner predicts no faster K-major: the comparison is the decision's record, as an applied one's
     refused += [Rewrite(GEMV_RULE, name, False, f"its readers' best schedules are predicted no faster over it K-major: "
                         f"{before:.2f} us [K, N] against {after:.2f} ([Note: the gemv over a K-major weight])"
-                        if math.isfinite(after) else "no schedule of its readers over it K-major matches the --pin given")
+                        if math.isfinite(after) else "the --pin given leaves its readers no schedule over it K-major or "
+                        "binds only their schedules over it [K, N] ([Note: a layout under the user's pins])")
                 for name, (before, after) in sorted(times.items()) if name not in wants]
     for name in sorted(gemv - keep):
         if name not in wanted and len(weights[name].type.shape) == 2:
-            why = (f"a gemv then adds each column's k-rows in one block, no split-k merge: predicted "
-                   f"{wants[name][0]:.2f} -> {wants[name][1]:.2f} us ([Note: the gemv over a K-major weight])" if name in wants else
+            why = (("the --pin given binds its readers' schedules over it K-major alone ([Note: a layout under the "
+                    "user's pins])" if not math.isfinite(wants[name][0]) else
+                    f"a gemv then adds each column's k-rows in one block, no split-k merge: predicted "
+                    f"{wants[name][0]:.2f} -> {wants[name][1]:.2f} us ([Note: the gemv over a K-major weight])")
+                   if name in wants else
                    "another plan of the bundle reads it with a gemv over it K-major (one copy of the weights)")
             wanted[name] = (0, why, GEMV_RULE)
     for k in plan.kernels:
