@@ -55,8 +55,9 @@ So relayout_weights chooses it by the planner's prediction. Session 48 (an H200,
 QKV K-major too and the O projection after the decode attention K-major with the L2 fill as one bulk request a
 run of its columns (PF = 1 here: a block's columns are contiguous rows of [N, K]) replayed 170.1 us against 173.1
 (1.017x; the O's fill 0.7 us of it), then MB ([Note: the K-major gemv's register budget]) 164.5 against
-173.2 (1.053x). The gate/up pairs stay [K, N] (session 47: 17.7 us K-major against 12.6; with MB about
-even, session 50). The K-major unit's predictions are not refitted: alone they ran 0.59-1.02 of the
+173.2 (1.053x). The gate/up pairs' layout is the predictions' too (session 47: 17.7 us K-major against 12.6; with MB
+about even, session 50, and on an H100 in session 72; the 1 B Llama's stay [K, N] by the terms, relayout_weights.
+gemv_candidates). The K-major unit's predictions are not refitted: alone they ran 0.59-1.02 of the
 prediction before MB, 0.63-0.91 with it (session 50's profile, where a weight under the L2's 50 MB is
 partly read from L2 when the kernel repeats), and 0.62-0.82 in the plan's chain.
 
