@@ -96,6 +96,25 @@ def test_a_pin_only_the_k_major_schedules_have_takes_that_layout():
     assert (_gemm(plan).schedule.param["KM"], _gemm(plan).schedule.param["KS"]) == (1, 2)
 
 
+def test_a_node_pin_sets_its_gemv_apart_from_its_twins():
+    """Two one-row projections of one shape are ranked once for the layout, unless a node's own pin sets one apart:
+    `--pin MatMul_0:KS=2` takes its weight K-major and leaves its twin's to the predictions ([K, N] under the H200's
+    profile)."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, [5632, 2048], rng.standard_normal(5632 * 2048).astype(np.float32)
+                                .tobytes(), raw=True) for n in ("w0", "w1")]
+    nodes = [helper.make_node("MatMul", ["x", w], [y], name=f"MatMul_{i}") for i, (w, y) in enumerate([("w0", "y0"),
+                                                                                                        ("w1", "y1")])]
+    graph = helper.make_graph(nodes, "twins", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5632])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 2048]) for y in ("y0", "y1")],
+                              inits)
+    plan = plan_of(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {}, "fp16",
+                   {"MatMul_0:KS": "2"}, profile="h200")
+    applied = {r.target: r.applied for r in plan.rewrites if r.rule == GEMV_RULE}
+    assert applied == {"w0": True, "w1": False}
+
+
 def _session69_timings() -> list[tuple[float, float, dict]]:
     """(predicted us, measured us, schedule) of every tensor-core K-major schedule session 69 timed alone on an
     H200 (benchmarks/results/tckm_fit_session69_h200.json), predicted by today's terms from the inputs it recorded,
