@@ -18,6 +18,7 @@ from onnx import helper
 
 import aicfc
 from aicfc.codegen import FAMILIES, gemm, gemm_wgmma
+from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.hardware import load_profile
@@ -125,7 +126,6 @@ def test_a_pin_only_a_plan_without_batches_lacks_is_refused_there_alone():
     """--pin FLAT=0 restricts the B4 plan's GEMM; a bundle of B4 and B1 plans takes it (the B1 plan has no
     FLAT key), a B1 bundle alone refuses it in one line: it would change nothing."""
     from aicfc.driver import compile_plans
-    from aicfc.errors import AicfError
     model = residual_matmul("batch", 100, 64, 96, np.random.default_rng(0))
     sets = [[f"x={b}x100x64", f"r={b}x100x96"] for b in (4, 1)]
     payload = compile_plans(model, sets, target="sm_90", precision="fp16", pin={"FLAT": "0"}, check_registers=False)
@@ -144,7 +144,7 @@ def test_gpu_flat_residual_matmul(pin, gpu_device):
     model = residual_matmul(4, 100, 256, 96, np.random.default_rng(3))
     try:
         _check(model, "fp16", dict(pin, unit="wgmma", FLAT=1), gpu_device, seed=5)
-    except aicfc.AicfError as e:
+    except AicfError as e:
         assert "no feasible gemm candidate matches --pin" in str(e)
         pytest.skip(str(e))
 
