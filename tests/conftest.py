@@ -79,6 +79,10 @@ def pytest_configure(config):
         _stand_in_pycuda()
 
 
+# aicf_run's errors where the GPU is missing and no stand-in answers (aicf_run/device.py, aicf_run/graph.py)
+GPU_ERRORS = ("PyCUDA is not installed", "cannot load the CUDA driver library")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under AICF_GPU_COMPILE_ONLY=1 a GPU test that reaches the GPU where no stand-in is (`aicf-run` in a process of
@@ -91,10 +95,6 @@ def pytest_runtest_makereport(item, call):
         if reached:
             report.outcome = "skipped"
             report.longrepr = (str(item.path), item.location[1] or 0, f"compile-only: reached the GPU ({reached})")
-
-
-# aicf_run's errors where the GPU is missing and no stand-in answers (aicf_run/device.py, aicf_run/graph.py)
-GPU_ERRORS = ("PyCUDA is not installed", "cannot load the CUDA driver library")
 
 
 def pytest_collection_modifyitems(config, items):
