@@ -197,12 +197,22 @@ def pinned_best(k: Kernel, plan: Plan, hw: Profile, pin: Mapping[str, Any] | Non
     it, inf where none; whether its plan-wide pins bind `k`, some candidate having all of their keys), so that a
     rewrite is not chosen for a schedule the user's pins then refuse."""
     every, by_node = node_pins(pin or {})
-    own = {key: value for node in k.origins for key, value in by_node.get(node, {}).items()}
+    own = own_pins(k, by_node)
     ranked = rank(k, plan, hw, frozenset(every) | frozenset(own))[0]
-    # as plan_schedules applies them: a node's own pins always, the plan-wide ones where the space has their keys
-    binds = bool(every) and any(set(every) <= set(r.params) for r in ranked)
-    use = {**(every if binds else {}), **own}
+    use, binds = applied_pins(ranked, every, own)
     return min((r.time_us for r in ranked if _matches(r.params, use)), default=math.inf), binds
+
+
+def own_pins(k: Kernel, by_node: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The pins (`node_pins`' second part) of the ONNX nodes `k` covers."""
+    return {key: value for node in k.origins for key, value in by_node.get(node, {}).items()}
+
+
+def applied_pins(ranked: list[Ranked], every: Mapping[str, Any], own: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(the pins that restrict a kernel whose feasible candidates are `ranked`, whether the plan-wide ones bind it):
+    a node's own pins always, the plan-wide ones where some candidate has all of their keys."""
+    binds = bool(every) and any(set(every) <= set(r.params) for r in ranked)
+    return {**(every if binds else {}), **own}, binds
 
 
 def _rank(k: Kernel, plan: Plan, hw: Profile, pinned: frozenset[str]) -> tuple[list[Ranked], list[Candidate]]:
@@ -425,16 +435,13 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
         raise AicfError(f"--pin {missing[0]}:...: no kernel of the plan covers ONNX node {missing[0]!r}; "
                         f"`aicfc explain` lists the nodes each kernel covers")
 
-    def own_of(k: Kernel) -> dict[str, Any]:
-        """The pins of the ONNX nodes `k` covers."""
-        return {key: value for node in k.origins for key, value in by_node.get(node, {}).items()}
     kernels, records = [], []
     types = plan.types()
     solved: dict[Hashable, tuple[Kernel, list[Ranked], list[Candidate]]] = {}
 
     def problem(k: Kernel) -> tuple[Hashable, frozenset[str]]:
         """What `rank` depends on: the kernel's structure and the keys pinned on it."""
-        return structure(k, types), frozenset(every) | frozenset(own_of(k))
+        return structure(k, types), frozenset(every) | frozenset(own_pins(k, by_node))
     for k in plan.kernels:
         key = problem(k)
         if key not in solved:
@@ -445,7 +452,7 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
             solved[key] = (k, ranked, rejected)
     for k in plan.kernels:
         _, ranked, rejected = solved[problem(k)]
-        own = own_of(k)
+        own = own_pins(k, by_node)
         nodes = [n for n in k.origins if n in by_node]
         if own and ranked and not any(set(own) <= set(r.params) for r in ranked):
             raise AicfError(f"--pin {', '.join(nodes)}:{'/'.join(sorted(own))}: no {k.family} schedule of kernel {k.name} has "
@@ -457,8 +464,7 @@ def plan_schedules(plan: Plan, hw: Profile, pin: dict[str, Any] | None = None,
             why = grid or (rejected[0].rejected_because if rejected else "empty space")
             tail = "; the tensors are too large for one launch" if grid else ""
             raise AicfError(f"kernel {k.name}: no candidate of the {k.family} space fits {hw.arch} ({why}){tail}")
-        # a node's own pins always apply; the plan-wide ones where the kernel's space has their keys
-        pin = {**(every if any(set(every) <= set(r.params) for r in ranked) else {}), **own}
+        pin = applied_pins(ranked, every, own)[0]
         if pin:
             pinned = [r for r in ranked if _matches(r.params, pin)]
             scope = "".join(f"{n}:" for n in nodes)

@@ -139,7 +139,7 @@ def gemv_times(plan: Plan, hw: Profile, candidates: set[str],
     """Each of `candidates`: name -> (its readers' best predicted time over the weight [K, N], over it K-major), us,
     among the schedules `pin` leaves them ([Note: a layout under the user's pins]). Readers of the same structure (a
     model's layers, unless a node's own pins set one apart) are ranked once."""
-    from aicfc.passes.plan_schedules import node_pins, pinned_best, structure
+    from aicfc.passes.plan_schedules import node_pins, own_pins, pinned_best, structure
     by_node = node_pins(pin or {})[1]
     times: dict[str, tuple[float, float]] = {}
     seen: dict = {}
@@ -155,7 +155,7 @@ def gemv_times(plan: Plan, hw: Profile, candidates: set[str],
                 continue
             moved = k.replace(ops=tuple(dataclasses.replace(op, body=map_loads(
                 op.body, lambda ld: _move_last(ld, 0) if ld.buffer == name else ld)) for op in k.ops))
-            own = tuple(sorted((key, str(v)) for node in k.origins for key, v in by_node.get(node, {}).items()))
+            own = tuple(sorted((key, str(v)) for key, v in own_pins(k, by_node).items()))
             key = (structure(k, plan.types()), structure(moved, trial.types()), own)
             if key not in seen:
                 seen[key] = (pinned_best(k, plan, hw, pin), pinned_best(moved, trial, hw, pin))
