@@ -7,6 +7,10 @@
 #                                          # profiled; the 3x3 convolutions by cost, im2col and halo, pinned
 #   bash benchmarks/conv_round.sh final    # ResNet-50 B32 checked and profiled; ResNet-50 B32 and B1 against
 #                                          # torch.compile(mode="reduce-overhead") (benchmarks/models.py)
+#   bash benchmarks/conv_round.sh h100     # session 73's open questions (on an H100): ResNet-50 B32 profiled twice
+#                                          # (is k16, the stage-2 joined 1x1 GEMM, 35.8 us against 18.1 predicted
+#                                          # again?), `aicfc tune` of it and of the 64->256 1x1s (53.4 against 42.7),
+#                                          # and whether initcheck sees a TMA store (benchmarks/prototypes/initcheck_tma.cu)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # profile NAME: ResNet-50 B32's bundle $W/NAME.aicf checked against onnxruntime, then every kernel timed alone
@@ -54,5 +58,17 @@ case "${1:-}" in
     timeout 300 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final" >&2; exit 2 ;;
+  h100)
+    nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/initcheck_tma benchmarks/prototypes/initcheck_tma.cu 2>&1 | tail -3
+    { /tmp/initcheck_tma; compute-sanitizer --tool initcheck --print-limit 4 /tmp/initcheck_tma 2>&1 | grep -v "Host Frame"
+      compute-sanitizer --tool memcheck /tmp/initcheck_tma 2>&1 | tail -1; } 2>&1 | tee "$OUT/initcheck_tma.txt" | tail -12
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
+    echo "resnet compile rc=$?"; tail -2 $W/compile.log
+    profile r32; cp "$OUT/profile_r32.txt" "$OUT/profile_r32_first.txt"; profile r32
+    timeout 240 python3 -m aicfc tune $W/resnet50_b32.onnx --target sm_90 --precision fp16 --top 6 --spread 4 \
+        --kernel node_Conv_793 --kernel node_Conv_775 --json "$OUT/tune_h100.json" > "$OUT/tune_h100.txt" 2>&1
+    echo "tune rc=$?"; tail -12 "$OUT/tune_h100.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100" >&2; exit 2 ;;
 esac
