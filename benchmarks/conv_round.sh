@@ -18,7 +18,10 @@ profile() {
   timeout 60 python3 -m aicf_run $W/$1.aicf --check $W/resnet50_b32.onnx --input $W/resnet50_b32_inputs.npz 2>&1 \
       | tail -2 | tee "$OUT/profile_$1.txt"
   timeout 100 python3 -m aicf_run $W/$1.aicf --profile --input $W/resnet50_b32_inputs.npz >> "$OUT/profile_$1.txt" 2>&1
-  python3 benchmarks/conv_profile_summary.py "$OUT/profile_$1.txt" 2>&1 | tail -3
+  # the bars at this GPU's copy rate (the summary's default is an H200's: session 73 on an H100 printed 8 at the bar for 21)
+  [ -n "${COPY:-}" ] || COPY=$(python3 -c "from benchmarks.gemv import copy_gbs; print(round(copy_gbs()))" 2>/dev/null | tail -1)
+  echo "copy bandwidth ${COPY:-unmeasured} GB/s" | tee -a "$OUT/profile_$1.txt"
+  python3 benchmarks/conv_profile_summary.py "$OUT/profile_$1.txt" ${COPY:+--copy-gbs $COPY} 2>&1 | tail -3
   grep -E "^\s+[01]\s+k|whole plan" "$OUT/profile_$1.txt"
 }
 case "${1:-}" in
