@@ -103,6 +103,23 @@ def test_node_pin_errors_name_the_problem(pin, message):
         aicfc.compile(two_matmuls(256, 256), precision="fp16", pin=pin)
 
 
+def test_applied_pins_bind_plan_wide_only_where_a_candidate_has_their_keys():
+    """`applied_pins`, the one rule plan_schedules, pinned_best and the layout decision share: a node's own pins
+    always apply (over a plan-wide pin of the same key), the plan-wide ones where some candidate has all their keys."""
+    from types import SimpleNamespace
+
+    from aicfc.passes.plan_schedules import applied_pins, own_pins
+    gemm = [SimpleNamespace(params={"BM": 64, "unit": "simt"}), SimpleNamespace(params={"BM": 128, "unit": "wgmma"})]
+    pointwise = [SimpleNamespace(params={"threads": 128})]
+    assert applied_pins(gemm, {"BM": "64"}, {}) == ({"BM": "64"}, True)
+    assert applied_pins(pointwise, {"BM": "64"}, {"threads": "256"}) == ({"threads": "256"}, False)
+    assert applied_pins(gemm, {"BM": "64", "threads": "256"}, {}) == ({}, False)   # all of the keys, or none
+    assert applied_pins(gemm, {"BM": "64"}, {"BM": "128"}) == ({"BM": "128"}, True)
+    assert applied_pins(gemm, {}, {}) == ({}, False)
+    kernel = SimpleNamespace(origins=("first", "second"))
+    assert own_pins(kernel, {"second": {"BM": "64"}, "third": {"unit": "simt"}}) == {"BM": "64"}
+
+
 def test_mma_candidates_respect_shared_memory_per_target():
     """sm_86 allows 99 KiB per block: the 4-stage 256x128x64 tile (192 KiB) is rejected there."""
     k = only_kernel(aicfc.compile(matmul(4096, 4096, 4096), target="sm_86", precision="fp16"))
