@@ -3,7 +3,7 @@ whose ONNX nodes include a Conv), measured/predicted, and the issue's bars: abov
 tensor cores' peak or, where the kernel is memory-bound, 80% of the measured copy bandwidth; and
 measured / predicted in [0.8, 1.25].
 
-    python3 benchmarks/conv_profile_summary.py PROFILE.txt [EXPLAIN.json] [--copy-gbs 4239] [--peak-tflops 989.4]
+    python3 benchmarks/conv_profile_summary.py PROFILE.txt [EXPLAIN.json] [--copy-gbs GBS] [--peak-tflops 989.4]
         [--timeline TIMELINE.json]
 
 A kernel is memory-bound when its bytes (inputs once, outputs once: the profile's GB/s column) at
@@ -19,6 +19,7 @@ repeats.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 
@@ -54,12 +55,20 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("profile")
     ap.add_argument("explain", nargs="?")
-    ap.add_argument("--copy-gbs", type=float, default=4239.0,
-                    help="measured copy bandwidth, GB/s read + written (default: an H200's, session 15)")
+    ap.add_argument("--copy-gbs", type=float, default=None,
+                    help="measured copy bandwidth, GB/s read + written (default: the profile file's 'copy bandwidth N "
+                         "GB/s' line, which benchmarks/conv_round.sh appends, else an H200's, session 15, said so)")
     ap.add_argument("--peak-tflops", type=float, default=989.4, help="dense fp16 tensor-core peak (sm_90)")
     ap.add_argument("--timeline", default=None, help="aicf-run --timeline --json of the plan: the in-chain times too")
     args = ap.parse_args(argv)
-    table = rows(open(args.profile).read())
+    text = open(args.profile).read()
+    table = rows(text)
+    if args.copy_gbs is None:
+        # the bars at the copy rate of the GPU that ran the profile (an H100's is 0.7 of an H200's: session 73)
+        said = re.search(r"^copy bandwidth ([\d.]+) GB/s", text, re.M)
+        args.copy_gbs = float(said.group(1)) if said else 4239.0
+        if not said:
+            print("no copy bandwidth in the profile file: the bars at an H200's 4239 GB/s (give --copy-gbs)")
     chain = {}
     if args.timeline:
         chain = {k["name"]: k["chain_us"] for k in json.load(open(args.timeline))["timeline"]["kernels"]

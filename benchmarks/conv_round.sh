@@ -21,7 +21,7 @@ profile() {
   # the bars at this GPU's copy rate (the summary's default is an H200's: session 73 on an H100 printed 8 at the bar for 21)
   [ -n "${COPY:-}" ] || COPY=$(python3 -c "from benchmarks.gemv import copy_gbs; print(round(copy_gbs()))" 2>/dev/null | tail -1)
   echo "copy bandwidth ${COPY:-unmeasured} GB/s" | tee -a "$OUT/profile_$1.txt"
-  python3 benchmarks/conv_profile_summary.py "$OUT/profile_$1.txt" ${COPY:+--copy-gbs $COPY} 2>&1 | tail -3
+  python3 benchmarks/conv_profile_summary.py "$OUT/profile_$1.txt" 2>&1 | tail -3   # it reads the line above
   grep -E "^\s+[01]\s+k|whole plan" "$OUT/profile_$1.txt"
 }
 case "${1:-}" in
