@@ -161,6 +161,20 @@ MAP_FENCE_US = 0.25
 # under the next tile, less the fence: about half of a store's bytes leave the critical path. One tile an SM
 # (4096x768x768) gains nothing and pays the fence: 10.4 us (no fences) against 10.2-10.5.
 TS_HIDDEN = 0.5
+# [Note: stores from the registers]
+# An epilogue without staging (OUT = 0) stores each thread's column pairs from the accumulator's registers: a warp's
+# store covers 8 rows with 16 bytes each, half of a 32-byte sector, for a 16-bit output (a whole one for fp32). Timed
+# by `aicfc tune` on an H200 (benchmarks/results/tune_below_bar_session40_h200.txt, tune_resnet50_b32_session29_h200.txt)
+# and an H100 (tune_h100_session74.txt), the same tile with OUT = 0 ran 1.3-1.6x the staged one on ResNet-50's
+# memory-bound 1x1 GEMMs (M = 6272-100352, N = 128-512: 10.7 us more on 25088x384x512, 12.3 on the H100), where the
+# model had them within 0.4 us: it charged the half sectors twice the bytes at the SM's L2 share and hid them under
+# the other warpgroup's k-blocks. They are neither: a tile's register stores go at about 13 GB/s an SM (fitted on
+# those four shapes: 0.86-1.16 of their times) and hold the SM's port to the L2, so under ping-pong they lengthen the
+# other warpgroup's loads too (t_port) unless its k-blocks wait on the tensor cores. Where the epilogue also reads a
+# residual element by element (1568x512x2048 + residual, 128x128 ping-pong: 12.2 us with OUT = 0 against 11.0 staged,
+# predicted 18.7 and 11.6 under the H200's profile) the register stores cost less than this term says (0.65 of it):
+# not understood; the staged form is still the faster and the predicted faster there.
+REG_STORE_GBS = 13.0     # GB/s an SM (profile: wgmma_reg_store_gbs)
 
 
 def stream_k(tiles: int, kt: int, ctas: int, bm: int, bn: int, t_kblock: float, t_epi: float, l2_sm: float,
@@ -310,7 +324,10 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # a quad of threads stores 4 column pairs of a row from registers: 16 bytes of a 32-byte sector for
     # 16-bit outputs (each sector written twice), a whole one for fp32; staged stores write whole sectors
     half = not p.get("OUT") and any(ITEMSIZE[types[s].dtype] < 4 for s in k.stores)
-    t_store = bm * bn * out_bytes * (2 if half else 1) / l2_sm
+    # [Note: stores from the registers]: those half sectors go at their own rate, and hold the SM's port to the L2
+    # that the next tile's loads need
+    t_port = bm * bn * out_bytes / (hw.data.get("wgmma_reg_store_gbs", REG_STORE_GBS) * 1e3) if half else 0.0
+    t_store = t_port or bm * bn * out_bytes / l2_sm
     # the residual's bytes: read by the epilogue, or (RS) copied into the staging under the tile's k-blocks,
     # whose loads they share the SM's L2 port with ([Note: residual through the staging])
     t_res = bm * bn * extra / l2_sm
@@ -337,7 +354,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         t_tiles, per_sm, t_reduce = stream_k(tiles, ktiles, p["CTAS"], bm, bn, t_kblock, t_epi, l2_sm, hw)
     elif p.get("PP"):
         # ping-pong: a warpgroup's epilogue runs under the other's k-blocks; the last one stays exposed
-        t_tiles = per_sm * max(ktiles * t_kblock + t_copy, t_epi) + t_epi
+        t_tiles = per_sm * max(max(ktiles * t_kblock, ktiles * t_load + t_port) + t_copy, t_epi) + t_epi
     else:
         t_tiles = per_sm * (ktiles * t_kblock + t_copy + t_epi - hidden) + hidden
     t_cluster = hw.data.get("cluster_overhead_us", CLUSTER_US) if cl > 1 else 0.0

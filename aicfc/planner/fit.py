@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from aicfc.planner.cost import LOAD_LATENCY_US, SPLITK_OVERHEAD_US, cost
-from aicfc.planner.cost_wgmma import EPILOGUE_RATE, EPILOGUE_US, TMA_LATENCY_US
+from aicfc.planner.cost_wgmma import EPILOGUE_RATE, EPILOGUE_US, REG_STORE_GBS, TMA_LATENCY_US
 from aicfc.planner.hardware import Profile
 
 if TYPE_CHECKING:
@@ -32,10 +32,11 @@ if TYPE_CHECKING:
 
 FIELDS = ("efficiency.dram", "efficiency.fp32_simt", "efficiency.mma_sync", "efficiency.wgmma", "efficiency.min_warps_per_sm",
           "launch_overhead_us", "l2_bandwidth_gbs", "smem_bandwidth_gbs_per_sm", "load_latency_us",
-          "splitk_overhead_us", "efficiency.wgmma_gemm", "wgmma_epilogue_us", "tma_latency_us", "wgmma_epilogue_rate")
+          "splitk_overhead_us", "efficiency.wgmma_gemm", "wgmma_epilogue_us", "tma_latency_us", "wgmma_epilogue_rate",
+          "wgmma_reg_store_gbs")
 OPTIONAL = {"load_latency_us": LOAD_LATENCY_US, "splitk_overhead_us": SPLITK_OVERHEAD_US,   # older profiles lack them
             "wgmma_epilogue_us": EPILOGUE_US, "tma_latency_us": TMA_LATENCY_US,
-            "wgmma_epilogue_rate": EPILOGUE_RATE}
+            "wgmma_epilogue_rate": EPILOGUE_RATE, "wgmma_reg_store_gbs": REG_STORE_GBS}
 EFFICIENCIES = ("efficiency.dram", "efficiency.fp32_simt", "efficiency.mma_sync", "efficiency.wgmma",
                 "efficiency.wgmma_gemm")
 COARSE = (0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0)
