@@ -232,12 +232,15 @@ def test_h200_l2_whole_traffic_binds_small_tiles_of_a_long_operand():
     assert (pick["BM"], pick["BN"]) != (64, 64), pick
 
 
-def _relu_mm(m: int, k: int, n: int):
-    """MatMul + bias + ReLU: a channels-last 1x1 convolution with its folded BatchNorm, as ResNet-50's."""
+def _relu_mm(m: int, k: int, n: int, residual: bool = False):
+    """MatMul + bias [+ residual] + ReLU: a channels-last 1x1 convolution with its folded BatchNorm (and the
+    block's shortcut), as ResNet-50's."""
     rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["h"]),
-             helper.make_node("Relu", ["h"], ["y"])]
-    return _model(nodes, [("x", [m, k])], [m, n],
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["h"])]
+    if residual:
+        nodes.append(helper.make_node("Add", ["h", "r"], ["hr"]))
+    nodes.append(helper.make_node("Relu", ["hr" if residual else "h"], ["y"]))
+    return _model(nodes, [("x", [m, k])] + ([("r", [m, n])] if residual else []), [m, n],
                   {"w": rng.standard_normal((k, n)).astype(np.float32), "b": rng.standard_normal(n).astype(np.float32)})
 
 
@@ -263,3 +266,18 @@ def test_register_stores_cost_what_they_measured(shape, tile, reg, staged):
     assert 0.8 <= reg / t_reg <= 1.25, f"OUT 0: measured {reg} us, predicted {t_reg:.2f}"
     assert 0.8 <= staged / t_staged <= 1.25, f"OUT 2: measured {staged} us, predicted {t_staged:.2f}"
     assert t_reg > 1.2 * t_staged   # measured 1.27-1.60x
+
+
+def test_residual_round_trip_per_tile():
+    """[Note: the residual's round trip]: ResNet-50 B32's stage-1 1x1 expansions with the shortcut (100352 x 64 x
+    256 + residual, one k-block a tile), timed by `aicfc tune` on an H100 (tune_k9_session74_h100.txt): 64x64
+    ping-pong tiles 54.3 us, 64x128 ones 44.7. The model had both at 42.7 (DRAM-bound) and picked the small tiles;
+    with each tile's wait for its residual the small ones fall behind, and both are within the band."""
+    model = _relu_mm(100352, 64, 256, residual=True)
+    pin = {"unit": "wgmma", "NWG": 2, "PP": 1, "MI": 1, "RS": 1}
+    t64, p64 = _predicted(model, {**pin, "BN": 64, "CLUSTER": 2, "STAGES": 8})
+    t128, p128 = _predicted(model, {**pin, "BN": 128, "CLUSTER": 1, "STAGES": 5})
+    assert p64["RS"] == p128["RS"] == 1
+    assert 0.8 <= 54.30 / t64 <= 1.25, t64
+    assert 0.8 <= 44.67 / t128 <= 1.25, t128
+    assert t64 > 1.2 * t128

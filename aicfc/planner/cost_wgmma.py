@@ -36,9 +36,12 @@ fetches the next tile:
                  k-blocks: +11%), where the model had the cluster ahead by 0.1 us; h200.json says 0.18
     t_epilogue = BM·BN·(bytes written and read per output element) / (l2_bandwidth / SMs)
                  (RS = 1: the residual's bytes move to the tile's k-blocks, t_copy; they share the
-                 SM's L2 port with its TMA loads)
-                 + EPILOGUE_US        16-bit stores from registers count twice their bytes (half
-                                      sectors); fp32 ones, and staged ones (OUT > 0), once
+                 SM's L2 port with its TMA loads; the epilogue waits what the k-blocks leave of the
+                 copy's round trip, over NWG under ping-pong: t_wait, [Note: the residual's round trip])
+                 + EPILOGUE_US        16-bit stores from registers (OUT = 0: half sectors) go at
+                                      wgmma_reg_store_gbs an SM and also hold the port the next tile's
+                                      loads need (t_port, [Note: stores from the registers]); fp32 ones,
+                                      and staged ones (OUT > 0), at the L2 share
                  + BM·BN·(epilogue instructions + STORE_OPS) / (EPILOGUE_RATE · COOP_EPILOGUE_SCALE
                                       for two cooperative warpgroups)
                                       (an erf-GELU is 32 instructions an element: exposed unless PP)
@@ -175,6 +178,18 @@ TS_HIDDEN = 0.5
 # predicted 18.7 and 11.6 under the H200's profile) the register stores cost less than this term says (0.65 of it):
 # not understood; the staged form is still the faster and the predicted faster there.
 REG_STORE_GBS = 13.0     # GB/s an SM (profile: wgmma_reg_store_gbs)
+# [Note: the residual's round trip]
+# RS = 1 copies the tile's residual into its staging when the warpgroup's turn begins ([Note: residual through the
+# staging] in codegen/gemm_wgmma.py) and waits for it before the epilogue: one DRAM round trip (tma_latency_us) from
+# the copy, of which the tile's k-blocks cover their own time. A GEMM of one k-block a tile covers almost none, so
+# each tile waits; under ping-pong the other warpgroups' turns run meanwhile, so a tile costs the SM the wait over
+# NWG. The model had no such term: ResNet-50 B32's stage-1 expansions with the shortcut (100352 x 64 x 256, timed by
+# `aicfc tune` on an H100, benchmarks/results/tune_k9_session74_h100.txt) were predicted 42.7 us on 64x64 tiles and
+# on 64x128 ones (both at the DRAM's bound), which measured 54.3 and 44.7: the planner took the small tiles. With the
+# wait, 58.7 and 42.8. Over the 228 candidates that H100 measured this session (tune_*_session74_h100.txt) 173
+# predictions are within [0.8, 1.25] (155 without the wait, 147 also without [Note: stores from the registers]); over
+# session 40's 528 on an H200 (tune_resnet50_b32_below_bar_session40_h200.json) 396 with or without it (358 before
+# the stores' term).
 
 
 def stream_k(tiles: int, kt: int, ctas: int, bm: int, bn: int, t_kblock: float, t_epi: float, l2_sm: float,
@@ -337,6 +352,11 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * (COOP_EPILOGUE_SCALE if cooperative(p) else 1.0)
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
     t_copy = t_res if p.get("RS") else 0.0
+    # [Note: the residual's round trip]: the copy lands one DRAM round trip after the tile's turn began; what the
+    # tile's k-blocks leave of it, the epilogue waits (under ping-pong, shared with the other warpgroups' turns)
+    t_wait = max(0.0, hw.data.get("tma_latency_us", TMA_LATENCY_US) - ktiles * t_kblock - t_copy) if p.get("RS") else 0.0
+    if p.get("PP"):
+        t_wait /= p["NWG"]
     # split-k: the partial tiles and their reduction, on the critical path once per tile (`split_terms`)
     t_part, t_reduce = split_terms(p, bm, bn, l2_sm, hw)
     t_epi += t_part
@@ -354,9 +374,9 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
         t_tiles, per_sm, t_reduce = stream_k(tiles, ktiles, p["CTAS"], bm, bn, t_kblock, t_epi, l2_sm, hw)
     elif p.get("PP"):
         # ping-pong: a warpgroup's epilogue runs under the other's k-blocks; the last one stays exposed
-        t_tiles = per_sm * max(max(ktiles * t_kblock, ktiles * t_load + t_port) + t_copy, t_epi) + t_epi
+        t_tiles = per_sm * max(max(ktiles * t_kblock, ktiles * t_load + t_port) + t_copy, t_epi + t_wait) + t_epi + t_wait
     else:
-        t_tiles = per_sm * (ktiles * t_kblock + t_copy + t_epi - hidden) + hidden
+        t_tiles = per_sm * (ktiles * t_kblock + t_copy + t_wait + t_epi - hidden) + hidden
     t_cluster = hw.data.get("cluster_overhead_us", CLUSTER_US) if cl > 1 else 0.0
     # the pair's whole walk of tiles (or its stream, where DRAM bounds it) goes at its slower CTA's pace (profile
     # `cluster_lockstep`, a fraction; [Note: a cluster pair in lockstep])

@@ -21,8 +21,8 @@ __global__ void write_tma(const __grid_constant__ CUtensorMap map) {
   __syncthreads();
   if (threadIdx.x == 0) {
     const uint32_t src = static_cast<uint32_t>(__cvta_generic_to_shared(tile));
-    asm volatile("cp.async.bulk.tensor.1d.global.shared::cta.bulk_group [%0, {%2}], [%1];\n"
-                 :: "l"(&map), "r"(src), "r"(base) : "memory");
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+                 :: "l"(&map), "r"(src), "r"(0), "r"((int)blockIdx.x) : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
@@ -53,9 +53,10 @@ int main() {
   __half *tma, *plain; float* diff;
   CK(cudaMalloc(&tma, N * 2)); CK(cudaMalloc(&plain, N * 2)); CK(cudaMalloc(&diff, N * 4));
   CUtensorMap map;
-  cuuint64_t dims[1] = {N};
-  cuuint32_t box[1] = {BOX}, es[1] = {1};
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 1, tma, dims, nullptr, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+  // rank 2 (BOX columns by N / BOX rows): session 74's H100 driver refused the rank-1 map (no strides to pass)
+  cuuint64_t dims[2] = {BOX, N / BOX}, strides[1] = {BOX * 2};
+  cuuint32_t box[2] = {BOX, 1}, es[2] = {1, 1};
+  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, tma, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
     printf("cuTensorMapEncodeTiled failed\n");
     return 1;
