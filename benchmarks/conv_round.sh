@@ -11,6 +11,9 @@
 #                                          # (is k16, the stage-2 joined 1x1 GEMM, 35.8 us against 18.1 predicted
 #                                          # again?), `aicfc tune` of it and of the 64->256 1x1s (53.4 against 42.7),
 #                                          # and whether initcheck sees a TMA store (benchmarks/prototypes/initcheck_tma.cu)
+#   bash benchmarks/conv_round.sh verify   # after a planner change (session 74): ResNet-50 B32 compiled (its explain kept),
+#                                          # checked and profiled; memcheck and racecheck over one run of its plan; the
+#                                          # Hopper GEMM and convolution GPU tests; ResNet-50 B32 and B1 against torch.compile
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # profile NAME: ResNet-50 B32's bundle $W/NAME.aicf checked against onnxruntime, then every kernel timed alone
@@ -73,5 +76,20 @@ case "${1:-}" in
         --kernel node_Conv_793 --kernel node_Conv_775 --json "$OUT/tune_h100.json" > "$OUT/tune_h100.txt" 2>&1
     echo "tune rc=$?"; tail -12 "$OUT/tune_h100.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100" >&2; exit 2 ;;
+  verify)
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
+    echo "resnet compile rc=$?"; tail -2 $W/compile.log
+    python3 -m aicfc explain $W/r32.aicf > "$OUT/explain_r32.txt" 2>&1
+    profile r32
+    for tool in memcheck racecheck; do
+      timeout 150 compute-sanitizer --tool $tool python3 -m aicf_run $W/r32.aicf --no-graph \
+          --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -2 | tee "$OUT/$tool.txt"
+    done
+    timeout 200 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py 2>&1 | tail -3 \
+        | tee "$OUT/tests.txt"
+    timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
+    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|verify" >&2; exit 2 ;;
 esac

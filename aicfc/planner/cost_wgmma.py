@@ -77,7 +77,12 @@ fetches the next tile:
                  GEMMs unclustered, 2541.3 -> 2486.5 us; ResNet-50 B32's seven stage-1/2 GEMMs 822.8 -> 815.1
                  (alone: k7/k10 -0.6 us each, k6 -0.35, k19/k22/k25 +0.4 each, and k13 +2.6: unclustered it
                  takes 64x64 tiles, which tie with 64x128 under its DRAM bound and measured 25.0 against 22.4);
-                 MobileNetV2 B32 491.4 -> 492.1.
+                 MobileNetV2 B32 491.4 -> 492.1. The sm_90 profile (an H100; the same die) has neither: on
+                 an H100 (session 74, benchmarks/results/tune_k9_session74_h100.json) 15 of ResNet-50 B32's
+                 1x1 GEMM schedules timed both ways are ordered as measured 5 times without them, 9 with the
+                 lockstep alone, 10 with both, and its stage-3 reduce GEMMs measured 10.0 us as the pair the
+                 planner picks against 8.6-8.8 alone; but either term puts the pair behind on 4096x768x768,
+                 where session 5 measured it 4% ahead on an H100. Which holds today is for an H100 A/B to say.
     cluster scheduling: CLUSTER = 2 runs CTAS = 2·min(pairs, SMs/2) CTAs (a cluster needs two SMs
                  of one GPC: 66 clusters on 132 SMs; cuOccupancyMaxActiveClusters said 66 on the
                  H100 for the 128x192 and 128x256 tiles) and a CTA walks ceil(pairs / clusters)
@@ -96,8 +101,10 @@ benchmarks/results/l2_total_session41_h200.txt) 226 MB crossed the L2 in 24.4 us
 kernel measured 25.1 us alone where the model had 20.5 (its DRAM stream); 64x128 tiles measured 21.4 and
 128x128 21.1. l2_total (profile `l2_total_gbs`) is 10.8 TB/s in the h200 profile: the median of lts__t_bytes over
 ncu's own L2 percentage on eight ResNet-50 kernels (9.3-12.7 TB/s). A profile without it has no such bound: sm_90's
-(an H100, the same die) is unmeasured, and without the H200's cluster_lockstep the term moved a stage-2 GEMM there
-(25088 x 384 -> 512) to a cluster pair that no GPU has timed. The term counts every box as read: boxes that many
+(an H100, the same die) has none, though session 74 measured 9.5 TB/s there by the same method (six kernels, 6.8-10.4
+TB/s, benchmarks/results/ncu_resnet50_b32_session74_h100.txt): without the H200's cluster terms the bound moves three
+of ResNet-50 B32's GEMMs (25088 x 384 -> 512, the two 1568 x 2048 -> 512) to cluster pairs, which no GPU has timed
+faster there ([Note: a cluster pair in lockstep]). The term counts every box as read: boxes that many
 CTAs request at once can be merged on the way (the stage-4 1568 x 2048 -> 512 GEMM's 80 MB of boxes showed as
 54 MB), so it overcounts those and binds only where nothing else does. Re-ranked on the stored tunes (benchmarks/tune_rerank.py, session 29's report of all of
 ResNet-50 B32 and session 40's of its below-bar kernels) it moves that projection alone, to 64x128 (22.9 us
