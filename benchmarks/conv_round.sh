@@ -11,6 +11,9 @@
 #                                          # (is k16, the stage-2 joined 1x1 GEMM, 35.8 us against 18.1 predicted
 #                                          # again?), `aicfc tune` of it and of the 64->256 1x1s (53.4 against 42.7),
 #                                          # and whether initcheck sees a TMA store (benchmarks/prototypes/initcheck_tma.cu)
+#   bash benchmarks/conv_round.sh pairs    # session 74's open question (on an H100): do cluster pairs still win on the
+#                                          # 4096x768x768 and 4096x3072x768 GEMMs (session 5: 4% on the first), as they
+#                                          # lose on ResNet-50's 1x1 GEMMs? `aicfc tune` of both; then `final`
 #   bash benchmarks/conv_round.sh verify   # after a planner change (session 74): ResNet-50 B32 compiled (its explain kept),
 #                                          # checked and profiled; memcheck and racecheck over one run of its plan; the
 #                                          # Hopper GEMM and convolution GPU tests; ResNet-50 B32 and B1 against torch.compile
@@ -76,6 +79,16 @@ case "${1:-}" in
         --kernel node_Conv_793 --kernel node_Conv_775 --json "$OUT/tune_h100.json" > "$OUT/tune_h100.txt" 2>&1
     echo "tune rc=$?"; tail -12 "$OUT/tune_h100.txt"
     ;;
+  pairs)
+    for s in 4096x768x768 4096x3072x768; do
+      python3 -c "import numpy as np, onnx, sys; from tests.test_gemm_gpu import matmul
+onnx.save(matmul(*map(int, sys.argv[1].split('x')), np.random.default_rng(0)), sys.argv[2])" $s /tmp/mm_$s.onnx
+      timeout 120 python3 -m aicfc tune /tmp/mm_$s.onnx --target sm_90 --precision fp16 --top 24 --spread 4 \
+          --json "$OUT/tune_mm_$s.json" > "$OUT/tune_mm_$s.txt" 2>&1
+      echo "tune $s rc=$?"; grep -E "^\s+[*+ ]+\s+[0-9]+ " "$OUT/tune_mm_$s.txt" | cut -c1-200 | head -12
+    done
+    bash "$0" final
+    ;;
   verify)
     python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
       python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
@@ -91,5 +104,5 @@ case "${1:-}" in
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|verify" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|verify" >&2; exit 2 ;;
 esac
