@@ -9,6 +9,8 @@
 #                                    # ([K, N] gated, 352 blocks: 3.96 TB/s in session 63's timeline where a plain
 #                                    # read reaches 4.45), 5 alternating rounds in one process
 #                                    # (ROUNDS=3 for a short budget)
+# Run on an H200 in session 74 (benchmarks/results/b1_gk_session74_h200.txt, 3 rounds): gk replayed the 4-layer plan
+# 1.009x and stepped 0.998x, gk32 0.969x / 0.965x: neither is a lever; the planner's [K, N] stays.
 # Logs go to $OUT (the device tool's output folder), or /tmp/out.
 source "$(dirname "$0")/round_env.sh" "gpu_b1_$1.txt"
 KM="" GU32=""

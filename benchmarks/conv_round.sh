@@ -14,6 +14,10 @@
 #   bash benchmarks/conv_round.sh pairs    # session 74's open question (on an H100): do cluster pairs still win on the
 #                                          # 4096x768x768 and 4096x3072x768 GEMMs (session 5: 4% on the first), as they
 #                                          # lose on ResNet-50's 1x1 GEMMs? `aicfc tune` of both; then `final`
+#   bash benchmarks/conv_round.sh lockstep # session 74's candidate for sm_90 (on an H100): the h200 profile's cluster_lockstep
+#                                          # (0.02) and an H100's own l2_total_gbs (9500, ncu) over sm_90's; ResNet-50 B32,
+#                                          # BERT-base B8 S512 and GPT-2 B8 S512 compiled both ways, each A/B'd by whole-plan
+#                                          # replays (benchmarks/plan_ab.py, 7 alternating rounds), ResNet-50's both profiled
 #   bash benchmarks/conv_round.sh verify   # after a planner change (session 74): ResNet-50 B32 compiled (its explain kept),
 #                                          # checked and profiled; memcheck and racecheck over one run of its plan; the
 #                                          # Hopper GEMM and convolution GPU tests; ResNet-50 B32 and B1 against torch.compile
@@ -89,6 +93,20 @@ onnx.save(matmul(*map(int, sys.argv[1].split('x')), np.random.default_rng(0)), s
     done
     bash "$0" final
     ;;
+  lockstep)
+    printf '{"base": "sm_90", "cluster_lockstep": 0.02, "l2_total_gbs": 9500}\n' > /tmp/sm90_lockstep.json
+    for c in resnet50:32 bert:8x512 gpt2:8x512; do
+      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
+      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
+      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q &&
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_ls.aicf --target sm_90 --precision fp16 -q \
+            --profile /tmp/sm90_lockstep.json || { echo "compile $c failed"; continue; }
+      timeout 120 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf lockstep=$W/${n}_ls.aicf --rounds 7 \
+          --json "$OUT/ab_$n.json" 2>&1 | tail -3 | tee "$OUT/ab_$n.txt"
+    done
+    cp $W/resnet50_b32_base.aicf $W/r32.aicf; profile r32; cp "$OUT/profile_r32.txt" "$OUT/profile_base.txt"
+    cp $W/resnet50_b32_ls.aicf $W/r32.aicf; profile r32; cp "$OUT/profile_r32.txt" "$OUT/profile_lockstep.txt"
+    ;;
   verify)
     python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
       python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
@@ -104,5 +122,5 @@ onnx.save(matmul(*map(int, sys.argv[1].split('x')), np.random.default_rng(0)), s
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|verify" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|verify" >&2; exit 2 ;;
 esac
