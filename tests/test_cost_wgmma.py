@@ -150,8 +150,9 @@ def test_cluster_is_chosen_where_it_measured_a_gain(shape, precision):
     halve, so the planner picks the 4-stage cluster, which measured 4% faster there than the best point alone
     (session 5, an H100). Session 74's `aicfc tune` on an H100 measured the pair slower instead: 10.66 us against
     10.26 alone on 4096x768x768, 29.65 against 28.99 on 4096x3072x768 (benchmarks/results/tune_mm_*_session74_h100.json),
-    as on ResNet-50 B32's 1x1 GEMMs. The h200 profile's cluster_lockstep in sm_90's would follow that, and moves
-    about 20 of ResNet-50 B32's schedules there: not landed without an H100 A/B of the plans (the next session's)."""
+    as on ResNet-50 B32's 1x1 GEMMs. The h200 profile's cluster_lockstep in sm_90's would follow that, and with the
+    H100's L2 total moves 27 of ResNet-50 B32's 56 schedules there: not landed without an H100 A/B of the plans
+    (`benchmarks/conv_round.sh lockstep`)."""
     model = matmul(*shape, np.random.default_rng(0))
     t, params = _predicted(model, {}, precision)
     t1, _ = _predicted(model, {"CLUSTER": 1}, precision)
