@@ -57,6 +57,8 @@ def check_payload(payload: Any, version: int, section_bytes: int | None = None,
     compiler = _map(payload, "compiler", "")
     _str(compiler, "name", "compiler")
     _str(compiler, "version", "compiler")
+    if "nvcc" in compiler:   # optional: bundles before session 74 lack it
+        _str(compiler, "nvcc", "compiler")
     target = _map(payload, "target", "")
     _arch(target, "arch", "target")
     _map(target, "profile", "target")

@@ -39,7 +39,7 @@ def explain_json(payload: dict[str, Any]) -> dict[str, Any]:
     gap = _plan_gap(payload)
     return {
         "format_version": payload["format_version"],
-        "compiler": {k: payload["compiler"][k] for k in ("name", "version")},
+        "compiler": {k: payload["compiler"][k] for k in ("name", "version", "nvcc") if k in payload["compiler"]},
         "target": payload["target"]["arch"],
         "target_name": payload["target"]["profile"].get("name", ""),
         "precision": payload["precision"],
@@ -211,7 +211,8 @@ def explain_text(payload: dict[str, Any]) -> str:
     e = explain_json(payload)
     sig = lambda vs: ", ".join(f"{v['name']}: {v['dtype']}{v['shape']}" for v in vs)  # noqa: E731
     out = [
-        f"bundle: model {e['model']['name']!r}, aicfc {e['compiler']['version']}, format v{e['format_version']}",
+        f"bundle: model {e['model']['name']!r}, aicfc {e['compiler']['version']}, format v{e['format_version']}"
+        + (f"; kernels built by nvcc {e['compiler']['nvcc']!r}" if "nvcc" in e["compiler"] else ""),
         f"target: {e['target']} ({e['target_name']}), precision {e['precision']}",
         f"inputs: {sig(e['inputs'])}",
         f"outputs: {sig(e['outputs'])}",

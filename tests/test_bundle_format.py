@@ -334,6 +334,7 @@ SCHEMA_CASES: list[tuple[str, Callable[[dict], None], str]] = [
     ("payload_version", _set("format_version", 1), "format_version"),
     ("bad_dtype", _set("buffers[0].dtype", "object"), "buffers[0].dtype"),
     ("bad_arch", _set("target.arch", "gfx90a"), "target.arch"),
+    ("nvcc_not_a_str", _set("compiler.nvcc", 13), "compiler.nvcc"),
     ("bad_registers", _set("kernels[0].registers", "many"), "kernels[0].registers"),
     ("bad_param", _set("kernels[0].params.vec", 1.5), "kernels[0].params"),
     ("kernel_not_a_map", _set("kernels[0]", [1, 2]), "kernels[0]:"),

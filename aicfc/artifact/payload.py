@@ -9,6 +9,7 @@ from aicfc import __version__
 from aicfc.codegen import join
 from aicfc.codegen.common import kernel_args
 from aicfc.codegen.io_cast import Converted
+from aicfc.codegen.nvcc import nvcc_version
 from aicfc.codegen.module import ModuleBuild
 from aicfc.codegen.pdl import DEPENDENT
 from aicfc.codegen.timeline import STAMPS, phase_labels, stamped_blocks, symbol as stamp_symbol
@@ -128,7 +129,9 @@ def build_payload(result: Result, plan: Plan, modules: list[ModuleBuild], profil
     constant = constant_maps(plan)   # [Note: TMA maps in constant memory], as codegen/module.py rendered them
     return {
         "format_version": FORMAT_VERSION,
-        "compiler": {"name": "aicfc", "version": __version__},
+        # the nvcc (and so the ptxas) that built the kernels and counted the registers the planner re-ranked its
+        # leaders with: another toolkit can count differently and pick differently
+        "compiler": {"name": "aicfc", "version": __version__, "nvcc": nvcc_version()},
         "target": {"arch": plan.target, "profile": profile.data},
         "precision": precision,
         "model": {"name": plan.name, "source_sha256": model_sha256},
