@@ -23,6 +23,12 @@
 #                                          # Hopper GEMM and convolution GPU tests; ResNet-50 B32 and B1 against torch.compile
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
+# build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
+build_r32() {
+  python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
+  echo "resnet compile rc=$?"; tail -2 $W/compile.log
+}
 # profile NAME: ResNet-50 B32's bundle $W/NAME.aicf checked against onnxruntime, then every kernel timed alone
 profile() {
   timeout 60 python3 -m aicf_run $W/$1.aicf --check $W/resnet50_b32.onnx --input $W/resnet50_b32_inputs.npz 2>&1 \
@@ -64,9 +70,7 @@ case "${1:-}" in
         | tail -4 | tee "$OUT/tests_conv.txt"
     ;;
   final)
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
-      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
-    echo "resnet compile rc=$?"; tail -2 $W/compile.log
+    build_r32
     profile r32
     timeout 300 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
@@ -75,9 +79,7 @@ case "${1:-}" in
     nvcc -O3 -arch=sm_90a -std=c++17 -o /tmp/initcheck_tma benchmarks/prototypes/initcheck_tma.cu 2>&1 | tail -3
     { /tmp/initcheck_tma; compute-sanitizer --tool initcheck --print-limit 4 /tmp/initcheck_tma 2>&1 | grep -v "Host Frame"
       compute-sanitizer --tool memcheck /tmp/initcheck_tma 2>&1 | tail -1; } 2>&1 | tee "$OUT/initcheck_tma.txt" | tail -12
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
-      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
-    echo "resnet compile rc=$?"; tail -2 $W/compile.log
+    build_r32
     profile r32; cp "$OUT/profile_r32.txt" "$OUT/profile_r32_first.txt"; profile r32
     timeout 240 python3 -m aicfc tune $W/resnet50_b32.onnx --target sm_90 --precision fp16 --top 6 --spread 4 \
         --kernel node_Conv_793 --kernel node_Conv_775 --json "$OUT/tune_h100.json" > "$OUT/tune_h100.txt" 2>&1
@@ -108,9 +110,7 @@ onnx.save(matmul(*map(int, sys.argv[1].split('x')), np.random.default_rng(0)), s
     cp $W/resnet50_b32_ls.aicf $W/r32.aicf; profile r32; cp "$OUT/profile_r32.txt" "$OUT/profile_lockstep.txt"
     ;;
   verify)
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
-      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1
-    echo "resnet compile rc=$?"; tail -2 $W/compile.log
+    build_r32
     python3 -m aicfc explain $W/r32.aicf > "$OUT/explain_r32.txt" 2>&1
     profile r32
     for tool in memcheck racecheck; do

@@ -349,7 +349,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # [Note: stores from the registers]: those half sectors go at their own rate, and hold the SM's port to the L2
     # that the next tile's loads need
     t_port = bm * bn * out_bytes / (hw.data.get("wgmma_reg_store_gbs", REG_STORE_GBS) * 1e3) if half else 0.0
-    t_store = t_port or bm * bn * out_bytes / l2_sm
+    t_store = t_port if half else bm * bn * out_bytes / l2_sm
     # the residual's bytes: read by the epilogue, or (RS) copied into the staging under the tile's k-blocks,
     # whose loads they share the SM's L2 port with ([Note: residual through the staging])
     t_res = bm * bn * extra / l2_sm
