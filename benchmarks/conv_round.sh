@@ -21,6 +21,15 @@
 #   bash benchmarks/conv_round.sh verify   # after a planner change (session 74): ResNet-50 B32 compiled (its explain kept),
 #                                          # checked and profiled; memcheck and racecheck over one run of its plan; the
 #                                          # Hopper GEMM and convolution GPU tests; ResNet-50 B32 and B1 against torch.compile
+#   bash benchmarks/conv_round.sh split    # session 75 (an H100): which of session 74's two sm_90 candidates moved the plans,
+#                                          # cluster_lockstep 0.02 alone and l2_total_gbs 9500 alone, each A/B'd against sm_90's
+#                                          # on ResNet-50 B32, BERT-base B8 S512 and GPT-2 B8 S512 (the schedules that differ
+#                                          # kept); DRAM copy / write-only / read-only / 1:4 rates; ncu of k6, k26, k31, k32;
+#                                          # the stage-3/4 3x3s by cost and pinned to stream-k (benchmarks/conv_ab.py)
+#   bash benchmarks/conv_round.sh clusters # session 75's sm_90 lockstep (pairs bound by their tensor work spared) against the
+#                                          # profile before it (no lockstep) on ResNet-50 B32, BERT-base and GPT-2 B8 S512,
+#                                          # MobileNetV2 and EfficientNet-B0 B32, a 2-layer Llama B8 S512: the schedules that
+#                                          # differ, and a plan A/B where any do; ResNet-50 B32 profiled, against torch.compile
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -109,6 +118,69 @@ onnx.save(matmul(*map(int, sys.argv[1].split('x')), np.random.default_rng(0)), s
     cp $W/resnet50_b32_base.aicf $W/r32.aicf; profile r32; cp "$OUT/profile_r32.txt" "$OUT/profile_base.txt"
     cp $W/resnet50_b32_ls.aicf $W/r32.aicf; profile r32; cp "$OUT/profile_r32.txt" "$OUT/profile_lockstep.txt"
     ;;
+  split)
+    printf '{"base": "sm_90", "cluster_lockstep": 0.02}\n' > /tmp/sm90_ls.json
+    printf '{"base": "sm_90", "l2_total_gbs": 9500}\n' > /tmp/sm90_l2.json
+    for c in resnet50:32 bert:8x512 gpt2:8x512; do
+      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
+      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
+      for v in base ls l2; do
+        prof=""; [ $v = base ] || prof="--profile /tmp/sm90_$v.json"
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_$v.aicf --target sm_90 --precision fp16 -q $prof || echo "compile $c $v failed"
+        python3 -m aicfc explain $W/${n}_$v.aicf | grep -E "^k[0-9]+ |^    schedule" | cut -c1-200 > $W/${n}_$v.sched
+      done
+      for v in ls l2; do echo "## $n: base -> $v, $(diff $W/${n}_base.sched $W/${n}_$v.sched | grep -c '^>') schedules differ"
+        diff $W/${n}_base.sched $W/${n}_$v.sched | grep -E "^[<>]" | head -40; done >> "$OUT/sched_diff.txt"
+      timeout 150 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf lockstep=$W/${n}_ls.aicf l2total=$W/${n}_l2.aicf \
+          --rounds 7 2>&1 | tail -4 | tee -a "$OUT/ab_split.txt"
+    done
+    python3 - <<'PY' 2>&1 | tee "$OUT/dram_mix.txt"
+import statistics, torch
+def t(f, n=20):
+    for _ in range(3): f()
+    ts = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); f(); b.record(); b.synchronize(); ts.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(ts)
+N = 1 << 29
+x = torch.randn(N, dtype=torch.float16, device="cuda"); y = torch.empty_like(x)
+q = torch.randn(N // 4, 1, dtype=torch.float16, device="cuda"); z = torch.empty(N // 4, 4, dtype=torch.float16, device="cuda")
+for name, f, nbytes in [("copy 1:1", lambda: y.copy_(x), 4 * N), ("write only (fill)", lambda: y.fill_(1.0), 2 * N),
+                        ("read only (sum)", lambda: x.sum(), 2 * N), ("read 1 : write 4", lambda: z.copy_(q.expand(-1, 4)), 2 * N + N // 2)]:
+    us = t(f); print(f"{name:20s} {us:9.1f} us  {nbytes / us / 1e3:7.0f} GB/s")
+PY
+    cp $W/resnet50_b32_base.aicf $W/r32.aicf
+    [ -f $W/resnet50_b32_inputs.npz ] && timeout 200 ncu --kernel-name regex:'^k(6|26|31|32)$' --launch-count 4 \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+        python3 -m aicf_run $W/r32.aicf --no-graph --input $W/resnet50_b32_inputs.npz --output-dir /tmp > "$OUT/ncu.txt" 2>&1
+    echo "ncu rc=$?"; grep -E "^  k[0-9]+ |Duration|DRAM Throughput|Warp Cycles Per Issued|Issued Warp Per Scheduler" "$OUT/ncu.txt" | head -40
+    timeout 150 python3 benchmarks/conv_ab.py --cases s3 s4 --pins STREAM=1,BM=128,BN=128 STREAM=1 2>&1 | grep -v -i warn \
+        | tee "$OUT/streamk.txt"
+    ;;
+  clusters)
+    printf '{"base": "sm_90", "cluster_lockstep": 0, "cluster_lockstep_compute": 0}\n' > /tmp/sm90_before.json
+    for c in resnet50:32 bert:8x512 gpt2:8x512 mobilenet_v2:32 efficientnet_b0:32 llama:8x512; do
+      n=$(echo $c | sed 's/:/_b/; s/x/_s/'); extra=""
+      [ "${c%%:*}" = llama ] && { extra="--layers 2"; n=${n}_l2; }
+      python3 benchmarks/export_case.py $c --out-dir $W $extra > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
+      for v in before after; do
+        prof=""; [ $v = after ] || prof="--profile /tmp/sm90_before.json"
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_$v.aicf --target sm_90 --precision fp16 -q $prof || echo "compile $c $v failed"
+        python3 -m aicfc explain $W/${n}_$v.aicf | grep -E "^k[0-9]+ |^    schedule" | cut -c1-200 \
+            | awk '/^k/{k=$1; next} {print k, $0}' > $W/${n}_$v.sched
+      done
+      moved=$(diff $W/${n}_before.sched $W/${n}_after.sched | grep -c "^>")
+      echo "## $n: $moved schedules differ" | tee -a "$OUT/sched_diff.txt"
+      diff $W/${n}_before.sched $W/${n}_after.sched | grep -E "^[<>]" | cut -c1-130 >> "$OUT/sched_diff.txt"
+      [ "$moved" -gt 0 ] && timeout 150 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf after=$W/${n}_after.aicf \
+          --rounds 7 2>&1 | tail -3 | tee -a "$OUT/ab_clusters.txt"
+    done
+    cp $W/resnet50_b32_after.aicf $W/r32.aicf; profile r32
+    timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
+    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
   verify)
     build_r32
     python3 -m aicfc explain $W/r32.aicf > "$OUT/explain_r32.txt" 2>&1
@@ -122,5 +194,5 @@ onnx.save(matmul(*map(int, sys.argv[1].split('x')), np.random.default_rng(0)), s
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|verify" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|verify" >&2; exit 2 ;;
 esac

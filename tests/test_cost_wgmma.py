@@ -148,11 +148,11 @@ def test_cluster_prediction_within_band_of_the_h100(shape, pin, measured):
 def test_cluster_is_chosen_where_it_measured_a_gain(shape, precision):
     """One 128x192 tile per CTA (issue 16's 4096x768x768): the pair's first stages land sooner and B's L2 reads
     halve, so the planner picks the 4-stage cluster, which measured 4% faster there than the best point alone
-    (session 5, an H100). Session 74's `aicfc tune` on an H100 measured the pair slower instead: 10.66 us against
-    10.26 alone on 4096x768x768, 29.65 against 28.99 on 4096x3072x768 (benchmarks/results/tune_mm_*_session74_h100.json),
-    as on ResNet-50 B32's 1x1 GEMMs. The h200 profile's cluster_lockstep in sm_90's would follow that, and with the
-    H100's L2 total moves 27 of ResNet-50 B32's 56 schedules there: not landed without an H100 A/B of the plans
-    (`benchmarks/conv_round.sh lockstep`)."""
+    (session 5, an H100). Session 74's `aicfc tune` on an H100 measured the pair slower instead, timed alone: 10.66 us
+    against 10.26 on 4096x768x768, 29.65 against 28.99 on 4096x3072x768 (benchmarks/results/tune_mm_*_session74_h100.json).
+    In the plan the pairs win: BERT-base B8 S512 with these GEMMs unpaired (the lockstep on every pair) replayed 1.7%
+    slower on an H100 (session 75, `benchmarks/conv_round.sh split`), so sm_90's lockstep spares tensor-bound pairs
+    (`cluster_lockstep_compute` 0: [Note: a cluster pair in lockstep])."""
     model = matmul(*shape, np.random.default_rng(0))
     t, params = _predicted(model, {}, precision)
     t1, _ = _predicted(model, {"CLUSTER": 1}, precision)
@@ -203,14 +203,35 @@ def test_h200_pair_in_lockstep_where_the_walk_bounds_the_kernel():
     memory-bound, 64x64 ping-pong tiles 12 an SM). The pair's k-blocks are off the critical path, so before the
     lockstep term the cluster was predicted faster by its first stage; session 29's tune measured it 1.02-1.05x
     slower (19.95 against 19.14 us). Under the h200 profile the same tiles are now predicted slower clustered and
-    the pick runs alone; sm_90's profile (no lockstep measured) still has the pair ahead."""
+    the pick runs alone; sm_90's profile (an H100's lockstep, session 75) alike."""
     model = matmul(100352, 64, 64, np.random.default_rng(0))
     tile = {"unit": "wgmma", "BM": 64, "BN": 64, "PP": 1, "NWG": 2, "MI": 1, "STAGES": 8}
-    paired, _ = _predicted(model, {**tile, "CLUSTER": 2}, "fp16", H200)
-    alone, _ = _predicted(model, {**tile, "CLUSTER": 1}, "fp16", H200)
-    assert paired > alone
-    assert _predicted(model, {}, "fp16", H200)[1]["CLUSTER"] == 1
-    assert _predicted(model, {**tile, "CLUSTER": 2}, "fp16")[0] < _predicted(model, {**tile, "CLUSTER": 1}, "fp16")[0]
+    for profile in (H200, None):
+        paired, _ = _predicted(model, {**tile, "CLUSTER": 2}, "fp16", profile)
+        alone, _ = _predicted(model, {**tile, "CLUSTER": 1}, "fp16", profile)
+        assert paired > alone, profile
+        assert _predicted(model, {}, "fp16", profile)[1]["CLUSTER"] == 1, profile
+
+
+def test_h100_pairs_lose_where_memory_bounds_them_and_win_where_tensor_work_does():
+    """[Note: a cluster pair in lockstep] on sm_90 (an H100): `cluster_lockstep` 0.02 where the pair's tensor work does
+    not outlast its DRAM and L2 streams, `cluster_lockstep_compute` 0 where it does. ResNet-50 B32's stage-3 reduce
+    GEMM (6272 x 1024 -> 256, one 128x128 tile a CTA, its DRAM stream above its tensor work) measured 10.03 us as a pair
+    against 8.62-8.78 alone (session 74's `aicfc tune`, benchmarks/results/tune_k9_session74_h100.json); BERT-base's
+    FFN GEMMs (compute-bound, 128x192 tiles) are paired. Planned so (session 75, benchmarks/results/
+    cluster_lockstep_session75_h100.txt), ResNet-50 B32 moved 23 schedules off pairs and replayed 2.3% faster (8.4 us
+    for this GEMM alone, from 9.8), while the lockstep on every pair had moved BERT-base B8 S512's GEMMs off too and
+    replayed it 1.7% slower."""
+    reduce_ = matmul(6272, 1024, 256, np.random.default_rng(0))
+    tile = {"unit": "wgmma", "BM": 128, "BN": 128, "PP": 0, "NWG": 2, "MI": 1}
+    terms = _terms(reduce_, {**tile, "CLUSTER": 2})
+    assert terms["t_dram_us"] > terms["t_compute_us"] and terms["lockstep"] == pytest.approx(1.02)
+    assert _predicted(reduce_, {**tile, "CLUSTER": 2})[0] > _predicted(reduce_, {**tile, "CLUSTER": 1})[0]
+    assert _predicted(reduce_, {})[1]["CLUSTER"] == 1
+    ffn = matmul(4096, 768, 3072, np.random.default_rng(0))
+    terms = _terms(ffn, {"unit": "wgmma", "BM": 128, "BN": 192, "PP": 0, "NWG": 2, "CLUSTER": 2})
+    assert terms["t_compute_us"] > terms["t_dram_us"] and terms["lockstep"] == 1.0
+    assert _predicted(ffn, {})[1]["CLUSTER"] == 2
 
 
 def _terms(model, pin: dict, profile=None) -> dict:

@@ -60,7 +60,7 @@ fetches the next tile:
                                       B, multicast to both CTAs: its first stage lands sooner)
     t_l2_all   = (every work unit's k-blocks x 128·(BM + BN/CLUSTER) + M·N·(bytes stored and read per output
                  element)) / l2_total          [Note: the L2's whole traffic]; 0 where the profile has no l2_total
-    t          = launch + t_fill + max(t_tiles + t_reduce, t_dram, t_l2_all) x (1 + cluster_lockstep if CLUSTER = 2)
+    t          = launch + t_fill + max(t_tiles + t_reduce, t_dram, t_l2_all) x (1 + lockstep if CLUSTER = 2)
                  + CLUSTER_US (CLUSTER = 2: what a launch of clusters costs beyond that; 0 measured since
                  the exit's cluster barrier gave way to the producer tail, codegen/gemm_wgmma.py)
     [Note: a cluster pair in lockstep]
@@ -77,12 +77,23 @@ fetches the next tile:
                  GEMMs unclustered, 2541.3 -> 2486.5 us; ResNet-50 B32's seven stage-1/2 GEMMs 822.8 -> 815.1
                  (alone: k7/k10 -0.6 us each, k6 -0.35, k19/k22/k25 +0.4 each, and k13 +2.6: unclustered it
                  takes 64x64 tiles, which tie with 64x128 under its DRAM bound and measured 25.0 against 22.4);
-                 MobileNetV2 B32 491.4 -> 492.1. The sm_90 profile (an H100; the same die) has neither: on
-                 an H100 (session 74, benchmarks/results/tune_k9_session74_h100.json) 15 of ResNet-50 B32's
-                 1x1 GEMM schedules timed both ways are ordered as measured 5 times without them, 9 with the
-                 lockstep alone, 10 with both, and its stage-3 reduce GEMMs measured 10.0 us as the pair the
-                 planner picks against 8.6-8.8 alone; but either term puts the pair behind on 4096x768x768,
-                 where session 5 measured it 4% ahead on an H100. Which holds today is for an H100 A/B to say.
+                 MobileNetV2 B32 491.4 -> 492.1.
+                 On an H100 (sm_90's profile) the pairs that lose are the ones whose tensor work does not bound
+                 them: session 74's `aicfc tune` (benchmarks/results/tune_k9_session74_h100.json) timed ResNet-50
+                 B32's stage-3 reduce GEMMs (DRAM-bound by a hair) 10.0 us as the pair the planner picked against
+                 8.6-8.8 alone. Session 75 A/B'd the plans (benchmarks/results/cluster_lockstep_session75_h100.txt,
+                 7 alternating rounds each): the lockstep on every pair moved ResNet-50 B32's GEMMs off pairs,
+                 962.6 -> 937.5 us, but also BERT-base B8 S512's compute-bound ones (128x192 cooperative tiles,
+                 64x128 ping-pong), 2629.9 -> 2675.4 us, and GPT-2 B8 S512's alike, 1952.5 -> 1950.6. So the
+                 profile has two fractions: `cluster_lockstep` where the pair's tensor work (per_sm x KT x t_mma)
+                 is under its DRAM stream or the L2's whole traffic, `cluster_lockstep_compute` where it outlasts
+                 them (`lockstep`). sm_90: 0.02 and 0. Against sm_90 without either (same file, call 3): ResNet-50
+                 B32's 23 moves 952.8 -> 931.0 us, MobileNetV2 B32's 12 540.9 -> 537.4, EfficientNet-B0 B32's 10
+                 1018.0 -> 1023.4 (its rounds overlap); BERT-base, GPT-2 and a 2-layer Llama at B8 S512 keep every
+                 schedule;
+                 h200: 0.02 and 0.02 (session 38's FFN1 measurement above: on the H200 those pairs lose). l2_total_gbs
+                 (9500 on an H100 by session 41's method) alone moved three of ResNet-50's GEMMs onto pairs and no
+                 plan (964.7, 2623.8, 1946.5 us against the same bases): not in sm_90's profile.
     cluster scheduling: CLUSTER = 2 runs CTAS = 2·min(pairs, SMs/2) CTAs (a cluster needs two SMs
                  of one GPC: 66 clusters on 132 SMs; cuOccupancyMaxActiveClusters said 66 on the
                  H100 for the 128x192 and 128x256 tiles) and a CTA walks ceil(pairs / clusters)
@@ -102,9 +113,9 @@ kernel measured 25.1 us alone where the model had 20.5 (its DRAM stream); 64x128
 128x128 21.1. l2_total (profile `l2_total_gbs`) is 10.8 TB/s in the h200 profile: the median of lts__t_bytes over
 ncu's own L2 percentage on eight ResNet-50 kernels (9.3-12.7 TB/s). A profile without it has no such bound: sm_90's
 (an H100, the same die) has none, though session 74 measured 9.5 TB/s there by the same method (six kernels, 6.8-10.4
-TB/s, benchmarks/results/ncu_resnet50_b32_session74_h100.txt): without the H200's cluster terms the bound moves three
-of ResNet-50 B32's GEMMs (25088 x 384 -> 512, the two 1568 x 2048 -> 512) to cluster pairs, which no GPU has timed
-faster there ([Note: a cluster pair in lockstep]). The term counts every box as read: boxes that many
+TB/s, benchmarks/results/ncu_resnet50_b32_session74_h100.txt): it moves three of ResNet-50 B32's GEMMs (25088 x 384 ->
+512, the two 1568 x 2048 -> 512) to cluster pairs, and A/B'd alone on an H100 (session 75) it moved no plan by more
+than 0.3% ([Note: a cluster pair in lockstep]). The term counts every box as read: boxes that many
 CTAs request at once can be merged on the way (the stage-4 1568 x 2048 -> 512 GEMM's 80 MB of boxes showed as
 54 MB), so it overcounts those and binds only where nothing else does. Re-ranked on the stored tunes (benchmarks/tune_rerank.py, session 29's report of all of
 ResNet-50 B32 and session 40's of its below-bar kernels) it moves that projection alone, to 64x128 (22.9 us
@@ -385,15 +396,16 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     else:
         t_tiles = per_sm * (ktiles * t_kblock + t_copy + t_wait + t_epi - hidden) + hidden
     t_cluster = hw.data.get("cluster_overhead_us", CLUSTER_US) if cl > 1 else 0.0
-    # the pair's whole walk of tiles (or its stream, where DRAM bounds it) goes at its slower CTA's pace (profile
-    # `cluster_lockstep`, a fraction; [Note: a cluster pair in lockstep])
-    lock = 1.0 + (hw.data.get("cluster_lockstep", 0.0) if cl > 1 else 0.0)
     # [Note: the L2's whole traffic]: every k-block's boxes, the output's stores and the residual's reads cross
     # the L2 together, at its aggregate bandwidth
     outputs = m * n * math.prod(e for _, e in batch)
     l2_total = hw.data.get("l2_total_gbs")      # a profile without it has no such bound
     t_l2_all = (tiles * sk * ktiles * row * (bm + bn / cl) + outputs * (out_bytes + extra)) / (l2_total * 1e3) \
         if l2_total else 0.0
+    # the pair's whole walk of tiles (or its stream, where DRAM bounds it) goes at its slower CTA's pace (profile
+    # `cluster_lockstep`, a fraction; `cluster_lockstep_compute` where the tensor work bounds the kernel:
+    # [Note: a cluster pair in lockstep])
+    lock = 1.0 + (lockstep(hw, per_sm * ktiles * t_mma >= max(t_dram, t_l2_all)) if cl > 1 else 0.0)
     time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram, t_l2_all) * lock + t_cluster
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
@@ -404,6 +416,15 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
             "n_eff": n_eff(bn, p), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, sms) / sms, "stages": st, "cluster": cl, "t_cluster_us": t_cluster,
             "lockstep": lock}
+
+
+def lockstep(hw, tensor_bound: bool) -> float:
+    """What a cluster pair's walk loses to its CTAs waiting for each other (a fraction): the profile's
+    `cluster_lockstep`, or where the pair's tensor work outlasts its DRAM and L2 streams (`tensor_bound`),
+    `cluster_lockstep_compute` (default the same) ([Note: a cluster pair in lockstep])."""
+    if tensor_bound:
+        return hw.data.get("cluster_lockstep_compute", hw.data.get("cluster_lockstep", 0.0))
+    return hw.data.get("cluster_lockstep", 0.0)
 
 
 @last_by_identity   # every candidate of a kernel asks, in a row
