@@ -30,6 +30,9 @@
 #                                          # profile before it (no lockstep) on ResNet-50 B32, BERT-base and GPT-2 B8 S512,
 #                                          # MobileNetV2 and EfficientNet-B0 B32, a 2-layer Llama B8 S512: the schedules that
 #                                          # differ, and a plan A/B where any do; ResNet-50 B32 profiled, against torch.compile
+#   bash benchmarks/conv_round.sh cnns     # after `clusters` (session 75): EfficientNet-B0 B32 before / after / after with k63 (moved from
+#                                          # a wgmma pair to an mma tile) pinned back to wgmma, A/B'd; MobileNetV2 and EfficientNet-B0 B32
+#                                          # and B1 against torch.compile(mode="reduce-overhead") (benchmarks/models.py)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -181,6 +184,22 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
+  cnns)
+    printf '{"base": "sm_90", "cluster_lockstep": 0, "cluster_lockstep_compute": 0}\n' > /tmp/sm90_before.json
+    n=efficientnet_b0_b32
+    python3 benchmarks/export_case.py efficientnet_b0:32 --out-dir $W > $W/export_$n.log 2>&1 || echo "export failed"
+    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_before.aicf --target sm_90 --precision fp16 -q --profile /tmp/sm90_before.json
+    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_after.aicf --target sm_90 --precision fp16 -q
+    node=$(python3 -m aicfc explain $W/${n}_after.aicf | awk '$1 == "k63" {print $6}' | tr -d ,)
+    python3 -m aicfc explain $W/${n}_after.aicf | grep -A2 "^k63 " | cut -c1-200 | tee "$OUT/k63.txt"
+    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_pinned.aicf --target sm_90 --precision fp16 -q --pin "$node:unit=wgmma"
+    python3 -m aicfc explain $W/${n}_pinned.aicf | grep -A2 "^k63 " | cut -c1-200 | tee -a "$OUT/k63.txt"
+    timeout 150 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf after=$W/${n}_after.aicf pinned=$W/${n}_pinned.aicf \
+        --rounds 9 2>&1 | tail -4 | tee "$OUT/ab_effnet.txt"
+    timeout 330 python3 benchmarks/models.py --cases mobilenet_v2:32,mobilenet_v2:1,efficientnet_b0:32,efficientnet_b0:1 \
+        --json "$OUT/models_cnns.json" > "$OUT/models_cnns.txt" 2>&1
+    echo "models rc=$?"; grep -E "^mobilenet|^efficientnet|^model|FAIL" "$OUT/models_cnns.txt"
+    ;;
   verify)
     build_r32
     python3 -m aicfc explain $W/r32.aicf > "$OUT/explain_r32.txt" 2>&1
@@ -194,5 +213,5 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|verify" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|verify" >&2; exit 2 ;;
 esac

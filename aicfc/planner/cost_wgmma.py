@@ -89,8 +89,8 @@ fetches the next tile:
                  is under its DRAM stream or the L2's whole traffic, `cluster_lockstep_compute` where it outlasts
                  them (`lockstep`). sm_90: 0.02 and 0. Against sm_90 without either (same file, call 3): ResNet-50
                  B32's 23 moves 952.8 -> 931.0 us, MobileNetV2 B32's 12 540.9 -> 537.4, EfficientNet-B0 B32's 10
-                 1018.0 -> 1023.4 (its rounds overlap); BERT-base, GPT-2 and a 2-layer Llama at B8 S512 keep every
-                 schedule;
+                 1018.0 -> 1023.4 and, in a second A/B (call 4, 9 rounds), 1017.7 -> 1018.0; BERT-base, GPT-2 and a
+                 2-layer Llama at B8 S512 keep every schedule;
                  h200: 0.02 and 0.02 (session 38's FFN1 measurement above: on the H200 those pairs lose). l2_total_gbs
                  (9500 on an H100 by session 41's method) alone moved three of ResNet-50's GEMMs onto pairs and no
                  plan (964.7, 2623.8, 1946.5 us against the same bases): not in sm_90's profile.
