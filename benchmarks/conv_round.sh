@@ -15,9 +15,10 @@
 #                                          # 4096x768x768 and 4096x3072x768 GEMMs (session 5: 4% on the first), as they
 #                                          # lose on ResNet-50's 1x1 GEMMs? `aicfc tune` of both; then `final`
 #   bash benchmarks/conv_round.sh lockstep # session 74's candidate for sm_90 (on an H100): the h200 profile's cluster_lockstep
-#                                          # (0.02) and an H100's own l2_total_gbs (9500, ncu) over sm_90's; ResNet-50 B32,
-#                                          # BERT-base B8 S512 and GPT-2 B8 S512 compiled both ways, each A/B'd by whole-plan
-#                                          # replays (benchmarks/plan_ab.py, 7 alternating rounds), ResNet-50's both profiled
+#                                          # (0.02, every pair) and an H100's own l2_total_gbs (9500, ncu) over sm_90 without a
+#                                          # lockstep; ResNet-50 B32, BERT-base B8 S512 and GPT-2 B8 S512 compiled both ways,
+#                                          # each A/B'd by whole-plan replays (benchmarks/plan_ab.py, 7 alternating rounds),
+#                                          # ResNet-50's both profiled
 #   bash benchmarks/conv_round.sh verify   # after a planner change (session 74): ResNet-50 B32 compiled (its explain kept),
 #                                          # checked and profiled; memcheck and racecheck over one run of its plan; the
 #                                          # Hopper GEMM and convolution GPU tests; ResNet-50 B32 and B1 against torch.compile
@@ -30,9 +31,10 @@
 #                                          # profile before it (no lockstep) on ResNet-50 B32, BERT-base and GPT-2 B8 S512,
 #                                          # MobileNetV2 and EfficientNet-B0 B32, a 2-layer Llama B8 S512: the schedules that
 #                                          # differ, and a plan A/B where any do; ResNet-50 B32 profiled, against torch.compile
-#   bash benchmarks/conv_round.sh cnns     # after `clusters` (session 75): EfficientNet-B0 B32 before / after / after with k63 (moved from
-#                                          # a wgmma pair to an mma tile) pinned back to wgmma, A/B'd; MobileNetV2 and EfficientNet-B0 B32
-#                                          # and B1 against torch.compile(mode="reduce-overhead") (benchmarks/models.py)
+#   bash benchmarks/conv_round.sh cnns     # after `clusters` (session 75): EfficientNet-B0 B32 before / after / after with
+#                                          # k63 (moved from a wgmma pair to an mma tile) pinned back to wgmma, A/B'd;
+#                                          # MobileNetV2 and EfficientNet-B0 B32 and B1 against torch.compile(mode=
+#                                          # "reduce-overhead") (benchmarks/models.py)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -108,11 +110,15 @@ onnx.save(matmul(*map(int, sys.argv[1].split('x')), np.random.default_rng(0)), s
     bash "$0" final
     ;;
   lockstep)
-    printf '{"base": "sm_90", "cluster_lockstep": 0.02, "l2_total_gbs": 9500}\n' > /tmp/sm90_lockstep.json
+    # the profiles as session 75 ran them: sm_90 without a lockstep (base), and with it on every pair plus the L2 total
+    printf '{"base": "sm_90", "cluster_lockstep": 0, "cluster_lockstep_compute": 0}\n' > /tmp/sm90_before.json
+    printf '{"base": "sm_90", "cluster_lockstep": 0.02, "cluster_lockstep_compute": 0.02, "l2_total_gbs": 9500}\n' \
+        > /tmp/sm90_lockstep.json
     for c in resnet50:32 bert:8x512 gpt2:8x512; do
       n=$(echo $c | sed 's/:/_b/; s/x/_s/')
       python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
-      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q &&
+      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q \
+            --profile /tmp/sm90_before.json &&
         python3 -m aicfc compile $W/$n.onnx -o $W/${n}_ls.aicf --target sm_90 --precision fp16 -q \
             --profile /tmp/sm90_lockstep.json || { echo "compile $c failed"; continue; }
       timeout 120 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf lockstep=$W/${n}_ls.aicf --rounds 7 \
@@ -122,14 +128,16 @@ onnx.save(matmul(*map(int, sys.argv[1].split('x')), np.random.default_rng(0)), s
     cp $W/resnet50_b32_ls.aicf $W/r32.aicf; profile r32; cp "$OUT/profile_r32.txt" "$OUT/profile_lockstep.txt"
     ;;
   split)
-    printf '{"base": "sm_90", "cluster_lockstep": 0.02}\n' > /tmp/sm90_ls.json
-    printf '{"base": "sm_90", "l2_total_gbs": 9500}\n' > /tmp/sm90_l2.json
+    # base: sm_90 before session 75 (no lockstep); ls: the lockstep on every pair; l2: the L2 total alone
+    printf '{"base": "sm_90", "cluster_lockstep": 0, "cluster_lockstep_compute": 0}\n' > /tmp/sm90_base.json
+    printf '{"base": "sm_90", "cluster_lockstep": 0.02, "cluster_lockstep_compute": 0.02}\n' > /tmp/sm90_ls.json
+    printf '{"base": "sm_90", "cluster_lockstep": 0, "cluster_lockstep_compute": 0, "l2_total_gbs": 9500}\n' > /tmp/sm90_l2.json
     for c in resnet50:32 bert:8x512 gpt2:8x512; do
       n=$(echo $c | sed 's/:/_b/; s/x/_s/')
       python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
       for v in base ls l2; do
-        prof=""; [ $v = base ] || prof="--profile /tmp/sm90_$v.json"
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_$v.aicf --target sm_90 --precision fp16 -q $prof || echo "compile $c $v failed"
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_$v.aicf --target sm_90 --precision fp16 -q --profile /tmp/sm90_$v.json \
+            || echo "compile $c $v failed"
         python3 -m aicfc explain $W/${n}_$v.aicf | grep -E "^k[0-9]+ |^    schedule" | cut -c1-200 > $W/${n}_$v.sched
       done
       for v in ls l2; do echo "## $n: base -> $v, $(diff $W/${n}_base.sched $W/${n}_$v.sched | grep -c '^>') schedules differ"
