@@ -35,6 +35,9 @@
 #                                          # k63 (moved from a wgmma pair to an mma tile) pinned back to wgmma, A/B'd;
 #                                          # MobileNetV2 and EfficientNet-B0 B32 and B1 against torch.compile(mode=
 #                                          # "reduce-overhead") (benchmarks/models.py)
+#   bash benchmarks/conv_round.sh l2bytes  # session 75's open question (either card): where the L2 bytes of the memory-bound
+#                                          # 1x1 GEMMs come from (ncu counted 221 MB through k6's L2 for ~77 MB of operands
+#                                          # and output): L2 sectors by source unit and node, DRAM bytes, for k6, k9, k26, k32
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -208,6 +211,14 @@ PY
         --json "$OUT/models_cnns.json" > "$OUT/models_cnns.txt" 2>&1
     echo "models rc=$?"; grep -E "^mobilenet|^efficientnet|^model|FAIL" "$OUT/models_cnns.txt"
     ;;
+  l2bytes)
+    build_r32
+    ncu --query-metrics 2>/dev/null | grep -E "^lts__t_(sectors|requests)_src" | head -40 > "$OUT/l2_metric_names.txt"
+    timeout 300 ncu --kernel-name regex:'^k(6|9|26|32)$' --launch-count 4 --section SpeedOfLight \
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,regex:'^lts__t_sectors_src(unit|node)_[a-z]+\.sum$',regex:'^lts__t_sectors_srcunit_tex_op_(read|write)\.sum$' \
+        python3 -m aicf_run $W/r32.aicf --no-graph --input $W/resnet50_b32_inputs.npz --output-dir /tmp > "$OUT/ncu_l2.txt" 2>&1
+    echo "ncu rc=$?"; grep -E "^  k[0-9]+ |Duration|bytes|sectors" "$OUT/ncu_l2.txt" | head -60
+    ;;
   verify)
     build_r32
     python3 -m aicfc explain $W/r32.aicf > "$OUT/explain_r32.txt" 2>&1
@@ -221,5 +232,5 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|verify" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify" >&2; exit 2 ;;
 esac
