@@ -332,6 +332,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     row = gemm_wgmma.ROW_BYTES
     t_mma = 2.0 * bm * bn * bkk / sm_rate
     ktiles = gemm_wgmma.kt_per(p, kk)            # k-blocks of one work unit
+    t_tensor = per_sm * ktiles * t_mma           # the busiest SM's tensor work
     # DRAM: each operand once; past L2, B is read again by every group of GROUP tile rows (A once)
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
@@ -340,7 +341,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, types))
     # [Note: the TMA's share of L2]: a persistent grid whose bytes outlast its tensor work, its epilogue
     # reading no residual, takes the share one-unit grids were fitted at
-    drawn = t_dram >= per_sm * ktiles * t_mma and not extra
+    drawn = t_dram >= t_tensor and not extra
     share = tma_share_gbs(hw, p["CTAS"], 1 if drawn else per_sm)
     l2_sm = share * 1e3
     t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
@@ -405,11 +406,11 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # the pair's whole walk of tiles (or its stream, where DRAM bounds it) goes at its slower CTA's pace (profile
     # `cluster_lockstep`, a fraction; `cluster_lockstep_compute` where the tensor work bounds the kernel:
     # [Note: a cluster pair in lockstep])
-    lock = 1.0 + (lockstep(hw, per_sm * ktiles * t_mma >= max(t_dram, t_l2_all)) if cl > 1 else 0.0)
+    lock = 1.0 + (lockstep(hw, t_tensor >= max(t_dram, t_l2_all)) if cl > 1 else 0.0)
     time = hw.launch_overhead_us + t_fill + max(t_tiles + t_reduce, t_dram, t_l2_all) * lock + t_cluster
     issued = 2.0 * tiles * bm * bn * ktiles * bkk
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
-            "t_compute_us": per_sm * ktiles * t_mma, "t_smem_us": per_sm * ktiles * t_smem,
+            "t_compute_us": t_tensor, "t_smem_us": per_sm * ktiles * t_smem,
             "t_l2_us": per_sm * ktiles * t_load, "t_l2_all_us": t_l2_all, "t_dram_us": t_dram,
             "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": t_fill, "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]),
