@@ -38,6 +38,11 @@
 #   bash benchmarks/conv_round.sh l2bytes  # session 75's open question (either card): where the L2 bytes of the memory-bound
 #                                          # 1x1 GEMMs come from (ncu counted 221 MB through k6's L2 for ~77 MB of operands
 #                                          # and output): L2 sectors by source unit and node, DRAM bytes, for k6, k9, k26, k32
+#   bash benchmarks/conv_round.sh streamk  # session 76 (either card): stream-k with the tail part finishing its tile ([Note: the
+#                                          # tail finishes]): its GPU tests, memcheck and racecheck; the 3x3s s2-s4 by cost
+#                                          # and pinned to stream-k (benchmarks/conv_ab.py); bundles of the tree before
+#                                          # (ab_old/, compiled off the machine) against the same pins now (ab_new/), each
+#                                          # kernel alone; ResNet-50's 1x1 GEMM shapes by cost and pinned, beside cuBLAS
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -219,6 +224,24 @@ PY
         python3 -m aicf_run $W/r32.aicf --no-graph --input $W/resnet50_b32_inputs.npz --output-dir /tmp > "$OUT/ncu_l2.txt" 2>&1
     echo "ncu rc=$?"; grep -E "^  k[0-9]+ |Duration|bytes|sectors" "$OUT/ncu_l2.txt" | head -60
     ;;
+  streamk)
+    timeout 240 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py -k "stream" 2>&1 | tail -3 \
+        | tee "$OUT/tests.txt"
+    for tool in memcheck racecheck; do
+      timeout 100 compute-sanitizer --tool $tool python3 -m aicf_run ab_new/s3_sk128.aicf --no-graph --output-dir /tmp 2>&1 \
+          | tail -2 | tee "$OUT/$tool.txt"
+    done
+    for r in 1 2; do for b in s2_sk s2_sk128 s3_sk s3_sk128 s4_sk s4_sk128; do for v in old new; do
+      timeout 60 python3 -m aicf_run ab_$v/$b.aicf --profile 2>&1 | awk -v t="$b $v" '$2 ~ /^k[0-9]+$/ && $3 > 5 {print t, $0}'
+    done; done; done | tee "$OUT/old_new.txt"
+    for b in s3_dp_tl s3_sk128_tl s4_dp_tl s4_sk128_tl; do echo "## $b"
+      timeout 60 python3 -m aicf_run ab_new/$b.aicf --timeline 2>&1 | tail -12; done | tee "$OUT/timeline.txt"
+    timeout 200 python3 benchmarks/conv_ab.py --cases s2 s3 s4 --pins STREAM=1 STREAM=1,BM=128,BN=128 2>&1 | tee "$OUT/conv_ab.txt"
+    for pin in unit=wgmma STREAM=1; do
+      timeout 150 python3 benchmarks/gemm.py --precision fp16 --pin $pin --shape 1568x2048x512 --shape 1568x512x2048 \
+          --shape 6272x1024x256 --shape 1568x1024x512 --shape 6272x256x1024 --shape 3136x512x2048 2>&1 | tail -9
+    done | tee "$OUT/gemm.txt"
+    ;;
   verify)
     build_r32
     python3 -m aicfc explain $W/r32.aicf > "$OUT/explain_r32.txt" 2>&1
@@ -232,5 +255,5 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk" >&2; exit 2 ;;
 esac

@@ -688,6 +688,6 @@ STREAM_CONVS = [
 @pytest.mark.parametrize("case", STREAM_CONVS, ids=[c for c, _ in STREAM_CONVS])
 def test_gpu_conv_stream_k(case, a, pp, out, gpu_device):
     """Stream-k convolutions (every SM an even share of all tiles' k-blocks, partial tiles added by
-    each tile's last block) against numpy float64, with staged and register epilogues."""
+    the block holding each tile's tail) against numpy float64, with staged and register epilogues."""
     k = _pinned_conv_on_gpu(case, "pool", {"unit": "wgmma", "A": a, "PP": pp, "OUT": out, "STREAM": 1}, gpu_device)
     assert k["params"]["STREAM"] == 1 and k["params"]["CTAS"] == 132

@@ -103,3 +103,23 @@ def test_gather_round_trip_is_a_term():
     """The round-trip floor is reported as its own term, and it is what bounds a 3x3 k-block."""
     _, terms = predicted(MEASURED[1][1], MEASURED[1][2])
     assert terms["t_gather_round_us"] >= max(terms["t_l2_us"], terms["t_compute_us"], terms["t_gather_us"])
+
+
+# Stream-k 3x3 convolutions pinned on an H100 (session 76, benchmarks/results/stream_k_session76_h100.txt; each
+# kernel alone, `aicf-run --profile`): 128x128 tiles on 132 CTAs, measured us ([Note: stream-k's terms])
+STREAM_MEASURED = [
+    ("s2", (32, 128, 28, 28), (128, 128, 3, 3), 20.23),
+    ("s3", (32, 256, 14, 14), (256, 256, 3, 3), 19.22),
+    ("s4", (32, 512, 7, 7), (512, 512, 3, 3), 24.77),
+]
+
+
+@pytest.mark.parametrize("name,x,w,measured", STREAM_MEASURED, ids=[c[0] for c in STREAM_MEASURED])
+def test_stream_k_convolutions_cost_what_an_h100_measured(name, x, w, measured):
+    model = B.conv_model(x, w, bn=True, act="relu", pads=[1, 1, 1, 1], follow="pool")
+    pins = {"unit": "wgmma", "A": "tma", "STREAM": 1, "BM": 128, "BN": 128, "PP": 0, "NWG": 2, "STAGES": 5}
+    plan = run_pipeline(import_model(model, None), Options("sm_90", load_profile("sm_90"), "fp16",
+                                                           tuple((k, str(v)) for k, v in pins.items()))).plan
+    (k,) = [k for k in plan.kernels if k.family == "conv"]
+    assert k.schedule.param["STREAM"] == 1 and k.schedule.param["CTAS"] == 132
+    assert BAND[0] <= measured / k.schedule.time_us <= BAND[1], (measured, k.schedule.time_us)

@@ -421,7 +421,7 @@ def test_stream_k_offered_where_the_last_wave_is_short():
 @pytest.mark.parametrize("shape", [(1568, 2048, 512), (77, 1000, 72), (700, 512, 1000)], ids=["r50_s4", "small", "edges"])
 def test_wgmma_stream_k(shape, pp, precision, gpu_device):
     """Stream-k on two sets of fresh inputs, each compiled and run anew: tiles cut among blocks at
-    any k-block, partials added by the tile's last block, edges in M and N."""
+    any k-block, partials added by the block holding the tile's tail, edges in M and N."""
     model = gemm_transb_bias_relu(*shape, np.random.default_rng(8))
     for seed in (9, 10):
         try:

@@ -49,7 +49,7 @@ thread (MI·BN/2). CTAS = min(tiles, SMs).
 STREAM = 1 (stream-k): where the tiles leave the last wave short (`stream_ok`), every one of the
 SMs' blocks takes an even share of all tiles x KT k-blocks (block c from floor(c·total / CTAS)),
 cut at tile boundaries into work units; a tile cut among several blocks (`stream_parts` at most)
-goes through split-k's partials and ticket, its parts added in block order by the last to arrive.
+is finished by the block holding its tail ([Note: the tail finishes]).
 Correct on an H200 (tests/test_gemm_wgmma.py, tests/test_conv_wgmma.py: 20 GPU cases) but slower
 there than the data-parallel tiles on every shape measured: ResNet-50 B32's stage-4 1x1 GEMMs
 14.8-21.9 us against 9.2-13.8, its 3x3 convolutions 20.4-29.5 against 15.0-20.1
@@ -72,6 +72,28 @@ same call): ResNet-50 B32's 7x7x512 3x3 convolution pinned to stream-k 22.7-24.5
 6272x1024x256 and 1568x1024x512 13.7 / 16.1 / 14.1 / 11.7 us against 15.8 / 15.9 / 14.9 / 12.3; the data-parallel picks still run faster (16.8, 15.2, 9.3 us), so stream-k
 stays opt-in. What is left is not measured apart (the fixups' fence, ticket and partial reads at
 the end of every block).
+
+[Note: the tail finishes]
+A tile's parts ran through split-k's protocol: each part published its fp32 partial, fenced, took
+the tile's ticket, and the last to take it read every part back (its own included) and ran the
+epilogue, so every block fenced and waited on the ticket twice and wrote both of its partials.
+But which part finishes is known before the launch: a block runs its last unit (a tile's head)
+first and its first unit (the next tile's tail) second ([Note: stream-k in step]), so a tile's tail
+is the last of its parts to end. Now a part but the tail publishes its partial and counts itself
+in (thread 0 fences after a barrier over the consumers' stores, then adds one to the tile's
+counter) and goes on without waiting; the tail keeps its sums in registers, waits (thread 0,
+`ld.acquire.gpu`) until the parts before it have counted, adds theirs in split order (the same
+bits every run), zeroes the counter and runs the epilogue. A part only waits on blocks of lower
+index, which the GPU placed before it, and CTAS is at most the SMs: every block is resident. On an
+H100 (session 76, benchmarks/results/stream_k_session76_h100.txt, bundles of the tree before and
+after each kernel alone, two rounds): ResNet-50 B32's 3x3 convolutions pinned to stream-k 8-11%
+faster (28x28x128 22.7 -> 20.2-20.4 us, 14x14x256 21.3-21.4 -> 19.2, 7x7x512 26.8-26.9 -> 24.7-24.8
+on 128x128 tiles; 21.9-22.0 -> 19.9 and 27.0-27.1 -> 25.1-25.2 on 64x128 ping-pong tiles), still
+slower than the data-parallel tiles (16.3, 15.8, 18.5 us). The timeline's stamps (thread 0 of the
+14x14x256's blocks, `aicfc compile --timeline`) say why: the median block's k-blocks ran 0.39 us
+each where the 98 data-parallel tiles ran 0.32, 132 CTAs' boxes crossing the L2 at 10.6 TB/s, its
+partial's publication took 2.3 us (the fence behind its stores), the wait 0.5, the read back 1.3,
+the epilogue 0.8 ([Note: stream-k's terms] in planner/cost_wgmma.py).
 
 [Note: epilogue prefetch]
 An epilogue that reads a tensor of the output's size (a residual add: `gemm.extra_reads`) loads it

@@ -95,8 +95,8 @@ def with_params(k: Kernel, changes: dict[str, Any], types: Mapping[str, TensorTy
 
 # Schedule keys whose candidates only a --pin of that key makes eligible (the space keeps them, so explain
 # shows them with this reason): measured, correct, and slower than the default everywhere they were timed.
-OPT_IN = {"STREAM": "stream-k runs only under --pin STREAM=1: on an H200 it measured 1.4-1.6x slower than "
-                    "data-parallel tiles on every shape timed (benchmarks/results/stream_k_session16_h200.txt)",
+OPT_IN = {"STREAM": "stream-k runs only under --pin STREAM=1: on an H100 it measured 1.2-1.7x slower than "
+                    "data-parallel tiles on every shape timed (benchmarks/results/stream_k_session76_h100.txt)",
           "TILE": "window tiles run only under --pin NODE:TILE=1: on an H200 they measured 1.0-2.6x slower than the "
                   "direct window's runs on every depthwise convolution timed, MobileNetV2 and EfficientNet-B0 at B32 "
                   "(benchmarks/results/window_stem_session34_h200.txt)",

@@ -29,8 +29,9 @@ operand gathered instead of loaded by the TMA:
                  in shared memory and copied out in 16-byte chunks (OUT): whole sectors)
     t          = launch + load_latency + max(ceil(tiles·SPLITK / CTAS) · (KT/SPLITK·t_kblock + t_epilogue)
                  + t_reduce, t_dram)
-    stream-k   (STREAM = 1): the busiest block's share of all tiles' k-blocks, its epilogues and its
-                 two partial tiles, then the reduction (cost_wgmma.stream_k)
+    stream-k   (STREAM = 1): the busiest block's share of all tiles' k-blocks (each at least its boxes'
+                 share of the L2's whole traffic), its epilogues and the partial tile it publishes,
+                 then the tail's reduction (cost_wgmma.stream_k, [Note: stream-k's terms])
     split-k    (SPLITK > 1: a work unit is a tile's k-split, KT/SPLITK k-blocks): each unit's epilogue
                  also writes its fp32 partial tile, and the last split's reads of all of them plus
                  splitk_overhead_us (fence, ticket) are on the critical path once: the GEMM engine's

@@ -142,6 +142,7 @@ from aicfc.ir.types import ITEMSIZE
 from aicfc.planner.hardware import l2_share_gbs
 
 SPLITK_OVERHEAD_US = 4.0   # the last split's fence, ticket and reduction start (profile: splitk_overhead_us)
+STREAMK_SYNC_US = 2.0      # a stream-k part's fence before it counts in, and the tail's wait ([Note: stream-k's terms])
 # k-splits as a cluster (CL = 1): what one SM reads of its peers' shared memory, GB/s, and the two cluster barriers
 # with the ring's hand-over (profile: dsmem_gbs, cluster_split_sync_us). Fitted with [Note: the TMA's share of L2]
 # (session 26, an H200): 0.5 us and 150 GB/s called 32 of the 34 schedule pairs right, 1.0 and 100 33.
@@ -213,18 +214,28 @@ REG_STORE_GBS = 13.0     # GB/s an SM (profile: wgmma_reg_store_gbs)
 def stream_k(tiles: int, kt: int, ctas: int, bm: int, bn: int, t_kblock: float, t_epi: float, l2_sm: float,
              hw) -> tuple[float, float, float]:
     """Stream-k (STREAM = 1: every block an even share of all tiles x kt k-blocks, codegen/gemm_wgmma.py):
-    (the busiest block's time: its share of k-blocks, the epilogues it runs and its partial tiles'
-    writes; its share in tiles; the reduction on the critical path). A block's share cuts at most
-    two tiles, its first and its last, so it writes at most two fp32 partial tiles; a tile's last
-    block to arrive reads all of its parts back after a fence and a ticket (splitk_overhead_us, as
-    split-k) and runs its epilogue, so the tiles' epilogues spread over the blocks."""
+    (the busiest block's time: its share of k-blocks, the epilogues it runs and the partial tile it
+    publishes; its share in tiles; the tail's reduction on the critical path).
+
+    [Note: stream-k's terms]
+    Every SM streams boxes at once, so a k-block costs at least its boxes' share of the L2's whole
+    traffic (all CTAs' 128·(BM + BN) bytes over `l2_total_gbs`, or the L2's bandwidth where the profile
+    has no total). A block publishes at most one fp32 partial tile ([Note: the tail finishes] in
+    codegen/gemm_wgmma.py) and then waits for its stores before counting in (`streamk_sync_us`, with
+    the tail's wait for the others); the tail reads the parts - 1 others back. Fitted on an H100
+    (session 76, benchmarks/results/stream_k_session76_h100.txt): ResNet-50 B32's 14x14x256 3x3 pinned
+    to 128x128 stream-k tiles on 132 CTAs stamped (median block) its k-blocks at 0.39 us each where the
+    98 data-parallel tiles ran 0.32 (132 x 32 KB a k-block: 10.6 TB/s through the L2), its partial's
+    publication 2.3 us, the wait for the other parts 0.5, their partial read back 1.3, its epilogue 0.8."""
     share = math.ceil(tiles * kt / ctas)
-    t_share = share * t_kblock + math.ceil(tiles / ctas) * t_epi
+    l2_total = hw.data.get("l2_total_gbs") or hw.l2_bandwidth_gbs
+    t_kb = max(t_kblock, gemm_wgmma.ROW_BYTES * (bm + bn) * ctas / (l2_total * 1e3))
+    t_share = share * t_kb + math.ceil(tiles / ctas) * t_epi
     parts = gemm_wgmma.stream_parts(tiles, kt, ctas)
     if parts == 1:
         return t_share, share / kt, 0.0
     part = bm * bn * 4.0 / l2_sm
-    return t_share + 2 * part, share / kt, parts * part + hw.data.get("splitk_overhead_us", SPLITK_OVERHEAD_US)
+    return t_share + part, share / kt, (parts - 1) * part + hw.data.get("streamk_sync_us", STREAMK_SYNC_US)
 
 
 def tma_share_gbs(hw, ctas: int, units: int = 1) -> float:
