@@ -43,6 +43,11 @@
 #                                          # and pinned to stream-k (benchmarks/conv_ab.py); bundles of the tree before
 #                                          # (ab_old/, compiled off the machine) against the same pins now (ab_new/), each
 #                                          # kernel alone; ResNet-50's 1x1 GEMM shapes by cost and pinned, beside cuBLAS
+#   bash benchmarks/conv_round.sh prologue # session 76 (either card): the Hopper GEMM/convolution kernels' prologue before their
+#                                          # dependent-launch wait ([Note: the prologue before the wait]): ResNet-50 B32
+#                                          # compiled with the template before (ab_old/, swapped in) and after, A/B'd by
+#                                          # whole-plan replays; the new plan checked and profiled; the Hopper GEMM, convolution and cluster GPU tests; stream-k's bundles under memcheck
+#                                          # and racecheck (benchmarks/stream_k_bundles.py)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -242,6 +247,23 @@ PY
           --shape 6272x1024x256 --shape 1568x1024x512 --shape 6272x256x1024 --shape 3136x512x2048 2>&1 | tail -9
     done | tee "$OUT/gemm.txt"
     ;;
+  prologue)
+    python3 benchmarks/stream_k_bundles.py /tmp/skb > /dev/null
+    for c in s3 s4; do for tool in memcheck racecheck; do
+      timeout 100 compute-sanitizer --tool $tool python3 -m aicf_run /tmp/skb/${c}_sk128.aicf --no-graph \
+          --input /tmp/skb/${c}_in.npz --output-dir /tmp 2>&1 | tail -1 | sed "s/^/$c $tool: /"
+    done; done | tee "$OUT/sanitizer.txt"
+    build_r32
+    cp aicfc/templates/gemm_wgmma.cu.j2 /tmp/gemm_wgmma_new.cu.j2
+    cp ab_old/gemm_wgmma.cu.j2 aicfc/templates/gemm_wgmma.cu.j2
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
+    cp /tmp/gemm_wgmma_new.cu.j2 aicfc/templates/gemm_wgmma.cu.j2
+    timeout 150 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf after=$W/r32.aicf --rounds 7 2>&1 | tail -2 \
+        | tee "$OUT/ab_prologue.txt"
+    [ "${PROFILE:-1}" = 0 ] || profile r32
+    timeout 240 python3 -m pytest -m gpu -q -n 12 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py \
+        tests/test_gemm_wgmma_cluster.py 2>&1 | tail -2 | tee "$OUT/tests.txt"
+    ;;
   verify)
     build_r32
     python3 -m aicfc explain $W/r32.aicf > "$OUT/explain_r32.txt" 2>&1
@@ -255,5 +277,5 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue" >&2; exit 2 ;;
 esac

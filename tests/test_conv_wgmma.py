@@ -691,3 +691,37 @@ def test_gpu_conv_stream_k(case, a, pp, out, gpu_device):
     the block holding each tile's tail) against numpy float64, with staged and register epilogues."""
     k = _pinned_conv_on_gpu(case, "pool", {"unit": "wgmma", "A": a, "PP": pp, "OUT": out, "STREAM": 1}, gpu_device)
     assert k["params"]["STREAM"] == 1 and k["params"]["CTAS"] == 132
+
+
+@pytest.mark.gpu
+def test_gpu_conv_stream_k_runs_again(gpu_device):
+    """The tail part zeroes its tile's counter for the next run ([Note: the tail finishes]): one executor runs two
+    sets of fresh inputs with 50 graph replays between them, each checked against numpy float64, and the second
+    set again after more replays gives the same bits (the parts are added in split order)."""
+    import aicfc
+    from aicf_run.bundle import Bundle
+    from aicf_run.executor import Executor
+    from aicfc.ir.high import evaluate_graph
+    spec = dict(STREAM_CONVS[0][1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", follow="pool", **spec)
+    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"unit": "wgmma", "STREAM": 1})
+    assert any(k["params"].get("STREAM") == 1 for k in payload["kernels"] if k["family"] == "conv")
+    graph = import_model(model, None)
+    rng = np.random.default_rng(76)
+    ex = Executor(Bundle.from_payload(payload), gpu_device)
+    try:
+        ex.poison()
+        got = []
+        for _ in range(2):
+            inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+            want = evaluate_graph(graph, inputs, dtype=np.float64)
+            out = ex.run(inputs)
+            for name, r in want.items():
+                assert not np.isnan(out[name]).any() and rel_err(out[name], r) <= GPU_RTOL["fp16"], name
+            for _ in range(50):
+                ex.launch()
+            got.append((inputs, out))
+        again = ex.run(got[-1][0])
+        assert all(np.array_equal(again[n], got[-1][1][n]) for n in again)
+    finally:
+        ex.close()

@@ -95,6 +95,18 @@ each where the 98 data-parallel tiles ran 0.32, 132 CTAs' boxes crossing the L2 
 partial's publication took 2.3 us (the fence behind its stores), the wait 0.5, the read back 1.3,
 the epilogue 0.8 ([Note: stream-k's terms] in planner/cost_wgmma.py).
 
+[Note: the prologue before the wait]
+In a plan of dependent launches ([Note: PDL] in codegen/pdl.py) a kernel's entry waits until the
+kernel before it has completed; what comes before the entry runs while that kernel finishes, on
+the SMs it has already left. This family's prologue touches nothing another kernel writes: the
+ring's barriers in shared memory, the maps' fences and prefetches (written at load), the cluster's
+first barrier. So the template puts the entry (pdl.MARK) after it, and a block whose SM is free
+early (34 of 132 under a 98-tile grid) starts its first copies as soon as the wait returns. Measured
+on an H100 (session 76, benchmarks/results/prologue_session76_h100.txt): ResNet-50 B32's plan, the
+template before swapped in for the other bundle, 924.6 -> 914.2 us (7 alternating rounds, the
+same bits); each kernel alone, back to back, its 14x14x256 3x3s 14.96-15.27 us where session 75's
+profile on another H100 had 15.13-15.45.
+
 [Note: epilogue prefetch]
 An epilogue that reads a tensor of the output's size (a residual add: `gemm.extra_reads`) loads it
 from registers after the tile's last k-block, so where a tile has a single k-block (ResNet's 1x1
@@ -224,6 +236,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from aicfc.codegen import pdl
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.codegen.common import render
 from aicfc.codegen.tma import TensorMap
@@ -631,7 +644,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1], CL=p.get("CL", 0),
                   STREAM=p.get("STREAM", 0), MAXPARTS=stream_parts(total, math.ceil(parts["K"] / p["BK"]), p["CTAS"])
                   if p.get("STREAM") else 0,
-                  TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"),
+                  TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK,
                   prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (), copy_in=parts["copy_in"],
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 
