@@ -41,8 +41,9 @@
 #   bash benchmarks/conv_round.sh streamk  # session 76 (either card): stream-k with the tail part finishing its tile ([Note: the
 #                                          # tail finishes]): its GPU tests, memcheck and racecheck; the 3x3s s2-s4 by cost
 #                                          # and pinned to stream-k (benchmarks/conv_ab.py); bundles of the tree before
-#                                          # (ab_old/, compiled off the machine) against the same pins now (ab_new/), each
-#                                          # kernel alone; ResNet-50's 1x1 GEMM shapes by cost and pinned, beside cuBLAS
+#                                          # (ab_old/, benchmarks/stream_k_bundles.py run there) against the same pins now,
+#                                          # each kernel alone, and stamped (--timeline); ResNet-50's 1x1 GEMM shapes by
+#                                          # cost and pinned, beside cuBLAS
 #   bash benchmarks/conv_round.sh prologue # session 76 (either card): the Hopper GEMM/convolution kernels' prologue before their
 #                                          # dependent-launch wait ([Note: the prologue before the wait]): ResNet-50 B32
 #                                          # compiled with the template before (ab_old/, swapped in) and after, A/B'd by
@@ -230,17 +231,21 @@ PY
     echo "ncu rc=$?"; grep -E "^  k[0-9]+ |Duration|bytes|sectors" "$OUT/ncu_l2.txt" | head -60
     ;;
   streamk)
+    # ab_old/: `python3 benchmarks/stream_k_bundles.py ab_old` run at the tree before (carried); the same bundles now, and
+    # with --timeline's stamps
     timeout 240 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py -k "stream" 2>&1 | tail -3 \
         | tee "$OUT/tests.txt"
+    python3 benchmarks/stream_k_bundles.py /tmp/skb > /dev/null
+    python3 benchmarks/stream_k_bundles.py /tmp/skb_tl --timeline > /dev/null
     for tool in memcheck racecheck; do
-      timeout 100 compute-sanitizer --tool $tool python3 -m aicf_run ab_new/s3_sk128.aicf --no-graph --output-dir /tmp 2>&1 \
-          | tail -2 | tee "$OUT/$tool.txt"
+      timeout 100 compute-sanitizer --tool $tool python3 -m aicf_run /tmp/skb/s3_sk128.aicf --no-graph \
+          --input /tmp/skb/s3_in.npz --output-dir /tmp 2>&1 | tail -1 | tee -a "$OUT/sanitizer.txt"
     done
-    for r in 1 2; do for b in s2_sk s2_sk128 s3_sk s3_sk128 s4_sk s4_sk128; do for v in old new; do
-      timeout 60 python3 -m aicf_run ab_$v/$b.aicf --profile 2>&1 | awk -v t="$b $v" '$2 ~ /^k[0-9]+$/ && $3 > 5 {print t, $0}'
-    done; done; done | tee "$OUT/old_new.txt"
-    for b in s3_dp_tl s3_sk128_tl s4_dp_tl s4_sk128_tl; do echo "## $b"
-      timeout 60 python3 -m aicf_run ab_new/$b.aicf --timeline 2>&1 | tail -12; done | tee "$OUT/timeline.txt"
+    if [ -d ab_old ]; then for r in 1 2; do for b in s2 s3 s4; do for v in ab_old /tmp/skb; do
+      timeout 60 python3 -m aicf_run $v/${b}_sk128.aicf --profile 2>&1 | awk -v t="$b $v" '$2 ~ /^k[0-9]+$/ && $3 > 5 {print t, $0}'
+    done; done; done | tee "$OUT/old_new.txt"; fi
+    for b in s3 s4; do echo "## $b"
+      timeout 60 python3 -m aicf_run /tmp/skb_tl/${b}_sk128.aicf --timeline 2>&1 | tail -12; done | tee "$OUT/timeline.txt"
     timeout 200 python3 benchmarks/conv_ab.py --cases s2 s3 s4 --pins STREAM=1 STREAM=1,BM=128,BN=128 2>&1 | tee "$OUT/conv_ab.txt"
     for pin in unit=wgmma STREAM=1; do
       timeout 150 python3 benchmarks/gemm.py --precision fp16 --pin $pin --shape 1568x2048x512 --shape 1568x512x2048 \
