@@ -50,7 +50,7 @@ STREAM = 1 (stream-k): where the tiles leave the last wave short (`stream_ok`), 
 SMs' blocks takes an even share of all tiles x KT k-blocks (block c from floor(c·total / CTAS)),
 cut at tile boundaries into work units; a tile cut among several blocks (`stream_parts` at most)
 is finished by the block holding its tail ([Note: the tail finishes]).
-Correct on an H200 (tests/test_gemm_wgmma.py, tests/test_conv_wgmma.py: 20 GPU cases) but slower
+Correct on an H200 and an H100 (tests/test_gemm_wgmma.py, tests/test_conv_wgmma.py: 20 GPU cases) but slower
 there than the data-parallel tiles on every shape measured: ResNet-50 B32's stage-4 1x1 GEMMs
 14.8-21.9 us against 9.2-13.8, its 3x3 convolutions 20.4-29.5 against 15.0-20.1
 (benchmarks/results/stream_k_session16_h200.txt). So it runs only under `--pin STREAM=1`
@@ -77,9 +77,10 @@ the end of every block).
 A tile's parts ran through split-k's protocol: each part published its fp32 partial, fenced, took
 the tile's ticket, and the last to take it read every part back (its own included) and ran the
 epilogue, so every block fenced and waited on the ticket twice and wrote both of its partials.
-But which part finishes is known before the launch: a block runs its last unit (a tile's head)
-first and its first unit (the next tile's tail) second ([Note: stream-k in step]), so a tile's tail
-is the last of its parts to end. Now a part but the tail publishes its partial and counts itself
+But which part can finish is known before the launch: a block runs its last unit (a tile's head)
+first and its first unit (the previous tile's tail) second ([Note: stream-k in step]), so a tile's
+head ends early in its block and its tail late in the next; a part between them (where a tile spans
+three or more blocks) is a block's whole share and ends with it. Now a part but the tail publishes its partial and counts itself
 in (thread 0 fences after a barrier over the consumers' stores, then adds one to the tile's
 counter) and goes on without waiting; the tail keeps its sums in registers, waits (thread 0,
 `ld.acquire.gpu`) until the parts before it have counted, adds theirs in split order (the same
