@@ -68,6 +68,15 @@ profile() {
   python3 benchmarks/conv_profile_summary.py "$OUT/profile_$1.txt" 2>&1 | tail -3   # it reads the line above
   grep -E "^\s+[01]\s+k|whole plan" "$OUT/profile_$1.txt"
 }
+# sanitize_stream_k CASE...: stream-k bundles (benchmarks/stream_k_bundles.py, built into /tmp/skb) under memcheck and
+# racecheck, one run each, the summaries into $OUT/sanitizer.txt
+sanitize_stream_k() {
+  python3 benchmarks/stream_k_bundles.py /tmp/skb > /dev/null
+  for c in "$@"; do for tool in memcheck racecheck; do
+    timeout 100 compute-sanitizer --tool $tool python3 -m aicf_run /tmp/skb/${c}_sk128.aicf --no-graph \
+        --input /tmp/skb/${c}_in.npz --output-dir /tmp 2>&1 | tail -1 | sed "s/^/$c $tool: /"
+  done; done | tee "$OUT/sanitizer.txt"
+}
 case "${1:-}" in
   unfold)
     ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
@@ -235,12 +244,8 @@ PY
     # with --timeline's stamps
     timeout 240 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py -k "stream" 2>&1 | tail -3 \
         | tee "$OUT/tests.txt"
-    python3 benchmarks/stream_k_bundles.py /tmp/skb > /dev/null
+    sanitize_stream_k s3
     python3 benchmarks/stream_k_bundles.py /tmp/skb_tl --timeline > /dev/null
-    for tool in memcheck racecheck; do
-      timeout 100 compute-sanitizer --tool $tool python3 -m aicf_run /tmp/skb/s3_sk128.aicf --no-graph \
-          --input /tmp/skb/s3_in.npz --output-dir /tmp 2>&1 | tail -1 | tee -a "$OUT/sanitizer.txt"
-    done
     if [ -d ab_old ]; then for r in 1 2; do for b in s2 s3 s4; do for v in ab_old /tmp/skb; do
       timeout 60 python3 -m aicf_run $v/${b}_sk128.aicf --profile 2>&1 | awk -v t="$b $v" '$2 ~ /^k[0-9]+$/ && $3 > 5 {print t, $0}'
     done; done; done | tee "$OUT/old_new.txt"; fi
@@ -253,11 +258,7 @@ PY
     done | tee "$OUT/gemm.txt"
     ;;
   prologue)
-    python3 benchmarks/stream_k_bundles.py /tmp/skb > /dev/null
-    for c in s3 s4; do for tool in memcheck racecheck; do
-      timeout 100 compute-sanitizer --tool $tool python3 -m aicf_run /tmp/skb/${c}_sk128.aicf --no-graph \
-          --input /tmp/skb/${c}_in.npz --output-dir /tmp 2>&1 | tail -1 | sed "s/^/$c $tool: /"
-    done; done | tee "$OUT/sanitizer.txt"
+    sanitize_stream_k s3 s4
     build_r32
     cp aicfc/templates/gemm_wgmma.cu.j2 /tmp/gemm_wgmma_new.cu.j2
     cp ab_old/gemm_wgmma.cu.j2 aicfc/templates/gemm_wgmma.cu.j2
