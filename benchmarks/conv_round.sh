@@ -47,8 +47,9 @@
 #   bash benchmarks/conv_round.sh prologue # session 76 (either card): the Hopper GEMM/convolution kernels' prologue before their
 #                                          # dependent-launch wait ([Note: the prologue before the wait]): ResNet-50 B32
 #                                          # compiled with the template before (ab_old/, swapped in) and after, A/B'd by
-#                                          # whole-plan replays; the new plan checked and profiled; the Hopper GEMM, convolution and cluster GPU tests; stream-k's bundles under memcheck
-#                                          # and racecheck (benchmarks/stream_k_bundles.py)
+#                                          # whole-plan replays; the new plan checked and profiled (PROFILE=0: not); the
+#                                          # Hopper GEMM, convolution and cluster GPU tests; stream-k's bundles under
+#                                          # memcheck and racecheck (benchmarks/stream_k_bundles.py)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
