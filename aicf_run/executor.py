@@ -450,10 +450,13 @@ class Executor:
                            f"which {mine} would read as its inputs; run plan {mine} once on its own inputs first "
                            f"(run(inputs, plan={mine!r})), then time it")
 
-    def launch_kernel(self, index: int) -> None:
-        """Enqueue kernel `index` of the plan alone on the stream (for profiling); no sync."""
+    def launch_kernel(self, index: int, plain: bool = False) -> None:
+        """Enqueue kernel `index` of the plan alone on the stream (for profiling); no sync. `plain`: without the
+        dependent-launch attribute the plan gives it (its `griddepcontrol.wait` then returns at once), as
+        `aicfc tune` launches candidates."""
         self._check_open()
-        self._enqueue(self._launches[index])
+        launch = self._launches[index]
+        self._enqueue(dataclasses.replace(launch, dependent=None) if plain else launch)
 
     def kernel_pointers(self, index: int) -> tuple[int, ...] | None:
         """The device addresses kernel `index` is launched with, one per entry of its `args`; None for a

@@ -44,6 +44,14 @@
 #                                          # (ab_old/, benchmarks/stream_k_bundles.py run there) against the same pins now,
 #                                          # each kernel alone, and stamped (--timeline); ResNet-50's 1x1 GEMM shapes by
 #                                          # cost and pinned, beside cuBLAS
+#   bash benchmarks/conv_round.sh pdl      # session 77 (either card): ResNet-50 B32's wgmma kernels alone as the plan launches
+#                                          # them (dependent) and plainly (benchmarks/pdl_alone.py); `aicfc tune` of two 3x3s
+#                                          # (plain launches, random inputs); the plan's timeline (phases of every block)
+#                                          # and profile
+#   bash benchmarks/conv_round.sh late4    # session 77 (either card): [Note: the trigger as the blocks exit]'s GPU tests; ResNet-50
+#                                          # B32 and B1, BERT-base and GPT-2 B8 S512 with the rule, without (--pin late=0)
+#                                          # and with every kernel late, A/B'd; ResNet-50 B32 profiled; the 4-layer Llama
+#                                          # B1 decode plan with and without; ResNet-50 against torch.compile
 #   bash benchmarks/conv_round.sh prologue # session 76 (either card): the Hopper GEMM/convolution kernels' prologue before their
 #                                          # dependent-launch wait ([Note: the prologue before the wait]): ResNet-50 B32
 #                                          # compiled with the template before (ab_old/, swapped in) and after, A/B'd by
@@ -258,6 +266,90 @@ PY
           --shape 6272x1024x256 --shape 1568x1024x512 --shape 6272x256x1024 --shape 3136x512x2048 2>&1 | tail -9
     done | tee "$OUT/gemm.txt"
     ;;
+  pdl)
+    build_r32
+    timeout 240 python3 benchmarks/pdl_alone.py $W/r32.aicf --input $W/resnet50_b32_inputs.npz --rounds 3 2>&1 \
+        | tee "$OUT/pdl_alone.txt"
+    timeout 200 python3 -m aicfc tune $W/resnet50_b32.onnx --target sm_90 --precision fp16 --top 2 --spread 0 \
+        --kernel node_Conv_841 --kernel node_Conv_802 > "$OUT/tune.txt" 2>&1
+    echo "tune rc=$?"; grep -E "^k|\*|\+" "$OUT/tune.txt" | head -12
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --precision fp16 -q --timeline
+    timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --input $W/resnet50_b32_inputs.npz > "$OUT/timeline.txt" 2>&1
+    echo "timeline rc=$?"; tail -3 "$OUT/timeline.txt"
+    profile r32
+    ;;
+  late)
+    # the wgmma kernels triggering only as their blocks exit (AICF_PDL_LATE, an experiment's switch) against the plan
+    build_r32
+    AICF_PDL_LATE=wgmma python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_late.aicf --target sm_90 --precision fp16 -q
+    for b in r32 r32_late; do echo "## $b"
+      timeout 200 python3 benchmarks/pdl_alone.py $W/$b.aicf --input $W/resnet50_b32_inputs.npz --rounds 3 2>&1; done \
+        | tee "$OUT/pdl_late.txt" | awk '$4 < 0.97 || $4 > 1.03 || /##/'
+    timeout 150 python3 benchmarks/plan_ab.py base=$W/r32.aicf late=$W/r32_late.aicf --rounds 7 2>&1 | tail -3 \
+        | tee "$OUT/ab_late.txt"
+    ;;
+  late2)
+    # AICF_PDL_LATE (an experiment's switch) on more models: base, the wgmma kernels late, every kernel late
+    for c in ${CASES:-resnet50:32 resnet50:1 bert:8x512 gpt2:8x512}; do
+      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
+      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
+      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q &&
+        AICF_PDL_LATE=wgmma python3 -m aicfc compile $W/$n.onnx -o $W/${n}_lw.aicf --target sm_90 --precision fp16 -q &&
+        AICF_PDL_LATE=all python3 -m aicfc compile $W/$n.onnx -o $W/${n}_la.aicf --target sm_90 --precision fp16 -q \
+        || { echo "compile $c failed"; continue; }
+      echo "## $c"
+      timeout 150 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late_wgmma=$W/${n}_lw.aicf late_all=$W/${n}_la.aicf \
+          --rounds ${ROUNDS:-5} 2>&1 | tail -3
+    done | tee "$OUT/ab_late2.txt"
+    ;;
+  late3)
+    timeout 200 python3 -m pytest -m gpu -q -n 4 tests/test_late_trigger.py tests/test_pdl.py tests/test_early_trigger.py \
+        tests/test_work_before_wait.py 2>&1 | tail -2 | tee "$OUT/tests_late.txt"
+    # AICF_PDL_LATE (an experiment's switch): base; one-wave grids late where the next kernel has no work before its
+    # wait; every kernel late; the wgmma kernels late. Then the 4-layer Llama B1 decode plan, base against onewave
+    for c in ${CASES:-resnet50:32 resnet50:1 bert:8x512 gpt2:8x512}; do
+      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
+      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
+      for v in base:- onewave:- all:all wgmma:wgmma; do
+        AICF_PDL_LATE=${v#*:} python3 -m aicfc compile $W/$n.onnx -o $W/${n}_${v%%:*}.aicf --target sm_90 \
+            --precision fp16 -q $([ ${v%%:*} = onewave ] || echo --pin late=0) || echo "compile $c $v failed"; done
+      echo "## $c"
+      timeout 200 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf onewave=$W/${n}_onewave.aicf \
+          late_all=$W/${n}_all.aicf late_wgmma=$W/${n}_wgmma.aicf --rounds ${ROUNDS:-5} 2>&1 | tail -4
+    done | tee "$OUT/ab_late3.txt"
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --compile-only --folder /tmp/b1 --jobs 16 \
+        --variant base:pin.late=0 --variant onewave: 2>&1 | tail -2
+    timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --rounds 5 --folder /tmp/b1 --jobs 16 \
+        --bundle base=/tmp/b1/base.aicf --bundle onewave=/tmp/b1/onewave.aicf 2>&1 | grep -v "decode gemvs" \
+        | tee "$OUT/decode_late3.txt" | tail -6
+    ;;
+  late4)
+    # session 77's rule (passes/late_trigger.py) checked: its GPU tests; plans compiled with it (the default), without
+    # it (--pin late=0) and with every kernel late (AICF_PDL_LATE=all), A/B'd; ResNet-50 B32 profiled; the 4-layer
+    # Llama B1 decode plan with and without it; ResNet-50 against torch.compile
+    timeout 150 python3 -m pytest -m gpu -q -n 4 tests/test_late_trigger.py tests/test_pdl.py 2>&1 | tail -2 \
+        | tee "$OUT/tests_late.txt"
+    for c in ${CASES:-resnet50:32 resnet50:1 bert:8x512 gpt2:8x512}; do
+      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
+      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
+      for v in base:- late:- all:all; do
+        AICF_PDL_LATE=${v#*:} python3 -m aicfc compile $W/$n.onnx -o $W/${n}_${v%%:*}.aicf --target sm_90 \
+            --precision fp16 -q $([ ${v%%:*} = late ] || echo --pin late=0) || echo "compile $c $v failed"; done
+      echo "## $c"
+      timeout 150 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late=$W/${n}_late.aicf all=$W/${n}_all.aicf \
+          --rounds ${ROUNDS:-5} 2>&1 | tail -3
+    done | tee "$OUT/ab_late.txt"
+    cp $W/resnet50_b32_late.aicf $W/r32.aicf; profile r32
+    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --compile-only --folder /tmp/b1 --jobs 16 \
+        --variant base:pin.late=0 --variant late: 2>&1 | tail -2
+    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --rounds 5 --folder /tmp/b1 --jobs 16 \
+        --bundle base=/tmp/b1/base.aicf --bundle late=/tmp/b1/late.aicf 2>&1 | grep -v "decode gemvs" \
+        | tee "$OUT/decode_late.txt" | tail -4
+    timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
+    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
   prologue)
     sanitize_stream_k s3 s4
     build_r32
@@ -284,5 +376,5 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|late2|late3|late4" >&2; exit 2 ;;
 esac

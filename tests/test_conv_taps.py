@@ -54,7 +54,9 @@ def test_taps_is_picked_for_resnet_stage1_3x3_at_b32():
     plan = _plan(_model((32, 64, 56, 56)))
     k = _conv(plan)
     assert conv_taps.why_not(k, plan) is None
-    assert k.schedule.param == {"unit": "taps", "dtype": "f16", "NCONS": 3, "CTAS": 132}
+    # (TL: its entry's trigger as its blocks exit, passes/late_trigger.py, not a key of its schedule)
+    assert {key: v for key, v in k.schedule.param.items() if key != "TL"} == {"unit": "taps", "dtype": "f16", "NCONS": 3,
+                                                                                "CTAS": 132}
     assert 14.0 < k.schedule.time_us < 16.0
     beaten = [c.predicted_time_us for c in k.schedule.candidates if c.predicted_time_us and dict(c.params).get("unit") == "wgmma"]
     assert beaten and min(beaten) > k.schedule.time_us

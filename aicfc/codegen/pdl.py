@@ -73,7 +73,9 @@ sit there waiting: those blocks trigger only in the last wave, `aicf_pdl_entry(f
 the first linear block index of the last wave (blocks are dispatched in linear order; a block
 before it triggers implicitly when it exits). The next launch then overlaps the last wave alone.
 `trigger_from` computes it from the schedule's grid and the blocks an SM holds
-(planner/hardware.blocks_per_sm); one wave or less gives 0, a trigger at entry.
+(planner/hardware.blocks_per_sm); one wave or less gives 0, a trigger at entry, unless the kernel's
+TL = 1 (passes/late_trigger.py, [Note: the trigger as the blocks exit]): where the next kernel has no work
+before its wait, a one-wave grid lets it launch only as its own blocks exit (the trigger block past its last).
 
 The wait is a no-op for a kernel launched without the attribute (the first of a plan, one
 launched alone to profile it, the interface casts), so the same cubin runs either way. The
@@ -82,6 +84,8 @@ kernel and read by the executor (aicf_run/pdl.py); `aicfc compile --no-pdl` keep
 """
 from __future__ import annotations
 
+import math
+import os
 import re
 
 from aicfc.errors import AicfError
@@ -155,8 +159,19 @@ def entries(kernels, launch: str, hw: Profile) -> list[int]:
     plain launches, where nothing triggers)."""
     if launch != DEPENDENT:
         return [0] * len(kernels)
-    return [trigger_from(k.schedule.grid, k.schedule.block, k.schedule.smem_bytes, k.schedule.registers, hw)
-            for k in kernels]
+    # an experiment's switch (session 77): the units named in AICF_PDL_LATE trigger only as their blocks exit
+    # ("all": every kernel; "onewave": a grid of one wave whose next kernel does no work before its wait)
+    late = [u for u in os.environ.get("AICF_PDL_LATE", "").split(",") if u]
+    out = []
+    for i, k in enumerate(kernels):
+        start = trigger_from(k.schedule.grid, k.schedule.block, k.schedule.smem_bytes, k.schedule.registers, hw)
+        nxt = kernels[i + 1].schedule.param if i + 1 < len(kernels) else {}
+        early_work = nxt.get("unit") == "gemv" or any(nxt.get(key) for key in ("PRE", "EPRE", "AHEAD", "PF", "TF"))
+        if (k.schedule.param.get("TL") or "all" in late or k.schedule.param.get("unit") in late
+                or ("onewave" in late and start == 0 and not early_work)):
+            start = math.prod(k.schedule.grid)
+        out.append(start)
+    return out
 
 
 def entry_site(source: str, name: str) -> tuple[int, int, int]:

@@ -35,6 +35,7 @@ from aicfc.passes.merge_contractions import merge_contractions
 from aicfc.passes.attention_room import attention_room
 from aicfc.passes.early_epilogue import early_epilogue
 from aicfc.passes.early_trigger import early_trigger
+from aicfc.passes.late_trigger import late_trigger
 from aicfc.passes.gemv_room import gemv_room
 from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.tail_steps import tail_steps
@@ -108,6 +109,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("work_before_wait", "decision", "decision", lambda p, o: work_before_wait(p, o.profile, dict(o.pin))),
     Stage("early_trigger", "decision", "decision", lambda p, o: early_trigger(p, o.profile, dict(o.pin))),
     Stage("join_launches", "decision", "decision", lambda p, o: join_launches(p, o.profile, dict(o.pin), o.check)),
+    Stage("late_trigger", "decision", "decision", lambda p, o: late_trigger(p, o.profile, dict(o.pin))),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
@@ -172,6 +174,8 @@ assert _ORDER.index("attention_room") < _ORDER.index("work_before_wait") < _ORDE
 # kernels in order: the role writes only after every block of the kernel before has published, and what it reads
 # before that (weights, early epilogue operands) lives until the role.
 assert _ORDER.index("early_trigger") < _ORDER.index("join_launches") < _ORDER.index("plan_memory")
+# late_trigger reads every kernel's final entry (AHEAD, TF, a gemv's PRE and PF) and the joined launches
+assert _ORDER.index("join_launches") < _ORDER.index("late_trigger") < _ORDER.index("plan_memory")
 # pool_epilogue merges a convolution whose layout (channels_last) and stem rows (unfold_taps) are decided,
 # before relayout_weights lays out its filter and plan_schedules plans the merged kernel.
 assert (_ORDER.index("channels_last") < _ORDER.index("unfold_taps") < _ORDER.index("pool_epilogue")
