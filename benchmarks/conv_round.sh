@@ -350,6 +350,30 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
+  late5)
+    # the rule restricted to boundaries between convolution, GEMM and pointwise kernels: its GPU tests; the default
+    # against --pin late=0, each case A/B'd as it is built; then ResNet-50 B32 profiled
+    timeout 100 python3 -m pytest -m gpu -q -n 4 tests/test_late_trigger.py tests/test_pdl.py 2>&1 | tail -1 \
+        | tee "$OUT/tests_late.txt"
+    for c in resnet50:32 llama gpt2:8x512 resnet50:1; do
+      if [ $c = llama ]; then
+        python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
+        timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --compile-only --folder /tmp/b1 --jobs 16 \
+            --variant base:pin.late=0 --variant late: 2>&1 | tail -1
+        timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --rounds 5 --folder /tmp/b1 --jobs 16 \
+            --bundle base=/tmp/b1/base.aicf --bundle late=/tmp/b1/late.aicf 2>&1 | grep -v "decode gemvs" | tail -3
+        continue
+      fi
+      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
+      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
+      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q --pin late=0 &&
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_late.aicf --target sm_90 --precision fp16 -q \
+        || { echo "compile $c failed"; continue; }
+      echo "## $c"
+      timeout 150 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late=$W/${n}_late.aicf --rounds 7 2>&1 | tail -2
+    done 2>&1 | tee "$OUT/ab_late5.txt"
+    cp $W/resnet50_b32_late.aicf $W/r32.aicf; profile r32
+    ;;
   prologue)
     sanitize_stream_k s3 s4
     build_r32
@@ -376,5 +400,5 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|late2|late3|late4" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|late2|late3|late4|late5" >&2; exit 2 ;;
 esac

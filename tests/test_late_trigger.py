@@ -18,6 +18,7 @@ from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
 from tests.test_l2_fill import wide
 from tests.test_pdl import chain_model
+from tests.test_planner import two_matmuls
 from tests.test_row_scale import decode_shapes
 from tests.test_state import plan_of
 
@@ -27,7 +28,7 @@ def _records(plan):
 
 
 def test_one_wave_kernels_trigger_as_their_blocks_exit():
-    plan = plan_of(chain_model(), {})
+    plan = plan_of(two_matmuls(256, 256), {})
     kernels, hw = list(plan.kernels), load_profile("sm_90")
     late = [i for i, k in enumerate(kernels) if lt.triggers_late(k)]
     assert late, [(k.name, k.schedule.grid) for k in kernels]
@@ -45,7 +46,7 @@ def test_one_wave_kernels_trigger_as_their_blocks_exit():
 
 
 def test_the_bundle_records_the_trigger_the_source_has():
-    payload = aicfc.compile(chain_model(), target="sm_90")
+    payload = aicfc.compile(two_matmuls(256, 256), target="sm_90")
     late = [k for k in payload["kernels"] if k["params"].get("TL")]
     assert late
     for k in late:
@@ -54,14 +55,23 @@ def test_the_bundle_records_the_trigger_the_source_has():
 
 
 def test_late_pin_turns_the_rule_off():
-    plan = plan_of(chain_model(), {}, pin={"late": "0"})
+    plan = plan_of(two_matmuls(256, 256), {}, pin={"late": "0"})
     assert not any(lt.triggers_late(k) for k in plan.kernels) and not _records(plan)
     with pytest.raises(AicfError, match="late"):
-        plan_of(chain_model(), {}, pin={"late": "2"})
+        plan_of(two_matmuls(256, 256), {}, pin={"late": "2"})
+
+
+def test_only_between_convolution_gemm_and_pointwise_kernels():
+    """An attention-like kernel and a row pass (LayerNormalization): their boundaries keep the entry's trigger."""
+    plan = plan_of(chain_model(), {})
+    kernels, hw = list(plan.kernels), load_profile("sm_90")
+    for i, k in enumerate(kernels[:-1]):
+        if {k.family, kernels[i + 1].family} - set(lt.FAMILIES):
+            assert not lt.triggers_late(k) and "kernel (measured" in lt.why_not(kernels, i, hw)
 
 
 def test_no_late_trigger_without_dependent_launches():
-    payload = aicfc.compile(chain_model(), target="sm_80")
+    payload = aicfc.compile(two_matmuls(256, 256), target="sm_80")
     assert not any(k["params"].get("TL") for k in payload["kernels"])
 
 
@@ -100,11 +110,11 @@ def test_a_grid_of_several_waves_keeps_its_last_wave_trigger():
 
 @pytest.mark.gpu
 def test_gpu_late_triggers_match_early_ones_and_onnxruntime(gpu_device):
-    """ResNet-50's stage-3 3x3 (BN, ReLU) then a max pool: the Hopper convolution triggers as its blocks exit."""
+    """ResNet-50's stage-3 3x3 (BN, ReLU) then a 1x1 convolution: the 3x3 triggers as its blocks exit."""
     from aicf_run.bundle import Bundle
     from aicf_run.executor import Executor
     from benchmarks.light_models import onnxruntime_reference
-    model = B.conv_model((32, 256, 14, 14), (256, 256, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1], follow="pool")
+    model = B.conv_model((32, 256, 14, 14), (256, 256, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1], follow=256)
     x = np.random.default_rng(77).standard_normal((32, 256, 14, 14)).astype(np.float32)
     name = model.graph.input[0].name
     outputs = {}
