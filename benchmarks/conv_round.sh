@@ -48,16 +48,9 @@
 #                                          # them (dependent) and plainly (benchmarks/pdl_alone.py); `aicfc tune` of two 3x3s
 #                                          # (plain launches, random inputs); the plan's timeline (phases of every block)
 #                                          # and profile
-#   bash benchmarks/conv_round.sh late4    # session 77 (either card): [Note: the trigger as the blocks exit]'s GPU tests; ResNet-50
-#                                          # B32 and B1, BERT-base and GPT-2 B8 S512 with the rule, without (--pin late=0)
-#                                          # and with every kernel late, A/B'd; ResNet-50 B32 profiled; the 4-layer Llama
-#                                          # B1 decode plan with and without; ResNet-50 against torch.compile
-#   bash benchmarks/conv_round.sh prologue # session 76 (either card): the Hopper GEMM/convolution kernels' prologue before their
-#                                          # dependent-launch wait ([Note: the prologue before the wait]): ResNet-50 B32
-#                                          # compiled with the template before (ab_old/, swapped in) and after, A/B'd by
-#                                          # whole-plan replays; the new plan checked and profiled (PROFILE=0: not); the
-#                                          # Hopper GEMM, convolution and cluster GPU tests; stream-k's bundles under
-#                                          # memcheck and racecheck (benchmarks/stream_k_bundles.py)
+#   bash benchmarks/conv_round.sh late     # session 77 (either card): [Note: the trigger as the blocks exit]'s GPU tests; ResNet-50
+#                                          # B32 and B1, GPT-2 B8 S512 and the 4-layer Llama B1 decoder (prefill and decode)
+#                                          # with the rule and without (--pin late=0), A/B'd; ResNet-50 B32 profiled
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -279,78 +272,6 @@ PY
     profile r32
     ;;
   late)
-    # the wgmma kernels triggering only as their blocks exit (AICF_PDL_LATE, an experiment's switch) against the plan
-    build_r32
-    AICF_PDL_LATE=wgmma python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_late.aicf --target sm_90 --precision fp16 -q
-    for b in r32 r32_late; do echo "## $b"
-      timeout 200 python3 benchmarks/pdl_alone.py $W/$b.aicf --input $W/resnet50_b32_inputs.npz --rounds 3 2>&1; done \
-        | tee "$OUT/pdl_late.txt" | awk '$4 < 0.97 || $4 > 1.03 || /##/'
-    timeout 150 python3 benchmarks/plan_ab.py base=$W/r32.aicf late=$W/r32_late.aicf --rounds 7 2>&1 | tail -3 \
-        | tee "$OUT/ab_late.txt"
-    ;;
-  late2)
-    # AICF_PDL_LATE (an experiment's switch) on more models: base, the wgmma kernels late, every kernel late
-    for c in ${CASES:-resnet50:32 resnet50:1 bert:8x512 gpt2:8x512}; do
-      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
-      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
-      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q &&
-        AICF_PDL_LATE=wgmma python3 -m aicfc compile $W/$n.onnx -o $W/${n}_lw.aicf --target sm_90 --precision fp16 -q &&
-        AICF_PDL_LATE=all python3 -m aicfc compile $W/$n.onnx -o $W/${n}_la.aicf --target sm_90 --precision fp16 -q \
-        || { echo "compile $c failed"; continue; }
-      echo "## $c"
-      timeout 150 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late_wgmma=$W/${n}_lw.aicf late_all=$W/${n}_la.aicf \
-          --rounds ${ROUNDS:-5} 2>&1 | tail -3
-    done | tee "$OUT/ab_late2.txt"
-    ;;
-  late3)
-    timeout 200 python3 -m pytest -m gpu -q -n 4 tests/test_late_trigger.py tests/test_pdl.py tests/test_early_trigger.py \
-        tests/test_work_before_wait.py 2>&1 | tail -2 | tee "$OUT/tests_late.txt"
-    # AICF_PDL_LATE (an experiment's switch): base; one-wave grids late where the next kernel has no work before its
-    # wait; every kernel late; the wgmma kernels late. Then the 4-layer Llama B1 decode plan, base against onewave
-    for c in ${CASES:-resnet50:32 resnet50:1 bert:8x512 gpt2:8x512}; do
-      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
-      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
-      for v in base:- onewave:- all:all wgmma:wgmma; do
-        AICF_PDL_LATE=${v#*:} python3 -m aicfc compile $W/$n.onnx -o $W/${n}_${v%%:*}.aicf --target sm_90 \
-            --precision fp16 -q $([ ${v%%:*} = onewave ] || echo --pin late=0) || echo "compile $c $v failed"; done
-      echo "## $c"
-      timeout 200 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf onewave=$W/${n}_onewave.aicf \
-          late_all=$W/${n}_all.aicf late_wgmma=$W/${n}_wgmma.aicf --rounds ${ROUNDS:-5} 2>&1 | tail -4
-    done | tee "$OUT/ab_late3.txt"
-    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
-    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --compile-only --folder /tmp/b1 --jobs 16 \
-        --variant base:pin.late=0 --variant onewave: 2>&1 | tail -2
-    timeout 200 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --rounds 5 --folder /tmp/b1 --jobs 16 \
-        --bundle base=/tmp/b1/base.aicf --bundle onewave=/tmp/b1/onewave.aicf 2>&1 | grep -v "decode gemvs" \
-        | tee "$OUT/decode_late3.txt" | tail -6
-    ;;
-  late4)
-    # session 77's rule (passes/late_trigger.py) checked: its GPU tests; plans compiled with it (the default), without
-    # it (--pin late=0) and with every kernel late (AICF_PDL_LATE=all), A/B'd; ResNet-50 B32 profiled; the 4-layer
-    # Llama B1 decode plan with and without it; ResNet-50 against torch.compile
-    timeout 150 python3 -m pytest -m gpu -q -n 4 tests/test_late_trigger.py tests/test_pdl.py 2>&1 | tail -2 \
-        | tee "$OUT/tests_late.txt"
-    for c in ${CASES:-resnet50:32 resnet50:1 bert:8x512 gpt2:8x512}; do
-      n=$(echo $c | sed 's/:/_b/; s/x/_s/')
-      python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 || { echo "export $c failed"; continue; }
-      for v in base:- late:- all:all; do
-        AICF_PDL_LATE=${v#*:} python3 -m aicfc compile $W/$n.onnx -o $W/${n}_${v%%:*}.aicf --target sm_90 \
-            --precision fp16 -q $([ ${v%%:*} = late ] || echo --pin late=0) || echo "compile $c $v failed"; done
-      echo "## $c"
-      timeout 150 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late=$W/${n}_late.aicf all=$W/${n}_all.aicf \
-          --rounds ${ROUNDS:-5} 2>&1 | tail -3
-    done | tee "$OUT/ab_late.txt"
-    cp $W/resnet50_b32_late.aicf $W/r32.aicf; profile r32
-    python3 -m pip install -q -e '.[dev]' > /dev/null 2>&1
-    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --compile-only --folder /tmp/b1 --jobs 16 \
-        --variant base:pin.late=0 --variant late: 2>&1 | tail -2
-    timeout 150 python3 benchmarks/decode_ab.py --layers 4 --batch 1 --rounds 5 --folder /tmp/b1 --jobs 16 \
-        --bundle base=/tmp/b1/base.aicf --bundle late=/tmp/b1/late.aicf 2>&1 | grep -v "decode gemvs" \
-        | tee "$OUT/decode_late.txt" | tail -4
-    timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
-    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
-    ;;
-  late5)
     # the rule restricted to boundaries between convolution, GEMM and pointwise kernels: its GPU tests; the default
     # against --pin late=0, each case A/B'd as it is built; then ResNet-50 B32 profiled
     timeout 100 python3 -m pytest -m gpu -q -n 4 tests/test_late_trigger.py tests/test_pdl.py 2>&1 | tail -1 \
@@ -400,5 +321,5 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|late2|late3|late4|late5" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late" >&2; exit 2 ;;
 esac

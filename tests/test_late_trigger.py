@@ -27,8 +27,13 @@ def _records(plan):
     return {r.target: r for r in plan.rewrites if r.rule == lt.RULE}
 
 
+def cnn():
+    """A 3x3 convolution (BN, ReLU) then a 1x1 one over channels-last images: three kernels (the input's copy)."""
+    return B.conv_model((8, 64, 28, 28), (64, 64, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1], follow=256)
+
+
 def test_one_wave_kernels_trigger_as_their_blocks_exit():
-    plan = plan_of(two_matmuls(256, 256), {})
+    plan = plan_of(cnn(), {}, "fp16")
     kernels, hw = list(plan.kernels), load_profile("sm_90")
     late = [i for i, k in enumerate(kernels) if lt.triggers_late(k)]
     assert late, [(k.name, k.schedule.grid) for k in kernels]
@@ -45,8 +50,23 @@ def test_one_wave_kernels_trigger_as_their_blocks_exit():
     assert pdl.entries(kernels, pdl.STREAM, hw) == [0] * len(kernels)
 
 
+def test_the_kernel_launched_late_is_predicted_with_the_late_launch_term():
+    """The kernel after one that triggers as it exits pays LAUNCH_LATE_US, not the profile's launch term."""
+    early, late = plan_of(cnn(), {}, "fp16", pin={"late": "0"}), plan_of(cnn(), {}, "fp16")
+    hw = load_profile("sm_90")
+    for i, (a, b) in enumerate(zip(early.kernels, late.kernels)):
+        after_late = i > 0 and lt.triggers_late(late.kernels[i - 1])
+        ta, tb = dict(a.schedule.predicted), dict(b.schedule.predicted)
+        assert ta["launch_us"] == hw.launch_overhead_us
+        assert tb["launch_us"] == (lt.LAUNCH_LATE_US if after_late else hw.launch_overhead_us)
+        assert tb["time_us"] == pytest.approx(ta["time_us"] - (ta["launch_us"] - tb["launch_us"]))
+    assert any(lt.triggers_late(k) for k in late.kernels)
+    rec = next(iter(_records(late).values()))
+    assert "launch term 0.25 us" in rec.reason
+
+
 def test_the_bundle_records_the_trigger_the_source_has():
-    payload = aicfc.compile(two_matmuls(256, 256), target="sm_90")
+    payload = aicfc.compile(cnn(), target="sm_90", precision="fp16")
     late = [k for k in payload["kernels"] if k["params"].get("TL")]
     assert late
     for k in late:
@@ -55,23 +75,23 @@ def test_the_bundle_records_the_trigger_the_source_has():
 
 
 def test_late_pin_turns_the_rule_off():
-    plan = plan_of(two_matmuls(256, 256), {}, pin={"late": "0"})
+    plan = plan_of(cnn(), {}, "fp16", pin={"late": "0"})
     assert not any(lt.triggers_late(k) for k in plan.kernels) and not _records(plan)
     with pytest.raises(AicfError, match="late"):
-        plan_of(two_matmuls(256, 256), {}, pin={"late": "2"})
+        plan_of(cnn(), {}, "fp16", pin={"late": "2"})
 
 
-def test_only_between_convolution_gemm_and_pointwise_kernels():
-    """An attention-like kernel and a row pass (LayerNormalization): their boundaries keep the entry's trigger."""
-    plan = plan_of(chain_model(), {})
+@pytest.mark.parametrize("model", [chain_model, lambda: two_matmuls(256, 256)], ids=["attention-norm", "gemm-gemm"])
+def test_only_between_kernels_of_channels_last_images(model):
+    """An attention-like kernel and a row pass, two GEMMs: no image in sight, every entry keeps its trigger."""
+    plan = plan_of(model(), {}, "fp16")
     kernels, hw = list(plan.kernels), load_profile("sm_90")
-    for i, k in enumerate(kernels[:-1]):
-        if {k.family, kernels[i + 1].family} - set(lt.FAMILIES):
-            assert not lt.triggers_late(k) and "kernel (measured" in lt.why_not(kernels, i, hw)
+    assert not any(lt.triggers_late(k) for k in kernels) and not _records(plan)
+    assert "channels-last images" in lt.why_not(kernels, 0, hw)
 
 
 def test_no_late_trigger_without_dependent_launches():
-    payload = aicfc.compile(two_matmuls(256, 256), target="sm_80")
+    payload = aicfc.compile(cnn(), target="sm_80", precision="fp16")
     assert not any(k["params"].get("TL") for k in payload["kernels"])
 
 

@@ -85,7 +85,6 @@ kernel and read by the executor (aicf_run/pdl.py); `aicfc compile --no-pdl` keep
 from __future__ import annotations
 
 import math
-import os
 import re
 
 from aicfc.errors import AicfError
@@ -159,19 +158,9 @@ def entries(kernels, launch: str, hw: Profile) -> list[int]:
     plain launches, where nothing triggers)."""
     if launch != DEPENDENT:
         return [0] * len(kernels)
-    # an experiment's switch (session 77): the units named in AICF_PDL_LATE trigger only as their blocks exit
-    # ("all": every kernel; "onewave": a grid of one wave whose next kernel does no work before its wait)
-    late = [u for u in os.environ.get("AICF_PDL_LATE", "").split(",") if u]
-    out = []
-    for i, k in enumerate(kernels):
-        start = trigger_from(k.schedule.grid, k.schedule.block, k.schedule.smem_bytes, k.schedule.registers, hw)
-        nxt = kernels[i + 1].schedule.param if i + 1 < len(kernels) else {}
-        early_work = nxt.get("unit") == "gemv" or any(nxt.get(key) for key in ("PRE", "EPRE", "AHEAD", "PF", "TF"))
-        if (k.schedule.param.get("TL") or "all" in late or k.schedule.param.get("unit") in late
-                or ("onewave" in late and start == 0 and not early_work)):
-            start = math.prod(k.schedule.grid)
-        out.append(start)
-    return out
+    return [math.prod(k.schedule.grid) if k.schedule.param.get("TL") else   # [Note: the trigger as the blocks exit]
+            trigger_from(k.schedule.grid, k.schedule.block, k.schedule.smem_bytes, k.schedule.registers, hw)
+            for k in kernels]
 
 
 def entry_site(source: str, name: str) -> tuple[int, int, int]:
