@@ -43,7 +43,10 @@ def main() -> int:
         for _ in range(args.rounds):
             for i, _k in kernels:
                 for plain in (False, True):
-                    us = _timed_us(ex, lambda i=i, plain=plain: [ex.launch_kernel(i, plain) for _ in range(GRAPH_LAUNCHES)])
+                    def launches(i: int = i, plain: bool = plain) -> None:
+                        for _ in range(GRAPH_LAUNCHES):
+                            ex.launch_kernel(i, plain)
+                    us = _timed_us(ex, launches)
                     times.setdefault((i, plain), []).append(us / GRAPH_LAUNCHES)
         print(f"{'kernel':>7} {'dependent us':>13} {'plain us':>9} {'plain/dep':>9}  schedule")
         for i, k in kernels:

@@ -140,8 +140,9 @@ def choose(target: str, enabled: bool = True) -> tuple[str, str]:
     if sm(target) < MIN_SM:
         return STREAM, f"{target} has no programmatic dependent launch (sm_{MIN_SM} and newer)"
     return DEPENDENT, ("each kernel waits for the previous one on the device (griddepcontrol.wait) and lets "
-                       "the next one launch early (a grid of more than one wave from its last wave), so the launch latency "
-                       "between kernels overlaps their work")
+                       "the next one launch early (a grid of more than one wave from its last wave; along a CNN's "
+                       "chain one wave only as its blocks exit: [Note: the trigger as the blocks exit]), so the "
+                       "launch latency between kernels overlaps their work")
 
 
 def trigger_from(grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, registers: int | None,
