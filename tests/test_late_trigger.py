@@ -1,7 +1,7 @@
-"""A one-wave kernel whose next kernel has no work before its wait triggers as its blocks exit
-(passes/late_trigger.py, [Note: the trigger as the blocks exit]). CPU: where the rule applies and where it
-declines, the pin, the entry codegen writes and the bundle records. GPU: a Hopper convolution's plan with the
-rule on and off, the same bits over graph replays, against onnxruntime."""
+"""A one-wave kernel of channels-last images whose next kernel (one too) has no work before its wait triggers as
+its blocks exit (passes/late_trigger.py, [Note: the trigger as the blocks exit]). CPU: where the rule applies and
+where it declines, the pin, the next kernel's launch term, the entry codegen writes and the bundle records. GPU: a
+Hopper convolution's plan with the rule on and off, the same bits over graph replays, against onnxruntime."""
 from __future__ import annotations
 
 import math

@@ -25,8 +25,8 @@ The cost terms: every kernel's `launch` term (the profile's launch_overhead_us, 
 kernels launched early whose blocks waited; a kernel launched as the one before it exits pays `launch_late_us`
 (LAUNCH_LATE_US, 0.25) instead, its prediction re-costed here (`launched_late`). Fitted on the same H100 profile
 of ResNet-50 B32 (call 5, every kernel alone): the mean |log(measured / predicted)| over its 56 kernels is least
-with the term at 0.25 (0.132; 0.176 at 1.5, 0.135 at 0), 45 of 56 within [0.8, 1.25] (39 at 1.5); the plan's
-predicted sum of kernels 914.1 -> 846.6 us against 820.8 measured, its replay 879.4.
+with the term at 0.25 (0.128; 0.176 at 1.5, 0.129 at 0), 46 of 56 within [0.8, 1.25] (39 at 1.5); the plan's
+predicted sum of kernels 914.1 -> 847.8 us against 820.8 measured, its replay 879.4.
 
 A kernel with TL = 1 renders its entry with the trigger from past its last block (`codegen/pdl.entries`): no block
 triggers, and the next launch follows the grid's exit. Its own wait is unchanged. Not for
