@@ -44,13 +44,20 @@
 #                                          # (ab_old/, benchmarks/stream_k_bundles.py run there) against the same pins now,
 #                                          # each kernel alone, and stamped (--timeline); ResNet-50's 1x1 GEMM shapes by
 #                                          # cost and pinned, beside cuBLAS
+#   bash benchmarks/conv_round.sh prologue # session 76 (either card): the Hopper GEMM/convolution kernels' prologue before their
+#                                          # dependent-launch wait ([Note: the prologue before the wait]): ResNet-50 B32
+#                                          # compiled with the template before (ab_old/, swapped in) and after, A/B'd by
+#                                          # whole-plan replays; the new plan checked and profiled (PROFILE=0: not); the
+#                                          # Hopper GEMM, convolution and cluster GPU tests; stream-k's bundles under
+#                                          # memcheck and racecheck (benchmarks/stream_k_bundles.py)
 #   bash benchmarks/conv_round.sh pdl      # session 77 (either card): ResNet-50 B32's wgmma kernels alone as the plan launches
 #                                          # them (dependent) and plainly (benchmarks/pdl_alone.py); `aicfc tune` of two 3x3s
 #                                          # (plain launches, random inputs); the plan's timeline (phases of every block)
 #                                          # and profile
 #   bash benchmarks/conv_round.sh late     # session 77 (either card): [Note: the trigger as the blocks exit]'s GPU tests; ResNet-50
 #                                          # B32 and B1, GPT-2 B8 S512 and the 4-layer Llama B1 decoder (prefill and decode)
-#                                          # with the rule and without (--pin late=0), A/B'd; ResNet-50 B32 profiled
+#                                          # with the rule and without (--pin late=0), A/B'd (the transformers' plans
+#                                          # should not differ: the rule keeps to channels-last images); ResNet-50 B32 profiled
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -272,8 +279,9 @@ PY
     profile r32
     ;;
   late)
-    # the rule restricted to boundaries between convolution, GEMM and pointwise kernels: its GPU tests; the default
-    # against --pin late=0, each case A/B'd as it is built; then ResNet-50 B32 profiled
+    # [Note: the trigger as the blocks exit]: its GPU tests; the default against --pin late=0, each case A/B'd as it is
+    # built; then ResNet-50 B32 profiled (session 77 ran this, as `late5`, with the rule then kept to boundaries between
+    # convolution, GEMM and pointwise kernels)
     timeout 100 python3 -m pytest -m gpu -q -n 4 tests/test_late_trigger.py tests/test_pdl.py 2>&1 | tail -1 \
         | tee "$OUT/tests_late.txt"
     for c in resnet50:32 llama gpt2:8x512 resnet50:1; do
@@ -292,7 +300,7 @@ PY
         || { echo "compile $c failed"; continue; }
       echo "## $c"
       timeout 150 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late=$W/${n}_late.aicf --rounds 7 2>&1 | tail -2
-    done 2>&1 | tee "$OUT/ab_late5.txt"
+    done 2>&1 | tee "$OUT/ab_late.txt"
     cp $W/resnet50_b32_late.aicf $W/r32.aicf; profile r32
     ;;
   prologue)
