@@ -86,7 +86,8 @@ def compile_model(model: Any, target: str = "sm_90", precision: str = "fp32",
     proto, name, digest = load(model)
     graph = import_model(proto, shapes, name=name)
     check = functools.partial(count_registers, jobs=jobs) if check_registers else None
-    options = Options(target, profile, precision, tuple(sorted((pin or {}).items())), inplace, check)
+    options = Options(target, profile, precision, tuple(sorted((pin or {}).items())), inplace, check,
+                      dependent=dependent_launch)
     result = run_pipeline(graph, options, dump_ir, on_stage=on_stage)
     if check_pins:
         why = pins_unused((k.schedule.param for k in result.plan.kernels if k.schedule), pin or {})

@@ -91,8 +91,11 @@ def test_only_between_kernels_of_channels_last_images(model):
 
 
 def test_no_late_trigger_without_dependent_launches():
-    payload = aicfc.compile(cnn(), target="sm_80", precision="fp16")
-    assert not any(k["params"].get("TL") for k in payload["kernels"])
+    """sm_80 has none, and `--no-pdl` turns them off: every prediction keeps the profile's launch term."""
+    for payload in (aicfc.compile(cnn(), target="sm_80", precision="fp16"),
+                    aicfc.compile(cnn(), target="sm_90", precision="fp16", dependent_launch=False)):
+        assert not any(k["params"].get("TL") for k in payload["kernels"])
+        assert not any(d["rule"] == lt.RULE for d in payload["decisions"] if d["kind"] == "rewrite")
 
 
 def test_a_kernel_before_a_gemv_keeps_its_trigger_at_entry():

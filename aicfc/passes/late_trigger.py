@@ -39,7 +39,7 @@ triggers, and the next launch follows the grid's exit. Its own wait is unchanged
 - a joined launch (host or role: [Note: a gemv joined to the launch before it]) and the plan's last kernel;
 - a kernel, or a next kernel, that is not over channels-last images (the measured transformer plans above).
 
-`--pin late=0` turns the rule off. With plain launches (`aicfc compile --no-pdl`) TL changes nothing.
+`--pin late=0` turns the rule off; with plain launches (`aicfc compile --no-pdl`) the pass does not run.
 
     kernel k31 conv [wgmma A=tma BM=128 BN=128 CTAS=98 ...]  kernel k32 gemm [wgmma ...]
   becomes

@@ -65,6 +65,7 @@ class Options:
     # the projection shortcuts to merge (their Add's output, why): decide_projections fills it by cost;
     # None (a caller running the stages itself) merges none unless --pin projection=1
     projections: tuple[tuple[str, str], ...] | None = None
+    dependent: bool = True                  # --no-pdl: plain launches (late_trigger then leaves every entry as it is)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("work_before_wait", "decision", "decision", lambda p, o: work_before_wait(p, o.profile, dict(o.pin))),
     Stage("early_trigger", "decision", "decision", lambda p, o: early_trigger(p, o.profile, dict(o.pin))),
     Stage("join_launches", "decision", "decision", lambda p, o: join_launches(p, o.profile, dict(o.pin), o.check)),
-    Stage("late_trigger", "decision", "decision", lambda p, o: late_trigger(p, o.profile, dict(o.pin))),
+    Stage("late_trigger", "decision", "decision",
+          lambda p, o: late_trigger(p, o.profile, dict(o.pin)) if o.dependent else p),
     Stage("plan_memory", "decision", "decision", lambda p, o: plan_memory(p, o.inplace)),
 )
 
