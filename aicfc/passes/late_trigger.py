@@ -53,8 +53,9 @@ from aicfc.codegen import join, pdl
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Rewrite
 from aicfc.passes import channels_last
+from aicfc.passes.early_trigger import triggers_first
 from aicfc.passes.merge_kernels import switch
-from aicfc.passes.work_before_wait import marked
+from aicfc.passes.work_before_wait import ahead, marked
 from aicfc.planner.hardware import Profile
 
 RULE = ("a one-wave kernel of images before one with no work before its wait => it lets that kernel launch as its "
@@ -81,12 +82,11 @@ def works_early(k: Kernel) -> str | None:
 def why_not(kernels: list[Kernel], i: int, hw: Profile) -> str | None:
     """Why kernel `i` keeps its trigger (None where it may trigger as its blocks exit)."""
     k = kernels[i]
-    p = k.schedule.param
     if join.joined(k):
         return "a role of the launch before it"
     if i + 1 < len(kernels) and join.joined(kernels[i + 1]):
         return f"its launch also runs {kernels[i + 1].name}'s blocks"
-    if p.get("AHEAD") or p.get("TF"):
+    if ahead(k) or triggers_first(k):
         return "it lets the next kernel launch before its own wait"
     s = k.schedule
     if pdl.trigger_from(s.grid, s.block, s.smem_bytes, s.registers, hw) > 0:
@@ -102,15 +102,14 @@ def why_not(kernels: list[Kernel], i: int, hw: Profile) -> str | None:
 
 def late_trigger(plan: Plan, hw: Profile | None = None, pin: dict | None = None) -> Plan:
     value = switch(pin, PIN, "one-wave kernels trigger at their entry", "as their blocks exit wherever the rule holds")
-    if hw is None or pdl.sm(plan.target) < pdl.MIN_SM:   # no dependent launches before sm_90
+    if hw is None or pdl.sm(plan.target) < pdl.MIN_SM or value == "0":   # none before sm_90; or --pin late=0
         return plan
     kernels, records = list(plan.kernels), []
     late_us = hw.data.get("launch_late_us", LAUNCH_LATE_US)
     for i, k in enumerate(kernels):
         if k.schedule is None:
             continue
-        why = f"--pin {PIN}=0" if value == "0" else why_not(kernels, i, hw)
-        if why is not None:
+        if why_not(kernels, i, hw) is not None:
             continue
         kernels[i] = marked(k, "TL")
         nxt = kernels[i + 1]
