@@ -58,6 +58,11 @@
 #                                          # B32 and B1, GPT-2 B8 S512 and the 4-layer Llama B1 decoder (prefill and decode)
 #                                          # with the rule and without (--pin late=0), A/B'd (the transformers' plans
 #                                          # should not differ: the rule keeps to channels-last images); ResNet-50 B32 profiled
+#   bash benchmarks/conv_round.sh chain    # session 78 (either card): ResNet-50 B32's kernels in the plan's chain (compiled
+#                                          # with --timeline: each kernel's start to the next one's) beside each timed alone
+#                                          # (--profile), against their predictions; MobileNetV2 and EfficientNet-B0 at B32
+#                                          # and B1 with [Note: the trigger as the blocks exit] and without (--pin late=0),
+#                                          # A/B'd (the rule reached them unmeasured in session 77)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -329,5 +334,31 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late" >&2; exit 2 ;;
+  chain)
+    # every compile first, in parallel (the GPU idle), then the measurements one at a time
+    ( build_r32; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --precision fp16 -q \
+        --timeline > $W/compile_tl.log 2>&1 ) &
+    for c in mobilenet_v2:32 efficientnet_b0:32 mobilenet_v2:1 efficientnet_b0:1; do
+      n=$(echo $c | sed 's/:/_b/')
+      ( python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 &&
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q --pin late=0 &&
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_late.aicf --target sm_90 --precision fp16 -q ) \
+        > $W/compile_$n.log 2>&1 || echo "compile $c failed" &
+    done
+    wait; ls $W/*.aicf
+    for r in 1 2; do
+      timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
+          > "$OUT/timeline_$r.json" 2>&1; echo "timeline $r rc=$?"
+    done
+    timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --input $W/resnet50_b32_inputs.npz > "$OUT/timeline.txt" 2>&1
+    profile r32
+    for r in 1 2; do
+      python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline_$r.json" 2>&1 | tail -4
+    done | tee "$OUT/summary.txt"
+    for c in mobilenet_v2:32 efficientnet_b0:32 mobilenet_v2:1 efficientnet_b0:1; do
+      n=$(echo $c | sed 's/:/_b/'); echo "## $c"
+      timeout 100 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late=$W/${n}_late.aicf --rounds 7 2>&1 | tail -2
+    done 2>&1 | tee "$OUT/ab_cnns.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain" >&2; exit 2 ;;
 esac
