@@ -61,6 +61,7 @@ from aicfc.planner.hardware import Profile
 RULE = ("a one-wave kernel of images before one with no work before its wait => it lets that kernel launch as its "
         "blocks exit")
 PIN = "late"   # --pin late=0: one-wave kernels trigger at their entry
+END_PIN = "lateend"   # --pin lateend=0: a Hopper GEMM/convolution with TL triggers as its blocks exit, not at TE
 EARLY_WORK = ("PRE", "EPRE", "AHEAD", "PF", "TF")   # schedule keys of work before the wait (or of an early trigger)
 LAUNCH_LATE_US = 0.25   # a kernel's launch term after a kernel that triggers as it exits (profile: launch_late_us)
 MEASURED_AGAINST = "the rule was measured to pay along a CNN's chain and to cost a Llama prefill 0.95-0.98x"
@@ -104,6 +105,7 @@ def late_trigger(plan: Plan, hw: Profile | None = None, pin: dict | None = None)
     value = switch(pin, PIN, "one-wave kernels trigger at their entry", "as their blocks exit wherever the rule holds")
     if hw is None or pdl.sm(plan.target) < pdl.MIN_SM or value == "0":   # none before sm_90; or --pin late=0
         return plan
+    end = switch(pin, END_PIN, "as their blocks exit", "as their last k-block is done where the template can")
     kernels, records = list(plan.kernels), []
     late_us = hw.data.get("launch_late_us", LAUNCH_LATE_US)
     for i, k in enumerate(kernels):
@@ -112,14 +114,25 @@ def late_trigger(plan: Plan, hw: Profile | None = None, pin: dict | None = None)
         if why_not(kernels, i, hw) is not None:
             continue
         kernels[i] = marked(k, "TL")
+        if ends_mainloop(k) and end != "0":
+            kernels[i] = marked(kernels[i], "TE")
         nxt = kernels[i + 1]
         before = nxt.schedule.time_us
         kernels[i + 1] = launched_late(nxt, late_us)
         records.append(Rewrite(RULE, k.name, True, (
             f"one wave of blocks, and {nxt.name} has no work before its wait: it launches as {k.name}'s blocks exit "
+            f"{' (its trigger as their last k-block is done)' if kernels[i].schedule.param.get('TE') else ''} "
             f"instead of waiting on the SMs while they run (its predicted time {before:.2f} -> "
             f"{kernels[i + 1].schedule.time_us:.2f} us: the launch term {late_us:.2f} us)")))
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
+
+
+def ends_mainloop(k: Kernel) -> bool:
+    """Whether kernel `k`'s template can trigger the next launch as each block's last k-block is done (TE, [Note:
+    the trigger as the mainloop ends]): the Hopper GEMM engine's data-parallel and split-k tiles (its gemm and
+    convolution families), not stream-k's parts."""
+    p = k.schedule.param
+    return k.family in ("gemm", "conv") and p.get("unit") == "wgmma" and not p.get("STREAM")
 
 
 def launched_late(k: Kernel, late_us: float) -> Kernel:
