@@ -63,11 +63,6 @@
 #                                          # (--profile), against their predictions; MobileNetV2 and EfficientNet-B0 at B32
 #                                          # and B1 with [Note: the trigger as the blocks exit] and without (--pin late=0),
 #                                          # A/B'd (the rule reached them unmeasured in session 77)
-#   bash benchmarks/conv_round.sh end      # session 78 (either card): [Note: the trigger as the mainloop ends]: its GPU tests;
-#                                          # ResNet-50 B32 and B1, MobileNetV2 and EfficientNet-B0 B32 compiled with the trigger
-#                                          # at the entry (--pin late=0), as the blocks exit (--pin lateend=0) and as their last
-#                                          # k-block is done (the default), A/B'd; ResNet-50 B32's timeline and profile;
-#                                          # memcheck and racecheck over its plan
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -365,33 +360,5 @@ PY
       timeout 100 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late=$W/${n}_late.aicf --rounds 7 2>&1 | tail -2
     done 2>&1 | tee "$OUT/ab_cnns.txt"
     ;;
-  end)
-    for c in resnet50:32 resnet50:1 mobilenet_v2:32 efficientnet_b0:32; do
-      n=$(echo $c | sed 's/:/_b/')
-      ( python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_entry.aicf --target sm_90 --precision fp16 -q --pin late=0 &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_exit.aicf --target sm_90 --precision fp16 -q --pin lateend=0 &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_end.aicf --target sm_90 --precision fp16 -q &&
-        if [ $n = resnet50_b32 ]; then python3 -m aicfc compile $W/$n.onnx -o $W/r32_tl.aicf --target sm_90 \
-          --precision fp16 -q --timeline; fi ) > $W/compile_$n.log 2>&1 || echo "compile $c failed" &
-    done
-    wait; ls $W/*.aicf | tr '\n' ' '; echo
-    timeout 120 python3 -m pytest -m gpu -q -n 4 tests/test_late_trigger.py tests/test_pdl.py 2>&1 | tail -1 \
-        | tee "$OUT/tests_end.txt"
-    for c in resnet50:32 resnet50:1 mobilenet_v2:32 efficientnet_b0:32; do
-      n=$(echo $c | sed 's/:/_b/'); echo "## $c"
-      timeout 120 python3 benchmarks/plan_ab.py entry=$W/${n}_entry.aicf exit=$W/${n}_exit.aicf end=$W/${n}_end.aicf \
-          --rounds 7 2>&1 | tail -3
-    done 2>&1 | tee "$OUT/ab_end.txt"
-    timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
-        > "$OUT/timeline_end.json" 2>&1; echo "timeline rc=$?"
-    timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --input $W/resnet50_b32_inputs.npz > "$OUT/timeline_end.txt" 2>&1
-    cp $W/resnet50_b32_end.aicf $W/r32.aicf; profile r32
-    python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline_end.json" 2>&1 | tail -3
-    for tool in memcheck racecheck; do
-      timeout 150 compute-sanitizer --tool $tool python3 -m aicf_run $W/r32.aicf --no-graph \
-          --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -2 | tee "$OUT/$tool.txt"
-    done
-    ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|end" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain" >&2; exit 2 ;;
 esac

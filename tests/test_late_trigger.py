@@ -74,23 +74,6 @@ def test_the_bundle_records_the_trigger_the_source_has():
         assert f"{pdl.ENTRY}{k['trigger_from']}u);" in payload["modules"][k["module"]]["source"]
 
 
-def test_hopper_kernels_trigger_as_their_last_k_block_is_done():
-    """[Note: the trigger as the mainloop ends]: a Hopper convolution or GEMM with TL also carries TE, and its source
-    triggers past each block's last unit's k-blocks (no block at its entry); `--pin lateend=0` keeps the exit."""
-    payload = aicfc.compile(cnn(), target="sm_90", precision="fp16")
-    ended = [k for k in payload["kernels"] if k["params"].get("TE")]
-    assert ended and all(k["params"].get("TL") and k["params"]["unit"] == "wgmma" for k in ended)
-    for k in ended:
-        src = payload["modules"][k["module"]]["source"]
-        assert f"{pdl.ENTRY}{math.prod(k['grid'])}u);" in src
-        at = src.index("the trigger as the mainloop ends")
-        assert "aicf_pdl_trigger();" in src[at:at + 400] and "unit + gridDim.x >=" in src[at:at + 400]
-    exits = aicfc.compile(cnn(), target="sm_90", precision="fp16", pin={"lateend": "0"})
-    assert not any(k["params"].get("TE") for k in exits["kernels"])
-    assert [bool(k["params"].get("TL")) for k in exits["kernels"]] == [bool(k["params"].get("TL")) for k in payload["kernels"]]
-    assert not any("the trigger as the mainloop ends" in m["source"] for m in exits["modules"])
-
-
 def test_late_pin_turns_the_rule_off():
     plan = plan_of(cnn(), {}, "fp16", pin={"late": "0"})
     assert not any(lt.triggers_late(k) for k in plan.kernels) and not _records(plan)
@@ -150,8 +133,7 @@ def test_a_grid_of_several_waves_keeps_its_last_wave_trigger():
 
 @pytest.mark.gpu
 def test_gpu_late_triggers_match_early_ones_and_onnxruntime(gpu_device):
-    """ResNet-50's stage-3 3x3 (BN, ReLU) then a 1x1 convolution: the 3x3 triggers as its last k-blocks are done
-    (TE), as its blocks exit (--pin lateend=0) or at its entry (--pin late=0); the same bits every way."""
+    """ResNet-50's stage-3 3x3 (BN, ReLU) then a 1x1 convolution: the 3x3 triggers as its blocks exit."""
     from aicf_run.bundle import Bundle
     from aicf_run.executor import Executor
     from benchmarks.light_models import onnxruntime_reference
@@ -159,10 +141,9 @@ def test_gpu_late_triggers_match_early_ones_and_onnxruntime(gpu_device):
     x = np.random.default_rng(77).standard_normal((32, 256, 14, 14)).astype(np.float32)
     name = model.graph.input[0].name
     outputs = {}
-    for late, pin in (("1", {}), ("exit", {"lateend": "0"}), ("0", {"late": "0"})):
-        payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin=pin)
-        assert any(k["params"].get("TL") for k in payload["kernels"]) == (late != "0")
-        assert any(k["params"].get("TE") for k in payload["kernels"]) == (late == "1")
+    for late in ("1", "0"):
+        payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"late": late})
+        assert any(k["params"].get("TL") for k in payload["kernels"]) == (late == "1")
         ex = Executor(Bundle.from_payload(payload), gpu_device)
         try:
             ex.poison()
@@ -174,7 +155,7 @@ def test_gpu_late_triggers_match_early_ones_and_onnxruntime(gpu_device):
             ex.close()
         assert np.array_equal(first, again)
         outputs[late] = first
-    assert np.array_equal(outputs["1"], outputs["0"]) and np.array_equal(outputs["exit"], outputs["0"])
+    assert np.array_equal(outputs["1"], outputs["0"])
     ref = next(iter(onnxruntime_reference(model, {name: x}).values()))
     err = np.abs(outputs["1"].astype(np.float64) - ref).max() / np.abs(ref).max()
     assert np.isfinite(err) and err <= 1e-2

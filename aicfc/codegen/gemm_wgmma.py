@@ -645,7 +645,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1], CL=p.get("CL", 0),
                   STREAM=p.get("STREAM", 0), MAXPARTS=stream_parts(total, math.ceil(parts["K"] / p["BK"]), p["CTAS"])
                   if p.get("STREAM") else 0,
-                  TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK, TE=p.get("TE", 0),
+                  TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK,
                   prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (), copy_in=parts["copy_in"],
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 

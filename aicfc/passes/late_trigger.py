@@ -41,6 +41,15 @@ triggers, and the next launch follows the grid's exit. Its own wait is unchanged
 
 `--pin late=0` turns the rule off; with plain launches (`aicfc compile --no-pdl`) the pass does not run.
 
+Measured again in session 78 (an H100, benchmarks/results/trigger_end_session78_h100.txt, 7 alternating rounds, the same
+bits): against every trigger at entry, ResNet-50 B32 1.027x, B1 1.048x, MobileNetV2 B32 1.018x (B1 0.996x),
+EfficientNet-B0 B32 1.064-1.066x (B1 1.009x). Tried and not kept: a Hopper GEMM/convolution triggering as each block's
+last k-block is done (before its epilogue, so the launch's latency would hide under the epilogues): slower than the
+trigger as the blocks exit on all four (ResNet-50 B32 892.2 against 886.0 us, B1 265.4 against 257.7, MobileNetV2 B32
+527.3 against 522.7, EfficientNet-B0 B32 972.0 against 944.7), though every boundary after a late trigger costs 1-3 us
+in the timeline (the last block's exit to the next kernel's go): blocks that land and wait cost the kernels they land
+beside more than the launch they hide, even for the length of an epilogue.
+
     kernel k31 conv [wgmma A=tma BM=128 BN=128 CTAS=98 ...]  kernel k32 gemm [wgmma ...]
   becomes
     kernel k31 conv [wgmma ... TL=1]  { same ops }          kernel k32 gemm [same; predicted with launch 0.25]
@@ -61,7 +70,6 @@ from aicfc.planner.hardware import Profile
 RULE = ("a one-wave kernel of images before one with no work before its wait => it lets that kernel launch as its "
         "blocks exit")
 PIN = "late"   # --pin late=0: one-wave kernels trigger at their entry
-END_PIN = "lateend"   # --pin lateend=0: a Hopper GEMM/convolution with TL triggers as its blocks exit, not at TE
 EARLY_WORK = ("PRE", "EPRE", "AHEAD", "PF", "TF")   # schedule keys of work before the wait (or of an early trigger)
 LAUNCH_LATE_US = 0.25   # a kernel's launch term after a kernel that triggers as it exits (profile: launch_late_us)
 MEASURED_AGAINST = "the rule was measured to pay along a CNN's chain and to cost a Llama prefill 0.95-0.98x"
@@ -105,7 +113,6 @@ def late_trigger(plan: Plan, hw: Profile | None = None, pin: dict | None = None)
     value = switch(pin, PIN, "one-wave kernels trigger at their entry", "as their blocks exit wherever the rule holds")
     if hw is None or pdl.sm(plan.target) < pdl.MIN_SM or value == "0":   # none before sm_90; or --pin late=0
         return plan
-    end = switch(pin, END_PIN, "as their blocks exit", "as their last k-block is done where the template can")
     kernels, records = list(plan.kernels), []
     late_us = hw.data.get("launch_late_us", LAUNCH_LATE_US)
     for i, k in enumerate(kernels):
@@ -114,25 +121,14 @@ def late_trigger(plan: Plan, hw: Profile | None = None, pin: dict | None = None)
         if why_not(kernels, i, hw) is not None:
             continue
         kernels[i] = marked(k, "TL")
-        if ends_mainloop(k) and end != "0":
-            kernels[i] = marked(kernels[i], "TE")
         nxt = kernels[i + 1]
         before = nxt.schedule.time_us
         kernels[i + 1] = launched_late(nxt, late_us)
         records.append(Rewrite(RULE, k.name, True, (
             f"one wave of blocks, and {nxt.name} has no work before its wait: it launches as {k.name}'s blocks exit "
-            f"{' (its trigger as their last k-block is done)' if kernels[i].schedule.param.get('TE') else ''} "
             f"instead of waiting on the SMs while they run (its predicted time {before:.2f} -> "
             f"{kernels[i + 1].schedule.time_us:.2f} us: the launch term {late_us:.2f} us)")))
     return plan.replace(kernels=tuple(kernels), rewrites=plan.rewrites + tuple(records))
-
-
-def ends_mainloop(k: Kernel) -> bool:
-    """Whether kernel `k`'s template can trigger the next launch as each block's last k-block is done (TE, [Note:
-    the trigger as the mainloop ends]): the Hopper GEMM engine's data-parallel and split-k tiles (its gemm and
-    convolution families), not stream-k's parts."""
-    p = k.schedule.param
-    return k.family in ("gemm", "conv") and p.get("unit") == "wgmma" and not p.get("STREAM")
 
 
 def launched_late(k: Kernel, late_us: float) -> Kernel:

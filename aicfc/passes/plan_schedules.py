@@ -397,11 +397,11 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     from aicfc.passes.gemv_room import PIN as GEMV_ROOM_PIN
     from aicfc.passes.work_before_wait import PIN as AHEAD_PIN
     from aicfc.passes.early_trigger import PIN as TRIGGER_PIN
-    from aicfc.passes.late_trigger import END_PIN as LATE_END_PIN, PIN as LATE_PIN
+    from aicfc.passes.late_trigger import PIN as LATE_PIN
     from aicfc.passes.tail_steps import PIN as TAIL_PIN
     from aicfc.passes.join_launches import GATE_PIN, PIN as JOIN_PIN
     passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN, FILL_PIN, SHARE_PIN, GEMV_PIN,
-              ROOM_PIN, GEMV_ROOM_PIN, AHEAD_PIN, TRIGGER_PIN, LATE_PIN, LATE_END_PIN, TAIL_PIN, JOIN_PIN, GATE_PIN)
+              ROOM_PIN, GEMV_ROOM_PIN, AHEAD_PIN, TRIGGER_PIN, LATE_PIN, TAIL_PIN, JOIN_PIN, GATE_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():
