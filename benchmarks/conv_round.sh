@@ -63,6 +63,10 @@
 #                                          # (--profile), against their predictions; MobileNetV2 and EfficientNet-B0 at B32
 #                                          # and B1 with [Note: the trigger as the blocks exit] and without (--pin late=0),
 #                                          # A/B'd (the rule reached them unmeasured in session 77)
+#   bash benchmarks/conv_round.sh card     # session 78 (an H200 wanted): the tree as it is on this card: ResNet-50 B32 checked,
+#                                          # profiled alone and in the plan's chain (--timeline); the late trigger's A/B on
+#                                          # ResNet-50 B32 and EfficientNet-B0 B32; ResNet-50 B32 and B1 against
+#                                          # torch.compile(mode="reduce-overhead") (benchmarks/models.py)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -360,5 +364,26 @@ PY
       timeout 100 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late=$W/${n}_late.aicf --rounds 7 2>&1 | tail -2
     done 2>&1 | tee "$OUT/ab_cnns.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain" >&2; exit 2 ;;
+  card)
+    ( build_r32; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --precision fp16 -q \
+        --timeline > $W/compile_tl.log 2>&1; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_base.aicf \
+        --target sm_90 --precision fp16 -q --pin late=0 ) &
+    n=efficientnet_b0_b32
+    ( python3 benchmarks/export_case.py efficientnet_b0:32 --out-dir $W > $W/export_$n.log 2>&1 &&
+      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q --pin late=0 &&
+      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_late.aicf --target sm_90 --precision fp16 -q ) \
+      > $W/compile_$n.log 2>&1 || echo "compile $n failed" &
+    wait
+    timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
+        > "$OUT/timeline.json" 2>&1; echo "timeline rc=$?"
+    timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --input $W/resnet50_b32_inputs.npz > "$OUT/timeline.txt" 2>&1
+    profile r32
+    python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
+    { echo "## resnet50:32"; timeout 100 python3 benchmarks/plan_ab.py base=$W/r32_base.aicf late=$W/r32.aicf --rounds 7 2>&1 | tail -2
+      echo "## efficientnet_b0:32"; timeout 100 python3 benchmarks/plan_ab.py base=$W/${n}_base.aicf late=$W/${n}_late.aicf \
+        --rounds 7 2>&1 | tail -2; } | tee "$OUT/ab_late.txt"
+    timeout 240 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
+    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card" >&2; exit 2 ;;
 esac
