@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from aicf_run.errors import RunError
+from aicf_run.profile import BAND
 from aicf_run.schema import kernel_records
 
 if TYPE_CHECKING:
@@ -212,6 +213,11 @@ def format_timeline(report: TimelineReport) -> str:
                  + (f", {sum(bounds):.2f} of them after a kernel was done" if bounds else "")
                  + ("" if predicted is None else f"; every kernel predicted {predicted:.2f} us in all") + "); "
                  f"{early} of {len(report.kernels) - 1} kernels after the first had blocks land early")
+    judged = [k.chain_us / k.predicted_us for k in report.kernels if k.chain_us is not None and k.predicted_us]
+    if judged:
+        within = sum(BAND[0] <= r <= BAND[1] for r in judged)
+        lines.append(f"  in chain / predicted within [{BAND[0]}, {BAND[1]}]: {within} of {len(judged)} kernels (what each "
+                     f"adds to the plan, against the cost model's prediction of it)")
     return "\n".join(lines)
 
 

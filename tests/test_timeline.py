@@ -149,6 +149,10 @@ def test_summarize_arithmetic():
     assert "1/2" in text and "1 of 2 kernels after the first had blocks land early" in text
     # after done: k0 0.55 (3.00 - 2.45), k1 0.84 (4.99 - 4.15)
     assert "1.39 of them after a kernel was done" in text
+    # k0 3.00 in chain against 2.0 predicted, k1 1.99 against 3.0: neither within the band; k2 has no chain
+    assert "in chain / predicted within [0.8, 1.25]: 0 of 2 kernels" in text
+    near = summarize([one], [dict(KERNELS[0], predicted={"time_us": 2.7}), *KERNELS[1:]])
+    assert "in chain / predicted within [0.8, 1.25]: 1 of 2 kernels" in format_timeline(near)
     # an arrival within EARLY_NS of the go is the wait's own latency, not early
     late = _stamps([[(t, t + 10)], [(t + 3000 - EARLY_NS + 1, t + 3000)], [(t + 4000, t + 4010)]])
     assert all(k.done_us is None for k in summarize([late], KERNELS).kernels)
