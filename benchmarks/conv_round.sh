@@ -63,7 +63,8 @@
 #                                          # (--profile), against their predictions; MobileNetV2 and EfficientNet-B0 at B32
 #                                          # and B1 with [Note: the trigger as the blocks exit] and without (--pin late=0),
 #                                          # A/B'd (the rule reached them unmeasured in session 77)
-#   bash benchmarks/conv_round.sh card     # session 78 (an H200 wanted): the tree as it is on this card: ResNet-50 B32 checked,
+#   bash benchmarks/conv_round.sh card     # session 78 (an H200 wanted): the tree as it is on this card: the timeline, late
+#                                          # trigger and PDL GPU tests; ResNet-50 B32 checked,
 #                                          # profiled alone and in the plan's chain (--timeline); the late trigger's A/B on
 #                                          # ResNet-50 B32 and EfficientNet-B0 B32; ResNet-50 B32 and B1 against
 #                                          # torch.compile(mode="reduce-overhead") (benchmarks/models.py)
@@ -374,6 +375,8 @@ PY
       python3 -m aicfc compile $W/$n.onnx -o $W/${n}_late.aicf --target sm_90 --precision fp16 -q ) \
       > $W/compile_$n.log 2>&1 || echo "compile $n failed" &
     wait
+    timeout 120 python3 -m pytest -m gpu -q -n 4 tests/test_timeline_gpu.py tests/test_late_trigger.py tests/test_pdl.py \
+        2>&1 | tail -1 | tee "$OUT/tests.txt"
     timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
         > "$OUT/timeline.json" 2>&1; echo "timeline rc=$?"
     timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --input $W/resnet50_b32_inputs.npz > "$OUT/timeline.txt" 2>&1
