@@ -202,7 +202,21 @@ def format_profile(report: ProfileReport) -> str:
         + [f"  sum of kernel times {report.kernel_sum_us:.2f} us{predicted}; whole plan "
            f"({report.mode}, back-to-back replays) {report.plan_us:.2f} us"]
         + ([f"  measured / predicted within [{BAND[0]}, {BAND[1]}]: {len(within)} of {len(known)} kernels"]
-           if known else []))
+           if known else [])
+        + _past_the_roofline(report))
+
+
+def _past_the_roofline(report: ProfileReport) -> list[str]:
+    """The footnote for kernels measured faster than the roofline allows: repeated alone, what they read and
+    wrote stayed in L2 (their own output overwritten there, never written back), which a plan does not give
+    them; the chain's times (`aicf-run --timeline`) are what they take there."""
+    past = [k.name for k in report.kernels if k.roofline_pct is not None and k.roofline_pct > 100]
+    if not past:
+        return []
+    names = ", ".join(past[:6]) + (f" and {len(past) - 6} more" if len(past) > 6 else "")
+    return [f"  {len(past)} kernel(s) ran past the roofline ({names}): repeated alone, their bytes stayed in L2; "
+            f"what they take in the plan is their time in the chain (aicf-run --timeline of a bundle compiled "
+            f"with --timeline)"]
 
 
 def _predicted(kernel: dict[str, Any], key: str) -> float | None:

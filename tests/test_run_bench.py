@@ -195,6 +195,24 @@ def test_profile_table_and_roofline(roofline_bundle: Path, fake_gpu: FakeDriver,
                                      f"the sm_90 roofline")
 
 
+def test_profile_names_the_kernels_past_the_roofline() -> None:
+    """A kernel measured faster than its roofline allows kept its bytes in L2 between its launches alone: the table
+    says which, and where their time in the plan is."""
+    from aicf_run.profile import KernelProfile, ProfileReport
+
+    def kernel(i: int, roofline: float | None) -> KernelProfile:
+        return KernelProfile(index=i, name=f"k{i}", measured_us=2.0, predicted_us=2.0, flops=None, bytes=None,
+                             share=0.5, gbs=None, tflops=None, unit=None, roofline_pct=roofline, onnx_nodes=())
+    report = ProfileReport(kernels=(kernel(0, 99.0), kernel(1, 157.8)), kernel_sum_us=4.0, predicted_sum_us=4.0,
+                           plan_us=4.5, mode="graph", repeats=5)
+    last = format_profile(report).splitlines()[-1]
+    assert last.startswith("  1 kernel(s) ran past the roofline (k1): repeated alone, their bytes stayed in L2")
+    assert "aicf-run --timeline" in last
+    plain = ProfileReport(kernels=(kernel(0, 99.0), kernel(1, None)), kernel_sum_us=4.0, predicted_sum_us=4.0,
+                          plan_us=4.5, mode="graph", repeats=5)
+    assert "past the roofline" not in format_profile(plain)
+
+
 def test_executor_api(bundle_path: Path, fake_gpu: FakeDriver) -> None:
     device = open_device()
     bundle = read_bundle(bundle_path)
