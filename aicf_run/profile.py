@@ -27,7 +27,8 @@ O projections (8-12 MB of weight) and its attention (1.5 MB of cache) measured 0
 predictions while the gate/up, down and LM head, whose weights do not stay, measured 0.93-1.0
 (session 60, generate_b1_profile_session60_h200.txt): the prediction was of the plan, the measurement
 of a warm L2. So where the bundle's target names its L2 (`l2_bytes`), each kernel's launches rotate
-over copies of the weights and state it reads that fit in L2, made for the timing and freed after it:
+over copies of the weights and state it reads that fit in L2 (and of the activations it writes: [Note: outputs
+written back] below), made for the timing and freed after it:
 enough copies that between two launches of one copy the others touch COLD_L2S times the L2 (counted
 by the kernel's predicted DRAM bytes; at most MAX_COPIES), as benchmarks/gemv.py times gemvs over
 copies of their weights. The copies of a kernel stay within COPY_L2S times the L2; a buffer that would pass it (the
@@ -37,6 +38,18 @@ convolutions. Arena buffers (activations) are not moved: in a plan the kernel be
 them into L2. The table's header says how many kernels were timed so. Built in session 61 without a GPU
 (tested on the fake one): whether the QKV, O and attention then measure within [0.8, 1.25] of their
 predictions is the next GPU profile's to say.
+
+[Note: outputs written back]
+Repeated alone, a kernel also writes its output into the same L2 lines launch after launch, and those lines,
+overwritten before they are ever evicted, never go back to DRAM; in a plan every activation is written back
+once the L2 needs its lines. ResNet-50 B32's memory-bound kernels whose bytes fit in L2 measured 0.51-0.76 of
+their DRAM-bound predictions alone and 0.78-1.02 in the plan's chain (session 78, an H100,
+benchmarks/results/trigger_end_session78_h100.txt: its stage-3 projection copy 4.2 us alone, 7.3 in the chain,
+8.1 predicted). So the arena buffers a kernel stores rotate over copies too, as its weights do, where no other
+argument shares their bytes; what the kernel reads that the kernel before it wrote stays where it lies, warm as
+in the plan. A kernel with tensor maps keeps its buffers (above), so the Hopper GEMMs and convolutions still
+keep their outputs warm alone: for them, and for every kernel, the plan's own figure is its time in the chain
+(`aicf-run --timeline`). Not yet run on a GPU (written in session 78 after its last device call).
 
 Per kernel, beside the measured time:
 - predicted: the bundle's `predicted.time_us`, the cost model's estimate (launch included);
@@ -100,7 +113,7 @@ class KernelProfile:
     unit: str | None             # the peak_tflops entry its roofline uses
     roofline_pct: float | None   # 100 · roofline-bound time / measured time
     onnx_nodes: tuple[str, ...]
-    copies: int = 1              # of its weights and state, its launches rotated over ([Note: cold weights])
+    copies: int = 1              # of its weights, state and outputs, its launches rotated over ([Note: cold weights])
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,7 @@ def format_profile(report: ProfileReport) -> str:
     known = [r for r in ratios if r is not None]
     within = [r for r in known if BAND[0] <= r <= BAND[1]]
     cold = sum(k.copies > 1 for k in report.kernels)
-    rotated = f"; {cold} with their weights and state rotated over copies past the L2" if cold else ""
+    rotated = f"; {cold} with their weights, state and outputs rotated over copies past the L2" if cold else ""
     return "\n".join(
         [f"profile: {len(report.kernels)} kernels, each timed alone ({_METHODS[report.mode]}, "
          f"between CUDA events, median of {report.repeats}{rotated})"]
@@ -247,9 +260,13 @@ def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
 
 def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes: int) -> tuple[int, list[int]]:
     """[Note: cold weights]: how many copies a kernel's launches rotate over, and the positions in its `args` of
-    the buffers copied; (1, []) where none is."""
-    sizes = {i: buffers[b]["nbytes"] for i, b in enumerate(kernel["args"])
-             if buffers[b]["region"] in ("weights", "state") and 0 < buffers[b]["nbytes"] <= l2_bytes}
+    the buffers copied (its weights and state, and the activations it writes: [Note: outputs written back]);
+    (1, []) where none is."""
+    args = kernel["args"]
+    stores = {name for record in launch_records(kernel) for name in record.get("stores", ())}
+    sizes = {i: buffers[b]["nbytes"] for i, b in enumerate(args)
+             if (buffers[b]["region"] in ("weights", "state") or _written_apart(i, args, buffers, stores))
+             and 0 < buffers[b]["nbytes"] <= l2_bytes}
     if not sizes:
         return 1, []
     touched = _predicted(kernel, "bytes") or float(sum(sizes.values()))
@@ -263,9 +280,22 @@ def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes:
     return (copies, sorted(moved)) if moved else (1, [])
 
 
+def _written_apart(i: int, args: list[int], buffers: list[dict[str, Any]], stores: set[str]) -> bool:
+    """[Note: outputs written back]: whether argument `i` is an activation the kernel writes (an arena buffer it
+    stores) whose bytes no other argument of the kernel shares (a tensor updated in place under another name
+    would be read where it lies and written into the copy: moved alone, its reads would stay warm)."""
+    b = buffers[args[i]]
+    if b["region"] != "arena" or b.get("name") not in stores:
+        return False
+    lo, hi = b["offset"], b["offset"] + b["nbytes"]
+    return not any(j != i and buffers[a]["region"] == "arena" and a != args[i]
+                   and buffers[a]["offset"] < hi and lo < buffers[a]["offset"] + buffers[a]["nbytes"]
+                   for j, a in enumerate(args))
+
+
 def _kernel_us(executor: Executor, index: int) -> tuple[float, int]:
     """Kernel `index` alone, through a graph of GRAPH_LAUNCHES launches (rounded up to whole rounds of its
-    copies), or from the host; and the copies of its weights and state the launches rotated over ([Note: cold
+    copies), or from the host; and the copies of its weights, state and outputs the launches rotated over ([Note: cold
     weights])."""
     buffers, kernel = executor.bundle.buffers, executor.bundle.kernels[index]
     l2_bytes = executor.bundle.target.get("profile", {}).get("l2_bytes")

@@ -68,6 +68,8 @@
 #                                          # profiled alone and in the plan's chain (--timeline); the late trigger's A/B on
 #                                          # ResNet-50 B32 and EfficientNet-B0 B32; ResNet-50 B32 and B1 against
 #                                          # torch.compile(mode="reduce-overhead") (benchmarks/models.py)
+#   bash benchmarks/conv_round.sh outputs  # session 78: [Note: outputs written back] (aicf_run/profile.py): ResNet-50 B32 built,
+#                                          # checked and profiled (its pointwise kernels' outputs rotated over copies)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -388,5 +390,9 @@ PY
     timeout 240 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card" >&2; exit 2 ;;
+  outputs)
+    build_r32
+    profile r32
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs" >&2; exit 2 ;;
 esac

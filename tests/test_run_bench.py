@@ -262,13 +262,46 @@ def test_profile_rotates_weights_over_copies_past_the_l2(tmp_path: Path, fake_gp
         assert kernel.copies == 4 and made == [WEIGHT.tobytes()] * 3   # three copies of the weight besides it
         if graph:   # 20 launches a replay either way (4 copies x 5)
             assert kernel.measured_us == pytest.approx(ALONE_US)
-            assert "1 with their weights and state rotated over copies past the L2" in format_profile(report)
+            assert "1 with their weights, state and outputs rotated over copies past the L2" in format_profile(report)
         launched = [args for symbol, _, _, args, _ in fake_gpu.launches if symbol == "add"]
         assert len({args[1] for args in launched}) == 4            # the weight, at four addresses
         assert {(args[0], args[2]) for args in launched} == {launched[0][::2]}   # x and y where they lie
         assert set(fake_gpu.memory) == held                         # every copy freed
         np.testing.assert_array_equal(executor.run({"x": X})["y"], X + WEIGHT)
     device.close()
+
+
+def test_profile_rotates_the_outputs_it_writes(tmp_path: Path, fake_gpu: FakeDriver) -> None:
+    """[Note: outputs written back] (aicf_run/profile.py): the arena buffer a kernel stores rotates over copies with
+    its weight (L2 96 bytes: 4 copies); the input x stays where it lies, and the run after the profile is right."""
+    payload = make_payload()
+    payload["target"]["profile"]["l2_bytes"] = 96
+    payload["kernels"][0]["stores"] = ["y"]
+    path = tmp_path / "outputs.aicf"
+    write_bundle(payload, path)
+    device = open_device()
+    executor = Executor(read_bundle(path), device)
+    fake_gpu.launches.clear()
+    [kernel] = executor.profile().kernels
+    assert kernel.copies == 4
+    launched = [args for symbol, _, _, args, _ in fake_gpu.launches if symbol == "add"]
+    assert len({args[2] for args in launched}) == 4 and len({args[1] for args in launched}) == 4   # y and w move
+    assert len({args[0] for args in launched}) == 1                                                   # x does not
+    np.testing.assert_array_equal(executor.run({"x": X})["y"], X + WEIGHT)
+    device.close()
+
+
+def test_an_output_sharing_bytes_with_an_input_stays_where_it_lies() -> None:
+    """An activation written in place under another name (its bytes those of an input) is not moved alone; one
+    apart from every other argument is."""
+    buffers = [{"name": "x", "region": "arena", "offset": 0, "nbytes": 24},
+               {"name": "y", "region": "arena", "offset": 0, "nbytes": 24},
+               {"name": "z", "region": "arena", "offset": 256, "nbytes": 24},
+               {"name": "w", "region": "weights", "offset": 0, "nbytes": 24}]
+    in_place = {"args": [0, 3, 1], "stores": ["y"], "predicted": {"bytes": 72}}
+    apart = {"args": [0, 3, 2], "stores": ["z"], "predicted": {"bytes": 72}}
+    assert cold_copies(in_place, buffers, 96) == (4, [1])
+    assert cold_copies(apart, buffers, 96) == (4, [1, 2])
 
 
 def test_cold_copies_stay_within_their_budget() -> None:
