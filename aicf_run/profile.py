@@ -293,9 +293,8 @@ def _written_apart(i: int, args: list[int], buffers: list[dict[str, Any]], store
     if b["region"] != "arena" or b.get("name") not in stores:
         return False
     lo, hi = b["offset"], b["offset"] + b["nbytes"]
-    return not any(j != i and buffers[a]["region"] == "arena" and a != args[i]
-                   and buffers[a]["offset"] < hi and lo < buffers[a]["offset"] + buffers[a]["nbytes"]
-                   for j, a in enumerate(args))
+    return not any(a != args[i] and buffers[a]["region"] == "arena"
+                   and buffers[a]["offset"] < hi and lo < buffers[a]["offset"] + buffers[a]["nbytes"] for a in args)
 
 
 def _kernel_us(executor: Executor, index: int) -> tuple[float, int]:

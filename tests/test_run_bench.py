@@ -305,8 +305,8 @@ def test_an_output_sharing_bytes_with_an_input_stays_where_it_lies() -> None:
 
 
 def test_cold_copies_stay_within_their_budget() -> None:
-    """A buffer whose copies would pass COPY_L2S L2s is read where it lies; past the L2, or in the arena, never
-    copied; the smallest are copied first."""
+    """A buffer whose copies would pass COPY_L2S L2s is read where it lies; past the L2, or an arena buffer the
+    kernel does not store, never copied; the smallest are copied first."""
     buffers = [{"region": "weights", "nbytes": 8}, {"region": "weights", "nbytes": 46},
                {"region": "arena", "nbytes": 4}, {"region": "weights", "nbytes": 131},
                {"region": "state", "nbytes": 2}]
