@@ -98,6 +98,26 @@ sanitize_stream_k() {
         --input /tmp/skb/${c}_in.npz --output-dir /tmp 2>&1 | tail -1 | sed "s/^/$c $tool: /"
   done; done | tee "$OUT/sanitizer.txt"
 }
+# late_pair CASE: CASE exported into $W and compiled with the late trigger off (NAME_base.aicf, --pin late=0) and on
+# (NAME_late.aicf), NAME the case with ':' as '_b' (efficientnet_b0:32 -> efficientnet_b0_b32)
+late_pair() {
+  local n; n=$(echo $1 | sed 's/:/_b/')
+  ( python3 benchmarks/export_case.py $1 --out-dir $W > $W/export_$n.log 2>&1 &&
+    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q --pin late=0 &&
+    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_late.aicf --target sm_90 --precision fp16 -q ) \
+    > $W/compile_$n.log 2>&1 || echo "compile $1 failed"
+}
+# build_r32_tl: build_r32, then the same model compiled with --timeline ($W/r32_tl.aicf)
+build_r32_tl() {
+  build_r32
+  python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --precision fp16 -q --timeline \
+    > $W/compile_tl.log 2>&1
+}
+# timeline_r32 NAME: $W/r32_tl.aicf's timeline into $OUT/NAME.json (for conv_profile_summary.py --timeline)
+timeline_r32() {
+  timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz > "$OUT/$1.json" 2>&1
+  echo "timeline $1 rc=$?"
+}
 case "${1:-}" in
   unfold)
     ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
@@ -343,20 +363,10 @@ PY
     ;;
   chain)
     # every compile first, in parallel (the GPU idle), then the measurements one at a time
-    ( build_r32; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --precision fp16 -q \
-        --timeline > $W/compile_tl.log 2>&1 ) &
-    for c in mobilenet_v2:32 efficientnet_b0:32 mobilenet_v2:1 efficientnet_b0:1; do
-      n=$(echo $c | sed 's/:/_b/')
-      ( python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q --pin late=0 &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_late.aicf --target sm_90 --precision fp16 -q ) \
-        > $W/compile_$n.log 2>&1 || echo "compile $c failed" &
-    done
+    build_r32_tl &
+    for c in mobilenet_v2:32 efficientnet_b0:32 mobilenet_v2:1 efficientnet_b0:1; do late_pair $c & done
     wait; ls $W/*.aicf
-    for r in 1 2; do
-      timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
-          > "$OUT/timeline_$r.json" 2>&1; echo "timeline $r rc=$?"
-    done
+    for r in 1 2; do timeline_r32 timeline_$r; done
     timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --input $W/resnet50_b32_inputs.npz > "$OUT/timeline.txt" 2>&1
     profile r32
     for r in 1 2; do
@@ -368,19 +378,14 @@ PY
     done 2>&1 | tee "$OUT/ab_cnns.txt"
     ;;
   card)
-    ( build_r32; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --precision fp16 -q \
-        --timeline > $W/compile_tl.log 2>&1; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_base.aicf \
-        --target sm_90 --precision fp16 -q --pin late=0 ) &
+    ( build_r32_tl; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_base.aicf --target sm_90 --precision fp16 \
+        -q --pin late=0 ) &
     n=efficientnet_b0_b32
-    ( python3 benchmarks/export_case.py efficientnet_b0:32 --out-dir $W > $W/export_$n.log 2>&1 &&
-      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q --pin late=0 &&
-      python3 -m aicfc compile $W/$n.onnx -o $W/${n}_late.aicf --target sm_90 --precision fp16 -q ) \
-      > $W/compile_$n.log 2>&1 || echo "compile $n failed" &
+    late_pair efficientnet_b0:32 &
     wait
     timeout 120 python3 -m pytest -m gpu -q -n 4 tests/test_timeline_gpu.py tests/test_late_trigger.py tests/test_pdl.py \
         2>&1 | tail -1 | tee "$OUT/tests.txt"
-    timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
-        > "$OUT/timeline.json" 2>&1; echo "timeline rc=$?"
+    timeline_r32 timeline
     timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --input $W/resnet50_b32_inputs.npz > "$OUT/timeline.txt" 2>&1
     profile r32
     python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
