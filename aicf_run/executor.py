@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,7 @@ from aicf_run.device import Device, check_arch
 from aicf_run.errors import RunError
 from aicf_run.graph import Graph
 from aicf_run.interop import DeviceArray, DeviceView, check_tensors, view
+from aicf_run.moved import MovedLaunch, moved_maps
 from aicf_run.plans import PlanInfo, plan_index, plan_infos
 from aicf_run.schema import launch_records
 from aicf_run.streams import Joiner, stream_handle
@@ -200,6 +201,7 @@ class Executor:
         if self._state is not None:
             bases["state"] = int(self._state)
         pointers = [bases[buf["region"]] + buf["offset"] for buf in bundle.buffers]
+        self._buffer_pointers = pointers   # by buffer id: where kernel_moved re-encodes a moved kernel's maps
         self._state_items = [(item, pointers[item["buffer"]]) for item in bundle.payload.get("state", [])]
         if self._owns_state:
             self._cuda.memset_d8(int(self._state), 0, memory["state_bytes"])
@@ -458,24 +460,46 @@ class Executor:
         launch = self._launches[index]
         self._enqueue(dataclasses.replace(launch, dependent=None) if plain else launch)
 
-    def kernel_pointers(self, index: int) -> tuple[int, ...] | None:
-        """The device addresses kernel `index` is launched with, one per entry of its `args`; None for a
-        kernel that takes tensor maps (they hold addresses of their own)."""
+    def kernel_pointers(self, index: int) -> tuple[int, ...]:
+        """The device addresses of kernel `index`'s `args`, one per entry, as it is launched (a kernel with tensor
+        maps takes their table first, which is not among them)."""
         launch = self._launches[index]
-        return None if launch.maps else launch.pointers
+        return launch.pointers[1:] if launch.maps else launch.pointers
 
-    def kernel_moved(self, index: int, moved: Mapping[int, int]) -> Callable[[], None]:
-        """A function that enqueues kernel `index` alone with the arguments at the positions of `moved` at
-        other addresses (for profiling: [Note: cold weights] in aicf_run/profile.py); no tensor maps."""
+    def kernel_moved(self, index: int, moved: Mapping[int, int]) -> MovedLaunch:
+        """Kernel `index` alone with the arguments at the positions of `moved` at other addresses, its tensor maps
+        following them ([Note: moved maps] in aicf_run/moved.py), for profiling ([Note: cold weights] in
+        aicf_run/profile.py): call the result to enqueue the launch, `free()` it once the stream is idle."""
         self._check_open()
-        launch = self._launches[index]
-        if launch.maps:
-            raise RunError(f"kernel {index} ({launch.name}) takes tensor maps; its buffers cannot be moved")
-        pointers = tuple(moved.get(i, p) for i, p in enumerate(launch.pointers))
-        moved_launch = dataclasses.replace(launch, pointers=pointers, dependent=None)
-        if launch.dependent is not None:
-            moved_launch = self._dependent(moved_launch, self.bundle.kernels[index])
-        return lambda: self._enqueue(moved_launch)
+        launch, kernel = self._launches[index], self.bundle.kernels[index]
+        pointers = tuple(moved.get(i, p) for i, p in enumerate(self.kernel_pointers(index)))
+        if not launch.maps:
+            plain = dataclasses.replace(launch, pointers=pointers, dependent=None)
+            return MovedLaunch(self._enqueue, plain if launch.dependent is None else self._dependent(plain, kernel))
+        what = f"kernel {index} ({launch.name})"
+        maps, table_memory, table = moved_maps(self._cuda, kernel, self._buffer_pointers, moved, what)
+        moved_launch = dataclasses.replace(launch, pointers=(table, *pointers), maps=maps, dependent=None)
+        symbol = kernel.get("maps_symbol")
+        instance, module = None, None
+        try:
+            if launch.dependent is not None and symbol is not None:   # a driver-API instance of its own
+                instance = pdl.Modules([self.bundle.modules[kernel["module"]]["cubin"]])
+                instance.write_global(0, symbol, b"".join(maps), what)
+                function = instance.function(0, kernel["symbol"], launch.smem_bytes, what)
+                moved_launch = dataclasses.replace(moved_launch, dependent=pdl.DependentLaunch(
+                    instance, function, launch.grid, launch.block, launch.smem_bytes, moved_launch.pointers, what))
+            elif launch.dependent is not None:
+                moved_launch = self._dependent(moved_launch, kernel)
+            elif symbol is not None:                                   # a PyCUDA instance of its own
+                module = self._load_module(self.bundle.modules[kernel["module"]])
+                tensormap.write_constant(self._cuda, module, symbol, maps, what,
+                                         f"the bundle is inconsistent, {_RECOMPILE}")
+                moved_launch = dataclasses.replace(moved_launch, function=self._function(module, index, kernel,
+                                                                                         len(maps)))
+        except RunError:
+            MovedLaunch(self._enqueue, None, [table_memory], instance).free()
+            raise
+        return MovedLaunch(self._enqueue, moved_launch, [table_memory], instance, keep=module)
 
     def device_copy(self, pointer: int, nbytes: int) -> Any:
         """A new allocation holding a copy of `nbytes` at `pointer`, made on the stream and waited for
@@ -779,29 +803,37 @@ class Executor:
 
     def _prepare(self, index: int, kernel: dict, modules: list[Any],
                  pointers: list[int]) -> _Launch:
-        cuda = self._cuda
         name = kernel["name"]
-        try:
-            function = modules[kernel["module"]].get_function(kernel["symbol"])
-        except cuda.Error as err:
-            raise RunError(f"kernel {index} ({name}): symbol {kernel['symbol']!r} is not in "
-                           f"module {kernel['module']} ({_one_line(err)}); the bundle is "
-                           f"inconsistent, {_RECOMPILE}") from None
         args = kernel["args"]
         # Optional in the bundle: kernels of bundles from before TMA take no maps.
         maps = tuple(
             tensormap.encode(record, pointers[record["buffer"]],
                              name=f"kernel {index} ({name}) tensor_maps[{i}]")
             for i, record in enumerate(kernel.get("tensor_maps", ())))
+        module = modules[kernel["module"]]
         symbol = kernel.get("maps_symbol")   # optional: [Note: TMA maps in constant memory] (aicfc/codegen/tma.py)
         if symbol is not None and maps:
             # in PyCUDA's instance of the module and, for dependent launches, the driver API's (aicf_run/pdl.py)
             what = f"kernel {index} ({name})"
-            fix = f"the bundle is inconsistent, {_RECOMPILE}"
-            tensormap.write_constant(cuda, modules[kernel["module"]], symbol, maps, what, fix)
+            tensormap.write_constant(self._cuda, module, symbol, maps, what, f"the bundle is inconsistent, {_RECOMPILE}")
             if self._pdl is not None:
                 self._pdl.write_global(kernel["module"], symbol, b"".join(maps), what)
-        function.prepare(tensormap.arg_format(len(maps), len(args)))
+        return _Launch(index=index, name=name, function=self._function(module, index, kernel, len(maps)),
+                       grid=tuple(kernel["grid"]), block=tuple(kernel["block"]), smem_bytes=kernel["smem_bytes"],
+                       pointers=tuple(pointers[buffer_id] for buffer_id in args), maps=maps)
+
+    def _function(self, module: Any, index: int, kernel: dict, maps: int) -> Any:
+        """Kernel `index`'s function in PyCUDA's instance `module`, prepared for `maps` tensor maps and its
+        arguments, its shared memory allowed."""
+        cuda = self._cuda
+        name = kernel["name"]
+        try:
+            function = module.get_function(kernel["symbol"])
+        except cuda.Error as err:
+            raise RunError(f"kernel {index} ({name}): symbol {kernel['symbol']!r} is not in "
+                           f"module {kernel['module']} ({_one_line(err)}); the bundle is "
+                           f"inconsistent, {_RECOMPILE}") from None
+        function.prepare(tensormap.arg_format(maps, len(kernel["args"])))
         smem_bytes = kernel["smem_bytes"]
         if smem_bytes > _DEFAULT_SMEM_LIMIT:
             try:
@@ -812,9 +844,7 @@ class Executor:
                                f"memory, more than this {self.device.arch} GPU allows "
                                f"({_one_line(err)}); recompile with aicfc compile --target "
                                f"{self.device.arch}") from None
-        return _Launch(index=index, name=name, function=function, grid=tuple(kernel["grid"]),
-                       block=tuple(kernel["block"]), smem_bytes=smem_bytes,
-                       pointers=tuple(pointers[buffer_id] for buffer_id in args), maps=maps)
+        return function
 
 
 def _one_line(err: BaseException) -> str:

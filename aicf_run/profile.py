@@ -33,9 +33,9 @@ enough copies that between two launches of one copy the others touch COLD_L2S ti
 by the kernel's predicted DRAM bytes; at most MAX_COPIES), as benchmarks/gemv.py times gemvs over
 copies of their weights. The copies of a kernel stay within COPY_L2S times the L2; a buffer that would pass it (the
 gate/up weight that the O projection only prefetches a head of) is read where it lies. A kernel that
-takes tensor maps keeps its buffers (the maps hold their addresses): the Hopper GEMMs and
-convolutions. Arena buffers (activations) are not moved: in a plan the kernel before has just written
-them into L2. The table's header says how many kernels were timed so. Built in session 61 without a GPU
+takes tensor maps (the Hopper GEMMs and convolutions) is launched with maps of its own at the copies
+([Note: moved maps] in aicf_run/moved.py; until session 79 it kept its buffers). The activations it
+reads are not moved: in a plan the kernel before has just written them into L2. The table's header says how many kernels were timed so. Built in session 61 without a GPU
 (tested on the fake one): whether the QKV, O and attention then measure within [0.8, 1.25] of their
 predictions is the next GPU profile's to say.
 
@@ -47,9 +47,9 @@ their DRAM-bound predictions alone and 0.78-1.02 in the plan's chain (session 78
 benchmarks/results/trigger_end_session78_h100.txt: its stage-3 projection copy 4.2 us alone, 7.3 in the chain,
 8.1 predicted). So the arena buffers a kernel stores rotate over copies too, as its weights do, where no other
 argument shares their bytes; what the kernel reads that the kernel before it wrote stays where it lies, warm as
-in the plan. A kernel with tensor maps keeps its buffers (above), so the Hopper GEMMs and convolutions still
-keep their outputs warm alone: for them, and for every kernel, the plan's own figure is its time in the chain
-(`aicf-run --timeline`). Measured (session 78, call 4 of the same file, an H100): ResNet-50 B32's five pointwise
+in the plan. The Hopper GEMMs and convolutions, whose tensor maps hold their buffers' addresses, rotate too
+since session 79 ([Note: moved maps] in aicf_run/moved.py); for every kernel the plan's own figure is its time in
+the chain (`aicf-run --timeline`). Measured (session 78, call 4 of the same file, an H100): ResNet-50 B32's five pointwise
 kernels so timed moved toward their times in the chain (call 3's, another H100): the stage-2, -3 and -4
 projection copies 9.4 -> 14.4, 4.2 -> 6.2 and 3.2 -> 3.7 us (in the chain 12.8, 7.2 and 5.3; predicted 16.0, 8.1
 and 4.2), stage 1's residual add 17.0 -> 20.0 (17.5 in the chain), the pooling 3.0 either way (3.7): past the chain
@@ -305,7 +305,7 @@ def _kernel_us(executor: Executor, index: int) -> tuple[float, int]:
     l2_bytes = executor.bundle.target.get("profile", {}).get("l2_bytes")
     pointers = executor.kernel_pointers(index)
     copies, moved = 1, []
-    if isinstance(l2_bytes, int) and l2_bytes > 0 and pointers is not None:
+    if isinstance(l2_bytes, int) and l2_bytes > 0:
         copies, moved = cold_copies(kernel, buffers, l2_bytes)
     held: list[Any] = []
     try:
@@ -315,7 +315,8 @@ def _kernel_us(executor: Executor, index: int) -> tuple[float, int]:
             for i in moved:
                 held.append(executor.device_copy(pointers[i], buffers[kernel["args"][i]]["nbytes"]))
                 copy[i] = int(held[-1])
-            enqueue.append(executor.kernel_moved(index, copy))
+            held.append(executor.kernel_moved(index, copy))   # its tensor maps follow: [Note: moved maps]
+            enqueue.append(held[-1])
         if not executor.uses_graph:
             turns = itertools.cycle(enqueue)
             return _timed_us(executor, lambda: next(turns)()), copies

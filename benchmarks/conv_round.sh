@@ -70,6 +70,9 @@
 #                                          # torch.compile(mode="reduce-overhead") (benchmarks/models.py)
 #   bash benchmarks/conv_round.sh outputs  # session 78: [Note: outputs written back] (aicf_run/profile.py): ResNet-50 B32 built,
 #                                          # checked and profiled (its pointwise kernels' outputs rotated over copies)
+#   bash benchmarks/conv_round.sh maps     # session 79: [Note: moved maps] (aicf_run/moved.py): its GPU tests (and the profile's,
+#                                          # PDL's), memcheck over them; ResNet-50 B32 profiled with its Hopper kernels' weights
+#                                          # and outputs rotated too, beside its timeline
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -82,7 +85,7 @@ build_r32() {
 profile() {
   timeout 60 python3 -m aicf_run $W/$1.aicf --check $W/resnet50_b32.onnx --input $W/resnet50_b32_inputs.npz 2>&1 \
       | tail -2 | tee "$OUT/profile_$1.txt"
-  timeout 100 python3 -m aicf_run $W/$1.aicf --profile --input $W/resnet50_b32_inputs.npz >> "$OUT/profile_$1.txt" 2>&1
+  timeout 180 python3 -m aicf_run $W/$1.aicf --profile --input $W/resnet50_b32_inputs.npz >> "$OUT/profile_$1.txt" 2>&1
   # the bars at this GPU's copy rate (the summary's default is an H200's: session 73 on an H100 printed 8 at the bar for 21)
   [ -n "${COPY:-}" ] || COPY=$(python3 -c "from benchmarks.gemv import copy_gbs; print(round(copy_gbs()))" 2>/dev/null | tail -1)
   echo "copy bandwidth ${COPY:-unmeasured} GB/s" | tee -a "$OUT/profile_$1.txt"
@@ -399,5 +402,16 @@ PY
     build_r32
     profile r32
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs" >&2; exit 2 ;;
+  maps)
+    build_r32_tl &
+    timeout 200 python3 -m pytest -m gpu -q tests/test_moved_maps.py tests/test_run_bench.py tests/test_pdl.py 2>&1 \
+        | tail -2 | tee "$OUT/tests.txt"
+    timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/test_moved_maps.py 2>&1 | tail -3 | tee "$OUT/memcheck.txt"
+    wait
+    timeline_r32 timeline
+    profile r32
+    python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps" >&2; exit 2 ;;
 esac
