@@ -263,38 +263,70 @@ def _kernel(index: int, kernel: dict[str, Any], measured: float, total: float,
         copies=copies)
 
 
-def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes: int) -> tuple[int, list[int]]:
+def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes: int,
+                warm: tuple[tuple[int, int], ...] = ()) -> tuple[int, list[int]]:
     """[Note: cold weights]: how many copies a kernel's launches rotate over, and the positions in its `args` of
-    the buffers copied (its weights and state, and the activations it writes: [Note: outputs written back]);
-    (1, []) where none is."""
+    the buffers copied (its weights and state, and the activations it writes: [Note: outputs written back]; the
+    arguments that share one buffer's bytes exactly take one copy); (1, []) where none is. `warm`: the arena byte
+    ranges (start, end) the kernel before it in the plan wrote, which a tensor it updates in place keeps."""
     args = kernel["args"]
     stores = {name for record in launch_records(kernel) for name in record.get("stores", ())}
-    sizes = {i: buffers[b]["nbytes"] for i, b in enumerate(args)
-             if (buffers[b]["region"] in ("weights", "state") or _written_apart(i, args, buffers, stores))
-             and 0 < buffers[b]["nbytes"] <= l2_bytes}
-    if not sizes:
+    groups: dict[Any, set[int]] = {}   # one copy each: a weight or state buffer, or an activation's bytes
+    for i, b in enumerate(args):
+        buffer = buffers[b]
+        if not 0 < buffer["nbytes"] <= l2_bytes:
+            continue
+        if buffer["region"] in ("weights", "state"):
+            groups.setdefault(b, set()).add(i)
+        elif _written_apart(i, args, buffers, stores, warm):
+            groups.setdefault(_range(buffer), set()).update(_sharing(i, args, buffers))
+    if not groups:
         return 1, []
+    sizes = {key: buffers[args[min(group)]]["nbytes"] for key, group in groups.items()}
     touched = _predicted(kernel, "bytes") or float(sum(sizes.values()))
     copies = min(math.ceil(COLD_L2S * l2_bytes / touched) + 1, MAX_COPIES)
     moved, spent = [], 0
-    for i in sorted(sizes, key=lambda i: (sizes[i], i)):
-        if spent + (copies - 1) * sizes[i] > COPY_L2S * l2_bytes:
+    for key, group in sorted(groups.items(), key=lambda item: (sizes[item[0]], min(item[1]))):
+        nbytes = sizes[key]
+        if spent + (copies - 1) * nbytes > COPY_L2S * l2_bytes:
             break
-        moved.append(i)
-        spent += (copies - 1) * sizes[i]
+        moved.extend(group)
+        spent += (copies - 1) * nbytes
     return (copies, sorted(moved)) if moved else (1, [])
 
 
-def _written_apart(i: int, args: list[int], buffers: list[dict[str, Any]], stores: set[str]) -> bool:
+def stored_ranges(kernel: dict[str, Any], buffers: list[dict[str, Any]]) -> tuple[tuple[int, int], ...]:
+    """The arena byte ranges (start, end) of the buffers `kernel` stores."""
+    stores = {name for record in launch_records(kernel) for name in record.get("stores", ())}
+    return tuple(_range(buffers[b]) for b in kernel["args"]
+                 if buffers[b]["region"] == "arena" and buffers[b].get("name") in stores)
+
+
+def _sharing(i: int, args: list[int], buffers: list[dict[str, Any]]) -> list[int]:
+    """The positions of the arena arguments whose bytes overlap argument `i`'s (`i` among them)."""
+    lo, hi = _range(buffers[args[i]])
+    return [j for j, a in enumerate(args)
+            if buffers[a]["region"] == "arena" and _range(buffers[a])[0] < hi and lo < _range(buffers[a])[1]]
+
+
+def _range(buffer: dict[str, Any]) -> tuple[int, int]:
+    return buffer["offset"], buffer["offset"] + buffer["nbytes"]
+
+
+def _written_apart(i: int, args: list[int], buffers: list[dict[str, Any]], stores: set[str],
+                   warm: tuple[tuple[int, int], ...] = ()) -> bool:
     """[Note: outputs written back]: whether argument `i` is an activation the kernel writes (an arena buffer it
-    stores) whose bytes no other argument of the kernel shares (a tensor updated in place under another name
-    would be read where it lies and written into the copy: moved alone, its reads would stay warm)."""
+    stores) that can move: no other argument shares part of its bytes (read where it lies and written into the
+    copy, such a tensor would read warm); arguments over exactly its bytes (a tensor updated in place under another
+    name) move with it, unless the kernel before wrote them (`warm`: in the plan the update reads them from L2)."""
     b = buffers[args[i]]
     if b["region"] != "arena" or b.get("name") not in stores:
         return False
-    lo, hi = b["offset"], b["offset"] + b["nbytes"]
-    return not any(a != args[i] and buffers[a]["region"] == "arena"
-                   and buffers[a]["offset"] < hi and lo < buffers[a]["offset"] + buffers[a]["nbytes"] for a in args)
+    sharing = _sharing(i, args, buffers)
+    if any(_range(buffers[args[j]]) != _range(b) for j in sharing):
+        return False
+    lo, hi = _range(b)
+    return len(sharing) == 1 or not any(start < hi and lo < end for start, end in warm)
 
 
 def _kernel_us(executor: Executor, index: int) -> tuple[float, int]:
@@ -306,15 +338,18 @@ def _kernel_us(executor: Executor, index: int) -> tuple[float, int]:
     pointers = executor.kernel_pointers(index)
     copies, moved = 1, []
     if isinstance(l2_bytes, int) and l2_bytes > 0:
-        copies, moved = cold_copies(kernel, buffers, l2_bytes)
+        before = executor.bundle.kernels[index - 1] if index else None
+        copies, moved = cold_copies(kernel, buffers, l2_bytes, () if before is None else stored_ranges(before, buffers))
     held: list[Any] = []
     try:
         enqueue = [lambda: executor.launch_kernel(index)]
         for _ in range(copies - 1):
-            copy = {}
+            made: dict[int, int] = {}   # arguments over the same bytes take the same copy
             for i in moved:
-                held.append(executor.device_copy(pointers[i], buffers[kernel["args"][i]]["nbytes"]))
-                copy[i] = int(held[-1])
+                if pointers[i] not in made:
+                    held.append(executor.device_copy(pointers[i], buffers[kernel["args"][i]]["nbytes"]))
+                    made[pointers[i]] = int(held[-1])
+            copy = {i: made[pointers[i]] for i in moved}
             held.append(executor.kernel_moved(index, copy))   # its tensor maps follow: [Note: moved maps]
             enqueue.append(held[-1])
         if not executor.uses_graph:

@@ -404,8 +404,8 @@ PY
     ;;
   maps)
     build_r32_tl &
-    timeout 200 python3 -m pytest -m gpu -q tests/test_moved_maps.py tests/test_run_bench.py tests/test_pdl.py 2>&1 \
-        | tail -2 | tee "$OUT/tests.txt"
+    timeout 200 python3 -m pytest -m gpu -q --tb=short tests/test_moved_maps.py tests/test_run_bench.py tests/test_pdl.py \
+        2>&1 | tail -40 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
     timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
         tests/test_moved_maps.py 2>&1 | tail -3 | tee "$OUT/memcheck.txt"
     wait

@@ -24,7 +24,7 @@ from aicf_run.bundle import Bundle, read_bundle
 from aicf_run.device import open_device
 from aicf_run.errors import RunError
 from aicf_run.executor import Executor
-from aicf_run.profile import GRAPH_LAUNCHES, MAX_COPIES, cold_copies, format_profile, marginals
+from aicf_run.profile import GRAPH_LAUNCHES, MAX_COPIES, cold_copies, format_profile, marginals, stored_ranges
 from aicfc.artifact import write_bundle
 from tests.conftest import gpu_alone
 from tests.test_bundle_format import WEIGHT, make_payload
@@ -291,17 +291,43 @@ def test_profile_rotates_the_outputs_it_writes(tmp_path: Path, fake_gpu: FakeDri
     device.close()
 
 
-def test_an_output_sharing_bytes_with_an_input_stays_where_it_lies() -> None:
-    """An activation written in place under another name (its bytes those of an input) is not moved alone; one
-    apart from every other argument is."""
+def test_profile_moves_an_update_in_place_with_its_input(tmp_path: Path, fake_gpu: FakeDriver) -> None:
+    """y = x + b + w written over b (the same bytes, another name): the profile's launches rotate b and y over the
+    same copies (L2 96 bytes: 4), x where it lies."""
+    payload = make_payload(two_inputs=True)
+    payload["target"]["profile"]["l2_bytes"] = 96
+    payload["buffers"][3]["offset"] = payload["buffers"][1]["offset"]
+    payload["kernels"][0]["stores"] = ["y"]
+    path = tmp_path / "in_place.aicf"
+    write_bundle(payload, path)
+    device = open_device()
+    executor = Executor(read_bundle(path), device)
+    fake_gpu.launches.clear()
+    [kernel] = executor.profile().kernels
+    assert kernel.copies == 4
+    launched = [args for symbol, _, _, args, _ in fake_gpu.launches if symbol == "add"]
+    assert all(args[1] == args[3] for args in launched) and len({args[3] for args in launched}) == 4
+    assert len({args[0] for args in launched}) == 1
+    device.close()
+
+
+def test_an_output_updated_in_place_moves_with_its_input() -> None:
+    """An activation written in place under another name (its bytes exactly those of an input) moves with that
+    input, one copy for both, unless the kernel before wrote them (warm in the plan); one that overlaps another
+    argument only in part stays; one apart from every other argument moves alone."""
     buffers = [{"name": "x", "region": "arena", "offset": 0, "nbytes": 24},
                {"name": "y", "region": "arena", "offset": 0, "nbytes": 24},
                {"name": "z", "region": "arena", "offset": 256, "nbytes": 24},
-               {"name": "w", "region": "weights", "offset": 0, "nbytes": 24}]
+               {"name": "w", "region": "weights", "offset": 0, "nbytes": 24},
+               {"name": "v", "region": "arena", "offset": 8, "nbytes": 24}]
     in_place = {"args": [0, 3, 1], "stores": ["y"], "predicted": {"bytes": 72}}
-    apart = {"args": [0, 3, 2], "stores": ["z"], "predicted": {"bytes": 72}}
-    assert cold_copies(in_place, buffers, 96) == (4, [1])
-    assert cold_copies(apart, buffers, 96) == (4, [1, 2])
+    assert cold_copies(in_place, buffers, 96) == (4, [0, 1, 2])
+    assert cold_copies(in_place, buffers, 96, warm=((16, 40),)) == (4, [1])
+    assert cold_copies(in_place, buffers, 96, warm=((24, 40),)) == (4, [0, 1, 2])
+    assert cold_copies({"args": [4, 3, 1], "stores": ["y"], "predicted": {"bytes": 72}}, buffers, 96) == (4, [1])
+    assert cold_copies({"args": [0, 3, 2], "stores": ["z"], "predicted": {"bytes": 72}}, buffers, 96) == (4, [1, 2])
+    before = {"args": [2, 1], "stores": ["y"]}
+    assert stored_ranges(before, buffers) == ((0, 24),)
 
 
 def test_cold_copies_stay_within_their_budget() -> None:
