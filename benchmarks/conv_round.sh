@@ -73,6 +73,8 @@
 #   bash benchmarks/conv_round.sh maps     # session 79: [Note: moved maps] (aicf_run/moved.py): its GPU tests (and the profile's,
 #                                          # PDL's), memcheck over them; ResNet-50 B32 profiled with its Hopper kernels' weights
 #                                          # and outputs rotated too, beside its timeline
+#   bash benchmarks/conv_round.sh cap      # session 79: `maps`, with [Note: im2col boxes in flight] (the sm_90 profile's cap of 4);
+#                                          # ResNet-50 B32 compiled without the cap too and A/B'd against it (7 rounds)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -413,5 +415,20 @@ PY
     profile r32
     python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps" >&2; exit 2 ;;
+  cap)
+    echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
+    ( build_r32_tl; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_nocap.aicf --target sm_90 --precision fp16 \
+        -q --profile $W/nocap.json ) &
+    timeout 200 python3 -m pytest -m gpu -q --tb=short tests/test_moved_maps.py tests/test_run_bench.py tests/test_pdl.py \
+        2>&1 | tail -40 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
+    timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/test_moved_maps.py 2>&1 | tail -3 | tee "$OUT/memcheck.txt"
+    wait
+    timeline_r32 timeline
+    profile r32
+    python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
+    timeout 120 python3 benchmarks/plan_ab.py nocap=$W/r32_nocap.aicf cap=$W/r32.aicf --rounds 7 2>&1 | tail -3 \
+        | tee "$OUT/ab_cap.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps|cap" >&2; exit 2 ;;
 esac

@@ -62,6 +62,18 @@ the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
                  the 130 GB/s an SM streamed in hardware.py's [Note: L2 share of a small grid]) and
                  the walk at 360 pixel rows a microsecond (620 was fitted on an H100 in session 6,
                  with the stores from registers)
+    [Note: im2col boxes in flight]
+                 t_latency divides the TMA's latency by min(STAGES - 1, im2col_in_flight): the 64-row
+                 ping-pong tiles of ResNet-50 B32's stage-2 and stage-4 3x3s took 0.24-0.25 us a k-block
+                 whatever STAGES (an H100's `aicfc tune`, session 74, tune_3x3_session74_h100.json: the
+                 28x28x128 3x3 on 64x128 ping-pong tiles 16.8 us at STAGES 5 and at 6, predicted 16.6 and
+                 13.9; session 78's profiles: 1.15-1.28 of their predictions alone, 1.22-1.68 in the chain),
+                 where STAGES - 1 k-blocks in flight said 0.20 at six: no more than four k-blocks' boxes
+                 are in flight, as if the TMA's im2col walk held at most four outstanding. The sm_90
+                 profile (an H100) carries 4; over that report it moves the 7x7x512 stride-2 3x3 from
+                 64x104 tiles (19.3 us measured) to one measured at 19.0 and leaves the others' picks.
+                 The h200 profile keeps no cap (0): on H200s (sessions 29 and 37) the schedules the cap
+                 prefers for the stage-4 3x3s measured 1.5-12% slower than the 64x104 tiles.
 
 Halo reuse: under gather and im2col the KH·KW taps of neighbouring output pixels re-read the same
 image rows; they hit in L2 (t_load counts them at L2 bandwidth, DRAM once) while the image fits
@@ -136,7 +148,9 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         # (the image is channels-last: 64 or more channels a pixel are one copy, 8 are 8)
         copies = max(1, ROW_BYTES // (ITEMSIZE[p["dtype"]] * types[g.a.buffer].shape[-1]))
         t_gather = copies * bm / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
-        t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / (st - 1)
+        # at most `im2col_in_flight` k-blocks' boxes in flight, whatever STAGES ([Note: im2col boxes in flight])
+        cap = hw.data.get("im2col_in_flight") or st - 1
+        t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / min(st - 1, cap)
     else:
         t_load = ROW_BYTES * (bm + bn) / l2_sm
         t_gather = bm * (ROW_BYTES // 16) * GATHER_OPS / (128.0 * hw.data.get("clock_mhz", CLOCK_MHZ))
