@@ -55,6 +55,14 @@ projection copies 9.4 -> 14.4, 4.2 -> 6.2 and 3.2 -> 3.7 us (in the chain 12.8, 
 and 4.2), stage 1's residual add 17.0 -> 20.0 (17.5 in the chain), the pooling 3.0 either way (3.7): past the chain
 where the plan's next kernels hide some of the write-back, short of it elsewhere; the mean |log(alone / chain)| of
 the five 0.32 -> 0.20.
+A tensor a kernel updates in place (its output over exactly the bytes of an input of another name: a residual
+add) moves with that input, one copy for both, unless the kernel before wrote it (then it is warm in the plan
+too); an output overlapping another argument only in part stays. Measured (session 79, an H100,
+benchmarks/results/moved_maps_session79.txt): with the Hopper kernels rotating and these updates moved,
+ResNet-50 B32's expansions with their residual ran alone 15.8 -> 23.4 us (stage 2; 21.3 in the chain, 21.3
+predicted), 10.2 -> 13.1 (stage 3; 11.5) and 9.5 -> 11.8 (stage 4; 10.4-10.9), and the mean |log(alone / chain)|
+of the 52 convolutions went 0.115 -> 0.104 (0.155 in session 78, rotating neither, its alone and chain times from
+two other H100s).
 
 Per kernel, beside the measured time:
 - predicted: the bundle's `predicted.time_us`, the cost model's estimate (launch included);

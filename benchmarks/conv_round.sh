@@ -75,6 +75,10 @@
 #                                          # and outputs rotated too, beside its timeline
 #   bash benchmarks/conv_round.sh cap      # session 79: `maps`, with [Note: im2col boxes in flight] (the sm_90 profile's cap of 4);
 #                                          # ResNet-50 B32 compiled without the cap too and A/B'd against it (7 rounds)
+#   bash benchmarks/conv_round.sh h200     # session 79 (an H200): ResNet-50 B32 compiled with --profile h200, profiled alone and in
+#                                          # the plan's chain (--timeline)
+#   bash benchmarks/conv_round.sh capab    # session 79: the cap's A/B on ResNet-50 B1, MobileNetV2 and EfficientNet-B0 B32 (where a
+#                                          # schedule differs); ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -430,5 +434,34 @@ PY
     timeout 120 python3 benchmarks/plan_ab.py nocap=$W/r32_nocap.aicf cap=$W/r32.aicf --rounds 7 2>&1 | tail -3 \
         | tee "$OUT/ab_cap.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps|cap" >&2; exit 2 ;;
+  h200)
+    ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --profile h200 --precision fp16 -q &&
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --profile h200 --precision fp16 \
+        -q --timeline ) > $W/compile.log 2>&1; echo "compile rc=$?"
+    timeline_r32 timeline
+    profile r32
+    python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
+    ;;
+  capab)
+    echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
+    for c in resnet50:1 mobilenet_v2:32 efficientnet_b0:32; do
+      n=$(echo $c | sed 's/:/_b/')
+      ( python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 &&
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_nocap.aicf --target sm_90 --precision fp16 -q --profile $W/nocap.json &&
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_cap.aicf --target sm_90 --precision fp16 -q ) > $W/compile_$n.log 2>&1 \
+        || echo "compile $c failed" &
+    done
+    wait
+    for c in resnet50:1 mobilenet_v2:32 efficientnet_b0:32; do
+      n=$(echo $c | sed 's/:/_b/'); echo "## $c"
+      python3 -c "import sys; from aicf_run.bundle import read_bundle as r; a, b = r(sys.argv[1]), r(sys.argv[2]); \
+d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params']]; print('schedules that differ:', d or 'none')" \
+        $W/${n}_nocap.aicf $W/${n}_cap.aicf
+      timeout 100 python3 benchmarks/plan_ab.py nocap=$W/${n}_nocap.aicf cap=$W/${n}_cap.aicf --rounds 7 2>&1 | tail -2
+    done 2>&1 | tee "$OUT/ab_cap_cnns.txt"
+    timeout 300 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
+    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab" >&2; exit 2 ;;
 esac
