@@ -71,9 +71,23 @@ the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
                  where STAGES - 1 k-blocks in flight said 0.20 at six: no more than four k-blocks' boxes
                  are in flight, as if the TMA's im2col walk held at most four outstanding. The sm_90
                  profile (an H100) carries 4; over that report it moves the 7x7x512 stride-2 3x3 from
-                 64x104 tiles (19.3 us measured) to one measured at 19.0 and leaves the others' picks.
+                 64x104 tiles (19.3 us measured) to 128x128 tiles in 2 k-splits as a cluster (19.0) and
+                 leaves the others' picks. Measured in session 79 (an H100,
+                 benchmarks/results/moved_maps_session79.txt): the stage-2 3x3s predicted 15.2 us where
+                 they were 12.5 (15.8-16.0 alone, 17.5-18.0 in the chain); ResNet-50 B32's convolutions
+                 within [0.8, 1.25] of their predictions 47 of 52 alone and 49 in the chain; but its
+                 three stage-4 3x3s, all moved to the split tiles, ran 19.2-19.8 us alone against
+                 17.7-19.0 on 64x104 tiles (another H100 of the same session) and the plan replayed 0.993x
+                 without the cap (7 rounds; B1, MobileNetV2 and EfficientNet-B0 keep every schedule): the
+                 split tiles are predicted 1.13-1.17 of what they take, the 64x104 ones 1.04-1.11, so the
+                 1% the model puts between them is the wrong way round in the plan. Launched plainly (the
+                 `aicfc tune` above) the split ran 0.3 us faster than the 64x104 tiles, so what slows it
+                 lies in the plan's dependent launches (a cluster's CTAs landing only together?), which no
+                 term has yet; a pace for every k-split cluster, fitted here, would move the Llama
+                 prefill's down projections too, and was not kept.
                  The h200 profile keeps no cap (0): on H200s (sessions 29 and 37) the schedules the cap
-                 prefers for the stage-4 3x3s measured 1.5-12% slower than the 64x104 tiles.
+                 prefers for the stage-4 3x3s measured 1.5-12% slower than the 64x104 tiles (0.996x on
+                 the plan in session 79), and without it 52 of the 52 measured within the band alone.
 
 Halo reuse: under gather and im2col the KH·KW taps of neighbouring output pixels re-read the same
 image rows; they hit in L2 (t_load counts them at L2 bandwidth, DRAM once) while the image fits
