@@ -815,7 +815,8 @@ class Executor:
         if symbol is not None and maps:
             # in PyCUDA's instance of the module and, for dependent launches, the driver API's (aicf_run/pdl.py)
             what = f"kernel {index} ({name})"
-            tensormap.write_constant(self._cuda, module, symbol, maps, what, f"the bundle is inconsistent, {_RECOMPILE}")
+            fix = f"the bundle is inconsistent, {_RECOMPILE}"
+            tensormap.write_constant(self._cuda, module, symbol, maps, what, fix)
             if self._pdl is not None:
                 self._pdl.write_global(kernel["module"], symbol, b"".join(maps), what)
         return _Launch(index=index, name=name, function=self._function(module, index, kernel, len(maps)),

@@ -35,9 +35,10 @@ copies of their weights. The copies of a kernel stay within COPY_L2S times the L
 gate/up weight that the O projection only prefetches a head of) is read where it lies. A kernel that
 takes tensor maps (the Hopper GEMMs and convolutions) is launched with maps of its own at the copies
 ([Note: moved maps] in aicf_run/moved.py; until session 79 it kept its buffers). The activations it
-reads are not moved: in a plan the kernel before has just written them into L2. The table's header says how many kernels were timed so. Built in session 61 without a GPU
-(tested on the fake one): whether the QKV, O and attention then measure within [0.8, 1.25] of their
-predictions is the next GPU profile's to say.
+reads are not moved: in a plan the kernel before has just written them into L2. The table's header
+says how many kernels were timed so. Built in session 61 without a GPU (tested on the fake one):
+whether the QKV, O and attention then measure within [0.8, 1.25] of their predictions is the next
+GPU profile's to say.
 
 [Note: outputs written back]
 Repeated alone, a kernel also writes its output into the same L2 lines launch after launch, and those lines,
@@ -49,8 +50,8 @@ benchmarks/results/trigger_end_session78_h100.txt: its stage-3 projection copy 4
 argument shares their bytes; what the kernel reads that the kernel before it wrote stays where it lies, warm as
 in the plan. The Hopper GEMMs and convolutions, whose tensor maps hold their buffers' addresses, rotate too
 since session 79 ([Note: moved maps] in aicf_run/moved.py); for every kernel the plan's own figure is its time in
-the chain (`aicf-run --timeline`). Measured (session 78, call 4 of the same file, an H100): ResNet-50 B32's five pointwise
-kernels so timed moved toward their times in the chain (call 3's, another H100): the stage-2, -3 and -4
+the chain (`aicf-run --timeline`). Measured (session 78, call 4 of the same file, an H100): ResNet-50 B32's five
+pointwise kernels so timed moved toward their times in the chain (call 3's, another H100): the stage-2, -3 and -4
 projection copies 9.4 -> 14.4, 4.2 -> 6.2 and 3.2 -> 3.7 us (in the chain 12.8, 7.2 and 5.3; predicted 16.0, 8.1
 and 4.2), stage 1's residual add 17.0 -> 20.0 (17.5 in the chain), the pooling 3.0 either way (3.7): past the chain
 where the plan's next kernels hide some of the write-back, short of it elsewhere; the mean |log(alone / chain)| of
