@@ -127,6 +127,19 @@ timeline_r32() {
   timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz > "$OUT/$1.json" 2>&1
   echo "timeline $1 rc=$?"
 }
+# moved_maps_checks: [Note: moved maps]'s GPU tests with the profile's and PDL's, then memcheck over its own
+moved_maps_checks() {
+  timeout 200 python3 -m pytest -m gpu -q --tb=short tests/test_moved_maps.py tests/test_run_bench.py tests/test_pdl.py \
+      2>&1 | tail -40 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
+  timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
+      tests/test_moved_maps.py 2>&1 | tail -3 | tee "$OUT/memcheck.txt"
+}
+# alone_and_chain: $W/r32_tl.aicf's timeline and $W/r32.aicf's profile, summarized side by side
+alone_and_chain() {
+  timeline_r32 timeline
+  profile r32
+  python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
+}
 case "${1:-}" in
   unfold)
     ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &&
@@ -410,27 +423,17 @@ PY
     ;;
   maps)
     build_r32_tl &
-    timeout 200 python3 -m pytest -m gpu -q --tb=short tests/test_moved_maps.py tests/test_run_bench.py tests/test_pdl.py \
-        2>&1 | tail -40 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
-    timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
-        tests/test_moved_maps.py 2>&1 | tail -3 | tee "$OUT/memcheck.txt"
+    moved_maps_checks
     wait
-    timeline_r32 timeline
-    profile r32
-    python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
+    alone_and_chain
     ;;
   cap)
     echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
     ( build_r32_tl; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_nocap.aicf --target sm_90 --precision fp16 \
         -q --profile $W/nocap.json ) &
-    timeout 200 python3 -m pytest -m gpu -q --tb=short tests/test_moved_maps.py tests/test_run_bench.py tests/test_pdl.py \
-        2>&1 | tail -40 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
-    timeout 200 compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider \
-        tests/test_moved_maps.py 2>&1 | tail -3 | tee "$OUT/memcheck.txt"
+    moved_maps_checks
     wait
-    timeline_r32 timeline
-    profile r32
-    python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
+    alone_and_chain
     timeout 120 python3 benchmarks/plan_ab.py nocap=$W/r32_nocap.aicf cap=$W/r32.aicf --rounds 7 2>&1 | tail -3 \
         | tee "$OUT/ab_cap.txt"
     ;;
@@ -439,9 +442,7 @@ PY
       python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --profile h200 --precision fp16 -q &&
       python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --profile h200 --precision fp16 \
         -q --timeline ) > $W/compile.log 2>&1; echo "compile rc=$?"
-    timeline_r32 timeline
-    profile r32
-    python3 benchmarks/conv_profile_summary.py "$OUT/profile_r32.txt" --timeline "$OUT/timeline.json" 2>&1 | tail -3
+    alone_and_chain
     ;;
   capab)
     echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json

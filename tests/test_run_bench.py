@@ -271,20 +271,24 @@ def test_profile_rotates_weights_over_copies_past_the_l2(tmp_path: Path, fake_gp
     device.close()
 
 
-def test_profile_rotates_the_outputs_it_writes(tmp_path: Path, fake_gpu: FakeDriver) -> None:
-    """[Note: outputs written back] (aicf_run/profile.py): the arena buffer a kernel stores rotates over copies with
-    its weight (L2 96 bytes: 4 copies); the input x stays where it lies, and the run after the profile is right."""
-    payload = make_payload()
+def _profiled_writer(payload: dict, path: Path, fake_gpu: FakeDriver) -> tuple[Any, Any, list[tuple[int, ...]]]:
+    """`payload`'s one kernel storing y, with an L2 of 96 bytes (4 copies), profiled: (device, executor, the
+    arguments of each of the fake kernel's launches)."""
     payload["target"]["profile"]["l2_bytes"] = 96
     payload["kernels"][0]["stores"] = ["y"]
-    path = tmp_path / "outputs.aicf"
     write_bundle(payload, path)
     device = open_device()
     executor = Executor(read_bundle(path), device)
     fake_gpu.launches.clear()
     [kernel] = executor.profile().kernels
     assert kernel.copies == 4
-    launched = [args for symbol, _, _, args, _ in fake_gpu.launches if symbol == "add"]
+    return device, executor, [args for symbol, _, _, args, _ in fake_gpu.launches if symbol == "add"]
+
+
+def test_profile_rotates_the_outputs_it_writes(tmp_path: Path, fake_gpu: FakeDriver) -> None:
+    """[Note: outputs written back] (aicf_run/profile.py): the arena buffer a kernel stores rotates over copies with
+    its weight (L2 96 bytes: 4 copies); the input x stays where it lies, and the run after the profile is right."""
+    device, executor, launched = _profiled_writer(make_payload(), tmp_path / "outputs.aicf", fake_gpu)
     assert len({args[2] for args in launched}) == 4 and len({args[1] for args in launched}) == 4   # y and w move
     assert len({args[0] for args in launched}) == 1                                                   # x does not
     np.testing.assert_array_equal(executor.run({"x": X})["y"], X + WEIGHT)
@@ -295,17 +299,8 @@ def test_profile_moves_an_update_in_place_with_its_input(tmp_path: Path, fake_gp
     """y = x + b + w written over b (the same bytes, another name): the profile's launches rotate b and y over the
     same copies (L2 96 bytes: 4), x where it lies."""
     payload = make_payload(two_inputs=True)
-    payload["target"]["profile"]["l2_bytes"] = 96
     payload["buffers"][3]["offset"] = payload["buffers"][1]["offset"]
-    payload["kernels"][0]["stores"] = ["y"]
-    path = tmp_path / "in_place.aicf"
-    write_bundle(payload, path)
-    device = open_device()
-    executor = Executor(read_bundle(path), device)
-    fake_gpu.launches.clear()
-    [kernel] = executor.profile().kernels
-    assert kernel.copies == 4
-    launched = [args for symbol, _, _, args, _ in fake_gpu.launches if symbol == "add"]
+    device, _, launched = _profiled_writer(payload, tmp_path / "in_place.aicf", fake_gpu)
     assert all(args[1] == args[3] for args in launched) and len({args[3] for args in launched}) == 4
     assert len({args[0] for args in launched}) == 1
     device.close()
