@@ -79,6 +79,8 @@
 #                                          # the plan's chain (--timeline)
 #   bash benchmarks/conv_round.sh capab    # session 79: the cap's A/B on ResNet-50 B1, MobileNetV2 and EfficientNet-B0 B32 (where a
 #                                          # schedule differs); ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
+#   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
+#                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
 source "$(dirname "$0")/round_env.sh" gpu.txt
 W=/tmp/r50; mkdir -p $W
 # build_r32: ResNet-50 B32 exported ($W/resnet50_b32.onnx and its inputs) and compiled into $W/r32.aicf (sm_90, fp16)
@@ -464,5 +466,15 @@ d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params
     timeout 300 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab" >&2; exit 2 ;;
+  splitpdl)
+    echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
+    build_r32
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_nocap.aicf --target sm_90 --precision fp16 -q \
+        --profile $W/nocap.json
+    for b in r32_nocap r32 r32_nocap r32; do echo "## $b"
+      timeout 100 python3 benchmarks/pdl_alone.py $W/$b.aicf --input $W/resnet50_b32_inputs.npz --rounds 3 \
+          --kernels k45 k46 k47 k50 k53 k56 2>&1 | tail -7
+    done | tee "$OUT/pdl_split.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl" >&2; exit 2 ;;
 esac
