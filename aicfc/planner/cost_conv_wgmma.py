@@ -80,11 +80,14 @@ the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
                  17.7-19.0 on 64x104 tiles (another H100 of the same session) and the plan replayed 0.993x
                  without the cap (7 rounds; B1, MobileNetV2 and EfficientNet-B0 keep every schedule): the
                  split tiles are predicted 1.13-1.17 of what they take, the 64x104 ones 1.04-1.11, so the
-                 1% the model puts between them is the wrong way round in the plan. Launched plainly (the
-                 `aicfc tune` above) the split ran 0.3 us faster than the 64x104 tiles, so what slows it
-                 lies in the plan's dependent launches (a cluster's CTAs landing only together?), which no
-                 term has yet; a pace for every k-split cluster, fitted here, would move the Llama
-                 prefill's down projections too, and was not kept.
+                 1% the model puts between them is the wrong way round. Not the dependent launch: on one
+                 H100 (`conv_round.sh splitpdl`, benchmarks/pdl_alone.py, two rounds) the split tiles ran
+                 18.5-19.4 us launched as the plan launches them and 18.8-19.8 plainly, the 64x104 tiles
+                 17.1-17.6 and 17.8-18.3: today's split kernel is slower than session 74's `aicfc tune` had
+                 it (0.3 us faster then, before sessions 76-77 changed both kernels' prologue and trigger),
+                 so its terms (the split's k-blocks, or its cluster's exchange) are 8% optimistic on this
+                 shape. A pace for every k-split cluster, fitted here, would move the Llama prefill's down
+                 projections too, and was not kept.
                  The h200 profile keeps no cap (0): on H200s (sessions 29 and 37) the schedules the cap
                  prefers for the stage-4 3x3s measured 1.5-12% slower than the 64x104 tiles (0.996x on
                  the plan in session 79), and without it 52 of the 52 measured within the band alone.
