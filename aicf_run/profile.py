@@ -279,7 +279,7 @@ def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes:
     arguments that share one buffer's bytes exactly take one copy); (1, []) where none is. `warm`: the arena byte
     ranges (start, end) the kernel before it in the plan wrote, which a tensor it updates in place keeps."""
     args = kernel["args"]
-    stores = {name for record in launch_records(kernel) for name in record.get("stores", ())}
+    stores = _stored_names(kernel)
     groups: dict[Any, set[int]] = {}   # one copy each: a weight or state buffer, or an activation's bytes
     for i, b in enumerate(args):
         buffer = buffers[b]
@@ -287,8 +287,8 @@ def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes:
             continue
         if buffer["region"] in ("weights", "state"):
             groups.setdefault(b, set()).add(i)
-        elif _written_apart(i, args, buffers, stores, warm):
-            groups.setdefault(_range(buffer), set()).update(_sharing(i, args, buffers))
+        elif with_i := _moved_with(i, args, buffers, stores, warm):
+            groups.setdefault(_range(buffer), set()).update(with_i)
     if not groups:
         return 1, []
     sizes = {key: buffers[args[min(group)]]["nbytes"] for key, group in groups.items()}
@@ -306,9 +306,14 @@ def cold_copies(kernel: dict[str, Any], buffers: list[dict[str, Any]], l2_bytes:
 
 def stored_ranges(kernel: dict[str, Any], buffers: list[dict[str, Any]]) -> tuple[tuple[int, int], ...]:
     """The arena byte ranges (start, end) of the buffers `kernel` stores."""
-    stores = {name for record in launch_records(kernel) for name in record.get("stores", ())}
+    stores = _stored_names(kernel)
     return tuple(_range(buffers[b]) for b in kernel["args"]
                  if buffers[b]["region"] == "arena" and buffers[b].get("name") in stores)
+
+
+def _stored_names(kernel: dict[str, Any]) -> set[str]:
+    """The names of the buffers a launch's kernel records store."""
+    return {name for record in launch_records(kernel) for name in record.get("stores", ())}
 
 
 def _sharing(i: int, args: list[int], buffers: list[dict[str, Any]]) -> list[int]:
@@ -322,20 +327,21 @@ def _range(buffer: dict[str, Any]) -> tuple[int, int]:
     return buffer["offset"], buffer["offset"] + buffer["nbytes"]
 
 
-def _written_apart(i: int, args: list[int], buffers: list[dict[str, Any]], stores: set[str],
-                   warm: tuple[tuple[int, int], ...] = ()) -> bool:
-    """[Note: outputs written back]: whether argument `i` is an activation the kernel writes (an arena buffer it
-    stores) that can move: no other argument shares part of its bytes (read where it lies and written into the
-    copy, such a tensor would read warm); arguments over exactly its bytes (a tensor updated in place under another
-    name) move with it, unless the kernel before wrote them (`warm`: in the plan the update reads them from L2)."""
+def _moved_with(i: int, args: list[int], buffers: list[dict[str, Any]], stores: set[str],
+                warm: tuple[tuple[int, int], ...] = ()) -> list[int]:
+    """[Note: outputs written back]: the positions that move with argument `i` (`i` among them) where it is an
+    activation the kernel writes (an arena buffer it stores) that can move, else none: no other argument shares part
+    of its bytes (read where it lies and written into the copy, such a tensor would read warm); arguments over
+    exactly its bytes (a tensor updated in place under another name) move with it, unless the kernel before wrote
+    them (`warm`: in the plan the update reads them from L2)."""
     b = buffers[args[i]]
     if b["region"] != "arena" or b.get("name") not in stores:
-        return False
+        return []
     sharing = _sharing(i, args, buffers)
     if any(_range(buffers[args[j]]) != _range(b) for j in sharing):
-        return False
+        return []
     lo, hi = _range(b)
-    return len(sharing) == 1 or not any(start < hi and lo < end for start, end in warm)
+    return sharing if len(sharing) == 1 or not any(start < hi and lo < end for start, end in warm) else []
 
 
 def _kernel_us(executor: Executor, index: int) -> tuple[float, int]:

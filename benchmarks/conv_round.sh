@@ -109,14 +109,20 @@ sanitize_stream_k() {
         --input /tmp/skb/${c}_in.npz --output-dir /tmp 2>&1 | tail -1 | sed "s/^/$c $tool: /"
   done; done | tee "$OUT/sanitizer.txt"
 }
-# late_pair CASE: CASE exported into $W and compiled with the late trigger off (NAME_base.aicf, --pin late=0) and on
-# (NAME_late.aicf), NAME the case with ':' as '_b' (efficientnet_b0:32 -> efficientnet_b0_b32)
-late_pair() {
+# compile_pair CASE A FLAGS_A B: CASE exported into $W and compiled twice, into NAME_A.aicf with FLAGS_A and NAME_B.aicf
+# with none, NAME the case with ':' as '_b' (efficientnet_b0:32 -> efficientnet_b0_b32)
+compile_pair() {
   local n; n=$(echo $1 | sed 's/:/_b/')
   ( python3 benchmarks/export_case.py $1 --out-dir $W > $W/export_$n.log 2>&1 &&
-    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_base.aicf --target sm_90 --precision fp16 -q --pin late=0 &&
-    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_late.aicf --target sm_90 --precision fp16 -q ) \
+    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_$2.aicf --target sm_90 --precision fp16 -q $3 &&
+    python3 -m aicfc compile $W/$n.onnx -o $W/${n}_$4.aicf --target sm_90 --precision fp16 -q ) \
     > $W/compile_$n.log 2>&1 || echo "compile $1 failed"
+}
+# late_pair CASE: CASE with the late trigger off (NAME_base.aicf, --pin late=0) and on (NAME_late.aicf)
+late_pair() { compile_pair $1 base "--pin late=0" late; }
+# nocap_profile: $W/nocap.json, the sm_90 profile without [Note: im2col boxes in flight]'s cap
+nocap_profile() {
+  echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
 }
 # build_r32_tl: build_r32, then the same model compiled with --timeline ($W/r32_tl.aicf)
 build_r32_tl() {
@@ -430,7 +436,7 @@ PY
     alone_and_chain
     ;;
   cap)
-    echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
+    nocap_profile
     ( build_r32_tl; python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_nocap.aicf --target sm_90 --precision fp16 \
         -q --profile $W/nocap.json ) &
     moved_maps_checks
@@ -447,14 +453,8 @@ PY
     alone_and_chain
     ;;
   capab)
-    echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
-    for c in resnet50:1 mobilenet_v2:32 efficientnet_b0:32; do
-      n=$(echo $c | sed 's/:/_b/')
-      ( python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_nocap.aicf --target sm_90 --precision fp16 -q --profile $W/nocap.json &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_cap.aicf --target sm_90 --precision fp16 -q ) > $W/compile_$n.log 2>&1 \
-        || echo "compile $c failed" &
-    done
+    nocap_profile
+    for c in resnet50:1 mobilenet_v2:32 efficientnet_b0:32; do compile_pair $c nocap "--profile $W/nocap.json" cap & done
     wait
     for c in resnet50:1 mobilenet_v2:32 efficientnet_b0:32; do
       n=$(echo $c | sed 's/:/_b/'); echo "## $c"
@@ -467,7 +467,7 @@ d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
   splitpdl)
-    echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
+    nocap_profile
     build_r32
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_nocap.aicf --target sm_90 --precision fp16 -q \
         --profile $W/nocap.json
