@@ -79,6 +79,14 @@
 #                                          # the plan's chain (--timeline)
 #   bash benchmarks/conv_round.sh capab    # session 79: the cap's A/B on ResNet-50 B1, MobileNetV2 and EfficientNet-B0 B32 (where a
 #                                          # schedule differs); ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
+#   bash benchmarks/conv_round.sh nwg3     # session 80: [Note: three warpgroups] (192-row tiles): its GPU tests, memcheck over
+#                                          # some; ResNet-50 B32 compiled by the tree before (ab_old/aicfc, a copy of the
+#                                          # previous commit's package, run from there) and now, A/B'd (7 rounds); the new
+#                                          # plan profiled alone and in the chain; EfficientNet-B0 B32, BERT-base and GPT-2
+#                                          # B8 S512 compiled both ways and A/B'd where a schedule differs
+#   bash benchmarks/conv_round.sh nwg3pin  # session 80: ResNet-50 B32 with 192-row tiles pinned where the planner does not pick
+#                                          # them (a stage-1 and a stage-3 3x3, a stage-3 reduce 1x1, by their torch-export
+#                                          # node names), profiled: measured / predicted of those candidates
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
 source "$(dirname "$0")/round_env.sh" gpu.txt
@@ -476,5 +484,46 @@ d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params
           --kernels k45 k46 k47 k50 k53 k56 2>&1 | tail -7
     done | tee "$OUT/pdl_split.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl" >&2; exit 2 ;;
+  nwg3)
+    # every compile first, on the CPU, while the GPU runs the tests
+    ( build_r32_tl; cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 \
+        --precision fp16 -q ) > $W/compile_before.log 2>&1 &
+    CP=$!
+    timeout 240 python3 -m pytest -m gpu -q -n 8 --tb=short tests/test_conv_wgmma.py tests/test_gemm_wgmma.py \
+        -k "three or nwg3 or NWG3" 2>&1 | tail -30 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
+    timeout 150 compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_conv_wgmma.py \
+        -k "three_warpgroups and (3x3_s1_p1 or wide_k or 7x7_s2_p3_c8)" 2>&1 | tail -3 | tee "$OUT/memcheck.txt"
+    wait $CP; echo "compiles rc=$?"
+    timeout 120 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf nwg3=$W/r32.aicf --rounds 7 2>&1 | tail -3 \
+        | tee "$OUT/ab_nwg3.txt"
+    alone_and_chain
+    ;;
+  nwg3pin)
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_pin.aicf --target sm_90 --precision fp16 -q \
+        --pin node_Conv_760:NWG=3 --pin node_Conv_838:NWG=3 --pin node_Conv_838:BN=64 --pin node_Conv_841:NWG=3 \
+        --pin node_Conv_841:BN=64 > $W/compile_pin.log 2>&1; echo "compile rc=$?"; tail -2 $W/compile_pin.log
+    python3 -m aicfc explain $W/r32_pin.aicf 2>&1 | grep -A4 -E "^k(4|30|31) " | grep -E "^k|schedule|predicted" \
+        | tee "$OUT/explain_pin.txt"
+    profile r32_pin
+    ;;
+  nwg3ab)
+    # CASE:STEM[:EXPORT FLAGS]; each exported, compiled now and by ab_old/aicfc, A/B'd where a schedule differs
+    CASES="efficientnet_b0:32/efficientnet_b0_b32 bert:8x512/bert_b8_s512 gpt2:8x512/gpt2_b8_s512 llama:1x512/llama_b1_s512_l2"
+    for cs in $CASES; do
+      c=${cs%/*}; n=${cs#*/}; extra=""; [ "${c%%:*}" = llama ] && extra="--layers 2"
+      ( python3 benchmarks/export_case.py $c $extra --out-dir $W > $W/export_$n.log 2>&1 &&
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_nwg3.aicf --target sm_90 --precision fp16 -q &&
+        cd ab_old && python3 -m aicfc compile $W/$n.onnx -o $W/${n}_before.aicf --target sm_90 --precision fp16 -q ) \
+        > $W/compile_$n.log 2>&1 || echo "compile $c failed" &
+    done
+    wait
+    for cs in $CASES; do
+      c=${cs%/*}; n=${cs#*/}; echo "## $c"
+      python3 -c "import sys; from aicf_run.bundle import read_bundle as r; a, b = r(sys.argv[1]), r(sys.argv[2]); \
+d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params']]; print('schedules that differ:', d or 'none'); \
+sys.exit(0 if d else 1)" $W/${n}_before.aicf $W/${n}_nwg3.aicf && \
+      timeout 100 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf nwg3=$W/${n}_nwg3.aicf --rounds 7 2>&1 | tail -2
+    done 2>&1 | tee "$OUT/ab_nwg3_models.txt"
+    ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl|nwg3|nwg3pin|nwg3ab" >&2; exit 2 ;;
 esac

@@ -231,7 +231,8 @@ NVCC_CASES = [
     ("1x1_s2", dict(x=(2, 64, 28, 28), w=(256, 64, 1, 1), strides=[2, 2])),
     ("dilated", dict(x=(1, 16, 13, 13), w=(16, 16, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2])),
 ]
-NVCC_PINS = [dict(NWG=1, MI=1, BN=64), dict(NWG=2, MI=1, BN=256), dict(NWG=1, MI=2, BN=128), dict(NWG=2, MI=1, BN=128)]
+NVCC_PINS = [dict(NWG=1, MI=1, BN=64), dict(NWG=2, MI=1, BN=256), dict(NWG=1, MI=2, BN=128), dict(NWG=2, MI=1, BN=128),
+             dict(NWG=3, MI=1, BN=128)]
 
 
 def _cuobjdump() -> str | None:
@@ -328,10 +329,39 @@ def test_gpu_conv_wgmma(case, epilogue, precision, gpu_device):
     assert [k["params"]["unit"] for k in payload["kernels"] if k["family"] == "conv"] == ["wgmma"]
 
 
+# every case the TMA's im2col mode reads (not the 24- and 40-channel ones: 8-channel runs, whole k-blocks)
+THREE_WG = [c for c in GPU_CONVS if c[0] not in ("3x3_s2_p1", "odd_sizes")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", THREE_WG, ids=[c for c, _ in THREE_WG])
+def test_gpu_conv_three_warpgroups(case, gpu_device):
+    """[Note: three warpgroups] (codegen/gemm_wgmma.py): 192-row tiles on three consumer warpgroups, the
+    image read by the TMA (im2col, the 8-channel stem's taps too), against float64."""
+    spec = dict(case[1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", **spec)
+    payload = _gpu_check(model, "fp16", gpu_device, {"unit": "wgmma", "NWG": 3})
+    assert [(k["params"]["NWG"], k["params"]["A"], k["params"]["SPLITK"]) for k in payload["kernels"]
+            if k["family"] == "conv"] == [(3, "tma", 1)]
+
+
+def test_three_warpgroups_read_by_the_tma():
+    """[Note: three warpgroups]: the convolution engine offers 192-row tiles unsplit with A by the TMA
+    only (no gathering producer, no halo tiles, no stream-k)."""
+    spec = dict(GPU_CONVS[0][1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", **spec)
+    plan = _stages(model, pin={"unit": "wgmma"})["plan_memory"]
+    k = [k for k in plan.kernels if k.family == "conv"][0]
+    hw = load_profile("sm_90")
+    pts = [p for p in conv_wgmma.space(k, plan, hw.sm_count, hw.smem_per_block_optin) if p["NWG"] == 3]
+    assert pts and all(p["A"] == "tma" and p["SPLITK"] == 1 and not p["STREAM"] and p["BM"] == 192 for p in pts)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("stem,pin", [(False, {}), (False, {"unit": "wgmma"}), (False, {"unit": "wgmma", "NWG": 2}),
+                                      (False, {"unit": "wgmma", "NWG": 3}),
                                       (True, {}), (False, {"projection": "0"}), (False, {"unit": "wgmma", "projection": "0"})],
-                         ids=["by_cost", "wgmma", "wgmma_nwg2", "stem_by_cost", "apart", "apart_wgmma"])
+                         ids=["by_cost", "wgmma", "wgmma_nwg2", "wgmma_nwg3", "stem_by_cost", "apart", "apart_wgmma"])
 def test_gpu_resnet_stage(stem, pin, gpu_device):
     """Two ResNet-50 bottlenecks (a strided projection, residual adds, ReLU epilogues), after a
     7x7 stem and max pool where `stem` (whose 3 channels keep it off wgmma, so it is not pinned),

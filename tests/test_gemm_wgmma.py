@@ -7,6 +7,8 @@ bit), batches with and without a broadcast operand, an epilogue, and every tile 
 """
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -82,7 +84,7 @@ def test_space_respects_accumulators_and_shared_memory():
     pts = gemm_wgmma.space(_gemm_kernel(plan), plan, "f16", hw.sm_count, hw.smem_per_block_optin)
     assert pts and all(p["MI"] * p["BN"] // 2 <= gemm_wgmma.MAX_ACC for p in pts)
     assert all(gemm_wgmma.smem_bytes(p) + gemm_wgmma.static_smem(p) <= hw.smem_per_block_optin for p in pts)
-    assert {p["BM"] for p in pts} == {64, 128, 256} and all(p["CTAS"] == hw.sm_count for p in pts)
+    assert {p["BM"] for p in pts} == {64, 128, 192, 256} and all(p["CTAS"] == hw.sm_count for p in pts)
 
 
 def test_tensor_maps_follow_the_operand_layouts():
@@ -115,7 +117,7 @@ SHAPES = [(64, 64, 64), (128, 768, 768), (77, 136, 72), (1, 4096, 1024), (300, 5
 LAYOUTS = [(f, s) for f in (gemm_transb_bias_relu, broadcast_batch, two_inputs_batched, a_transposed, b_transposed_input)
            for s in ((72, 136, 88), (128, 256, 192))]   # TMA: every stride a multiple of 16 bytes
 TILES = [{"NWG": nwg, "PP": pp, "MI": mi, "BN": bn} for nwg, pp in ((1, 0), (2, 0), (2, 1)) for mi in (1, 2)
-         for bn in (64, 128, 192, 256) if mi * bn <= 256]
+         for bn in (64, 128, 192, 256) if mi * bn <= 256] + [{"NWG": 3, "PP": 0, "MI": 1, "BN": bn} for bn in (64, 128)]
 
 
 @pytest.mark.gpu
@@ -149,6 +151,40 @@ def test_wgmma_tiles(tile, stages, gpu_device):
     """Every point of the family on a shape with edges in M and N and several tiles per block."""
     model = matmul(700, 512, 1000, np.random.default_rng(3))
     _check(model, "fp16", {"unit": "wgmma", "STAGES": stages, **tile}, gpu_device, seed=4)
+
+
+def test_three_warpgroups_space():
+    """[Note: three warpgroups]: NWG = 3 candidates are cooperative tiles of one m64 block a warpgroup
+    (BM = 192) at most 128 wide, unsplit and unclustered, 512 threads, the consumers given 152 registers by setmaxnreg (the
+    producer's 40 and 3·128·152 within an SM's 64K); a 6272 x 256 GEMM (ResNet-50 B32's stage 3)
+    fills 132 SMs with them exactly (33 x 4 tiles of 192 x 64)."""
+    plan = _plan(matmul(6272, 1024, 256, np.random.default_rng(0)))
+    k = _gemm_kernel(plan)
+    hw = load_profile("sm_90")
+    pts = [p for p in gemm_wgmma.space(k, plan, "f16", hw.sm_count, hw.smem_per_block_optin) if p["NWG"] == 3]
+    assert pts and all(p["BM"] == 192 and p["MI"] == 1 and not p["PP"] and p["BN"] <= 128 for p in pts)
+    assert all(p["SPLITK"] == 1 and p["CLUSTER"] == 1 and not p["STREAM"] for p in pts)
+    assert all(gemm_wgmma.threads(p) == 512 for p in pts)
+    assert gemm_wgmma.tiles(k, {**pts[0], "BN": 64})[2] == 132
+    assert gemm_wgmma.consumer_regs(3, gemm_wgmma.PRODUCER_REGS, gemm_wgmma.CONSUMER_REGS) == 152
+    assert gemm_wgmma.consumer_regs(2, gemm_wgmma.PRODUCER_REGS, gemm_wgmma.CONSUMER_REGS) == gemm_wgmma.CONSUMER_REGS
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("bn", (64, 128))
+def test_three_warpgroups_build_without_spills(bn, tmp_path, monkeypatch):
+    """ptxas fits a 192-row tile's three consumer warpgroups in the 128 registers 512 threads may have
+    at launch, with no local memory; the consumers raise theirs to 152."""
+    from aicfc.codegen.module import render_module
+    from aicfc.codegen.nvcc import build
+    monkeypatch.setenv("AICF_CACHE_DIR", str(tmp_path))
+    plan = _plan(matmul(700, 512, 1000, np.random.default_rng(3)), pin={"unit": "wgmma", "NWG": 3, "BN": bn})
+    k = _gemm_kernel(plan)
+    assert k.schedule.param["NWG"] == 3 and k.schedule.block[0] == 512
+    source = render_module(plan)
+    assert "setmaxnreg.inc.sync.aligned.u32 152" in source and "__launch_bounds__(512, 1)" in source
+    built = build(source, "sm_90")
+    assert built.spills.get(k.name, 0) == 0, built.spills
 
 
 def test_split_k_space_only_where_tiles_cannot_fill_the_gpu():

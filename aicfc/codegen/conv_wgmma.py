@@ -37,8 +37,9 @@ taps, SBO = 128 between 8-row groups); a tap past the filter's last re-reads tha
 weights the filter's map reads as zeros. The map's corners: lower = -pad, upper chosen so the walk
 takes OW positions a row (ceil((W + upper - lower) / stride) = OW).
 
-Parameter space (`space`): NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (not both
-2: that epilogue spills under ptxas), BN in
+Parameter space (`space`): NWG in {1, 2, 3} consumer warpgroups of MI in {1, 2} m64 blocks (not both
+2: that epilogue spills under ptxas; three unsplit with A = tma alone, [Note: three warpgroups] in
+codegen/gemm_wgmma.py), BN in
 {64, 128, 256} and the fill width ([Note: widths that fill the SMs] in codegen/gemm_wgmma.py; not with halo)
 (at most MAX_ACC accumulators per thread), STAGES 3 to 6 while the ring fits,
 persistent CTAS = min(tiles·SPLITK, SMs), A in {gather, tma, halo} (halo: stride-1 convolutions,
@@ -91,7 +92,7 @@ from aicfc.ir.properties import implicit_gemm
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = gemm_wgmma.TARGET
-SPACE = {"NWG": (1, 2), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6), "A": ("gather", "tma", "halo"),
+SPACE = {"NWG": (1, 2, 3), "MI": (1, 2), "BN": (64, 128, 256), "STAGES": (3, 4, 5, 6), "A": ("gather", "tma", "halo"),
          "SPLITK": (1, 2, 3, 4, 6)}
 RUN = 16                                  # bytes per gathered run
 NARROW = 16                               # bytes of a pixel's channels an im2col copy may read as core-matrix rows
@@ -454,20 +455,24 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                 # two warpgroups of two m64 blocks: the register epilogue's index splitting spills past
                 # the 168 registers a thread of 384 may have (ptxas, CUDA 13); under ping-pong (PP) each
                 # warpgroup holds a whole tile of MI m64 blocks, as one warpgroup does
-                if mi * bn // 2 > MAX_ACC or (bn > 64 and bn // 2 >= n) or (nwg == 2 and mi == 2 and not pp):
+                if mi * bn // 2 > MAX_ACC or (bn > 64 and bn // 2 >= n) or (nwg == 2 and mi == 2 and not pp) \
+                        or not gemm_wgmma.tile_ok(nwg, pp, mi, bn):
                     continue
                 p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype),
                      "NWG": nwg, "MI": mi, "PP": pp}
+                # [Note: three warpgroups] (gemm_wgmma.py): 192-row tiles unsplit, with A by the TMA alone
+                three = gemm_wgmma.plain_only(nwg)
                 h = halo_geometry(k, types, p["BM"])
-                if not isinstance(h, str) and not pp and out is points:   # (the halo loops do not take turns)
+                if not isinstance(h, str) and not pp and not three and out is points:   # (the halo loops do not take turns)
                     q = dict(p, A="halo", PITCH=h.pitch, OHP=h.oh_pad, TILE_BYTES=h.tile_bytes, SPLITK=1)
                     halos += staged(dict(q, CTAS=min(tiles(k, q)[2], hw_sms)), [{}])
                 nt, ktiles = tiles(k, p)[2], math.ceil(kk / p["BK"])
-                for sk in split_ks(nt, ktiles, hw_sms):
+                these = [a for a in loads if a == "tma"] if three else loads
+                for sk in [1] if three else split_ks(nt, ktiles, hw_sms):
                     out += [q for c in staged(dict(p, SPLITK=sk, CTAS=min(nt * sk, hw_sms), STREAM=0),
-                                              [{"A": a, "OUT": o} for a in loads for o in outs])
+                                              [{"A": a, "OUT": o} for a in these for o in outs])
                             for q in gemm_wgmma.with_cl(c, nt, hw_sms)]
-                if gemm_wgmma.stream_ok(nt, ktiles, hw_sms):   # stream-k: an even share of all k-blocks a block
+                if not three and gemm_wgmma.stream_ok(nt, ktiles, hw_sms):   # stream-k: an even share of all k-blocks a block
                     out += staged(dict(p, SPLITK=1, CTAS=hw_sms, STREAM=1), [{"A": a, "OUT": o} for a in loads for o in outs])
     return halos + points + fill
 
@@ -699,7 +704,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   staged=staged_parts(k, types, parts["params"], parts["idx"]) if p.get("OUT") else None,
                   KT_PER=gemm_wgmma.kt_per(p, kk), partials=parts["params"].get(f"{k.name}.partials"),
                   tickets=parts["params"].get(f"{k.name}.tickets"), ROT_D=None,
-                  PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, CLUSTER=1, CL=p.get("CL", 0), TS=None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK, prefetch=(), copy_in=None,
+                  PRODUCER_REGS=PRODUCER_REGS,
+                  CONSUMER_REGS=gemm_wgmma.consumer_regs(p["NWG"], PRODUCER_REGS, CONSUMER_REGS), CLUSTER=1, CL=p.get("CL", 0), TS=None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK, prefetch=(), copy_in=None,
                   STREAM=p.get("STREAM", 0),
                   MAXPARTS=gemm_wgmma.stream_parts(total, math.ceil(kk / p["BK"]), p["CTAS"]) if p.get("STREAM") else 0,
                   im2col=im2col, halo=halo and dict(

@@ -18,7 +18,8 @@ K-major operands alone). Every other variable of the access is one more tensor-m
 any M, N, K works without predicates or padding; what it needs is 16-byte strides and a
 16-byte aligned start (`TensorMap.problems`), else the candidate is declined with the reason.
 
-Parameter space: NWG in {1, 2} consumer warpgroups of MI in {1, 2} m64 blocks (BM = 64·NWG·MI);
+Parameter space: NWG in {1, 2, 3} consumer warpgroups of MI in {1, 2} m64 blocks (BM = 64·NWG·MI;
+three only as [Note: three warpgroups] says);
 OUT (the itemsize of the stored tensor where its rows can be written in 16-byte chunks, or 0):
 the consumers stage the output tile in shared memory of their own and store whole sectors
 (`gemm.staged_layout`), instead of each thread's two-column pieces from registers. Both are
@@ -173,6 +174,23 @@ SMs the 100-tile grid left free (the cost model does not see that), and stage 4 
 against 183.4. The whole plan replayed the same, 819.6 against 819.9 us (15 alternating rounds), as did
 EfficientNet-B0 B32's (four 1x1 GEMMs moved to 128x120: 965.5 against 965.0 us).
 
+[Note: three warpgroups]
+Tiles of 64 or 128 rows leave SMs idle where the rows of tiles do not divide into the SMs: ResNet-50
+B32's stage 2 has 25088 rows, 196 tiles of 128 rows at 128 columns on 132 SMs (the busiest SM runs two,
+the wave 74% full), stage 4's first 1x1 (6272 rows, 1024 -> 512 channels) 49 rows of tiles of 128. NWG = 3
+consumer warpgroups of one m64 block each make 192-row tiles: 131 of them at 128 columns in stage 2, one
+wave, each SM's tensor work 0.75 of two 128-row tiles'. A block is 512 threads, so 128 registers a thread
+at launch; `setmaxnreg` gives the producer 40 (56 in the convolution engine) and each consumer what is
+left, 152 (`consumer_regs`); the accumulators stay at WIDE_ACC (BN <= 128: 64 sums a thread). Offered
+cooperative only (MI = 1, no ping-pong), unsplit, unclustered, without stream-k (`plain_only`), and in the
+convolution engine with A by the TMA alone: with the gathering producer (128 threads gathering 192 rows)
+a staged 3x3 spilled 32 bytes within those 128 registers (ptxas, CUDA 13). Measured on an H100 (session
+80, benchmarks/results/three_warpgroups_session80_h100.txt, each kernel alone): the stage-2 3x3
+convolutions 15.8-15.9 -> 13.4 us (47% -> 55.6% of the tensor peak), stage 4's first 1x1 (6272 x 512,
+K 1024) 14.9 -> 11.9; the stage-3 3x3s as two k-splits of 192x128 in a cluster (132 CTAs) ran 18.1 us
+against 15.3 unsplit at 128x128, where [Note: k-splits as a cluster]'s terms had them 2.4 us faster
+(predicted 14.6): not offered.
+
 [Note: images as rows]
 FLAT = 1: a batched GEMM whose batch variable b (the one just outside m) steps every access of the
 kernel by M times its step along m (`gemm.flat_var`: the operands, the epilogue's reads and the store;
@@ -246,7 +264,7 @@ from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.types import ITEMSIZE, TensorType
 
 TARGET = "sm_90"          # wgmma and setmaxnreg are sm_90a features: Hopper only
-SPACE = {"NWG": (1, 2), "PP": (0, 1), "MI": (1, 2), "BN": (64, 128, 192, 256), "STAGES": (2, 3, 4, 5, 6, 7, 8),
+SPACE = {"NWG": (1, 2, 3), "PP": (0, 1), "MI": (1, 2), "BN": (64, 128, 192, 256), "STAGES": (2, 3, 4, 5, 6, 7, 8),
          "SPLITK": (1, 2, 3, 4, 6, 8), "CLUSTER": (1, 2), "TS": (0, 1)}
 KSTEP = {"f16": 16, "bf16": 16, "tf32": 8}
 ROW_BYTES = 128           # one swizzle row: BK·itemsize
@@ -254,6 +272,25 @@ GROUP = 8                 # tile rows per raster group
 CL_SPLITS = (2, 4)        # k-splits that may be one cluster ([Note: k-splits as a cluster])
 MAX_ACC = 128             # fp32 accumulators per consumer thread
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg with NWG = 2: 128·40 + 256·232 <= 65536
+WIDE_ACC = 64             # fp32 accumulators per consumer thread with three warpgroups ([Note: three warpgroups])
+
+
+def consumer_regs(nwg: int, producer: int, most: int) -> int:
+    """The registers `setmaxnreg` gives each consumer thread: `most` up to two warpgroups, else what the
+    64K an SM has leave after the producer's `producer`, in steps of 8 (three: 152 with 40 or 56)."""
+    if nwg <= 2:
+        return most
+    return (65536 - 128 * producer) // (128 * nwg) // 8 * 8
+
+
+def tile_ok(nwg: int, pp: int, mi: int, bn: int) -> bool:
+    """[Note: three warpgroups]: NWG = 3 only cooperative, of one m64 block each, at most WIDE_ACC sums a thread."""
+    return nwg < 3 or (not pp and mi == 1 and bn // 2 <= WIDE_ACC)
+
+
+def plain_only(nwg: int) -> bool:
+    """[Note: three warpgroups]: NWG = 3 tiles are offered unsplit, unclustered and without stream-k."""
+    return nwg > 2
 SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in the kernel
 
 
@@ -496,14 +533,14 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
             bm = 64 * mi * (1 if pp else nwg)
             flats = (0, 1) if merged and math.ceil(m * eb / bm) < eb * math.ceil(m / bm) else (0,)
             for fl, bn in ((fl, bn) for bn in SPACE["BN"] for fl in flats):
-                if mi * bn // 2 <= MAX_ACC:
+                if mi * bn // 2 <= MAX_ACC and tile_ok(nwg, pp, mi, bn):
                     points += _points((nwg, pp, mi, bn, bm), m * eb if fl else m, n, kk,
                                       nb // eb if fl else nb, dtype, hw_sms, smem_limit, stores, copies_in,
                                       {"FLAT": fl} if merged else {})
             for fl in flats if b_k_major else ():
                 mm, bb = (m * eb, nb // eb) if fl else (m, nb)
                 for bn in fill_widths(math.ceil(mm / bm) * bb, n, hw_sms):
-                    if mi * bn // 2 <= MAX_ACC:
+                    if mi * bn // 2 <= MAX_ACC and tile_ok(nwg, pp, mi, bn):
                         fills += _points((nwg, pp, mi, bn, bm), mm, n, kk, bb, dtype, hw_sms, smem_limit,
                                          [st for st in stores if not st[1]], copies_in,
                                          {"FLAT": fl} if merged else {})
@@ -518,6 +555,8 @@ def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: i
     tiles = math.ceil(m / bm) * math.ceil(n / bn) * nb
     ktiles = math.ceil(kk / bk(dtype))
     for sk, cl in ((sk, cl) for sk in SPACE["SPLITK"] for cl in SPACE["CLUSTER"]):
+        if plain_only(nwg) and (sk > 1 or cl > 1):
+            continue
         per = math.ceil(ktiles / sk)
         if sk > 1 and (tiles * sk > 2 * hw_sms or tiles >= hw_sms or per < 2 or (sk - 1) * per >= ktiles):
             continue
@@ -526,7 +565,7 @@ def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: i
         pairs = math.ceil(math.ceil(m / bm) / 2) * math.ceil(n / bn) * nb
         ctas = 2 * min(pairs, hw_sms // 2) if cl > 1 else min(tiles * sk, hw_sms)
         # stream-k (STREAM = 1): every SM takes an even share of all the k-blocks
-        streams = (0, 1) if sk == 1 and cl == 1 and stream_ok(tiles, ktiles, hw_sms) else (0,)
+        streams = (0, 1) if sk == 1 and cl == 1 and not plain_only(nwg) and stream_ok(tiles, ktiles, hw_sms) else (0,)
         for st, (o, ts), sm in ((st, o, sm) for st in SPACE["STAGES"] for o in stores for sm in streams
                                 if not (pp and o[1])):
             p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
@@ -641,7 +680,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   TA=int(not a.k_major), TB=int(not b.k_major), a=a, b=b, idx=parts["idx"],
                   signature=parts["signature"], decompose=parts["decompose"], epilogue=parts["epilogue"],
                   paired=parts["paired"], staged=parts["staged"] if p.get("OUT") else None, SPLITK=p.get("SPLITK", 1), KT_PER=kt_per(p, parts["K"]),
-                  partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS,
+                  partials=parts["partials"], tickets=parts["tickets"], ROT_D=parts["rotary"], PRODUCER_REGS=PRODUCER_REGS,
+                  CONSUMER_REGS=consumer_regs(p["NWG"], PRODUCER_REGS, CONSUMER_REGS),
                   CLUSTER=p.get("CLUSTER", 1), PAIRS_M=pairs(k, p)[0], PAIRS=pairs(k, p)[1], CL=p.get("CL", 0),
                   STREAM=p.get("STREAM", 0), MAXPARTS=stream_parts(total, math.ceil(parts["K"] / p["BK"]), p["CTAS"])
                   if p.get("STREAM") else 0,
