@@ -163,7 +163,7 @@ def test_three_warpgroups_space():
     hw = load_profile("sm_90")
     pts = [p for p in gemm_wgmma.space(k, plan, "f16", hw.sm_count, hw.smem_per_block_optin) if p["NWG"] == 3]
     assert pts and all(p["BM"] == 192 and p["MI"] == 1 and not p["PP"] and p["BN"] <= 128 for p in pts)
-    assert all(p["SPLITK"] == 1 and p["CLUSTER"] == 1 and not p["STREAM"] for p in pts)
+    assert all(p["SPLITK"] == 1 and p["CLUSTER"] == 1 and not p["STREAM"] and not p["TS"] for p in pts)
     assert all(gemm_wgmma.threads(p) == 512 for p in pts)
     assert gemm_wgmma.tiles(k, {**pts[0], "BN": 64})[2] == 132
     assert gemm_wgmma.consumer_regs(3, gemm_wgmma.PRODUCER_REGS, gemm_wgmma.CONSUMER_REGS) == 152

@@ -175,20 +175,20 @@ against 183.4. The whole plan replayed the same, 819.6 against 819.9 us (15 alte
 EfficientNet-B0 B32's (four 1x1 GEMMs moved to 128x120: 965.5 against 965.0 us).
 
 [Note: three warpgroups]
-Tiles of 64 or 128 rows leave SMs idle where the rows of tiles do not divide into the SMs: ResNet-50
-B32's stage 2 has 25088 rows, 196 tiles of 128 rows at 128 columns on 132 SMs (the busiest SM runs two,
-the wave 74% full), stage 4's first 1x1 (6272 rows, 1024 -> 512 channels) 49 rows of tiles of 128. NWG = 3
-consumer warpgroups of one m64 block each make 192-row tiles: 131 of them at 128 columns in stage 2, one
-wave, each SM's tensor work 0.75 of two 128-row tiles'. A block is 512 threads, so 128 registers a thread
-at launch; `setmaxnreg` gives the producer 40 (56 in the convolution engine) and each consumer what is
-left, 152 (`consumer_regs`); the accumulators stay at WIDE_ACC (BN <= 128: 64 sums a thread). Offered
-cooperative only (MI = 1, no ping-pong), unsplit, unclustered, without stream-k (`plain_only`), and in the
-convolution engine with A by the TMA alone: with the gathering producer (128 threads gathering 192 rows)
-a staged 3x3 spilled 32 bytes within those 128 registers (ptxas, CUDA 13). Measured on an H100 (session
-80, benchmarks/results/three_warpgroups_session80_h100.txt, each kernel alone): the stage-2 3x3
-convolutions 15.8-15.9 -> 13.4 us (47% -> 55.6% of the tensor peak), stage 4's first 1x1 (6272 x 512,
-K 1024) 14.9 -> 11.9; the stage-3 3x3s as two k-splits of 192x128 in a cluster (132 CTAs) ran 18.1 us
-against 15.3 unsplit at 128x128, where [Note: k-splits as a cluster]'s terms had them 2.4 us faster
+Tiles of 64 or 128 rows leave SMs idle where the rows of tiles do not divide into the SMs: ResNet-50 B32's
+stage 2 has 25088 rows, 196 tiles of 128 rows at 128 columns on 132 SMs (the busiest SM runs two, the wave
+74% full), stage 4's first 1x1 (6272 rows, 1024 -> 512 channels) 49 rows of tiles of 128. NWG = 3 consumer
+warpgroups of one m64 block each make 192-row tiles: 131 of them at 128 columns in stage 2, one wave, each
+SM's tensor work 0.75 of two 128-row tiles'. A block is 512 threads, so 128 registers a thread at launch;
+`setmaxnreg` gives the producer 40 (56 in the convolution engine) and each consumer what is left, 152
+(`consumer_regs`); the accumulators stay at WIDE_ACC (BN <= 128: 64 sums a thread). Offered cooperative only
+(MI = 1, no ping-pong), unsplit, unclustered, without stream-k or TMA stores (`plain_only`: the forms not
+run on a GPU with them), and in the convolution engine with A by the TMA alone: with the gathering producer
+(128 threads gathering 192 rows) a staged 3x3 spilled 32 bytes within those 128 registers (ptxas, CUDA 13).
+Measured on an H100 (session 80, benchmarks/results/three_warpgroups_session80_h100.txt, each kernel alone):
+the stage-2 3x3 convolutions 15.8-15.9 -> 13.4 us (47% -> 55.6% of the tensor peak), stage 4's first 1x1
+(6272 x 512, K 1024) 14.9 -> 11.9; the stage-3 3x3s as two k-splits of 192x128 in a cluster (132 CTAs) ran
+18.1 us against 15.3 unsplit at 128x128, where [Note: k-splits as a cluster]'s terms had them 2.4 us faster
 (predicted 14.6): not offered.
 
 [Note: images as rows]
@@ -273,6 +273,7 @@ CL_SPLITS = (2, 4)        # k-splits that may be one cluster ([Note: k-splits as
 MAX_ACC = 128             # fp32 accumulators per consumer thread
 PRODUCER_REGS, CONSUMER_REGS = 40, 232   # setmaxnreg with NWG = 2: 128·40 + 256·232 <= 65536
 WIDE_ACC = 64             # fp32 accumulators per consumer thread with three warpgroups ([Note: three warpgroups])
+SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in the kernel
 
 
 def consumer_regs(nwg: int, producer: int, most: int) -> int:
@@ -289,9 +290,8 @@ def tile_ok(nwg: int, pp: int, mi: int, bn: int) -> bool:
 
 
 def plain_only(nwg: int) -> bool:
-    """[Note: three warpgroups]: NWG = 3 tiles are offered unsplit, unclustered and without stream-k."""
+    """[Note: three warpgroups]: NWG = 3 tiles are offered unsplit, unclustered, without stream-k or TMA stores."""
     return nwg > 2
-SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in the kernel
 
 
 def fill_widths(tiles_m: int, n: int, hw_sms: int) -> tuple[int, ...]:
@@ -567,7 +567,7 @@ def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: i
         # stream-k (STREAM = 1): every SM takes an even share of all the k-blocks
         streams = (0, 1) if sk == 1 and cl == 1 and not plain_only(nwg) and stream_ok(tiles, ktiles, hw_sms) else (0,)
         for st, (o, ts), sm in ((st, o, sm) for st in SPACE["STAGES"] for o in stores for sm in streams
-                                if not (pp and o[1])):
+                                if not ((pp or plain_only(nwg)) and o[1])):
             p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
                  "MI": mi, "OUT": o, "TS": ts, "STAGES": st, "SPLITK": sk, "CLUSTER": cl,
                  "CTAS": hw_sms if sm else ctas, "STREAM": sm, **extra}
