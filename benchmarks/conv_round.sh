@@ -128,6 +128,12 @@ compile_pair() {
 }
 # late_pair CASE: CASE with the late trigger off (NAME_base.aicf, --pin late=0) and on (NAME_late.aicf)
 late_pair() { compile_pair $1 base "--pin late=0" late; }
+# schedules_differ A B: prints the kernels whose schedules differ between bundles A and B; fails where none do
+schedules_differ() {
+  python3 -c "import sys; from aicf_run.bundle import read_bundle as r; a, b = r(sys.argv[1]), r(sys.argv[2]); \
+d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params']]; print('schedules that differ:', d or 'none'); \
+sys.exit(0 if d else 1)" "$1" "$2"
+}
 # nocap_profile: $W/nocap.json, the sm_90 profile without [Note: im2col boxes in flight]'s cap
 nocap_profile() {
   echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
@@ -466,9 +472,7 @@ PY
     wait
     for c in resnet50:1 mobilenet_v2:32 efficientnet_b0:32; do
       n=$(echo $c | sed 's/:/_b/'); echo "## $c"
-      python3 -c "import sys; from aicf_run.bundle import read_bundle as r; a, b = r(sys.argv[1]), r(sys.argv[2]); \
-d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params']]; print('schedules that differ:', d or 'none')" \
-        $W/${n}_nocap.aicf $W/${n}_cap.aicf
+      schedules_differ $W/${n}_nocap.aicf $W/${n}_cap.aicf
       timeout 100 python3 benchmarks/plan_ab.py nocap=$W/${n}_nocap.aicf cap=$W/${n}_cap.aicf --rounds 7 2>&1 | tail -2
     done 2>&1 | tee "$OUT/ab_cap_cnns.txt"
     timeout 300 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
@@ -519,9 +523,7 @@ d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params
     wait
     for cs in $CASES; do
       c=${cs%/*}; n=${cs#*/}; echo "## $c"
-      python3 -c "import sys; from aicf_run.bundle import read_bundle as r; a, b = r(sys.argv[1]), r(sys.argv[2]); \
-d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params']]; print('schedules that differ:', d or 'none'); \
-sys.exit(0 if d else 1)" $W/${n}_before.aicf $W/${n}_nwg3.aicf && \
+      schedules_differ $W/${n}_before.aicf $W/${n}_nwg3.aicf && \
       timeout 100 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf nwg3=$W/${n}_nwg3.aicf --rounds 7 2>&1 | tail -2
     done 2>&1 | tee "$OUT/ab_nwg3_models.txt"
     ;;
