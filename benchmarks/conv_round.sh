@@ -22,6 +22,7 @@
 #   bash benchmarks/conv_round.sh verify   # after a planner change (session 74): ResNet-50 B32 compiled (its explain kept),
 #                                          # checked and profiled; memcheck and racecheck over one run of its plan; the
 #                                          # Hopper GEMM and convolution GPU tests; ResNet-50 B32 and B1 against torch.compile
+#   bash benchmarks/conv_round.sh close    # `verify` without its profile (session 81: after `nwg3` on the same machine)
 #   bash benchmarks/conv_round.sh split    # session 75 (an H100): which of session 74's two sm_90 candidates moved the plans,
 #                                          # cluster_lockstep 0.02 alone and l2_total_gbs 9500 alone, each A/B'd against sm_90's
 #                                          # on ResNet-50 B32, BERT-base B8 S512 and GPT-2 B8 S512 (the schedules that differ
@@ -87,6 +88,7 @@
 #   bash benchmarks/conv_round.sh nwg3pin  # session 80: ResNet-50 B32 with 192-row tiles pinned where the planner does not pick
 #                                          # them (a stage-1 and a stage-3 3x3, a stage-3 reduce 1x1, by their torch-export
 #                                          # node names), profiled: measured / predicted of those candidates
+#   bash benchmarks/conv_round.sh s81      # session 81: `nwg3` and `nwg3pin` in one call (the final form of three warpgroups)
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
 source "$(dirname "$0")/round_env.sh" gpu.txt
@@ -133,6 +135,15 @@ schedules_differ() {
   python3 -c "import sys; from aicf_run.bundle import read_bundle as r; a, b = r(sys.argv[1]), r(sys.argv[2]); \
 d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params']]; print('schedules that differ:', d or 'none'); \
 sys.exit(0 if d else 1)" "$1" "$2"
+}
+# compile_pin: ResNet-50 B32 with 192-row tiles pinned where the planner does not pick them (a stage-1 3x3, a stage-3
+# reduce 1x1 and 3x3 at BN 64, by their torch-export node names) into $W/r32_pin.aicf; their schedules into $OUT
+compile_pin() {
+  python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_pin.aicf --target sm_90 --precision fp16 -q \
+      --pin node_Conv_760:NWG=3 --pin node_Conv_838:NWG=3 --pin node_Conv_838:BN=64 --pin node_Conv_841:NWG=3 \
+      --pin node_Conv_841:BN=64 > $W/compile_pin.log 2>&1; echo "compile pin rc=$?"; tail -2 $W/compile_pin.log
+  python3 -m aicfc explain $W/r32_pin.aicf 2>&1 | grep -A4 -E "^k(4|30|31) " | grep -E "^k|schedule|predicted" \
+      > "$OUT/explain_pin.txt"
 }
 # nocap_profile: $W/nocap.json, the sm_90 profile without [Note: im2col boxes in flight]'s cap
 nocap_profile() {
@@ -405,6 +416,18 @@ PY
     timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
+  close)
+    # verify without its profile, for a machine that ran `nwg3` (the bundle and its inputs kept; built where not)
+    [ -f $W/r32.aicf ] || build_r32
+    for tool in memcheck racecheck; do
+      timeout 150 compute-sanitizer --tool $tool python3 -m aicf_run $W/r32.aicf --no-graph \
+          --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -2 | tee "$OUT/$tool.txt"
+    done
+    timeout 200 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py 2>&1 | tail -3 \
+        | tee "$OUT/tests.txt"
+    timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
+    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
   chain)
     # every compile first, in parallel (the GPU idle), then the measurements one at a time
     build_r32_tl &
@@ -503,11 +526,23 @@ PY
     alone_and_chain
     ;;
   nwg3pin)
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_pin.aicf --target sm_90 --precision fp16 -q \
-        --pin node_Conv_760:NWG=3 --pin node_Conv_838:NWG=3 --pin node_Conv_838:BN=64 --pin node_Conv_841:NWG=3 \
-        --pin node_Conv_841:BN=64 > $W/compile_pin.log 2>&1; echo "compile rc=$?"; tail -2 $W/compile_pin.log
-    python3 -m aicfc explain $W/r32_pin.aicf 2>&1 | grep -A4 -E "^k(4|30|31) " | grep -E "^k|schedule|predicted" \
-        | tee "$OUT/explain_pin.txt"
+    [ -f $W/resnet50_b32_inputs.npz ] || python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    compile_pin
+    profile r32_pin
+    ;;
+  s81)
+    # session 81: `nwg3` and `nwg3pin` in one call, every compile first on the CPU while the GPU runs the tests
+    ( build_r32_tl; compile_pin; cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf \
+        --target sm_90 --precision fp16 -q ) > $W/compile_before.log 2>&1 &
+    CP=$!
+    timeout 240 python3 -m pytest -m gpu -q -n 8 --tb=short tests/test_conv_wgmma.py tests/test_gemm_wgmma.py \
+        -k "three or nwg3 or NWG3" 2>&1 | tail -30 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
+    timeout 150 compute-sanitizer --tool memcheck python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_conv_wgmma.py \
+        -k "three_warpgroups and (3x3_s1_p1 or wide_k or 7x7_s2_p3_c8)" 2>&1 | tail -3 | tee "$OUT/memcheck.txt"
+    wait $CP; echo "compiles rc=$?"; cp $W/compile_pin.log "$OUT/" 2>/dev/null
+    timeout 120 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf nwg3=$W/r32.aicf --rounds 7 2>&1 | tail -3 \
+        | tee "$OUT/ab_nwg3.txt"
+    alone_and_chain
     profile r32_pin
     ;;
   nwg3ab)
@@ -527,5 +562,5 @@ PY
       timeout 100 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf nwg3=$W/${n}_nwg3.aicf --rounds 7 2>&1 | tail -2
     done 2>&1 | tee "$OUT/ab_nwg3_models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl|nwg3|nwg3pin|nwg3ab" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|close|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl|nwg3|nwg3pin|nwg3ab|s81" >&2; exit 2 ;;
 esac
