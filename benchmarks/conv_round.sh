@@ -88,7 +88,7 @@
 #   bash benchmarks/conv_round.sh nwg3pin  # session 80: ResNet-50 B32 with 192-row tiles pinned where the planner does not pick
 #                                          # them (a stage-1 and a stage-3 3x3, a stage-3 reduce 1x1, by their torch-export
 #                                          # node names), profiled: measured / predicted of those candidates
-#   bash benchmarks/conv_round.sh s81      # session 81: `nwg3` and `nwg3pin` in one call (the final form of three warpgroups)
+#   bash benchmarks/conv_round.sh s81      # session 81: `nwg3` (no timeline) and `nwg3pin` in one call (the final form of three warpgroups)
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
 source "$(dirname "$0")/round_env.sh" gpu.txt
@@ -531,9 +531,13 @@ PY
     profile r32_pin
     ;;
   s81)
-    # session 81: `nwg3` and `nwg3pin` in one call, every compile first on the CPU while the GPU runs the tests
-    ( build_r32_tl; compile_pin; cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf \
-        --target sm_90 --precision fp16 -q ) > $W/compile_before.log 2>&1 &
+    # session 81: `nwg3` (without the chain's timeline) and `nwg3pin` in one call, the compiles in parallel on the CPU
+    # while the GPU runs the tests
+    ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q &
+      compile_pin &
+      cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
+      wait ) > $W/compile_before.log 2>&1 &
     CP=$!
     timeout 240 python3 -m pytest -m gpu -q -n 8 --tb=short tests/test_conv_wgmma.py tests/test_gemm_wgmma.py \
         -k "three or nwg3 or NWG3" 2>&1 | tail -30 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
@@ -542,7 +546,7 @@ PY
     wait $CP; echo "compiles rc=$?"; cp $W/compile_pin.log "$OUT/" 2>/dev/null
     timeout 120 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf nwg3=$W/r32.aicf --rounds 7 2>&1 | tail -3 \
         | tee "$OUT/ab_nwg3.txt"
-    alone_and_chain
+    profile r32
     profile r32_pin
     ;;
   nwg3ab)
