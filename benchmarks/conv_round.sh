@@ -530,6 +530,16 @@ PY
     compile_pin
     profile r32_pin
     ;;
+  s81min)
+    # `s81` for a device budget of a few minutes: the A/B against the previous package and the profile only
+    ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q &
+      cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
+      wait ) > $W/compile_before.log 2>&1; echo "compiles rc=$?"
+    timeout 90 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf nwg3=$W/r32.aicf --rounds 5 2>&1 | tail -3 \
+        | tee "$OUT/ab_nwg3.txt"
+    profile r32
+    ;;
   s81)
     # session 81: `nwg3` (without the chain's timeline) and `nwg3pin` in one call, the compiles in parallel on the CPU
     # while the GPU runs the tests
@@ -566,5 +576,5 @@ PY
       timeout 100 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf nwg3=$W/${n}_nwg3.aicf --rounds 7 2>&1 | tail -2
     done 2>&1 | tee "$OUT/ab_nwg3_models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|close|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl|nwg3|nwg3pin|nwg3ab|s81" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|close|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl|nwg3|nwg3pin|nwg3ab|s81|s81min" >&2; exit 2 ;;
 esac
