@@ -157,15 +157,43 @@ def _share(part: int, whole: int) -> str:
     return f" (the arena is {100 * part / whole:.0f}% of it)" if whole else ""
 
 
+def _kblocks(p: dict[str, Any]) -> str:
+    """The Hopper engine's k-blocks: what they are charged and each rate that could bind them (cost_wgmma.py,
+    cost_conv_wgmma.py), the binding one among them; a bundle from before t_kblocks_us shows the max of its rates."""
+    rates = [("tensor", p["t_compute_us"]), ("smem", p["t_smem_us"]), ("TMA", p["t_l2_us"])]
+    if p.get("t_gather_us"):
+        # (a bundle from before the walk was named does not say which)
+        rates.append(("im2col walk" if p.get("im2col_walk") else "gather issue" if "im2col_walk" in p else "A's gather",
+                      p["t_gather_us"]))
+    if p.get("t_gather_round_us"):
+        rates.append(("gather round trips", p["t_gather_round_us"]))
+    if p.get("t_latency_us"):
+        rates.append(("TMA latency", p["t_latency_us"]))
+    top = max(value for _, value in rates)
+    charged = p.get("t_kblocks_us", top)
+    pace = f" x pace {charged / top:.2f}" if top > 0 and charged > top * 1.01 else ""
+    return f"k-blocks {charged:.2f} = max({', '.join(f'{name} {value:.2f}' for name, value in rates)}){pace}"
+
+
 def _formula(p: dict[str, Any]) -> str:
     """The cost model's formula with this kernel's terms (planner/cost.py, cost_wgmma.py, cost_attention_wgmma.py,
     cost_gemv.py, cost_thin.py, cost_conv_stem.py)."""
     if "tiles_per_sm" in p:   # the persistent Hopper engine: per-SM tiles of k-blocks, each its slowest rate
-        return (f"fill {p['t_pipeline_us']:.2f} + max(the busiest SM's {p['tiles_per_sm']:.0f} tiles: k-blocks at "
-                f"max(tensor {p['t_compute_us']:.2f}, smem {p['t_smem_us']:.2f}, TMA {p['t_l2_us']:.2f}) + epilogues "
-                f"{p['t_epilogue_us']:.2f}, dram {p['t_dram_us']:.2f}"
+        n = max(1.0, p["tiles_per_sm"])
+        kb, epi, turn = p.get("t_kblocks_us", 0.0) / n, p["t_epilogue_us"] / n, p.get("consumers_in_turn", 0.0)
+        if p.get("pingpong"):    # each tile's epilogue under the other warpgroup's k-blocks, the last one's exposed
+            tiles = f"{_kblocks(p)}, ping-pong: {n:.0f} x max(k-blocks {kb:.2f}, epilogue {epi:.2f}) + the last epilogue {epi:.2f}"
+        elif turn:               # the pool unit's consumers in turn (cost_conv_pool.py)
+            tiles = (f"{_kblocks(p)}, {turn:.0f} warpgroups in turn: {n:.0f} x max(k-blocks {kb:.2f}, (tensor + "
+                     f"epilogue) / {turn:.0f} {(p['t_compute_us'] / n + epi) / turn:.2f}) + the last epilogue {epi:.2f}")
+        else:
+            tiles = f"{_kblocks(p)} + epilogues {p['t_epilogue_us']:.2f}"
+        return (f"fill {p['t_pipeline_us']:.2f} + max(the busiest SM's {p['tiles_per_sm']:.0f} tiles: {tiles}"
+                + (f" + split reduce {p['t_reduce_us']:.2f}" if p.get("t_reduce_us") else "")
+                + f", dram {p['t_dram_us']:.2f}"
                 + (f", L2 {p['t_l2_all_us']:.2f}" if p.get("t_l2_all_us") else "") + ")"
                 + (f" x pair in lockstep {p['lockstep']:.2f}" if p.get("lockstep", 1.0) > 1.0 else "")
+                + (f" + cluster {p['t_cluster_us']:.2f}" if p.get("t_cluster_us") else "")
                 + f" + launch {p['launch_us']:.2f}; "
                 f"waves {p['wave_eff']:.2f}, n_eff {p['n_eff']:.2f}")
     if "t_combine_us" in p:  # split-KV attention (planner/cost_attention_split.py)

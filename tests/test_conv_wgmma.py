@@ -357,6 +357,25 @@ def test_three_warpgroups_read_by_the_tma():
     assert pts and all(p["A"] == "tma" and p["SPLITK"] == 1 and not p["STREAM"] and p["BM"] == 192 for p in pts)
 
 
+@pytest.mark.parametrize("a", ["tma", "gather"])
+def test_explain_names_what_binds_the_k_blocks(a):
+    """`explain`'s formula names each rate that can bind a k-block (the TMA's im2col walk, the gathering
+    producer's issue and round trips among them) and its terms add up to the prediction."""
+    from aicfc.explain import _formula
+    spec = dict(GPU_CONVS[0][1])
+    model = B.conv_model(spec.pop("x"), spec.pop("w"), bn=True, act="relu", **spec)
+    plan = _stages(model, pin={"unit": "wgmma", "A": a, "PP": 0, "STREAM": 0})["plan_memory"]
+    (k,) = [k for k in plan.kernels if k.family == "conv"]
+    t = dict(k.schedule.predicted)
+    text = _formula(t)
+    assert ("im2col walk" in text) == (a == "tma") and ("gather issue" in text) == (a == "gather")
+    assert f"k-blocks {t['t_kblocks_us']:.2f} = max(" in text
+    rates = [t["t_compute_us"], t["t_smem_us"], t["t_l2_us"], t["t_gather_us"], t["t_gather_round_us"]]
+    assert t["t_kblocks_us"] == pytest.approx(max(rates))
+    tiles = t["t_kblocks_us"] + t["t_epilogue_us"] + t["t_reduce_us"]
+    assert t["time_us"] == pytest.approx(t["launch_us"] + t["t_pipeline_us"] + max(tiles, t["t_dram_us"]), abs=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("stem,pin", [(False, {}), (False, {"unit": "wgmma"}), (False, {"unit": "wgmma", "NWG": 2}),
                                       (False, {"unit": "wgmma", "NWG": 3}),

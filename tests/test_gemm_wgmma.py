@@ -466,3 +466,19 @@ def test_wgmma_stream_k(shape, pp, precision, gpu_device):
             if "no feasible" in str(e):
                 pytest.skip(str(e))
             raise
+
+
+@pytest.mark.parametrize("pin", [{"SPLITK": 1}, {"SPLITK": 2, "CL": 0}], ids=["tiles", "split"])
+def test_explain_adds_up_the_k_blocks(pin):
+    """`explain`'s formula for a Hopper GEMM: the k-blocks as charged (the TMA's round trip over STAGES - 1 among
+    the rates) plus the epilogues, the split's reduce, fill and launch add up to the prediction."""
+    from aicfc.explain import _formula
+    plan = _plan(matmul(512, 1024, 768, np.random.default_rng(3)),
+                 pin=dict(pin, unit="wgmma", PP=0, STREAM=0, CLUSTER=1, TS=0))
+    t = dict(_gemm_kernel(plan).schedule.predicted)
+    text = _formula(t)
+    assert f"k-blocks {t['t_kblocks_us']:.2f} = max(tensor" in text and "TMA latency" in text
+    assert ("split reduce" in text) == (pin["SPLITK"] > 1)
+    tiles = t["t_kblocks_us"] + t["t_epilogue_us"] + t["t_reduce_us"]
+    assert tiles > t["t_dram_us"]
+    assert t["time_us"] == pytest.approx(t["launch_us"] + t["t_pipeline_us"] + tiles, abs=1e-6)

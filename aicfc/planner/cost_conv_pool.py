@@ -88,4 +88,6 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
             "t_smem_us": per_sm * t_smem, "t_epilogue_us": per_sm * t_epi, "t_dram_us": t_dram,
             "t_pipeline_us": latency + t_filter, "tiles_per_sm": per_sm, "wave_eff": tiles / (per_sm * p["CTAS"]),
             "n_eff": n_eff(64), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
-            "parallel_eff": min(tiles, hw.sm_count) / hw.sm_count}
+            "parallel_eff": min(tiles, hw.sm_count) / hw.sm_count, "t_kblocks_us": per_sm * max(t_mma, t_rows, t_smem),
+            # NCONS warpgroups in turn (XP): a tile's products and epilogue over NCONS, the last epilogue exposed
+            "consumers_in_turn": float(p["NCONS"]) if p.get("XP") and p["NCONS"] > 1 else 0.0}

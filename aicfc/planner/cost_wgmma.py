@@ -423,6 +423,9 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     return {"time_us": time, "issued": issued, "dram": io_bytes + rereads,
             "t_compute_us": t_tensor, "t_smem_us": per_sm * ktiles * t_smem,
             "t_l2_us": per_sm * ktiles * t_load, "t_l2_all_us": t_l2_all, "t_dram_us": t_dram,
+            # the k-blocks as charged: the slowest rate, or the TMA's round trip over STAGES - 1, times a pair's pace
+            "t_latency_us": per_sm * ktiles * t_latency, "t_kblocks_us": per_sm * ktiles * t_kblock,
+            "t_reduce_us": t_reduce, "pingpong": 1.0 if p.get("PP") and not p.get("STREAM") else 0.0,
             "t_epilogue_us": per_sm * t_epi,
             "t_pipeline_us": t_fill, "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]),
             "n_eff": n_eff(bn, p), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
