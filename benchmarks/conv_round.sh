@@ -145,6 +145,18 @@ compile_pin() {
   python3 -m aicfc explain $W/r32_pin.aicf 2>&1 | grep -A4 -E "^k(4|30|31) " | grep -E "^k|schedule|predicted" \
       > "$OUT/explain_pin.txt"
 }
+# sanitize_test_peer: memcheck and racecheck over one run of $W/r32.aicf's plan, the Hopper GEMM and convolution GPU
+# tests, ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead") (benchmarks/models.py)
+sanitize_test_peer() {
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -2 | tee "$OUT/$tool.txt"
+  done
+  timeout 200 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py 2>&1 | tail -3 \
+      | tee "$OUT/tests.txt"
+  timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
+  echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+}
 # nocap_profile: $W/nocap.json, the sm_90 profile without [Note: im2col boxes in flight]'s cap
 nocap_profile() {
   echo '{"base": "sm_90", "name": "sm_90 without the im2col cap", "im2col_in_flight": 0}' > $W/nocap.json
@@ -407,26 +419,12 @@ PY
     build_r32
     python3 -m aicfc explain $W/r32.aicf > "$OUT/explain_r32.txt" 2>&1
     profile r32
-    for tool in memcheck racecheck; do
-      timeout 150 compute-sanitizer --tool $tool python3 -m aicf_run $W/r32.aicf --no-graph \
-          --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -2 | tee "$OUT/$tool.txt"
-    done
-    timeout 200 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py 2>&1 | tail -3 \
-        | tee "$OUT/tests.txt"
-    timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
-    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    sanitize_test_peer
     ;;
   close)
     # verify without its profile, for a machine that ran `nwg3` (the bundle and its inputs kept; built where not)
     [ -f $W/r32.aicf ] || build_r32
-    for tool in memcheck racecheck; do
-      timeout 150 compute-sanitizer --tool $tool python3 -m aicf_run $W/r32.aicf --no-graph \
-          --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -2 | tee "$OUT/$tool.txt"
-    done
-    timeout 200 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py 2>&1 | tail -3 \
-        | tee "$OUT/tests.txt"
-    timeout 200 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 --json "$OUT/models.json" > "$OUT/models.txt" 2>&1
-    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    sanitize_test_peer
     ;;
   chain)
     # every compile first, in parallel (the GPU idle), then the measurements one at a time
