@@ -89,6 +89,7 @@
 #                                          # them (a stage-1 and a stage-3 3x3, a stage-3 reduce 1x1, by their torch-export
 #                                          # node names), profiled: measured / predicted of those candidates
 #   bash benchmarks/conv_round.sh s81      # session 81: `nwg3` (no timeline) and `nwg3pin` in one call (the final form of three warpgroups)
+#   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
 source "$(dirname "$0")/round_env.sh" gpu.txt
@@ -144,6 +145,15 @@ compile_pin() {
       --pin node_Conv_841:BN=64 > $W/compile_pin.log 2>&1; echo "compile pin rc=$?"; tail -2 $W/compile_pin.log
   python3 -m aicfc explain $W/r32_pin.aicf 2>&1 | grep -A4 -E "^k(4|30|31) " | grep -E "^k|schedule|predicted" \
       > "$OUT/explain_pin.txt"
+}
+# build_now_and_before [pin]: ResNet-50 B32 exported, then compiled by this tree ($W/r32.aicf) and by ab_old/aicfc (a
+# copy of an earlier commit's package: $W/r32_before.aicf) in parallel, with compile_pin beside them where asked
+build_now_and_before() {
+  ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q &
+    [ -z "${1:-}" ] || compile_pin &
+    cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
+    wait ) > $W/compile_before.log 2>&1
 }
 # sanitize_test_peer: memcheck and racecheck over one run of $W/r32.aicf's plan, the Hopper GEMM and convolution GPU
 # tests, ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead") (benchmarks/models.py)
@@ -530,10 +540,7 @@ PY
     ;;
   s81min)
     # `s81` for a device budget of a few minutes: the A/B against the previous package and the profile only
-    ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
-      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q &
-      cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
-      wait ) > $W/compile_before.log 2>&1; echo "compiles rc=$?"
+    build_now_and_before; echo "compiles rc=$?"
     timeout 90 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf nwg3=$W/r32.aicf --rounds 5 2>&1 | tail -3 \
         | tee "$OUT/ab_nwg3.txt"
     profile r32
@@ -541,11 +548,7 @@ PY
   s81)
     # session 81: `nwg3` (without the chain's timeline) and `nwg3pin` in one call, the compiles in parallel on the CPU
     # while the GPU runs the tests
-    ( python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
-      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q &
-      compile_pin &
-      cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
-      wait ) > $W/compile_before.log 2>&1 &
+    build_now_and_before pin &
     CP=$!
     timeout 240 python3 -m pytest -m gpu -q -n 8 --tb=short tests/test_conv_wgmma.py tests/test_gemm_wgmma.py \
         -k "three or nwg3 or NWG3" 2>&1 | tail -30 > "$OUT/tests.txt"; tail -1 "$OUT/tests.txt"
