@@ -173,7 +173,8 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         t_gather = bm * (ROW_BYTES // 16) * GATHER_OPS / (128.0 * hw.data.get("clock_mhz", CLOCK_MHZ))
         t_latency = latency / max(1, st - 2)
         t_round = hw.data.get("conv_gather_round_trip_us", GATHER_ROUND_TRIP_US) / GATHER_GROUPS
-    t_kblock = max(t_mma, t_smem, t_load, t_gather, t_round, t_latency)
+    t_rate = max(t_mma, t_smem, t_load, t_gather, t_round)   # the slowest rate; the TMA's latency beside it
+    t_kblock = max(t_rate, t_latency)
     sk = p.get("SPLITK", 1)
     ktiles = gemm_wgmma.kt_per(p, kk)              # k-blocks of one work unit (a tile's split)
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
@@ -209,9 +210,9 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
             "t_smem_us": per_sm * ktiles * t_smem, "t_l2_us": per_sm * ktiles * t_load,
             "t_gather_us": per_sm * ktiles * t_gather, "t_gather_round_us": per_sm * ktiles * t_round, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
             # the k-blocks as charged (their latency beyond the rates is in t_pipeline_us), and which walk t_gather is
-            "t_kblocks_us": per_sm * ktiles * max(t_mma, t_smem, t_load, t_gather, t_round),
+            "t_kblocks_us": per_sm * ktiles * t_rate,
             "im2col_walk": 1.0 if p.get("A") == "tma" else 0.0, "pingpong": 1.0 if p.get("PP") and not p.get("STREAM") else 0.0,
-            "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - max(t_mma, t_smem, t_load, t_gather, t_round)),
+            "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - t_rate),
             "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]), "t_reduce_us": t_reduce, "n_eff": n_eff(bn, p),
             "gathered_bytes": float(tiles * halo.channel_blocks * halo.loaded if halo
                                     else m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
