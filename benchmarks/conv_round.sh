@@ -89,6 +89,8 @@
 #                                          # them (a stage-1 and a stage-3 3x3, a stage-3 reduce 1x1, by their torch-export
 #                                          # node names), profiled: measured / predicted of those candidates
 #   bash benchmarks/conv_round.sh s81      # session 81: `nwg3` (no timeline) and `nwg3pin` in one call (the final form of three warpgroups)
+#   bash benchmarks/conv_round.sh s82      # session 82: other schedules pinned on stage 4's kernels and the stage-2 joined
+#                                          # expansion, two bundles profiled beside the plan (measured / predicted of those)
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -537,6 +539,31 @@ PY
     [ -f $W/resnet50_b32_inputs.npz ] || python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
     compile_pin
     profile r32_pin
+    ;;
+  s82)
+    # session 82: ResNet-50 B32 with other schedules pinned on the kernels measured out of the band or far below the bar
+    # (stage 4's 1x1s and 3x3s, the stage-2 joined expansion), two bundles (each kernel profiled alone, so one bundle
+    # carries one alternative per kernel), profiled beside the plain plan: what those candidates measure against their
+    # predictions. va: k51 128x128 ping-pong pairs, k54 3 stages, k49 128x128 k-split clusters, k52 64x128 ping-pong,
+    # k50 128x64 (the model's im2col walk at 25.6 us), k53 64x256 split, k16 64x128; vb: k51 256x120, k54 128x256,
+    # k49 64x256 split, k52 128x64, k50 64x256 split, k53 128x128 unsplit, k16 64x256
+    VA="node_Conv_901:BM=128 node_Conv_901:BN=128 node_Conv_901:PP=1 node_Conv_910:BN=208 node_Conv_910:STAGES=3
+        node_Conv_895:BM=128 node_Conv_895:BN=128 node_Conv_895:SPLITK=2 node_Conv_904:NWG=2 node_Conv_904:PP=1
+        node_Conv_898:SPLITK=1 node_Conv_898:BM=128 node_Conv_907:BM=64 node_Conv_793:BM=64 node_Conv_793:BN=128"
+    VB="node_Conv_901:BM=256 node_Conv_910:BN=256 node_Conv_895:BN=256 node_Conv_904:BM=128 node_Conv_904:BN=64
+        node_Conv_898:BN=256 node_Conv_907:SPLITK=1 node_Conv_907:BN=128 node_Conv_793:BN=256"
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1 &
+    for v in va vb; do
+      pins=""; for p in $( [ $v = va ] && echo $VA || echo $VB ); do pins="$pins --pin $p"; done
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_$v.aicf --target sm_90 --precision fp16 -q $pins \
+          > $W/compile_$v.log 2>&1 &
+    done
+    wait; tail -n 2 $W/compile*.log
+    for v in r32 r32_va r32_vb; do
+      python3 -m aicfc explain $W/$v.aicf > "$OUT/explain_$v.txt" 2>&1
+      profile $v
+    done
     ;;
   s81min)
     # `s81` for a device budget of a few minutes: the A/B against the previous package and the profile only
