@@ -91,6 +91,7 @@
 #   bash benchmarks/conv_round.sh s81      # session 81: `nwg3` (no timeline) and `nwg3pin` in one call (the final form of three warpgroups)
 #   bash benchmarks/conv_round.sh s82      # session 82: other schedules pinned on stage 4's kernels and the stage-2 joined
 #                                          # expansion, two bundles profiled beside the plan (measured / predicted of those)
+#   bash benchmarks/conv_round.sh sweep    # session 82: the 3x3s over the im2col engine's tile shapes (benchmarks/im2col_sweep.py)
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -562,8 +563,31 @@ PY
     wait; tail -n 2 $W/compile*.log
     for v in r32 r32_va r32_vb; do
       python3 -m aicfc explain $W/$v.aicf > "$OUT/explain_$v.txt" 2>&1
+      python3 -m aicfc explain --json $W/$v.aicf > "$OUT/explain_$v.json" 2>&1
       profile $v
     done
+    ;;
+  sweep)
+    # session 82: ResNet-50 B32's 3x3 convolutions spread over the im2col engine's tile shapes (benchmarks/im2col_sweep.py:
+    # five bundles, the five stage-3 3x3s of one bundle each on its own schedule), each bundle checked and profiled, with
+    # the plain plan; everything into $OUT/sweep.tgz (explain --json and profile of each)
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    mkdir -p $W/sweep
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q > $W/compile.log 2>&1 &
+    for b in 0 1 2 3 4; do
+      python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/sw$b.aicf --target sm_90 --precision fp16 -q \
+          $(python3 benchmarks/im2col_sweep.py pins $W/resnet50_b32.onnx $b --device) > $W/compile_sw$b.log 2>&1 &
+    done
+    wait; tail -n 2 $W/compile*.log
+    for v in r32 sw0 sw1 sw2 sw3 sw4; do
+      python3 -m aicfc explain --json $W/$v.aicf > $W/sweep/explain_$v.json 2>&1
+      timeout 60 python3 -m aicf_run $W/$v.aicf --check $W/resnet50_b32.onnx --input $W/resnet50_b32_inputs.npz 2>&1 \
+          | tail -n 2 > $W/sweep/profile_$v.txt
+      timeout 120 python3 -m aicf_run $W/$v.aicf --profile --input $W/resnet50_b32_inputs.npz >> $W/sweep/profile_$v.txt 2>&1
+      echo "$v: $(grep -c PASS $W/sweep/profile_$v.txt) pass; $(grep 'sum of kernel' $W/sweep/profile_$v.txt)"
+    done
+    python3 -c "from benchmarks.gemv import copy_gbs; print(round(copy_gbs()))" 2>/dev/null | tail -n 1 > $W/sweep/copy_gbs.txt
+    tar -czf "$OUT/sweep.tgz" -C $W sweep
     ;;
   s81min)
     # `s81` for a device budget of a few minutes: the A/B against the previous package and the profile only
