@@ -92,6 +92,8 @@
 #   bash benchmarks/conv_round.sh s82      # session 82: other schedules pinned on stage 4's kernels and the stage-2 joined
 #                                          # expansion, two bundles profiled beside the plan (measured / predicted of those)
 #   bash benchmarks/conv_round.sh sweep    # session 82: the 3x3s over the im2col engine's tile shapes (benchmarks/im2col_sweep.py)
+#   bash benchmarks/conv_round.sh s82v     # session 82: the im2col cap in pixel rows: A/B against ab_old (the commit before),
+#                                          # B32 and B1 profiled, memcheck, ping-pong conv GPU tests, B32 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -588,6 +590,29 @@ PY
     done
     python3 -c "from benchmarks.gemv import copy_gbs; print(round(copy_gbs()))" 2>/dev/null | tail -n 1 > $W/sweep/copy_gbs.txt
     tar -czf "$OUT/sweep.tgz" -C $W sweep
+    ;;
+  s82v)
+    # session 82: [Note: im2col boxes in flight] counted in pixel rows (the stage-4 3x3s back on 64x104 ping-pong tiles):
+    # ResNet-50 B32 compiled now and by ab_old/aicfc (the commit before), A/B'd; profiled (B32 and B1); memcheck over one
+    # run of the B32 plan; the ping-pong convolution GPU tests; B32 against torch.compile(mode="reduce-overhead")
+    python3 benchmarks/export_case.py resnet50:1 --out-dir $W > $W/export_b1.log 2>&1 &
+    build_now_and_before; echo "compiles rc=$?"; wait
+    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1.aicf --target sm_90 --precision fp16 -q > $W/compile_b1.log 2>&1 &
+    schedules_differ $W/r32_before.aicf $W/r32.aicf | tee "$OUT/ab.txt"
+    timeout 120 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf cap=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
+        | tee -a "$OUT/ab.txt"
+    profile r32
+    wait
+    timeout 60 python3 -m aicf_run $W/r1.aicf --check $W/resnet50_b1.onnx --input $W/resnet50_b1_inputs.npz 2>&1 \
+        | tail -n 2 > "$OUT/profile_b1.txt"
+    timeout 60 python3 -m aicf_run $W/r1.aicf --profile --input $W/resnet50_b1_inputs.npz >> "$OUT/profile_b1.txt" 2>&1
+    grep -E "whole plan|within" "$OUT/profile_b1.txt"
+    timeout 100 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
+    timeout 120 python3 -m pytest -m gpu -q -n 8 tests/test_conv_wgmma.py -k "pingpong or PP or pp" 2>&1 | tail -n 3 \
+        | tee "$OUT/tests.txt"
+    timeout 150 python3 benchmarks/models.py --cases resnet50:32 --json /tmp/models.json > "$OUT/models.txt" 2>&1
+    echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
   s81min)
     # `s81` for a device budget of a few minutes: the A/B against the previous package and the profile only
