@@ -94,6 +94,7 @@
 #   bash benchmarks/conv_round.sh sweep    # session 82: the 3x3s over the im2col engine's tile shapes (benchmarks/im2col_sweep.py)
 #   bash benchmarks/conv_round.sh s82v     # session 82: the im2col cap in pixel rows: A/B against ab_old (the commit before),
 #                                          # B32 and B1 profiled, memcheck, ping-pong conv GPU tests, B32 against torch.compile
+#   bash benchmarks/conv_round.sh s82min   # session 82: `s82v`'s A/B, B32 profile and memcheck only (a budget of minutes)
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -613,6 +614,16 @@ PY
         | tee "$OUT/tests.txt"
     timeout 150 python3 benchmarks/models.py --cases resnet50:32 --json /tmp/models.json > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
+  s82min)
+    # `s82v` for a device budget of three minutes: the A/B against ab_old, the B32 profile, memcheck over one run
+    build_now_and_before; echo "compiles rc=$?"
+    schedules_differ $W/r32_before.aicf $W/r32.aicf | tee "$OUT/ab.txt"
+    timeout 60 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf cap=$W/r32.aicf --rounds 5 2>&1 | tail -n 3 \
+        | tee -a "$OUT/ab.txt"
+    COPY=2969 profile r32
+    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
     ;;
   s81min)
     # `s81` for a device budget of a few minutes: the A/B against the previous package and the profile only
