@@ -621,7 +621,7 @@ PY
     schedules_differ $W/r32_before.aicf $W/r32.aicf | tee "$OUT/ab.txt"
     timeout 60 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf cap=$W/r32.aicf --rounds 5 2>&1 | tail -n 3 \
         | tee -a "$OUT/ab.txt"
-    COPY=2969 profile r32
+    profile r32
     timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
         --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
     ;;
