@@ -92,9 +92,10 @@
 #   bash benchmarks/conv_round.sh s82      # session 82: other schedules pinned on stage 4's kernels and the stage-2 joined
 #                                          # expansion, two bundles profiled beside the plan (measured / predicted of those)
 #   bash benchmarks/conv_round.sh sweep    # session 82: the 3x3s over the im2col engine's tile shapes (benchmarks/im2col_sweep.py)
-#   bash benchmarks/conv_round.sh s82v     # session 82: the im2col cap in pixel rows: A/B against ab_old (the commit before),
-#                                          # B32 and B1 profiled, memcheck, ping-pong conv GPU tests, B32 against torch.compile
-#   bash benchmarks/conv_round.sh s82min   # session 82: `s82v`'s A/B, B32 profile and memcheck only (a budget of minutes)
+#   bash benchmarks/conv_round.sh s82v     # session 82: `s82min`, and B1 profiled under the key, ping-pong conv GPU tests, B32
+#                                          # under the key against torch.compile
+#   bash benchmarks/conv_round.sh s82min   # session 82: the sm_90 profile with `im2col_cap_rows` A/B'd against it as it is
+#                                          # (ResNet-50 B32), profiled, memcheck (a budget of minutes)
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -593,17 +594,19 @@ PY
     tar -czf "$OUT/sweep.tgz" -C $W sweep
     ;;
   s82v)
-    # session 82: [Note: im2col boxes in flight] counted in pixel rows (the stage-4 3x3s back on 64x104 ping-pong tiles):
-    # ResNet-50 B32 compiled now and by ab_old/aicfc (the commit before), A/B'd; profiled (B32 and B1); memcheck over one
-    # run of the B32 plan; the ping-pong convolution GPU tests; B32 against torch.compile(mode="reduce-overhead")
+    # session 82: `s82min` (the sm_90 profile with `im2col_cap_rows` against it as it is) and more: ResNet-50 B1 under the
+    # key profiled; the ping-pong convolution GPU tests; B32 under the key against torch.compile(mode="reduce-overhead")
     python3 benchmarks/export_case.py resnet50:1 --out-dir $W > $W/export_b1.log 2>&1 &
-    build_now_and_before; echo "compiles rc=$?"; wait
-    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1.aicf --target sm_90 --precision fp16 -q > $W/compile_b1.log 2>&1 &
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1; wait
+    echo '{"base": "sm_90", "name": "sm_90, the im2col cap in pixel rows", "im2col_cap_rows": 128}' > $W/rows.json
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q &
+    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json
+    wait
     schedules_differ $W/r32_before.aicf $W/r32.aicf | tee "$OUT/ab.txt"
-    timeout 120 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf cap=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
+    timeout 120 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf rows=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
         | tee -a "$OUT/ab.txt"
     profile r32
-    wait
     timeout 60 python3 -m aicf_run $W/r1.aicf --check $W/resnet50_b1.onnx --input $W/resnet50_b1_inputs.npz 2>&1 \
         | tail -n 2 > "$OUT/profile_b1.txt"
     timeout 60 python3 -m aicf_run $W/r1.aicf --profile --input $W/resnet50_b1_inputs.npz >> "$OUT/profile_b1.txt" 2>&1
@@ -612,14 +615,20 @@ PY
         --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
     timeout 120 python3 -m pytest -m gpu -q -n 8 tests/test_conv_wgmma.py -k "pingpong or PP or pp" 2>&1 | tail -n 3 \
         | tee "$OUT/tests.txt"
-    timeout 150 python3 benchmarks/models.py --cases resnet50:32 --json /tmp/models.json > "$OUT/models.txt" 2>&1
+    timeout 150 python3 benchmarks/models.py --cases resnet50:32 --profile $W/rows.json --json /tmp/models.json \
+        > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
   s82min)
-    # `s82v` for a device budget of three minutes: the A/B against ab_old, the B32 profile, memcheck over one run
-    build_now_and_before; echo "compiles rc=$?"
+    # session 82: the sm_90 profile with `im2col_cap_rows` ([Note: im2col boxes in flight] counted in pixel rows: the
+    # stage-4 3x3s on 64x104 ping-pong tiles) against sm_90 as it is: ResNet-50 B32 A/B'd, profiled, memcheck over one run
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    echo '{"base": "sm_90", "name": "sm_90, the im2col cap in pixel rows", "im2col_cap_rows": 128}' > $W/rows.json
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json
+    wait
     schedules_differ $W/r32_before.aicf $W/r32.aicf | tee "$OUT/ab.txt"
-    timeout 60 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf cap=$W/r32.aicf --rounds 5 2>&1 | tail -n 3 \
+    timeout 60 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf rows=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
         | tee -a "$OUT/ab.txt"
     profile r32
     timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \

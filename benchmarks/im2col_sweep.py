@@ -13,6 +13,7 @@ The local graph (benchmarks/resnet50_graph.py) and the device's torch export nam
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 
@@ -84,9 +85,7 @@ def fit(model: str, folder: str, sets: list[str]) -> int:
     from aicfc.planner.cost import cost
     plan = plan_of(model)
     hw = load_profile("sm_90", None)
-    for s in sets:
-        key, value = s.split("=")
-        hw.data[key] = float(value)
+    hw = dataclasses.replace(hw, data={**hw.data, **{s.split("=")[0]: float(s.split("=")[1]) for s in sets}})
     types = plan.types()
     kernels = {k.name: k for k in plan.kernels}
     rows = []

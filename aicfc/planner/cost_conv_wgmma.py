@@ -93,12 +93,15 @@ the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
                  (one tile a block, 100 blocks) ran 17.08 us, 72 k-blocks at 0.198 us where four boxes in
                  flight allow no less than 0.25; 128x64 tiles at STAGES 6 ran 20.24, 0.258 us a k-block, at
                  the cap; the split 128x128 clusters 19.2-19.7 again. What the walk holds outstanding is
-                 pixel rows, not boxes: the cap is `im2col_in_flight` boxes of IM2COL_CAP_ROWS (128) rows,
-                 so eight 64-row boxes, four of 128 and 2.7 of 192. The stage-4 3x3s move back to 64x104
-                 ping-pong tiles (predicted 16.08 us, the split clusters 17.10); no other schedule of
-                 ResNet-50 B32 or B1 or MobileNetV2 B32 moves (B1's 64-row k-split 3x3s are predicted 5-12%
-                 faster). Session 74's 64x128 ping-pong stage-2 3x3 at STAGES 6 (16.8 us, three tiles a
-                 block) is left slower than this cap says: there both warpgroups' tiles draw on the walk.
+                 pixel rows, not boxes, as far as these two say: a profile key `im2col_cap_rows` (128)
+                 counts the cap in boxes of that many rows, eight 64-row boxes, four of 128, 2.7 of 192.
+                 With it the stage-4 3x3s move back to 64x104 ping-pong tiles (predicted 16.08 us, the split
+                 clusters 17.10); no other schedule of ResNet-50 B32 or B1 or MobileNetV2 B32 moves (B1's
+                 64-row k-split 3x3s are predicted 5-12% faster). Session 74's 64x128 ping-pong stage-2 3x3
+                 at STAGES 6 (16.8 us, three tiles a block) stays slower than the key says, and sessions
+                 78-79 timed 64-row ping-pong tiles 1.2-1.7x slower in the plan's chain than alone: the
+                 sm_90 profile leaves the key out until a plan-level A/B (`conv_round.sh s82min`) says
+                 the move pays; the device budget ran out before it ran.
                  The h200 profile keeps no cap (0): on H200s (sessions 29 and 37) the schedules the cap
                  prefers for the stage-4 3x3s measured 1.5-12% slower than the 64x104 tiles (0.996x on
                  the plan in session 79), and without it 52 of the 52 measured within the band alone.
@@ -142,7 +145,6 @@ GATHER_ROUND_TRIP_US = 1.3   # a gathered 16-byte copy's round trip under load (
 IM2COL_PIXELS_PER_US = 360  # pixel rows an SM's TMA walks a microsecond in im2col mode (profile: im2col_pixels_per_us)
 TMA_PORT_GBS = 130          # what one SM's TMA loads take in, GB/s (profile: conv_tma_port_gbs)
 HALO_A_SMEM = 2.9           # A's shared-memory reads under halo tiles, in aligned tiles' worth (profile: conv_halo_a_smem)
-IM2COL_CAP_ROWS = 128       # the pixel rows of a box `im2col_in_flight` counts ([Note: im2col boxes in flight])
 GATHER_GROUPS = 2            # the groups of copies in flight that measured times bear out (not STAGES - 1: see t_round)
 
 
@@ -177,9 +179,11 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         # (the image is channels-last: 64 or more channels a pixel are one copy, 8 are 8)
         copies = max(1, ROW_BYTES // (ITEMSIZE[p["dtype"]] * types[g.a.buffer].shape[-1]))
         t_gather = copies * bm / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
-        # at most `im2col_in_flight` boxes of 128 pixel rows in flight, whatever STAGES: fewer of 192 rows, more of
-        # 64 ([Note: im2col boxes in flight])
-        cap = (hw.data.get("im2col_in_flight") or 0) * IM2COL_CAP_ROWS / bm or st - 1
+        # at most `im2col_in_flight` k-blocks' boxes in flight, whatever STAGES; counted in boxes of
+        # `im2col_cap_rows` pixel rows where the profile has that key (more 64-row boxes, fewer of 192) ([Note: im2col
+        # boxes in flight])
+        rows = hw.data.get("im2col_cap_rows")
+        cap = (hw.data.get("im2col_in_flight") or 0) * (rows / bm if rows else 1) or st - 1
         t_latency = hw.data.get("tma_latency_us", TMA_LATENCY_US) / min(st - 1, cap)
     else:
         t_load = ROW_BYTES * (bm + bn) / l2_sm
