@@ -162,6 +162,22 @@ build_now_and_before() {
     cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
     wait ) > $W/compile_before.log 2>&1
 }
+# rows_ab: [Note: im2col boxes in flight] counted in pixel rows (the sm_90 profile with `im2col_cap_rows`, $W/rows.json:
+# ResNet-50 B32's stage-4 3x3s on 64x104 ping-pong tiles) against sm_90 as it is: ResNet-50 B32 compiled both ways
+# ($W/r32_before.aicf, $W/r32.aicf), A/B'd (7 rounds), the keyed plan profiled and run once under memcheck
+rows_ab() {
+  python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+  echo '{"base": "sm_90", "name": "sm_90, the im2col cap in pixel rows", "im2col_cap_rows": 128}' > $W/rows.json
+  python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q &
+  python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json
+  wait
+  schedules_differ $W/r32_before.aicf $W/r32.aicf | tee "$OUT/ab.txt"
+  timeout 60 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf rows=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
+      | tee -a "$OUT/ab.txt"
+  profile r32
+  timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+      --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
+}
 # sanitize_test_peer: memcheck and racecheck over one run of $W/r32.aicf's plan, the Hopper GEMM and convolution GPU
 # tests, ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead") (benchmarks/models.py)
 sanitize_test_peer() {
@@ -594,25 +610,15 @@ PY
     tar -czf "$OUT/sweep.tgz" -C $W sweep
     ;;
   s82v)
-    # session 82: `s82min` (the sm_90 profile with `im2col_cap_rows` against it as it is) and more: ResNet-50 B1 under the
-    # key profiled; the ping-pong convolution GPU tests; B32 under the key against torch.compile(mode="reduce-overhead")
+    # session 82: `s82min` and more: ResNet-50 B1 under the key profiled; the ping-pong convolution GPU tests; B32 under
+    # the key against torch.compile(mode="reduce-overhead")
     python3 benchmarks/export_case.py resnet50:1 --out-dir $W > $W/export_b1.log 2>&1 &
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1; wait
-    echo '{"base": "sm_90", "name": "sm_90, the im2col cap in pixel rows", "im2col_cap_rows": 128}' > $W/rows.json
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q &
-    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json &
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json
-    wait
-    schedules_differ $W/r32_before.aicf $W/r32.aicf | tee "$OUT/ab.txt"
-    timeout 120 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf rows=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
-        | tee -a "$OUT/ab.txt"
-    profile r32
+    rows_ab
+    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json
     timeout 60 python3 -m aicf_run $W/r1.aicf --check $W/resnet50_b1.onnx --input $W/resnet50_b1_inputs.npz 2>&1 \
         | tail -n 2 > "$OUT/profile_b1.txt"
     timeout 60 python3 -m aicf_run $W/r1.aicf --profile --input $W/resnet50_b1_inputs.npz >> "$OUT/profile_b1.txt" 2>&1
     grep -E "whole plan|within" "$OUT/profile_b1.txt"
-    timeout 100 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
-        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
     timeout 120 python3 -m pytest -m gpu -q -n 8 tests/test_conv_wgmma.py -k "pingpong or PP or pp" 2>&1 | tail -n 3 \
         | tee "$OUT/tests.txt"
     timeout 150 python3 benchmarks/models.py --cases resnet50:32 --profile $W/rows.json --json /tmp/models.json \
@@ -620,19 +626,8 @@ PY
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
     ;;
   s82min)
-    # session 82: the sm_90 profile with `im2col_cap_rows` ([Note: im2col boxes in flight] counted in pixel rows: the
-    # stage-4 3x3s on 64x104 ping-pong tiles) against sm_90 as it is: ResNet-50 B32 A/B'd, profiled, memcheck over one run
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
-    echo '{"base": "sm_90", "name": "sm_90, the im2col cap in pixel rows", "im2col_cap_rows": 128}' > $W/rows.json
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q &
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json
-    wait
-    schedules_differ $W/r32_before.aicf $W/r32.aicf | tee "$OUT/ab.txt"
-    timeout 60 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf rows=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
-        | tee -a "$OUT/ab.txt"
-    profile r32
-    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
-        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
+    # session 82: the sm_90 profile with `im2col_cap_rows` against it as it is (`rows_ab`), for a budget of minutes
+    rows_ab
     ;;
   s81min)
     # `s81` for a device budget of a few minutes: the A/B against the previous package and the profile only
