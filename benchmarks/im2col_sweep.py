@@ -16,6 +16,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aicfc.codegen import FAMILIES
 from aicfc.driver import load
@@ -51,11 +54,10 @@ def plan_of(model: str):
 def feasible(model: str) -> dict[str, list[dict]]:
     """Each family's configs that some candidate of its first kernel matches."""
     plan = plan_of(model)
-    by_node = {op.name: k for k in plan.kernels for op in k.ops if getattr(op, "name", None)}
     out = {}
     for fam in FAMILIES_K:
         k = next((k for k in plan.kernels if k.name == fam[0]), None)
-        assert k is not None and k.family == "conv", (fam[0], by_node and None)
+        assert k is not None and k.family == "conv", fam[0]
         space = FAMILIES[k.family].space(k, plan)
         out[fam[0]] = [c for c in CONFIGS
                        if any(all(p.get(a) == v for a, v in {**FIXED, **c}.items()) for p in space)]
