@@ -100,9 +100,8 @@ the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
                  64-row k-split 3x3s are predicted 5-12% faster). Session 74's 64x128 ping-pong stage-2 3x3
                  at STAGES 6 (16.8 us, three tiles a block) stays slower than the key says, and sessions
                  78-79 timed 64-row ping-pong tiles at 1.22-1.68 of their predictions in the plan's chain
-                 (1.15-1.26 alone): the
-                 sm_90 profile leaves the key out until a plan-level A/B (`conv_round.sh s82min`) says
-                 the move pays; the device budget ran out before it ran.
+                 (1.15-1.26 alone): the sm_90 profile leaves the key out until a plan-level A/B
+                 (`conv_round.sh s82min`) says the move pays; the device budget ran out before it ran.
                  The h200 profile keeps no cap (0): on H200s (sessions 29 and 37) the schedules the cap
                  prefers for the stage-4 3x3s measured 1.5-12% slower than the 64x104 tiles (0.996x on
                  the plan in session 79), and without it 52 of the 52 measured within the band alone.
