@@ -370,8 +370,24 @@ def test_explain_names_what_binds_the_k_blocks(a):
     text = _formula(t)
     assert ("im2col walk" in text) == (a == "tma") and ("gather issue" in text) == (a == "gather")
     assert f"k-blocks {t['t_kblocks_us']:.2f} = max(" in text
-    rates = [t["t_compute_us"], t["t_smem_us"], t["t_l2_us"], t["t_gather_us"], t["t_gather_round_us"]]
+    rates = [t["t_compute_us"], t["t_smem_us"], t["t_l2_us"], t["t_gather_us"], t["t_gather_round_us"], t["t_latency_us"]]
     assert t["t_kblocks_us"] == pytest.approx(max(rates))
+    tiles = t["t_kblocks_us"] + t["t_epilogue_us"] + t["t_reduce_us"]
+    assert t["time_us"] == pytest.approx(t["launch_us"] + t["t_pipeline_us"] + max(tiles, t["t_dram_us"]), abs=1e-6)
+
+
+def test_explain_shows_the_tma_latency_binding_a_convolution():
+    """A 3x3 whose k-blocks wait on the TMA's round trip over the boxes in flight (two at STAGES 3: [Note: im2col
+    boxes in flight]) shows that latency as what binds its k-blocks, not as fill, and its terms add up."""
+    from aicfc.explain import _formula
+    model = B.conv_model((1, 256, 14, 14), (256, 256, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1])
+    pin = {"unit": "wgmma", "A": "tma", "PP": 0, "STREAM": 0, "SPLITK": 1, "BM": 64, "BN": 64, "STAGES": 3}
+    plan = _stages(model, pin=pin)["plan_memory"]
+    (k,) = [k for k in plan.kernels if k.family == "conv"]
+    t = dict(k.schedule.predicted)
+    assert t["t_latency_us"] > max(t["t_compute_us"], t["t_smem_us"], t["t_l2_us"], t["t_gather_us"])
+    assert t["t_kblocks_us"] == pytest.approx(t["t_latency_us"])
+    assert f"k-blocks {t['t_kblocks_us']:.2f} = max(" in _formula(t) and f"TMA latency {t['t_latency_us']:.2f})" in _formula(t)
     tiles = t["t_kblocks_us"] + t["t_epilogue_us"] + t["t_reduce_us"]
     assert t["time_us"] == pytest.approx(t["launch_us"] + t["t_pipeline_us"] + max(tiles, t["t_dram_us"]), abs=1e-6)
 

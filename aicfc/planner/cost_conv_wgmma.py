@@ -226,10 +226,11 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
     return {"time_us": time, "dram": io_bytes + rereads, "t_compute_us": per_sm * ktiles * t_mma,
             "t_smem_us": per_sm * ktiles * t_smem, "t_l2_us": per_sm * ktiles * t_load,
             "t_gather_us": per_sm * ktiles * t_gather, "t_gather_round_us": per_sm * ktiles * t_round, "t_dram_us": t_dram, "t_epilogue_us": per_sm * t_epi,
-            # the k-blocks as charged (their latency beyond the rates is in t_pipeline_us), and which walk t_gather is
-            "t_kblocks_us": per_sm * ktiles * t_rate,
+            # the k-blocks as charged (the slowest rate or the TMA's latency over the boxes in flight), and which
+            # walk t_gather is
+            "t_kblocks_us": per_sm * ktiles * t_kblock, "t_latency_us": per_sm * ktiles * t_latency,
             "im2col_walk": 1.0 if p.get("A") == "tma" else 0.0, "pingpong": 1.0 if p.get("PP") and not p.get("STREAM") else 0.0,
-            "t_pipeline_us": latency + per_sm * ktiles * max(0.0, t_latency - t_rate),
+            "t_pipeline_us": latency,
             "tiles_per_sm": per_sm, "wave_eff": tiles * sk / (per_sm * p["CTAS"]), "t_reduce_us": t_reduce, "n_eff": n_eff(bn, p),
             "gathered_bytes": float(tiles * halo.channel_blocks * halo.loaded if halo
                                     else m * kk * ITEMSIZE[types[g.a.buffer].dtype]),
