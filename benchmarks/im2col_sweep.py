@@ -46,9 +46,10 @@ FIXED = dict(unit="wgmma", A="tma", SPLITK=1)
 
 @functools.lru_cache(maxsize=None)
 def plan_of(model: str):
+    """The model's sm_90 fp16 plan, registers estimated (feasibility and the convolutions' costs need no more)."""
     proto, name, _ = load(model)
     return run_pipeline(import_model(proto, None, name=name),
-                        Options("sm_90", load_profile("sm_90", None), "fp16", (), True, None)).plan   # registers estimated: only feasibility is asked
+                        Options("sm_90", load_profile("sm_90", None), "fp16", (), True, None)).plan
 
 
 def feasible(model: str) -> dict[str, list[dict]]:
