@@ -370,7 +370,8 @@ def test_explain_names_what_binds_the_k_blocks(a):
     text = _formula(t)
     assert ("im2col walk" in text) == (a == "tma") and ("gather issue" in text) == (a == "gather")
     assert f"k-blocks {t['t_kblocks_us']:.2f} = max(" in text
-    rates = [t["t_compute_us"], t["t_smem_us"], t["t_l2_us"], t["t_gather_us"], t["t_gather_round_us"], t["t_latency_us"]]
+    rates = [t["t_compute_us"], t["t_smem_us"], t["t_l2_us"], t["t_gather_us"], t["t_gather_round_us"],
+             t["t_latency_us"]]
     assert t["t_kblocks_us"] == pytest.approx(max(rates))
     tiles = t["t_kblocks_us"] + t["t_epilogue_us"] + t["t_reduce_us"]
     assert t["time_us"] == pytest.approx(t["launch_us"] + t["t_pipeline_us"] + max(tiles, t["t_dram_us"]), abs=1e-6)
@@ -387,7 +388,8 @@ def test_explain_shows_the_tma_latency_binding_a_convolution():
     t = dict(k.schedule.predicted)
     assert t["t_latency_us"] > max(t["t_compute_us"], t["t_smem_us"], t["t_l2_us"], t["t_gather_us"])
     assert t["t_kblocks_us"] == pytest.approx(t["t_latency_us"])
-    assert f"k-blocks {t['t_kblocks_us']:.2f} = max(" in _formula(t) and f"TMA latency {t['t_latency_us']:.2f})" in _formula(t)
+    text = _formula(t)
+    assert f"k-blocks {t['t_kblocks_us']:.2f} = max(" in text and f"TMA latency {t['t_latency_us']:.2f})" in text
     tiles = t["t_kblocks_us"] + t["t_epilogue_us"] + t["t_reduce_us"]
     assert t["time_us"] == pytest.approx(t["launch_us"] + t["t_pipeline_us"] + max(tiles, t["t_dram_us"]), abs=1e-6)
 
