@@ -581,8 +581,7 @@ PY
           > $W/compile_$v.log 2>&1 &
     done
     wait; tail -n 2 $W/compile*.log
-    for v in r32 r32_va r32_vb; do
-      python3 -m aicfc explain $W/$v.aicf > "$OUT/explain_$v.txt" 2>&1
+    for v in r32 r32_va r32_vb; do   # seven files back (at most eight come back: session 82's text explains cost the profiles)
       python3 -m aicfc explain --json $W/$v.aicf > "$OUT/explain_$v.json" 2>&1
       profile $v
     done
