@@ -6,6 +6,8 @@ so that a few bundles, each kernel profiled alone, time many (shape, schedule) p
     python3 benchmarks/im2col_sweep.py list MODEL.onnx                      # every family's feasible configs
     python3 benchmarks/im2col_sweep.py fit MODEL.onnx DIR [KEY=VALUE ...]   # DIR's profiles re-predicted, the
                                                                             # profile's data set as given
+    python3 benchmarks/im2col_sweep.py tune MODEL.onnx TUNE.json [KEY=VALUE ...]  # an `aicfc tune --json` report's
+                                                                            # wgmma convolutions re-costed so
 
 Configs that no candidate of a kernel matches are left out for that family, so every bundle compiles.
 The local graph (benchmarks/resnet50_graph.py) and the device's torch export name their nodes apart;
@@ -87,8 +89,7 @@ def fit(model: str, folder: str, sets: list[str]) -> int:
     from benchmarks.conv_repredict import profile_tables
     from aicfc.planner.cost import cost
     plan = plan_of(model)
-    hw = load_profile("sm_90", None)
-    hw = dataclasses.replace(hw, data={**hw.data, **{s.split("=")[0]: float(s.split("=")[1]) for s in sets}})
+    hw = keyed(sets)
     types = plan.types()
     kernels = {k.name: k for k in plan.kernels}
     rows = []
@@ -121,7 +122,51 @@ def fit(model: str, folder: str, sets: list[str]) -> int:
     return 0
 
 
+def keyed(sets: list[str]):
+    """The sm_90 profile with its data keys set as `sets` (KEY=VALUE) says."""
+    hw = load_profile("sm_90", None)
+    return dataclasses.replace(hw, data={**hw.data, **{s.split("=")[0]: float(s.split("=")[1]) for s in sets}})
+
+
+def tune(model: str, report: str, sets: list[str]) -> int:
+    """Each convolution of an `aicfc tune --json` report: its measured wgmma candidates re-costed under the
+    sm_90 profile and under `sets` (band, Spearman rank correlation, the pick's measured time over the
+    fastest), then every 64-row candidate's measured and both predictions."""
+    import json
+    import numpy as np
+    from aicfc.planner.cost import cost
+    plan = plan_of(model)
+    types, kernels = plan.types(), {k.name: k for k in plan.kernels}
+    profiles = (("as is", keyed([])), (" ".join(sets) or "as is", keyed(sets)))
+
+    def predict(k, p, hw) -> float:
+        grid, block, dyn = FAMILIES[k.family].launch(k, p)
+        return cost(k, p, grid, block, FAMILIES[k.family].static_smem(k, p) + dyn, 0, types, hw).time_us
+
+    for r in json.load(open(report))["kernels"]:
+        cands = [c for c in r["candidates"] if c.get("measured_us") and not c.get("failed")
+                 and c["params"].get("unit") == "wgmma"]
+        if r["family"] != "conv" or not cands:
+            continue
+        k, meas = kernels[r["name"]], np.array([c["measured_us"] for c in cands])
+        line = []
+        for label, hw in profiles:
+            pred = np.array([predict(k, c["params"], hw) for c in cands])
+            band = int(((meas / pred >= 0.8) & (meas / pred <= 1.25)).sum())
+            rho = float(np.corrcoef(np.argsort(np.argsort(pred)), np.argsort(np.argsort(meas)))[0, 1])
+            line.append(f"{label}: band {band}/{len(cands)} spearman {rho:.2f} pick {meas[pred.argmin()] / meas.min():.2f}x")
+        print(r["name"], " | ".join(line))
+        for c in cands:
+            p = c["params"]
+            if p.get("A") == "tma" and p["BM"] == 64:
+                print(f"    {p['BM']}x{p['BN']} PP={p.get('PP')} NWG={p.get('NWG')} STAGES={p['STAGES']} CTAS={p['CTAS']}: "
+                      f"measured {c['measured_us']:.2f}, " + ", ".join(f"{label} {predict(k, p, hw):.2f}" for label, hw in profiles))
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["tune"] and len(argv) >= 3:
+        return tune(argv[1], argv[2], argv[3:])
     if argv[:1] == ["fit"] and len(argv) >= 3:
         return fit(argv[1], argv[2], argv[3:])
     if argv[:1] == ["pins"] and len(argv) >= 3:
