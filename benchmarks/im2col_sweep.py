@@ -26,6 +26,7 @@ from aicfc.codegen import FAMILIES
 from aicfc.driver import load
 from aicfc.frontend.onnx_import import import_model
 from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.passes.plan_schedules import recost
 from aicfc.planner.hardware import load_profile
 
 # kernel: (local node, torch-export node); families: kernels of one shape
@@ -52,6 +53,13 @@ def plan_of(model: str):
     proto, name, _ = load(model)
     return run_pipeline(import_model(proto, None, name=name),
                         Options("sm_90", load_profile("sm_90", None), "fp16", (), True, None)).plan
+
+
+def estimate(k, p: dict, types, hw):
+    """The cost model's estimate of kernel `k` on schedule `p` (its own launch; a convolution's cost reads no
+    register count)."""
+    grid, block, dyn = FAMILIES[k.family].launch(k, p)
+    return recost(k, p, grid, block, dyn, 0, types, hw)
 
 
 def feasible(model: str) -> dict[str, list[dict]]:
@@ -87,7 +95,6 @@ def fit(model: str, folder: str, sets: list[str]) -> int:
     import json
     import os
     from benchmarks.conv_repredict import profile_tables
-    from aicfc.planner.cost import cost
     plan = plan_of(model)
     hw = keyed(sets)
     types = plan.types()
@@ -100,8 +107,7 @@ def fit(model: str, folder: str, sets: list[str]) -> int:
             if o["name"] not in NODES or o["name"] not in run:
                 continue
             k, p = kernels[o["name"]], o["params"]
-            grid, block, dyn = FAMILIES[k.family].launch(k, p)
-            est = cost(k, p, grid, block, FAMILIES[k.family].static_smem(k, p) + dyn, 0, types, hw)
+            est = estimate(k, p, types, hw)
             # the launch term as the plan charged it (a kernel launched late: passes/late_trigger.py)
             now = est.time_us - est.terms.get("launch_us", 0.0) + o["predicted"].get("launch_us", 0.0)
             rows.append((o["name"], b, p, run[o["name"]][0], o["predicted"]["time_us"], now))
@@ -134,14 +140,9 @@ def tune(model: str, report: str, sets: list[str]) -> int:
     fastest), then every 64-row candidate's measured and both predictions."""
     import json
     import numpy as np
-    from aicfc.planner.cost import cost
     plan = plan_of(model)
     types, kernels = plan.types(), {k.name: k for k in plan.kernels}
     profiles = (("as is", keyed([])), (" ".join(sets) or "as is", keyed(sets)))
-
-    def predict(k, p, hw) -> float:
-        grid, block, dyn = FAMILIES[k.family].launch(k, p)
-        return cost(k, p, grid, block, FAMILIES[k.family].static_smem(k, p) + dyn, 0, types, hw).time_us
 
     for r in json.load(open(report))["kernels"]:
         cands = [c for c in r["candidates"] if c.get("measured_us") and not c.get("failed")
@@ -151,7 +152,7 @@ def tune(model: str, report: str, sets: list[str]) -> int:
         k, meas = kernels[r["name"]], np.array([c["measured_us"] for c in cands])
         line = []
         for label, hw in profiles:
-            pred = np.array([predict(k, c["params"], hw) for c in cands])
+            pred = np.array([estimate(k, c["params"], types, hw).time_us for c in cands])
             band = int(((meas / pred >= 0.8) & (meas / pred <= 1.25)).sum())
             rho = float(np.corrcoef(np.argsort(np.argsort(pred)), np.argsort(np.argsort(meas)))[0, 1])
             line.append(f"{label}: band {band}/{len(cands)} spearman {rho:.2f} pick {meas[pred.argmin()] / meas.min():.2f}x")
@@ -160,7 +161,7 @@ def tune(model: str, report: str, sets: list[str]) -> int:
             p = c["params"]
             if p.get("A") == "tma" and p["BM"] == 64:
                 print(f"    {p['BM']}x{p['BN']} PP={p.get('PP')} NWG={p.get('NWG')} STAGES={p['STAGES']} CTAS={p['CTAS']}: "
-                      f"measured {c['measured_us']:.2f}, " + ", ".join(f"{label} {predict(k, p, hw):.2f}" for label, hw in profiles))
+                      f"measured {c['measured_us']:.2f}, " + ", ".join(f"{label} {estimate(k, p, types, hw).time_us:.2f}" for label, hw in profiles))
     return 0
 
 

@@ -190,8 +190,7 @@ def conv_wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency
         t_gather = bm * (ROW_BYTES // 16) * GATHER_OPS / (128.0 * hw.data.get("clock_mhz", CLOCK_MHZ))
         t_latency = latency / max(1, st - 2)
         t_round = hw.data.get("conv_gather_round_trip_us", GATHER_ROUND_TRIP_US) / GATHER_GROUPS
-    t_rate = max(t_mma, t_smem, t_load, t_gather, t_round)   # the slowest rate; the TMA's latency beside it
-    t_kblock = max(t_rate, t_latency)
+    t_kblock = max(t_mma, t_smem, t_load, t_gather, t_round, t_latency)   # the slowest rate or the TMA's latency
     sk = p.get("SPLITK", 1)
     ktiles = gemm_wgmma.kt_per(p, kk)              # k-blocks of one work unit (a tile's split)
     out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
