@@ -8,7 +8,10 @@ every kernel the profile measured, measured / predicted under the current model
     run when the pick is unchanged, or a second table of the same profile file (e.g. a run under
     `--pin unit=wgmma`, `conv_profile_summary.py`'s rows) whose schedule string matches it.
 
-    python3 benchmarks/conv_repredict.py PROFILE.txt MODEL.onnx PROFILED_EXPLAIN.json
+    python3 benchmarks/conv_repredict.py PROFILE.txt MODEL.onnx PROFILED_EXPLAIN.json [HW_PROFILE.json]
+
+HW_PROFILE.json: a hardware profile to re-cost with (`aicfc compile --profile`'s file, e.g. sm_90's figures with a
+key set: `{"base": "sm_90", "l2_total_gbs": 9500}`); sm_90's own by default.
 
 Counts are over the convolution kernels (ONNX nodes naming a Conv), band [0.8, 1.25].
 """
@@ -55,10 +58,10 @@ def profile_tables(text: str) -> tuple[dict[str, tuple[float, str]], list[dict[s
 
 
 def main(argv: list[str]) -> int:
-    prof, model, explain = argv
+    prof, model, explain, *hw_path = argv
     run, summaries = profile_tables(open(prof).read())
     old = {k["name"]: k for k in json.load(open(explain))["kernels"]}
-    hw = load_profile("sm_90", None)
+    hw = load_profile("sm_90", hw_path[0] if hw_path else None)
     proto, name, _ = load(model)
     plan = run_pipeline(import_model(proto, None, name=name),
                         Options("sm_90", hw, "fp16", (), True, functools.partial(count_registers, jobs=4))).plan

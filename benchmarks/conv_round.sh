@@ -96,6 +96,8 @@
 #                                          # under the key against torch.compile
 #   bash benchmarks/conv_round.sh s82min   # session 82: the sm_90 profile with `im2col_cap_rows` A/B'd against it as it is
 #                                          # (ResNet-50 B32), profiled, memcheck (a budget of minutes)
+#   bash benchmarks/conv_round.sh s83      # session 83: `s82v` with the plan without the key profiled too (one machine),
+#                                          # ResNet-50 B1's plans A/B'd where a schedule differs, the keyed plan's timeline
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -623,6 +625,47 @@ PY
     timeout 150 python3 benchmarks/models.py --cases resnet50:32 --profile $W/rows.json --json /tmp/models.json \
         > "$OUT/models.txt" 2>&1
     echo "models rc=$?"; grep -E "^resnet50|^model|FAIL" "$OUT/models.txt"
+    ;;
+  s83)
+    # session 83: ResNet-50 B32 under three sm_90 profiles: as shipped (before), with `im2col_cap_rows` (rows), and with
+    # that and the L2's whole traffic at session 74's measured 9.5 TB/s (rowsl2): a three-way plan A/B (7 rounds), each
+    # plan profiled on the same machine (the bars and the band at one process's copy rate), memcheck over `rows`, the
+    # `rows` plan's timeline; ResNet-50 B1 A/B'd likewise where a schedule differs. Profiles and timeline in
+    # $OUT/profiles.tgz
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    python3 benchmarks/export_case.py resnet50:1 --out-dir $W > $W/export_b1.log 2>&1 &
+    echo '{"base": "sm_90", "name": "sm_90, the im2col cap in pixel rows", "im2col_cap_rows": 128}' > $W/rows.json
+    echo '{"base": "sm_90", "name": "rows and the L2 whole traffic", "im2col_cap_rows": 128, "l2_total_gbs": 9500}' \
+        > $W/rowsl2.json
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_rowsl2.aicf --target sm_90 --precision fp16 -q \
+        --profile $W/rowsl2.json &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json
+    wait
+    { schedules_differ $W/r32_before.aicf $W/r32.aicf; schedules_differ $W/r32_before.aicf $W/r32_rowsl2.aicf; } \
+        | tee "$OUT/ab.txt"
+    timeout 100 python3 benchmarks/plan_ab.py before=$W/r32_before.aicf rows=$W/r32.aicf rowsl2=$W/r32_rowsl2.aicf \
+        --rounds 7 2>&1 | tail -n 4 | tee -a "$OUT/ab.txt"
+    OUT0=$OUT; OUT=$W/prof; mkdir -p $OUT
+    profile r32_before; profile r32; profile r32_rowsl2
+    OUT=$OUT0
+    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
+    wait
+    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1.aicf --target sm_90 --precision fp16 -q --profile $W/rows.json &
+    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1_rowsl2.aicf --target sm_90 --precision fp16 -q \
+        --profile $W/rowsl2.json &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_tl.aicf --target sm_90 --precision fp16 -q --timeline \
+        --profile $W/rows.json > $W/compile_tl.log 2>&1 &
+    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1_before.aicf --target sm_90 --precision fp16 -q
+    wait
+    { schedules_differ $W/r1_before.aicf $W/r1.aicf; schedules_differ $W/r1_before.aicf $W/r1_rowsl2.aicf; } \
+        | tee "$OUT/ab_b1.txt"
+    timeout 60 python3 benchmarks/plan_ab.py before=$W/r1_before.aicf rows=$W/r1.aicf rowsl2=$W/r1_rowsl2.aicf \
+        --rounds 7 2>&1 | tail -n 4 | tee -a "$OUT/ab_b1.txt"
+    timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
+        > $W/prof/timeline.json 2>&1; echo "timeline rc=$?"
+    tar -czf "$OUT/profiles.tgz" -C $W prof
     ;;
   s82min)
     # session 82: the sm_90 profile with `im2col_cap_rows` against it as it is (`rows_ab`), for a budget of minutes

@@ -100,8 +100,14 @@ the GEMM engine's load terms instead, and the TMA's own walk over the pixels:
                  64-row k-split 3x3s are predicted 5-12% faster). Session 74's 64x128 ping-pong stage-2 3x3
                  at STAGES 6 (16.8 us, three tiles a block) stays slower than the key says, and sessions
                  78-79 timed 64-row ping-pong tiles at 1.22-1.68 of their predictions in the plan's chain
-                 (1.15-1.26 alone): the sm_90 profile leaves the key out until a plan-level A/B
-                 (`conv_round.sh s82min`) says the move pays; the device budget ran out before it ran.
+                 (1.15-1.26 alone), so sm_90 left the key out until a plan-level A/B said the move pays.
+                 Session 83 (an H100, benchmarks/results/im2col_cap_rows_session83_h100.txt, `conv_round.sh
+                 s83`): ResNet-50 B32's plan with the key replayed 875.2 us against 881.8 without it (1.008x,
+                 faster in 7 of 7 alternating rounds; the same outputs within 4.6e-4), its three stage-4 3x3s
+                 on 125 blocks of 64x104 ping-pong tiles 17.8-18.0 us alone against 19.3-19.8 on the split
+                 clusters (predicted 15.97: 1.11-1.13), and B1 kept every schedule; sm_90 carries the key (128)
+                 since. In the plan's chain those tiles take 19.8-20.1 us from the kernel before's exit
+                 (1.24-1.26 of 15.97): the 64-row ping-pong tiles' chain times stay above the model.
                  The h200 profile keeps no cap (0): on H200s (sessions 29 and 37) the schedules the cap
                  prefers for the stage-4 3x3s measured 1.5-12% slower than the 64x104 tiles (0.996x on
                  the plan in session 79), and without it 52 of the 52 measured within the band alone.
