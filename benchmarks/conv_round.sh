@@ -98,6 +98,8 @@
 #                                          # (ResNet-50 B32), profiled, memcheck (a budget of minutes)
 #   bash benchmarks/conv_round.sh s83      # session 83: `s82v` with the plan without the key profiled too (one machine),
 #                                          # ResNet-50 B1's plans A/B'd where a schedule differs, the keyed plan's timeline
+#   bash benchmarks/conv_round.sh s83h     # session 83 (an H200): the key A/B'd there beside the h200 profile, and the
+#                                          # 20-layer B1 generate step against its bandwidth limit (issue 19)
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -666,6 +668,23 @@ PY
     timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
         > $W/prof/timeline.json 2>&1; echo "timeline rc=$?"
     tar -czf "$OUT/profiles.tgz" -C $W prof
+    ;;
+  s83h)
+    # session 83 on an H200: ResNet-50 B32 under sm_90 before the key (norows), sm_90 as it is now (the key) and the
+    # bundled h200 profile, a three-way plan A/B (7 rounds); then the 1 B Llama's 20-layer B1 generate step against
+    # its bandwidth limit (issue 19; no peer: benchmarks/generate.py --no-peer)
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    echo '{"base": "sm_90", "name": "sm_90 without im2col_cap_rows", "im2col_cap_rows": 0}' > $W/norows.json
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_norows.aicf --target sm_90 --precision fp16 -q \
+        --profile $W/norows.json &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_h200.aicf --target sm_90 --precision fp16 -q --profile h200 &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
+    wait
+    schedules_differ $W/r32_norows.aicf $W/r32.aicf | tee "$OUT/ab_h200.txt"
+    timeout 100 python3 benchmarks/plan_ab.py norows=$W/r32_norows.aicf rows=$W/r32.aicf h200=$W/r32_h200.aicf \
+        --rounds 7 2>&1 | tail -n 4 | tee -a "$OUT/ab_h200.txt"
+    timeout 330 python3 benchmarks/generate.py --layers 20 --batch 1 --no-peer --folder /tmp/gen --jobs 16 \
+        > "$OUT/generate_b1.txt" 2>&1; echo "generate rc=$?"; grep -E "bandwidth limit|copy bandwidth" "$OUT/generate_b1.txt"
     ;;
   s82min)
     # session 82: the sm_90 profile with `im2col_cap_rows` against it as it is (`rows_ab`), for a budget of minutes
