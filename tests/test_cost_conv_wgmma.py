@@ -134,10 +134,15 @@ CAP_MEASURED = [
 ]
 
 
-def _stage4(pin: dict, rows: int | None) -> float:
-    hw = load_profile("sm_90")   # rows None: the cap counted in boxes, sm_90 before session 83
+def _sm_90(rows: int | None):
+    """sm_90 with the im2col cap counted in boxes of `rows` pixel rows; None: counted in boxes (before session 83)."""
+    hw = load_profile("sm_90")
     data = {k: v for k, v in hw.data.items() if k != "im2col_cap_rows"}
-    hw = dataclasses.replace(hw, data={**data, "im2col_cap_rows": rows} if rows else data)
+    return dataclasses.replace(hw, data={**data, "im2col_cap_rows": rows} if rows else data)
+
+
+def _stage4(pin: dict, rows: int | None) -> float:
+    hw = _sm_90(rows)
     model = B.conv_model((32, 512, 7, 7), (512, 512, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1])
     pins = {"unit": "wgmma", "A": "tma", "SPLITK": 1, "STREAM": 0, **pin}
     plan = run_pipeline(import_model(model, None), Options("sm_90", hw, "fp16",
@@ -150,11 +155,27 @@ def _stage4(pin: dict, rows: int | None) -> float:
 def test_im2col_cap_in_pixel_rows_prices_the_64_row_tiles_as_measured():
     """[Note: im2col boxes in flight]: counted in boxes of 128 pixel rows (the profile key im2col_cap_rows) the
     cap lets eight 64-row boxes fly, and the 64-row tiles land in the band; counted in boxes (sm_90 before session
-    83, which set the key) they are charged the 128-row tiles' latency. The 128-row tiles keep their cap either way (their walk term
-    still says 1.4x what they ran: 29.1 us alone here against 20.24, not mended)."""
+    83, which set the key) they are charged the 128-row tiles' latency. The 128-row tiles keep their cap either way
+    (their walk term still says 1.4x what they ran: 29.1 us alone here against 20.24, not mended)."""
     (fast, fp, fm), (slow, sp, sm) = CAP_MEASURED
     rows = {name: _stage4(pin, 128) for name, pin, _ in CAP_MEASURED}
     assert BAND[0] <= fm / rows[fast] <= BAND[1], rows
     assert rows[fast] < rows[slow]
     assert _stage4(sp, None) == pytest.approx(rows[slow])
     assert _stage4(fp, None) > rows[fast] * 1.1
+
+
+def test_sm_90_counts_the_im2col_cap_in_pixel_rows():
+    """[Note: im2col boxes in flight]: sm_90 carries im2col_cap_rows since session 83's plan A/B on an H100
+    (ResNet-50 B32 1.008x with it, the stage-4 3x3s 17.8-18.0 us alone on 64x104 ping-pong tiles against 19.3-19.8
+    on 128x128 k-split clusters): the planner's own pick for that 3x3, unpinned, is the 64-row ping-pong tile, and
+    counted in boxes it was the split cluster."""
+    assert load_profile("sm_90").data["im2col_cap_rows"] == 128
+    model = B.conv_model((32, 512, 7, 7), (512, 512, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1])
+    picks = {}
+    for rows in (128, None):
+        plan = run_pipeline(import_model(model, None), Options("sm_90", _sm_90(rows), "fp16", ())).plan
+        (k,) = [k for k in plan.kernels if k.family == "conv"]
+        picks[rows] = k.schedule.param
+    assert (picks[128]["BM"], picks[128]["PP"], picks[128]["SPLITK"]) == (64, 1, 1), picks[128]
+    assert (picks[None]["BM"], picks[None]["SPLITK"]) == (128, 2), picks[None]
