@@ -99,7 +99,8 @@
 #   bash benchmarks/conv_round.sh s83      # session 83: `s82v` with the plan without the key profiled too (one machine),
 #                                          # ResNet-50 B1's plans A/B'd where a schedule differs, the keyed plan's timeline
 #   bash benchmarks/conv_round.sh s83h     # session 83 (an H200): the key A/B'd there beside the h200 profile, and the
-#                                          # 20-layer B1 generate step against its bandwidth limit (issue 19)
+#                                          # 20-layer B1 generate step against its bandwidth limit (issue 19; GEN=0:
+#                                          # the A/B alone)
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -683,6 +684,7 @@ PY
     schedules_differ $W/r32_norows.aicf $W/r32.aicf | tee "$OUT/ab_h200.txt"
     timeout 100 python3 benchmarks/plan_ab.py norows=$W/r32_norows.aicf rows=$W/r32.aicf h200=$W/r32_h200.aicf \
         --rounds 7 2>&1 | tail -n 4 | tee -a "$OUT/ab_h200.txt"
+    [ "${GEN:-1}" = 0 ] && exit 0   # GEN=0: the A/B only (a budget of a few minutes)
     timeout 330 python3 benchmarks/generate.py --layers 20 --batch 1 --no-peer --folder /tmp/gen --jobs 16 \
         > "$OUT/generate_b1.txt" 2>&1; echo "generate rc=$?"; grep -E "bandwidth limit|copy bandwidth" "$OUT/generate_b1.txt"
     ;;
