@@ -141,13 +141,17 @@ def _sm_90(rows: int | None):
     return dataclasses.replace(hw, data={**data, "im2col_cap_rows": rows} if rows else data)
 
 
-def _stage4(pin: dict, rows: int | None) -> float:
-    hw = _sm_90(rows)
+def _stage4_kernel(rows: int | None, pins: dict):
+    """The stage-4 3x3 (7x7x512, B32, BN, ReLU) planned under `_sm_90(rows)` with `pins`: its one kernel."""
     model = B.conv_model((32, 512, 7, 7), (512, 512, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1])
-    pins = {"unit": "wgmma", "A": "tma", "SPLITK": 1, "STREAM": 0, **pin}
-    plan = run_pipeline(import_model(model, None), Options("sm_90", hw, "fp16",
+    plan = run_pipeline(import_model(model, None), Options("sm_90", _sm_90(rows), "fp16",
                                                            tuple((k, str(v)) for k, v in pins.items()))).plan
     (k,) = [k for k in plan.kernels if k.family == "conv"]
+    return k
+
+
+def _stage4(pin: dict, rows: int | None) -> float:
+    k = _stage4_kernel(rows, {"unit": "wgmma", "A": "tma", "SPLITK": 1, "STREAM": 0, **pin})
     assert all(k.schedule.param[a] == v for a, v in pin.items()), k.schedule.param
     return k.schedule.time_us
 
@@ -171,11 +175,6 @@ def test_sm_90_counts_the_im2col_cap_in_pixel_rows():
     on 128x128 k-split clusters): the planner's own pick for that 3x3, unpinned, is the 64-row ping-pong tile, and
     counted in boxes it was the split cluster."""
     assert load_profile("sm_90").data["im2col_cap_rows"] == 128
-    model = B.conv_model((32, 512, 7, 7), (512, 512, 3, 3), bn=True, act="relu", pads=[1, 1, 1, 1])
-    picks = {}
-    for rows in (128, None):
-        plan = run_pipeline(import_model(model, None), Options("sm_90", _sm_90(rows), "fp16", ())).plan
-        (k,) = [k for k in plan.kernels if k.family == "conv"]
-        picks[rows] = k.schedule.param
+    picks = {rows: _stage4_kernel(rows, {}).schedule.param for rows in (128, None)}
     assert (picks[128]["BM"], picks[128]["PP"], picks[128]["SPLITK"]) == (64, 1, 1), picks[128]
     assert (picks[None]["BM"], picks[None]["SPLITK"]) == (128, 2), picks[None]
