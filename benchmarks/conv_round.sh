@@ -101,6 +101,10 @@
 #   bash benchmarks/conv_round.sh s83h     # session 83 (an H200): the key A/B'd there beside the h200 profile, and the
 #                                          # 20-layer B1 generate step against its bandwidth limit (issue 19; GEN=0:
 #                                          # the A/B alone)
+#   bash benchmarks/conv_round.sh s84      # session 84: [Note: a concatenation read by k-blocks] (passes/join_concat.py): its
+#                                          # GPU tests and the Hopper GEMM/conv ones, memcheck over its tests and the B32 plan;
+#                                          # ResNet-50 B32 and B1 with the stage-1 Concat joined and kept (--pin concat=0),
+#                                          # A/B'd (7 rounds), the joined B32 plan profiled
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -146,8 +150,9 @@ late_pair() { compile_pair $1 base "--pin late=0" late; }
 # schedules_differ A B: prints the kernels whose schedules differ between bundles A and B; fails where none do
 schedules_differ() {
   python3 -c "import sys; from aicf_run.bundle import read_bundle as r; a, b = r(sys.argv[1]), r(sys.argv[2]); \
-d = [k['name'] for k, j in zip(a.kernels, b.kernels) if k['params'] != j['params']]; print('schedules that differ:', d or 'none'); \
-sys.exit(0 if d else 1)" "$1" "$2"
+pa, pb = ({k['name']: k['params'] for k in x.kernels} for x in (a, b)); \
+d = [n for n in pa if n in pb and pa[n] != pb[n]]; print('schedules that differ:', d or 'none'); \
+print('kernels of one only:', sorted(set(pa) ^ set(pb)) or 'none'); sys.exit(0 if d else 1)" "$1" "$2"
 }
 # compile_pin: ResNet-50 B32 with 192-row tiles pinned where the planner does not pick them (a stage-1 3x3, a stage-3
 # reduce 1x1 and 3x3 at BN 64, by their torch-export node names) into $W/r32_pin.aicf; their schedules into $OUT
@@ -669,6 +674,28 @@ PY
     timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
         > $W/prof/timeline.json 2>&1; echo "timeline rc=$?"
     tar -czf "$OUT/profiles.tgz" -C $W prof
+    ;;
+  s84)
+    timeout 240 python3 -m pytest -q -m gpu tests/test_join_concat.py tests/test_concat_projections.py \
+        tests/test_gemm_wgmma.py tests/test_conv_wgmma.py 2>&1 | tail -n 4 | tee "$OUT/tests.txt"
+    timeout 120 compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu tests/test_join_concat.py 2>&1 \
+        | tail -n 3 | tee "$OUT/memcheck.txt"
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1 &
+    python3 benchmarks/export_case.py resnet50:1 --out-dir $W > $W/export_b1.log 2>&1
+    wait
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_cat.aicf --target sm_90 --precision fp16 -q --pin concat=0 &
+    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1_cat.aicf --target sm_90 --precision fp16 -q --pin concat=0 &
+    python3 -m aicfc compile $W/resnet50_b1.onnx -o $W/r1.aicf --target sm_90 --precision fp16 -q &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
+    wait
+    { schedules_differ $W/r32_cat.aicf $W/r32.aicf; schedules_differ $W/r1_cat.aicf $W/r1.aicf; } | tee "$OUT/ab.txt"
+    timeout 100 python3 benchmarks/plan_ab.py kept=$W/r32_cat.aicf joined=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
+        | tee -a "$OUT/ab.txt"
+    timeout 60 python3 benchmarks/plan_ab.py kept=$W/r1_cat.aicf joined=$W/r1.aicf --rounds 7 2>&1 | tail -n 3 \
+        | tee -a "$OUT/ab.txt"
+    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee -a "$OUT/memcheck.txt"
+    profile r32_cat; profile r32
     ;;
   s83h)
     # session 83 on an H200: ResNet-50 B32 under sm_90 before the key (norows), sm_90 as it is now (the key) and the

@@ -8,7 +8,7 @@ from typing import Mapping
 import jinja2
 
 from aicfc.ir.decision import Kernel
-from aicfc.ir.lowered import Affine, Compute, loads
+from aicfc.ir.lowered import Affine, Compute
 from aicfc.ir.types import TensorType
 
 from aicfc.codegen.cexpr import c_affine, flat_offset
@@ -35,7 +35,7 @@ def kernel_args(k: Kernel, params: Mapping | None = None) -> tuple[str, ...]:
     """Buffers a kernel takes, in argument order: its stores, then what it loads from outside,
     then the scratch buffers its schedule (`params`, default the chosen one) needs, then the weights
     it requests into L2 for a later kernel (`k.prefetch`, passes/l2_fill.py)."""
-    reads = dict.fromkeys(ld.buffer for op in k.ops for ld in loads(op.body) if ld.buffer not in k.outs)
+    reads = dict.fromkeys(ld.buffer for ld in k.loads() if ld.buffer not in k.outs)
     args = (tuple(k.stores) + tuple(r for r in reads if r not in k.stores)
             + tuple(s.name for s in scratch(k, params)))
     return args + tuple(dict.fromkeys(f.buffer for f in k.prefetch if f.buffer not in args))

@@ -731,7 +731,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     if paired is None:   # the epilogue of single columns computes its table terms itself
         tables = []
     parts = dict(c=c, M=m, N=n, K=kk, row_scale=rs, batch=math.prod(e for _, e in batch), idx=idx, signature=sig.text,
-                 decompose=decompose("batch", batch, idx), a_ptr=sig.params[c.a.buffer],
+                 decompose=decompose("batch", batch, idx), a_ptr=sig.params.get(c.a.buffer),   # none where A is a concatenation read by k-blocks (wgmma)
                  b_ptr=sig.params[c.b.buffer], a_off=a_off, b_off=b_off, epilogue=lines,
                  paired=paired, tables=tables, tables_early=bool(p.get("EPRE")),
                  staged=staged_epilogue(k, types, sig, out_names, n,

@@ -496,6 +496,26 @@ def operands(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> tuple[Op
     return a, b
 
 
+def a_parts(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[tuple[Operand, str, int]]:
+    """[(operand, input buffer, its first k)] where the kernel's A operand is a concatenation it computes in place
+    ([Note: a concatenation read by k-blocks] in passes/join_concat.py): input j's k-blocks come from its own
+    map, `tma_a` for the first and `tma_a2`, `tma_a3`, ... after; [] otherwise."""
+    if not k.inlined:
+        return []
+    from aicfc.codegen.gemm import flat_merged, shape
+    from aicfc.passes.join_concat import part_types
+    c, m, _, _, batch = shape(k, p)
+    ext = k.ops[0].extents() | ({c.m: m} if c.m else {})
+    merged = flat_merged(k) if p.get("FLAT") else None
+    out = []
+    for j, (buf, c0, t) in enumerate(part_types(k, types)):
+        op = operand("a" if j == 0 else f"a{j + 1}", Load(buf, c.a.index), t, c.m, ext, t.shape[-1],
+                     [v for v, _ in batch], block_m(p), p["dtype"], merged)
+        assert isinstance(op, Operand), op
+        out.append((op, buf, c0))
+    return out
+
+
 def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:
     """Why the Hopper engine cannot run this contraction (None when it can)."""
     if plan.target != TARGET:
@@ -658,17 +678,22 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     a, b = operands(k, p, types)
     assert isinstance(a, Operand) and isinstance(b, Operand), (a, b)
     mapdt = "f32" if p["dtype"] == "tf32" else p["dtype"]
-    maps = [a.tensor_map(c.a.buffer, mapdt), b.tensor_map(c.b.buffer, mapdt)]
+    parts = a_parts(k, p, types)
+    maps = [parts[0][0].tensor_map(parts[0][1], mapdt) if parts else a.tensor_map(c.a.buffer, mapdt),
+            b.tensor_map(c.b.buffer, mapdt)]
     if p.get("TS"):
         out = output_map(k, p, types)
         assert isinstance(out, TensorMap), out
         maps.append(out)
-    return maps
+    return maps + [op.tensor_map(buf, mapdt) for op, buf, _ in parts[1:]]
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
     a, b = operands(k, p, types)
     assert isinstance(a, Operand) and isinstance(b, Operand), (a, b)
+    inputs = a_parts(k, p, types)
+    if inputs:
+        a = dataclasses.replace(inputs[0][0], smem_at=a.smem_at)
     tm, tn, total = tiles(k, p)
     dtype = p["dtype"]
     return render("gemm_wgmma.cu.j2", name=name, batch=parts["batch"], M=parts["M"], N=parts["N"], K=parts["K"],
@@ -687,6 +712,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   if p.get("STREAM") else 0,
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK,
                   prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (), copy_in=parts["copy_in"],
+                  a_more=[(op, c0, 3 + j if p.get("TS") else 2 + j) for j, (op, _, c0) in enumerate(inputs[1:])],
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from aicfc.errors import AicfError
 from aicfc.ir import text
-from aicfc.ir.lowered import (Affine, Compute, Rewrite, View, parse_affine, parse_header_item, parse_op,
+from aicfc.ir.lowered import (Affine, Compute, Load, Rewrite, View, loads, parse_affine, parse_header_item, parse_op,
                               parse_rewrite, print_header, print_op, print_rewrite, verify_op)
 from aicfc.ir.types import TensorType, Value, Weight
 
@@ -93,6 +93,21 @@ class Prefetch:
 
 
 @dataclass(frozen=True, slots=True)
+class Inlined:
+    """A memory decision (passes/join_concat.py): the producer `op` runs inside the kernel where it loads
+    `op.out` (directly or through `views`, reshapes of it), so `op.out` is never stored; the kernel
+    reads `op`'s own inputs instead."""
+
+    op: Compute
+    views: tuple[str, ...]
+    reason: str
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset((self.op.out, *self.views))
+
+
+@dataclass(frozen=True, slots=True)
 class Kernel:
     name: str
     family: str
@@ -104,17 +119,25 @@ class Kernel:
     schedule: Schedule | None = None
     inplace: tuple[InPlace, ...] = ()   # filled by plan_memory
     prefetch: tuple[Prefetch, ...] = ()  # filled by passes/l2_fill.py
+    inlined: tuple[Inlined, ...] = ()    # filled by passes/join_concat.py
 
     def replace(self, **changes: Any) -> Kernel:
         return dataclasses.replace(self, **changes)
 
     @property
     def origins(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(o for op in self.ops for o in op.origin))
+        return tuple(dict.fromkeys(o for op in self.ops + tuple(i.op for i in self.inlined) for o in op.origin))
 
     @property
     def outs(self) -> frozenset[str]:
         return frozenset(op.out for op in self.ops)
+
+    def loads(self) -> list[Load]:
+        """Every load the kernel issues: its ops' (less those of an inlined producer's result, which it
+        computes in place) and its inlined producers' own."""
+        inner = frozenset().union(*(i.names for i in self.inlined))
+        return ([ld for op in self.ops for ld in loads(op.body) if ld.buffer not in inner]
+                + [ld for i in self.inlined for ld in loads(i.op.body)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +190,7 @@ class Plan:
         out = {v.name: v.type for v in self.inputs}
         out.update({w.name: w.type for w in self.weights})
         out.update({op.out: op.type for k in self.kernels for op in k.ops})
+        out.update({i.op.out: i.op.type for k in self.kernels for i in k.inlined})
         out.update({v.out: v.type for v in self.views})
         return out
 
@@ -201,6 +225,8 @@ def print_kernel(k: Kernel) -> list[str]:
         lines.append(f"    inplace {text.name(ip.output)} reuses {text.name(ip.reuses)} {text.attr_value(ip.reason)}")
     for f in k.prefetch:
         lines.append(f"    prefetch {text.name(f.buffer)} {text.attr_value([list(r) for r in f.ranges])} {text.attr_value(f.reason)}")
+    for i in k.inlined:
+        lines.append(f"    inlined {text.attr_value(list(i.views))} {text.attr_value(i.reason)} {print_op(i.op)}")
     lines.append("  }")
     return lines
 
@@ -243,6 +269,7 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
     cands: list[Candidate] = []
     inplace: list[InPlace] = []
     prefetch: list[Prefetch] = []
+    inlined: list[Inlined] = []
     while not c.accept("}"):
         if c.accept("bind"):
             out = c.value()
@@ -276,6 +303,13 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
             buf = c.value()
             ranges = tuple((int(a), int(b)) for a, b in c.attr_value())
             prefetch.append(Prefetch(buf, ranges, str(c.attr_value())))
+        elif c.accept("inlined"):
+            views = tuple(str(v) for v in c.attr_value())
+            reason = str(c.attr_value())
+            op = parse_op(c)
+            if not isinstance(op, Compute):
+                raise c.fail("a compute after `inlined`")
+            inlined.append(Inlined(op, views, reason))
         elif c.accept("candidate"):
             params = tuple(sorted(c.attrs().items()))
             if c.accept("rejected"):
@@ -289,7 +323,7 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
             ops.append(op)
     sched = Schedule(*schedule, predicted, tuple(cands)) if schedule else None
     return Kernel(name, family, tuple(ops), tuple(binds.get(op.out, ()) for op in ops), tuple(stores),
-                  props, rewrites, sched, tuple(inplace), tuple(prefetch))
+                  props, rewrites, sched, tuple(inplace), tuple(prefetch), tuple(inlined))
 
 
 def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:
@@ -364,8 +398,14 @@ def verify_plan(p: Plan) -> None:
         local = dict(types)
         if len(k.binds) != len(k.ops):
             raise AicfError(f"{where}: {len(k.binds)} bindings for {len(k.ops)} ops")
+        inner: set[str] = set()
+        for i in k.inlined:
+            verify_op(i.op, {n: t for n, t in local.items() if n in stored}, f"{where}: inlined {i.op.out!r}")
+            local[i.op.out] = i.op.type
+            local.update({v.out: v.type for v in p.views if v.out in i.views})
+            inner |= i.names
         for op in k.ops:
-            verify_op(op, {n: t for n, t in local.items() if n in stored or n in k.outs}, f"{where}: {op.out!r}")
+            verify_op(op, {n: t for n, t in local.items() if n in stored or n in k.outs or n in inner}, f"{where}: {op.out!r}")
             local[op.out] = op.type
         for s in k.stores:
             if s not in k.outs:

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 from aicfc.codegen import FAMILIES, gemm, gemm_gemv, join
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.types import ITEMSIZE
-from aicfc.ir.lowered import Rewrite, loads, view_base
+from aicfc.ir.lowered import Rewrite, view_base
 from aicfc.passes.merge_kernels import sites, switch
 from aicfc.planner import cost_gemv
 from aicfc.planner.hardware import Profile, blocks_per_sm
@@ -106,7 +106,7 @@ def why_not(plan: Plan, i: int) -> str | None:
     written = set(host.stores) | {ip.output for ip in host.inplace}
     if root(c.a.buffer) not in host.stores:
         return f"its activation {c.a.buffer!r} is not the attention's output"
-    early = {root(ld.buffer) for op in k.ops for ld in loads(op.body)} - {root(c.a.buffer)} - k.outs
+    early = {root(ld.buffer) for ld in k.loads()} - {root(c.a.buffer)} - k.outs
     if early & written:
         return f"it reads {sorted(early & written)} that the attention writes, besides its activation"
     return None

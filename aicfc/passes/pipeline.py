@@ -40,6 +40,7 @@ from aicfc.passes.gemv_room import gemv_room
 from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.tail_steps import tail_steps
 from aicfc.passes.fold_cache_writes import fold_cache_writes
+from aicfc.passes.join_concat import join_concat
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.pool_epilogue import pool_epilogue
 from aicfc.passes.plan_schedules import RANKED_BETWEEN, RegisterCheck, fastest, forget_rankings, plan_schedules
@@ -101,6 +102,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("fold_row_scale", "decision", "decision", lambda p, o: fold_row_scale(p, dict(o.pin), o.profile)),
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p, o.profile, dict(o.pin))),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
+    Stage("join_concat", "decision", "decision", lambda p, o: join_concat(p, dict(o.pin))),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
     Stage("gemv_room", "decision", "decision", lambda p, o: gemv_room(p, o.profile, dict(o.pin), o.check)),
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
@@ -155,6 +157,9 @@ assert _ORDER.index("form_kernels") < _ORDER.index("declare_state") < _ORDER.ind
 # fold_cache_writes folds declare_state's scatters into the attentions plan_schedules made split-KV,
 # before plan_memory places the buffers of the merged kernels.
 assert _ORDER.index("plan_schedules") < _ORDER.index("fold_cache_writes") < _ORDER.index("plan_memory")
+# join_concat removes the Concat kernels a wgmma GEMM's A operand absorbs, once plan_schedules chose that unit and
+# BK, and before the passes that read the final kernel order and plan_memory (the inputs live until the GEMM).
+assert _ORDER.index("plan_schedules") < _ORDER.index("join_concat") < _ORDER.index("fold_cache_writes")
 # gemv_room reads the final kernel order (fold_cache_writes removes kernels) and changes a gemv's launch, before
 # early_epilogue and l2_fill cost and fill that gemv as it will run.
 assert _ORDER.index("fold_cache_writes") < _ORDER.index("gemv_room") < _ORDER.index("early_epilogue")

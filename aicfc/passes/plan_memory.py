@@ -50,6 +50,8 @@ def why_not_inplace(k: Kernel, x: str, y: str, types: dict[str, TensorType]) -> 
     if k.family not in ("pointwise", "gemm", "row_reduce"):
         return f"the {k.family} family has no in-place rule"
     writer = next(op for op in k.ops if op.out == y)
+    if any(ld.buffer == x for i in k.inlined for ld in loads(i.op.body)):
+        return f"{x!r} is read by the producer the kernel computes in its operand loads, by many threads"
     for op, bind in zip(k.ops, k.binds):
         for ld in loads(op.body):
             if ld.buffer != x:
@@ -90,11 +92,10 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
         for s in k.stores:
             live.setdefault(s, [starts[i], i])
             writer.setdefault(s, i)
-        for op in k.ops:
-            for ld in loads(op.body):
-                b = base(ld.buffer)
-                if b in live:
-                    live[b][1] = max(live[b][1], i)
+        for ld in k.loads():
+            b = base(ld.buffer)
+            if b in live:
+                live[b][1] = max(live[b][1], i)
     for o in plan.outputs:
         live[base(o)][1] = end
     for name, (i, _) in arena_scratch.items():
@@ -111,7 +112,7 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
         for y in k.stores:
             if writer[y] != i:
                 continue
-            reads = dict.fromkeys(ld.buffer for op in k.ops for ld in loads(op.body))
+            reads = dict.fromkeys(ld.buffer for ld in k.loads())
             for x in reads:
                 if (x not in live or x in fixed or x in taken or live[x][1] != i or live[x][0] >= i
                         or any(base(o) == x and o != x for o in reads)):
@@ -166,7 +167,10 @@ def plan_memory(plan: Plan, inplace: bool = True) -> Plan:
         buffers.append(Buffer(w.name, w.type, "weights", woff))
         woff = _align(woff + w.type.nbytes)
     by_name = {b.name: b for b in buffers}
+    inlined = {n for k in plan.kernels for i in k.inlined for n in i.names}
     for v in plan.views:
+        if v.out in inlined:
+            continue   # a reshape of a result its reader computes in place (passes/join_concat.py): no bytes
         src = by_name[base(v.out)]
         buffers.append(Buffer(v.out, v.type, src.region, src.offset, v.source))
         by_name[v.out] = buffers[-1]

@@ -54,7 +54,7 @@ import dataclasses
 
 from aicfc.codegen import gemm, pdl
 from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Rewrite, loads, view_base
+from aicfc.ir.lowered import Rewrite, view_base
 from aicfc.passes.merge_kernels import switch
 from aicfc.planner.hardware import Profile
 
@@ -92,7 +92,7 @@ def storage(plan: Plan):
 
 
 def _reads(k: Kernel, at) -> set[str]:
-    return {at(ld.buffer) for op in k.ops for ld in loads(op.body)} - {at(o) for o in k.outs}
+    return {at(ld.buffer) for ld in k.loads()} - {at(o) for o in k.outs}
 
 
 def writes(k: Kernel, at) -> set[str]:

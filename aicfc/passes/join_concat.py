@@ -1,0 +1,160 @@
+"""join_concat: Decision IR → Decision IR; a channel concatenation read only as the A operand of a
+Hopper GEMM is not a kernel: the GEMM loads each input's k-blocks from that input (rule RULE).
+
+[Note: a concatenation read by k-blocks]
+concat_projections (passes/concat_projections.py) makes a bottleneck block's last 1x1 and its
+projection shortcut one GEMM over the two inputs' channels concatenated, and the Concat became a
+pointwise kernel that copies both inputs into one buffer (ResNet-50 B32's first block: 25.7 MB read
+and written, 19.9 us of an H100's 876 us plan, session 83's profile). The GEMM reads that buffer
+K-major, one 64-channel k-block a TMA box at a time, so every k-block lies in one input when each
+input's channels start and end on a k-block (multiples of BK): the producer then loads k-block kb
+from input j's own tensor map at k = kb·BK - c_j, the boxes land in the same stage as before and
+the consumers see the same tile. Nothing is copied; the GEMM reads the same bytes.
+
+Legal where the Concat kernel is one map of guarded loads along the last axis (`parts`: input j
+read at [i.., c - c_j] over the concatenation's shape with C_j channels, fill -0.0 elsewhere, so
+the sum is the one input in range), its result is read by nothing but that GEMM's A operand
+(directly or through reshapes that keep the channel axis innermost) and is no graph output, the
+GEMM runs on the `wgmma` unit with a TMA-loaded, K-major A (`gemm_wgmma.operands`), and every
+c_j and C_j is a multiple of BK. An input read at a computed index (a strided projection's
+subsample, stages 2-4 of ResNet-50) is declined: its rows are not one tensor-map walk of the
+GEMM's flattened pixels (it would need the im2col mode the convolutions use).
+
+Cost: the Concat kernel's predicted time and its bytes (recorded as bytes_saved); the GEMM's own
+prediction does not change (same boxes, same bytes). `--pin concat=0` keeps the Concat kernel,
+for an A/B.
+
+    kernel k5 pointwise { %y.cat = map add(load(%h, [i0, i1, i2, i3], fill=-0.0, guard=[3]),
+                                           load(%x, [i0, i1, i2, i3-64], fill=-0.0)); store %y.cat }
+    kernel k6 gemm { %y.mm = sum[128] mul(load(%y.x, [i0, i1, r0]), load(%w, [i2, r0])) ... }
+  becomes
+    kernel k6 gemm { same ops; inlined ["y.x"] "..." %y.cat = map add(...) }     (k5 gone)
+"""
+from __future__ import annotations
+
+from aicfc.errors import AicfError
+from aicfc.ir.decision import Inlined, Kernel, Plan
+from aicfc.ir.lowered import Affine, Call, Compute, Load, Rewrite, loads, view_base
+from aicfc.ir.types import TensorType
+
+RULE = "Concat read only as a wgmma GEMM's A operand => the GEMM loads each input's k-blocks from that input"
+PIN = "concat"   # --pin concat=0: the Concat stays a kernel of its own
+
+
+def _terms(e) -> list | None:
+    """The loads a tree of adds sums, or None where it is anything else."""
+    if isinstance(e, Load):
+        return [e]
+    if isinstance(e, Call) and e.fn == "add":
+        out = []
+        for a in e.args:
+            t = _terms(a)
+            if t is None:
+                return None
+            out += t
+        return out
+    return None
+
+
+def parts(op: Compute, types) -> list[tuple[str, int, int]] | str:
+    """[(input, c_j, C_j)] in channel order when `op` is a channel concatenation along its last axis
+    (the module docstring), else why not."""
+    terms = _terms(op.body)
+    if op.combiner != "map" or op.reduce or not terms or len(terms) < 2:
+        return "not a map summing loads"
+    rank, out = len(op.type.shape), []
+    for ld in terms:
+        if ld.fill is None or ld.fill != 0.0:
+            return f"{ld.buffer!r} is not read as a concatenation's input (guarded, zero fill)"
+        shape = types[ld.buffer].shape
+        lead = len(ld.index) == rank and all(isinstance(a, Affine) and a == Affine.var(f"i{d}") for d, a in enumerate(ld.index[:-1]))
+        last = ld.index[-1]
+        if (not lead or shape[:-1] != op.type.shape[:-1] or not isinstance(last, Affine)
+                or dict(last.terms) != {f"i{rank - 1}": 1}):
+            return f"{ld.buffer!r} is read at a computed index (a strided subsample: not one tensor-map walk of the rows)"
+        out.append((ld.buffer, -last.const, shape[-1]))
+    out.sort(key=lambda t: t[1])
+    at = 0
+    for _, c0, cj in out:
+        if c0 != at:
+            return "the inputs do not tile the channels"
+        at += cj
+    return out if at == op.type.shape[-1] else "the inputs do not tile the channels"
+
+
+def why_not(cat: Kernel, gemm: Kernel, plan: Plan, views: list[str]) -> str | None:
+    from aicfc.codegen import gemm as gemm_codegen
+    from aicfc.codegen.gemm_wgmma import operands
+    types = plan.types()
+    got = parts(cat.ops[0], types)
+    if isinstance(got, str):
+        return got
+    if gemm.family != "gemm" or gemm.schedule is None or gemm.schedule.param.get("unit") != "wgmma":
+        return f"its reader {gemm.name} is not a Hopper (wgmma) GEMM"
+    p = gemm.schedule.param
+    c = gemm_codegen.dims(gemm)[0]
+    if c.a.buffer not in {cat.ops[0].out, *views}:
+        return f"{gemm.name} reads it other than as its A operand"
+    if sum(ld.buffer in {cat.ops[0].out, *views} for op in gemm.ops for ld in loads(op.body)) != 1:
+        return f"{gemm.name} reads it more than once"
+    t = types[c.a.buffer]
+    if t.shape[-1] != cat.ops[0].type.shape[-1] or c.a.index[-1] != Affine.var("r0"):
+        return "the GEMM does not read its channels as k, innermost"
+    a = operands(gemm, p, types)[0]
+    if isinstance(a, str) or not a.k_major:
+        return f"{gemm.name}'s A is not a K-major TMA operand"
+    if any(c0 % p["BK"] or cj % p["BK"] for _, c0, cj in got):
+        return f"an input's channels do not start and end on a k-block of {p['BK']}"
+    return None
+
+
+def part_types(gemm: Kernel, types) -> list[tuple[str, int, TensorType]]:
+    """[(input buffer, c_j, the A view's type with C_j channels)] of a GEMM that reads a joined
+    concatenation (`gemm.inlined`): input j as the GEMM sees it, its rows those of the A view."""
+    from aicfc.codegen import gemm as gemm_codegen
+    c = gemm_codegen.dims(gemm)[0]
+    t = types[c.a.buffer]
+    joined = next(i for i in gemm.inlined if c.a.buffer in i.names)
+    return [(b, c0, TensorType(t.dtype, t.shape[:-1] + (cj,))) for b, c0, cj in parts(joined.op, types)]
+
+
+def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
+    forced = (pin or {}).get(PIN)
+    if forced not in (None, "0", "1", 0, 1):
+        raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (the Concat a kernel of its own) or {PIN}=1 "
+                        f"(joined into its GEMM where legal, the default)")
+    base = view_base(plan.views)
+    kernels: list[Kernel | None] = list(plan.kernels)
+    records: list[Rewrite] = []
+    for i, cat in enumerate(plan.kernels):
+        terms = _terms(cat.ops[0].body) if cat.family == "pointwise" and len(cat.ops) == 1 else None
+        if not terms or len(terms) < 2 or any(ld.fill is None for ld in terms) or cat.stores != (cat.ops[0].out,):
+            continue   # not a concatenation
+        y = cat.ops[0].out
+        views = [v.out for v in plan.views if base(v.out) == y]
+        readers = [j for j, k in enumerate(kernels) if k is not None and j != i
+                   and any(ld.buffer in {y, *views} for op in k.ops for ld in loads(op.body))]
+        if str(forced) == "0":
+            why = f"--pin {PIN}=0"
+        elif y in plan.outputs or any(base(o) == y for o in plan.outputs):
+            why = "it is a graph output"
+        elif len(readers) != 1:
+            why = f"{len(readers)} kernels read it"
+        else:
+            why = why_not(cat, kernels[readers[0]], plan, views)
+        if why is not None:
+            records.append(Rewrite(RULE, y, False, why))
+            continue
+        g = kernels[readers[0]]
+        t = plan.types()[y]
+        got = parts(cat.ops[0], plan.types())
+        reason = (f"kernel {cat.name} (the Concat of {', '.join(b for b, _, _ in got)}) joined into {g.name}: its producer "
+                  f"loads each input's k-blocks from that input, so the {t.nbytes / 1e6:.1f} MB concatenation is "
+                  f"neither written nor read back (predicted {cat.schedule.time_us:.2f} us saved)")
+        kernels[readers[0]] = g.replace(inlined=g.inlined + (Inlined(cat.ops[0], tuple(views), reason),),
+                                        rewrites=tuple(dict.fromkeys(g.rewrites + (RULE,))))
+        kernels[i] = None
+        records.append(Rewrite(RULE, y, True, reason, 2 * t.nbytes))
+    if not records:
+        return plan
+    return plan.replace(kernels=tuple(k for k in kernels if k is not None), rewrites=plan.rewrites + tuple(records))

@@ -1,0 +1,118 @@
+"""A channel concatenation read only as a Hopper GEMM's A operand is not a kernel of its own
+(passes/join_concat.py, [Note: a concatenation read by k-blocks]): the GEMM's producer loads each
+input's k-blocks from that input's tensor map. Where it applies and where it is declined (a strided
+subsample, `--pin concat=0`), what the plan records, the buffers' lifetimes, the Decision IR's text,
+the rendered producer; on the GPU the joined GEMM against onnxruntime (max|y - ref| / max|ref|: fp16
+1e-2) with inputs of equal and of unequal widths."""
+from __future__ import annotations
+
+import pytest
+
+from aicfc.frontend.onnx_import import import_model
+from aicfc.ir.decision import parse_plan, print_plan, verify_plan
+from aicfc.passes.join_concat import RULE
+from aicfc.passes.pipeline import Options, run_pipeline
+from aicfc.planner.hardware import load_profile
+from tests import onnx_builders as B
+
+MERGE = {"projection": "1"}
+
+
+def _plan(stride: int, pin: dict | None = None, x=(2, 64, 56, 56), mid: int = 64):
+    """The stem and the first block (its input the max pool's channels-last output, as in ResNet-50)."""
+    model = B.resnet_stage_model(x, mid=mid, out=256, stride=stride, stem=True)
+    opts = Options("sm_90", load_profile("sm_90"), "fp16", tuple((MERGE | (pin or {})).items()))
+    return run_pipeline(import_model(model), opts).plan
+
+
+def _record(plan):
+    (rec,) = [r for r in plan.rewrites if r.rule == RULE]
+    return rec
+
+
+def test_the_stage_one_concat_is_read_by_k_blocks():
+    plan = _plan(1)
+    rec = _record(plan)
+    assert rec.applied and rec.bytes_saved == 2 * 2 * 56 * 56 * 128 * 2 and "predicted" in rec.reason
+    assert not any(k.family == "pointwise" and any(s.endswith(".cat") for s in k.stores) for k in plan.kernels)
+    (g,) = [k for k in plan.kernels if k.inlined]
+    assert g.family == "gemm" and g.schedule.param["unit"] == "wgmma" and RULE in g.rewrites
+    (i,) = g.inlined
+    assert i.op.out == rec.target and i.views and "b1.add" in g.origins
+    # no bytes for the concatenation or its reshape; its inputs live until the GEMM reads them
+    names = {b.name for b in plan.buffers}
+    assert not names & i.names
+    order = [k.name for k in plan.kernels]
+    at = order.index(g.name)
+    inputs = {ld.buffer for ld in g.loads()} - {w.name for w in plan.weights} - g.outs
+    assert len(inputs) == 2 and not inputs & i.names
+    by = {b.name: b for b in plan.buffers}
+    for x in inputs:   # no kernel from x's writer to the GEMM stores over x's bytes
+        lo, hi = by[x].offset, by[x].offset + by[x].type.nbytes
+        writer = next(j for j, k in enumerate(plan.kernels) if x in k.stores)
+        for k in plan.kernels[writer + 1:at + 1]:
+            for s in k.stores:
+                assert by[s].offset >= hi or by[s].offset + by[s].type.nbytes <= lo, (x, k.name, s)
+
+
+def test_a_strided_subsample_keeps_its_copy():
+    plan = _plan(2)
+    rec = _record(plan)
+    assert not rec.applied and "computed index" in rec.reason
+    assert any(k.family == "pointwise" and any(s.endswith(".cat") for s in k.stores) for k in plan.kernels)
+    assert not any(k.inlined for k in plan.kernels)
+
+
+def test_pin_keeps_the_copy():
+    plan = _plan(1, {"concat": "0"})
+    rec = _record(plan)
+    assert not rec.applied and rec.reason == "--pin concat=0"
+    assert not any(k.inlined for k in plan.kernels)
+
+
+def test_decision_ir_text_round_trips():
+    plan = _plan(1)
+    data = {w.name: w.data for w in plan.weights}
+    again = parse_plan(print_plan(plan), data)
+    verify_plan(again)
+    assert [k.inlined for k in again.kernels] == [k.inlined for k in plan.kernels]
+    assert "    inlined [" in print_plan(plan)
+
+
+def test_the_producer_loads_each_input_from_its_map():
+    from aicfc.codegen import gemm_wgmma
+    plan = _plan(1, mid=128)
+    (g,) = [k for k in plan.kernels if k.inlined]
+    types = plan.types()
+    p = g.schedule.param
+    maps = gemm_wgmma.tensor_maps(g, p, types)
+    parts = gemm_wgmma.a_parts(g, p, types)
+    assert [c0 for _, _, c0 in parts] == [0, 128] and maps[0].buffer == parts[0][1] and maps[-1].buffer == parts[1][1]
+    assert maps[0].dims[0] == 128 and maps[-1].dims[0] == 64    # each input's own channels
+    src = gemm_wgmma.render_kernel(g, p, types, "k", {**_parts(g, p, types)})
+    assert "if (k0 < 128)" in src and "tma_a2, full" in src and "(k0 - 128)" in src
+
+
+def _parts(g, p, types):
+    """The render parts codegen/gemm.py builds, through its own entry (the signature and epilogue)."""
+    from aicfc.codegen import gemm
+    captured = {}
+    real = gemm.gemm_wgmma.render_kernel
+    gemm.gemm_wgmma.render_kernel = lambda k, p, types, name, parts: captured.update(parts) or ""
+    try:
+        gemm.render_kernel(g, p, types, "k")
+    finally:
+        gemm.gemm_wgmma.render_kernel = real
+    return captured
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x,mid", [((4, 64, 56, 56), 64), ((2, 64, 28, 28), 128)], ids=["64+64", "128+64"])
+def test_gpu_joined_concat(x, mid, gpu_device):
+    """The stem and the stage-1 entry with the projection merged and its concatenation read by k-blocks,
+    inputs of equal and of unequal widths, against onnxruntime."""
+    from tests.test_conv_wgmma import _gpu_check
+    model = B.resnet_stage_model(x, mid=mid, out=256, stride=1, seed=7, stem=True)
+    payload = _gpu_check(model, "fp16", gpu_device, MERGE | {"b1.c3:unit": "wgmma"}, ref="onnxruntime")
+    assert not any("b1.add" in k["onnx_nodes"] and k["family"] == "pointwise" for k in payload["kernels"])
+    assert any("b1.add" in k["onnx_nodes"] and k["params"].get("unit") == "wgmma" for k in payload["kernels"])
