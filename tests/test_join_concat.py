@@ -55,10 +55,33 @@ def test_the_stage_one_concat_is_read_by_k_blocks():
                 assert by[s].offset >= hi or by[s].offset + by[s].type.nbytes <= lo, (x, k.name, s)
 
 
-def test_a_strided_subsample_keeps_its_copy():
-    plan = _plan(2)
+def test_a_strided_subsample_is_read_in_im2col_mode():
+    """Stage 2's entry: the projection's input every 2x2th pixel; the GEMM reads those k-blocks through an
+    im2col map of the image (1x1, element strides 2), the tile's first pixel from m0 (at B2 the planner's
+    pick for that GEMM is another unit: pinned)."""
+    from aicfc.codegen import gemm_wgmma
+    plan = _plan(2, {"b1.c3:unit": "wgmma"})
     rec = _record(plan)
-    assert not rec.applied and "computed index" in rec.reason
+    assert rec.applied and "subsampled 2x2" in rec.reason
+    (g,) = [k for k in plan.kernels if k.inlined]
+    types, p = plan.types(), g.schedule.param
+    parts = gemm_wgmma.a_parts(g, p, types)
+    assert [q["c0"] for q in parts] == [0, 64] and parts[0]["lines"] is None and parts[1]["lines"]
+    im = parts[1]["map"]
+    assert im.im2col.element_strides == (1, 2, 2, 1) and im.dims == (64, 56, 56, 2) and im.box[:2] == (64, parts[0]["op"].box[1])
+    assert im.im2col.upper == (27 * 2 + 1 - 56,) * 2 and im.problems() is None
+    assert gemm_wgmma.tensor_maps(g, p, types)[-1] == im
+    src = gemm_wgmma.render_kernel(g, p, types, "k", _parts(g, p, types))
+    assert "aicf_wgg_tma_im2col(" in src and "tma_a2, full" in src and "cw1 = tow1 * 2, ch1 = toh1 * 2" in src
+
+
+def test_an_input_read_transposed_keeps_its_copy():
+    """Without the stem the projection reads the graph's NCHW input: the Concat transposes it, which no map of
+    the GEMM reads by k-blocks."""
+    model = B.resnet_stage_model((2, 64, 28, 28), mid=64, out=256, stride=1)
+    plan = run_pipeline(import_model(model), Options("sm_90", load_profile("sm_90"), "fp16", tuple(MERGE.items()))).plan
+    rec = _record(plan)
+    assert not rec.applied and "neither the result's pixel nor a strided subsample" in rec.reason
     assert any(k.family == "pointwise" and any(s.endswith(".cat") for s in k.stores) for k in plan.kernels)
     assert not any(k.inlined for k in plan.kernels)
 
@@ -87,7 +110,7 @@ def test_the_producer_loads_each_input_from_its_map():
     p = g.schedule.param
     maps = gemm_wgmma.tensor_maps(g, p, types)
     parts = gemm_wgmma.a_parts(g, p, types)
-    assert [c0 for _, _, c0 in parts] == [0, 128] and maps[0].buffer == parts[0][1] and maps[-1].buffer == parts[1][1]
+    assert [q["c0"] for q in parts] == [0, 128] and maps[0] == parts[0]["map"] and maps[-1] == parts[1]["map"]
     assert maps[0].dims[0] == 128 and maps[-1].dims[0] == 64    # each input's own channels
     src = gemm_wgmma.render_kernel(g, p, types, "k", {**_parts(g, p, types)})
     assert "if (k0 < 128)" in src and "tma_a2, full" in src and "(k0 - 128)" in src
@@ -107,12 +130,14 @@ def _parts(g, p, types):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("x,mid", [((4, 64, 56, 56), 64), ((2, 64, 28, 28), 128)], ids=["64+64", "128+64"])
-def test_gpu_joined_concat(x, mid, gpu_device):
-    """The stem and the stage-1 entry with the projection merged and its concatenation read by k-blocks,
-    inputs of equal and of unequal widths, against onnxruntime."""
+@pytest.mark.parametrize("x,mid,stride", [((4, 64, 56, 56), 64, 1), ((2, 64, 28, 28), 128, 1), ((4, 64, 56, 56), 64, 2),
+                                          ((2, 64, 30, 30), 128, 2)], ids=["64+64", "128+64", "s2_64+64", "s2_odd"])
+def test_gpu_joined_concat(x, mid, stride, gpu_device):
+    """The stem and a stage's entry with the projection merged and its concatenation read by k-blocks: inputs
+    of equal and of unequal widths, the projection's input subsampled (stride 2, read in im2col mode; 30x30:
+    tiles that cross rows and images at odd places), against onnxruntime."""
     from tests.test_conv_wgmma import _gpu_check
-    model = B.resnet_stage_model(x, mid=mid, out=256, stride=1, seed=7, stem=True)
-    payload = _gpu_check(model, "fp16", gpu_device, MERGE | {"b1.c3:unit": "wgmma"}, ref="onnxruntime")
+    model = B.resnet_stage_model(x, mid=mid, out=256, stride=stride, seed=7, stem=True)
+    payload = _gpu_check(model, "fp16", gpu_device, MERGE | {"b1.c3:unit": "wgmma", "b1.c3:FLAT": 1}, ref="onnxruntime")
     assert not any("b1.add" in k["onnx_nodes"] and k["family"] == "pointwise" for k in payload["kernels"])
     assert any("b1.add" in k["onnx_nodes"] and k["params"].get("unit") == "wgmma" for k in payload["kernels"])

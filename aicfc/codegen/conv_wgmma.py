@@ -705,7 +705,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   KT_PER=gemm_wgmma.kt_per(p, kk), partials=parts["params"].get(f"{k.name}.partials"),
                   tickets=parts["params"].get(f"{k.name}.tickets"), ROT_D=None,
                   PRODUCER_REGS=PRODUCER_REGS,
-                  CONSUMER_REGS=gemm_wgmma.consumer_regs(p["NWG"], PRODUCER_REGS, CONSUMER_REGS), CLUSTER=1, CL=p.get("CL", 0), TS=None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK, prefetch=(), copy_in=None, a_more=[],
+                  CONSUMER_REGS=gemm_wgmma.consumer_regs(p["NWG"], PRODUCER_REGS, CONSUMER_REGS), CLUSTER=1, CL=p.get("CL", 0), TS=None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK, prefetch=(), copy_in=None, a_more=[], a_im2col=False,
                   STREAM=p.get("STREAM", 0),
                   MAXPARTS=gemm_wgmma.stream_parts(total, math.ceil(kk / p["BK"]), p["CTAS"]) if p.get("STREAM") else 0,
                   im2col=im2col, halo=halo and dict(

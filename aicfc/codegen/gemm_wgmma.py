@@ -258,7 +258,7 @@ from typing import Mapping
 from aicfc.codegen import pdl
 from aicfc.codegen.cexpr import flat_offset
 from aicfc.codegen.common import render
-from aicfc.codegen.tma import TensorMap
+from aicfc.codegen.tma import Im2col, TensorMap
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.lowered import Affine, Load
 from aicfc.ir.types import ITEMSIZE, TensorType
@@ -496,23 +496,41 @@ def operands(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> tuple[Op
     return a, b
 
 
-def a_parts(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[tuple[Operand, str, int]]:
-    """[(operand, input buffer, its first k)] where the kernel's A operand is a concatenation it computes in place
-    ([Note: a concatenation read by k-blocks] in passes/join_concat.py): input j's k-blocks come from its own
-    map, `tma_a` for the first and `tma_a2`, `tma_a3`, ... after; [] otherwise."""
+def a_parts(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[dict]:
+    """Where the kernel's A operand is a concatenation it computes in place ([Note: a concatenation read
+    by k-blocks] in passes/join_concat.py), its inputs in k order, each {"op": the Operand its k-blocks
+    load through (`tma_a` for the first, `tma_a2`, `tma_a3`, ... after), "c0": its first k, "map": its
+    tensor map, "lines": for a strided subsample read through an im2col map, the producer's lines
+    giving the tile's first pixel (cw{j}, ch{j}, cn{j}) from m0, else None}; [] otherwise."""
     if not k.inlined:
         return []
+    from aicfc.codegen.common import decompose
     from aicfc.codegen.gemm import flat_merged, shape
-    from aicfc.passes.join_concat import part_types
+    from aicfc.passes.join_concat import joined_parts
     c, m, _, _, batch = shape(k, p)
     ext = k.ops[0].extents() | ({c.m: m} if c.m else {})
     merged = flat_merged(k) if p.get("FLAT") else None
+    mapdt = "f32" if p["dtype"] == "tf32" else p["dtype"]
+    cat = next(i.op for i in k.inlined if c.a.buffer in i.names).type.shape
     out = []
-    for j, (buf, c0, t) in enumerate(part_types(k, types)):
-        op = operand("a" if j == 0 else f"a{j + 1}", Load(buf, c.a.index), t, c.m, ext, t.shape[-1],
-                     [v for v, _ in batch], block_m(p), p["dtype"], merged)
-        assert isinstance(op, Operand), op
-        out.append((op, buf, c0))
+    for j, (part, t) in enumerate(joined_parts(k, types)):
+        name = "a" if j == 0 else f"a{j + 1}"
+        if part.stride is None:
+            op = operand(name, Load(part.buffer, c.a.index), t, c.m, ext, t.shape[-1], [v for v, _ in batch],
+                         block_m(p), p["dtype"], merged)
+            assert isinstance(op, Operand), op
+            out.append({"op": op, "c0": part.c0, "map": op.tensor_map(part.buffer, mapdt), "lines": None})
+            continue
+        first = out[0]["op"]
+        (n, h, w, ch), e, (sh, sw) = part.image, ITEMSIZE[types[part.buffer].dtype], part.stride
+        oh, ow = cat[1], cat[2]
+        tm = TensorMap(part.buffer, p["dtype"], 0, (ch, w, h, n), (ch * e, w * ch * e, h * w * ch * e),
+                       (ROW_BYTES // e, first.box[1], 1, 1), ROW_BYTES,
+                       Im2col((0, 0), ((ow - 1) * sw + 1 - w, (oh - 1) * sh + 1 - h), (1, sw, sh, 1)))
+        lines = decompose("m0", [(f"tn{j}", n), (f"toh{j}", oh), (f"tow{j}", ow)], "int")
+        lines.append(f"const int cw{j} = tow{j} * {sw}, ch{j} = toh{j} * {sh}, cn{j} = tn{j};")
+        out.append({"op": dataclasses.replace(first, name=name), "c0": part.c0, "map": tm, "lines": lines,
+                    "j": j})
     return out
 
 
@@ -678,14 +696,13 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     a, b = operands(k, p, types)
     assert isinstance(a, Operand) and isinstance(b, Operand), (a, b)
     mapdt = "f32" if p["dtype"] == "tf32" else p["dtype"]
-    parts = a_parts(k, p, types)
-    maps = [parts[0][0].tensor_map(parts[0][1], mapdt) if parts else a.tensor_map(c.a.buffer, mapdt),
-            b.tensor_map(c.b.buffer, mapdt)]
+    inputs = a_parts(k, p, types)
+    maps = [inputs[0]["map"] if inputs else a.tensor_map(c.a.buffer, mapdt), b.tensor_map(c.b.buffer, mapdt)]
     if p.get("TS"):
         out = output_map(k, p, types)
         assert isinstance(out, TensorMap), out
         maps.append(out)
-    return maps + [op.tensor_map(buf, mapdt) for op, buf, _ in parts[1:]]
+    return maps + [part["map"] for part in inputs[1:]]
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
@@ -693,7 +710,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     assert isinstance(a, Operand) and isinstance(b, Operand), (a, b)
     inputs = a_parts(k, p, types)
     if inputs:
-        a = dataclasses.replace(inputs[0][0], smem_at=a.smem_at)
+        a = dataclasses.replace(inputs[0]["op"], smem_at=a.smem_at)
+    more = [dict(part, op=dataclasses.replace(part["op"], smem_at=a.smem_at), at=(3 if p.get("TS") else 2) + j)
+            for j, part in enumerate(inputs[1:])]
     tm, tn, total = tiles(k, p)
     dtype = p["dtype"]
     return render("gemm_wgmma.cu.j2", name=name, batch=parts["batch"], M=parts["M"], N=parts["N"], K=parts["K"],
@@ -712,7 +731,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   if p.get("STREAM") else 0,
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK,
                   prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (), copy_in=parts["copy_in"],
-                  a_more=[(op, c0, 3 + j if p.get("TS") else 2 + j) for j, (op, _, c0) in enumerate(inputs[1:])],
+                  a_more=more, a_im2col=any(part["lines"] for part in more),
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 
 

@@ -32,6 +32,10 @@ for an A/B.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
+from aicfc.codegen.tma import IM2COL_MAX_STRIDE
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Inlined, Kernel, Plan
 from aicfc.ir.lowered import Affine, Call, Compute, Load, Rewrite, loads, view_base
@@ -56,9 +60,22 @@ def _terms(e) -> list | None:
     return None
 
 
-def parts(op: Compute, types) -> list[tuple[str, int, int]] | str:
-    """[(input, c_j, C_j)] in channel order when `op` is a channel concatenation along its last axis
-    (the module docstring), else why not."""
+@dataclass(frozen=True)
+class Part:
+    """One input of a channel concatenation: channels [c0, c0 + width) of the result, read from `buffer`
+    at the result's own pixel (`stride` None), or (`stride` (sh, sw)) from a channels-last image of
+    `image` = (N, H, W, C) in `buffer` at pixel (n, sh·oh, sw·ow): a strided 1x1 projection's subsample."""
+
+    buffer: str
+    c0: int
+    width: int
+    stride: tuple[int, int] | None = None
+    image: tuple[int, int, int, int] | None = None
+
+
+def parts(op: Compute, types, base=lambda name: name) -> list[Part] | str:
+    """The inputs of `op` in channel order when it is a channel concatenation along its last axis (the
+    module docstring), else why not. `base`: a view's source (a subsample is read through a split view)."""
     terms = _terms(op.body)
     if op.combiner != "map" or op.reduce or not terms or len(terms) < 2:
         return "not a map summing loads"
@@ -67,26 +84,60 @@ def parts(op: Compute, types) -> list[tuple[str, int, int]] | str:
         if ld.fill is None or ld.fill != 0.0:
             return f"{ld.buffer!r} is not read as a concatenation's input (guarded, zero fill)"
         shape = types[ld.buffer].shape
-        lead = len(ld.index) == rank and all(isinstance(a, Affine) and a == Affine.var(f"i{d}") for d, a in enumerate(ld.index[:-1]))
+        lead = len(ld.index) == rank and all(
+            isinstance(a, Affine) and a == Affine.var(f"i{d}") for d, a in enumerate(ld.index[:-1]))
         last = ld.index[-1]
-        if (not lead or shape[:-1] != op.type.shape[:-1] or not isinstance(last, Affine)
-                or dict(last.terms) != {f"i{rank - 1}": 1}):
-            return f"{ld.buffer!r} is read at a computed index (a strided subsample: not one tensor-map walk of the rows)"
-        out.append((ld.buffer, -last.const, shape[-1]))
-    out.sort(key=lambda t: t[1])
+        if lead and shape[:-1] == op.type.shape[:-1] and isinstance(last, Affine) and dict(last.terms) == {f"i{rank - 1}": 1}:
+            out.append(Part(ld.buffer, -last.const, shape[-1]))
+            continue
+        got = _subsample(ld, op.type.shape, types, base)
+        if isinstance(got, str):
+            return got
+        out.append(got)
+    out.sort(key=lambda t: t.c0)
     at = 0
-    for _, c0, cj in out:
-        if c0 != at:
+    for part in out:
+        if part.c0 != at:
             return "the inputs do not tile the channels"
-        at += cj
+        at += part.width
     return out if at == op.type.shape[-1] else "the inputs do not tile the channels"
+
+
+def _subsample(ld: Load, out: tuple[int, ...], types, base) -> Part | str:
+    """`ld` as a strided subsample of a channels-last image (Part.stride), or why not: its flat offset
+    n·S + oh·R + ow·sw·C + c - c0 over the bytes of `base(ld.buffer)` (N images of C channels a pixel,
+    its last dimension), for some image width W and row stride sh with R = sh·W·C (sh = sw first: any
+    such factoring reads the same elements) that keeps the walk inside the image."""
+    from aicfc.codegen.cexpr import flat_offset
+    why = f"{ld.buffer!r} is read at an index that is neither the result's pixel nor a strided subsample of an image"
+    src = types[base(ld.buffer)]
+    if len(out) != 4 or any(not isinstance(a, Affine) for a in ld.index) or src.nbytes != types[ld.buffer].nbytes:
+        return why
+    off = flat_offset(ld.index, types[ld.buffer])
+    coeff, c0, c = dict(off.terms), -off.const, src.shape[-1]
+    if out[0] == 1 and "i0" not in coeff:
+        coeff["i0"] = src.numel   # one image: its variable indexes nothing
+    if set(coeff) != {"i0", "i1", "i2", "i3"} or coeff["i3"] != 1 or c0 < 0 or coeff["i2"] % c or coeff["i0"] % c:
+        return why
+    sw, row, pixels = coeff["i2"] // c, coeff["i1"], coeff["i0"] // c
+    n = src.numel // coeff["i0"]
+    if n != out[0] or not 1 <= sw <= IM2COL_MAX_STRIDE:
+        return why
+    for sh in dict.fromkeys((sw, *range(1, IM2COL_MAX_STRIDE + 1))):
+        if row % (sh * c) or pixels % (row // (sh * c)):
+            continue
+        w = row // (sh * c)
+        h = pixels // w
+        if (out[1] - 1) * sh < h and (out[2] - 1) * sw < w:
+            return Part(base(ld.buffer), c0, c, (sh, sw), (n, h, w, c))
+    return why
 
 
 def why_not(cat: Kernel, gemm: Kernel, plan: Plan, views: list[str]) -> str | None:
     from aicfc.codegen import gemm as gemm_codegen
     from aicfc.codegen.gemm_wgmma import operands
     types = plan.types()
-    got = parts(cat.ops[0], types)
+    got = parts(cat.ops[0], types, view_base(plan.views))
     if isinstance(got, str):
         return got
     if gemm.family != "gemm" or gemm.schedule is None or gemm.schedule.param.get("unit") != "wgmma":
@@ -103,19 +154,43 @@ def why_not(cat: Kernel, gemm: Kernel, plan: Plan, views: list[str]) -> str | No
     a = operands(gemm, p, types)[0]
     if isinstance(a, str) or not a.k_major:
         return f"{gemm.name}'s A is not a K-major TMA operand"
-    if any(c0 % p["BK"] or cj % p["BK"] for _, c0, cj in got):
+    if any(part.c0 % p["BK"] or part.width % p["BK"] for part in got):
         return f"an input's channels do not start and end on a k-block of {p['BK']}"
+    if got[0].stride is not None:
+        return "its first input is a strided subsample (the kernel's first map is a tiled one)"
+    if any(part.stride for part in got) and (not p.get("FLAT") or a.boxes != 1 or len(t.shape) != 3):
+        return (f"{gemm.name} does not take the images as rows of one box a tile (FLAT = 1), which a subsample's "
+                f"im2col walk needs")
     return None
 
 
-def part_types(gemm: Kernel, types) -> list[tuple[str, int, TensorType]]:
-    """[(input buffer, c_j, the A view's type with C_j channels)] of a GEMM that reads a joined
-    concatenation (`gemm.inlined`): input j as the GEMM sees it, its rows those of the A view."""
+def _direct(e, out: tuple[int, ...], types, base):
+    """`e` with each subsample read through a split view read from its image's buffer instead, at the same
+    elements (the GEMM's codegen then finds the image and the strides in the load itself)."""
+    if isinstance(e, Call):
+        return Call(e.fn, tuple(_direct(a, out, types, base) for a in e.args))
+    if isinstance(e, Load) and base(e.buffer) != e.buffer:
+        part = _subsample(e, out, types, base)
+        src = types[base(e.buffer)].shape
+        if isinstance(part, Part) and len(src) in (3, 4):
+            (sh, sw), (_, _, w, _) = part.stride, part.image
+            pix = ((Affine.of({"i1": sh * w, "i2": sw}),) if len(src) == 3
+                   else (Affine.of({"i1": sh}), Affine.of({"i2": sw})))
+            ld = Load(part.buffer, (Affine.var("i0"),) + pix + (Affine.of({"i3": 1}, -part.c0),), e.fill)
+            return dataclasses.replace(ld, guard=tuple(d for d in e.guard if d not in ld.computed_dims))
+    return e
+
+
+def joined_parts(gemm: Kernel, types) -> list[tuple[Part, TensorType | None]]:
+    """[(input, the A view's type with its channels)] of a GEMM that reads a joined concatenation
+    (`gemm.inlined`): a plain input as the GEMM sees it, its rows those of the A view (None for a
+    strided subsample, read through an im2col map of its image)."""
     from aicfc.codegen import gemm as gemm_codegen
     c = gemm_codegen.dims(gemm)[0]
     t = types[c.a.buffer]
     joined = next(i for i in gemm.inlined if c.a.buffer in i.names)
-    return [(b, c0, TensorType(t.dtype, t.shape[:-1] + (cj,))) for b, c0, cj in parts(joined.op, types)]
+    return [(part, None if part.stride else TensorType(t.dtype, t.shape[:-1] + (part.width,)))
+            for part in parts(joined.op, types)]
 
 
 def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
@@ -147,11 +222,13 @@ def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
             continue
         g = kernels[readers[0]]
         t = plan.types()[y]
-        got = parts(cat.ops[0], plan.types())
-        reason = (f"kernel {cat.name} (the Concat of {', '.join(b for b, _, _ in got)}) joined into {g.name}: its producer "
+        got = parts(cat.ops[0], plan.types(), base)
+        names = ", ".join(f"{q.buffer} subsampled {q.stride[0]}x{q.stride[1]}" if q.stride else q.buffer for q in got)
+        reason = (f"kernel {cat.name} (the Concat of {names}) joined into {g.name}: its producer "
                   f"loads each input's k-blocks from that input, so the {t.nbytes / 1e6:.1f} MB concatenation is "
                   f"neither written nor read back (predicted {cat.schedule.time_us:.2f} us saved)")
-        kernels[readers[0]] = g.replace(inlined=g.inlined + (Inlined(cat.ops[0], tuple(views), reason),),
+        op = dataclasses.replace(cat.ops[0], body=_direct(cat.ops[0].body, cat.ops[0].type.shape, plan.types(), base))
+        kernels[readers[0]] = g.replace(inlined=g.inlined + (Inlined(op, tuple(views), reason),),
                                         rewrites=tuple(dict.fromkeys(g.rewrites + (RULE,))))
         kernels[i] = None
         records.append(Rewrite(RULE, y, True, reason, 2 * t.nbytes))
