@@ -141,3 +141,14 @@ def test_gpu_joined_concat(x, mid, stride, gpu_device):
     payload = _gpu_check(model, "fp16", gpu_device, MERGE | {"b1.c3:unit": "wgmma", "b1.c3:FLAT": 1}, ref="onnxruntime")
     assert not any("b1.add" in k["onnx_nodes"] and k["family"] == "pointwise" for k in payload["kernels"])
     assert any("b1.add" in k["onnx_nodes"] and k["params"].get("unit") == "wgmma" for k in payload["kernels"])
+
+
+def test_the_projection_decision_counts_no_copy():
+    """pipeline.decide_projections weighs a merged site whose concatenation the GEMM will read by k-blocks
+    without the copy (join_concat.joins_by_prediction), and says so in its record."""
+    from aicfc.passes.concat_projections import CONCAT_PROJECTION_RULE
+    model = B.resnet_stage_model((8, 64, 56, 56), mid=64, out=256, stride=1, stem=True)
+    plan = run_pipeline(import_model(model), Options("sm_90", load_profile("sm_90"), "fp16")).plan
+    (rec,) = [r for r in plan.rewrites if r.rule == CONCAT_PROJECTION_RULE]
+    assert rec.applied and "the merged GEMM reading the concatenation by k-blocks (1 kernels)" in rec.reason
+    assert _record(plan).applied

@@ -22,8 +22,9 @@ strided Slice states); the rewrite is rule CONCAT_PROJECTION_RULE.
 
 Cost: the pipeline decides each site by the planner's own predictions
 (`passes/pipeline.decide_projections`): it plans the graph both ways up to the schedules and, per site,
-sets the best predicted times of the kernels covering its ONNX nodes merged (the concatenation's copy
-and the merged GEMM) against apart (the projection and the 1x1 with the residual add in its epilogue).
+sets the best predicted times of the kernels covering its ONNX nodes merged (the concatenation's copy,
+none where the GEMM reads the concatenation by k-blocks: [Note: a concatenation read by k-blocks] in
+passes/join_concat.py, and the merged GEMM) against apart (the projection and the 1x1 with the residual add in its epilogue).
 In bytes (`bytes_saved`, recorded beside it): apart, the projection writes its M·N result and the add
 reads it back; merged, the concatenation copies M·(C1 + C2) elements. At ResNet-50 B32's first block
 that is a 51 MB result against a 25.7 MB copy of two 64-channel inputs; at its later stages the merged

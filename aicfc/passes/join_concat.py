@@ -4,25 +4,36 @@ Hopper GEMM is not a kernel: the GEMM loads each input's k-blocks from that inpu
 [Note: a concatenation read by k-blocks]
 concat_projections (passes/concat_projections.py) makes a bottleneck block's last 1x1 and its
 projection shortcut one GEMM over the two inputs' channels concatenated, and the Concat became a
-pointwise kernel that copies both inputs into one buffer (ResNet-50 B32's first block: 25.7 MB read
-and written, 19.9 us of an H100's 876 us plan, session 83's profile). The GEMM reads that buffer
-K-major, one 64-channel k-block a TMA box at a time, so every k-block lies in one input when each
-input's channels start and end on a k-block (multiples of BK): the producer then loads k-block kb
-from input j's own tensor map at k = kb·BK - c_j, the boxes land in the same stage as before and
-the consumers see the same tile. Nothing is copied; the GEMM reads the same bytes.
+pointwise kernel that copies both inputs into one buffer (ResNet-50 B32's four: 19.9, 14.3, 6.2 and
+3.8 us of an H100's 876 us plan, session 83's profile). The GEMM reads that buffer K-major, one
+64-channel k-block a TMA box at a time, so every k-block lies in one input when each input's
+channels start and end on a k-block (multiples of BK): the producer then loads k-block kb from
+input j's own tensor map at k = kb·BK - c_j, the box lands in the same stage as before and the
+consumers see the same tile. Nothing is copied; the GEMM reads the same bytes.
 
-Legal where the Concat kernel is one map of guarded loads along the last axis (`parts`: input j
-read at [i.., c - c_j] over the concatenation's shape with C_j channels, fill -0.0 elsewhere, so
-the sum is the one input in range), its result is read by nothing but that GEMM's A operand
-(directly or through reshapes that keep the channel axis innermost) and is no graph output, the
-GEMM runs on the `wgmma` unit with a TMA-loaded, K-major A (`gemm_wgmma.operands`), and every
-c_j and C_j is a multiple of BK. An input read at a computed index (a strided projection's
-subsample, stages 2-4 of ResNet-50) is declined: its rows are not one tensor-map walk of the
-GEMM's flattened pixels (it would need the im2col mode the convolutions use).
+An input read at the result's own pixel gets a tiled map like the GEMM's A (`tma_a` for the first,
+`tma_a2`, ... after). A strided projection's input (stages 2-4: x[n, 2·oh, 2·ow, c], read through a
+split view of the block's output) is not one tiled walk of the GEMM's flattened pixels, but it is
+the TMA's im2col walk of a 1x1 filter with element strides (sh, sw): an im2col map of the image
+(`_subsample` finds N, H, W and the strides in the load's flat offset), box BM pixels x 64 channels,
+the tile's first pixel (n, sh·oh, sw·ow) computed from m0 as the convolutions' producer does. That
+needs the images taken as rows (FLAT = 1) and one A box a tile.
+
+Legal where the Concat kernel is one map of guarded loads along the last axis (`parts`), its result
+is read by nothing but that GEMM's A operand (directly or through reshapes that keep the channel
+axis innermost) and is no graph output, the GEMM runs on the `wgmma` unit with a TMA-loaded, K-major
+A (`gemm_wgmma.operands`), every c_j and C_j is a multiple of BK, and the first input is read at the
+result's pixel. Declined, with the reason: an input read transposed (a graph's NCHW input, a B1
+plan's channels-first images) or at any other index.
 
 Cost: the Concat kernel's predicted time and its bytes (recorded as bytes_saved); the GEMM's own
-prediction does not change (same boxes, same bytes). `--pin concat=0` keeps the Concat kernel,
-for an A/B.
+prediction does not change (same boxes, same bytes). pipeline.decide_projections weighs a merged
+projection without the copy where `joins_by_prediction` says this pass will take it. `--pin
+concat=0` keeps the Concat kernel, for an A/B. Measured (session 84, an H100,
+benchmarks/results/join_concat_session84_h100.txt, 7 alternating rounds, outputs bit-identical):
+ResNet-50 B32's plan 827.4 us against 868.0 with the four Concats kept (1.049x); the joined GEMMs
+as fast as before (the stage-2 one 21.8 us against 22.4, stage 3 17.1 / 16.6, stage 4 15.4 / 15.4),
+so the strided k-blocks through im2col cost nothing measurable.
 
     kernel k5 pointwise { %y.cat = map add(load(%h, [i0, i1, i2, i3], fill=-0.0, guard=[3]),
                                            load(%x, [i0, i1, i2, i3-64], fill=-0.0)); store %y.cat }
@@ -193,6 +204,35 @@ def joined_parts(gemm: Kernel, types) -> list[tuple[Part, TensorType | None]]:
             for part in parts(joined.op, types)]
 
 
+def _readers(cat: Kernel, kernels, plan: Plan) -> tuple[list[str], list[int]]:
+    """(the views of `cat`'s result, the indices of the other kernels that read it or them)."""
+    base = view_base(plan.views)
+    y = cat.ops[0].out
+    views = [v.out for v in plan.views if base(v.out) == y]
+    return views, [j for j, k in enumerate(kernels) if k is not None and k is not cat
+                   and any(ld.buffer in {y, *views} for op in k.ops for ld in loads(op.body))]
+
+
+def joins_by_prediction(cat: Kernel, plan: Plan, hw) -> bool:
+    """Whether this pass will take the Concat kernel `cat` into its reader, judged before the schedules are
+    chosen (pipeline.decide_projections weighs a merged projection so): the reader's best-ranked candidate
+    is a wgmma tile that meets `why_not`'s terms."""
+    from aicfc.ir.decision import Schedule
+    from aicfc.passes.plan_schedules import rank
+    terms = _terms(cat.ops[0].body) if cat.family == "pointwise" and len(cat.ops) == 1 else None
+    if not terms or len(terms) < 2 or any(ld.fill is None for ld in terms) or cat.ops[0].out in plan.outputs:
+        return False
+    views, readers = _readers(cat, plan.kernels, plan)
+    if len(readers) != 1:
+        return False
+    reader = plan.kernels[readers[0]]
+    ranked = rank(reader, plan, hw)[0]
+    if not ranked:
+        return False
+    pick = reader.replace(schedule=Schedule(tuple(sorted(dict(ranked[0].params).items())), (1, 1, 1), (1, 1, 1), 0, None, ()))
+    return why_not(cat, pick, plan, views) is None
+
+
 def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
     forced = (pin or {}).get(PIN)
     if forced not in (None, "0", "1", 0, 1):
@@ -206,9 +246,7 @@ def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
         if not terms or len(terms) < 2 or any(ld.fill is None for ld in terms) or cat.stores != (cat.ops[0].out,):
             continue   # not a concatenation
         y = cat.ops[0].out
-        views = [v.out for v in plan.views if base(v.out) == y]
-        readers = [j for j, k in enumerate(kernels) if k is not None and j != i
-                   and any(ld.buffer in {y, *views} for op in k.ops for ld in loads(op.body))]
+        views, readers = _readers(cat, kernels, plan)
         if str(forced) == "0":
             why = f"--pin {PIN}=0"
         elif y in plan.outputs or any(base(o) == y for o in plan.outputs):

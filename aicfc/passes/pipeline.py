@@ -40,6 +40,7 @@ from aicfc.passes.gemv_room import gemv_room
 from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.tail_steps import tail_steps
 from aicfc.passes.fold_cache_writes import fold_cache_writes
+from aicfc.passes import join_concat as join_concat_pass
 from aicfc.passes.join_concat import join_concat
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.pool_epilogue import pool_epilogue
@@ -254,14 +255,17 @@ def decide_projections(graph: Graph, options: Options, on_stage: Callable[[str],
         ir = _run_stages(front, graph, dataclasses.replace(options, projections=merged), last, verify, say)
         runs.append(Front(merged, last, ir))
 
-    def best(plan: Any, nodes: frozenset[str]) -> tuple[float, int]:
+    def best(plan: Any, nodes: frozenset[str]) -> tuple[float, int, bool]:
         kernels = [k for k in plan.kernels if nodes & set(k.origins)]
-        return sum(fastest(k, plan, options.profile) for k in kernels), len(kernels)
+        # a concatenation the GEMM will read by k-blocks is no kernel ([Note: a concatenation read by k-blocks])
+        joined = [k for k in kernels if join_concat_pass.joins_by_prediction(k, plan, options.profile)]
+        kernels = [k for k in kernels if k not in joined]
+        return sum(fastest(k, plan, options.profile) for k in kernels), len(kernels), bool(joined)
     chosen, records = [], []
     for site, nodes in sorted(sites.items()):
-        (t_merged, n_merged), (t_apart, n_apart) = best(runs[0].ir, nodes), best(runs[1].ir, nodes)
-        numbers = (f"predicted {t_merged:.2f} us for the concatenation's copy and the merged GEMM ({n_merged} kernels) "
-                   f"against {t_apart:.2f} us apart ({n_apart} kernels)")
+        (t_merged, n_merged, joined), (t_apart, n_apart, _) = best(runs[0].ir, nodes), best(runs[1].ir, nodes)
+        what = "the merged GEMM reading the concatenation by k-blocks" if joined else "the concatenation's copy and the merged GEMM"
+        numbers = f"predicted {t_merged:.2f} us for {what} ({n_merged} kernels) against {t_apart:.2f} us apart ({n_apart} kernels)"
         if t_merged < t_apart:
             chosen.append((site, numbers))
         else:
