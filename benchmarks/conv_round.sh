@@ -105,6 +105,8 @@
 #                                          # GPU tests; ResNet-50 B32 with the projections' Concats joined and kept
 #                                          # (--pin concat=0), A/B'd (7 rounds), the joined plan under memcheck and profiled;
 #   bash benchmarks/conv_round.sh s84m     # session 84, after s84: B1 A/B'd likewise, B32 and B1 against torch.compile
+#   bash benchmarks/conv_round.sh s84r     # session 84: the residual's copy after the first k-block: GPU tests, racecheck,
+#                                          # ResNet-50 B32 against the tree before (ab_old/aicfc) A/B'd, profiled
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -701,6 +703,21 @@ PY
     timeout 60 python3 benchmarks/plan_ab.py kept=$W/r1_cat.aicf joined=$W/r1.aicf --rounds 7 2>&1 | tail -n 3 \
         | tee -a "$OUT/ab.txt"
     timeout 330 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 > "$OUT/models.txt" 2>&1; tail -n 3 "$OUT/models.txt"
+    ;;
+  s84r)
+    # session 84: [Note: the residual after the first k-block] (codegen/gemm_wgmma.py): the residual-staging GPU tests,
+    # racecheck over its cooperative long-K cases; ResNet-50 B32 compiled by the tree before (ab_old/aicfc, a copy of
+    # the previous commit's package) and now (only k51/k54 differ), A/B'd (7 rounds), the new plan profiled
+    timeout 150 python3 -m pytest -q -m gpu tests/test_residual_staging.py 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
+    timeout 120 compute-sanitizer --tool racecheck python3 -m pytest -q -m gpu tests/test_residual_staging.py \
+        -k "late_4kb or long_k_coop" 2>&1 | tail -n 3 | tee "$OUT/racecheck.txt"
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    (cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_early.aicf --target sm_90 --precision fp16 -q) &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
+    wait
+    timeout 100 python3 benchmarks/plan_ab.py early=$W/r32_early.aicf late=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
+        | tee "$OUT/ab.txt"
+    profile r32
     ;;
   s83h)
     # session 83 on an H200: ResNet-50 B32 under sm_90 before the key (norows), sm_90 as it is now (the key) and the
