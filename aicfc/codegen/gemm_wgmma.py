@@ -148,6 +148,12 @@ Measured on an H200 (benchmarks/results/residual_staging_session18_h200.txt: tor
 each kernel alone, two alternating rounds against the --pin RS=0 plan): the 28x28 1x1s with the add
 22.0-27.0 -> 17.5-20.0 us, the 14x14 ones 15.9 -> 14.4, the 56x56 ones (one k-block, which the L2
 prefetch served before) 35.4 -> 34.1-34.6; the plan replayed in 981.5 us against 1022.3.
+Session 83's timeline had the stage-4 expansions with the residual (128x208 cooperative tiles of 8
+k-blocks, one a CTA) see their first k-block land 2.05 us after the go against 1.28-1.54 for the other
+GEMMs, the residual's 53 KB a tile copied in with the ring's first boxes. Session 84 issued the copy
+after the first k-block's products instead (cooperative tiles of 4 or more k-blocks): the B32 plan
+831.6 us against 831.4 (7 rounds) and those two kernels 12.1 us alone against 11.6 at the start
+(benchmarks/results/late_residual_session84_h100.txt). Not kept.
 
 [Note: widths that fill the SMs]
 Blocks are one a SM, so a GEMM of a few rows of tiles runs its tiles in one wave and leaves SMs idle:
