@@ -5,7 +5,9 @@ A `Kernel` is a group of lowered computes that run as one launch, in order. `bin
 the loop variables of `ops[k]` onto the kernel's iteration space (the variables of the last
 op for row reductions and maps, of the contraction for GEMMs), so codegen can place every
 member in one loop nest. Only the outputs in `stores` reach memory; the others live in
-registers (that is what fusion buys). `schedule` is filled by planning: the chosen
+registers (that is what fusion buys); an `inlined` producer (passes/join_concat.py) is never stored
+either: the kernel computes it where it loads it (`Kernel.loads` lists what the kernel really reads).
+`schedule` is filled by planning: the chosen
 parameters, launch shape, the predicted cost with its terms, and every candidate considered
 with its predicted time or the constraint it broke. `buffers` is filled by memory planning:
 every stored tensor gets a region and a byte offset; views share their source's bytes.
