@@ -152,3 +152,20 @@ def test_the_projection_decision_counts_no_copy():
     (rec,) = [r for r in plan.rewrites if r.rule == CONCAT_PROJECTION_RULE]
     assert rec.applied and "the merged GEMM reading the concatenation by k-blocks (1 kernels)" in rec.reason
     assert _record(plan).applied
+
+
+def test_tune_renders_only_candidates_that_read_by_k_blocks():
+    """`aicfc tune` renders a joined GEMM's other candidates: those of another unit, or of a k-block that would cut
+    an input's channels, cannot read the concatenation by k-blocks and are left out (join_concat.keeps)."""
+    from aicfc.codegen import gemm_wgmma
+    from aicfc.passes.plan_schedules import rank
+    from aicfc.tune import candidates
+    plan = _plan(2, {"b1.c3:unit": "wgmma"})
+    (g,) = [k for k in plan.kernels if k.inlined]
+    hw = load_profile("sm_90")
+    every = rank(g, plan, hw)[0]
+    assert any(dict(r.params).get("unit") != "wgmma" for r in every)
+    (kt,) = candidates(plan, hw, only=[g.name])
+    assert kt.candidates and all(c.params["unit"] == "wgmma" and c.params["FLAT"] == 1 for c in kt.candidates)
+    for c in kt.candidates:   # each renders, with the subsample's im2col load
+        assert "aicf_wgg_tma_im2col(" in gemm_wgmma.render_kernel(g, c.params, plan.types(), "k", _parts(g, c.params, plan.types()))

@@ -528,16 +528,23 @@ def a_parts(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[dict
             out.append({"op": op, "c0": part.c0, "map": op.tensor_map(part.buffer, mapdt), "lines": None})
             continue
         first = out[0]["op"]
-        (n, h, w, ch), e, (sh, sw) = part.image, ITEMSIZE[types[part.buffer].dtype], part.stride
-        oh, ow = cat[1], cat[2]
-        tm = TensorMap(part.buffer, p["dtype"], 0, (ch, w, h, n), (ch * e, w * ch * e, h * w * ch * e),
-                       (ROW_BYTES // e, first.box[1], 1, 1), ROW_BYTES,
-                       Im2col((0, 0), ((ow - 1) * sw + 1 - w, (oh - 1) * sh + 1 - h), (1, sw, sh, 1)))
+        tm = subsample_map(part, cat, p["dtype"], first.box[1], types)
+        (n, _, _, _), (sh, sw), (oh, ow) = part.image, part.stride, cat[1:3]
         lines = decompose("m0", [(f"tn{j}", n), (f"toh{j}", oh), (f"tow{j}", ow)], "int")
         lines.append(f"const int cw{j} = tow{j} * {sw}, ch{j} = toh{j} * {sh}, cn{j} = tn{j};")
         out.append({"op": dataclasses.replace(first, name=name), "c0": part.c0, "map": tm, "lines": lines,
                     "j": j})
     return out
+
+
+def subsample_map(part, out: tuple[int, ...], dtype: str, rows: int, types: Mapping[str, TensorType]) -> TensorMap:
+    """The im2col map of a concatenation's strided input (`join_concat.Part` with a stride): `rows` output pixels
+    of 64 channels a box, a 1x1 walk of the image with the part's element strides over an output of `out`'s
+    [N, OH, OW, C] pixels."""
+    (n, h, w, ch), e, (sh, sw), (oh, ow) = part.image, ITEMSIZE[types[part.buffer].dtype], part.stride, out[1:3]
+    return TensorMap(part.buffer, dtype, 0, (ch, w, h, n), (ch * e, w * ch * e, h * w * ch * e),
+                     (ROW_BYTES // e, rows, 1, 1), ROW_BYTES,
+                     Im2col((0, 0), ((ow - 1) * sw + 1 - w, (oh - 1) * sh + 1 - h), (1, sw, sh, 1)))
 
 
 def why_not(k: Kernel, plan: Plan, dtype: str | None) -> str | None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from aicfc.codegen.tma import IM2COL_MAX_STRIDE
 from aicfc.errors import AicfError
-from aicfc.ir.decision import Inlined, Kernel, Plan
+from aicfc.ir.decision import Inlined, Kernel, Plan, Schedule
 from aicfc.ir.lowered import Affine, Call, Compute, Load, Rewrite, loads, view_base
 from aicfc.ir.types import TensorType
 
@@ -144,23 +144,25 @@ def _subsample(ld: Load, out: tuple[int, ...], types, base) -> Part | str:
     return why
 
 
-def why_not(cat: Kernel, gemm: Kernel, plan: Plan, views: list[str]) -> str | None:
+def why_not(op: Compute, gemm: Kernel, plan: Plan, names: set[str] | frozenset[str]) -> str | None:
+    """Why `gemm` (at its schedule's parameters) cannot read the concatenation `op` by k-blocks, where `names` are
+    `op`'s result and its views; None when it can."""
     from aicfc.codegen import gemm as gemm_codegen
-    from aicfc.codegen.gemm_wgmma import operands
+    from aicfc.codegen.gemm_wgmma import operands, subsample_map
     types = plan.types()
-    got = parts(cat.ops[0], types, view_base(plan.views))
+    got = parts(op, types, view_base(plan.views))
     if isinstance(got, str):
         return got
     if gemm.family != "gemm" or gemm.schedule is None or gemm.schedule.param.get("unit") != "wgmma":
         return f"its reader {gemm.name} is not a Hopper (wgmma) GEMM"
     p = gemm.schedule.param
     c = gemm_codegen.dims(gemm)[0]
-    if c.a.buffer not in {cat.ops[0].out, *views}:
+    if c.a.buffer not in names:
         return f"{gemm.name} reads it other than as its A operand"
-    if sum(ld.buffer in {cat.ops[0].out, *views} for op in gemm.ops for ld in loads(op.body)) != 1:
+    if sum(ld.buffer in names for op2 in gemm.ops for ld in loads(op2.body)) != 1:
         return f"{gemm.name} reads it more than once"
     t = types[c.a.buffer]
-    if t.shape[-1] != cat.ops[0].type.shape[-1] or c.a.index[-1] != Affine.var("r0"):
+    if t.shape[-1] != op.type.shape[-1] or c.a.index[-1] != Affine.var("r0"):
         return "the GEMM does not read its channels as k, innermost"
     a = operands(gemm, p, types)[0]
     if isinstance(a, str) or not a.k_major:
@@ -172,7 +174,18 @@ def why_not(cat: Kernel, gemm: Kernel, plan: Plan, views: list[str]) -> str | No
     if any(part.stride for part in got) and (not p.get("FLAT") or a.boxes != 1 or len(t.shape) != 3):
         return (f"{gemm.name} does not take the images as rows of one box a tile (FLAT = 1), which a subsample's "
                 f"im2col walk needs")
+    for part in got:
+        why = part.stride and subsample_map(part, op.type.shape, p["dtype"], a.box[1], types).problems()
+        if why:
+            return f"the im2col map of {part.buffer!r}: {why}"
     return None
+
+
+def keeps(gemm: Kernel, params, plan: Plan) -> bool:
+    """Whether the joined `gemm` may run at `params` (another candidate's: `aicfc tune` renders them), its inlined
+    concatenations still read by k-blocks."""
+    at = gemm.replace(schedule=Schedule(tuple(sorted(dict(params).items())), (1, 1, 1), (1, 1, 1), 0, None, ()))
+    return all(why_not(i.op, at, plan, i.names) is None for i in gemm.inlined)
 
 
 def _direct(e, out: tuple[int, ...], types, base):
@@ -217,7 +230,6 @@ def joins_by_prediction(cat: Kernel, plan: Plan, hw) -> bool:
     """Whether this pass will take the Concat kernel `cat` into its reader, judged before the schedules are
     chosen (pipeline.decide_projections weighs a merged projection so): the reader's best-ranked candidate
     is a wgmma tile that meets `why_not`'s terms."""
-    from aicfc.ir.decision import Schedule
     from aicfc.passes.plan_schedules import rank
     terms = _terms(cat.ops[0].body) if cat.family == "pointwise" and len(cat.ops) == 1 else None
     if not terms or len(terms) < 2 or any(ld.fill is None for ld in terms) or cat.ops[0].out in plan.outputs:
@@ -230,7 +242,7 @@ def joins_by_prediction(cat: Kernel, plan: Plan, hw) -> bool:
     if not ranked:
         return False
     pick = reader.replace(schedule=Schedule(tuple(sorted(dict(ranked[0].params).items())), (1, 1, 1), (1, 1, 1), 0, None, ()))
-    return why_not(cat, pick, plan, views) is None
+    return why_not(cat.ops[0], pick, plan, {cat.ops[0].out, *views}) is None
 
 
 def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
@@ -254,7 +266,7 @@ def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
         elif len(readers) != 1:
             why = f"{len(readers)} kernels read it"
         else:
-            why = why_not(cat, kernels[readers[0]], plan, views)
+            why = why_not(cat.ops[0], kernels[readers[0]], plan, {y, *views})
         if why is not None:
             records.append(Rewrite(RULE, y, False, why))
             continue
