@@ -10,7 +10,7 @@ import pytest
 
 from aicfc.frontend.onnx_import import import_model
 from aicfc.ir.decision import parse_plan, print_plan, verify_plan
-from aicfc.passes.join_concat import RULE
+from aicfc.passes.join_concat import RULE, parts
 from aicfc.passes.pipeline import Options, run_pipeline
 from aicfc.planner.hardware import load_profile
 from tests import onnx_builders as B
@@ -86,6 +86,40 @@ def test_an_input_read_transposed_keeps_its_copy():
     assert not any(k.inlined for k in plan.kernels)
 
 
+def _concat_model(n: int = 32):
+    """A general channel Concat (not a projection's): a 3x3's output (64 channels) and a 1x1 over it (128), both
+    after a ReLU, concatenated and read by a 1x1 whose output a 3x3 reads (so the 1x1 takes pixels as rows)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    inits = []
+
+    def w(name, *shape):
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32),
+                                             name))
+        return name
+    nodes = [helper.make_node("Conv", ["x", w("wa", 64, 64, 3, 3)], ["a"], name="a", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["ar"], name="ar"),
+             helper.make_node("Conv", ["ar", w("wb", 128, 64, 1, 1)], ["b"], name="b"),
+             helper.make_node("Relu", ["b"], ["br"], name="br"),
+             helper.make_node("Concat", ["ar", "br"], ["c"], name="cat", axis=1),
+             helper.make_node("Conv", ["c", w("wc", 256, 192, 1, 1)], ["d"], name="d"),
+             helper.make_node("Relu", ["d"], ["dr"], name="dr"),
+             helper.make_node("Conv", ["dr", w("we", 64, 256, 3, 3)], ["y"], name="e", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "concat", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 64, 28, 28])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, 64, 28, 28])], inits)
+    return B.make_model(graph)
+
+
+def test_a_general_concat_read_by_a_1x1():
+    plan = run_pipeline(import_model(_concat_model()), Options("sm_90", load_profile("sm_90"), "fp16")).plan
+    rec = _record(plan)
+    assert rec.applied and "the Concat of ar, br" in rec.reason
+    (g,) = [k for k in plan.kernels if k.inlined]
+    assert "cat" in g.origins and "d" in g.origins
+    assert [(q.c0, q.width, q.stride) for q in parts(g.inlined[0].op, plan.types())] == [(0, 64, None), (64, 128, None)]
+
+
 def test_pin_keeps_the_copy():
     plan = _plan(1, {"concat": "0"})
     rec = _record(plan)
@@ -127,6 +161,14 @@ def _parts(g, p, types):
     finally:
         gemm.gemm_wgmma.render_kernel = real
     return captured
+
+
+@pytest.mark.gpu
+def test_gpu_general_concat(gpu_device):
+    """The general Concat read by k-blocks (inputs of 64 and 128 channels), against onnxruntime."""
+    from tests.test_conv_wgmma import _gpu_check
+    payload = _gpu_check(_concat_model(4), "fp16", gpu_device, {"d:unit": "wgmma", "d:FLAT": 1}, ref="onnxruntime")
+    assert not any(k["family"] == "pointwise" and "cat" in k["onnx_nodes"] for k in payload["kernels"])
 
 
 @pytest.mark.gpu
