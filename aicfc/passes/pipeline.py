@@ -40,8 +40,7 @@ from aicfc.passes.gemv_room import gemv_room
 from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.tail_steps import tail_steps
 from aicfc.passes.fold_cache_writes import fold_cache_writes
-from aicfc.passes import join_concat as join_concat_pass
-from aicfc.passes.join_concat import join_concat
+from aicfc.passes.join_concat import join_concat, joins_by_prediction
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.pool_epilogue import pool_epilogue
 from aicfc.passes.plan_schedules import RANKED_BETWEEN, RegisterCheck, fastest, forget_rankings, plan_schedules
@@ -258,7 +257,7 @@ def decide_projections(graph: Graph, options: Options, on_stage: Callable[[str],
     def best(plan: Any, nodes: frozenset[str]) -> tuple[float, int, bool]:
         kernels = [k for k in plan.kernels if nodes & set(k.origins)]
         # a concatenation the GEMM will read by k-blocks is no kernel ([Note: a concatenation read by k-blocks])
-        joined = [k for k in kernels if join_concat_pass.joins_by_prediction(k, plan, options.profile)]
+        joined = [k for k in kernels if joins_by_prediction(k, plan, options.profile)]
         kernels = [k for k in kernels if k not in joined]
         return sum(fastest(k, plan, options.profile) for k in kernels), len(kernels), bool(joined)
     chosen, records = [], []
