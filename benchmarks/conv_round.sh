@@ -711,11 +711,8 @@ PY
     timeout 150 python3 -m pytest -q -m gpu tests/test_residual_staging.py 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
     timeout 120 compute-sanitizer --tool racecheck python3 -m pytest -q -m gpu tests/test_residual_staging.py \
         -k "late_4kb or long_k_coop" 2>&1 | tail -n 3 | tee "$OUT/racecheck.txt"
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
-    (cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_early.aicf --target sm_90 --precision fp16 -q) &
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
-    wait
-    timeout 100 python3 benchmarks/plan_ab.py early=$W/r32_early.aicf late=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
+    build_now_and_before
+    timeout 100 python3 benchmarks/plan_ab.py early=$W/r32_before.aicf late=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
         | tee "$OUT/ab.txt"
     profile r32
     ;;
