@@ -1,9 +1,11 @@
 """A channel concatenation read only as a Hopper GEMM's A operand is not a kernel of its own
 (passes/join_concat.py, [Note: a concatenation read by k-blocks]): the GEMM's producer loads each
-input's k-blocks from that input's tensor map. Where it applies and where it is declined (a strided
-subsample, `--pin concat=0`), what the plan records, the buffers' lifetimes, the Decision IR's text,
-the rendered producer; on the GPU the joined GEMM against onnxruntime (max|y - ref| / max|ref|: fp16
-1e-2) with inputs of equal and of unequal widths."""
+input's k-blocks from that input's tensor map, a strided subsample's through an im2col map. Where it
+applies (a projection's Concat, a general one) and where it is declined (an input read transposed,
+`--pin concat=0`), what the plan records, the buffers' lifetimes, the Decision IR's text, the rendered
+producer and maps, the projection decision's record, `aicfc tune`'s candidates; on the GPU the joined
+GEMM against onnxruntime (max|y - ref| / max|ref|: fp16 1e-2) with inputs of equal and unequal widths,
+subsampled, and a general Concat."""
 from __future__ import annotations
 
 import pytest
