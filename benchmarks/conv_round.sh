@@ -103,10 +103,11 @@
 #                                          # the A/B alone)
 #   bash benchmarks/conv_round.sh s84      # session 84: [Note: a concatenation read by k-blocks] (passes/join_concat.py): its
 #                                          # GPU tests; ResNet-50 B32 with the projections' Concats joined and kept
-#                                          # (--pin concat=0), A/B'd (7 rounds), the joined plan under memcheck and profiled;
+#                                          # (--pin concat=0), A/B'd (7 rounds), the joined plan under memcheck and profiled
 #   bash benchmarks/conv_round.sh s84m     # session 84, after s84: B1 A/B'd likewise, B32 and B1 against torch.compile
-#   bash benchmarks/conv_round.sh s84r     # session 84: the residual's copy after the first k-block: GPU tests, racecheck,
-#                                          # ResNet-50 B32 against the tree before (ab_old/aicfc) A/B'd, profiled
+#   bash benchmarks/conv_round.sh s84r     # session 84: the residual's copy after the first k-block (a form since removed: the
+#                                          # record of the call that dropped it), GPU tests, racecheck, ResNet-50 B32 against
+#                                          # the tree before (ab_old/aicfc) A/B'd, profiled
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -680,7 +681,7 @@ PY
   s84)
     # session 84: the join's GPU tests (compiled on a cold machine: the Hopper GEMM/conv suites do not fit one call
     # beside them); ResNet-50 B32 with the Concats joined (r32) and kept (--pin concat=0), A/B'd (7 rounds); r32 checked
-    # against onnxruntime, under memcheck (one run) and profiled; B1 likewise A/B'd with MODELS=1 (and the peer)
+    # against onnxruntime, under memcheck (one run) and profiled (B1 and the peer: s84m)
     timeout 200 python3 -m pytest -q -m gpu tests/test_join_concat.py 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
     python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_cat.aicf --target sm_90 --precision fp16 -q --pin concat=0 &
@@ -705,9 +706,11 @@ PY
     timeout 330 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 > "$OUT/models.txt" 2>&1; tail -n 3 "$OUT/models.txt"
     ;;
   s84r)
-    # session 84: [Note: the residual after the first k-block] (codegen/gemm_wgmma.py): the residual-staging GPU tests,
-    # racecheck over its cooperative long-K cases; ResNet-50 B32 compiled by the tree before (ab_old/aicfc, a copy of
-    # the previous commit's package) and now (only k51/k54 differ), A/B'd (7 rounds), the new plan profiled
+    # session 84, at a tree (since reverted) whose cooperative RS = 1 tiles of 4+ k-blocks copied the residual in after
+    # their first k-block (measured 1.000x: [Note: residual through the staging]): the residual-staging GPU tests
+    # (late_4kb was that tree's case), racecheck over the long-K cooperative ones; ResNet-50 B32 compiled by the tree
+    # before (ab_old/aicfc, a copy of the previous commit's package) and that one (only k51/k54 differ), A/B'd (7
+    # rounds), the new plan profiled
     timeout 150 python3 -m pytest -q -m gpu tests/test_residual_staging.py 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
     timeout 120 compute-sanitizer --tool racecheck python3 -m pytest -q -m gpu tests/test_residual_staging.py \
         -k "late_4kb or long_k_coop" 2>&1 | tail -n 3 | tee "$OUT/racecheck.txt"
