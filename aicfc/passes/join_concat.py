@@ -183,11 +183,15 @@ def why_not(op: Compute, gemm: Kernel, plan: Plan, names: set[str] | frozenset[s
     return None
 
 
+def _at(gemm: Kernel, params) -> Kernel:
+    """`gemm` as if scheduled at `params` (another candidate's): what `why_not` reads of a schedule."""
+    return gemm.replace(schedule=Schedule(tuple(sorted(dict(params).items())), (1, 1, 1), (1, 1, 1), 0, None, ()))
+
+
 def keeps(gemm: Kernel, params, plan: Plan) -> bool:
     """Whether the joined `gemm` may run at `params` (another candidate's: `aicfc tune` renders them), its inlined
     concatenations still read by k-blocks."""
-    at = gemm.replace(schedule=Schedule(tuple(sorted(dict(params).items())), (1, 1, 1), (1, 1, 1), 0, None, ()))
-    return all(why_not(i.op, at, plan, i.names) is None for i in gemm.inlined)
+    return all(why_not(i.op, _at(gemm, params), plan, i.names) is None for i in gemm.inlined)
 
 
 def _direct(e, out: tuple[int, ...], types, base):
@@ -219,13 +223,25 @@ def joined_parts(gemm: Kernel, types) -> list[tuple[Part, TensorType | None]]:
             for part in parts(joined.op, types)]
 
 
-def _readers(cat: Kernel, kernels, plan: Plan) -> tuple[list[str], list[int]]:
-    """(the views of `cat`'s result, the indices of the other kernels that read it or them)."""
+def _concatenation(k: Kernel) -> bool:
+    """Whether `k` is a Concat kernel: one map storing its result, a sum of two or more guarded loads."""
+    terms = _terms(k.ops[0].body) if k.family == "pointwise" and len(k.ops) == 1 else None
+    return bool(terms) and len(terms) >= 2 and all(ld.fill is not None for ld in terms) and k.stores == (k.ops[0].out,)
+
+
+def _site(cat: Kernel, kernels, plan: Plan) -> tuple[str | None, set[str], int | None]:
+    """(why the Concat kernel `cat` cannot be joined whatever its reader's schedule, or None; its result and
+    that result's views; the index in `kernels` of its one reader, where it has one)."""
     base = view_base(plan.views)
     y = cat.ops[0].out
-    views = [v.out for v in plan.views if base(v.out) == y]
-    return views, [j for j, k in enumerate(kernels) if k is not None and k is not cat
-                   and any(ld.buffer in {y, *views} for op in k.ops for ld in loads(op.body))]
+    names = {y, *(v.out for v in plan.views if base(v.out) == y)}
+    readers = [j for j, k in enumerate(kernels) if k is not None and k is not cat
+               and any(ld.buffer in names for op in k.ops for ld in loads(op.body))]
+    if any(base(o) == y for o in plan.outputs):
+        return "it is a graph output", names, None
+    if len(readers) != 1:
+        return f"{len(readers)} kernels read it", names, None
+    return None, names, readers[0]
 
 
 def joins_by_prediction(cat: Kernel, plan: Plan, hw) -> bool:
@@ -233,18 +249,11 @@ def joins_by_prediction(cat: Kernel, plan: Plan, hw) -> bool:
     chosen (pipeline.decide_projections weighs a merged projection so): the reader's best-ranked candidate
     is a wgmma tile that meets `why_not`'s terms."""
     from aicfc.passes.plan_schedules import rank
-    terms = _terms(cat.ops[0].body) if cat.family == "pointwise" and len(cat.ops) == 1 else None
-    if not terms or len(terms) < 2 or any(ld.fill is None for ld in terms) or cat.ops[0].out in plan.outputs:
+    if not _concatenation(cat):
         return False
-    views, readers = _readers(cat, plan.kernels, plan)
-    if len(readers) != 1:
-        return False
-    reader = plan.kernels[readers[0]]
-    ranked = rank(reader, plan, hw)[0]
-    if not ranked:
-        return False
-    pick = reader.replace(schedule=Schedule(tuple(sorted(dict(ranked[0].params).items())), (1, 1, 1), (1, 1, 1), 0, None, ()))
-    return why_not(cat.ops[0], pick, plan, {cat.ops[0].out, *views}) is None
+    why, names, j = _site(cat, plan.kernels, plan)
+    ranked = rank(plan.kernels[j], plan, hw)[0] if why is None else []
+    return bool(ranked) and why_not(cat.ops[0], _at(plan.kernels[j], ranked[0].params), plan, names) is None
 
 
 def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
@@ -253,37 +262,32 @@ def join_concat(plan: Plan, pin: dict | None = None) -> Plan:
         raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (the Concat a kernel of its own) or {PIN}=1 "
                         f"(joined into its GEMM where legal, the default)")
     base = view_base(plan.views)
+    types = plan.types()
     kernels: list[Kernel | None] = list(plan.kernels)
     records: list[Rewrite] = []
     for i, cat in enumerate(plan.kernels):
-        terms = _terms(cat.ops[0].body) if cat.family == "pointwise" and len(cat.ops) == 1 else None
-        if not terms or len(terms) < 2 or any(ld.fill is None for ld in terms) or cat.stores != (cat.ops[0].out,):
-            continue   # not a concatenation
+        if not _concatenation(cat):
+            continue
         y = cat.ops[0].out
-        views, readers = _readers(cat, kernels, plan)
+        why, names, j = _site(cat, kernels, plan)
         if str(forced) == "0":
             why = f"--pin {PIN}=0"
-        elif y in plan.outputs or any(base(o) == y for o in plan.outputs):
-            why = "it is a graph output"
-        elif len(readers) != 1:
-            why = f"{len(readers)} kernels read it"
-        else:
-            why = why_not(cat.ops[0], kernels[readers[0]], plan, {y, *views})
+        elif why is None:
+            why = why_not(cat.ops[0], kernels[j], plan, names)
         if why is not None:
             records.append(Rewrite(RULE, y, False, why))
             continue
-        g = kernels[readers[0]]
-        t = plan.types()[y]
-        got = parts(cat.ops[0], plan.types(), base)
-        names = ", ".join(f"{q.buffer} subsampled {q.stride[0]}x{q.stride[1]}" if q.stride else q.buffer for q in got)
-        reason = (f"kernel {cat.name} (the Concat of {names}) joined into {g.name}: its producer "
-                  f"loads each input's k-blocks from that input, so the {t.nbytes / 1e6:.1f} MB concatenation is "
+        g = kernels[j]
+        got = parts(cat.ops[0], types, base)
+        listed = ", ".join(f"{q.buffer} subsampled {q.stride[0]}x{q.stride[1]}" if q.stride else q.buffer for q in got)
+        reason = (f"kernel {cat.name} (the Concat of {listed}) joined into {g.name}: its producer "
+                  f"loads each input's k-blocks from that input, so the {types[y].nbytes / 1e6:.1f} MB concatenation is "
                   f"neither written nor read back (predicted {cat.schedule.time_us:.2f} us saved)")
-        op = dataclasses.replace(cat.ops[0], body=_direct(cat.ops[0].body, cat.ops[0].type.shape, plan.types(), base))
-        kernels[readers[0]] = g.replace(inlined=g.inlined + (Inlined(op, tuple(views), reason),),
-                                        rewrites=tuple(dict.fromkeys(g.rewrites + (RULE,))))
+        op = dataclasses.replace(cat.ops[0], body=_direct(cat.ops[0].body, cat.ops[0].type.shape, types, base))
+        kernels[j] = g.replace(inlined=g.inlined + (Inlined(op, tuple(sorted(names - {y})), reason),),
+                               rewrites=tuple(dict.fromkeys(g.rewrites + (RULE,))))
         kernels[i] = None
-        records.append(Rewrite(RULE, y, True, reason, 2 * t.nbytes))
+        records.append(Rewrite(RULE, y, True, reason, 2 * types[y].nbytes))
     if not records:
         return plan
     return plan.replace(kernels=tuple(k for k in kernels if k is not None), rewrites=plan.rewrites + tuple(records))
