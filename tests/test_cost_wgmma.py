@@ -249,7 +249,7 @@ def test_h200_l2_whole_traffic_binds_small_tiles_of_a_long_operand():
     B32 the projection's 64x64 tiles measured 25.1 us alone, ncu counting 226 MB through the L2 in 24.4 us, against
     21.4 us for 64x128 and 21.1 for 128x128: session 41, an H200, benchmarks/results/l2_total_session41_h200.txt.)"""
     model = matmul(25088, 256, 512, np.random.default_rng(0))
-    tile = {"unit": "wgmma", "PP": 1, "NWG": 2, "MI": 1, "BM": 64, "CLUSTER": 1}
+    tile = {"unit": "wgmma", "PP": 1, "NWG": 2, "MI": 1, "BM": 64, "CLUSTER": 1, "BRES": 0}   # B through the ring
     small = _terms(model, {**tile, "BN": 64}, H200)
     wide = _terms(model, {**tile, "BN": 128}, H200)
     assert small["t_l2_all_us"] > max(small["t_dram_us"], small["t_epilogue_us"], small["t_l2_us"])

@@ -253,6 +253,21 @@ a cluster 5.7-5.8; a 4-layer Llama prefill's down projection (512 x 5632 -> 2048
 23.7-23.9 us on one machine but 24.9-25.5 -> 25.3-26.1 on another (calls 4 and 6): not a gain there. Against unsplit tiles it is the cost model's call (planner/cost_wgmma.split_terms):
 the same prefill's QKV and O projections ran 13.2-14.2 and 9.6-10.3 us unsplit against 16.7-18.0 and
 11.6-12.0 split, which the model called right only with [Note: the TMA's share of L2].
+
+[Note: B resident in shared memory]
+BRES > 0 (unsplit, unclustered, not stream-k; a B without a batch dimension of its own): the tiles are
+walked column-fastest (GROUP = 1: tile t is column t mod TILES_N), so block c, taking tiles c, c + CTAS, ...,
+visits only P = TILES_N / gcd(CTAS, TILES_N) columns of B (`b_panels`), in turn. Where the block walks more
+tiles than P and P x KT k-blocks of B (BRES = P·KT, BN·128 bytes each) fit in shared memory past the ring
+and the staging (`resident_at`, 1024-byte aligned), its first P tiles bring their B k-blocks into those
+slots on the ring stage's own `full` barrier (the stage then expects A's bytes and B's), and every later
+tile loads A alone and reads B from slot (tile ordinal mod P, kb). The ring's stages hold A alone. Under
+ping-pong a warpgroup's first tile starts only after the other has waited for every stage of its own, so
+the slots its tile reads landed on barriers one of the two waited for before a named barrier between them.
+What it saves is B's bytes through the L2 and the SM's port once per tile: ResNet-50 B32's small-K 1x1
+GEMMs load a B k-block of 16 KB beside an A one of 8 KB (the stage-3 expansions, 6272 x 256 -> 1024,
+64x128 tiles: 64 KB of B a tile against 32 of A and 16 of the residual).
+Cost: B's bytes leave the k-blocks' L2 term but for the block's first tiles (planner/cost_wgmma.py).
 """
 from __future__ import annotations
 
@@ -328,7 +343,24 @@ def block_m(p: Mapping) -> int:
 
 
 def stage_bytes(p: Mapping) -> int:
-    return (block_m(p) + p["BN"]) * ROW_BYTES
+    """A ring stage: the A tile's k-block, and B's unless B is resident ([Note: B resident in shared memory])."""
+    return (block_m(p) + (0 if p.get("BRES") else p["BN"])) * ROW_BYTES
+
+
+def b_bytes(p: Mapping) -> int:
+    """One k-block of a tile's B (BN rows of 128 bytes; a multiple of 1024 for any BN a multiple of 8)."""
+    return p["BN"] * ROW_BYTES
+
+
+def resident_at(p: Mapping) -> int:
+    """Where the resident B k-blocks start: past the ring and the staging, on a 1024-byte boundary."""
+    return -(-(p["STAGES"] * stage_bytes(p) + p["NWG"] * out_wg_bytes(p)) // 1024) * 1024
+
+
+def b_panels(tiles_n: int, ctas: int) -> int:
+    """The columns of tiles one block visits when tiles are walked column-fastest (n = tile mod tiles_n)
+    and block c takes tiles c, c + ctas, ...: their period tiles_n / gcd(ctas, tiles_n)."""
+    return tiles_n // math.gcd(ctas, tiles_n)
 
 
 def out_wg_bytes(p: Mapping) -> int:
@@ -349,6 +381,8 @@ def out_box(p: Mapping) -> tuple[int, int]:
 
 
 def smem_bytes(p: Mapping) -> int:
+    if p.get("BRES"):
+        return resident_at(p) + p["BRES"] * b_bytes(p) + SMEM_SLACK
     return p["STAGES"] * stage_bytes(p) + p["NWG"] * out_wg_bytes(p) + SMEM_SLACK
 
 
@@ -498,7 +532,8 @@ def operands(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> tuple[Op
     a = operand("a", c.a, types[c.a.buffer], c.m, ext, kk, names, block_m(p), p["dtype"], merged)
     b = operand("b", c.b, types[c.b.buffer], c.n, ext, kk, names, p["BN"], p["dtype"], merged)
     if isinstance(a, Operand) and isinstance(b, Operand):
-        b = dataclasses.replace(b, smem_at=block_m(p) * ROW_BYTES, halves=p.get("CLUSTER", 1) > 1)
+        # B's boxes follow A's in a stage, or start its resident slot ([Note: B resident in shared memory])
+        b = dataclasses.replace(b, smem_at=0 if p.get("BRES") else block_m(p) * ROW_BYTES, halves=p.get("CLUSTER", 1) > 1)
     return a, b
 
 
@@ -578,6 +613,8 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
     # between the standard ones, offered after them (ties keep the standard width)
     b = operands(k, {"dtype": dtype, "NWG": 1, "PP": 0, "MI": 1, "BN": 64}, types)[1]
     b_k_major = isinstance(b, Operand) and b.k_major
+    # [Note: B resident in shared memory]: only a B every tile reads the same (no batch dimension of its own)
+    holds = isinstance(b, Operand) and b.rank == 2
     points, fills = [], []
     for nwg, pp in ((n, pp) for n in SPACE["NWG"] for pp in SPACE["PP"] if n > 1 or not pp):
         for mi in SPACE["MI"]:
@@ -587,20 +624,23 @@ def space(k: Kernel, plan: Plan, dtype: str, hw_sms: int, smem_limit: int) -> li
                 if mi * bn // 2 <= MAX_ACC and tile_ok(nwg, pp, mi, bn):
                     points += _points((nwg, pp, mi, bn, bm), m * eb if fl else m, n, kk,
                                       nb // eb if fl else nb, dtype, hw_sms, smem_limit, stores, copies_in,
-                                      {"FLAT": fl} if merged else {})
+                                      holds, {"FLAT": fl} if merged else {})
             for fl in flats if b_k_major else ():
                 mm, bb = (m * eb, nb // eb) if fl else (m, nb)
                 for bn in fill_widths(math.ceil(mm / bm) * bb, n, hw_sms):
                     if mi * bn // 2 <= MAX_ACC and tile_ok(nwg, pp, mi, bn):
                         fills += _points((nwg, pp, mi, bn, bm), mm, n, kk, bb, dtype, hw_sms, smem_limit,
                                          [st for st in stores if not st[1]], copies_in,
-                                         {"FLAT": fl} if merged else {})
-    return points + fills
+                                         holds, {"FLAT": fl} if merged else {})
+    out = points + fills
+    # BRES is then a key of every candidate, so that --pin BRES=0 keeps B in the ring
+    return [q if "BRES" in q else dict(q, BRES=0) for q in out] if any(q.get("BRES") for q in out) else out
 
 
 def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: int, dtype: str, hw_sms: int,
-            smem_limit: int, stores: list, copies_in: bool, extra: Mapping) -> list[dict]:
-    """The candidates of one tile (NWG, PP, MI, BN, BM) over M x N x K and nb batches; `extra` joins every one."""
+            smem_limit: int, stores: list, copies_in: bool, holds: bool, extra: Mapping) -> list[dict]:
+    """The candidates of one tile (NWG, PP, MI, BN, BM) over M x N x K and nb batches; `extra` joins every one;
+    `holds`: B may stay resident ([Note: B resident in shared memory])."""
     nwg, pp, mi, bn, bm = tile
     points = []
     tiles = math.ceil(m / bm) * math.ceil(n / bn) * nb
@@ -622,7 +662,12 @@ def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: i
             p = {"unit": "wgmma", "dtype": dtype, "BM": bm, "BN": bn, "BK": bk(dtype), "NWG": nwg, "PP": pp,
                  "MI": mi, "OUT": o, "TS": ts, "STAGES": st, "SPLITK": sk, "CLUSTER": cl,
                  "CTAS": hw_sms if sm else ctas, "STREAM": sm, **extra}
-            if smem_bytes(p) + static_smem(p) <= smem_limit:
+            # [Note: B resident in shared memory]: unsplit, unclustered tiles whose block walks more tiles than
+            # the columns of B it visits may hold those columns' k-blocks for the whole walk
+            held = b_panels(math.ceil(n / bn), ctas) if holds and sk == 1 and cl == 1 and not sm else 0
+            for p in [p] + ([dict(p, BRES=held * ktiles)] if held and math.ceil(tiles / ctas) > held else []):
+                if smem_bytes(p) + static_smem(p) > smem_limit:
+                    continue
                 # [Note: residual through the staging]: where the epilogue has such a residual, RS
                 # is a key of every candidate (so --pin RS=0 / RS=1 applies), 1 on staged, unsplit ones
                 for q in with_cl(p, tiles, hw_sms):
@@ -655,6 +700,12 @@ def with_cl(p: dict, tiles: int, hw_sms: int) -> list[dict]:
     if p.get("SPLITK", 1) == 1:
         return [p]
     return [dict(p, CL=0)] + ([dict(p, CL=1, CTAS=tiles * p["SPLITK"])] if cl_ok(p, tiles, hw_sms) else [])
+
+
+def group(p: Mapping) -> int:
+    """Tile rows per raster group: GROUP, or 1 (column-fastest) where B is resident, so that a block's
+    tiles visit only `b_panels` columns."""
+    return 1 if p.get("BRES") else GROUP
 
 
 def tiles(k: Kernel, p: Mapping) -> tuple[int, int, int]:
@@ -732,7 +783,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   dtype=dtype, KSTEP=KSTEP[dtype], BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"],
                   PP=p.get("PP", 0), CT=128 if p.get("PP") else 128 * p["NWG"],
                   OUT_WG_BYTES=out_wg_bytes(p), LDS=staging_row(p),
-                  STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm, TILES_N=tn, GROUP=GROUP,
+                  STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm, TILES_N=tn, GROUP=group(p),
+                  BRES=p.get("BRES", 0), RES_AT=resident_at(p), B_BYTES=b_bytes(p),
                   KT=math.ceil(parts["K"] / p["BK"]), STAGE_BYTES=stage_bytes(p), threads=threads(p),
                   TA=int(not a.k_major), TB=int(not b.k_major), a=a, b=b, idx=parts["idx"],
                   signature=parts["signature"], decompose=parts["decompose"], epilogue=parts["epilogue"],

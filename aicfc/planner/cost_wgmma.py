@@ -347,7 +347,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # DRAM: each operand once; past L2, B is read again by every group of GROUP tile rows (A once)
     a_bytes, b_bytes = types[c.a.buffer].nbytes, types[c.b.buffer].nbytes
     groups = math.ceil(tiles_m / gemm_wgmma.GROUP)
-    rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes else 0.0
+    rereads = (groups - 1) * b_bytes if a_bytes + b_bytes > hw.l2_bytes and not p.get("BRES") else 0.0
     t_dram = (io_bytes + rereads) / (hw.dram_bandwidth_gbs * 1e3 * hw.efficiency["dram"])
     extra = sum(ITEMSIZE[types[b].dtype] for b in gemm.extra_reads(k, types))
     # [Note: the TMA's share of L2]: a persistent grid whose bytes outlast its tensor work, its epilogue
@@ -357,7 +357,9 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     l2_sm = share * 1e3
     t_smem = row * (bm + bm // 64 * bn) / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     sm_in = hw.data.get("sm_ingress_gbs", share) * 1e3                # bytes per us into one SM
-    t_load = max(row * (bm + bn) / sm_in, row * (bm + bn / cl) / l2_sm)
+    # [Note: B resident in shared memory]: B's k-blocks cross only with the block's first tiles, one per column held
+    fresh = min(1.0, p["BRES"] // ktiles / per_sm) if p.get("BRES") else 1.0
+    t_load = max(row * (bm + bn * fresh) / sm_in, row * (bm + bn * fresh / cl) / l2_sm)
     # STAGES - 1 k-blocks in flight must cover one TMA round trip (and, clustered, the release across SMs)
     trip = hw.data.get("tma_latency_us", TMA_LATENCY_US) + (hw.data.get("cluster_release_us", CLUSTER_RELEASE_US) if cl > 1 else 0.0)
     t_latency = trip / (st - 1)
@@ -412,7 +414,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # the L2 together, at its aggregate bandwidth
     outputs = m * n * math.prod(e for _, e in batch)
     l2_total = hw.data.get("l2_total_gbs")      # a profile without it has no such bound
-    t_l2_all = (tiles * sk * ktiles * row * (bm + bn / cl) + outputs * (out_bytes + extra)) / (l2_total * 1e3) \
+    t_l2_all = (tiles * sk * ktiles * row * (bm + bn * fresh / cl) + outputs * (out_bytes + extra)) / (l2_total * 1e3) \
         if l2_total else 0.0
     # the pair's whole walk of tiles (or its stream, where DRAM bounds it) goes at its slower CTA's pace (profile
     # `cluster_lockstep`, a fraction; `cluster_lockstep_compute` where the tensor work bounds the kernel:
