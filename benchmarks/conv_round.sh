@@ -108,6 +108,11 @@
 #   bash benchmarks/conv_round.sh s84r     # session 84: the residual's copy after the first k-block (a form since removed: the
 #                                          # record of the call that dropped it), GPU tests, racecheck, ResNet-50 B32 against
 #                                          # the tree before (ab_old/aicfc) A/B'd, profiled
+#   bash benchmarks/conv_round.sh s85      # session 85: [Note: B resident in shared memory] (codegen/gemm_wgmma.py): its GPU
+#                                          # tests; ResNet-50 B32 with B resident where the cost picks it and kept in the ring
+#                                          # (--pin BRES=0), A/B'd (7 rounds); both profiled; memcheck over the resident plan
+#   bash benchmarks/conv_round.sh s85m     # session 85, after s85 on the same machine: racecheck over the resident plan,
+#                                          # MobileNetV2 B32 A/B'd likewise, ResNet-50 B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -677,6 +682,33 @@ PY
     timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
         > $W/prof/timeline.json 2>&1; echo "timeline rc=$?"
     tar -czf "$OUT/profiles.tgz" -C $W prof
+    ;;
+  s85)
+    # session 85: the resident-B GPU tests; ResNet-50 B32 compiled with B resident where the cost picks it (r32) and
+    # with B through the ring everywhere (r32_ring, --pin BRES=0), A/B'd (7 rounds), memcheck over r32, both profiled
+    timeout 200 python3 -m pytest -q -n 5 -m gpu tests/test_b_resident.py 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_ring.aicf --target sm_90 --precision fp16 -q --pin BRES=0 &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
+    wait
+    schedules_differ $W/r32_ring.aicf $W/r32.aicf | tee "$OUT/ab.txt"
+    timeout 100 python3 benchmarks/plan_ab.py ring=$W/r32_ring.aicf resident=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
+        | tee -a "$OUT/ab.txt"
+    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
+    profile r32
+    profile r32_ring
+    ;;
+  s85m)
+    # session 85, after s85 on the same machine: racecheck over r32's plan; MobileNetV2 B32 with B resident and in the
+    # ring, A/B'd; ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
+    timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/racecheck.txt"
+    compile_pair mobilenet_v2:32 ring "--pin BRES=0" resident
+    schedules_differ $W/mobilenet_v2_b32_ring.aicf $W/mobilenet_v2_b32_resident.aicf | tee "$OUT/ab_mv2.txt"
+    timeout 100 python3 benchmarks/plan_ab.py ring=$W/mobilenet_v2_b32_ring.aicf \
+        resident=$W/mobilenet_v2_b32_resident.aicf --rounds 7 2>&1 | tail -n 3 | tee -a "$OUT/ab_mv2.txt"
+    timeout 330 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 > "$OUT/models.txt" 2>&1; tail -n 3 "$OUT/models.txt"
     ;;
   s84)
     # session 84: the join's GPU tests (compiled on a cold machine: the Hopper GEMM/conv suites do not fit one call
