@@ -699,6 +699,17 @@ PY
     profile r32
     profile r32_ring
     ;;
+  s85p)
+    # session 85, after s85 on the same machine: the stage-3 expansions (k32 k35 k38 k41 k44, by their export's node
+    # names) pinned to B resident (BRES = 8: two columns of 128, four k-blocks) where the cost left them in the ring;
+    # a three-way A/B (7 rounds) against s85's bundles; the pinned plan profiled
+    P=""; for n in 844 853 862 871 880; do P="$P --pin node_Conv_$n:BRES=8"; done
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_s3.aicf --target sm_90 --precision fp16 -q $P
+    schedules_differ $W/r32.aicf $W/r32_s3.aicf | tee "$OUT/ab_s3.txt"
+    timeout 120 python3 benchmarks/plan_ab.py ring=$W/r32_ring.aicf resident=$W/r32.aicf s3=$W/r32_s3.aicf --rounds 7 \
+        2>&1 | tail -n 4 | tee -a "$OUT/ab_s3.txt"
+    profile r32_s3
+    ;;
   s85m)
     # session 85, after s85 on the same machine: racecheck over r32's plan; MobileNetV2 B32 with B resident and in the
     # ring, A/B'd; ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
