@@ -710,6 +710,13 @@ PY
         2>&1 | tail -n 4 | tee -a "$OUT/ab_s3.txt"
     profile r32_s3
     ;;
+  s85t)
+    # session 85, after s85: `aicfc tune` of the memory-bound 1x1 GEMMs B residency reaches (k9, k16, k30, k32, k49 by
+    # their export's node names), the model's 24 best and 4 spread, B resident and in the ring alike
+    K=""; for n in 775 793 838 844 895; do K="$K --kernel node_Conv_$n"; done
+    timeout 500 python3 -m aicfc tune $W/resnet50_b32.onnx --target sm_90 --precision fp16 --top 24 --spread 4 $K \
+        --json "$OUT/tune_s85.json" > "$OUT/tune_s85.txt" 2>&1; echo "tune rc=$?"; tail -n 40 "$OUT/tune_s85.txt"
+    ;;
   s85m)
     # session 85, after s85 on the same machine: racecheck over r32's plan; MobileNetV2 B32 with B resident and in the
     # ring, A/B'd; ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
