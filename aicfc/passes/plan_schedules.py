@@ -258,7 +258,11 @@ def _order(r: Ranked) -> tuple:
     """Ties on time (one bound, the same for both) go to the schedule with less exposed latency,
     then to the one whose epilogues cost less (a DRAM-bound GEMM ties on DRAM whatever its
     stores), then to the one that issues less, then to the one that moves fewer bytes through shared
-    memory (its other bounds have more slack), then to the deeper ring of k-blocks (STAGES: more
+    memory (its other bounds have more slack), then to the one that pulls fewer bytes from the L2 into its SMs
+    (t_l2_us: a DRAM-bound GEMM's k-blocks share the SM's port with its residual and its stores; on an H100, aicfc
+    tune of ResNet-50 B32, session 85, benchmarks/results/b_resident_session85_h100.txt: the stage-3 expansions'
+    64x128 ping-pong tiles with B resident, [Note: B resident in shared memory] in codegen/gemm_wgmma.py, ran
+    10.81-11.09 us against 11.03-11.41 with B through the ring, predicted the same), then to the deeper ring of k-blocks (STAGES: more
     loads in flight absorb the arrivals' spread, which the model does not see; on an H200 a 1B
     Llama prefill's gate/up GEMM, 128x192 tiles alone on their SMs, ran 48.6 us at 3 stages and
     44.8-47.0 at 4, predicted the same), then to more consumer warpgroups (NWG: a tile of one warpgroup's
@@ -270,7 +274,8 @@ def _order(r: Ranked) -> tuple:
     the convolution is not found), then to a fixed order."""
     t = r.estimate.terms
     return (round(r.time_us, 6), t["t_pipeline_us"], round(t.get("t_epilogue_us", 0.0), 6), round(t["t_compute_us"], 6),
-            round(t["t_smem_us"], 6), -r.params.get("STAGES", 0), -r.params.get("NWG", 0), _params(r.params))
+            round(t["t_smem_us"], 6), round(t.get("t_l2_us", 0.0), 6), -r.params.get("STAGES", 0), -r.params.get("NWG", 0),
+            _params(r.params))
 
 
 def check_leaders(plan: Plan, hw: Profile, problems: Sequence[tuple[Kernel, list[Ranked], list[Candidate]]],
