@@ -113,6 +113,10 @@
 #                                          # (--pin BRES=0), A/B'd (7 rounds); both profiled; memcheck over the resident plan
 #   bash benchmarks/conv_round.sh s85m     # session 85, after s85 on the same machine: racecheck over the resident plan,
 #                                          # MobileNetV2 B32 A/B'd likewise, ResNet-50 B32 / B1 against torch.compile
+#   bash benchmarks/conv_round.sh s85p     # session 85, after s85: the stage-3 expansions pinned to B resident, A/B'd, profiled
+#   bash benchmarks/conv_round.sh s85t     # session 85, after s85: `aicfc tune` of the 1x1 GEMMs B residency reaches
+#   (s85f, session 85: the residual's rows requested into L2 before a resident tile's k-blocks, PF = 1, A/B'd at 0.947x
+#    and removed with its key; the record is in benchmarks/results/b_resident_session85_h100.txt, call 5)
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)

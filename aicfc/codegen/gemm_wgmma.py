@@ -267,7 +267,17 @@ the slots its tile reads landed on barriers one of the two waited for before a n
 What it saves is B's bytes through the L2 and the SM's port once per tile: ResNet-50 B32's small-K 1x1
 GEMMs load a B k-block of 16 KB beside an A one of 8 KB (the stage-3 expansions, 6272 x 256 -> 1024,
 64x128 tiles: 64 KB of B a tile against 32 of A and 16 of the residual).
-Cost: B's bytes leave the k-blocks' L2 term but for the block's first tiles (planner/cost_wgmma.py).
+Cost: B's bytes leave the k-blocks' L2 term but for the block's first tiles (planner/cost_wgmma.py). Where a
+DRAM-bound GEMM's time ties with B through the ring, the tie goes to fewer L2 bytes (plan_schedules._order).
+Measured on an H100 (session 85, benchmarks/results/b_resident_session85_h100.txt; ResNet-50 B32, fp16): the
+plan replayed 1.009-1.011x faster than with B through the ring everywhere (three machines, 7 of 7 alternating
+rounds each, the same bits; ResNet-50 B32 against torch.compile 2.09x -> 2.13x). Alone: the stage-2 expansions
+with the residual 23.0 -> 22.1 us, k16 (the stage-2 joined expansion, 6 k-blocks) 21.8 -> 20.7, the stage-1
+ones 43.6 -> 42.8, the stage-3 expansions 13.15 -> 12.6 (aicfc tune: 10.81-11.09 against 11.03-11.41); the
+stage-3 reduce GEMMs (16 k-blocks) and the transformers' GEMMs (12+ k-blocks of 128-256 columns) have no room
+for it. Requesting the residual's rows into L2 before a resident tile's k-blocks (the producer, one request
+a row, [Note: epilogue prefetch]) was measured and removed: the plan 0.947x, the 4-k-block tiles 2 us slower
+each (the requests queue with the A boxes in the SM's TMA unit), the 1-k-block ones 0.8 us faster.
 """
 from __future__ import annotations
 
