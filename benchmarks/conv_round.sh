@@ -112,7 +112,10 @@
 #                                          # tests; ResNet-50 B32 with B resident where the cost picks it and kept in the ring
 #                                          # (--pin BRES=0), A/B'd (7 rounds); both profiled; memcheck over the resident plan
 #   bash benchmarks/conv_round.sh s85m     # session 85, after s85 on the same machine: racecheck over the resident plan,
-#                                          # MobileNetV2 B32 A/B'd likewise, ResNet-50 B32 / B1 against torch.compile
+#                                          # MobileNetV2 B32 A/B'd likewise (its ring side pinned mma/thin kernels onto
+#                                          # wgmma too: see s85v), ResNet-50 B32 / B1 against torch.compile
+#   bash benchmarks/conv_round.sh s85v     # session 85, the final tree: the Hopper GPU suites; MobileNetV2 and
+#                                          # EfficientNet-B0 B32 against the tree before (ab_old/, carried), A/B'd
 #   bash benchmarks/conv_round.sh s85p     # session 85, after s85: the stage-3 expansions pinned to B resident, A/B'd, profiled
 #   bash benchmarks/conv_round.sh s85t     # session 85, after s85: `aicfc tune` of the 1x1 GEMMs B residency reaches
 #   (s85f, session 85: the residual's rows requested into L2 before a resident tile's k-blocks, PF = 1, A/B'd at 0.947x
@@ -720,6 +723,24 @@ PY
     K=""; for n in 775 793 838 844 895; do K="$K --kernel node_Conv_$n"; done
     timeout 500 python3 -m aicfc tune $W/resnet50_b32.onnx --target sm_90 --precision fp16 --top 24 --spread 4 $K \
         --json "$OUT/tune_s85.json" > "$OUT/tune_s85.txt" 2>&1; echo "tune rc=$?"; tail -n 40 "$OUT/tune_s85.txt"
+    ;;
+  s85v)
+    # session 85, the final tree (ab_old/: a copy of ec27ece's package, the tree before, carried): the Hopper GEMM,
+    # convolution, resident-B, residual-staging and join GPU tests; MobileNetV2 and EfficientNet-B0 B32 compiled
+    # now and before, A/B'd (7 rounds) where a schedule differs
+    timeout 330 python3 -m pytest -m gpu -q -n 8 tests/test_gemm_wgmma.py tests/test_conv_wgmma.py \
+        tests/test_b_resident.py tests/test_residual_staging.py tests/test_join_concat.py 2>&1 | tail -n 4 \
+        | tee "$OUT/tests.txt"
+    for c in mobilenet_v2:32 efficientnet_b0:32; do
+      n=$(echo $c | sed 's/:/_b/')
+      ( python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 &&
+        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_now.aicf --target sm_90 --precision fp16 -q &&
+        cd ab_old && python3 -m aicfc compile $W/$n.onnx -o $W/${n}_before.aicf --target sm_90 --precision fp16 -q ) \
+        > $W/compile_$n.log 2>&1 || echo "compile $c failed"
+      echo "## $c"
+      schedules_differ $W/${n}_before.aicf $W/${n}_now.aicf && \
+        timeout 100 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf now=$W/${n}_now.aicf --rounds 7 2>&1 | tail -n 2
+    done 2>&1 | tee "$OUT/ab_cnns.txt"
     ;;
   s85m)
     # session 85, after s85 on the same machine: racecheck over r32's plan; MobileNetV2 B32 with B resident and in the

@@ -163,7 +163,8 @@ def test_a_residual_epilogue_keeps_the_even_share(tmp_path):
     epilogue (MobileNetV2 B32's projections, whose moved tiles measured slower) is predicted as with the
     even share alone, where the plain one is predicted faster than that."""
     even = _even_share_profile(tmp_path)
-    pin = {"unit": "wgmma", "BM": 64, "BN": 128, "PP": 1, "NWG": 2, "STAGES": 7, "CLUSTER": 1}
+    pin = {"unit": "wgmma", "BM": 64, "BN": 128, "PP": 1, "NWG": 2, "STAGES": 7, "CLUSTER": 1,
+           "BRES": 0}   # B through the ring, as measured
     rng = np.random.default_rng(0)
     w = rng.standard_normal((512, 128)).astype(np.float32)
     plain = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [25088, 512])], [25088, 128], {"w": w})
