@@ -742,6 +742,23 @@ PY
         timeout 100 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf now=$W/${n}_now.aicf --rounds 7 2>&1 | tail -n 2
     done 2>&1 | tee "$OUT/ab_cnns.txt"
     ;;
+  s85w)
+    # session 85: the stage-3 expansions (k32 k35 k38 k41 k44) pinned to two other resident-B tiles, 64x256 ping-pong
+    # (BRES = 4) and 128x128 cooperative (BRES = 8), against the default (64x128 ping-pong, BRES = 8): A/B'd, profiled
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    P=""; Q=""; for n in 844 853 862 871 880; do
+      P="$P --pin node_Conv_$n:BN=256 --pin node_Conv_$n:BRES=4"
+      Q="$Q --pin node_Conv_$n:PP=0 --pin node_Conv_$n:BM=128 --pin node_Conv_$n:BN=128 --pin node_Conv_$n:BRES=8"
+    done
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_w256.aicf --target sm_90 --precision fp16 -q $P &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_coop.aicf --target sm_90 --precision fp16 -q $Q
+    wait
+    timeout 100 python3 benchmarks/plan_ab.py default=$W/r32.aicf w256=$W/r32_w256.aicf coop=$W/r32_coop.aicf \
+        --rounds 5 2>&1 | tail -n 4 | tee "$OUT/ab_w.txt"
+    profile r32_w256
+    profile r32_coop
+    ;;
   s85m)
     # session 85, after s85 on the same machine: racecheck over r32's plan; MobileNetV2 B32 with B resident and in the
     # ring, A/B'd; ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
