@@ -277,7 +277,11 @@ ones 43.6 -> 42.8, the stage-3 expansions 13.15 -> 12.6 (aicfc tune: 10.81-11.09
 stage-3 reduce GEMMs (16 k-blocks) and the transformers' GEMMs (12+ k-blocks of 128-256 columns) have no room
 for it. Requesting the residual's rows into L2 before a resident tile's k-blocks (the producer, one request
 a row, [Note: epilogue prefetch]) was measured and removed: the plan 0.947x, the 4-k-block tiles 2 us slower
-each (the requests queue with the A boxes in the SM's TMA unit), the 1-k-block ones 0.8 us faster.
+each (the requests queue with the A boxes in the SM's TMA unit), the 1-k-block ones 0.8 us faster. Other
+resident tiles for the stage-3 expansions measured slower alone: 64x256 ping-pong (BRES = 4, 3 stages) 13.5 us,
+128x128 cooperative with TMA stores (BRES = 8) 18.0. MobileNetV2 B32 replayed 1.022x and EfficientNet-B0 B32
+1.031x against the tree before (same bits). `--pin BRES=0` binds every candidate of a kernel whose space has the
+key, so it also drops that kernel's mma and thin candidates: compare against the tree before instead.
 """
 from __future__ import annotations
 
