@@ -187,6 +187,20 @@ build_now_and_before() {
     cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
     wait ) > $W/compile_before.log 2>&1
 }
+# pin_round TESTS PIN A B: TESTS' GPU tests; ResNet-50 B32 exported, compiled with PIN into $W/r32_A.aicf and without into
+# $W/r32.aicf, the schedules that differ, the two A/B'd as A and B (7 rounds), memcheck over one run of r32, r32 profiled
+pin_round() {
+  timeout 200 python3 -m pytest -q -n 5 -m gpu $1 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
+  python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+  python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_$3.aicf --target sm_90 --precision fp16 -q $2 &
+  python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
+  wait
+  schedules_differ $W/r32_$3.aicf $W/r32.aicf | tee "$OUT/ab.txt"
+  timeout 100 python3 benchmarks/plan_ab.py $3=$W/r32_$3.aicf $4=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 | tee -a "$OUT/ab.txt"
+  timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+      --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
+  profile r32
+}
 # rows_ab: [Note: im2col boxes in flight] counted in pixel rows (the sm_90 profile with `im2col_cap_rows`, $W/rows.json:
 # ResNet-50 B32's stage-4 3x3s on 64x104 ping-pong tiles) against sm_90 as it is: ResNet-50 B32 compiled both ways
 # ($W/r32_before.aicf, $W/r32.aicf), A/B'd (7 rounds), the keyed plan profiled and run once under memcheck
@@ -691,19 +705,9 @@ PY
     tar -czf "$OUT/profiles.tgz" -C $W prof
     ;;
   s85)
-    # session 85: the resident-B GPU tests; ResNet-50 B32 compiled with B resident where the cost picks it (r32) and
-    # with B through the ring everywhere (r32_ring, --pin BRES=0), A/B'd (7 rounds), memcheck over r32, both profiled
-    timeout 200 python3 -m pytest -q -n 5 -m gpu tests/test_b_resident.py 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_ring.aicf --target sm_90 --precision fp16 -q --pin BRES=0 &
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
-    wait
-    schedules_differ $W/r32_ring.aicf $W/r32.aicf | tee "$OUT/ab.txt"
-    timeout 100 python3 benchmarks/plan_ab.py ring=$W/r32_ring.aicf resident=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
-        | tee -a "$OUT/ab.txt"
-    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
-        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
-    profile r32
+    # session 85: the resident-B GPU tests; ResNet-50 B32 with B resident where the cost picks it (r32) and with B through
+    # the ring everywhere (r32_ring, --pin BRES=0), A/B'd, memcheck over r32, both profiled
+    pin_round tests/test_b_resident.py "--pin BRES=0" ring resident
     profile r32_ring
     ;;
   s85p)
@@ -771,20 +775,9 @@ PY
     timeout 330 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 > "$OUT/models.txt" 2>&1; tail -n 3 "$OUT/models.txt"
     ;;
   s84)
-    # session 84: the join's GPU tests (compiled on a cold machine: the Hopper GEMM/conv suites do not fit one call
-    # beside them); ResNet-50 B32 with the Concats joined (r32) and kept (--pin concat=0), A/B'd (7 rounds); r32 checked
-    # against onnxruntime, under memcheck (one run) and profiled (B1 and the peer: s84m)
-    timeout 200 python3 -m pytest -q -m gpu tests/test_join_concat.py 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_cat.aicf --target sm_90 --precision fp16 -q --pin concat=0 &
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
-    wait
-    schedules_differ $W/r32_cat.aicf $W/r32.aicf | tee "$OUT/ab.txt"
-    timeout 100 python3 benchmarks/plan_ab.py kept=$W/r32_cat.aicf joined=$W/r32.aicf --rounds 7 2>&1 | tail -n 3 \
-        | tee -a "$OUT/ab.txt"
-    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
-        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
-    profile r32
+    # session 84: the join's GPU tests; ResNet-50 B32 with the Concats joined (r32) and kept (r32_kept, --pin concat=0),
+    # A/B'd; r32 checked against onnxruntime, under memcheck and profiled (B1 and the peer: s84m)
+    pin_round tests/test_join_concat.py "--pin concat=0" kept joined
     ;;
   s84m)
     # session 84, after s84 on the same machine: ResNet-50 B1 with the Concats joined and kept, A/B'd; B32 and B1
