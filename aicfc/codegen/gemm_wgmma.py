@@ -679,12 +679,13 @@ def _points(tile: tuple[int, int, int, int, int], m: int, n: int, kk: int, nb: i
             # [Note: B resident in shared memory]: unsplit, unclustered tiles whose block walks more tiles than
             # the columns of B it visits may hold those columns' k-blocks for the whole walk
             held = b_panels(math.ceil(n / bn), ctas) if holds and sk == 1 and cl == 1 and not sm else 0
-            for p in [p] + ([dict(p, BRES=held * ktiles)] if held and math.ceil(tiles / ctas) > held else []):
-                if smem_bytes(p) + static_smem(p) > smem_limit:
+            resident = [dict(p, BRES=held * ktiles)] if held and math.ceil(tiles / ctas) > held else []
+            for point in [p] + resident:
+                if smem_bytes(point) + static_smem(point) > smem_limit:
                     continue
                 # [Note: residual through the staging]: where the epilogue has such a residual, RS
                 # is a key of every candidate (so --pin RS=0 / RS=1 applies), 1 on staged, unsplit ones
-                for q in with_cl(p, tiles, hw_sms):
+                for q in with_cl(point, tiles, hw_sms):
                     points += ([dict(q, RS=0)] + ([dict(q, RS=1)] if o and not ts and sk == 1 and not sm else [])
                                if copies_in else [q])
     return points
