@@ -109,7 +109,8 @@ def test_rendered_kernel_loads_b_once_per_column_held():
     src = render_module(plan)
     assert "if (held < 2) {" in src and "(held < 2 ? 16384 : 0)" in src
     assert "% 2) * 4 + kb) * 16384" in src
-    assert "const int bt = tile / " in src and "const int rows = min(" in src
+    # column-fastest: raster groups of one tile row (8 columns of tiles), not GROUP rows
+    assert "const int first_m = in / 8 * 1;" in src
     ring = _gemm(_plan(gemm_transb_bias_relu(6272, 256, 1024, np.random.default_rng(0)), pin={**tile, "BRES": 0}))
     assert ring.schedule.param["BRES"] == 0 and ring.schedule.smem_bytes != k.schedule.smem_bytes
 
