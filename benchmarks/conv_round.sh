@@ -187,6 +187,19 @@ build_now_and_before() {
     cd ab_old && python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_before.aicf --target sm_90 --precision fp16 -q
     wait ) > $W/compile_before.log 2>&1
 }
+# now_and_before CASE N TAG [EXPORT FLAGS]: CASE exported as $W/N.onnx, compiled by this tree into $W/N_TAG.aicf and by
+# ab_old/aicfc (a copy of an earlier commit's package, carried) into $W/N_before.aicf
+now_and_before() {
+  ( python3 benchmarks/export_case.py $1 ${4:-} --out-dir $W > $W/export_$2.log 2>&1 &&
+    python3 -m aicfc compile $W/$2.onnx -o $W/${2}_$3.aicf --target sm_90 --precision fp16 -q &&
+    cd ab_old && python3 -m aicfc compile $W/$2.onnx -o $W/${2}_before.aicf --target sm_90 --precision fp16 -q ) \
+    > $W/compile_$2.log 2>&1 || echo "compile $1 failed"
+}
+# ab_before N TAG: where a schedule differs, $W/N_before.aicf and $W/N_TAG.aicf A/B'd as before and TAG (7 rounds)
+ab_before() {
+  schedules_differ $W/${1}_before.aicf $W/${1}_$2.aicf && \
+    timeout 100 python3 benchmarks/plan_ab.py before=$W/${1}_before.aicf $2=$W/${1}_$2.aicf --rounds 7 2>&1 | tail -n 2
+}
 # pin_round TESTS PIN A B: TESTS' GPU tests; ResNet-50 B32 exported, compiled with PIN into $W/r32_A.aicf and without into
 # $W/r32.aicf, the schedules that differ, the two A/B'd as A and B (7 rounds), memcheck over one run of r32, r32 profiled
 pin_round() {
@@ -737,13 +750,9 @@ PY
         | tee "$OUT/tests.txt"
     for c in mobilenet_v2:32 efficientnet_b0:32; do
       n=$(echo $c | sed 's/:/_b/')
-      ( python3 benchmarks/export_case.py $c --out-dir $W > $W/export_$n.log 2>&1 &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_now.aicf --target sm_90 --precision fp16 -q &&
-        cd ab_old && python3 -m aicfc compile $W/$n.onnx -o $W/${n}_before.aicf --target sm_90 --precision fp16 -q ) \
-        > $W/compile_$n.log 2>&1 || echo "compile $c failed"
+      now_and_before $c $n now
       echo "## $c"
-      schedules_differ $W/${n}_before.aicf $W/${n}_now.aicf && \
-        timeout 100 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf now=$W/${n}_now.aicf --rounds 7 2>&1 | tail -n 2
+      ab_before $n now
     done 2>&1 | tee "$OUT/ab_cnns.txt"
     ;;
   s85w)
@@ -853,17 +862,13 @@ PY
     CASES="efficientnet_b0:32/efficientnet_b0_b32 bert:8x512/bert_b8_s512 gpt2:8x512/gpt2_b8_s512 llama:1x512/llama_b1_s512_l2"
     for cs in $CASES; do
       c=${cs%/*}; n=${cs#*/}; extra=""; [ "${c%%:*}" = llama ] && extra="--layers 2"
-      ( python3 benchmarks/export_case.py $c $extra --out-dir $W > $W/export_$n.log 2>&1 &&
-        python3 -m aicfc compile $W/$n.onnx -o $W/${n}_nwg3.aicf --target sm_90 --precision fp16 -q &&
-        cd ab_old && python3 -m aicfc compile $W/$n.onnx -o $W/${n}_before.aicf --target sm_90 --precision fp16 -q ) \
-        > $W/compile_$n.log 2>&1 || echo "compile $c failed" &
+      now_and_before $c $n nwg3 "$extra" &
     done
     wait
     for cs in $CASES; do
       c=${cs%/*}; n=${cs#*/}; echo "## $c"
-      schedules_differ $W/${n}_before.aicf $W/${n}_nwg3.aicf && \
-      timeout 100 python3 benchmarks/plan_ab.py before=$W/${n}_before.aicf nwg3=$W/${n}_nwg3.aicf --rounds 7 2>&1 | tail -2
+      ab_before $n nwg3
     done 2>&1 | tee "$OUT/ab_nwg3_models.txt"
     ;;
-  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|close|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl|nwg3|nwg3pin|nwg3ab|s81|s81min" >&2; exit 2 ;;
+  *) echo "usage: $0 unfold|halo|final|h100|pairs|lockstep|split|clusters|cnns|l2bytes|verify|close|streamk|prologue|pdl|late|chain|card|outputs|maps|cap|h200|capab|splitpdl|nwg3|nwg3pin|nwg3ab|s81|s81min|s82min|s83h|s84|s84m|s84r|s85|s85p|s85t|s85v|s85w|s85m" >&2; exit 2 ;;
 esac
