@@ -116,6 +116,7 @@
 #                                          # wgmma too: see s85v), ResNet-50 B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s85v     # session 85, the final tree: the Hopper GPU suites; MobileNetV2 and
 #                                          # EfficientNet-B0 B32 against the tree before (ab_old/, carried), A/B'd
+#   bash benchmarks/conv_round.sh s85w     # session 85: the stage-3 expansions on two other resident-B tiles, A/B'd, profiled
 #   bash benchmarks/conv_round.sh s85p     # session 85, after s85: the stage-3 expansions pinned to B resident, A/B'd, profiled
 #   bash benchmarks/conv_round.sh s85t     # session 85, after s85: `aicfc tune` of the 1x1 GEMMs B residency reaches
 #   (s85f, session 85: the residual's rows requested into L2 before a resident tile's k-blocks, PF = 1, A/B'd at 0.947x
