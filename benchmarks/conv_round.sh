@@ -121,6 +121,9 @@
 #   bash benchmarks/conv_round.sh s85t     # session 85, after s85: `aicfc tune` of the 1x1 GEMMs B residency reaches
 #   (s85f, session 85: the residual's rows requested into L2 before a resident tile's k-blocks, PF = 1, A/B'd at 0.947x
 #    and removed with its key; the record is in benchmarks/results/b_resident_session85_h100.txt, call 5)
+#   bash benchmarks/conv_round.sh s86      # session 86: [Note: a reduce joined into the epilogue] (passes/join_reduce.py):
+#                                          # its GPU tests; ResNet-50 B32 joined and apart (--pin joinr=0) A/B'd, memcheck, profile
+#   bash benchmarks/conv_round.sh s86m     # session 86, after s86: racecheck, the apart plan profiled, B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -717,6 +720,20 @@ PY
     timeout 90 python3 -m aicf_run $W/r32_tl.aicf --timeline --json --input $W/resnet50_b32_inputs.npz \
         > $W/prof/timeline.json 2>&1; echo "timeline rc=$?"
     tar -czf "$OUT/profiles.tgz" -C $W prof
+    ;;
+  s86)
+    # session 86: [Note: a reduce joined into the epilogue] (passes/join_reduce.py): its GPU tests; ResNet-50 B32 with
+    # the GEMMs over a stage-1 expansion's whole rows joined where predicted faster (r32) and apart (r32_apart, --pin
+    # joinr=0), A/B'd (7 rounds), memcheck over r32, r32 profiled
+    pin_round tests/test_join_reduce.py "--pin joinr=0" apart joined
+    ;;
+  s86m)
+    # session 86, after s86 on the same machine: racecheck over r32; the apart plan profiled; ResNet-50 B32 and B1
+    # against torch.compile(mode="reduce-overhead")
+    timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/racecheck.txt"
+    profile r32_apart
+    timeout 330 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 > "$OUT/models.txt" 2>&1; tail -n 3 "$OUT/models.txt"
     ;;
   s85)
     # session 85: the resident-B GPU tests; ResNet-50 B32 with B resident where the cost picks it (r32) and with B through

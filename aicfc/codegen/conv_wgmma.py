@@ -698,7 +698,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   BM=p["BM"], BN=p["BN"], BK=p["BK"], NWG=p["NWG"], MI=p["MI"], PP=p.get("PP", 0),
                   CT=128 if p.get("PP") else 128 * p["NWG"],
                   OUT_WG_BYTES=gemm_wgmma.out_wg_bytes(p), LDS=gemm_wgmma.staging_row(p), STAGES=p["STAGES"], CTAS=p["CTAS"], TILES=total, TILES_M=tm,
-                  TILES_N=tn, GROUP=gemm_wgmma.GROUP, BRES=0, RES_AT=0, B_BYTES=0, KT=math.ceil(kk / p["BK"]), STAGE_BYTES=stage_bytes(p),
+                  TILES_N=tn, GROUP=gemm_wgmma.GROUP, BRES=0, RES_AT=0, B_BYTES=0, JOIN=None, KT=math.ceil(kk / p["BK"]), STAGE_BYTES=stage_bytes(p),
                   threads=threads(p), TA=0, TB=0, a=a, b=b, idx=parts["idx"], signature=parts["signature"],
                   decompose=parts["decompose"], epilogue=epilogue, paired=paired, SPLITK=sk,
                   staged=staged_parts(k, types, parts["params"], parts["idx"]) if p.get("OUT") else None,

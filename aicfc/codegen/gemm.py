@@ -560,7 +560,7 @@ def staged_layout(k: Kernel, types: Mapping[str, TensorType], n: int) -> tuple[A
     """(offset of the stored element, its dtype) where the epilogue can be staged: one stored
     tensor, contiguous along n, every 16-byte chunk of a row aligned and inside N or outside it."""
     c = dims(k)[0]
-    if c.n is None or len(k.stores) != 1 or k.stores[0] != k.ops[-1].out or gated(k):
+    if c.n is None or len(k.own_stores) != 1 or k.own_stores[0] != k.ops[-1].out or gated(k):
         return None
     last, bind = store_target(k, types)
     dt = last.type.dtype
@@ -696,6 +696,26 @@ def _row_scale_parts(k: Kernel, types: Mapping[str, TensorType], sig) -> dict:
     return dict(elem=elem, elem_lines=elem_lines, scale=value, scale_lines=em.take())
 
 
+def joined_kernel(k: Kernel) -> Kernel:
+    """The GEMM joined into `k`'s epilogue ([Note: a reduce joined into the epilogue] in
+    passes/join_reduce.py) as a kernel of its own, unscheduled."""
+    j = k.joined[0]
+    return Kernel(j.name, "gemm", j.ops, j.binds, (j.ops[-1].out,))
+
+
+def joined_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: Mapping[str, str]) -> dict:
+    """What the Hopper template's joined product needs: its columns N2, the weight's pointer (contiguous, K-major
+    or N-major as `kmajor` says: join_reduce checked) and the lines of its epilogue at the pair (gm, gn), (gm, gn1) from
+    `accv`, `accv1`; `names`: the host kernel's batch variables and flat row (the joined GEMM's rows are its rows)."""
+    r = joined_kernel(k)
+    c, _, n2, _, _ = dims(r)
+    where = dict(names) | {c.m: "gm", c.n: "gn"}
+    lines = _paired_epilogue(r, types, sig, where, n2)
+    assert lines is not None, f"{k.name}: the joined {r.name} stores no pairs"
+    kmajor = flat_offset(c.b.index, types[c.b.buffer]).coeff("r0") == 1
+    return {"N2": n2, "w": sig.params[c.b.buffer], "lines": lines, "kmajor": kmajor}
+
+
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:
     c, m, n, kk, batch = shape(k, p)
     sig = signature(k, types, p)
@@ -742,6 +762,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                  partials=sig.params.get(f"{k.name}.partials"), tickets=sig.params.get(f"{k.name}.tickets"),
                  rotary=getattr(rotary(k), "head", None),
                  early=early or [],
+                 joined=joined_epilogue(k, types, sig, names) if k.joined else None,
                  fill=[(sig.params[f.buffer], f.ranges) for f in k.prefetch])
     if p["unit"] == "gemv":
         return gemm_gemv.render_kernel(k, p, types, name, parts)

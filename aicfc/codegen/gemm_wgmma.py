@@ -394,10 +394,22 @@ def out_box(p: Mapping) -> tuple[int, int]:
     return ROW_BYTES // p["OUT"], 64 * p["MI"]
 
 
-def smem_bytes(p: Mapping) -> int:
+def _used(p: Mapping) -> int:
     if p.get("BRES"):
-        return resident_at(p) + p["BRES"] * b_bytes(p) + SMEM_SLACK
-    return p["STAGES"] * stage_bytes(p) + p["NWG"] * out_wg_bytes(p) + SMEM_SLACK
+        return resident_at(p) + p["BRES"] * b_bytes(p)
+    return p["STAGES"] * stage_bytes(p) + p["NWG"] * out_wg_bytes(p)
+
+
+def joined_at(p: Mapping) -> int:
+    """Where a joined GEMM's weight starts (J2 of its columns x BN, 16-bit: [Note: a reduce joined into the
+    epilogue] in passes/join_reduce.py): past everything else, on a 1024-byte boundary."""
+    return -(-_used(p) // 1024) * 1024
+
+
+def smem_bytes(p: Mapping) -> int:
+    if p.get("J2"):
+        return joined_at(p) + p["J2"] * p["BN"] * 2 + SMEM_SLACK
+    return _used(p) + SMEM_SLACK
 
 
 def static_smem(p: Mapping) -> int:
@@ -812,6 +824,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK,
                   prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (), copy_in=parts["copy_in"],
                   a_more=more, a_im2col=any(part["lines"] for part in more),
+                  JOIN=dict(parts["joined"], AT=joined_at(p)) if p.get("J2") else None,
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 
 

@@ -110,6 +110,19 @@ class Inlined:
 
 
 @dataclass(frozen=True, slots=True)
+class Joined:
+    """A decision (passes/join_reduce.py): kernel `name`'s GEMM, `ops` (a contraction whose A operand is this
+    kernel's stored output, then its epilogue) bound by `binds`, runs in this kernel's epilogue as a second
+    product over the tile just computed, which holds every column it reads; `ops[-1].out` is among this
+    kernel's stores, and this kernel's output is not read back from memory for it."""
+
+    name: str
+    ops: tuple[Compute, ...]
+    binds: tuple[tuple[tuple[str, Affine], ...], ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Kernel:
     name: str
     family: str
@@ -122,24 +135,37 @@ class Kernel:
     inplace: tuple[InPlace, ...] = ()   # filled by plan_memory
     prefetch: tuple[Prefetch, ...] = ()  # filled by passes/l2_fill.py
     inlined: tuple[Inlined, ...] = ()    # filled by passes/join_concat.py
+    joined: tuple[Joined, ...] = ()      # filled by passes/join_reduce.py
 
     def replace(self, **changes: Any) -> Kernel:
         return dataclasses.replace(self, **changes)
 
     @property
     def origins(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(o for op in self.ops + tuple(i.op for i in self.inlined) for o in op.origin))
+        return tuple(dict.fromkeys(o for op in self.ops + tuple(i.op for i in self.inlined) + self.joined_ops
+                                   for o in op.origin))
+
+    @property
+    def joined_ops(self) -> tuple[Compute, ...]:
+        return tuple(op for j in self.joined for op in j.ops)
+
+    @property
+    def own_stores(self) -> tuple[str, ...]:
+        """The stores of the kernel's own ops (its `stores` less a joined GEMM's)."""
+        joined = {op.out for op in self.joined_ops}
+        return tuple(s for s in self.stores if s not in joined)
 
     @property
     def outs(self) -> frozenset[str]:
-        return frozenset(op.out for op in self.ops)
+        return frozenset(op.out for op in self.ops + self.joined_ops)
 
     def loads(self) -> list[Load]:
         """Every load the kernel issues: its ops' (less those of an inlined producer's result, which it
         computes in place) and its inlined producers' own."""
         inner = frozenset().union(*(i.names for i in self.inlined))
         return ([ld for op in self.ops for ld in loads(op.body) if ld.buffer not in inner]
-                + [ld for i in self.inlined for ld in loads(i.op.body)])
+                + [ld for i in self.inlined for ld in loads(i.op.body)]
+                + [ld for op in self.joined_ops for ld in loads(op.body)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +219,7 @@ class Plan:
         out.update({w.name: w.type for w in self.weights})
         out.update({op.out: op.type for k in self.kernels for op in k.ops})
         out.update({i.op.out: i.op.type for k in self.kernels for i in k.inlined})
+        out.update({op.out: op.type for k in self.kernels for op in k.joined_ops})
         out.update({v.out: v.type for v in self.views})
         return out
 
@@ -229,6 +256,11 @@ def print_kernel(k: Kernel) -> list[str]:
         lines.append(f"    prefetch {text.name(f.buffer)} {text.attr_value([list(r) for r in f.ranges])} {text.attr_value(f.reason)}")
     for i in k.inlined:
         lines.append(f"    inlined {text.attr_value(list(i.views))} {text.attr_value(i.reason)} {print_op(i.op)}")
+    for j in k.joined:
+        lines.append(f"    joined {j.name} {text.attr_value(j.reason)} {{")
+        lines += [f"      {print_op(op)}" for op in j.ops]
+        lines += [f"      bind {text.name(op.out)} {_bind(b)}" for op, b in zip(j.ops, j.binds)]
+        lines.append("    }")
     lines.append("  }")
     return lines
 
@@ -272,17 +304,12 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
     inplace: list[InPlace] = []
     prefetch: list[Prefetch] = []
     inlined: list[Inlined] = []
+    joined: list[Joined] = []
     while not c.accept("}"):
         if c.accept("bind"):
-            out = c.value()
-            c.expect("{")
-            pairs = []
-            while not c.accept("}"):
-                v = c.ident()
-                c.expect(":")
-                pairs.append((v, parse_affine(c)))
-                c.accept(",")
-            binds[out] = tuple(pairs)
+            _parse_bind(c, binds)
+        elif c.accept("joined"):
+            joined.append(_parse_joined(c))
         elif c.accept("store"):
             stores.append(c.value())
         elif c.accept("properties"):
@@ -325,7 +352,36 @@ def _parse_kernel(c: text.Cursor) -> Kernel:
             ops.append(op)
     sched = Schedule(*schedule, predicted, tuple(cands)) if schedule else None
     return Kernel(name, family, tuple(ops), tuple(binds.get(op.out, ()) for op in ops), tuple(stores),
-                  props, rewrites, sched, tuple(inplace), tuple(prefetch), tuple(inlined))
+                  props, rewrites, sched, tuple(inplace), tuple(prefetch), tuple(inlined), tuple(joined))
+
+
+def _parse_bind(c: text.Cursor, binds: dict[str, tuple[tuple[str, Affine], ...]]) -> None:
+    out = c.value()
+    c.expect("{")
+    pairs = []
+    while not c.accept("}"):
+        v = c.ident()
+        c.expect(":")
+        pairs.append((v, parse_affine(c)))
+        c.accept(",")
+    binds[out] = tuple(pairs)
+
+
+def _parse_joined(c: text.Cursor) -> Joined:
+    name = c.ident()
+    reason = str(c.attr_value())
+    c.expect("{")
+    ops: list[Compute] = []
+    binds: dict[str, tuple[tuple[str, Affine], ...]] = {}
+    while not c.accept("}"):
+        if c.accept("bind"):
+            _parse_bind(c, binds)
+            continue
+        op = parse_op(c)
+        if not isinstance(op, Compute):
+            raise c.fail("a compute inside `joined`")
+        ops.append(op)
+    return Joined(name, tuple(ops), tuple(binds.get(op.out, ()) for op in ops), reason)
 
 
 def parse_plan(source: str, weight_data: dict[str, bytes]) -> Plan:
@@ -406,7 +462,7 @@ def verify_plan(p: Plan) -> None:
             local[i.op.out] = i.op.type
             local.update({v.out: v.type for v in p.views if v.out in i.views})
             inner |= i.names
-        for op in k.ops:
+        for op in k.ops + k.joined_ops:
             verify_op(op, {n: t for n, t in local.items() if n in stored or n in k.outs or n in inner}, f"{where}: {op.out!r}")
             local[op.out] = op.type
         for s in k.stores:

@@ -49,6 +49,8 @@ def why_not_inplace(k: Kernel, x: str, y: str, types: dict[str, TensorType]) -> 
         return f"{x!r} is {types[x]}, {y!r} is {types[y]}"
     if k.family not in ("pointwise", "gemm", "row_reduce"):
         return f"the {k.family} family has no in-place rule"
+    if y in {op.out for op in k.joined_ops}:
+        return f"{y!r} is written by the GEMM joined into {k.name}'s epilogue, whose rows are not the elements read"
     writer = next(op for op in k.ops if op.out == y)
     if any(ld.buffer == x for i in k.inlined for ld in loads(i.op.body)):
         return f"{x!r} is read by the producer the kernel computes in its operand loads, by many threads"

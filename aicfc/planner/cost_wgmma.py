@@ -183,6 +183,7 @@ MAP_FENCE_US = 0.25
 # under the next tile, less the fence: about half of a store's bytes leave the critical path. One tile an SM
 # (4096x768x768) gains nothing and pays the fence: 10.4 us (no fences) against 10.2-10.5.
 TS_HIDDEN = 0.5
+JOIN_US = 0.1              # a joined product's wait: its k-steps issued back to back, then waited for once
 # [Note: stores from the registers]
 # An epilogue without staging (OUT = 0) stores each thread's column pairs from the accumulator's registers: a warp's
 # store covers 8 rows with 16 bytes each, half of a 32-byte sector, for a 16-bit output (a whole one for fp32). Timed
@@ -367,7 +368,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # producer refills it only once both CTAs freed it (profile `cluster_pace`, a fraction of the k-block)
     pace = 1.0 + (hw.data.get("cluster_pace", 0.0) if cl > 1 else 0.0)
     t_kblock = max(t_mma, t_smem, t_load, t_latency) * pace
-    out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.stores)
+    out_bytes = sum(ITEMSIZE[types[s].dtype] for s in k.own_stores)
     # a quad of threads stores 4 column pairs of a row from registers: 16 bytes of a 32-byte sector for
     # 16-bit outputs (each sector written twice), a whole one for fp32; staged stores write whole sectors
     half = not p.get("OUT") and any(ITEMSIZE[types[s].dtype] < 4 for s in k.stores)
@@ -383,6 +384,13 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # per SM for one warpgroup, COOP_EPILOGUE_SCALE times that for two cooperative ones
     issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * (COOP_EPILOGUE_SCALE if cooperative(p) else 1.0)
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
+    # [Note: a reduce joined into the epilogue] (passes/join_reduce.py): the joined GEMM's product over the tile, its
+    # epilogue and its stores from the registers (half sectors) on the same warps, after the tile's own; its weight
+    # crosses once a block, before the first tile
+    n2 = p.get("J2", 0)
+    if n2:
+        t_epi += (2.0 * bm * bn * n2 / sm_rate + bm * n2 * 2 / (hw.data.get("wgmma_reg_store_gbs", REG_STORE_GBS) * 1e3) + JOIN_US
+                  + bm * n2 * (joined_epilogue_ops(k, types) + STORE_OPS) / issue)
     t_copy = t_res if p.get("RS") else 0.0
     # [Note: the residual's round trip]: the copy lands one DRAM round trip after the tile's turn began; what the
     # tile's k-blocks leave of it, the epilogue waits (under ping-pong, shared with the other warpgroups' turns)
@@ -394,7 +402,7 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     t_epi += t_part
     # the first k-block waits for its bytes too: every SM asks for its first stages at once, so they cross L2 at
     # the SM's share (a cluster pulls its half of B, multicast to both)
-    t_first = row * (bm + bn / cl) / l2_sm
+    t_first = row * (bm + bn / cl) / l2_sm + (n2 * bn * 2 / l2_sm if n2 else 0.0)
     t_fill = latency * (1 + max(0.0, math.ceil(t_load * ktiles / max(t_kblock * ktiles, 1e-9)) - 1)) + t_first
     # TMA stores (cooperative tiles only: gemm_wgmma.space): all but the last tile's leave TS_HIDDEN of their bytes
     # under the next tile
@@ -414,8 +422,8 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     # the L2 together, at its aggregate bandwidth
     outputs = m * n * math.prod(e for _, e in batch)
     l2_total = hw.data.get("l2_total_gbs")      # a profile without it has no such bound
-    t_l2_all = (tiles * sk * ktiles * row * (bm + bn * fresh / cl) + outputs * (out_bytes + extra)) / (l2_total * 1e3) \
-        if l2_total else 0.0
+    t_l2_all = (tiles * sk * ktiles * row * (bm + bn * fresh / cl) + outputs * (out_bytes + extra + 2.0 * n2 / n)) \
+        / (l2_total * 1e3) if l2_total else 0.0
     # the pair's whole walk of tiles (or its stream, where DRAM bounds it) goes at its slower CTA's pace (profile
     # `cluster_lockstep`, a fraction; `cluster_lockstep_compute` where the tensor work bounds the kernel:
     # [Note: a cluster pair in lockstep])
@@ -442,6 +450,12 @@ def lockstep(hw, tensor_bound: bool) -> float:
     if tensor_bound:
         return hw.data.get("cluster_lockstep_compute", hw.data.get("cluster_lockstep", 0.0))
     return hw.data.get("cluster_lockstep", 0.0)
+
+
+@last_by_identity
+def joined_epilogue_ops(k, types: Mapping) -> int:
+    """`epilogue_ops` of the GEMM joined into `k`'s epilogue."""
+    return epilogue_ops(gemm.joined_kernel(k), types)
 
 
 @last_by_identity   # every candidate of a kernel asks, in a row
