@@ -123,7 +123,9 @@
 #    and removed with its key; the record is in benchmarks/results/b_resident_session85_h100.txt, call 5)
 #   bash benchmarks/conv_round.sh s86      # session 86: [Note: a reduce joined into the epilogue] (passes/join_reduce.py):
 #                                          # its GPU tests; ResNet-50 B32 joined and apart (--pin joinr=0) A/B'd, memcheck, profile
-#   bash benchmarks/conv_round.sh s86m     # session 86, after s86: racecheck, the apart plan profiled, B32 / B1 against torch.compile
+#   bash benchmarks/conv_round.sh s86b     # session 86, after s86: 64-column joins (the default), every join and none A/B'd,
+#                                          # the default profiled and under racecheck
+#   bash benchmarks/conv_round.sh s86m     # session 86, after s86b: B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -727,12 +729,22 @@ PY
     # joinr=0), A/B'd (7 rounds), memcheck over r32, r32 profiled
     pin_round tests/test_join_reduce.py "--pin joinr=0" apart joined
     ;;
-  s86m)
-    # session 86, after s86 on the same machine: racecheck over r32; the apart plan profiled; ResNet-50 B32 and B1
-    # against torch.compile(mode="reduce-overhead")
+  s86b)
+    # session 86, after s86 on the same machine: joins of 64 columns by prediction (the default: r32), every legal join
+    # (--pin joinr=1: r32_all, s86's plan) and none (r32_apart), a three-way A/B (7 rounds); r32 profiled; racecheck
+    # over r32
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_all.aicf --target sm_90 --precision fp16 -q --pin joinr=1 &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
+    wait
+    schedules_differ $W/r32_apart.aicf $W/r32.aicf | tee "$OUT/ab.txt"
+    timeout 120 python3 benchmarks/plan_ab.py apart=$W/r32_apart.aicf joined=$W/r32.aicf all=$W/r32_all.aicf --rounds 7 \
+        2>&1 | tail -n 4 | tee -a "$OUT/ab.txt"
+    profile r32
     timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32.aicf --no-graph \
         --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/racecheck.txt"
-    profile r32_apart
+    ;;
+  s86m)
+    # session 86, after s86b: ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
     timeout 330 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 > "$OUT/models.txt" 2>&1; tail -n 3 "$OUT/models.txt"
     ;;
   s85)
