@@ -125,6 +125,8 @@
 #                                          # its GPU tests; ResNet-50 B32 joined and apart (--pin joinr=0) A/B'd, memcheck, profile
 #   bash benchmarks/conv_round.sh s86b     # session 86, after s86: 64-column joins (the default), every join and none A/B'd,
 #                                          # the default profiled and under racecheck
+#   bash benchmarks/conv_round.sh s86s     # session 86: stage 1's shapes as a block pair, 64 and 128 columns joined and apart,
+#                                          # host tiles pinned, A/B'd and profiled
 #   bash benchmarks/conv_round.sh s86m     # session 86, after s86b: B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
@@ -742,6 +744,18 @@ PY
     profile r32
     timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32.aicf --no-graph \
         --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/racecheck.txt"
+    ;;
+  s86s)
+    # session 86: stage 1's shapes as a block pair (benchmarks/join_reduce_shapes.py), 64 and 128 columns joined and
+    # apart, the 128-column join on other host tiles: A/B'd (5 rounds each), each bundle profiled
+    python3 benchmarks/join_reduce_shapes.py $W/jrs | tee "$OUT/shapes.txt"
+    timeout 60 python3 benchmarks/plan_ab.py apart=$W/jrs/n64_apart.aicf joined=$W/jrs/n64_joined.aicf --rounds 5 \
+        2>&1 | tail -n 3 | tee -a "$OUT/shapes.txt"
+    timeout 90 python3 benchmarks/plan_ab.py apart=$W/jrs/n128_apart.aicf joined=$W/jrs/n128_joined.aicf \
+        pp=$W/jrs/n128_pp.aicf ts0=$W/jrs/n128_ts0.aicf --rounds 5 2>&1 | tail -n 5 | tee -a "$OUT/shapes.txt"
+    for c in n64_apart n64_joined n128_apart n128_joined n128_pp n128_ts0; do
+      echo "## $c"; timeout 60 python3 -m aicf_run $W/jrs/$c.aicf --profile 2>&1 | grep -E "^\s+[0-9]+\s+k|whole plan"
+    done 2>&1 | tee -a "$OUT/shapes.txt"
     ;;
   s86m)
     # session 86, after s86b: ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
