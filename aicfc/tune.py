@@ -34,7 +34,7 @@ from aicfc.codegen.nvcc import Built, build, nvcc_version
 from aicfc.errors import AicfError
 from aicfc.ir.decision import Kernel, Plan
 from aicfc.ir.types import TensorType
-from aicfc.passes import join_concat
+from aicfc.passes import join_concat, join_reduce
 from aicfc.passes.plan_schedules import Ranked, RegisterCheck, check_leaders, rank
 from aicfc.planner.cost import estimate_registers
 from aicfc.planner.fit import WITHIN, fit_profile, spearman
@@ -187,6 +187,8 @@ def candidates(plan: Plan, hw: Profile, top: int = 8, spread: int = 8,
     for k, ranked, _ in problems:
         if k.inlined:   # a joined concatenation: only the candidates that still read it by k-blocks render
             ranked = [r for r in ranked if join_concat.keeps(k, r.params, plan)]
+        if k.joined:    # a joined GEMM: the host's candidates that hold it, as join_reduce ranked them
+            ranked = join_reduce.joined_candidates(k, plan, hw)
         chosen = [_measured(k, i, ranked[i]) for i in select(ranked, top, spread)]
         out.append(KernelTune(k.name, k.family, len(ranked), chosen, k))
     return out

@@ -151,6 +151,12 @@ def joined_schedule(host: Kernel, joined: Kernel, plan: Plan, hw: Profile, n2: i
     return (out[0] if out else None), out
 
 
+def joined_candidates(k: Kernel, plan: Plan, hw: Profile) -> list:
+    """The candidates of a kernel with a join (`Kernel.joined`) that hold it, ranked (`aicfc tune`)."""
+    host = k.replace(joined=(), stores=k.own_stores)
+    return joined_schedule(host, k, plan, hw, gemm.dims(gemm.joined_kernel(k))[2])[1]
+
+
 def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None) -> Plan:
     forced = (pin or {}).get(PIN)
     if forced not in (None, "0", "1", 0, 1):
@@ -199,7 +205,7 @@ def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None) -> Plan:
                   f"{n2} over the {types[y].nbytes / 1e6:.1f} MB {y!r}) joined into {host.name}'s epilogue: its A operand is "
                   f"the tile {host.name} just computed, so {y!r} is not read back; predicted {best.time_us:.2f} us "
                   f"against {apart:.2f} apart" + (f" (--pin {PIN}=1)" if str(forced) == "1" else ""))
-        cands = tuple(Candidate(tuple(sorted(c.params.items())), c.time_us) for c in considered[:8])
+        cands = tuple(Candidate(tuple(sorted(c.params.items())), c.time_us) for c in considered[1:9])
         s = host.schedule
         sched = Schedule(tuple(sorted(best.params.items())), best.grid, best.block, best.dyn_smem, None,
                          best.estimate.as_items(), cands + s.candidates)
