@@ -123,7 +123,7 @@
 #    and removed with its key; the record is in benchmarks/results/b_resident_session85_h100.txt, call 5)
 #   bash benchmarks/conv_round.sh s86      # session 86: [Note: a reduce joined into the epilogue] (passes/join_reduce.py):
 #                                          # its GPU tests; ResNet-50 B32 joined and apart (--pin joinr=0) A/B'd, memcheck, profile
-#   bash benchmarks/conv_round.sh s86b     # session 86, after s86: 64-column joins (the default), every join and none A/B'd,
+#   bash benchmarks/conv_round.sh s86b     # session 86: 64-column joins (the default), every join and none A/B'd,
 #                                          # the default profiled and under racecheck
 #   bash benchmarks/conv_round.sh s86s     # session 86: stage 1's shapes as a block pair, 64 and 128 columns joined and apart,
 #                                          # host tiles pinned, A/B'd and profiled
@@ -732,10 +732,11 @@ PY
     pin_round tests/test_join_reduce.py "--pin joinr=0" apart joined
     ;;
   s86b)
-    # session 86, after s86 on the same machine: joins of 64 columns by prediction (the default: r32), every legal join
-    # (--pin joinr=1: r32_all, s86's plan) and none (r32_apart), a three-way A/B (7 rounds); r32 profiled; racecheck
-    # over r32
+    # session 86: joins of 64 columns by prediction (the default: r32), every legal join (--pin joinr=1: r32_all, s86's
+    # plan) and none (r32_apart), a three-way A/B (7 rounds); r32 checked and profiled; racecheck over r32
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_all.aicf --target sm_90 --precision fp16 -q --pin joinr=1 &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_apart.aicf --target sm_90 --precision fp16 -q --pin joinr=0 &
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
     wait
     schedules_differ $W/r32_apart.aicf $W/r32.aicf | tee "$OUT/ab.txt"
