@@ -124,10 +124,10 @@
 #   bash benchmarks/conv_round.sh s86      # session 86: [Note: a reduce joined into the epilogue] (passes/join_reduce.py):
 #                                          # its GPU tests; ResNet-50 B32 joined and apart (--pin joinr=0) A/B'd, memcheck, profile
 #   bash benchmarks/conv_round.sh s86b     # session 86: 64-column joins (the default), every join and none A/B'd,
-#                                          # the default profiled and under racecheck
+#                                          # the default checked and profiled
 #   bash benchmarks/conv_round.sh s86s     # session 86: stage 1's shapes as a block pair, 64 and 128 columns joined and apart,
 #                                          # host tiles pinned, A/B'd and profiled
-#   bash benchmarks/conv_round.sh s86m     # session 86, after s86b: B32 / B1 against torch.compile
+#   bash benchmarks/conv_round.sh s86m     # session 86, after s86b: racecheck, B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -733,7 +733,7 @@ PY
     ;;
   s86b)
     # session 86: joins of 64 columns by prediction (the default: r32), every legal join (--pin joinr=1: r32_all, s86's
-    # plan) and none (r32_apart), a three-way A/B (7 rounds); r32 checked and profiled; racecheck over r32
+    # plan) and none (r32_apart), a three-way A/B (7 rounds); r32 checked and profiled
     python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_all.aicf --target sm_90 --precision fp16 -q --pin joinr=1 &
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_apart.aicf --target sm_90 --precision fp16 -q --pin joinr=0 &
@@ -743,8 +743,6 @@ PY
     timeout 120 python3 benchmarks/plan_ab.py apart=$W/r32_apart.aicf joined=$W/r32.aicf all=$W/r32_all.aicf --rounds 7 \
         2>&1 | tail -n 4 | tee -a "$OUT/ab.txt"
     profile r32
-    timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32.aicf --no-graph \
-        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/racecheck.txt"
     ;;
   s86s)
     # session 86: stage 1's shapes as a block pair (benchmarks/join_reduce_shapes.py), 64 and 128 columns joined and
@@ -759,7 +757,9 @@ PY
     done 2>&1 | tee -a "$OUT/shapes.txt"
     ;;
   s86m)
-    # session 86, after s86b: ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
+    # session 86, after s86b: racecheck over r32; ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
+    timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/racecheck.txt"
     timeout 330 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 > "$OUT/models.txt" 2>&1; tail -n 3 "$OUT/models.txt"
     ;;
   s85)

@@ -126,10 +126,13 @@ def test_cost_charges_the_second_product_and_its_stores():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("c,n2", [(256, 64), (256, 128)])
 def test_builds_without_spills(c, n2, tmp_path, monkeypatch):
+    """Planned as `aicfc compile` plans (ptxas checks the leaders: a joined candidate that spills loses its place)."""
     from aicfc.codegen.module import render_module
     from aicfc.codegen.nvcc import build
     monkeypatch.setenv("AICF_CACHE_DIR", str(tmp_path))
-    plan = _plan(block_pair(6272, 64, c, n2, np.random.default_rng(0)), pin={"joinr": 1})
+    from aicfc.codegen.module import count_registers
+    plan = run_pipeline(import_model(block_pair(6272, 64, c, n2, np.random.default_rng(0)), None),
+                        Options("sm_90", SM90, "fp16", pin=(("joinr", 1),), check=count_registers)).plan
     (host,) = _gemms(plan)
     assert host.schedule.param["J2"] == n2
     src = render_module(plan)

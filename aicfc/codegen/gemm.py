@@ -705,15 +705,17 @@ def joined_kernel(k: Kernel) -> Kernel:
 
 def joined_epilogue(k: Kernel, types: Mapping[str, TensorType], sig, names: Mapping[str, str]) -> dict:
     """What the Hopper template's joined product needs: its columns N2, the weight's pointer (contiguous, K-major
-    or N-major as `kmajor` says: join_reduce checked) and the lines of its epilogue at the pair (gm, gn), (gm, gn1) from
-    `accv`, `accv1`; `names`: the host kernel's batch variables and flat row (the joined GEMM's rows are its rows)."""
+    or N-major as `kmajor` says: join_reduce checked), the lines of its epilogue at the pair (gm, gn), (gm, gn1) from
+    `accv`, `accv1` and the pair's two values (staged as `vec`, then stored by the TMA); `names`: the host kernel's
+    batch variables and flat row (the joined GEMM's rows are its rows)."""
     r = joined_kernel(k)
     c, _, n2, _, _ = dims(r)
     where = dict(names) | {c.m: "gm", c.n: "gn"}
-    lines = _paired_epilogue(r, types, sig, where, n2)
-    assert lines is not None, f"{k.name}: the joined {r.name} stores no pairs"
+    lines, values = _pair_values(r, types, sig, where)
+    vec_t, vec = PAIR_TYPES[types[r.ops[-1].out].dtype]
     kmajor = flat_offset(c.b.index, types[c.b.buffer]).coeff("r0") == 1
-    return {"N2": n2, "w": sig.params[c.b.buffer], "lines": lines, "kmajor": kmajor}
+    return {"N2": n2, "w": sig.params[c.b.buffer], "lines": lines, "pair": values, "vec_t": vec_t, "vec": vec,
+            "kmajor": kmajor}
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str) -> str:

@@ -406,9 +406,19 @@ def joined_at(p: Mapping) -> int:
     return -(-_used(p) // 1024) * 1024
 
 
+def joined_boxes(p: Mapping) -> int:
+    """A warpgroup's boxes of the joined GEMM's output (64 columns of 16 bits, 64·MI rows) in its staging."""
+    return -(-p["J2"] // 64)
+
+
+def joined_staging_at(p: Mapping) -> int:
+    """Where the consumer warpgroups' stagings of the joined output start: past its weight (a multiple of 1024)."""
+    return joined_at(p) + p["J2"] * p["BN"] * 2
+
+
 def smem_bytes(p: Mapping) -> int:
     if p.get("J2"):
-        return joined_at(p) + p["J2"] * p["BN"] * 2 + SMEM_SLACK
+        return joined_staging_at(p) + p["NWG"] * joined_boxes(p) * 64 * p["MI"] * ROW_BYTES + SMEM_SLACK
     return _used(p) + SMEM_SLACK
 
 
@@ -793,10 +803,23 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
         out = output_map(k, p, types)
         assert isinstance(out, TensorMap), out
         maps.append(out)
-    return maps + [part["map"] for part in inputs[1:]]
+    maps += [part["map"] for part in inputs[1:]]
+    if p.get("J2"):   # the joined GEMM's output, stored by the TMA ([Note: a reduce joined into the epilogue])
+        out = joined_map(k, p, types)
+        assert isinstance(out, TensorMap), out
+        maps.append(out)
+    return maps
+
+
+def joined_map(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> TensorMap | str:
+    """The tensor map of the output of the GEMM joined into `k` (`Kernel.joined`), or why there is none: as the
+    host's own (`output_map`), its rows the host's."""
+    from aicfc.codegen.gemm import joined_kernel
+    return output_map(joined_kernel(k), p, types)
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
+    from aicfc.codegen.gemm import joined_kernel
     a, b = operands(k, p, types)
     assert isinstance(a, Operand) and isinstance(b, Operand), (a, b)
     inputs = a_parts(k, p, types)
@@ -824,7 +847,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   TS=store_coords(k, p, types) if p.get("TS") else None, MAPS=p.get("MAPS"), PDL_MARK=pdl.MARK,
                   prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (), copy_in=parts["copy_in"],
                   a_more=more, a_im2col=any(part["lines"] for part in more),
-                  JOIN=dict(parts["joined"], AT=joined_at(p)) if p.get("J2") else None,
+                  JOIN=dict(parts["joined"], AT=joined_at(p), ST=joined_staging_at(p),
+                            ST_WG=joined_boxes(p) * 64 * p["MI"] * ROW_BYTES, map_at=len(tensor_maps(k, p, types)) - 1,
+                            store=dict(store_coords(joined_kernel(k), p, types), boxes=joined_boxes(p)))
+                  if p.get("J2") else None,
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)
 
 

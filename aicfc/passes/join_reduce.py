@@ -12,7 +12,8 @@ accumulator fragment of columns 16q .. 16q + 15 is the register fragment of A of
 (m64nNk16: rows g and g + 8 of each warp's 16, columns 2t, 2t + 1 and 2t + 8, 2t + 9), so the warpgroup
 issues the reduce as N/16 k-steps with A from registers (`wgmma ... {a0..a3}, b-desc`) against the reduce's
 weight, copied once a block into shared memory as 128-byte-swizzled K-major boxes; then the reduce's own
-epilogue (bias, activation) and stores from the registers. The host still stores its output (the
+epilogue (bias, activation) into a staging of its own and a TMA store through a map of the reduce's output
+(`codegen/gemm_wgmma.joined_map`). The host still stores its output (the
 residual's reader needs it). Nothing else changes in the host: its ring, staging and stores as planned,
 its schedule chosen again among the candidates that can hold the join (key J2 = the reduce's columns:
 `codegen/gemm_wgmma.joined_at` places the weight, `smem_bytes` counts it).
@@ -24,7 +25,7 @@ variables, C = its K), its B a contiguous weight [N2, C] or [C, N2] (N2 a multip
 memory lays out either K-major), its epilogue reading
 only its accumulator and per-column vectors, its store pair-aligned; nothing between them writes a weight.
 Cost (planner/cost_wgmma.py, key J2): per tile the reduce's product at the tensor rate, its stores at the
-register-store rate, its epilogue's instructions and JOIN_US, the weight once per block before the first
+SM's share of the L2, its epilogue's instructions and JOIN_US, the weight once per block before the first
 tile; the reduce's output in the DRAM bytes. Taken where the host's best joined candidate is predicted
 faster than the host as planned plus the reduce. `--pin joinr=0` keeps them apart, for an A/B; `--pin
 joinr=1` joins wherever legal.
@@ -126,11 +127,14 @@ def _joinable(p: dict[str, Any], n: int) -> bool:
             and p.get("CLUSTER", 1) == 1 and not p.get("STREAM") and not p.get("CL"))
 
 
-def joined_schedule(host: Kernel, joined: Kernel, plan: Plan, hw: Profile, n2: int, pin: dict | None = None):
+def joined_schedule(host: Kernel, joined: Kernel, plan: Plan, hw: Profile, n2: int, pin: dict | None = None,
+                    check=None):
     """(the best predicted schedule of `joined` (the host with the join recorded) among the host's feasible
     candidates that can hold it and that `pin` (`--pin` as plan_schedules takes it) leaves, with J2 = n2; the
-    candidates considered) or (None, []) where none fits."""
-    from aicfc.passes.plan_schedules import Ranked, _matches, _order, applied_pins, node_pins, own_pins, rank
+    candidates considered) or (None, []) where none fits. With `check` (plan_schedules' RegisterCheck), the leaders
+    are built and re-costed at ptxas's registers and one that spills loses its place (`check_leaders`)."""
+    from aicfc.passes.plan_schedules import (Ranked, _matches, _order, applied_pins, check_leaders, node_pins, own_pins,
+                                             rank)
     types = plan.types()
     n = gemm.dims(host)[2]
     every, by_node = node_pins(pin or {})
@@ -141,6 +145,8 @@ def joined_schedule(host: Kernel, joined: Kernel, plan: Plan, hw: Profile, n2: i
         if not _joinable(r.params, n) or not _matches(r.params, use):
             continue
         p = dict(r.params, J2=n2)
+        if isinstance(gemm_wgmma.joined_map(joined, p, types), str):
+            continue
         dyn = gemm_wgmma.smem_bytes(p)
         smem = gemm_wgmma.static_smem(p) + dyn
         if smem > hw.smem_per_block_optin:
@@ -148,6 +154,8 @@ def joined_schedule(host: Kernel, joined: Kernel, plan: Plan, hw: Profile, n2: i
         regs = estimate_registers(joined, p)
         out.append(Ranked(p, r.grid, r.block, dyn, cost(joined, p, r.grid, r.block, smem, regs, types, hw)))
     out.sort(key=_order)
+    if check is not None and out:
+        out = check_leaders(plan, hw, [(joined, out, [])], check)[0]
     return (out[0] if out else None), out
 
 
@@ -157,7 +165,7 @@ def joined_candidates(k: Kernel, plan: Plan, hw: Profile) -> list:
     return joined_schedule(host, k, plan, hw, gemm.dims(gemm.joined_kernel(k))[2])[1]
 
 
-def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None) -> Plan:
+def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None, check=None) -> Plan:
     forced = (pin or {}).get(PIN)
     if forced not in (None, "0", "1", 0, 1):
         raise AicfError(f"--pin {PIN}={forced}: expected {PIN}=0 (each GEMM a kernel of its own) or {PIN}=1 "
@@ -193,7 +201,7 @@ def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None) -> Plan:
             continue
         n2 = gemm.dims(r)[2]
         joined = host.replace(joined=(Joined(r.name, r.ops, r.binds, ""),), stores=host.stores + r.stores)
-        best, considered = joined_schedule(host, joined, plan, hw, n2, pin)
+        best, considered = joined_schedule(host, joined, plan, hw, n2, pin, check)
         apart = host.schedule.time_us + r.schedule.time_us
         if best is None or (best.time_us >= apart and str(forced) != "1"):
             why = ("no candidate of the host holds whole rows with the join" if best is None else

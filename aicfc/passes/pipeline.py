@@ -104,7 +104,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("relayout_weights", "decision", "decision", lambda p, o: relayout_weights(p, o.profile, dict(o.pin))),
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("join_concat", "decision", "decision", lambda p, o: join_concat(p, dict(o.pin))),
-    Stage("join_reduce", "decision", "decision", lambda p, o: join_reduce(p, o.profile, dict(o.pin))),
+    Stage("join_reduce", "decision", "decision", lambda p, o: join_reduce(p, o.profile, dict(o.pin), o.check)),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
     Stage("gemv_room", "decision", "decision", lambda p, o: gemv_room(p, o.profile, dict(o.pin), o.check)),
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),

@@ -385,11 +385,11 @@ def wgmma_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: flo
     issue = hw.data.get("wgmma_epilogue_rate", EPILOGUE_RATE) * (COOP_EPILOGUE_SCALE if cooperative(p) else 1.0)
     t_epi += bm * bn * (epilogue_ops(k, types) + STORE_OPS) / issue
     # [Note: a reduce joined into the epilogue] (passes/join_reduce.py): the joined GEMM's product over the tile, its
-    # epilogue and its stores from the registers (half sectors) on the same warps, after the tile's own; its weight
-    # crosses once a block, before the first tile
+    # epilogue and its staged TMA stores on the same warps, after the tile's own; its weight crosses once a block,
+    # before the first tile
     n2 = p.get("J2", 0)
     if n2:
-        t_epi += (2.0 * bm * bn * n2 / sm_rate + bm * n2 * 2 / (hw.data.get("wgmma_reg_store_gbs", REG_STORE_GBS) * 1e3) + JOIN_US
+        t_epi += (2.0 * bm * bn * n2 / sm_rate + bm * n2 * 2 / l2_sm + JOIN_US
                   + bm * n2 * (joined_epilogue_ops(k, types) + STORE_OPS) / issue)
     t_copy = t_res if p.get("RS") else 0.0
     # [Note: the residual's round trip]: the copy lands one DRAM round trip after the tile's turn began; what the
