@@ -94,15 +94,6 @@ def test_declined_with_the_reason():
     assert not rec.applied and "whole rows" in rec.reason, rec.reason
 
 
-def test_wide_joins_only_where_pinned():
-    """128 columns joined measured slower than predicted (session 86): by prediction only up to 64, all under joinr=1."""
-    model = block_pair(6272, 64, 256, 128, np.random.default_rng(0))
-    (rec,) = _records(_plan(model))
-    assert not rec.applied and "--pin joinr=1" in rec.reason, rec.reason
-    (rec,) = _records(_plan(model, pin={"joinr": 1}))
-    assert rec.applied
-
-
 def test_in_place_never_writes_the_joined_output_over_a_dying_input():
     plan = _plan(block_pair(6272, 64, 256, 64, np.random.default_rng(0)))
     (host,) = _gemms(plan)

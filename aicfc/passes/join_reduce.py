@@ -55,10 +55,6 @@ from aicfc.planner.hardware import Profile
 RULE = "a GEMM over a Hopper GEMM's whole output rows => a second product in that GEMM's epilogue"
 PIN = "joinr"     # --pin joinr=0: every such GEMM stays a kernel of its own
 MAX_N2 = 128      # the joined product's columns: its accumulators beside the host's 128 (BN = 256)
-# Joins of more columns than this run only under --pin joinr=1: ResNet-50 B32's stage-1 host with stage 2's first
-# reduce (128 columns) measured 77.9 us joined against 42.8 + 29.1 apart (predicted 60.5 joined: the 64-column joins
-# were predicted within 0.93-1.08 and each saved 15 us; session 86, benchmarks/results/join_reduce_session86_h100.txt)
-BY_PREDICTION_N2 = 64
 
 
 def _reader(y: str, kernels: list[Kernel | None], start: int, plan: Plan) -> tuple[int, str | None]:
@@ -190,9 +186,6 @@ def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None, check=None) ->
             why = why_not(host, r, types)
         if why is None and str(forced) == "0":
             why = f"--pin {PIN}=0"
-        if why is None and str(forced) != "1" and gemm.dims(r)[2] > BY_PREDICTION_N2:
-            why = (f"{r.name} has {gemm.dims(r)[2]} columns: joins of more than {BY_PREDICTION_N2} measured slower than "
-                   f"predicted and run only under --pin {PIN}=1")
         if why is None and any(k is not None and set(k.stores) & {w.name for w in plan.weights}
                                for k in kernels[i + 1:j]):
             why = "a kernel between them writes a weight"
