@@ -84,6 +84,22 @@ def test_decision_ir_prints_and_parses_the_join():
     assert back.kernels[[k.name for k in back.kernels].index(_gemms(plan)[0].name)].joined == _gemms(plan)[0].joined
 
 
+def test_the_interpreter_runs_the_joined_gemm():
+    """The Decision IR's interpreter (tests/test_pipeline.evaluate_plan) computes the joined GEMM after its host: both
+    outputs against float64."""
+    from tests.test_pipeline import evaluate_plan
+    model = block_pair(6272, 64, 256, 64, np.random.default_rng(0))
+    plan = _plan(model)
+    assert _gemms(plan)[0].joined
+    graph = import_model(model, None)
+    rng = np.random.default_rng(1)
+    inputs = {v.name: rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    ref = evaluate_graph(graph, inputs, dtype=np.float64)
+    got = evaluate_plan(plan, inputs)
+    for name in ("y", "z"):
+        assert rel_err(got[name], ref[name]) <= 1e-2
+
+
 def test_declined_with_the_reason():
     apart = _plan(block_pair(6272, 64, 256, 64, np.random.default_rng(0)), pin={"joinr": 0})
     (rec,) = _records(apart)

@@ -51,7 +51,8 @@ def evaluate_plan(plan, inputs: dict) -> dict:
                 env[v.out] = env[v.source].reshape(v.type.shape)
     settle()
     for k in plan.kernels:
-        evaluate_ops(k.ops, env, np.float32)
+        # an inlined producer first (passes/join_concat.py), a joined GEMM after the kernel's own (passes/join_reduce.py)
+        evaluate_ops(tuple(i.op for i in k.inlined) + k.ops + k.joined_ops, env, np.float32)
         settle()
     return {o: env[o] for o in plan.outputs}
 
