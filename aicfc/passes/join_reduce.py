@@ -30,6 +30,12 @@ tile; the reduce's output in the DRAM bytes. Taken where the host's best joined 
 faster than the host as planned plus the reduce. `--pin joinr=0` keeps them apart, for an A/B; `--pin
 joinr=1` joins wherever legal.
 
+Measured (session 86, H100s, benchmarks/results/join_reduce_session86_h100.txt, 7 alternating rounds, outputs
+bit-identical to the pair apart): ResNet-50 B32's plan 764.6 us against 817.7 with `--pin joinr=0` (1.069x); its three
+joins alone 34.4 / 49.1 / 55.4 us (predicted 34.6 / 46.7 / 51.7) where the pairs took 29.2 + 23.3, 42.8 + 23.3 and
+42.8 + 29.1. The first form stored the joined output from the registers (16 bytes of a 32-byte sector a warp store):
+the 128-column join then ran 77.9 us against 72.0 apart; staged and stored by the TMA it runs 55.4.
+
     kernel k9 gemm { %y.mm = sum[64] ...; %y = map max(add(add(%y.mm, bias), %res), 0); store %y }
     kernel k10 gemm { %r.mm = sum[256] mul(load(%y, [i0, i1, r0]), load(%w, [i2, r0])); %r = map ...; store %r }
   becomes
