@@ -179,7 +179,9 @@ def candidates(plan: Plan, hw: Profile, top: int = 8, spread: int = 8,
     """Every kernel of `plan` (or those `only` names: `chosen_kernels`) with its selected
     candidates (nothing measured yet), ranked as compile ranks them (`check`: with ptxas's
     registers for the leaders)."""
-    problems = [(k, *rank(k, plan, hw)) for k in chosen_kernels(plan, only)]
+    # a joined GEMM ([Note: a reduce joined into the epilogue]): the host's candidates that hold it, as join_reduce ranks them
+    problems = [(k, join_reduce.joined_candidates(k, plan, hw), []) if k.joined else (k, *rank(k, plan, hw))
+                for k in chosen_kernels(plan, only)]
     if check:
         again = iter(check_leaders(plan, hw, [p for p in problems if p[1]], check))
         problems = [(k, next(again) if ranked else ranked, rejected) for k, ranked, rejected in problems]
@@ -187,8 +189,6 @@ def candidates(plan: Plan, hw: Profile, top: int = 8, spread: int = 8,
     for k, ranked, _ in problems:
         if k.inlined:   # a joined concatenation: only the candidates that still read it by k-blocks render
             ranked = [r for r in ranked if join_concat.keeps(k, r.params, plan)]
-        if k.joined:    # a joined GEMM: the host's candidates that hold it, as join_reduce ranked them
-            ranked = join_reduce.joined_candidates(k, plan, hw)
         chosen = [_measured(k, i, ranked[i]) for i in select(ranked, top, spread)]
         out.append(KernelTune(k.name, k.family, len(ranked), chosen, k))
     return out

@@ -110,6 +110,13 @@ def test_declined_with_the_reason():
     assert not rec.applied and "whole rows" in rec.reason, rec.reason
 
 
+def test_tune_measures_the_candidates_that_hold_the_join():
+    from aicfc.tune import candidates
+    plan = _plan(block_pair(6272, 64, 256, 64, np.random.default_rng(0)))
+    (kt,) = candidates(plan, SM90, top=4, spread=2)
+    assert kt.candidates and all(m.params["J2"] == 64 and m.params["BN"] == 256 for m in kt.candidates)
+
+
 def test_in_place_never_writes_the_joined_output_over_a_dying_input():
     plan = _plan(block_pair(6272, 64, 256, 64, np.random.default_rng(0)))
     (host,) = _gemms(plan)

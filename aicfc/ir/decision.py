@@ -6,7 +6,9 @@ the loop variables of `ops[k]` onto the kernel's iteration space (the variables 
 op for row reductions and maps, of the contraction for GEMMs), so codegen can place every
 member in one loop nest. Only the outputs in `stores` reach memory; the others live in
 registers (that is what fusion buys); an `inlined` producer (passes/join_concat.py) is never stored
-either: the kernel computes it where it loads it (`Kernel.loads` lists what the kernel really reads).
+either: the kernel computes it where it loads it (`Kernel.loads` lists what the kernel really reads); a
+`joined` GEMM (passes/join_reduce.py) runs in the kernel's epilogue over the tile it just computed, its
+result among `stores` (`own_stores`: the kernel's own).
 `schedule` is filled by planning: the chosen
 parameters, launch shape, the predicted cost with its terms, and every candidate considered
 with its predicted time or the constraint it broke. `buffers` is filled by memory planning:
@@ -161,7 +163,8 @@ class Kernel:
 
     def loads(self) -> list[Load]:
         """Every load the kernel issues: its ops' (less those of an inlined producer's result, which it
-        computes in place) and its inlined producers' own."""
+        computes in place), its inlined producers' own and its joined GEMM's (that one's of this kernel's
+        output, among `outs`, read from the tile, not from memory)."""
         inner = frozenset().union(*(i.names for i in self.inlined))
         return ([ld for op in self.ops for ld in loads(op.body) if ld.buffer not in inner]
                 + [ld for i in self.inlined for ld in loads(i.op.body)]
