@@ -128,6 +128,7 @@
 #   bash benchmarks/conv_round.sh s86s     # session 86: stage 1's shapes as a block pair, 64 and 128 columns joined and apart,
 #                                          # host tiles pinned, A/B'd and profiled
 #   bash benchmarks/conv_round.sh s86m     # session 86, after s86b: racecheck, B32 / B1 against torch.compile
+#   bash benchmarks/conv_round.sh s86t     # session 86, the final tree: ResNet-50 B32 profiled alone and in the chain
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -755,6 +756,12 @@ PY
     for c in n64_apart n64_joined n128_apart n128_joined n128_pp n128_ts0; do
       echo "## $c"; timeout 60 python3 -m aicf_run $W/jrs/$c.aicf --profile 2>&1 | grep -E "^\s+[0-9]+\s+k|whole plan"
     done 2>&1 | tee -a "$OUT/shapes.txt"
+    ;;
+  s86t)
+    # session 86, the final tree: ResNet-50 B32 (joins by prediction) profiled alone and timed in the chain (a bundle
+    # compiled with --timeline): each convolution judged both ways
+    build_r32_tl
+    alone_and_chain
     ;;
   s86m)
     # session 86, after s86b: racecheck over r32; ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
