@@ -138,7 +138,7 @@ def test_cost_charges_the_second_product_and_its_stores():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-@pytest.mark.parametrize("c,n2", [(256, 64), (256, 128)])
+@pytest.mark.parametrize("c,n2", [(256, 64), (256, 128), (256, 96)])
 def test_builds_without_spills(c, n2, tmp_path, monkeypatch):
     """Planned as `aicfc compile` plans (ptxas checks the leaders: a joined candidate that spills loses its place)."""
     from aicfc.codegen.module import render_module
@@ -164,13 +164,14 @@ def _run(model, precision, pin, device, seed):
 
 
 # (rows, K, C, N2, batch, pin): stage 1's shapes (C = 256, N2 = 64 and 128) with edges in the rows, images as rows,
-# TMA stores, ping-pong and cooperative host tiles pinned on the host's node; joined wherever legal (joinr = 1)
+# TMA stores, ping-pong and cooperative host tiles pinned on the host's node, 96 columns; joined wherever legal (joinr = 1)
 GPU_CASES = [
     (6272, 64, 256, 64, None, {}),
     (5000, 128, 256, 128, None, {}),
     (3136, 64, 256, 64, 4, {"mm1:FLAT": 1, "mm1:TS": 1}),
     (3136, 64, 256, 64, 2, {"mm1:PP": 1}),
     (3000, 64, 256, 64, None, {"mm1:PP": 0, "mm1:TS": 1}),
+    (4000, 64, 256, 96, None, {}),   # a second box half full: the TMA store clips it at N2
 ]
 
 
