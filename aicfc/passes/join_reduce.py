@@ -43,7 +43,6 @@ the 128-column join then ran 77.9 us against 72.0 apart; staged and stored by th
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -117,8 +116,6 @@ def why_not(host: Kernel, r: Kernel, types: dict[str, TensorType]) -> str | None
     for ld in loads(r.ops[-1].body) if len(r.ops) == 2 else ():
         if ld.buffer != r.ops[0].out and {v for a in ld.index for v, _ in a.terms} - {rc.n}:
             return f"{r.name}'s epilogue reads {ld.buffer!r} per row"
-    if p.get("FLAT") and gemm.flat_var(r, types) != gemm.flat_merged(host):
-        return f"{host.name} takes its images as rows and {r.name} cannot"
     return None
 
 
@@ -142,9 +139,11 @@ def joined_schedule(host: Kernel, joined: Kernel, plan: Plan, hw: Profile, n2: i
     every, by_node = node_pins(pin or {})
     ranked = rank(host, plan, hw, frozenset(every) | frozenset(own_pins(host, by_node)))[0]
     use = applied_pins(ranked, every, own_pins(host, by_node))[0]
+    # images as rows (FLAT = 1) only where the joined GEMM's every access steps them as the host's do
+    flat = gemm.flat_var(gemm.joined_kernel(joined), types) == gemm.flat_merged(host)
     out = []
     for r in ranked:
-        if not _joinable(r.params, n) or not _matches(r.params, use):
+        if not _joinable(r.params, n) or not _matches(r.params, use) or (r.params.get("FLAT") and not flat):
             continue
         p = dict(r.params, J2=n2)
         if isinstance(gemm_wgmma.joined_map(joined, p, types), str):
