@@ -129,6 +129,7 @@
 #                                          # host tiles pinned, A/B'd and profiled
 #   bash benchmarks/conv_round.sh s86m     # session 86, after s86b: racecheck, B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s86t     # session 86, the final tree: ResNet-50 B32 profiled alone and in the chain
+#   bash benchmarks/conv_round.sh s86b8    # session 86: ResNet-50 B8 joined and apart A/B'd, checked
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -762,6 +763,18 @@ PY
     # compiled with --timeline): each convolution judged both ways
     build_r32_tl
     alone_and_chain
+    ;;
+  s86b8)
+    # session 86: ResNet-50 B8 with the joins by prediction and apart (--pin joinr=0), A/B'd (7 rounds), checked
+    python3 benchmarks/export_case.py resnet50:8 --out-dir $W > $W/export_b8.log 2>&1
+    python3 -m aicfc compile $W/resnet50_b8.onnx -o $W/r8_apart.aicf --target sm_90 --precision fp16 -q --pin joinr=0 &
+    python3 -m aicfc compile $W/resnet50_b8.onnx -o $W/r8.aicf --target sm_90 --precision fp16 -q
+    wait
+    schedules_differ $W/r8_apart.aicf $W/r8.aicf | tee "$OUT/ab_b8.txt"
+    timeout 100 python3 benchmarks/plan_ab.py apart=$W/r8_apart.aicf joined=$W/r8.aicf --rounds 7 2>&1 | tail -n 3 \
+        | tee -a "$OUT/ab_b8.txt"
+    timeout 60 python3 -m aicf_run $W/r8.aicf --check $W/resnet50_b8.onnx --input $W/resnet50_b8_inputs.npz 2>&1 \
+        | tail -2 | tee -a "$OUT/ab_b8.txt"
     ;;
   s86m)
     # session 86, after s86b: racecheck over r32; ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
