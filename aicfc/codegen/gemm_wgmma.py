@@ -368,7 +368,12 @@ def b_bytes(p: Mapping) -> int:
 
 def resident_at(p: Mapping) -> int:
     """Where the resident B k-blocks start: past the ring and the staging, on a 1024-byte boundary."""
-    return -(-(p["STAGES"] * stage_bytes(p) + p["NWG"] * out_wg_bytes(p)) // 1024) * 1024
+    return _swizzle_aligned(p["STAGES"] * stage_bytes(p) + p["NWG"] * out_wg_bytes(p))
+
+
+def _swizzle_aligned(n: int) -> int:
+    """`n` bytes rounded up to the 128-byte swizzle's 1024-byte period (where a swizzled tile may start)."""
+    return -(-n // 1024) * 1024
 
 
 def b_panels(tiles_n: int, ctas: int) -> int:
@@ -403,7 +408,7 @@ def _used(p: Mapping) -> int:
 def joined_at(p: Mapping) -> int:
     """Where a joined GEMM's weight starts (J2 of its columns x BN, 16-bit: [Note: a reduce joined into the
     epilogue] in passes/join_reduce.py): past everything else, on a 1024-byte boundary."""
-    return -(-_used(p) // 1024) * 1024
+    return _swizzle_aligned(_used(p))
 
 
 def joined_boxes(p: Mapping) -> int:
@@ -848,7 +853,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   prefetch=parts["prefetch"] if prefetches(p, parts["K"]) else (), copy_in=parts["copy_in"],
                   a_more=more, a_im2col=any(part["lines"] for part in more),
                   JOIN=dict(parts["joined"], AT=joined_at(p), ST=joined_staging_at(p),
-                            ST_WG=joined_boxes(p) * 64 * p["MI"] * ROW_BYTES, map_at=len(tensor_maps(k, p, types)) - 1,
+                            ST_WG=joined_boxes(p) * 64 * p["MI"] * ROW_BYTES, map_at=(3 if p.get("TS") else 2) + len(more),
                             store=dict(store_coords(joined_kernel(k), p, types), boxes=joined_boxes(p)))
                   if p.get("J2") else None,
                   gather=None, im2col=None, halo=None)   # the TMA loads A too (codegen/conv_wgmma.py gathers it or loads it im2col)

@@ -62,10 +62,10 @@ PIN = "joinr"     # --pin joinr=0: every such GEMM stays a kernel of its own
 MAX_N2 = 128      # the joined product's columns: its accumulators beside the host's 128 (BN = 256)
 
 
-def _reader(y: str, kernels: list[Kernel | None], start: int, plan: Plan) -> tuple[int, str | None]:
+def _reader(y: str, kernels: list[Kernel | None], start: int, weights: set[str]) -> tuple[int, str | None]:
     """(index, None) of the one kernel after `start` that is a GEMM reading `y` as its A operand, the reason
-    where the first kernel reading `y` that way cannot join; (-1, None) where none reads it so."""
-    weights = {w.name for w in plan.weights}
+    where the first kernel reading `y` that way cannot join (it reads more than `y` and `weights`); (-1, None)
+    where none reads it so."""
     for j in range(start + 1, len(kernels)):
         r = kernels[j]
         if r is None or r.family != "gemm" or r.schedule is None or not r.ops:
@@ -176,6 +176,7 @@ def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None, check=None) ->
     kernels: list[Kernel | None] = list(plan.kernels)
     records: list[Rewrite] = []
     outputs = {base(o) for o in plan.outputs}
+    weights = {w.name for w in plan.weights}
     for i, host in enumerate(plan.kernels):
         if kernels[i] is None or host.family != "gemm" or host.schedule is None or not host.ops \
                 or contraction(host.ops[0]) is None:
@@ -183,7 +184,7 @@ def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None, check=None) ->
         if host.schedule.param.get("unit") != "wgmma":
             continue
         y = gemm.store_target(host, types)[0].out
-        j, why = _reader(y, kernels, i, plan)
+        j, why = _reader(y, kernels, i, weights)
         if j < 0:
             continue
         r = kernels[j]
@@ -191,8 +192,7 @@ def join_reduce(plan: Plan, hw: Profile, pin: dict | None = None, check=None) ->
             why = why_not(host, r, types)
         if why is None and str(forced) == "0":
             why = f"--pin {PIN}=0"
-        if why is None and any(k is not None and set(k.stores) & {w.name for w in plan.weights}
-                               for k in kernels[i + 1:j]):
+        if why is None and any(k is not None and set(k.stores) & weights for k in kernels[i + 1:j]):
             why = "a kernel between them writes a weight"
         if why is not None:
             records.append(Rewrite(RULE, y, False, why))
