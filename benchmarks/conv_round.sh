@@ -130,6 +130,11 @@
 #   bash benchmarks/conv_round.sh s86m     # session 86, after s86b: racecheck, B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s86t     # session 86, the final tree: ResNet-50 B32 profiled alone and in the chain
 #   bash benchmarks/conv_round.sh s86b8    # session 86: ResNet-50 B8 joined and apart A/B'd, checked
+#   bash benchmarks/conv_round.sh s87      # session 87: [Note: the stem gathers its input] (passes/gather_stem.py): its GPU
+#                                          # tests and the pool unit's; ResNet-50 B32 gathering and reading the copy (--pin
+#                                          # gstem=0) A/B'd, memcheck, profile
+#   bash benchmarks/conv_round.sh s87m     # session 87, after s87: racecheck over r32; ResNet-50 B1 A/B'd likewise; B32 / B1
+#                                          # against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -732,6 +737,25 @@ PY
     # the GEMMs over a stage-1 expansion's whole rows joined where predicted faster (r32) and apart (r32_apart, --pin
     # joinr=0), A/B'd (7 rounds), memcheck over r32, r32 profiled
     pin_round tests/test_join_reduce.py "--pin joinr=0" apart joined
+    ;;
+  s87)
+    # session 87: [Note: the stem gathers its input] (passes/gather_stem.py): its GPU tests and the pool unit's; ResNet-50
+    # B32 with the stem filling its slots from the input (r32) and reading the unfolded copy (r32_copy, --pin gstem=0),
+    # A/B'd (7 rounds), memcheck over r32, r32 profiled
+    pin_round "tests/test_gather_stem.py tests/test_conv_pool.py" "--pin gstem=0" copy gather
+    ;;
+  s87m)
+    # session 87, after s87 on the same machine: racecheck over r32; ResNet-50 B1 gathering and with the copy A/B'd;
+    # ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
+    timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/racecheck.txt"
+    compile_pair resnet50:1 copy "--pin gstem=0" gather
+    schedules_differ $W/resnet50_b1_copy.aicf $W/resnet50_b1_gather.aicf | tee "$OUT/ab_b1.txt"
+    timeout 100 python3 benchmarks/plan_ab.py copy=$W/resnet50_b1_copy.aicf gather=$W/resnet50_b1_gather.aicf \
+        --rounds 7 2>&1 | tail -n 3 | tee -a "$OUT/ab_b1.txt"
+    timeout 60 python3 -m aicf_run $W/resnet50_b1_gather.aicf --check $W/resnet50_b1.onnx \
+        --input $W/resnet50_b1_inputs.npz 2>&1 | tail -n 2 | tee -a "$OUT/ab_b1.txt"
+    timeout 330 python3 benchmarks/models.py --cases resnet50:32,resnet50:1 > "$OUT/models.txt" 2>&1; tail -n 3 "$OUT/models.txt"
     ;;
   s86b)
     # session 86: joins of 64 columns by prediction (the default: r32), every legal join (--pin joinr=1: r32_all, s86's

@@ -37,7 +37,7 @@ def test_the_stage_one_concat_is_read_by_k_blocks():
     rec = _record(plan)
     assert rec.applied and rec.bytes_saved == 2 * 2 * 56 * 56 * 128 * 2 and "predicted" in rec.reason
     assert not any(k.family == "pointwise" and any(s.endswith(".cat") for s in k.stores) for k in plan.kernels)
-    (g,) = [k for k in plan.kernels if k.inlined]
+    (g,) = [k for k in plan.kernels if k.inlined and k.family == "gemm"]
     assert g.family == "gemm" and g.schedule.param["unit"] == "wgmma" and RULE in g.rewrites
     (i,) = g.inlined
     assert i.op.out == rec.target and i.views and "b1.add" in g.origins
@@ -65,7 +65,7 @@ def test_a_strided_subsample_is_read_in_im2col_mode():
     plan = _plan(2, {"b1.c3:unit": "wgmma"})
     rec = _record(plan)
     assert rec.applied and "subsampled 2x2" in rec.reason
-    (g,) = [k for k in plan.kernels if k.inlined]
+    (g,) = [k for k in plan.kernels if k.inlined and k.family == "gemm"]
     types, p = plan.types(), g.schedule.param
     parts = gemm_wgmma.a_parts(g, p, types)
     assert [q["c0"] for q in parts] == [0, 64] and parts[0]["lines"] is None and parts[1]["lines"]
@@ -85,7 +85,7 @@ def test_an_input_read_transposed_keeps_its_copy():
     rec = _record(plan)
     assert not rec.applied and "neither the result's pixel nor a strided subsample" in rec.reason
     assert any(k.family == "pointwise" and any(s.endswith(".cat") for s in k.stores) for k in plan.kernels)
-    assert not any(k.inlined for k in plan.kernels)
+    assert not any(k.inlined for k in plan.kernels if k.family == "gemm")
 
 
 def _concat_model(n: int = 32):
@@ -117,7 +117,7 @@ def test_a_general_concat_read_by_a_1x1():
     plan = run_pipeline(import_model(_concat_model()), Options("sm_90", load_profile("sm_90"), "fp16")).plan
     rec = _record(plan)
     assert rec.applied and "the Concat of ar, br" in rec.reason
-    (g,) = [k for k in plan.kernels if k.inlined]
+    (g,) = [k for k in plan.kernels if k.inlined and k.family == "gemm"]
     assert "cat" in g.origins and "d" in g.origins
     assert [(q.c0, q.width, q.stride) for q in parts(g.inlined[0].op, plan.types())] == [(0, 64, None), (64, 128, None)]
 
@@ -126,7 +126,7 @@ def test_pin_keeps_the_copy():
     plan = _plan(1, {"concat": "0"})
     rec = _record(plan)
     assert not rec.applied and rec.reason == "--pin concat=0"
-    assert not any(k.inlined for k in plan.kernels)
+    assert not any(k.inlined for k in plan.kernels if k.family == "gemm")
 
 
 def test_decision_ir_text_round_trips():
@@ -141,7 +141,7 @@ def test_decision_ir_text_round_trips():
 def test_the_producer_loads_each_input_from_its_map():
     from aicfc.codegen import gemm_wgmma
     plan = _plan(1, mid=128)
-    (g,) = [k for k in plan.kernels if k.inlined]
+    (g,) = [k for k in plan.kernels if k.inlined and k.family == "gemm"]
     types = plan.types()
     p = g.schedule.param
     maps = gemm_wgmma.tensor_maps(g, p, types)
@@ -205,7 +205,7 @@ def test_tune_renders_only_candidates_that_read_by_k_blocks():
     from aicfc.passes.plan_schedules import rank
     from aicfc.tune import candidates
     plan = _plan(2, {"b1.c3:unit": "wgmma"})
-    (g,) = [k for k in plan.kernels if k.inlined]
+    (g,) = [k for k in plan.kernels if k.inlined and k.family == "gemm"]
     hw = load_profile("sm_90")
     every = rank(g, plan, hw)[0]
     assert any(dict(r.params).get("unit") != "wgmma" for r in every)

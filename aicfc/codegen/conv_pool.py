@@ -68,6 +68,24 @@ products take about 2.0 us there, half the tensor cores' peak, with the filter i
 version) or in shared memory alike; why is not known. At B1 (64 tiles, one a block) it measured 5.2-5.3 us
 against 5.7-5.9, but the cost terms keep the 4x8 tiles there (3.81 us predicted against 4.32).
 
+[Note: the stem gathers its input]
+GI = 1 (passes/gather_stem.py): the image is not read from memory but computed by the kernel, from the producer
+that `Kernel.inlined` holds (the stem's unfolded copy of the graph's NCHW input, [Note: row phases] in
+passes/unfold_taps.py: U[n, hh, ow, r, c, s] = X[n, c, 2 hh + r - 3, 2 ow + s - 3]). The producer warpgroup's
+128 threads fill each tile's slot themselves, with what the TMA box of U would have landed there: slot row
+(yy, xx) is U's pixel (cy0 - PAD_H + yy, cx0 - PAD_W + xx) of image n, zero outside U, its 16-byte chunk j the
+8 innermost elements of U's trailing index j (one (r, c) pair, s = 0..7), each the producer's value at that
+index (its guarded loads of X, converted to the operands' type as the copy's store rounds them), stored at
+row·128 + ((j ^ row % 8)·16) as the 128-byte swizzle puts it. Thread t takes chunks t, t + 128, ... of the
+slot, chunk-major (j = q / (BW·BH)), so a warp's lanes walk neighbouring pixels of one chunk: their loads
+of X step 2·4 bytes apart along a row and their stores take 8 distinct 16-byte bank groups an 8-row period.
+Then each fences its writes to the async proxy the consumers' wgmma reads through
+(`fence.proxy.async.shared::cta`) and arrives on the slot's `full` barrier, which counts 128 arrivals (one, the
+TMA's bytes, under GI = 0). The filter's boxes and the pooled output still go by the TMA (two maps, not
+three). The copy's kernel goes: its 53 MB are neither written nor read back, and the stem reads the 19 MB
+input once. Eligible where the producer is one map of the kernel's image alone whose innermost extent is 8 and
+trailing extents make the 64 elements of the image's rows, of the operands' type.
+
 Requires: NHWC fp16/bf16 image of exactly 64 channels, 64 output channels, a KH x KW window (KH·KW
 <= 16) at stride 1 without dilation (any zero padding), the filter K-major in (kh, kw, c) order, the
 convolution's result read by nothing but the pool, and the pool a max over 3x3 at stride 2 with one
@@ -77,14 +95,17 @@ pixel of padding of that result, its output the row-major [N, PH, PW, 64] tensor
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Mapping
 
 from aicfc.codegen import conv_taps, conv_wgmma
 from aicfc.codegen.common import render
 from aicfc.codegen.tma import TensorMap
-from aicfc.ir.decision import Kernel, Plan
-from aicfc.ir.lowered import Affine, Compute, Load
+from aicfc.codegen.cexpr import Emitter
+from aicfc.codegen.common import decompose
+from aicfc.ir.decision import Inlined, Kernel, Plan
+from aicfc.ir.lowered import Affine, Compute, Load, loads
 from aicfc.ir.properties import implicit_gemm
 from aicfc.ir.types import TensorType
 
@@ -96,6 +117,7 @@ TILES = ((8, 7), (7, 8), (4, 8), (8, 4), (4, 4))   # (TPH, TPW) offered
 XP_TILES = ((7, 7), (4, 4))                        # (TPH, TPW) offered with channels as rows ([Note: channels as rows])
 XP_MAX_N = 256                                     # wgmma's widest n
 MAX_TAPS = 16
+CHUNK = 8                             # elements of a gathered 16-byte chunk ([Note: the stem gathers its input])
 PRODUCER_REGS = 40                    # setmaxnreg: 128·40 + NCONS·128·CONSUMER_REGS <= 65536
 CONSUMER_REGS = {1: 232, 2: 232, 3: 152}
 
@@ -111,6 +133,43 @@ def is_pooled(k: Kernel) -> bool:
     """Whether the kernel ends in a window reduction over its convolution's result (formed by
     passes/pool_epilogue.py): only this unit runs such a kernel."""
     return k.family == "conv" and len(k.ops) >= 2 and k.ops[-1].combiner == "max" and bool(k.ops[-1].reduce)
+
+
+def gathered(k: Kernel) -> Inlined | None:
+    """The producer of the convolution's image the kernel computes itself ([Note: the stem gathers its input]),
+    or None where it reads the image from memory."""
+    g = implicit_gemm(k.ops[0])
+    return next((i for i in k.inlined if g is not None and {g.a.buffer, g.b.buffer} & i.names), None)
+
+
+def gather_why_not(op: Compute, image: TensorType) -> str | None:
+    """Why the producer `op` of a pooled convolution's image (`image`: the [N, H, W, 64] view the convolution
+    reads) cannot fill the slots ([Note: the stem gathers its input]), or None where it can."""
+    shape = op.type.shape
+    if op.reduce or len(shape) < 4 or shape[-1] != CHUNK:
+        return f"its producer is not a map whose innermost extent is {CHUNK}"
+    if tuple(image.shape) != tuple(shape[:3]) + (64,) or math.prod(shape[3:]) != 64:
+        return "the image is not the producer's result with its trailing dimensions as one row of 64"
+    if op.type.dtype != image.dtype:
+        return "the producer's type is not the image's"
+    if any(not isinstance(a, Affine) for ld in loads(op.body) for a in ld.index):
+        return "the producer reads through an indirect index"
+    return None
+
+
+def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str]) -> list[str]:
+    """The producer's values for one chunk: `gv[CHUNK]` from the slot pixel's image `gn`, U coordinates `gu1`, `gu2`
+    and chunk `gj` ([Note: the stem gathers its input]); zeros outside the producer's result."""
+    op = gathered(k).op
+    shape, vs = op.type.shape, op.domain_vars
+    names = {vs[0]: "gn", vs[1]: "gu1", vs[2]: "gu2", vs[-1]: "gs"}
+    names.update({v: v for v in vs[3:-1]})
+    em = Emitter(params, types, prefix="gt")
+    value = em.emit(op.body, names, {})
+    return (["float gv[8];", f"const bool gin = (unsigned)gu1 < {shape[1]}u && (unsigned)gu2 < {shape[2]}u;"]
+            + decompose("gj", [(v, shape[3 + i]) for i, v in enumerate(vs[3:-1])], "int")
+            + ["#pragma unroll", f"for (int gs = 0; gs < {CHUNK}; ++gs) {{", "  float gval = 0.0f;", "  if (gin) {",
+               *("    " + line for line in em.take()), f"    gval = {value};", "  }", "  gv[gs] = gval;", "}"])
 
 
 def conv_part(k: Kernel) -> Kernel:
@@ -261,9 +320,10 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
     xp = geo.conv.taps[1] == 1 and pixel_free(conv_wgmma.staged_parts(conv_part(k), plan.types(), _params(conv_part(k)),
                                                                       "int").lines)
     dtype = conv_wgmma.dtype_of(conv_part(k), plan)
+    gi = {"GI": 1} if gathered(k) else {}   # [Note: the stem gathers its input]: every candidate fills its slots
     shapes = [(t, 0) for t in TILES] + ([(t, 1) for t in XP_TILES] if xp else [])
     for (tph, tpw), x in shapes:
-        p = {"unit": "pool", "dtype": dtype, "TPH": tph, "TPW": tpw, **({"XP": x} if xp else {})}
+        p = {"unit": "pool", "dtype": dtype, "TPH": tph, "TPW": tpw, **({"XP": x} if xp else {}), **gi}
         if any(d > 256 for d in box(p, geo.conv.taps)):
             continue
         if (xp_cols(p) > XP_MAX_N or xp_cols(p) % 16) if x else blocks(p) * BLOCK > MAX_ROWS:
@@ -296,8 +356,9 @@ def tensor_maps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> list[
     """The image's (a tile's box of pixels of one image), the filter's (64 x 64 a tap) and the pooled
     output's (TPH x TPW pixels a box), all in the 128-byte swizzle."""
     geo = pooled_of(k, types)
-    return conv_taps.tile_maps(conv_part(k), types, p["dtype"], box(p, geo.conv.taps), k.ops[-1].out, geo.pooled,
+    maps = conv_taps.tile_maps(conv_part(k), types, p["dtype"], box(p, geo.conv.taps), k.ops[-1].out, geo.pooled,
                                (p["TPW"], p["TPH"]))
+    return maps[1:] if p.get("GI") else maps   # GI: the slots are filled by the producer warpgroup, not the TMA
 
 
 def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: str, parts: Mapping) -> str:
@@ -315,6 +376,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     xp = bool(p.get("XP"))
     if xp:
         assert kw == 1 and pixel_free(staged.lines), k.name
+    gi = bool(p.get("GI"))
+    assert gi == (gathered(k) is not None), k.name
     return render("conv_pool.cu.j2", name=name, dtype=p["dtype"], N_IMG=n, H=h, W=w, OH=oh, OW=ow, PH=ph, PW=pw,
                   KH=kh, KW=kw, PAD_H=geo.conv.pad[0], PAD_W=geo.conv.pad[1], TAPS=taps, TPH=p["TPH"], TPW=p["TPW"],
                   XP=xp, NP=xp_cols(p) if xp else 0, PITCH=bw,
@@ -323,7 +386,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   REGION_BYTES=region_bytes(p), POOL_BYTES=pool_bytes(p),
                   TILES=tiles(p, geo), TILES_X=-(-pw // p["TPW"]), TILES_XY=-(-ph // p["TPH"]) * -(-pw // p["TPW"]),
                   threads=threads(p), PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS[p["NCONS"]],
-                  MAPS=p.get("MAPS"), idx=parts["idx"], signature=parts["signature"], staged=staged)
+                  MAPS=p.get("MAPS"), idx=parts["idx"], signature=parts["signature"], staged=staged,
+                  GATHER=gi, NMAPS=2 if gi else 3, gather=gather_lines(k, types, parts["params"]) if gi else [])
 
 
 def tile_flops(p: Mapping, geo: Pooled) -> float:

@@ -41,6 +41,7 @@ from aicfc.passes.l2_fill import l2_fill
 from aicfc.passes.tail_steps import tail_steps
 from aicfc.passes.fold_cache_writes import fold_cache_writes
 from aicfc.passes.join_concat import join_concat, joins_by_prediction
+from aicfc.passes.gather_stem import gather_stem
 from aicfc.passes.join_reduce import join_reduce
 from aicfc.passes.plan_memory import plan_memory
 from aicfc.passes.pool_epilogue import pool_epilogue
@@ -105,6 +106,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("plan_schedules", "decision", "decision", lambda p, o: plan_schedules(p, o.profile, dict(o.pin), o.check)),
     Stage("join_concat", "decision", "decision", lambda p, o: join_concat(p, dict(o.pin))),
     Stage("join_reduce", "decision", "decision", lambda p, o: join_reduce(p, o.profile, dict(o.pin), o.check)),
+    Stage("gather_stem", "decision", "decision", lambda p, o: gather_stem(p, o.profile, dict(o.pin), o.check)),
     Stage("fold_cache_writes", "decision", "decision", lambda p, o: fold_cache_writes(p, o.profile, dict(o.pin))),
     Stage("gemv_room", "decision", "decision", lambda p, o: gemv_room(p, o.profile, dict(o.pin), o.check)),
     Stage("early_epilogue", "decision", "decision", lambda p, o: early_epilogue(p, o.profile, dict(o.pin))),
@@ -165,6 +167,9 @@ assert _ORDER.index("plan_schedules") < _ORDER.index("join_concat") < _ORDER.ind
 # join_reduce re-plans a Hopper GEMM with the GEMM that reads its whole rows (both scheduled by plan_schedules, the
 # host's A operand settled by join_concat), before the passes that read the final kernel order and plan_memory.
 assert _ORDER.index("join_concat") < _ORDER.index("join_reduce") < _ORDER.index("fold_cache_writes")
+# gather_stem re-plans the pooled stem (scheduled by plan_schedules) with its input copy inlined, before the passes
+# that read the final kernel order and plan_memory (which then never allocates the copy).
+assert _ORDER.index("plan_schedules") < _ORDER.index("gather_stem") < _ORDER.index("fold_cache_writes")
 # gemv_room reads the final kernel order (fold_cache_writes removes kernels) and changes a gemv's launch, before
 # early_epilogue and l2_fill cost and fill that gemv as it will run.
 assert _ORDER.index("fold_cache_writes") < _ORDER.index("gemv_room") < _ORDER.index("early_epilogue")

@@ -407,9 +407,10 @@ def node_pins(pin: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[st
     from aicfc.passes.join_launches import GATE_PIN, PIN as JOIN_PIN
     from aicfc.passes.join_concat import PIN as CONCAT_PIN
     from aicfc.passes.join_reduce import PIN as REDUCE_PIN
+    from aicfc.passes.gather_stem import PIN as GATHER_PIN
     passes = (UNFOLD_PIN, EARLY_PIN, PROJECTION_PIN, POOLED_PIN, ROWSCALE_PIN, EPRE_PIN, FILL_PIN, SHARE_PIN, GEMV_PIN,
               ROOM_PIN, GEMV_ROOM_PIN, AHEAD_PIN, TRIGGER_PIN, LATE_PIN, TAIL_PIN, JOIN_PIN, GATE_PIN, CONCAT_PIN,
-              REDUCE_PIN)
+              REDUCE_PIN, GATHER_PIN)
     every: dict[str, Any] = {}
     by_node: dict[str, dict[str, Any]] = {}
     for key, value in pin.items():

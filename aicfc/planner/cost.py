@@ -182,9 +182,11 @@ def _io_bytes(k: Kernel, types: Mapping) -> float:
     candidate at the same DRAM-bound time (the tie-break then took one 1.6x the fastest measured)."""
     reads: dict[str, float] = {}
     gathered: dict[str, float] = {}
-    for op in k.ops:
+    # an inlined producer's result is computed in place: its own reads instead (Kernel.loads)
+    inner = frozenset().union(*(i.names for i in k.inlined))
+    for op in k.ops + tuple(i.op for i in k.inlined):
         for ld in loads(op.body):
-            if ld.buffer in k.outs:
+            if ld.buffer in k.outs or ld.buffer in inner:
                 continue
             if indirect_dims(ld):
                 gathered[ld.buffer] = gathered.get(ld.buffer, 0.0) + op.type.numel * ITEMSIZE[types[ld.buffer].dtype]

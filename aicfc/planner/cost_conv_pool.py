@@ -11,6 +11,11 @@ products, its image rows and its shared-memory traffic, plus its exposed epilogu
     t       = launch + load_latency + the filter at the SM's TMA port + max(ceil(tiles / CTAS) · t_tile, t_dram)
     t_dram  = (image + filter + pooled output + epilogue reads) / (dram_bandwidth · eff.dram)
 
+GI = 1 ([Note: the stem gathers its input]: the producer warpgroup computes each slot from the graph's input, which
+replaces the image in the DRAM bytes): t_rows is the producer threads' time for a slot instead of the TMA's walk,
+
+    t_rows  = ceil(box pixels · 8 / 128) · POOL_GATHER_CHUNK_US    (a thread's 16-byte chunks, one after another)
+
 XP = 1 ([Note: channels as rows]: the 64 channels as wgmma's M, N = RH x PITCH slot rows). A warpgroup
 runs a tile's products, then its epilogue and pooling pass; NCONS warpgroups overlap one's epilogue
 with another's products, and the block's last epilogue stays exposed:
@@ -51,6 +56,9 @@ POOL_BLOCK_EPILOGUE_US = TAPS_EPILOGUE_US   # a block's exposed epilogue (profil
 POOL_TILE_US = 0.44                         # a tile's pooling pass and store, fitted (profile: conv_pool_tile_us)
 POOL_XP_MMA_EFF = 0.52                      # XP: a tile's products, share of the tensor peak, fitted (profile: conv_pool_xp_mma_eff)
 POOL_XP_EPILOGUE_US = 0.65                  # XP: a tile's epilogue and pooling pass, fitted (profile: conv_pool_xp_epilogue_us)
+POOL_GATHER_CHUNK_US = 0.06                 # GI: a producer thread's 16-byte chunk of the slot computed from the graph's input
+                                            # (eight loads, mostly L1 hits, and one store), not fitted yet (profile:
+                                            # conv_pool_gather_chunk_us); [Note: the stem gathers its input]
 
 
 def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
@@ -58,7 +66,10 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc"}[p["dtype"]]
     taps = geo.conv.taps[0] * geo.conv.taps[1]
     bw, bh = conv_pool.box(p, geo.conv.taps)
-    t_rows = bw * bh / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
+    if p.get("GI"):   # [Note: the stem gathers its input]: 128 producer threads fill the slot, 8 chunks a pixel row
+        t_rows = math.ceil(bw * bh * 8 / 128) * hw.data.get("conv_pool_gather_chunk_us", POOL_GATHER_CHUNK_US)
+    else:
+        t_rows = bw * bh / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
     tiles = conv_pool.tiles(p, geo)
     per_sm = math.ceil(tiles / p["CTAS"])
     t_filter = taps * conv_pool.TAP_BYTES / (hw.data.get("conv_tma_port_gbs", TMA_PORT_GBS) * 1e3)
