@@ -218,7 +218,7 @@ ab_before() {
 # pin_round TESTS PIN A B: TESTS' GPU tests; ResNet-50 B32 exported, compiled with PIN into $W/r32_A.aicf and without into
 # $W/r32.aicf, the schedules that differ, the two A/B'd as A and B (7 rounds), memcheck over one run of r32, r32 profiled
 pin_round() {
-  timeout 200 python3 -m pytest -q -n 5 -m gpu $1 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
+  timeout 300 python3 -m pytest -q -n 8 -m gpu $1 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
   python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
   python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_$3.aicf --target sm_90 --precision fp16 -q $2 &
   python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
@@ -742,7 +742,7 @@ PY
     # session 87: [Note: the stem gathers its input] (passes/gather_stem.py): its GPU tests and the pool unit's; ResNet-50
     # B32 with the stem filling its slots from the input (r32) and reading the unfolded copy (r32_copy, --pin gstem=0),
     # A/B'd (7 rounds), memcheck over r32, r32 profiled
-    pin_round "tests/test_gather_stem.py tests/test_conv_pool.py" "--pin gstem=0" copy gather
+    pin_round "tests/test_gather_stem.py tests/test_conv_pool.py tests/test_unfold_taps.py" "--pin gstem=0" copy gather
     ;;
   s87m)
     # session 87, after s87 on the same machine: racecheck over r32; ResNet-50 B1 gathering and with the copy A/B'd;

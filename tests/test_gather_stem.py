@@ -112,6 +112,19 @@ def test_the_producer_fills_the_slots_and_two_maps_remain():
     assert "fence.proxy.async.shared::cta" in src and "aicf_taps_tma4" not in src.split("setmaxnreg.inc")[0].split(
         "setmaxnreg.dec")[1]
     assert "[2]" in src.split("__constant__")[1].split(";")[0] if "__constant__ AicfTmap" in src else True
+    # the unfolded rows' padding channel is their last 16 elements, which the producer's guard makes zero for every
+    # pixel: XP's products skip that k16 step, and the estimate counts the products run
+    xp = {"XP": 1, "TPH": 7, "TPW": 7}
+    plan = _plan(pin=xp)
+    k = _stem(plan)
+    p = k.schedule.param
+    src = conv.render_kernel(k, p, plan.types(), "k")
+    assert p["XP"] == 1 and conv_pool.gathered_ksteps(k, plan.types()) == 3 and "kk < 3;" in src
+    kept = _stem(_plan(pin={"gstem": "0", **xp}))
+    assert conv_pool.ksteps(kept, kept.schedule.param, plan.types()) == 4 and "kk < 4;" in conv.render_kernel(
+        kept, kept.schedule.param, plan.types(), "k")
+    assert dict(k.schedule.predicted)["flops"] == 0.75 * dict(kept.schedule.predicted)["flops"]
+    assert conv_pool.ksteps(k, dict(p, XP=0), plan.types()) == 4   # the ldmatrix path reads the zeros
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

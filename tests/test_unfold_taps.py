@@ -67,7 +67,7 @@ def test_unfolded_stem_is_an_identity(case):
 def test_row_phases_are_an_identity(case):
     """unfold=2 ([Note: row phases]): where the stride along h is 2 and two rows of the filter's columns of
     the source's channels fit 64 elements (the 7x7 stride-2 stem: 2 x 8 slots x 4 channels), the copy is
-    U[n, OH + KQ - 1, ow, 2, 4, 8], the convolution KQ x 1 at stride 1 and the filter [O, KQ, 1, 64];
+    U[n, OH + KQ - 1, ow, 4, 2, 8] (channels, rows, columns), the convolution KQ x 1 at stride 1 and the filter [O, KQ, 1, 64];
     elsewhere the columns alone, as unfold=1. The interpreter's outputs are the plan's before any
     layout decision."""
     model = _model(case)
@@ -83,7 +83,7 @@ def test_row_phases_are_an_identity(case):
         oh = (h + pads[0] + pads[2] - kh) // stride[0] + 1
         ow = (w + pads[1] + pads[3] - kw) // stride[1] + 1
         taps = -(-kh // 2)
-        assert copy.ops[0].type.shape == (n, oh + taps - 1, ow, 2, 4, 8) and "row phases" in r.reason
+        assert copy.ops[0].type.shape == (n, oh + taps - 1, ow, 4, 2, 8) and "row phases" in r.reason
         assert k.ops[0].reduce == (64, taps, 1)
         from aicfc.ir.properties import implicit_gemm
         assert plan.types()[implicit_gemm(k.ops[0]).b.buffer].shape == (o, taps, 1, 64)
@@ -102,7 +102,7 @@ def test_stem_takes_row_phases_by_cost():
     (r,) = _records(plan, RULE)
     assert r.applied and "row phases" in r.reason and "with 1 image row a pixel" in r.reason
     copy = plan.kernels[0]
-    assert copy.ops[0].type.shape == (32, 115, 112, 2, 4, 8)
+    assert copy.ops[0].type.shape == (32, 115, 112, 4, 2, 8)
 
 
 def test_stem_unfolds_by_cost_and_pins_override():

@@ -76,7 +76,9 @@ passes/unfold_taps.py: U[n, hh, ow, r, c, s] = X[n, c, 2 hh + r - 3, 2 ow + s - 
 (yy, xx) is U's pixel (cy0 - PAD_H + yy, cx0 - PAD_W + xx) of image n, zero outside U, its 16-byte chunk j the
 8 innermost elements of U's trailing index j (one (r, c) pair, s = 0..7), each the producer's value at that
 index (its guarded loads of X, converted to the operands' type as the copy's store rounds them), stored at
-row·128 + ((j ^ row % 8)·16) as the 128-byte swizzle puts it. Thread t takes chunks t, t + 128, ... of the
+row·128 + ((j ^ row % 8)·16) as the 128-byte swizzle puts it. Where the producer's last chunks are its fill for
+every pixel (the stem's padding channel, the row's last 16 elements since session 87's layout), XP's products run
+KSTEPS = 3 of the 4 k16 steps a tap (`gathered_ksteps`): a quarter fewer, none of them with a nonzero term. Thread t takes chunks t, t + 128, ... of the
 slot, chunk-major (j = q / (BW·BH)), so a warp's lanes walk neighbouring pixels of one chunk: their loads
 of X step 2·4 bytes apart along a row and their stores take 8 distinct 16-byte bank groups an 8-row period.
 Then each fences its writes to the async proxy the consumers' wgmma reads through
@@ -155,6 +157,36 @@ def gather_why_not(op: Compute, image: TensorType) -> str | None:
     if any(not isinstance(a, Affine) for ld in loads(op.body) for a in ld.index):
         return "the producer reads through an indirect index"
     return None
+
+
+def gathered_ksteps(k: Kernel, types: Mapping[str, TensorType]) -> int:
+    """The k16 steps of a slot row the products need (4 of its 64 elements; fewer where the gathered producer's last
+    chunks are its fill, zero, for every pixel: the unfolded stem's padding channel, [Note: row phases] in
+    passes/unfold_taps.py): a chunk whose guarded load tests a dimension its own indices fix outside the source."""
+    inl = gathered(k)
+    if inl is None:
+        return 4
+    op, body = inl.op, inl.op.body
+    if not isinstance(body, Load) or body.fill != 0.0:
+        return 4
+    shape, vs = op.type.shape, op.domain_vars
+    inner = list(zip(vs[3:-1], shape[3:-1]))
+    src = types[body.buffer].shape
+
+    def zero(j: int) -> bool:
+        at, rest = {}, j
+        for v, e in reversed(inner):
+            at[v], rest = rest % e, rest // e
+        for d in body.guarded_dims:
+            a = body.index[d]
+            if all(v in at for v, _ in a.terms):
+                value = a.const + sum(c * at[v] for v, c in a.terms)
+                if not 0 <= value < src[d]:
+                    return True
+        return False
+    chunks = 64 // CHUNK
+    last = max((j for j in range(chunks) if not zero(j)), default=0)
+    return last // 2 + 1   # a k16 step is two chunks
 
 
 def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str, str]) -> list[str]:
@@ -387,10 +419,18 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   TILES=tiles(p, geo), TILES_X=-(-pw // p["TPW"]), TILES_XY=-(-ph // p["TPH"]) * -(-pw // p["TPW"]),
                   threads=threads(p), PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS[p["NCONS"]],
                   MAPS=p.get("MAPS"), idx=parts["idx"], signature=parts["signature"], staged=staged,
-                  GATHER=gi, NMAPS=2 if gi else 3, gather=gather_lines(k, types, parts["params"]) if gi else [])
+                  GATHER=gi, NMAPS=2 if gi else 3, gather=gather_lines(k, types, parts["params"]) if gi else [],
+                  KSTEPS=ksteps(k, p, types))
 
 
-def tile_flops(p: Mapping, geo: Pooled) -> float:
-    """Products a tile runs: its blocks of 64 rows (XP: its N slot rows) by 64 channels over every tap's 64 channels."""
+def ksteps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> int:
+    """The k16 steps a tap runs: 4, or under XP with the slots gathered those that are not all zeros
+    (`gathered_ksteps`; the ldmatrix path keeps 4, reading the zeros)."""
+    return gathered_ksteps(k, types) if p.get("XP") and p.get("GI") else 4
+
+
+def tile_flops(p: Mapping, geo: Pooled, steps: int = 4) -> float:
+    """Products a tile runs: its blocks of 64 rows (XP: its N slot rows) by 64 channels over every tap's 16·`steps`
+    channels (`ksteps`)."""
     rows = xp_cols(p) if p.get("XP") else blocks(p) * BLOCK
-    return 2.0 * rows * 64 * geo.conv.taps[0] * geo.conv.taps[1] * 64
+    return 2.0 * rows * 64 * geo.conv.taps[0] * geo.conv.taps[1] * 16 * steps

@@ -33,16 +33,19 @@ conv_profile_r32{,_fold}_session11_h200.txt): the copy 9.85 -> 33.4 us (3.4 TB/s
 At stride sh > 1 along h (and no dilation there) the copy may hold R = sh image rows too, of the
 source's own C channels rather than the padded Cp, where R·S·C' = 64 with S >= KW slots and C' >= C:
 
-    U[n, hh, ow, r, c, s] = X[n, c, R·hh + r - ph, sw·ow + dw·s - pw]     (hh < OH + KQ - 1, KQ = ceil(KH / R))
+    U[n, hh, ow, c, r, s] = X[n, c, R·hh + r - ph, sw·ow + dw·s - pw]     (hh < OH + KQ - 1, KQ = ceil(KH / R))
     y[n, oh, ow, o] = sum over kq, j < 64 of U4[n, oh + kq, ow, j] · W'[o, kq, 0, j]
-    W'[o, kq, 0, (r·C' + c)·S + s] = W[o, R·kq + r, s, c]     (zero past KH, KW and C)
+    W'[o, kq, 0, (c·R + r)·S + s] = W[o, R·kq + r, s, c]     (zero past KH, KW and C)
 
 since kh = R·kq + r reads row sh·oh + kh - ph = R·(oh + kq) + r - ph. The ResNet stem (C = 3, 7x7,
 stride 2): R = 2, S = 8, C' = 4, so a pixel's 64 elements hold 42 of the filter's 147 terms where the
 columns alone held 21: KQ = 4 k-blocks a tile instead of 7, and the copy has OH + 3 = 115 rows of
 the image's 224 (half the bytes). Both variants are planned; the faster predicted one is taken and
 the other's figure recorded. `--pin unfold=2` takes it wherever it applies (`unfold=1`: the columns
-alone). Measured: benchmarks/results/stem_rows_session22_h200.txt.
+alone). Measured: benchmarks/results/stem_rows_session22_h200.txt. The channels are the outermost of a
+pixel's three indices (since session 87; (r, c, s) before), so the padding channels C..C'-1 are the
+row's last (C' - C)·R·S elements: 16 of the stem's 64, one whole k16 step of zeros that a consumer
+computing U itself skips ([Note: the stem gathers its input] in codegen/conv_pool.py).
 
 Eligible: a `conv` kernel whose image is the channels-last copy of a graph input made by
 `channels_last` (INPUT_RULE) and read by nothing else, whose filter it alone reads, with a
@@ -190,8 +193,9 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
         rows_out = st.rows.out + taps - 1
         # slots innermost: a thread's vector is a run of the source's columns (channels innermost, as for
         # r = 1, measured 64.3 us against 33 for the columns' copy at B32: each thread read 3 lone values)
-        ut = TensorType(types[st.source].dtype, (n, rows_out, st.out_w, r, ch, slots))
-        index = (v[0], v[4], Affine.of({"i1": r, "i3": 1}, -st.rows.pad),
+        # the channels outermost: the padding channels' elements last in the row, a whole k16 step for the stem
+        ut = TensorType(types[st.source].dtype, (n, rows_out, st.out_w, ch, r, slots))
+        index = (v[0], v[3], Affine.of({"i1": r, "i4": 1}, -st.rows.pad),
                  Affine.of({"i2": st.stride, "i5": st.dilation}, -st.pad))
     op = Compute(name, ut, "map", (), Load(st.source, index, 0.0, (1,)), ())
     copy = Kernel("", "pointwise", (op,), (tuple((x, Affine.var(x)) for x in op.domain_vars),), (name,),
@@ -219,10 +223,12 @@ def _rewritten(plan: Plan, st: Stem, r: int = 1) -> Plan:
             if r == 1:
                 arr = np.pad(arr, [(0, 0), (0, 0), (0, slots - st.kw), (0, 0)])
                 arr = np.ascontiguousarray(arr.reshape(arr.shape[0], arr.shape[1], 1, ROW))
-            else:   # W'[o, kq, (p, c, s)] = W[o, r·kq + p, s, c]: zero past KH, KW and the source's channels
+            else:   # W'[o, kq, (c, p, s)] = W[o, r·kq + p, s, c]: zero past KH, KW and the source's channels
                 o, kh = arr.shape[:2]
-                out = np.zeros((o, taps * r, ch, slots), arr.dtype)
-                out[:, :kh, :st.channels, :st.kw] = arr[:, :, :, :st.channels].transpose(0, 1, 3, 2)
+                out = np.zeros((o, taps, ch, r, slots), arr.dtype)
+                full = np.zeros((o, taps * r, st.channels, st.kw), arr.dtype)
+                full[:, :kh] = arr[:, :, :, :st.channels].transpose(0, 1, 3, 2)
+                out[:, :, :st.channels, :, :st.kw] = full.reshape(o, taps, r, st.channels, st.kw).transpose(0, 1, 3, 2, 4)
                 arr = np.ascontiguousarray(out.reshape(o, taps, 1, ROW))
             wt = Weight(wt.name, dataclasses.replace(wt.type, shape=tuple(arr.shape)), arr.tobytes())
         weights.append(wt)

@@ -896,7 +896,8 @@ def _conv_wgmma_cost(k: Kernel, p: Mapping, types: Mapping, hw: Profile) -> Esti
     terms = {"taps": taps_terms, "pool": pool_terms, "band": band_terms}.get(p["unit"], conv_wgmma_terms)
     t = terms(k, p, types, hw, _io_bytes(k, types), load_latency(hw))
     time, dram = t.pop("time_us"), t.pop("dram")
-    return Estimate(time, 2.0 * m * n * kk, dram, t)
+    # the products the kernel runs: a gathered stem's XP skips its k16 steps of zeros (cost_conv_pool, "k_run")
+    return Estimate(time, 2.0 * m * n * kk * t.get("k_run", 1.0), dram, t)
 
 
 def _window_l2_bytes(red, ld, taps: int, blocks: int, types: Mapping) -> float:

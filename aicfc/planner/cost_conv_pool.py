@@ -16,6 +16,9 @@ replaces the image in the DRAM bytes): t_rows is the producer threads' time for 
 
     t_rows  = ceil(box pixels · 8 / 128) · POOL_GATHER_CHUNK_US    (a thread's 16-byte chunks, one after another)
 
+and under XP a tap's products run `conv_pool.ksteps` k16 steps (3 of 4 for the stem: its padding channel's are
+skipped), which scales t_mma, the taps' shared-memory reads and the estimate's FLOPs (`k_run`).
+
 XP = 1 ([Note: channels as rows]: the 64 channels as wgmma's M, N = RH x PITCH slot rows). A warpgroup
 runs a tile's products, then its epilogue and pooling pass; NCONS warpgroups overlap one's epilogue
 with another's products, and the block's last epilogue stays exposed:
@@ -72,6 +75,7 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
         t_rows = bw * bh / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
     tiles = conv_pool.tiles(p, geo)
     per_sm = math.ceil(tiles / p["CTAS"])
+    steps = conv_pool.ksteps(k, p, types)   # [Note: the stem gathers its input]: XP skips its k16 steps of zeros
     t_filter = taps * conv_pool.TAP_BYTES / (hw.data.get("conv_tma_port_gbs", TMA_PORT_GBS) * 1e3)
     if p.get("XP"):
         # [Note: channels as rows]: every tap's N slot rows and 64 filter rows read once by wgmma, the region tile
@@ -79,7 +83,7 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
         # slot's box landed
         share = hw.data.get("conv_pool_xp_mma_eff", POOL_XP_MMA_EFF)
         n, pooled = conv_pool.xp_cols(p), p["TPH"] * p["TPW"]
-        moved = conv_pool.ROW_BYTES * (taps * (n + 64) + n + 9 * pooled + 2 * pooled + bw * bh)
+        moved = conv_pool.ROW_BYTES * (taps * (n + 64) * steps / 4 + n + 9 * pooled + 2 * pooled + bw * bh)
         t_epi = hw.data.get("conv_pool_xp_epilogue_us", POOL_XP_EPILOGUE_US)
     else:
         share = hw.efficiency.get("wgmma_gemm", EFF_DEFAULT) * n_eff(64)
@@ -87,7 +91,7 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
         moved = nb * taps * 2 * conv_pool.TAP_BYTES
         t_epi = (nb * hw.data.get("conv_pool_block_epilogue_us", POOL_BLOCK_EPILOGUE_US)
                  + hw.data.get("conv_pool_tile_us", POOL_TILE_US))
-    t_mma = conv_pool.tile_flops(p, geo) / (hw.peak_tflops[unit] * 1e6 / hw.sm_count * share)
+    t_mma = conv_pool.tile_flops(p, geo, steps) / (hw.peak_tflops[unit] * 1e6 / hw.sm_count * share)
     t_smem = moved / (hw.smem_bandwidth_gbs_per_sm * 1e3)
     if p.get("XP"):   # NCONS warpgroups overlap one's epilogue with another's products; the last stays exposed
         t_tiles = per_sm * max(t_mma, t_rows, t_smem, (t_mma + t_epi) / p["NCONS"]) + (t_epi if p["NCONS"] > 1 else 0.0)
@@ -101,4 +105,6 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
             "n_eff": n_eff(64), "launch_us": hw.launch_overhead_us, "blocks": p["CTAS"], "blocks_per_sm": 1,
             "parallel_eff": min(tiles, hw.sm_count) / hw.sm_count, "t_kblocks_us": per_sm * max(t_mma, t_rows, t_smem),
             # NCONS warpgroups in turn (XP): a tile's products and epilogue over NCONS, the last epilogue exposed
-            "consumers_in_turn": float(p["NCONS"]) if p.get("XP") and p["NCONS"] > 1 else 0.0}
+            "consumers_in_turn": float(p["NCONS"]) if p.get("XP") and p["NCONS"] > 1 else 0.0,
+            # the share of the convolution's k its products run (the estimate's FLOPs: cost._conv_wgmma_cost)
+            **({"k_run": steps / 4} if steps < 4 else {})}
