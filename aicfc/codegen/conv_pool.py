@@ -71,22 +71,25 @@ against 5.7-5.9, but the cost terms keep the 4x8 tiles there (3.81 us predicted 
 [Note: the stem gathers its input]
 GI = 1 (passes/gather_stem.py): the image is not read from memory but computed by the kernel, from the producer
 that `Kernel.inlined` holds (the stem's unfolded copy of the graph's NCHW input, [Note: row phases] in
-passes/unfold_taps.py: U[n, hh, ow, r, c, s] = X[n, c, 2 hh + r - 3, 2 ow + s - 3]). The producer warpgroup's
+passes/unfold_taps.py: U[n, hh, ow, c, r, s] = X[n, c, 2 hh + r - 3, 2 ow + s - 3]). The producer warpgroup's
 128 threads fill each tile's slot themselves, with what the TMA box of U would have landed there: slot row
 (yy, xx) is U's pixel (cy0 - PAD_H + yy, cx0 - PAD_W + xx) of image n, zero outside U, its 16-byte chunk j the
-8 innermost elements of U's trailing index j (one (r, c) pair, s = 0..7), each the producer's value at that
+8 innermost elements of U's trailing index j (one (c, r) pair, s = 0..7), each the producer's value at that
 index (its guarded loads of X, converted to the operands' type as the copy's store rounds them), stored at
-row·128 + ((j ^ row % 8)·16) as the 128-byte swizzle puts it. Where the producer's last chunks are its fill for
-every pixel (the stem's padding channel, the row's last 16 elements since session 87's layout), XP's products run
-KSTEPS = 3 of the 4 k16 steps a tap (`gathered_ksteps`): a quarter fewer, none of them with a nonzero term. Thread t takes chunks t, t + 128, ... of the
+row·128 + ((j ^ row % 8)·16) as the 128-byte swizzle puts it. Thread t takes chunks t, t + 128, ... of the
 slot, chunk-major (j = q / (BW·BH)), so a warp's lanes walk neighbouring pixels of one chunk: their loads
-of X step 2·4 bytes apart along a row and their stores take 8 distinct 16-byte bank groups an 8-row period.
+of X step two elements apart along a row and their stores take 8 distinct 16-byte bank groups an 8-row period.
 Then each fences its writes to the async proxy the consumers' wgmma reads through
 (`fence.proxy.async.shared::cta`) and arrives on the slot's `full` barrier, which counts 128 arrivals (one, the
 TMA's bytes, under GI = 0). The filter's boxes and the pooled output still go by the TMA (two maps, not
-three). The copy's kernel goes: its 53 MB are neither written nor read back, and the stem reads the 19 MB
-input once. Eligible where the producer is one map of the kernel's image alone whose innermost extent is 8 and
-trailing extents make the 64 elements of the image's rows, of the operands' type.
+three). The copy's kernel goes: U (53 MB at ResNet-50 B32) is neither written nor read back, and the stem
+reads the input (9.6 MB: the plan's fp16 image) once from DRAM.
+Where the producer's last chunks are its fill for every pixel (the stem's padding channel C' - 1: the row's
+last 16 elements since the layout puts the channels outermost), XP's products run KSTEPS = 3 of the 4 k16
+steps a tap (`gathered_ksteps`): a quarter fewer products, none of the skipped ones with a nonzero term. (The
+copy's path cannot skip them: what the copy stored is not the kernel's to know.)
+Eligible where the producer is one map of the kernel's image alone whose innermost extent is 8 and whose
+trailing extents make the 64 elements of the image's rows, in the operands' type.
 
 Requires: NHWC fp16/bf16 image of exactly 64 channels, 64 output channels, a KH x KW window (KH·KW
 <= 16) at stride 1 without dilation (any zero padding), the filter K-major in (kh, kw, c) order, the

@@ -3,13 +3,13 @@ reading a copy that a kernel of its own wrote (rule RULE).
 
 After `unfold_taps` the ResNet stem reads U, the graph input's copy with a tile's filter rows and columns
 unfolded into each pixel's 64 elements ([Note: row phases] in passes/unfold_taps.py), and a pointwise kernel
-writes U first: at B32 it reads the 19 MB fp32 NCHW input and writes 53 MB, which the stem reads back (an
+writes U first: at B32 it reads the 9.6 MB fp16 NCHW input and writes 53 MB, which the stem reads back (an
 H100's profile, session 86: the copy 25.3 us alone, the stem 31.3). Where the stem runs on the `pool` unit,
 its producer warpgroup can fill each tile's slot from the input with what the copy would have stored there
 ([Note: the stem gathers its input] in codegen/conv_pool.py): U is then never written, the copy's kernel goes,
 and the stem reads the input once.
 
-    kernel k0 pointwise { %x.unfold = map load(%x, [i0, i4, 2*i1+i3-3, 2*i2+i5-3], fill=0.0, guard=[1]); store %x.unfold }
+    kernel k0 pointwise { %x.unfold = map load(%x, [i0, i3, 2*i1+i4-3, 2*i2+i5-3], fill=0.0, guard=[1]); store %x.unfold }
     kernel k1 conv { %conv.acc = sum[64,4,1] mul(load(%x.unfold.rows, ...), load(%w, ...)) ...; store %pool }
   becomes
     kernel k1 conv { same ops; inlined ["x.unfold.rows"] "..." %x.unfold = map load(%x, ...) }     (k0 gone)
