@@ -133,6 +133,7 @@
 #   bash benchmarks/conv_round.sh s87      # session 87: [Note: the stem gathers its input] (passes/gather_stem.py): its GPU
 #                                          # tests and the pool unit's; ResNet-50 B32 gathering and reading the copy (--pin
 #                                          # gstem=0) A/B'd, memcheck, profile
+#   bash benchmarks/conv_round.sh s87q     # session 87: s87 for a budget of minutes (fewer tests, 5 rounds)
 #   bash benchmarks/conv_round.sh s87m     # session 87, after s87: racecheck over r32; ResNet-50 B1 A/B'd likewise; B32 / B1
 #                                          # against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
@@ -743,6 +744,21 @@ PY
     # B32 with the stem filling its slots from the input (r32) and reading the unfolded copy (r32_copy, --pin gstem=0),
     # A/B'd (7 rounds), memcheck over r32, r32 profiled
     pin_round "tests/test_gather_stem.py tests/test_conv_pool.py tests/test_unfold_taps.py" "--pin gstem=0" copy gather
+    ;;
+  s87q)
+    # session 87, `s87` for a budget of minutes: the gather's and the unfolded stem's GPU tests, ResNet-50 B32 gathering
+    # and with the copy A/B'd (5 rounds), checked, memcheck over one run, profiled
+    timeout 240 python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py 2>&1 | tail -n 3 \
+        | tee "$OUT/tests.txt"
+    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_copy.aicf --target sm_90 --precision fp16 -q --pin gstem=0 &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
+    wait
+    timeout 80 python3 benchmarks/plan_ab.py copy=$W/r32_copy.aicf gather=$W/r32.aicf --rounds 5 2>&1 | tail -n 3 \
+        | tee "$OUT/ab.txt"
+    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+        --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
+    profile r32
     ;;
   s87m)
     # session 87, after s87 on the same machine: racecheck over r32; ResNet-50 B1 gathering and with the copy A/B'd;

@@ -86,8 +86,9 @@ three). The copy's kernel goes: U (53 MB at ResNet-50 B32) is neither written no
 reads the input (9.6 MB: the plan's fp16 image) once from DRAM.
 Where the producer's last chunks are its fill for every pixel (the stem's padding channel C' - 1: the row's
 last 16 elements since the layout puts the channels outermost), XP's products run KSTEPS = 3 of the 4 k16
-steps a tap (`gathered_ksteps`): a quarter fewer products, none of the skipped ones with a nonzero term. (The
-copy's path cannot skip them: what the copy stored is not the kernel's to know.)
+steps a tap (`gathered_ksteps`): a quarter fewer products, none of the skipped ones with a nonzero term, and the
+producer fills only the 2·KSTEPS chunks a row that they read. (The copy's path cannot skip them: what the copy
+stored is not the kernel's to know.)
 Eligible where the producer is one map of the kernel's image alone whose innermost extent is 8 and whose
 trailing extents make the 64 elements of the image's rows, in the operands' type.
 

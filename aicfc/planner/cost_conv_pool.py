@@ -14,10 +14,11 @@ products, its image rows and its shared-memory traffic, plus its exposed epilogu
 GI = 1 ([Note: the stem gathers its input]: the producer warpgroup computes each slot from the graph's input, which
 replaces the image in the DRAM bytes): t_rows is the producer threads' time for a slot instead of the TMA's walk,
 
-    t_rows  = ceil(box pixels · 8 / 128) · POOL_GATHER_CHUNK_US    (a thread's 16-byte chunks, one after another)
+    t_rows  = ceil(box pixels · 2·steps / 128) · POOL_GATHER_CHUNK_US    (a thread's 16-byte chunks, one after another)
 
-and under XP a tap's products run `conv_pool.ksteps` k16 steps (3 of 4 for the stem: its padding channel's are
-skipped), which scales t_mma, the taps' shared-memory reads and the estimate's FLOPs (`k_run`).
+where under XP a tap's products run steps = `conv_pool.ksteps` k16 steps (3 of 4 for the stem: its padding
+channel's are skipped, and their chunks not filled), which also scales t_mma, the taps' shared-memory reads and
+the estimate's FLOPs (`k_run`); 4 otherwise.
 
 XP = 1 ([Note: channels as rows]: the 64 channels as wgmma's M, N = RH x PITCH slot rows). A warpgroup
 runs a tile's products, then its epilogue and pooling pass; NCONS warpgroups overlap one's epilogue
@@ -69,13 +70,13 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
     unit = {"f16": "fp16_tc", "bf16": "bf16_tc"}[p["dtype"]]
     taps = geo.conv.taps[0] * geo.conv.taps[1]
     bw, bh = conv_pool.box(p, geo.conv.taps)
-    if p.get("GI"):   # [Note: the stem gathers its input]: 128 producer threads fill the slot, 8 chunks a pixel row
-        t_rows = math.ceil(bw * bh * 8 / 128) * hw.data.get("conv_pool_gather_chunk_us", POOL_GATHER_CHUNK_US)
+    steps = conv_pool.ksteps(k, p, types)   # [Note: the stem gathers its input]: XP skips its k16 steps of zeros
+    if p.get("GI"):   # 128 producer threads fill the slot, the 2·steps chunks a pixel row that the products read
+        t_rows = math.ceil(bw * bh * 2 * steps / 128) * hw.data.get("conv_pool_gather_chunk_us", POOL_GATHER_CHUNK_US)
     else:
         t_rows = bw * bh / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
     tiles = conv_pool.tiles(p, geo)
     per_sm = math.ceil(tiles / p["CTAS"])
-    steps = conv_pool.ksteps(k, p, types)   # [Note: the stem gathers its input]: XP skips its k16 steps of zeros
     t_filter = taps * conv_pool.TAP_BYTES / (hw.data.get("conv_tma_port_gbs", TMA_PORT_GBS) * 1e3)
     if p.get("XP"):
         # [Note: channels as rows]: every tap's N slot rows and 64 filter rows read once by wgmma, the region tile
