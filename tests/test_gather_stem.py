@@ -125,6 +125,11 @@ def test_the_producer_fills_the_slots_and_two_maps_remain():
         kept, kept.schedule.param, plan.types(), "k")
     assert dict(k.schedule.predicted)["flops"] == 0.75 * dict(kept.schedule.predicted)["flops"]
     assert conv_pool.ksteps(k, dict(p, XP=0), plan.types()) == 4   # the ldmatrix path reads the zeros
+    # [Note: a slot filled by source rows]: a task a source row's run, 20 words (38 elements and a slack one)
+    rows = conv_pool.gather_rows(k, p, plan.types())
+    assert rows is not None and rows.stride == 2 and rows.words == 20 and rows.width == 112
+    assert "unsigned w[20];" in src and "__byte_perm" in src and "setmaxnreg.dec.sync.aligned.u32 96;" in src
+    assert "setmaxnreg.inc.sync.aligned.u32 208;" in src
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")

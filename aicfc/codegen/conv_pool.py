@@ -91,6 +91,20 @@ producer fills only the 2·KSTEPS chunks a row that they read. (The copy's path 
 stored is not the kernel's to know.)
 Eligible where the producer is one map of the kernel's image alone whose innermost extent is 8 and whose
 trailing extents make the 64 elements of the image's rows, in the operands' type.
+Measured (session 87, an H100, benchmarks/results/gather_stem_session87_h100.txt): chunk by chunk as above, each
+chunk's eight guarded 2-byte loads waited for before its store, the stem took 131.1 us alone where it took 31.3
+reading the copy, 0.61 us a chunk: a round trip to memory each, 13.5 of them a thread a tile. Hence the rows' form:
+
+[Note: a slot filled by source rows]
+Where the producer copies a 16-bit source of the operands' type whose last axis the slot's pixel column steps by
+an even a and the chunk's 8 elements by 1 (the stem: X[n, c, 2 hh + r - 3, 2 ow + s - 3], a = 2; `gather_rows`),
+a task is one (chunk j, slot row yy): its BW chunks read one run of a·(BW - 1) + 8 elements of one source row
+(38 for the stem's 16 columns). The thread loads the run's 20 32-bit words at once (one round trip; zero past the
+row's ends, the row's length even so a word is inside or outside whole), then builds each chunk's four pairs
+with byte permutes from words a·xx/2 .. + 4 (the run's first element odd or even: `sel`) and stores it. A tile
+of the stem is 18 rows x 6 chunks = 108 tasks, one round for 128 threads. Its 20 words and 16 chunks need 96
+registers a producer thread (ptxas spilled at 40, 56 and 80), so GI kernels give the consumers what is left
+(`GATHER_REGS`: 208 for two, 136 for three). The element-by-element form stays for other producers.
 
 Requires: NHWC fp16/bf16 image of exactly 64 channels, 64 output channels, a KH x KW window (KH·KW
 <= 16) at stride 1 without dilation (any zero padding), the filter K-major in (kh, kw, c) order, the
@@ -108,12 +122,12 @@ from typing import Mapping
 from aicfc.codegen import conv_taps, conv_wgmma
 from aicfc.codegen.common import render
 from aicfc.codegen.tma import TensorMap
-from aicfc.codegen.cexpr import Emitter
+from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
 from aicfc.codegen.common import decompose
 from aicfc.ir.decision import Inlined, Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Load, loads
 from aicfc.ir.properties import implicit_gemm
-from aicfc.ir.types import TensorType
+from aicfc.ir.types import ITEMSIZE, TensorType
 
 ROW_BYTES = 128                       # a pixel's 64 channels of 16 bits: one swizzled row
 BLOCK = 64                            # GEMM rows a wgmma block
@@ -126,6 +140,9 @@ MAX_TAPS = 16
 CHUNK = 8                             # elements of a gathered 16-byte chunk ([Note: the stem gathers its input])
 PRODUCER_REGS = 40                    # setmaxnreg: 128·40 + NCONS·128·CONSUMER_REGS <= 65536
 CONSUMER_REGS = {1: 232, 2: 232, 3: 152}
+# GI ([Note: a slot filled by source rows]): a producer thread holds a run of 20 words and builds 16 chunks from
+# them; ptxas spilled at 40, 56 and 80 registers (none at 96)
+GATHER_REGS = (96, {1: 232, 2: 208, 3: 136})   # 128·96 + NCONS·128·consumer <= 65536
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +223,47 @@ def gather_lines(k: Kernel, types: Mapping[str, TensorType], params: Mapping[str
             + decompose("gj", [(v, shape[3 + i]) for i, v in enumerate(vs[3:-1])], "int")
             + ["#pragma unroll", f"for (int gs = 0; gs < {CHUNK}; ++gs) {{", "  float gval = 0.0f;", "  if (gin) {",
                *("    " + line for line in em.take()), f"    gval = {value};", "  }", "  gv[gs] = gval;", "}"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """[Note: a slot filled by source rows]: how a producer that copies a 16-bit source of the operands' type reads
+    it, a run of one source row per task: C lines setting `row_ok` and `row` (the source row's element offset) from
+    `gn`, `gu1` and `gj`, the source's extent along its last axis, and the run's first element as C of `cx0`."""
+    lines: tuple[str, ...]
+    width: int            # the source's last extent (even)
+    stride: int           # a: the run steps a·xx elements from one slot pixel to the next (even)
+    first: str            # the run's first element along the last axis for the tile's first slot column
+    words: int            # 32-bit words a task loads: the run and one element of slack for an odd start
+
+
+def gather_rows(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> Rows | None:
+    """The row-run form of the gathered producer ([Note: a slot filled by source rows]) where it applies, else None
+    (the chunk-by-chunk form, `gather_lines`)."""
+    op = gathered(k).op
+    body, vs, shape = op.body, op.domain_vars, op.type.shape
+    if not isinstance(body, Load) or body.fill != 0.0:
+        return None
+    src = types[body.buffer]
+    if src.dtype != op.type.dtype or ITEMSIZE[src.dtype] != 2 or src.shape[-1] % 2:
+        return None
+    last = body.index[-1]
+    a, one = last.coeff(vs[2]), last.coeff(vs[-1])
+    if one != 1 or a % 2 or a <= 0 or any(v not in (vs[2], vs[-1]) for v, _ in last.terms):
+        return None
+    if any(x.coeff(vs[2]) or x.coeff(vs[-1]) for x in body.index[:-1]):
+        return None
+    names = {vs[0]: "gn", vs[1]: "gu1", **{v: v for v in vs[3:-1]}}
+    row = Load(body.buffer, tuple(body.index[:-1]) + (Affine(),), 0.0,
+               tuple(d for d in body.guard if d < len(body.index) - 1))
+    guard = " && ".join(f"(unsigned)({c_affine(row.index[d], names)}) < {src.shape[d]}u"
+                        for d in body.guarded_dims if d < len(body.index) - 1) or "true"
+    lines = (decompose("gj", [(v, shape[3 + i]) for i, v in enumerate(vs[3:-1])], "int")
+             + [f"const bool row_ok = (unsigned)gu1 < {shape[1]}u && {guard};",
+                f"const int row = row_ok ? {c_affine(flat_offset(row.index, src), names)} : 0;"])
+    geo = pooled_of(k, types).conv
+    run = a * (box(p, geo.taps)[0] - 1) + CHUNK   # the source elements a task's BW slot pixels read
+    return Rows(tuple(lines), src.shape[-1], a, f"{a} * (cx0 - {geo.pad[1]}) + {last.const}", run // 2 + 1)
 
 
 def conv_part(k: Kernel) -> Kernel:
@@ -414,6 +472,8 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
         assert kw == 1 and pixel_free(staged.lines), k.name
     gi = bool(p.get("GI"))
     assert gi == (gathered(k) is not None), k.name
+    rows = gather_rows(k, p, types) if gi else None
+    u_hw = gathered(k).op.type.shape[1:3] if gi else (0, 0)
     return render("conv_pool.cu.j2", name=name, dtype=p["dtype"], N_IMG=n, H=h, W=w, OH=oh, OW=ow, PH=ph, PW=pw,
                   KH=kh, KW=kw, PAD_H=geo.conv.pad[0], PAD_W=geo.conv.pad[1], TAPS=taps, TPH=p["TPH"], TPW=p["TPW"],
                   XP=xp, NP=xp_cols(p) if xp else 0, PITCH=bw,
@@ -421,10 +481,12 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   SLOT_BYTES=slot_bytes(p, geo.conv.taps), BOX_BYTES=bw * bh * ROW_BYTES, FILTER_BYTES=taps * TAP_BYTES,
                   REGION_BYTES=region_bytes(p), POOL_BYTES=pool_bytes(p),
                   TILES=tiles(p, geo), TILES_X=-(-pw // p["TPW"]), TILES_XY=-(-ph // p["TPH"]) * -(-pw // p["TPW"]),
-                  threads=threads(p), PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS[p["NCONS"]],
+                  threads=threads(p), PRODUCER_REGS=GATHER_REGS[0] if gi else PRODUCER_REGS,
+                  CONSUMER_REGS=(GATHER_REGS[1] if gi else CONSUMER_REGS)[p["NCONS"]],
                   MAPS=p.get("MAPS"), idx=parts["idx"], signature=parts["signature"], staged=staged,
-                  GATHER=gi, NMAPS=2 if gi else 3, gather=gather_lines(k, types, parts["params"]) if gi else [],
-                  KSTEPS=ksteps(k, p, types))
+                  GATHER=gi, NMAPS=2 if gi else 3, KSTEPS=ksteps(k, p, types), U_H=u_hw[0], U_W=u_hw[1],
+                  ROWS=rows, SRC=parts["params"][gathered(k).op.body.buffer] if rows else "",
+                  gather=[] if rows or not gi else gather_lines(k, types, parts["params"]))
 
 
 def ksteps(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> int:

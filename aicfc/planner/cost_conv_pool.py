@@ -14,7 +14,10 @@ products, its image rows and its shared-memory traffic, plus its exposed epilogu
 GI = 1 ([Note: the stem gathers its input]: the producer warpgroup computes each slot from the graph's input, which
 replaces the image in the DRAM bytes): t_rows is the producer threads' time for a slot instead of the TMA's walk,
 
-    t_rows  = ceil(box pixels · 2·steps / 128) · POOL_GATHER_CHUNK_US    (a thread's 16-byte chunks, one after another)
+    t_rows  = ceil(box rows · 2·steps / 128) · POOL_GATHER_ROW_US        (a task a source row's run: [Note: a slot
+                                                                         filled by source rows] in codegen/conv_pool.py)
+            or ceil(box pixels · 2·steps / 128) · POOL_GATHER_CHUNK_US  (element by element, where the rows' form does
+                                                                         not apply: a thread's chunks one after another)
 
 where under XP a tap's products run steps = `conv_pool.ksteps` k16 steps (3 of 4 for the stem: its padding
 channel's are skipped, and their chunks not filled), which also scales t_mma, the taps' shared-memory reads and
@@ -60,9 +63,13 @@ POOL_BLOCK_EPILOGUE_US = TAPS_EPILOGUE_US   # a block's exposed epilogue (profil
 POOL_TILE_US = 0.44                         # a tile's pooling pass and store, fitted (profile: conv_pool_tile_us)
 POOL_XP_MMA_EFF = 0.52                      # XP: a tile's products, share of the tensor peak, fitted (profile: conv_pool_xp_mma_eff)
 POOL_XP_EPILOGUE_US = 0.65                  # XP: a tile's epilogue and pooling pass, fitted (profile: conv_pool_xp_epilogue_us)
-POOL_GATHER_CHUNK_US = 0.06                 # GI: a producer thread's 16-byte chunk of the slot computed from the graph's input
-                                            # (eight loads, mostly L1 hits, and one store), not fitted yet (profile:
-                                            # conv_pool_gather_chunk_us); [Note: the stem gathers its input]
+POOL_GATHER_CHUNK_US = 0.6                  # GI: a producer thread's 16-byte chunk computed element by element (eight loads,
+                                            # then one store; profile: conv_pool_gather_chunk_us), fitted (session 87, an
+                                            # H100: ResNet-50 B32's stem 131.1 us alone, 16 tiles a block of 13.5 chunks a
+                                            # thread, benchmarks/results/gather_stem_session87_h100.txt)
+POOL_GATHER_ROW_US = 1.2                    # GI, [Note: a slot filled by source rows]: a producer thread's task, a run of
+                                            # one source row loaded as 20 words at once (one round trip) and its 16 chunks
+                                            # stored, not fitted (profile: conv_pool_gather_row_us)
 
 
 def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: float) -> dict[str, float]:
@@ -71,7 +78,9 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
     taps = geo.conv.taps[0] * geo.conv.taps[1]
     bw, bh = conv_pool.box(p, geo.conv.taps)
     steps = conv_pool.ksteps(k, p, types)   # [Note: the stem gathers its input]: XP skips its k16 steps of zeros
-    if p.get("GI"):   # 128 producer threads fill the slot, the 2·steps chunks a pixel row that the products read
+    if p.get("GI") and conv_pool.gather_rows(k, p, types) is not None:   # a task a source row's run: bh·2·steps tasks
+        t_rows = math.ceil(bh * 2 * steps / 128) * hw.data.get("conv_pool_gather_row_us", POOL_GATHER_ROW_US)
+    elif p.get("GI"):   # 128 producer threads fill the slot, the 2·steps chunks a pixel row that the products read
         t_rows = math.ceil(bw * bh * 2 * steps / 128) * hw.data.get("conv_pool_gather_chunk_us", POOL_GATHER_CHUNK_US)
     else:
         t_rows = bw * bh / hw.data.get("im2col_pixels_per_us", IM2COL_PIXELS_PER_US)
