@@ -129,7 +129,7 @@ def test_the_producer_fills_the_slots_and_two_maps_remain():
     rows = conv_pool.gather_rows(k, p, plan.types())
     assert rows is not None and rows.stride == 2 and rows.words == 20 and rows.width == 112
     assert "unsigned w[20];" in src and "__byte_perm" in src and "setmaxnreg.dec.sync.aligned.u32 96;" in src
-    assert "setmaxnreg.inc.sync.aligned.u32 208;" in src
+    assert f"setmaxnreg.inc.sync.aligned.u32 {conv_pool.GATHER_REGS[1][p['NCONS']]};" in src
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
