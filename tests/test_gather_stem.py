@@ -25,8 +25,10 @@ SM90 = load_profile("sm_90")
 
 
 def _plan(x=(4, 64, 28, 28), pin: dict | None = None, precision: str = "fp16"):
+    """The stem and its pool, gathering (`--pin gstem=1`, until it is measured: gather_stem.OPT_IN) unless `pin` says."""
     model = B.resnet_stage_model(x, stem=True)
-    return run_pipeline(import_model(model, None), Options("sm_90", SM90, precision, tuple((pin or {}).items()))).plan
+    pin = {"gstem": "1", **(pin or {})}
+    return run_pipeline(import_model(model, None), Options("sm_90", SM90, precision, tuple(pin.items()))).plan
 
 
 def _record(plan):
@@ -42,7 +44,7 @@ def _stem(plan):
 def test_the_stem_gathers_its_input():
     plan = _plan()
     rec, k = _record(plan), _stem(plan)
-    assert rec.applied and "neither written nor read back" in rec.reason and "against" in rec.reason, rec.reason
+    assert rec.applied and "neither written nor read back" in rec.reason and "--pin gstem=1" in rec.reason, rec.reason
     assert k.schedule.param["GI"] == 1 and k.schedule.param["unit"] == "pool"
     inl = conv_pool.gathered(k)
     assert inl is not None and inl.op.out == rec.target and inl.reason == rec.reason
@@ -53,6 +55,14 @@ def test_the_stem_gathers_its_input():
     assert not {ld.buffer for ld in k.loads()} & inl.names
     # every candidate it was planned among gathers too
     assert all(dict(c.params).get("GI") == 1 for c in k.schedule.candidates)
+
+
+def test_without_the_pin_the_stem_keeps_its_copy_and_says_why():
+    model = B.resnet_stage_model((4, 64, 28, 28), stem=True)
+    plan = run_pipeline(import_model(model, None), Options("sm_90", SM90, "fp16", ())).plan
+    rec = _record(plan)
+    assert not rec.applied and "--pin gstem=1" in rec.reason and "predicted" in rec.reason and "131.1" in rec.reason
+    assert not _stem(plan).inlined and any(rec.target in c.stores for c in plan.kernels)
 
 
 def test_pin_keeps_the_copy_and_rejects_other_values():
@@ -136,7 +146,8 @@ def test_the_producer_fills_the_slots_and_two_maps_remain():
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("pin", [(), ("--pin", "XP=0")], ids=["xp", "rows"])
 def test_the_gathering_stem_builds_without_spills(tmp_path, precision, pin):
-    kernels = built_kernels(tmp_path, B.resnet_stage_model((4, 64, 28, 28), stem=True), precision, *pin)
+    kernels = built_kernels(tmp_path, B.resnet_stage_model((4, 64, 28, 28), stem=True), precision, "--pin", "gstem=1",
+                            *pin)
     (k,) = [k for k in kernels if k["params"].get("unit") == "pool"]
     assert k["params"]["GI"] == 1 and k["registers_source"] == "ptxas" and not k.get("spills")
 
