@@ -130,12 +130,12 @@
 #   bash benchmarks/conv_round.sh s86m     # session 86, after s86b: racecheck, B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s86t     # session 86, the final tree: ResNet-50 B32 profiled alone and in the chain
 #   bash benchmarks/conv_round.sh s86b8    # session 86: ResNet-50 B8 joined and apart A/B'd, checked
-#   bash benchmarks/conv_round.sh s87      # session 87: [Note: the stem gathers its input] (passes/gather_stem.py): its GPU
-#                                          # tests and the pool unit's; ResNet-50 B32 gathering and reading the copy (--pin
-#                                          # gstem=0) A/B'd, memcheck, profile
+#   bash benchmarks/conv_round.sh s87      # session 87: [Note: the stem gathers its input] (passes/gather_stem.py, opt-in):
+#                                          # its GPU tests, the unfolded stem's and the pool unit's; ResNet-50 B32 gathering
+#                                          # (--pin gstem=1) and with the copy A/B'd, memcheck, profile
 #   bash benchmarks/conv_round.sh s87q     # session 87: s87 for a budget of minutes (fewer tests, 5 rounds)
-#   bash benchmarks/conv_round.sh s87m     # session 87, after s87: racecheck over r32; ResNet-50 B1 A/B'd likewise; B32 / B1
-#                                          # against torch.compile
+#   bash benchmarks/conv_round.sh s87m     # session 87, after s87: racecheck over the gathering plan; ResNet-50 B1 A/B'd
+#                                          # likewise; B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
 #   bash benchmarks/conv_round.sh splitpdl # session 79: the stage-4 3x3s (and neighbours) timed alone dependent and plain
 #                                          # (benchmarks/pdl_alone.py), with the cap (k-split clusters) and without (64x104 tiles)
@@ -739,33 +739,28 @@ PY
     # joinr=0), A/B'd (7 rounds), memcheck over r32, r32 profiled
     pin_round tests/test_join_reduce.py "--pin joinr=0" apart joined
     ;;
-  s87)
-    # session 87: [Note: the stem gathers its input] (passes/gather_stem.py): its GPU tests and the pool unit's; ResNet-50
-    # B32 with the stem filling its slots from the input (r32) and reading the unfolded copy (r32_copy, --pin gstem=0),
-    # A/B'd (7 rounds), memcheck over r32, r32 profiled
-    pin_round "tests/test_gather_stem.py tests/test_conv_pool.py tests/test_unfold_taps.py" "--pin gstem=0" copy gather
-    ;;
-  s87q)
-    # session 87, `s87` for a budget of minutes: the gather's and the unfolded stem's GPU tests, ResNet-50 B32 gathering
-    # and with the copy A/B'd (5 rounds), checked, memcheck over one run, profiled
-    timeout 240 python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py 2>&1 | tail -n 3 \
-        | tee "$OUT/tests.txt"
+  s87|s87q)
+    # session 87: [Note: the stem gathers its input] (passes/gather_stem.py; opt-in: --pin gstem=1): the gather's GPU tests
+    # and the unfolded stem's (s87: the pool unit's too); ResNet-50 B32 gathering (r32_gather) and with the copy (r32,
+    # the default), A/B'd (s87: 7 rounds, s87q: 5), r32_gather checked, memcheck over one run of it, profiled
+    tests="tests/test_gather_stem.py tests/test_unfold_taps.py"; [ "$1" = s87q ] || tests="$tests tests/test_conv_pool.py"
+    timeout 300 python3 -m pytest -q -n 10 -m gpu $tests 2>&1 | tail -n 3 | tee "$OUT/tests.txt"
     python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
-    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_copy.aicf --target sm_90 --precision fp16 -q --pin gstem=0 &
+    python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_gather.aicf --target sm_90 --precision fp16 -q --pin gstem=1 &
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
     wait
-    timeout 80 python3 benchmarks/plan_ab.py copy=$W/r32_copy.aicf gather=$W/r32.aicf --rounds 5 2>&1 | tail -n 3 \
-        | tee "$OUT/ab.txt"
-    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32.aicf --no-graph \
+    timeout 100 python3 benchmarks/plan_ab.py copy=$W/r32.aicf gather=$W/r32_gather.aicf --rounds $([ "$1" = s87q ] \
+        && echo 5 || echo 7) 2>&1 | tail -n 3 | tee "$OUT/ab.txt"
+    timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/r32_gather.aicf --no-graph \
         --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
-    profile r32
+    profile r32_gather
     ;;
   s87m)
-    # session 87, after s87 on the same machine: racecheck over r32; ResNet-50 B1 gathering and with the copy A/B'd;
-    # ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead")
-    timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32.aicf --no-graph \
+    # session 87, after s87 on the same machine: racecheck over r32_gather; ResNet-50 B1 gathering and with the copy
+    # A/B'd; ResNet-50 B32 and B1 against torch.compile(mode="reduce-overhead") (the default plans)
+    timeout 150 compute-sanitizer --tool racecheck python3 -m aicf_run $W/r32_gather.aicf --no-graph \
         --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/racecheck.txt"
-    compile_pair resnet50:1 copy "--pin gstem=0" gather
+    compile_pair resnet50:1 gather "--pin gstem=1" copy
     schedules_differ $W/resnet50_b1_copy.aicf $W/resnet50_b1_gather.aicf | tee "$OUT/ab_b1.txt"
     timeout 100 python3 benchmarks/plan_ab.py copy=$W/resnet50_b1_copy.aicf gather=$W/resnet50_b1_gather.aicf \
         --rounds 7 2>&1 | tail -n 3 | tee -a "$OUT/ab_b1.txt"
