@@ -122,7 +122,7 @@ from typing import Mapping
 from aicfc.codegen import conv_taps, conv_wgmma
 from aicfc.codegen.common import render
 from aicfc.codegen.tma import TensorMap
-from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset
+from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition
 from aicfc.codegen.common import decompose
 from aicfc.ir.decision import Inlined, Kernel, Plan
 from aicfc.ir.lowered import Affine, Compute, Load, loads
@@ -256,8 +256,7 @@ def gather_rows(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> Rows 
     names = {vs[0]: "gn", vs[1]: "gu1", **{v: v for v in vs[3:-1]}}
     row = Load(body.buffer, tuple(body.index[:-1]) + (Affine(),), 0.0,
                tuple(d for d in body.guard if d < len(body.index) - 1))
-    guard = " && ".join(f"(unsigned)({c_affine(row.index[d], names)}) < {src.shape[d]}u"
-                        for d in body.guarded_dims if d < len(body.index) - 1) or "true"
+    guard = guard_condition(row, src, names) or "true"   # the load's tests but the last axis's (per word, below)
     lines = (decompose("gj", [(v, shape[3 + i]) for i, v in enumerate(vs[3:-1])], "int")
              + [f"const bool row_ok = (unsigned)gu1 < {shape[1]}u && {guard};",
                 f"const int row = row_ok ? {c_affine(flat_offset(row.index, src), names)} : 0;"])

@@ -104,7 +104,8 @@ def gather_stem(plan: Plan, hw: Profile, pin: dict | None = None, check=None) ->
         if str(forced) == "0":
             records.append(Rewrite(RULE, target, False, f"--pin {PIN}=0"))
             continue
-        inlined = k.replace(inlined=(Inlined(copy.ops[0], tuple(sorted(names - {target})), ""),))
+        views = tuple(sorted(names - {target}))
+        inlined = k.replace(inlined=(Inlined(copy.ops[0], views, ""),))
         best, considered = _gathering(inlined, plan, hw, pin, check)
         apart = copy.schedule.time_us + k.schedule.time_us
         if best is not None and forced is None:
@@ -123,7 +124,7 @@ def gather_stem(plan: Plan, hw: Profile, pin: dict | None = None, check=None) ->
         cands = tuple(Candidate(tuple(sorted(c.params.items())), c.time_us) for c in considered[1:9])
         sched = Schedule(tuple(sorted(best.params.items())), best.grid, best.block, best.dyn_smem, None,
                          best.estimate.as_items(), cands)
-        kernels[i] = inlined.replace(inlined=(Inlined(copy.ops[0], tuple(sorted(names - {target})), reason),),
+        kernels[i] = inlined.replace(inlined=(Inlined(copy.ops[0], views, reason),),
                                      schedule=sched, rewrites=tuple(dict.fromkeys(k.rewrites + (RULE,))))
         kernels[j] = None
         records.append(Rewrite(RULE, target, True, reason, 2 * types[target].nbytes))
