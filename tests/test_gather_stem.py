@@ -144,18 +144,39 @@ def test_the_producer_fills_the_slots_and_two_maps_remain():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("pin", [(), ("--pin", "XP=0")], ids=["xp", "rows"])
+@pytest.mark.parametrize("pin", [(), ("--pin", "XP=0"), ("--pin", "GA=1")], ids=["xp", "rows", "ahead"])
 def test_the_gathering_stem_builds_without_spills(tmp_path, precision, pin):
     kernels = built_kernels(tmp_path, B.resnet_stage_model((4, 64, 28, 28), stem=True), precision, "--pin", "gstem=1",
                             *pin)
     (k,) = [k for k in kernels if k["params"].get("unit") == "pool"]
     assert k["params"]["GI"] == 1 and k["registers_source"] == "ptxas" and not k.get("spills")
+    assert k["params"].get("GA", 0) == (1 if "GA=1" in pin else 0)
+
+
+def test_loads_ahead_where_a_thread_has_one_task_a_tile():
+    """[Note: a tile's loads ahead]: GA = 0 and 1 offered where a tile's tasks fit the 128 producer threads, 0 taken on
+    a tie; GA = 1 renders two runs of words, the next tile's requested before this tile's slot is filled."""
+    plan = _plan(pin={"XP": 1, "TPH": 7, "TPW": 7})
+    k, types = _stem(plan), plan.types()
+    space = conv_pool.space(k, plan, 132, 232448)
+    assert {p.get("GA") for p in space} >= {0, 1} and k.schedule.param["GA"] == 0
+    for p in space:
+        why = conv_pool.ahead_why_not(k, p, types)
+        tasks = conv_pool.box(p, conv_pool.pooled_of(k, types).conv.taps)[1] * 2 * conv_pool.ksteps(k, p, types)
+        assert ("GA" in p) == (why is None) and (why is None) == (conv_pool.gather_rows(k, p, types) is not None
+                                                                  and tasks <= 128)
+    p = dict(k.schedule.param, GA=1)
+    from aicfc.codegen import conv
+    src = conv.render_kernel(k, p, types, "k")
+    assert "unsigned wa[20], wb[20];" in src and src.index("fetch(j + 1, wb)") < src.index("place(j, wa)")
+    assert "setmaxnreg.dec.sync.aligned.u32 96;" in src
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("pin", [{"XP": 1, "TPH": 7, "TPW": 7}, {"XP": 1, "TPH": 4, "TPW": 4},
-                                 {"XP": 0, "TPH": 4, "TPW": 8}], ids=["xp7", "xp4", "rows"])
+                                 {"XP": 1, "TPH": 7, "TPW": 7, "GA": 1}, {"XP": 1, "TPH": 4, "TPW": 4, "GA": 1},
+                                 {"XP": 0, "TPH": 4, "TPW": 8}], ids=["xp7", "xp4", "xp7ahead", "xp4ahead", "rows"])
 @pytest.mark.parametrize("x", [(4, 64, 28, 28), (3, 64, 36, 36), (2, 64, 30, 22)], ids=["28", "36", "30x22"])
 def test_gpu_gathering_stem(x, pin, precision, gpu_device):
     """The stem's tiles cut by the pooled image's edges (36x36, 30x22), on both units' layouts, against float64."""
@@ -163,20 +184,22 @@ def test_gpu_gathering_stem(x, pin, precision, gpu_device):
     model = B.resnet_stage_model(x, stem=True)
     payload = aicfc.compile(model, target=gpu_device.arch, precision=precision, pin={"gstem": 1, **pin})
     (k,) = [k for k in payload["kernels"] if k["params"].get("unit") == "pool"]
-    assert k["params"]["GI"] == 1
+    assert k["params"]["GI"] == 1 and k["params"].get("GA", 0) == pin.get("GA", 0)
     check_gpu(model, payload, gpu_device, precision)
 
 
 @pytest.mark.gpu
-def test_gpu_gathering_stem_reuses_its_slots_and_matches_the_copy(gpu_device):
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_gpu_gathering_stem_reuses_its_slots_and_matches_the_copy(ahead, gpu_device):
     """Eight 56x56 pooled images (every slot reused), five runs against onnxruntime in one executor; then the same
     input through the plan with the copy kept: the same bits (the producer rounds as the copy stores)."""
     import aicfc
     from tests.conftest import run_payload
     model = B.resnet_stage_model((8, 64, 56, 56), stem=True)
-    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"gstem": 1})
+    payload = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"gstem": 1, "GA": ahead})
     kept = aicfc.compile(model, target=gpu_device.arch, precision="fp16", pin={"gstem": 0})
-    assert [k["params"].get("GI") for k in payload["kernels"] if k["params"].get("unit") == "pool"] == [1]
+    assert [(k["params"].get("GI"), k["params"].get("GA")) for k in payload["kernels"]
+            if k["params"].get("unit") == "pool"] == [(1, ahead)]
     check_gpu_runs(model, payload, gpu_device, "fp16", onnxruntime=True)
     graph = import_model(model, None)
     x = {v.name: np.random.default_rng(7).standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}

@@ -265,6 +265,15 @@ def gather_rows(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> Rows 
     return Rows(tuple(lines), src.shape[-1], a, f"{a} * (cx0 - {geo.pad[1]}) + {last.const}", run // 2 + 1)
 
 
+def ahead_why_not(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> str | None:
+    """Why the gathered producer cannot load a tile ahead ([Note: a tile's loads ahead]), or None where it can:
+    the rows' form with one task a producer thread a tile."""
+    if not p.get("GI") or gather_rows(k, p, types) is None:
+        return "the slots are not filled by source rows"
+    tasks = box(p, pooled_of(k, types).conv.taps)[1] * 2 * ksteps(k, p, types)
+    return f"{tasks} tasks a tile for 128 producer threads" if tasks > 128 else None
+
+
 def conv_part(k: Kernel) -> Kernel:
     """The kernel without its pool: the convolution and its epilogue, storing the pooled input."""
     return k.replace(ops=k.ops[:-1], binds=k.binds[:-1], stores=(k.ops[-2].out,))
@@ -426,6 +435,10 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
                     + static_smem(dict(p, SLOTS=s)) <= smem_limit]
             # XP: every ring that fits (session 40 timed one warpgroup's at 2, 3 and 4 slots: equal); else the deepest
             out += [dict(p, NCONS=nc, SLOTS=s, CTAS=min(tiles(p, geo), hw_sms)) for s in (ring if x else ring[:1])]
+    if gi:   # [Note: a tile's loads ahead]: GA = 0 and 1 where it applies (ties go to 0: `_order`'s fixed order)
+        types = plan.types()
+        out = [dict(p, GA=a) for p in out for a in ((0, 1) if ahead_why_not(k, p, types) is None else (None,))]
+        out = [{key: v for key, v in p.items() if v is not None} for p in out]
     return out
 
 
@@ -472,6 +485,9 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
     gi = bool(p.get("GI"))
     assert gi == (gathered(k) is not None), k.name
     rows = gather_rows(k, p, types) if gi else None
+    ahead = bool(p.get("GA"))
+    regs = GATHER_REGS if gi else (PRODUCER_REGS, CONSUMER_REGS)   # GA's two runs of words fit 96 too (80 did)
+    assert not ahead or ahead_why_not(k, p, types) is None, k.name
     u_hw = gathered(k).op.type.shape[1:3] if gi else (0, 0)
     return render("conv_pool.cu.j2", name=name, dtype=p["dtype"], N_IMG=n, H=h, W=w, OH=oh, OW=ow, PH=ph, PW=pw,
                   KH=kh, KW=kw, PAD_H=geo.conv.pad[0], PAD_W=geo.conv.pad[1], TAPS=taps, TPH=p["TPH"], TPW=p["TPW"],
@@ -480,11 +496,10 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   SLOT_BYTES=slot_bytes(p, geo.conv.taps), BOX_BYTES=bw * bh * ROW_BYTES, FILTER_BYTES=taps * TAP_BYTES,
                   REGION_BYTES=region_bytes(p), POOL_BYTES=pool_bytes(p),
                   TILES=tiles(p, geo), TILES_X=-(-pw // p["TPW"]), TILES_XY=-(-ph // p["TPH"]) * -(-pw // p["TPW"]),
-                  threads=threads(p), PRODUCER_REGS=GATHER_REGS[0] if gi else PRODUCER_REGS,
-                  CONSUMER_REGS=(GATHER_REGS[1] if gi else CONSUMER_REGS)[p["NCONS"]],
+                  threads=threads(p), PRODUCER_REGS=regs[0], CONSUMER_REGS=regs[1][p["NCONS"]],
                   MAPS=p.get("MAPS"), idx=parts["idx"], signature=parts["signature"], staged=staged,
                   GATHER=gi, NMAPS=2 if gi else 3, KSTEPS=ksteps(k, p, types), U_H=u_hw[0], U_W=u_hw[1],
-                  ROWS=rows, SRC=parts["params"][gathered(k).op.body.buffer] if rows else "",
+                  ROWS=rows, SRC=parts["params"][gathered(k).op.body.buffer] if rows else "", AHEAD=ahead,
                   gather=[] if rows or not gi else gather_lines(k, types, parts["params"]))
 
 
