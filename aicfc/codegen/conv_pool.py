@@ -106,6 +106,14 @@ of the stem is 18 rows x 6 chunks = 108 tasks, one round for 128 threads. Its 20
 registers a producer thread (ptxas spilled at 40, 56 and 80), so GI kernels give the consumers what is left
 (`GATHER_REGS`: 208 for two, 136 for three). The element-by-element form stays for other producers.
 
+[Note: a tile's loads ahead]
+GA = 1, where a tile's tasks fit the 128 producer threads (one task a thread a tile: the stem's 108 on 7x7 XP tiles,
+90 on 4x4): a thread holds two runs of words and requests tile j + 1's before it waits for tile j's slot and fills
+it, so a run's round trip to memory runs under the previous tile's wait and stores instead of after them (in turn,
+GA = 0, each tile pays the round trip and then its stores). Both fit the producer's 96 registers (ptxas spilled
+at 56, not at 80). The cost terms do not tell them apart yet (their t_rows is the same, and a tie goes to GA = 0):
+which one a GPU runs faster is for `benchmarks/conv_round.sh s88` to say, with `--pin GA=1` on one side.
+
 Requires: NHWC fp16/bf16 image of exactly 64 channels, 64 output channels, a KH x KW window (KH·KW
 <= 16) at stride 1 without dilation (any zero padding), the filter K-major in (kh, kw, c) order, the
 convolution's result read by nothing but the pool, and the pool a max over 3x3 at stride 2 with one
