@@ -136,6 +136,7 @@
 #   bash benchmarks/conv_round.sh s87q     # session 87: s87 for a budget of minutes (fewer tests, 5 rounds)
 #   bash benchmarks/conv_round.sh s88      # session 88: the gathering stem in turn and a tile ahead (GA=1) against the copy:
 #                                          # GPU tests, a three-way A/B, memcheck, profiles (GEN=0: r32_ahead's too)
+#   bash benchmarks/conv_round.sh s88q     # session 88: s88 reordered for a budget of minutes: A/B, both profiles, tests, memcheck
 #   bash benchmarks/conv_round.sh s87m     # session 87, after s87: racecheck over the gathering plan; ResNet-50 B1 A/B'd
 #                                          # likewise; B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
@@ -757,12 +758,13 @@ PY
         --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | tee "$OUT/memcheck.txt"
     profile r32_gather
     ;;
-  s88)
+  s88|s88q)
     # session 88: the gathering stem loading in turn (r32_gather, --pin gstem=1) and a tile ahead (r32_ahead, GA=1,
     # [Note: a tile's loads ahead]) against the copy (r32): their GPU tests, a three-way A/B (5 rounds), memcheck over
-    # one run of each gathering plan, both profiled (r32_ahead only where GEN=0 leaves the time)
-    timeout 300 python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py 2>&1 | tail -n 3 \
-        | tee "$OUT/tests.txt"
+    # one run of each gathering plan, both profiled (r32_ahead only where GEN=0 leaves the time); s88q: the A/B and
+    # the profiles first, then the tests and memcheck (a budget of a few minutes: what matters most comes back first)
+    [ "$1" = s88 ] && timeout 300 python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py \
+        2>&1 | tail -n 3 | tee "$OUT/tests.txt"
     python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_gather.aicf --target sm_90 --precision fp16 -q --pin gstem=1 &
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_ahead.aicf --target sm_90 --precision fp16 -q --pin gstem=1 \
@@ -771,12 +773,16 @@ PY
     wait
     timeout 120 python3 benchmarks/plan_ab.py copy=$W/r32.aicf gather=$W/r32_gather.aicf ahead=$W/r32_ahead.aicf \
         --rounds 5 2>&1 | tail -n 4 | tee "$OUT/ab.txt"
+    if [ "$1" = s88q ]; then
+      profile r32_ahead; profile r32_gather
+      timeout 200 python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py 2>&1 | tail -n 3 \
+          | tee "$OUT/tests.txt"
+    fi
     for b in r32_gather r32_ahead; do
       timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/$b.aicf --no-graph \
           --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | sed "s/^/$b: /" | tee -a "$OUT/memcheck.txt"
     done
-    profile r32_gather
-    [ "${GEN:-1}" = 0 ] && profile r32_ahead
+    [ "$1" = s88 ] && profile r32_gather && [ "${GEN:-1}" = 0 ] && profile r32_ahead
     ;;
   s87m)
     # session 87, after s87 on the same machine: racecheck over r32_gather; ResNet-50 B1 gathering and with the copy
