@@ -275,12 +275,18 @@ def gather_rows(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> Rows 
     return Rows(tuple(lines), src.shape[-1], a, f"{a} * (cx0 - {geo.pad[1]}) + {last.const}", run // 2 + 1)
 
 
+def row_tasks(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> int:
+    """The rows' form's tasks a tile ([Note: a slot filled by source rows]): each of the box's rows by the 2·KSTEPS
+    chunks of it that the products read."""
+    return box(p, pooled_of(k, types).conv.taps)[1] * 2 * ksteps(k, p, types)
+
+
 def ahead_why_not(k: Kernel, p: Mapping, types: Mapping[str, TensorType]) -> str | None:
     """Why the gathered producer cannot load a tile ahead ([Note: a tile's loads ahead]), or None where it can:
     the rows' form with one task a producer thread a tile."""
     if not p.get("GI") or gather_rows(k, p, types) is None:
         return "the slots are not filled by source rows"
-    tasks = box(p, pooled_of(k, types).conv.taps)[1] * 2 * ksteps(k, p, types)
+    tasks = row_tasks(k, p, types)
     return f"{tasks} tasks a tile for 128 producer threads" if tasks > 128 else None
 
 
@@ -447,8 +453,7 @@ def space(k: Kernel, plan: Plan, hw_sms: int, smem_limit: int) -> list[dict]:
             out += [dict(p, NCONS=nc, SLOTS=s, CTAS=min(tiles(p, geo), hw_sms)) for s in (ring if x else ring[:1])]
     if gi:   # [Note: a tile's loads ahead]: GA = 0 and 1 where it applies (ties go to 0: `_order`'s fixed order)
         types = plan.types()
-        out = [dict(p, GA=a) for p in out for a in ((0, 1) if ahead_why_not(k, p, types) is None else (None,))]
-        out = [{key: v for key, v in p.items() if v is not None} for p in out]
+        out = [q for p in out for q in ([dict(p, GA=0), dict(p, GA=1)] if ahead_why_not(k, p, types) is None else [p])]
     return out
 
 
@@ -510,6 +515,7 @@ def render_kernel(k: Kernel, p: Mapping, types: Mapping[str, TensorType], name: 
                   MAPS=p.get("MAPS"), idx=parts["idx"], signature=parts["signature"], staged=staged,
                   GATHER=gi, NMAPS=2 if gi else 3, KSTEPS=ksteps(k, p, types), U_H=u_hw[0], U_W=u_hw[1],
                   ROWS=rows, SRC=parts["params"][gathered(k).op.body.buffer] if rows else "", AHEAD=ahead,
+                  TASKS=row_tasks(k, p, types) if rows else 0,
                   gather=[] if rows or not gi else gather_lines(k, types, parts["params"]))
 
 

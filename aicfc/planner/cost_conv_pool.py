@@ -78,8 +78,9 @@ def pool_terms(k, p: Mapping, types: Mapping, hw, io_bytes: float, latency: floa
     taps = geo.conv.taps[0] * geo.conv.taps[1]
     bw, bh = conv_pool.box(p, geo.conv.taps)
     steps = conv_pool.ksteps(k, p, types)   # [Note: the stem gathers its input]: XP skips its k16 steps of zeros
-    if p.get("GI") and conv_pool.gather_rows(k, p, types) is not None:   # a task a source row's run: bh·2·steps tasks
-        t_rows = math.ceil(bh * 2 * steps / 128) * hw.data.get("conv_pool_gather_row_us", POOL_GATHER_ROW_US)
+    if p.get("GI") and conv_pool.gather_rows(k, p, types) is not None:   # a task a source row's run
+        t_rows = math.ceil(conv_pool.row_tasks(k, p, types) / 128) * hw.data.get("conv_pool_gather_row_us",
+                                                                                   POOL_GATHER_ROW_US)
     elif p.get("GI"):   # 128 producer threads fill the slot, the 2·steps chunks a pixel row that the products read
         t_rows = math.ceil(bw * bh * 2 * steps / 128) * hw.data.get("conv_pool_gather_chunk_us", POOL_GATHER_CHUNK_US)
     else:
