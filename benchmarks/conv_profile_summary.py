@@ -1,7 +1,10 @@
 """Summarize an `aicf-run --profile` table of a CNN for issue 17: per convolution kernel (a kernel
 whose ONNX nodes include a Conv), measured/predicted, and the issue's bars: above 50% of the
 tensor cores' peak or, where the kernel is memory-bound, 80% of the measured copy bandwidth; and
-measured / predicted in [0.8, 1.25].
+measured / predicted in [0.8, 1.25]. The count holds a memory-bound kernel to its copy bar alone; a second
+count reads the issue's "or" as written (a memory-bound kernel above 50% of the tensor peak passes too:
+ResNet-50's stage-1 3x3s, whose bytes and FLOPs take about as long, run at 51% of the peak and 60% of
+their copy bar), beside it, never in its place.
 
     python3 benchmarks/conv_profile_summary.py PROFILE.txt [EXPLAIN.json] [--copy-gbs GBS] [--peak-tflops 989.4]
         [--timeline TIMELINE.json]
@@ -83,10 +86,11 @@ def main(argv: list[str]) -> int:
     convs = [r for r in table if "Conv" in r["nodes"]]
     print(f"{'kernel':>6} {'meas us':>9} {'pred us':>9} {'m/p':>6} {'GB/s':>7} {'TFLOP/s':>8} {'bound':>8} {'of bar':>7} "
           f"{'pass':>4}  schedule / nodes")
-    passed = 0
+    passed = either = 0
     for r in convs:
         bound, frac, ok = bar(r, args.copy_gbs, args.peak_tflops)
         passed += ok
+        either += ok or r["tflops"] / args.peak_tflops >= COMPUTE_BAR
         print(f"{r['kernel']:>6} {r['meas']:9.2f} {r['pred']:9.2f} {r['ratio']:6.2f} {r['gbs']:7.0f} {r['tflops']:8.1f} "
               f"{bound:>8} {100 * frac:6.1f}% {'yes' if ok else 'NO':>4}  {kinfo.get(r['kernel'], '')}  {r['nodes'].split()[0]}")
     n = len(convs)
@@ -104,6 +108,8 @@ def main(argv: list[str]) -> int:
     print(f"convolution kernels: {n}; at their bar (compute-bound >= 50% of {args.peak_tflops:.0f} TFLOP/s, memory-bound "
           f">= 80% of {args.copy_gbs:.0f} GB/s): {passed}; meas/pred in [0.8, 1.25]: {band} ({100 * band / max(n, 1):.0f}%); "
           f"conv time {sum(r['meas'] for r in convs):.1f} us of {sum(r['meas'] for r in table):.1f} us")
+    print(f"read as the issue's 'or' (memory-bound kernels above 50% of the tensor peak counted too): {either} of {n} "
+          f"at their bar")
     return 0
 
 
