@@ -763,8 +763,11 @@ PY
     # [Note: a tile's loads ahead]) against the copy (r32): their GPU tests, a three-way A/B (5 rounds), memcheck over
     # one run of each gathering plan, both profiled (r32_ahead only where GEN=0 leaves the time); s88q: the A/B and
     # the profiles first, then the tests and memcheck (a budget of a few minutes: what matters most comes back first)
-    [ "$1" = s88 ] && timeout 300 python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py \
-        2>&1 | tail -n 3 | tee "$OUT/tests.txt"
+    gather_tests() {   # the gathering stem's and the unfolded stem's GPU tests, under a limit of $1 seconds
+      timeout "$1" python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py 2>&1 \
+          | tail -n 3 | tee "$OUT/tests.txt"
+    }
+    if [ "$1" = s88 ]; then gather_tests 300; fi
     python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_gather.aicf --target sm_90 --precision fp16 -q --pin gstem=1 &
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_ahead.aicf --target sm_90 --precision fp16 -q --pin gstem=1 \
@@ -774,15 +777,16 @@ PY
     timeout 120 python3 benchmarks/plan_ab.py copy=$W/r32.aicf gather=$W/r32_gather.aicf ahead=$W/r32_ahead.aicf \
         --rounds 5 2>&1 | tail -n 4 | tee "$OUT/ab.txt"
     if [ "$1" = s88q ]; then
-      profile r32_ahead; profile r32_gather
-      timeout 200 python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py 2>&1 | tail -n 3 \
-          | tee "$OUT/tests.txt"
+      profile r32_ahead; profile r32_gather; gather_tests 200
     fi
     for b in r32_gather r32_ahead; do
       timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/$b.aicf --no-graph \
           --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | sed "s/^/$b: /" | tee -a "$OUT/memcheck.txt"
     done
-    [ "$1" = s88 ] && profile r32_gather && [ "${GEN:-1}" = 0 ] && profile r32_ahead
+    if [ "$1" = s88 ]; then
+      profile r32_gather
+      if [ "${GEN:-1}" = 0 ]; then profile r32_ahead; fi
+    fi
     ;;
   s87m)
     # session 87, after s87 on the same machine: racecheck over r32_gather; ResNet-50 B1 gathering and with the copy

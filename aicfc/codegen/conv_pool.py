@@ -113,8 +113,9 @@ it, so a run's round trip to memory runs under the previous tile's wait and stor
 GA = 0, each tile pays the round trip and then its stores). Both fit the producer's 96 registers (ptxas spilled
 at 56, not at 80). The cost terms do not tell them apart yet (their t_rows is the same, and a tie goes to GA = 0):
 which one a GPU runs faster is for `benchmarks/conv_round.sh s88q` (or `s88`) to say, with `--pin GA=1` on one
-side. Both forms carry their own copy of a task's loads and permutes in the template: one pair of lambdas shared by
-both spilled 4 bytes in the in-turn form on three consumer warpgroups (4x8 tiles, XP = 0), where the copy does not.
+side. A task's loads and permutes are two template macros (`run_words`, `run_chunks`) that each form renders inline:
+one pair of device lambdas shared by both at run time spilled 4 bytes in the in-turn form on three consumer
+warpgroups (4x8 tiles, XP = 0), where the inline code does not.
 
 Requires: NHWC fp16/bf16 image of exactly 64 channels, 64 output channels, a KH x KW window (KH·KW
 <= 16) at stride 1 without dilation (any zero padding), the filter K-major in (kh, kw, c) order, the
