@@ -137,6 +137,8 @@
 #   bash benchmarks/conv_round.sh s88      # session 88: the gathering stem in turn and a tile ahead (GA=1) against the copy:
 #                                          # GPU tests, a three-way A/B, memcheck, profiles (GEN=0: r32_ahead's too)
 #   bash benchmarks/conv_round.sh s88q     # session 88: s88 reordered for a budget of minutes: A/B, both profiles, tests, memcheck
+#                                          # (session 90: every step stamped in $OUT/steps.txt; a plan that hangs alone is left out;
+#                                          # give the call the whole 600 s: a fresh machine's export and compiles take minutes)
 #   bash benchmarks/conv_round.sh s87m     # session 87, after s87: racecheck over the gathering plan; ResNet-50 B1 A/B'd
 #                                          # likewise; B32 / B1 against torch.compile
 #   bash benchmarks/conv_round.sh s81min   # session 81: `s81`'s A/B and profile only, for a device budget of a few minutes
@@ -762,31 +764,51 @@ PY
     # session 88: the gathering stem loading in turn (r32_gather, --pin gstem=1) and a tile ahead (r32_ahead, GA=1,
     # [Note: a tile's loads ahead]) against the copy (r32): their GPU tests, a three-way A/B (5 rounds), memcheck over
     # one run of each gathering plan, both profiled (r32_ahead only where GEN=0 leaves the time); s88q: the A/B and
-    # the profiles first, then the tests and memcheck (a budget of a few minutes: what matters most comes back first)
+    # the profiles first, then the tests and memcheck (a budget of a few minutes: what matters most comes back first).
+    # Session 90's call of s88q (a fresh H100) ran out its 420 s with nothing back: the three-way A/B under `timeout 120`
+    # printed nothing and the profile after it was cut off. So every step is now stamped into $OUT/steps.txt, each
+    # plan runs once alone under a short limit first (a plan that hangs shows as rc 124 and is left out of the rest),
+    # and the A/B's own progress (benchmarks/plan_ab.py's stderr) goes to $OUT/ab.txt whole
+    step() { echo "[$(date +%T) +${SECONDS}s] $*" | tee -a "$OUT/steps.txt"; }
     gather_tests() {   # the gathering stem's and the unfolded stem's GPU tests, under a limit of $1 seconds
       timeout "$1" python3 -m pytest -q -n 10 -m gpu tests/test_gather_stem.py tests/test_unfold_taps.py 2>&1 \
           | tail -n 3 | tee "$OUT/tests.txt"
     }
     if [ "$1" = s88 ]; then gather_tests 300; fi
-    python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    step export; python3 benchmarks/export_case.py resnet50:32 --out-dir $W > $W/export.log 2>&1
+    step compile
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_gather.aicf --target sm_90 --precision fp16 -q --pin gstem=1 &
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32_ahead.aicf --target sm_90 --precision fp16 -q --pin gstem=1 \
         --pin GA=1 &
     python3 -m aicfc compile $W/resnet50_b32.onnx -o $W/r32.aicf --target sm_90 --precision fp16 -q
     wait
-    timeout 120 python3 benchmarks/plan_ab.py copy=$W/r32.aicf gather=$W/r32_gather.aicf ahead=$W/r32_ahead.aicf \
-        --rounds 5 2>&1 | tail -n 4 | tee "$OUT/ab.txt"
+    ran=()
+    for b in r32 r32_gather r32_ahead; do
+      timeout 45 python3 -m aicf_run $W/$b.aicf --no-graph --input $W/resnet50_b32_inputs.npz --output-dir /tmp \
+          > $W/run_$b.log 2>&1
+      rc=$?; step "one run of $b: rc $rc$([ $rc = 124 ] && echo ' (cut off at 45 s: a hang?)')"; tail -n 2 $W/run_$b.log
+      if [ $rc = 0 ]; then ran+=($b); fi
+    done
+    step "A/B of ${ran[*]}"
+    ab=(); for b in "${ran[@]}"; do n=${b#r32_}; ab+=("${n/r32/copy}=$W/$b.aicf"); done
+    timeout 150 python3 benchmarks/plan_ab.py "${ab[@]}" --rounds 5 > "$OUT/ab.txt" 2>&1; step "A/B rc $?"
+    tail -n 4 "$OUT/ab.txt"
+    gathering=(); for b in "${ran[@]}"; do [ $b = r32 ] || gathering+=($b); done
     if [ "$1" = s88q ]; then
-      profile r32_ahead; profile r32_gather; gather_tests 200
+      for b in "${gathering[@]}"; do step "profile $b"; profile $b; done
+      step tests; gather_tests 200
     fi
-    for b in r32_gather r32_ahead; do
+    for b in "${gathering[@]}"; do
+      step "memcheck $b"
       timeout 60 compute-sanitizer --tool memcheck python3 -m aicf_run $W/$b.aicf --no-graph \
           --input $W/resnet50_b32_inputs.npz --output-dir /tmp 2>&1 | tail -n 2 | sed "s/^/$b: /" | tee -a "$OUT/memcheck.txt"
     done
     if [ "$1" = s88 ]; then
-      profile r32_gather
-      if [ "${GEN:-1}" = 0 ]; then profile r32_ahead; fi
+      for b in "${gathering[@]}"; do
+        if [ $b = r32_gather ] || [ "${GEN:-1}" = 0 ]; then step "profile $b"; profile $b; fi
+      done
     fi
+    step done
     ;;
   s87m)
     # session 87, after s87 on the same machine: racecheck over r32_gather; ResNet-50 B1 gathering and with the copy
