@@ -104,7 +104,8 @@ row's ends, the row's length even so a word is inside or outside whole), then bu
 with byte permutes from words a·xx/2 .. + 4 (the run's first element odd or even: `sel`) and stores it. A tile
 of the stem is 18 rows x 6 chunks = 108 tasks, one round for 128 threads. Its 20 words and 16 chunks need 96
 registers a producer thread (ptxas spilled at 40, 56 and 80), so GI kernels give the consumers what is left
-(`GATHER_REGS`: 208 for two, 136 for three). The element-by-element form stays for other producers.
+of the block's launch registers (`GATHER_REGS`: 200 for two, 136 for three; [Note: setmaxnreg's pool] in
+codegen/gemm_wgmma.py: 208 for two, as first written, hung). The element-by-element form stays for other producers.
 
 [Note: a tile's loads ahead]
 GA = 1, where a tile's tasks fit the 128 producer threads (one task a thread a tile: the stem's 108 on 7x7 XP tiles,
@@ -130,7 +131,7 @@ import math
 import re
 from typing import Mapping
 
-from aicfc.codegen import conv_taps, conv_wgmma
+from aicfc.codegen import conv_taps, conv_wgmma, gemm_wgmma
 from aicfc.codegen.common import render
 from aicfc.codegen.tma import TensorMap
 from aicfc.codegen.cexpr import Emitter, c_affine, flat_offset, guard_condition
@@ -149,11 +150,13 @@ XP_TILES = ((7, 7), (4, 4))                        # (TPH, TPW) offered with cha
 XP_MAX_N = 256                                     # wgmma's widest n
 MAX_TAPS = 16
 CHUNK = 8                             # elements of a gathered 16-byte chunk ([Note: the stem gathers its input])
-PRODUCER_REGS = 40                    # setmaxnreg: 128·40 + NCONS·128·CONSUMER_REGS <= 65536
-CONSUMER_REGS = {1: 232, 2: 232, 3: 152}
+# setmaxnreg: the producer's registers, and each consumer's as the block's launch registers leave them
+# ([Note: setmaxnreg's pool] in codegen/gemm_wgmma.py), at most 232
+PRODUCER_REGS = 40
+CONSUMER_REGS = {n: gemm_wgmma.consumer_regs(n, PRODUCER_REGS, 232) for n in (1, 2, 3)}   # 232, 232, 152
 # GI ([Note: a slot filled by source rows]): a producer thread holds a run of 20 words and builds 16 chunks from
 # them; ptxas spilled at 40, 56 and 80 registers (none at 96)
-GATHER_REGS = (96, {1: 232, 2: 208, 3: 136})   # 128·96 + NCONS·128·consumer <= 65536
+GATHER_REGS = (96, {n: gemm_wgmma.consumer_regs(n, 96, 232) for n in (1, 2, 3)})   # 232, 200, 136
 
 
 @dataclasses.dataclass(frozen=True)

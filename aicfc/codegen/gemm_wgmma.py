@@ -197,6 +197,16 @@ the stage-2 3x3 convolutions 15.8-15.9 -> 13.4 us (47% -> 55.6% of the tensor pe
 18.1 us against 15.3 unsplit at 128x128, where [Note: k-splits as a cluster]'s terms had them 2.4 us faster
 (predicted 14.6): not offered.
 
+[Note: setmaxnreg's pool]
+`setmaxnreg.inc` takes its registers from the CTA's own pool (PTX ISA: "a pool of available registers is maintained
+per-CTA"; the instruction "blocks the execution until enough registers are available in the CTA's register pool"),
+which holds what the block was launched with: threads x the kernel's registers, 168 x 384 = 64512 for a producer
+and two consumer warpgroups, not the SM's 65536. So the producer's and the consumers' counts must sum within
+that, or the consumers wait at their `setmaxnreg.inc` forever. 40 + 2 x 232 (and 56 + 2 x 224) fill 64512 exactly;
+the gathering stem's 96 + 2 x 208 (codegen/conv_pool.py, session 87) asked for 65536 and hung on the GPU: session
+90's call of `conv_round.sh s88q` (a fresh H100) ran out its 420 s with neither gathering plan's first run back.
+Every form now takes its consumers' count from `consumer_regs` (96 + 2 x 200 for that stem).
+
 [Note: images as rows]
 FLAT = 1: a batched GEMM whose batch variable b (the one just outside m) steps every access of the
 kernel by M times its step along m (`gemm.flat_var`: the operands, the epilogue's reads and the store;
@@ -311,12 +321,17 @@ WIDE_ACC = 64             # fp32 accumulators per consumer thread with three war
 SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in the kernel
 
 
+def launch_registers(threads: int) -> int:
+    """Registers a thread holds at launch under `__launch_bounds__(threads, 1)`: the SM's 64K over the block, in
+    steps of 8, at most 255 (what ptxas gives a kernel that moves registers with setmaxnreg: 168 for 384 threads)."""
+    return min(255, 65536 // threads) // 8 * 8
+
+
 def consumer_regs(nwg: int, producer: int, most: int) -> int:
-    """The registers `setmaxnreg` gives each consumer thread: `most` up to two warpgroups, else what the
-    64K an SM has leave after the producer's `producer`, in steps of 8 (three: 152 with 40 or 56)."""
-    if nwg <= 2:
-        return most
-    return (65536 - 128 * producer) // (128 * nwg) // 8 * 8
+    """The registers `setmaxnreg` gives each of `nwg` consumer warpgroups' threads: at most `most`, and no more than
+    the block's launch registers leave after the producer warpgroup's `producer` ([Note: setmaxnreg's pool])."""
+    threads = 128 * (nwg + 1)
+    return min(most, (launch_registers(threads) * threads - 128 * producer) // (128 * nwg) // 8 * 8)
 
 
 def tile_ok(nwg: int, pp: int, mi: int, bn: int) -> bool:
