@@ -203,9 +203,10 @@ per-CTA"; the instruction "blocks the execution until enough registers are avail
 which holds what the block was launched with: threads x the kernel's registers, 168 x 384 = 64512 for a producer
 and two consumer warpgroups, not the SM's 65536. So the producer's and the consumers' counts must sum within
 that, or the consumers wait at their `setmaxnreg.inc` forever. 40 + 2 x 232 (and 56 + 2 x 224) fill 64512 exactly;
-the gathering stem's 96 + 2 x 208 (codegen/conv_pool.py, session 87) asked for 65536 and hung on the GPU: session
-90's call of `conv_round.sh s88q` (a fresh H100) ran out its 420 s with neither gathering plan's first run back.
-Every form now takes its consumers' count from `consumer_regs` (96 + 2 x 200 for that stem).
+the gathering stem's 96 + 2 x 208 (codegen/conv_pool.py, session 87) asked for 65536: session 90's call of
+`conv_round.sh s88q` (a fresh H100) ran out its 420 s with neither gathering plan's first run back, which this
+explains (read after the call; no device time was left to run the fix). Every form now takes its consumers'
+count from `consumer_regs` (96 + 2 x 200 for that stem; tests/test_setmaxnreg.py checks each).
 
 [Note: images as rows]
 FLAT = 1: a batched GEMM whose batch variable b (the one just outside m) steps every access of the
@@ -323,7 +324,8 @@ SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in
 
 def launch_registers(threads: int) -> int:
     """Registers a thread holds at launch under `__launch_bounds__(threads, 1)`: the SM's 64K over the block, in
-    steps of 8, at most 255 (what ptxas gives a kernel that moves registers with setmaxnreg: 168 for 384 threads)."""
+    steps of 8 (what ptxas gives a kernel that moves registers with setmaxnreg: 168 for 384 threads, 128 for 512;
+    248 for 256, ptxas's cap of 255 rounded down, a floor that is safe either way)."""
     return min(255, 65536 // threads) // 8 * 8
 
 
