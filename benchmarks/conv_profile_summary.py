@@ -62,7 +62,7 @@ def needs(r: dict, copy_gbs: float, peak_tflops: float) -> float | None:
     MEMORY_BAR of the copy bandwidth (None for a compute-bound one): its measured share scaled by the
     measured time over the bar's time."""
     mem, tc = r["gbs"] / copy_gbs, r["tflops"] / peak_tflops
-    return tc * MEMORY_BAR / mem if mem > tc and mem > 0 else None
+    return tc * MEMORY_BAR / mem if mem > tc else None
 
 
 def main(argv: list[str]) -> int:

@@ -324,9 +324,10 @@ SMEM_SLACK = 1024         # dynamic shared memory is aligned up to 1024 bytes in
 
 def launch_registers(threads: int) -> int:
     """Registers a thread holds at launch under `__launch_bounds__(threads, 1)`: the SM's 64K over the block, in
-    steps of 8 (what ptxas gives a kernel that moves registers with setmaxnreg: 168 for 384 threads, 128 for 512;
-    248 for 256, ptxas's cap of 255 rounded down, a floor that is safe either way)."""
-    return min(255, 65536 // threads) // 8 * 8
+    steps of 8, at most ptxas's 255 (what ptxas gives a kernel that moves registers with setmaxnreg: 168 for 384
+    threads, 128 for 512; 255 for 256, which the hardware allocates as 256). The planner's register ceiling too
+    (planner/cost.py)."""
+    return min(255, 65536 // threads // 8 * 8)
 
 
 def consumer_regs(nwg: int, producer: int, most: int) -> int:

@@ -45,8 +45,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from aicfc.codegen import (attention, attention_split, conv, conv_band, conv_stem, conv_wgmma, gemm, gemm_gemv, gemm_thin, row_cols,
-                           row_reduce, window, window_tile)
+from aicfc.codegen import (attention, attention_split, conv, conv_band, conv_stem, conv_wgmma, gemm, gemm_gemv, gemm_thin,
+                           gemm_wgmma, row_cols, row_reduce, window, window_tile)
 from aicfc.codegen.cexpr import flat_offset, reciprocal_divisions
 from aicfc.codegen.common import element_offset
 from aicfc.ir.decision import Kernel
@@ -210,7 +210,7 @@ def estimate_registers(k: Kernel, p: Mapping) -> int:
     if k.family == "conv" and p["unit"] == "band":   # accumulators, a tap's A fragments, the rows' addressing
         return min(conv_band.CONSUMER_REGS, p["BN"] // 2 + 16 + 40 + min(ops, 16))
     if k.family == "conv" and p["unit"] == "pool":   # the same per block (setmaxnreg moves the producer's to them)
-        return min(255, 65536 // (128 * (p["NCONS"] + 1)) // 8 * 8)
+        return gemm_wgmma.launch_registers(128 * (p["NCONS"] + 1))
     if k.family == "conv" and p["unit"] == "wgmma":   # the GEMM engine's consumer, plus the gather's indices
         return min(hw_max_registers(p), p["MI"] * p["BN"] // 2 + 56 + min(ops, 16))
     if k.family == "conv" and p["unit"] == "stem":   # held filter fragments, offsets, accumulators (conv_stem.registers)
@@ -680,7 +680,7 @@ def _mma_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types:
 
 def hw_max_registers(p: Mapping) -> int:
     """Registers per thread under `__launch_bounds__(threads, 1)`: the SM's file over the block."""
-    return min(255, 65536 // (128 * (p["NWG"] + 1)) // 8 * 8)
+    return gemm_wgmma.launch_registers(128 * (p["NWG"] + 1))
 
 
 def _gemv_cost(k: Kernel, p: Mapping, blocks: int, threads: int, bps: int, types: Mapping, hw: Profile) -> Estimate:
