@@ -127,10 +127,8 @@ def evaluate_plan_stored(plan, inputs: dict) -> dict:
     return {o: env[o] for o in plan.outputs}
 
 
-@pytest.mark.parametrize("case_id,make_model,make_inputs", CASES, ids=IDS)
-def test_every_stage_and_float64_match_onnxruntime(case_id, make_model, make_inputs):
-    model = make_model()
-    inputs = fresh_inputs(case_id, make_inputs)
+def check_every_stage(case_id: str, model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> None:
+    """Every stage's interpreter at float32 and the lowered program in float64 against onnxruntime."""
     ref = B.run_onnxruntime(model, inputs)["out"]
     assert np.isfinite(ref).all() and np.abs(ref).max() > 0
     for name, ir in stages(model).items():
@@ -142,10 +140,9 @@ def test_every_stage_and_float64_match_onnxruntime(case_id, make_model, make_inp
     assert rel_err(got64, ref) <= F64_RTOL, (case_id, rel_err(got64, ref))
 
 
-@pytest.mark.parametrize("case_id,make_model,make_inputs", CASES, ids=IDS)
-def test_fp16_plan_matches_onnxruntime(case_id, make_model, make_inputs):
-    model = make_model()
-    inputs = {k: v.astype(np.float16).astype(np.float32) for k, v in fresh_inputs(case_id, make_inputs).items()}
+def check_fp16_plan(case_id: str, model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> None:
+    """The fp16 plan, its stores rounded to fp16, against onnxruntime on the fp16-rounded inputs."""
+    inputs = {k: v.astype(np.float16).astype(np.float32) for k, v in inputs.items()}
     ref = B.run_onnxruntime(model, inputs)["out"]
     plan = stages(model, "fp16")["plan_memory"]
     assert {t.dtype for t in plan.types().values() if t.np_dtype.kind == "f"} == {"f16"}
@@ -153,13 +150,27 @@ def test_fp16_plan_matches_onnxruntime(case_id, make_model, make_inputs):
     assert rel_err(got, ref) <= FP16_RTOL, (case_id, rel_err(got, ref))
 
 
+def check_nvcc_builds(model: onnx.ModelProto, precision: str) -> None:
+    import aicfc
+    payload = aicfc.compile(model, precision=precision)
+    assert payload["modules"] and all(len(m["cubin"]) > 0 for m in payload["modules"])
+
+
+@pytest.mark.parametrize("case_id,make_model,make_inputs", CASES, ids=IDS)
+def test_every_stage_and_float64_match_onnxruntime(case_id, make_model, make_inputs):
+    check_every_stage(case_id, make_model(), fresh_inputs(case_id, make_inputs))
+
+
+@pytest.mark.parametrize("case_id,make_model,make_inputs", CASES, ids=IDS)
+def test_fp16_plan_matches_onnxruntime(case_id, make_model, make_inputs):
+    check_fp16_plan(case_id, make_model(), fresh_inputs(case_id, make_inputs))
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("case_id,make_model,make_inputs", CASES, ids=IDS)
 def test_nvcc_builds_it(case_id, make_model, make_inputs, precision):
-    import aicfc
-    payload = aicfc.compile(make_model(), precision=precision)
-    assert payload["modules"] and all(len(m["cubin"]) > 0 for m in payload["modules"])
+    check_nvcc_builds(make_model(), precision)
 
 
 # ---------------------------------------------------------------- the CUDA functions, run on the host

@@ -34,6 +34,9 @@ BINARY = {
 # Issue 18's element-wise functions (rintf rounds half to even in the default rounding mode).
 UNARY.update({"abs": "fabsf({0})", "floor": "floorf({0})", "ceil": "ceilf({0})", "round": "rintf({0})",
               "softplus": "aicf_softplus({0})"})
+# The trigonometric and hyperbolic functions and expm1: libm's single-precision ones
+UNARY.update({fn: f"{fn}f({{0}})" for fn in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+                                             "expm1")})
 TERNARY = {"select": "(({0}) != 0.0f ? ({1}) : ({2}))"}
 # An integer compute's functions ([Note: Integer computes]): int64 arithmetic; a comparison or
 # logic op gives 1 or 0. Nothing else reaches one (the importer allows integers at run time

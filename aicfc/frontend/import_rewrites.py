@@ -25,7 +25,8 @@ from aicfc.ir.types import TensorType, Weight
 
 Step = tuple[str, list[str], str, dict]
 REWRITTEN = {"Tile", "DepthToSpace", "SpaceToDepth", "Einsum"}
-REDUCES = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2")
+REDUCES = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare", "ReduceL1",
+           "ReduceLogSum", "ReduceLogSumExp")
 
 
 class _Chain:

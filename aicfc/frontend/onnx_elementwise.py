@@ -10,12 +10,24 @@ from __future__ import annotations
 from aicfc.errors import AicfError
 from aicfc.ir.types import TensorType, Weight
 
-ELEMENTWISE_ATTR_OPS = {"HardSigmoid", "Gelu", "Mod", "Trilu"}
+ELEMENTWISE_ATTR_OPS = {"HardSigmoid", "Gelu", "Mod", "Trilu", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu",
+                        "Shrink"}
+# ONNX's defaults of the activations' float attributes
+ACTIVATION_DEFAULTS = {
+    "LeakyRelu": {"alpha": 0.01}, "Elu": {"alpha": 1.0}, "Celu": {"alpha": 1.0}, "ThresholdedRelu": {"alpha": 1.0},
+    "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+    "Shrink": {"bias": 0.0, "lambd": 0.5},
+}
 FLOOR_MOD_OPSET = 28   # the first opset whose Mod defines fmod=0 on floats
 
 
 def elementwise_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
                       weights: dict[str, Weight], opset: int, origin: str) -> dict:
+    if op in ACTIVATION_DEFAULTS:
+        out = {k: float(at.get(k, v)) for k, v in ACTIVATION_DEFAULTS[op].items()}
+        if op == "Celu" and out["alpha"] == 0:
+            raise AicfError(f"node {origin!r}: Celu with alpha=0 divides by zero; ONNX needs alpha != 0")
+        return out
     if op == "HardSigmoid":
         return {"alpha": float(at.get("alpha", 0.2)), "beta": float(at.get("beta", 0.5))}
     if op == "Gelu":

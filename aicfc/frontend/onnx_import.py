@@ -349,13 +349,13 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
                      weights: dict[str, Weight], opset: int, origin: str) -> dict:
     """Resolve defaults, negative axes and constant shape inputs into static attributes."""
     rank = len(types[args[0]].shape)
-    if op == "Softmax":
+    if op in ("Softmax", "LogSoftmax"):
         axis = at.get("axis", -1 if opset >= 13 else 1)
         axis = axis + rank if axis < 0 else axis
         # Before opset 13 Softmax normalizes over the flattened dims axis..: the same as over
         # `axis` alone when every later dim has one element (SqueezeNet's [1, 1000, 1, 1]).
         if opset < 13 and any(d != 1 for d in types[args[0]].shape[axis + 1:]):
-            raise AicfError(f"node {origin!r}: Softmax before opset 13 with axis {axis} of rank {rank} "
+            raise AicfError(f"node {origin!r}: {op} before opset 13 with axis {axis} of rank {rank} "
                             "(flattening semantics) is not supported; re-export with opset >= 13")
         return {"axis": axis}
     if op == "Transpose":
@@ -473,7 +473,7 @@ def _reduce_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorTyp
 # ---------------------------------------------------------------- convolutional ops
 
 WINDOW_OPS = {"Conv", "MaxPool", "AveragePool", "LRN", "BatchNormalization", "Clip", "Dropout",
-              "GlobalAveragePool", "Sum"}
+              "GlobalAveragePool", "GlobalMaxPool", "Sum"}
 
 
 def _window_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
@@ -498,7 +498,7 @@ def _window_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorTyp
         if len(args) > 2 and args[2] and bool(_constant(args[2], weights, origin, "Dropout's training_mode").reshape(-1)[0]):
             raise AicfError(f"node {origin!r}: Dropout in training mode is not supported (inference only)")
         return {}
-    if op in ("GlobalAveragePool", "Sum"):
+    if op in ("GlobalAveragePool", "GlobalMaxPool", "Sum"):
         return {}
     x = types[args[0]].shape
     nd = len(x) - 2
@@ -804,7 +804,8 @@ IMPORT_ONLY = IMPORT_ONLY | import_rewrites.REWRITTEN
 # Normalization ops of issue 18 (`import_norms`): RMSNormalization stays a graph op; the others
 # are rewritten into it, LayerNormalization, Adds and an affine map.
 IMPORT_ONLY = IMPORT_ONLY | import_norms.REWRITTEN
-CONSTANT_INPUTS.update({op: 1 for op in ("Pad", "CumSum", "TopK", "ReduceMin", "ReduceProd", "ReduceL2")})
+CONSTANT_INPUTS.update({op: 1 for op in ("Pad", "CumSum", "TopK", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
+                                          "ReduceL1", "ReduceLogSum", "ReduceLogSumExp")})
 
 # ---------------------------------------------------------------- issue 18 spatial ops
 # ConvTranspose is rewritten at import into a Conv (`frontend/spatial.py`); Resize keeps only X.

@@ -32,6 +32,8 @@ SCALAR_FNS: dict[str, Callable[..., np.ndarray]] = {
     "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "round": np.round, "softplus": _softplus,
     "fmod": np.fmod, "mod": _floored_mod, "idiv": _truncated_div,
     "cos": np.cos, "sin": np.sin,
+    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "expm1": np.expm1,
 }
 
 

@@ -51,6 +51,9 @@ FNS: dict[str, int] = {
     # overflow; fmod is C's fmodf (the sign of a), mod the floored remainder (the sign of b).
     "abs": 1, "floor": 1, "ceil": 1, "round": 1, "softplus": 1, "fmod": 2, "mod": 2,
     "cos": 1, "sin": 1,
+    # ONNX's other trigonometric and hyperbolic functions (NaN outside their domains); expm1 is
+    # exp(x) - 1 without the cancellation near 0 (Elu, Selu, Celu).
+    "tan": 1, "asin": 1, "acos": 1, "atan": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1, "atanh": 1, "expm1": 1,
     # ONNX Div on integers: the quotient truncated toward zero; only in an integer compute
     # ([Note: Integer computes]), where a zero divisor gives 0 (ONNX leaves it undefined).
     "idiv": 2,

@@ -156,6 +156,11 @@ def _softmax(x: np.ndarray, at: Attrs) -> np.ndarray:
     return e / e.sum(axis=at["axis"], keepdims=True)
 
 
+def _log_softmax(x: np.ndarray, at: Attrs) -> np.ndarray:
+    shifted = x - x.max(axis=at["axis"], keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=at["axis"], keepdims=True))
+
+
 def _gemm(x: list[np.ndarray], at: Attrs) -> np.ndarray:
     a = x[0].T if at.get("transA", 0) else x[0]
     b = x[1].T if at.get("transB", 0) else x[1]
@@ -186,6 +191,7 @@ OPS: dict[str, OpDef] = {op.name: op for op in [
     OpDef("Tanh", (1, 1), _infer_unary, lambda x, _: np.tanh(x[0])),
     OpDef("Erf", (1, 1), _infer_unary, lambda x, _: erf(x[0])),
     OpDef("Softmax", (1, 1), _infer_softmax, lambda x, at: _softmax(x[0], at), ("axis",)),
+    OpDef("LogSoftmax", (1, 1), _infer_softmax, lambda x, at: _log_softmax(x[0], at), ("axis",)),
     OpDef("Transpose", (1, 1), _infer_transpose, lambda x, at: np.transpose(x[0], at["perm"]), ("perm",)),
     OpDef("Reshape", (1, 1), _infer_reshape, lambda x, at: x[0].reshape(at["shape"]), ("shape",)),
     OpDef("Identity", (1, 1), lambda t, _: t[0], lambda x, _: x[0]),
@@ -452,9 +458,9 @@ OPS["Div"] = OpDef("Div", (2, 2), _infer_any_binary, _divide)
 
 # Element-wise ops of current exports (issue 18): rows in ops_elementwise.py. Trilu moves float,
 # bool and integer tensors at run time (through float32 in a body: integers exact to 2**24).
-from aicfc.ir.ops_elementwise import ELEMENTWISE_OPS  # noqa: E402
+from aicfc.ir.ops_elementwise import ACTIVATION_OPS, ELEMENTWISE_OPS  # noqa: E402
 
-OPS.update({op.name: op for op in ELEMENTWISE_OPS})
+OPS.update({op.name: op for op in ELEMENTWISE_OPS + ACTIVATION_OPS})
 RUNTIME_DTYPES["Trilu"] = FLOATS + INTEGERS + ("bool",)
 # Pad, CumSum, ReduceMin/Prod/L2, ArgMax/ArgMin, TopK (issue 18): rows in ops_data.py.
 from aicfc.ir.ops_data import DATA_OPS  # noqa: E402

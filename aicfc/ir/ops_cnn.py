@@ -65,7 +65,7 @@ def _infer_pool(t: list[TensorType], at: Attrs) -> TensorType:
 def _infer_global_pool(t: list[TensorType], _: Attrs) -> TensorType:
     x = t[0].shape
     if len(x) < 3:
-        raise OpTypeError(f"GlobalAveragePool needs a spatial input, got rank {len(x)}")
+        raise OpTypeError(f"a global pool needs a spatial input, got rank {len(x)}")
     return TensorType(_same_float(t), x[:2] + (1,) * (len(x) - 2))
 
 
@@ -179,6 +179,8 @@ CNN_OPS = [
           ("ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides")),
     OpDef("GlobalAveragePool", (1, 1), _infer_global_pool,
           lambda x, _: x[0].mean(axis=tuple(range(2, x[0].ndim)), keepdims=True).astype(x[0].dtype)),
+    OpDef("GlobalMaxPool", (1, 1), _infer_global_pool,
+          lambda x, _: x[0].max(axis=tuple(range(2, x[0].ndim)), keepdims=True).astype(x[0].dtype)),
     OpDef("LRN", (1, 1), _infer_lrn, _lrn, ("alpha", "beta", "bias", "size")),
     # Resize's scales/sizes/axes are constants resolved by the importer into the output shape
     # and the per-axis scale of the coordinate transform (`aicfc.ir.resize`).

@@ -1,5 +1,5 @@
 """High IR rows of the data-movement, reduction and selection ops of issue 18: Pad, CumSum,
-ReduceMin/ReduceProd/ReduceL2, ArgMax/ArgMin and TopK.
+ReduceMin/ReduceProd/ReduceL2/ReduceSumSquare/ReduceL1/ReduceLogSum/ReduceLogSumExp, ArgMax/ArgMin and TopK.
 
 `aicfc.ir.ops` appends these rows to its table (import it, not this module, first). Their
 attributes arrive normalized by the importer: Pad's `pads` is (begin..., end...) over every
@@ -52,6 +52,14 @@ def _cumsum(x: list[np.ndarray], at: Attrs) -> np.ndarray:
     return np.flip(y, axis) if at["reverse"] else y
 
 
+def _log_sum_exp(a: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """log(sum(exp(x))) as m + log(sum(exp(x - m))), m the maximum: no overflow."""
+    m = np.max(a, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        y = m + np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True))
+    return y if keepdims else np.squeeze(y, axis)
+
+
 def _infer_arg(t: list[TensorType], at: Attrs) -> TensorType:
     shape, axis = t[0].shape, at["axis"]
     if not 0 <= axis < len(shape):
@@ -99,6 +107,13 @@ DATA_OPS = [
     OpDef("ReduceProd", (1, 1), _infer_reduce, _reduce(np.prod), ("axes", "keepdims")),
     OpDef("ReduceL2", (1, 1), _infer_reduce, _reduce(lambda a, axis, keepdims: np.sqrt(np.sum(
         a * a, axis=axis, keepdims=keepdims))), ("axes", "keepdims")),
+    OpDef("ReduceSumSquare", (1, 1), _infer_reduce, _reduce(lambda a, axis, keepdims: np.sum(
+        a * a, axis=axis, keepdims=keepdims)), ("axes", "keepdims")),
+    OpDef("ReduceL1", (1, 1), _infer_reduce, _reduce(lambda a, axis, keepdims: np.sum(
+        np.abs(a), axis=axis, keepdims=keepdims)), ("axes", "keepdims")),
+    OpDef("ReduceLogSum", (1, 1), _infer_reduce, _reduce(lambda a, axis, keepdims: np.log(np.sum(
+        a, axis=axis, keepdims=keepdims))), ("axes", "keepdims")),
+    OpDef("ReduceLogSumExp", (1, 1), _infer_reduce, _reduce(_log_sum_exp), ("axes", "keepdims")),
     OpDef("ArgMax", (1, 1), _infer_arg, _arg("argmax"), ("axis", "keepdims", "select_last_index")),
     OpDef("ArgMin", (1, 1), _infer_arg, _arg("argmin"), ("axis", "keepdims", "select_last_index")),
     OpDef("TopK", (1, 1), _infer_topk, _topk, ("k", "axis", "largest", "part")),

@@ -1,5 +1,7 @@
 """High IR rows of the element-wise ops of current exports (issue 18): MobileNetV3's HardSigmoid
-and HardSwish, Mish, Softplus, the opset-20 Gelu, Abs, Floor, Ceil, Round, Mod, Mean, Trilu.
+and HardSwish, Mish, Softplus, the opset-20 Gelu, Abs, Floor, Ceil, Round, Mod, Mean, Trilu; and
+the activations of YOLO, GAN, face and self-normalizing models (LeakyRelu, PRelu, Elu, Selu,
+Celu, ThresholdedRelu, Softsign, Shrink) with ONNX's trigonometric and hyperbolic functions.
 
 `aicfc.ir.ops` appends these rows to its table (import it, not this module, first). The
 importer (frontend/onnx_elementwise.py) has normalized the attributes: HardSigmoid's `alpha`
@@ -96,3 +98,63 @@ ELEMENTWISE_OPS = [
           lambda x, _: (np.asarray(sum(x[1:], x[0])) / x[0].dtype.type(len(x))).astype(x[0].dtype)),
     OpDef("Trilu", (1, 1), _infer_trilu, _trilu, ("k", "upper")),
 ]
+
+
+def _infer_prelu(t: list[TensorType], at: Attrs) -> TensorType:
+    """PRelu's slope broadcasts to x one way (ONNX's unidirectional broadcasting): y has x's shape."""
+    out = _infer_any_binary(t, at)
+    if out.shape != t[0].shape:
+        raise OpTypeError(f"PRelu slope {list(t[1].shape)} does not broadcast to x {list(t[0].shape)}")
+    return _infer_unary(t, at)
+
+
+def _where_negative(x: np.ndarray, negative: np.ndarray, positive: np.ndarray, strict: bool = True) -> np.ndarray:
+    """`negative` where x < 0 (x <= 0 unless strict), else `positive`; NaN takes `positive`."""
+    return np.where(x < 0 if strict else x <= 0, negative, positive).astype(x.dtype)
+
+
+def _elu(x: np.ndarray, alpha: float) -> np.ndarray:
+    t = x.dtype.type
+    with np.errstate(over="ignore"):
+        return _where_negative(x, t(alpha) * np.expm1(np.minimum(x, t(0))), x)
+
+
+def _selu(x: np.ndarray, alpha: float, gamma: float) -> np.ndarray:
+    t = x.dtype.type
+    return _where_negative(x, t(gamma) * (t(alpha) * np.expm1(np.minimum(x, t(0)))), t(gamma) * x, strict=False)
+
+
+def _celu(x: np.ndarray, alpha: float) -> np.ndarray:
+    t = x.dtype.type
+    neg = t(alpha) * np.expm1(np.minimum(x, t(0)) / t(alpha))
+    return (np.maximum(x, t(0)) + np.minimum(t(0), neg)).astype(x.dtype)
+
+
+def _shrink(x: np.ndarray, bias: float, lambd: float) -> np.ndarray:
+    t = x.dtype.type
+    return np.where(x < -t(lambd), x + t(bias), np.where(x > t(lambd), x - t(bias), t(0))).astype(x.dtype)
+
+
+def _unary(fn):
+    def evaluate(x: list[np.ndarray], _: Attrs) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return fn(x[0]).astype(x[0].dtype)
+    return evaluate
+
+
+ACTIVATION_OPS = [
+    OpDef("LeakyRelu", (1, 1), _infer_unary,
+          lambda x, at: _where_negative(x[0], x[0].dtype.type(at["alpha"]) * x[0], x[0]), ("alpha",)),
+    OpDef("PRelu", (2, 2), _infer_prelu, lambda x, _: _where_negative(x[0], x[0] * x[1].astype(x[0].dtype), x[0])),
+    OpDef("Elu", (1, 1), _infer_unary, lambda x, at: _elu(x[0], at["alpha"]), ("alpha",)),
+    OpDef("Selu", (1, 1), _infer_unary, lambda x, at: _selu(x[0], at["alpha"], at["gamma"]), ("alpha", "gamma")),
+    OpDef("Celu", (1, 1), _infer_unary, lambda x, at: _celu(x[0], at["alpha"]), ("alpha",)),
+    OpDef("ThresholdedRelu", (1, 1), _infer_unary,
+          lambda x, at: np.where(x[0] > x[0].dtype.type(at["alpha"]), x[0], x[0].dtype.type(0)), ("alpha",)),
+    OpDef("Softsign", (1, 1), _infer_unary, lambda x, _: (x[0] / (x[0].dtype.type(1) + np.abs(x[0]))).astype(x[0].dtype)),
+    OpDef("Shrink", (1, 1), _infer_unary, lambda x, at: _shrink(x[0], at["bias"], at["lambd"]), ("bias", "lambd")),
+]
+# ONNX's float functions of one argument, numpy's meaning (NaN outside the domain)
+TRIG = {"Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan, "Sinh": np.sinh, "Cosh": np.cosh,
+        "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh}
+ACTIVATION_OPS += [OpDef(op, (1, 1), _infer_unary, _unary(fn)) for op, fn in TRIG.items()]

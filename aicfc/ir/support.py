@@ -126,6 +126,26 @@ NOTES: dict[str, str] = {
               "half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric; constant scales or "
               "sizes (axes, keep_aspect_ratio_policy): one map of table-indexed reads; tf_crop_and_resize and "
               "antialias refused",
+    # activations of YOLO, GAN, face and self-normalizing models, and ONNX's other float functions
+    "LeakyRelu": "alpha; fused as a GEMM/conv epilogue",
+    "PRelu": "slope broadcast to x one way (a per-channel constant, or a run-time tensor); fused as a GEMM/conv "
+             "epilogue",
+    "Elu": "alpha; alpha·expm1(x) below 0; fused as a GEMM/conv epilogue",
+    "Selu": "alpha, gamma; fused as a GEMM/conv epilogue",
+    "Celu": "alpha (not 0); fused as a GEMM/conv epilogue",
+    "ThresholdedRelu": "alpha (NaN gives 0, as onnxruntime); fused as a GEMM/conv epilogue",
+    "Softsign": "x / (1 + |x|); fused as a GEMM/conv epilogue",
+    "Shrink": "bias, lambd (NaN gives 0); fused as a GEMM/conv epilogue",
+    "Tan": "float; libm's tanf", "Asin": "float; NaN outside [-1, 1]", "Acos": "float; NaN outside [-1, 1]",
+    "Atan": "float", "Sinh": "float", "Cosh": "float", "Asinh": "float", "Acosh": "float; NaN below 1",
+    "Atanh": "float; NaN outside [-1, 1]",
+    "LogSoftmax": "any axis: x - max - log(sum(exp(x - max))), no log(0) where the softmax underflows",
+    "GlobalMaxPool": "any rank >= 3; a row reduction",
+    "ReduceSumSquare": "one reduced axis (or several of extent 1, or a run of consecutive ones); keepdims",
+    "ReduceL1": "one reduced axis (or several of extent 1, or a run of consecutive ones); keepdims; a sum of |x|",
+    "ReduceLogSum": "one reduced axis (or several of extent 1, or a run of consecutive ones); keepdims; log of a sum",
+    "ReduceLogSumExp": "one reduced axis (or several of extent 1, or a run of consecutive ones); keepdims; "
+                       "max + log(sum(exp(x - max))): no overflow (three kernels: the maximum, the sum, the map)",
 }
 
 BEGIN, END = "<!-- ops:begin -->", "<!-- ops:end -->"

@@ -97,10 +97,31 @@ def _softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
     ]
 
 
-def _reduce(combiner: str, mean: bool = False, l2: bool = False) -> Callable[..., list[Op]]:
-    """ReduceSum/Max/Min/Prod/Mean/L2 over their one axis with more than one element (the
-    importer refuses more); a mean is the sum of x·(1/n), an L2 norm the square root of the
-    sum of x·x (a reduction and a map). Reduced axes of one element read 0."""
+def _log_softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
+    """x - m - log(sum(exp(x - m))), m the maximum along the axis: never log(0) where Softmax underflows."""
+    x, t, axis = n.inputs[0], n.type, n.attr["axis"]
+    rank = len(t.shape)
+    stat_t = TensorType(t.dtype, tuple(1 if d == axis else s for d, s in enumerate(t.shape)))
+    along = tuple(Affine.var("r0") if d == axis else Affine.var(f"i{d}") for d in range(rank))
+    stat_at = tuple(ZERO if d == axis else Affine.var(f"i{d}") for d in range(rank))
+    y, origin, extent = n.output, (n.origin,), (t.shape[axis],)
+    shifted = Call("exp", (Call("sub", (Load(x, along), Load(f"{y}.max", stat_at))),))
+    log_sum = Call("log", (Load(f"{y}.sum", stat_at),))
+    return [
+        Compute(f"{y}.max", stat_t, "max", extent, Load(x, along), origin),
+        Compute(f"{y}.sum", stat_t, "sum", extent, shifted, origin),
+        Compute(y, t, "map", (), Call("sub", (Call("sub", (Load(x, identity_index(rank)), Load(f"{y}.max", stat_at))),
+                                               log_sum)), origin),
+    ]
+
+
+def _reduce(combiner: str, mean: bool = False, pre: str | None = None, post: str | None = None,
+            stable_exp: bool = False) -> Callable[..., list[Op]]:
+    """ReduceSum/Max/Min/Prod/Mean/L2/SumSquare/L1/LogSum/LogSumExp over their one axis with more
+    than one element (the importer refuses more); a mean is the sum of x·(1/n); `pre` maps each
+    element before the reduction (square: L2, SumSquare; abs: L1), `post` the result after it
+    (sqrt: L2; log: LogSum); LogSumExp (`stable_exp`) is m + log(sum(exp(x - m))), m the maximum,
+    two reductions and a map. Reduced axes of one element read 0."""
     def lower_node(n: Node, types: dict[str, TensorType], _: dict[str, float]) -> list[Op]:
         src = types[n.inputs[0]].shape
         axes, keep = n.attr["axes"], n.attr["keepdims"]
@@ -109,19 +130,26 @@ def _reduce(combiner: str, mean: bool = False, l2: bool = False) -> Callable[...
         index = tuple(Affine.var("r0") if d in wide else ZERO if d in axes else Affine.var(f"i{kept.index(d)}")
                       for d in range(len(src)))
         body: Expr = Load(n.inputs[0], index)
-        if l2:
+        if pre == "square":
             body = Call("mul", (body, body))
+        elif pre:
+            body = Call(pre, (body,))
+        origin, out = (n.origin,), identity_index(len(n.type.shape))
         if not wide:
-            return [Compute(n.output, n.type, "map", (), Call("sqrt", (body,)) if l2 else body, (n.origin,))]
+            return [Compute(n.output, n.type, "map", (), Call(post, (body,)) if post else body, origin)]
         extent = src[wide[0]]
         if mean:
             body = Call("mul", (body, Const(1.0 / extent)))
-        if l2:
-            sq = f"{n.output}.sumsq"
-            return [Compute(sq, n.type, "sum", (extent,), body, (n.origin,)),
-                    Compute(n.output, n.type, "map", (), Call("sqrt", (Load(sq, identity_index(len(n.type.shape))),)),
-                            (n.origin,))]
-        return [Compute(n.output, n.type, combiner, (extent,), body, (n.origin,))]
+        if stable_exp:
+            m, s = f"{n.output}.max", f"{n.output}.sumexp"
+            shifted = Call("exp", (Call("sub", (body, Load(m, out))),))
+            return [Compute(m, n.type, "max", (extent,), body, origin), Compute(s, n.type, "sum", (extent,), shifted, origin),
+                    Compute(n.output, n.type, "map", (), Call("add", (Load(m, out), Call("log", (Load(s, out),)))), origin)]
+        if post:
+            r = f"{n.output}.sumsq" if pre == "square" else f"{n.output}.{combiner}"
+            return [Compute(r, n.type, combiner, (extent,), body, origin),
+                    Compute(n.output, n.type, "map", (), Call(post, (Load(r, out),)), origin)]
+        return [Compute(n.output, n.type, combiner, (extent,), body, origin)]
     return lower_node
 
 
@@ -217,6 +245,7 @@ def _call(fn: str) -> Callable[..., Expr]:
 LOWERINGS: dict[str, Callable[..., list[Op]]] = {
     "MatMul": lambda n, types, _: _matmul(n, types),
     "Softmax": lambda n, types, _: _softmax(n, types),
+    "LogSoftmax": lambda n, types, _: _log_softmax(n, types),
     "Transpose": lambda n, types, _: _transpose(n, types),
     "Reshape": lambda n, _, __: [View(n.output, n.type, n.inputs[0], (n.origin,))],
     "Identity": _pointwise(lambda x: x),
@@ -405,4 +434,7 @@ LOWERINGS.update({
 })
 
 # Reductions of issue 18 (ReduceMin and ReduceProd reduce with the `min` and `prod` combiners).
-LOWERINGS.update({"ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"), "ReduceL2": _reduce("sum", l2=True)})
+LOWERINGS.update({"ReduceMin": _reduce("min"), "ReduceProd": _reduce("prod"),
+                  "ReduceL2": _reduce("sum", pre="square", post="sqrt"), "ReduceSumSquare": _reduce("sum", pre="square"),
+                  "ReduceL1": _reduce("sum", pre="abs"), "ReduceLogSum": _reduce("sum", post="log"),
+                  "ReduceLogSumExp": _reduce("sum", stable_exp=True)})

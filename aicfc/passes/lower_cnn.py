@@ -164,6 +164,17 @@ def global_average_pool(n: Node, types: dict[str, TensorType], made: list[Weight
             View(y, t, f"{y}.mean", origin)]
 
 
+def global_max_pool(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
+    """A maximum over the spatial positions: the input viewed as [N, C, H·W] rows, one max per row."""
+    x, y, t, origin = n.inputs[0], n.output, n.type, (n.origin,)
+    xs = types[x].shape
+    rows = TensorType(t.dtype, xs[:2] + (math.prod(xs[2:]),))
+    stat = TensorType(t.dtype, xs[:2] + (1,))
+    body = Load(f"{y}.rows", (Affine.var("i0"), Affine.var("i1"), Affine.var("r0")))
+    return [View(f"{y}.rows", rows, x, origin), Compute(f"{y}.max", stat, "max", (math.prod(xs[2:]),), body, origin),
+            View(y, t, f"{y}.max", origin)]
+
+
 def lrn(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]:
     """y = x / (bias + α/size · Σ_window x²)^β, the power as exp(β·log(·)) (its base is positive)."""
     at, x, y, t, origin = n.attr, n.inputs[0], n.output, n.type, (n.origin,)
@@ -243,6 +254,7 @@ def concat(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op
 
 CNN_LOWERINGS = {
     "Conv": conv, "MaxPool": pool("max"), "AveragePool": pool("avg"), "GlobalAveragePool": global_average_pool,
+    "GlobalMaxPool": global_max_pool,
     "LRN": lrn, "BatchNormalization": batch_norm, "Clip": clip, "Sum": variadic_sum, "Dropout": identity,
     "Concat": concat, "Resize": resize,
 }

@@ -82,6 +82,42 @@ def trilu(n: Node, types: dict[str, TensorType], made: list[Weight]) -> list[Op]
     return [Compute(n.output, t, "map", (), body, (n.origin,))]
 
 
+def _negative(x: Expr, negative: Expr, positive: Expr, strict: bool = True) -> Expr:
+    """`negative` where x < 0 (x <= 0 unless strict), else `positive`: NaN takes `positive`."""
+    return Call("select", (Call("lt" if strict else "le", (x, Const(0.0))), negative, positive))
+
+
+def _elu_part(x: Expr, alpha: float) -> Expr:
+    """alpha·(exp(x) - 1), as expm1 (exact near 0)."""
+    return Call("mul", (Const(alpha), Call("expm1", (x,))))
+
+
+def celu(x: Expr, alpha: float) -> Expr:
+    """max(0, x) + min(0, alpha·(exp(x/alpha) - 1))."""
+    neg = Call("mul", (Const(alpha), Call("expm1", (Call("div", (x, Const(alpha))),))))
+    return Call("add", (Call("max", (x, Const(0.0))), Call("min", (neg, Const(0.0)))))
+
+
+def shrink(x: Expr, bias: float, lambd: float) -> Expr:
+    """x + bias below -lambd, x - bias above lambd, 0 between (and for NaN)."""
+    above = Call("select", (Call("gt", (x, Const(lambd))), Call("sub", (x, Const(bias))), Const(0.0)))
+    return Call("select", (Call("lt", (x, Const(-lambd))), Call("add", (x, Const(bias))), above))
+
+
+ACTIVATION_LOWERINGS: dict[str, Callable[[Node, dict[str, TensorType], list[Weight]], list[Op]]] = {
+    "LeakyRelu": _map(lambda n, x: _negative(x, Call("mul", (x, Const(n.attr["alpha"]))), x)),
+    "PRelu": _map(lambda n, x, slope: _negative(x, Call("mul", (x, slope)), x)),
+    "Elu": _map(lambda n, x: _negative(x, _elu_part(x, n.attr["alpha"]), x)),
+    "Selu": _map(lambda n, x: _negative(x, _elu_part(x, n.attr["gamma"] * n.attr["alpha"]),
+                                        Call("mul", (x, Const(n.attr["gamma"]))), strict=False)),
+    "Celu": _map(lambda n, x: celu(x, n.attr["alpha"])),
+    "ThresholdedRelu": _map(lambda n, x: Call("select", (Call("gt", (x, Const(n.attr["alpha"]))), x, Const(0.0)))),
+    "Softsign": _map(lambda n, x: Call("div", (x, Call("add", (Const(1.0), Call("abs", (x,))))))),
+    "Shrink": _map(lambda n, x: shrink(x, n.attr["bias"], n.attr["lambd"])),
+}
+ACTIVATION_LOWERINGS.update({op: _map(lambda n, x, fn=op.lower(): Call(fn, (x,)))
+                             for op in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")})
+
 ELEMENTWISE_LOWERINGS: dict[str, Callable[[Node, dict[str, TensorType], list[Weight]], list[Op]]] = {
     "HardSigmoid": _map(lambda n, x: hard_sigmoid(x, n.attr["alpha"], n.attr["beta"])),
     "HardSwish": _map(lambda n, x: Call("mul", (x, hard_sigmoid(x, 1 / 6, 0.5)))),
@@ -98,4 +134,5 @@ ELEMENTWISE_LOWERINGS: dict[str, Callable[[Node, dict[str, TensorType], list[Wei
     "Mod": _map(lambda n, a, b: Call("fmod" if n.attr["fmod"] else "mod", (a, b))),
     "Mean": _map(_mean),
     "Trilu": trilu,
+    **ACTIVATION_LOWERINGS,
 }

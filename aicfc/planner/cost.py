@@ -334,6 +334,12 @@ FAST_CALL_INSTRUCTIONS = {**CALL_INSTRUCTIONS, "erf": 18, "sigmoid": 4, "exp": 2
 # loops over the exponent gap (a few steps for operands of like magnitude); mod adds its fix-up.
 CALL_INSTRUCTIONS.update({"softplus": 22, "fmod": 20, "mod": 26})
 FAST_CALL_INSTRUCTIONS.update({"softplus": 16, "fmod": 20, "mod": 26})
+# The trigonometric and hyperbolic functions and expm1 (estimates, libm's single-precision paths:
+# a range reduction and a polynomial or two; the hyperbolic ones an exp or a log and a few operations)
+TRIG_INSTRUCTIONS = {"tan": 36, "asin": 24, "acos": 24, "atan": 24, "sinh": 20, "cosh": 16, "asinh": 28, "acosh": 28,
+                     "atanh": 24, "expm1": 16}
+CALL_INSTRUCTIONS.update(TRIG_INSTRUCTIONS)
+FAST_CALL_INSTRUCTIONS.update(TRIG_INSTRUCTIONS)
 
 
 def fast_math(k: Kernel, types: Mapping) -> bool:
