@@ -1,7 +1,7 @@
 """The activations of YOLO, GAN, face and self-normalizing models (LeakyRelu, PRelu, Elu, Selu,
 Celu, ThresholdedRelu, Softsign, Shrink), ONNX's trigonometric and hyperbolic functions,
-LogSoftmax, GlobalMaxPool and the reductions ReduceSumSquare, ReduceL1, ReduceLogSum and
-ReduceLogSumExp against onnxruntime on fresh random inputs (never zeros): every stage's
+LogSoftmax, GlobalMaxPool, the reductions ReduceSumSquare, ReduceL1, ReduceLogSum and
+ReduceLogSumExp, and the rewritten Upsample, LpNormalization, GlobalLpPool and Size against onnxruntime on fresh random inputs (never zeros): every stage's
 interpreter at float32, the lowered program in float64, the fp16 plan with its stores rounded
 to fp16, and each op's CUDA built by nvcc at fp32 and fp16 (tests/test_elementwise_ops.py's
 checks). Inputs sit at and next to each op's kinks, inside each function's domain; LogSoftmax
@@ -80,6 +80,38 @@ CASES = [
     # a spread of 60: exp(x) overflows float32 past 88.7, the maximum-shifted form does not
     ("ReduceLogSumExp", _reduce("ReduceLogSumExp", [2], 1), lambda r: {"in0": 25 * _normal(r, SHAPE)}),
     ("ReduceLogSumExp_0", _reduce("ReduceLogSumExp", [0], 0), lambda r: {"in0": 25 * _normal(r, SHAPE)}),
+]
+
+
+def size_model() -> onnx.ModelProto:
+    """in0 flattened by Reshape to [Size(in0)], then doubled: Size folds to a constant at import."""
+    nodes = [helper.make_node("Size", ["in0"], ["n"], name="size_0"),
+             helper.make_node("Unsqueeze", ["n", "zero"], ["shape"], name="unsqueeze_0"),
+             helper.make_node("Reshape", ["in0", "shape"], ["flat"], name="reshape_0"),
+             helper.make_node("Add", ["flat", "flat"], ["out"], name="add_0")]
+    graph = helper.make_graph(nodes, "size", [helper.make_tensor_value_info("in0", TensorProto.FLOAT, list(IMAGE))],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [math.prod(IMAGE)])],
+                              [onnx.numpy_helper.from_array(np.array([0], np.int64), "zero")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+
+
+# ops an importer rewrite states with others (GlobalLpPool at opset 11: onnxruntime has no later version): Upsample as Resize (opset 10's meaning), LpNormalization as
+# ReduceL1/L2 and Div, GlobalLpPool as ReduceL1/L2 over the merged spatial axes; Size folded
+CASES += [
+    ("Upsample9_nearest", lambda: model_of("Upsample", [IMAGE], {"mode": "nearest"}, opset=9,
+                                           inits={"scales": np.array([1, 1, 2, 3], np.float32)}),
+     lambda r: {"in0": _normal(r, IMAGE)}),
+    ("Upsample9_linear", lambda: model_of("Upsample", [IMAGE], {"mode": "linear"}, opset=9,
+                                          inits={"scales": np.array([1, 1, 2, 2], np.float32)}),
+     lambda r: {"in0": _normal(r, IMAGE)}),
+    ("Upsample7_attribute", lambda: model_of("Upsample", [IMAGE], {"scales": [1.0, 1.0, 3.0, 2.0]}, opset=7),
+     lambda r: {"in0": _normal(r, IMAGE)}),
+    ("LpNormalization_l2", lambda: model_of("LpNormalization", [SHAPE]), lambda r: {"in0": _normal(r, SHAPE)}),
+    ("LpNormalization_l1_axis1", lambda: model_of("LpNormalization", [SHAPE], {"axis": 1, "p": 1}),
+     lambda r: {"in0": _normal(r, SHAPE)}),
+    ("GlobalLpPool_l2", lambda: model_of("GlobalLpPool", [IMAGE], opset=11), lambda r: {"in0": _normal(r, IMAGE)}),
+    ("GlobalLpPool_l1", lambda: model_of("GlobalLpPool", [IMAGE], {"p": 1}, opset=11), lambda r: {"in0": _normal(r, IMAGE)}),
+    ("Size", size_model, lambda r: {"in0": _normal(r, IMAGE)}),
 ]
 IDS = [c[0] for c in CASES]
 
@@ -163,6 +195,7 @@ def _unchecked(op: str, shapes: list[tuple[int, ...]], attrs: dict | None = None
 
 
 REFUSED = [
+    (lambda: _unchecked("LpNormalization", [(4, 8)], {"p": 3}), "LpNormalization with p=3 is not supported"),
     (lambda: _unchecked("Celu", [(4, 8)], {"alpha": 0.0}), "Celu with alpha=0 divides by zero"),
     (lambda: _unchecked("PRelu", [(4, 8), (3, 4, 8)]), "does not broadcast to x"),
 ]

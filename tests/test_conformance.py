@@ -38,7 +38,7 @@ FROZEN_INPUTS["Trilu"] = (1,)   # its k
 # Issue 18's data ops: repeats, pads and value, the axis of CumSum, TopK's k, reduction axes.
 FROZEN_INPUTS.update({"Tile": (1,), "Pad": (1, 2, 3), "CumSum": (1,), "TopK": (1,), "ReduceMin": (1,),
                       "ReduceProd": (1,), "ReduceL2": (1,)})
-FROZEN_INPUTS.update({op: (1,) for op in ("ReduceSumSquare", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp")})
+FROZEN_INPUTS.update({op: (1,) for op in ("ReduceSumSquare", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp", "Upsample")})
 # Issue 18's spatial ops: Resize's roi, scales and sizes.
 FROZEN_INPUTS["Resize"] = (1, 2, 3)
 

@@ -24,7 +24,7 @@ from aicfc.errors import AicfError
 from aicfc.ir.types import TensorType, Weight
 
 Step = tuple[str, list[str], str, dict]
-REWRITTEN = {"Tile", "DepthToSpace", "SpaceToDepth", "Einsum"}
+REWRITTEN = {"Tile", "DepthToSpace", "SpaceToDepth", "Einsum", "LpNormalization", "GlobalLpPool"}
 REDUCES = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare", "ReduceL1",
            "ReduceLogSum", "ReduceLogSumExp")
 
@@ -270,6 +270,36 @@ def data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
     raise AssertionError(op)
 
 
+def lp_norm(op: str, origin: str, x: str, types: dict[str, TensorType], weights: dict[str, Weight], at: dict,
+            out: str) -> list[Step]:
+    """LpNormalization: x over its L1 or L2 norm along `axis` (ReduceL1/L2 kept, then Div by the norm held at
+    least the smallest normal float32, so that a zero norm gives 0 where x is all 0, as ONNX's reference does;
+    no epsilon otherwise). GlobalLpPool: the L1 or L2 norm over the spatial axes, merged into one (a Reshape, the
+    reduction, a Reshape). Other p refused."""
+    p = int(at.get("p", 2))
+    if p not in (1, 2):
+        raise AicfError(f"node {origin!r}: {op} with p={p} is not supported; p=1 and p=2 are")
+    reduce = "ReduceL1" if p == 1 else "ReduceL2"
+    shape = types[x].shape
+    rank = len(shape)
+    if op == "LpNormalization":
+        axis = int(at.get("axis", -1))
+        axis = axis + rank if axis < 0 else axis
+        if not 0 <= axis < rank:
+            raise AicfError(f"node {origin!r}: LpNormalization axis {at.get('axis')} out of range for rank {rank}")
+        norm, tiny = f"{origin}.norm", f"{origin}.tiny"
+        weights[tiny] = Weight.of(tiny, np.asarray(np.finfo(np.float32).tiny, dtype=types[x].np_dtype))
+        types[tiny] = weights[tiny].type
+        return [(reduce, [x], norm, {"axes": (axis,), "keepdims": 1}), ("Max", [norm, tiny], f"{norm}.held", {}),
+                ("Div", [x, f"{norm}.held"], out, {})]
+    if rank < 3:
+        raise AicfError(f"node {origin!r}: GlobalLpPool needs a spatial input, got rank {rank}")
+    rows = f"{origin}.rows"
+    return [("Reshape", [x], rows, {"shape": tuple(shape[:2]) + (math.prod(shape[2:]),)}),
+            (reduce, [rows], f"{origin}.norm", {"axes": (2,), "keepdims": 1}),
+            ("Reshape", [f"{origin}.norm"], out, {"shape": tuple(shape[:2]) + (1,) * (rank - 2)})]
+
+
 def expand(n, at: dict, args: list[str], types: dict[str, TensorType], weights: dict[str, Weight],
            origin: str) -> list[Step] | None:
     """The steps of a rewritten op, or of TopK (one node per output); None for any other op."""
@@ -282,6 +312,8 @@ def expand(n, at: dict, args: list[str], types: dict[str, TensorType], weights: 
     if op == "Einsum":
         eq = at.get("equation", b"")
         return einsum(origin, eq.decode() if isinstance(eq, bytes) else str(eq), args, types, n.output[0])
+    if op in ("LpNormalization", "GlobalLpPool"):
+        return lp_norm(op, origin, args[0], types, weights, at, n.output[0])
     if op == "TopK":
         attrs = data_attrs(op, at, args, types, weights, origin)
         outs = [(part, o) for part, o in zip(("values", "indices"), n.output) if o]

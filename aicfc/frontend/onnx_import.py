@@ -643,6 +643,8 @@ def _fold_at_import(op: str, ins: list[str], out: str, attrs: dict, types: dict[
     constant subgraphs are left to the `fold_constants` pass."""
     if op == "Shape":
         value = np.asarray(types[ins[0]].shape, dtype=np.int64)[attrs["start"]:attrs["end"]]
+    elif op == "Size":
+        value = np.asarray(math.prod(types[ins[0]].shape), dtype=np.int64)
     elif all(x in weights for x in ins) and (op in FOLD_ONLY or attrs.get("to") in ("i64", "i32", "bool")
                                             or any(types[x].dtype not in FLOATS for x in ins)):
         try:

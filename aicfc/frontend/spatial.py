@@ -33,7 +33,7 @@ from aicfc.ir.resize import COORDINATE_MODES, MODES, NEAREST_MODES, axis_tables
 from aicfc.ir.types import TensorType, Weight
 
 Step = tuple[str, list[str], str, dict]
-REWRITTEN = {"ConvTranspose"}
+REWRITTEN = {"ConvTranspose", "Upsample"}
 # The Conv written for a ConvTranspose carries attribute rule=CONV_TRANSPOSE_RULE (`lower` records
 # the rewrite with this reason; canonicalize.CANON_REASONS holds it).
 CONV_TRANSPOSE_RULE = "ConvTranspose => Conv(zero-inserted input, flipped filter)"
@@ -236,8 +236,25 @@ def resize_attrs(at: dict, args: list[str], types: dict[str, TensorType], weight
     return attrs
 
 
+def upsample(origin: str, at: dict, args: list[str], types: dict[str, TensorType], weights: dict[str, Weight],
+             out: str) -> list[Step]:
+    """Upsample (opsets 7-9, deprecated since 10) is Resize as opset 10 defines it: asymmetric coordinates,
+    nearest rounding down; its scales an input (opset 9) or an attribute (opset 7), constant either way."""
+    if "scales" in at:
+        name = f"{origin}.scales"
+        weights[name] = Weight.of(name, np.asarray(at["scales"], dtype=np.float32))
+        types[name] = weights[name].type
+        args = [args[0], name]
+    if len(args) < 2:
+        raise AicfError(f"node {origin!r}: Upsample without scales; give them as the second input or the attribute")
+    return [("Resize", args[:1], out, resize_attrs({"mode": at.get("mode", b"nearest")}, args[:2], types, weights,
+                                                   9, origin))]
+
+
 def expand(op: str, origin: str, at: dict, args: list[str], types: dict[str, TensorType],
            weights: dict[str, Weight], out: str) -> list[Step] | None:
     if op == "ConvTranspose":
         return conv_transpose(origin, at, args, types, weights, out)
+    if op == "Upsample":
+        return upsample(origin, at, args, types, weights, out)
     return None

@@ -235,7 +235,7 @@ RUNTIME_DTYPES: dict[str, tuple[str, ...]] = {
 RUNTIME_DTYPES.update({op: FLOATS + INTEGERS for op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten")})
 # Ops only ever evaluated at compile time: every input must be a constant (or, for Shape, the
 # input's static type); the importer folds them and they never reach the High IR graph.
-FOLD_ONLY = ("Shape", "ConstantOfShape", "Range")
+FOLD_ONLY = ("Shape", "Size", "ConstantOfShape", "Range")
 
 
 def _same_dtype(types: list[TensorType]) -> str:
@@ -369,6 +369,7 @@ OPS.update({op.name: op for op in [
     # start/step: constant indices in arithmetic progression into a run-time tensor (an access).
     OpDef("Gather", (2, 2), _infer_gather, _gather, ("axis", "start", "step")),
     OpDef("Shape", (1, 1), _infer_folded, lambda x, _: np.asarray(x[0].shape, dtype=np.int64)),
+    OpDef("Size", (1, 1), _infer_folded, lambda x, _: np.asarray(x[0].size, dtype=np.int64)),
     OpDef("ConstantOfShape", (1, 1), _infer_folded, _constant_of_shape, ("value",)),
     OpDef("Range", (3, 3), _infer_folded, _range),
     OpDef("Concat", (1, 64), _infer_concat, lambda x, at: np.concatenate(x, axis=at["axis"]), ("axis",)),

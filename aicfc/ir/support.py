@@ -139,6 +139,12 @@ NOTES: dict[str, str] = {
     "Tan": "float; libm's tanf", "Asin": "float; NaN outside [-1, 1]", "Acos": "float; NaN outside [-1, 1]",
     "Atan": "float", "Sinh": "float", "Cosh": "float", "Asinh": "float", "Acosh": "float; NaN below 1",
     "Atanh": "float; NaN outside [-1, 1]",
+    "Upsample": "opsets 7-9 (deprecated): Resize as opset 10 defines it (asymmetric, nearest rounding down, or "
+                "linear); constant scales, as an input or the attribute",
+    "LpNormalization": "p = 1 or 2, any axis: ReduceL1/ReduceL2 and Div (no epsilon; a zero norm gives 0, as "
+                       "ONNX's reference); other p refused",
+    "GlobalLpPool": "p = 1 or 2: ReduceL1/ReduceL2 over the merged spatial axes; other p refused",
+    "Size": "folded at compile time (static shapes)",
     "LogSoftmax": "any axis: x - max - log(sum(exp(x - max))), no log(0) where the softmax underflows",
     "GlobalMaxPool": "any rank >= 3; a row reduction",
     "ReduceSumSquare": "one reduced axis (or several of extent 1, or a run of consecutive ones); keepdims",
