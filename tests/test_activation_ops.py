@@ -59,6 +59,8 @@ CASES = [
     ("Softsign", lambda: model_of("Softsign", [SHAPE]), lambda r: {"in0": 4 * _normal(r, SHAPE)}),
     ("Shrink", lambda: model_of("Shrink", [SHAPE], {"bias": 0.3, "lambd": 0.8}), _kinks(-0.8, 0.8)),
     ("Shrink_default", lambda: model_of("Shrink", [SHAPE]), _kinks(-0.5, 0.5)),
+    ("Swish", lambda: model_of("Swish", [SHAPE], opset=24), lambda r: {"in0": 4 * _normal(r, SHAPE)}),
+    ("Swish_alpha", lambda: model_of("Swish", [SHAPE], {"alpha": 1.702}, opset=24), lambda r: {"in0": 4 * _normal(r, SHAPE)}),
     ("Tan", lambda: model_of("Tan", [SHAPE]), _uniform(-1.4, 1.4)),
     ("Asin", lambda: model_of("Asin", [SHAPE]), _uniform(-0.999, 0.999)),
     ("Acos", lambda: model_of("Acos", [SHAPE]), _uniform(-0.999, 0.999)),

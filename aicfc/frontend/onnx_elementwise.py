@@ -11,12 +11,12 @@ from aicfc.errors import AicfError
 from aicfc.ir.types import TensorType, Weight
 
 ELEMENTWISE_ATTR_OPS = {"HardSigmoid", "Gelu", "Mod", "Trilu", "LeakyRelu", "Elu", "Selu", "Celu", "ThresholdedRelu",
-                        "Shrink"}
+                        "Shrink", "Swish"}
 # ONNX's defaults of the activations' float attributes
 ACTIVATION_DEFAULTS = {
     "LeakyRelu": {"alpha": 0.01}, "Elu": {"alpha": 1.0}, "Celu": {"alpha": 1.0}, "ThresholdedRelu": {"alpha": 1.0},
     "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
-    "Shrink": {"bias": 0.0, "lambd": 0.5},
+    "Shrink": {"bias": 0.0, "lambd": 0.5}, "Swish": {"alpha": 1.0},
 }
 FLOOR_MOD_OPSET = 28   # the first opset whose Mod defines fmod=0 on floats
 

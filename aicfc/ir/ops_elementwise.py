@@ -1,7 +1,7 @@
 """High IR rows of the element-wise ops of current exports (issue 18): MobileNetV3's HardSigmoid
 and HardSwish, Mish, Softplus, the opset-20 Gelu, Abs, Floor, Ceil, Round, Mod, Mean, Trilu; and
 the activations of YOLO, GAN, face and self-normalizing models (LeakyRelu, PRelu, Elu, Selu,
-Celu, ThresholdedRelu, Softsign, Shrink) with ONNX's trigonometric and hyperbolic functions.
+Celu, ThresholdedRelu, Softsign, Shrink, opset 24's Swish) with ONNX's trigonometric and hyperbolic functions.
 
 `aicfc.ir.ops` appends these rows to its table (import it, not this module, first). The
 importer (frontend/onnx_elementwise.py) has normalized the attributes: HardSigmoid's `alpha`
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from aicfc.ir.ops import (Attrs, OpDef, OpTypeError, TensorType, _infer_any_binary, _infer_unary, _infer_variadic,
-                          erf)
+                          erf, sigmoid)
 
 SQRT_2_OVER_PI = 0.7978845608028654   # Gelu's tanh form: sqrt(2/pi)
 GELU_CUBIC = 0.044715
@@ -153,6 +153,9 @@ ACTIVATION_OPS = [
           lambda x, at: np.where(x[0] > x[0].dtype.type(at["alpha"]), x[0], x[0].dtype.type(0)), ("alpha",)),
     OpDef("Softsign", (1, 1), _infer_unary, lambda x, _: (x[0] / (x[0].dtype.type(1) + np.abs(x[0]))).astype(x[0].dtype)),
     OpDef("Shrink", (1, 1), _infer_unary, lambda x, at: _shrink(x[0], at["bias"], at["lambd"]), ("bias", "lambd")),
+    # opset 24: x·sigmoid(alpha·x)
+    OpDef("Swish", (1, 1), _infer_unary, lambda x, at: (x[0] * sigmoid(x[0].dtype.type(at["alpha"]) * x[0])).astype(
+        x[0].dtype), ("alpha",)),
 ]
 # ONNX's float functions of one argument, numpy's meaning (NaN outside the domain)
 TRIG = {"Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan, "Sinh": np.sinh, "Cosh": np.cosh,

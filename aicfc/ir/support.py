@@ -136,6 +136,7 @@ NOTES: dict[str, str] = {
     "ThresholdedRelu": "alpha (NaN gives 0, as onnxruntime); fused as a GEMM/conv epilogue",
     "Softsign": "x / (1 + |x|); fused as a GEMM/conv epilogue",
     "Shrink": "bias, lambd (NaN gives 0); fused as a GEMM/conv epilogue",
+    "Swish": "opset 24, alpha: x·sigmoid(alpha·x); fused as a GEMM/conv epilogue",
     "Tan": "float; libm's tanf", "Asin": "float; NaN outside [-1, 1]", "Acos": "float; NaN outside [-1, 1]",
     "Atan": "float", "Sinh": "float", "Cosh": "float", "Asinh": "float", "Acosh": "float; NaN below 1",
     "Atanh": "float; NaN outside [-1, 1]",

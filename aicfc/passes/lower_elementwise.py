@@ -114,6 +114,7 @@ ACTIVATION_LOWERINGS: dict[str, Callable[[Node, dict[str, TensorType], list[Weig
     "ThresholdedRelu": _map(lambda n, x: Call("select", (Call("gt", (x, Const(n.attr["alpha"]))), x, Const(0.0)))),
     "Softsign": _map(lambda n, x: Call("div", (x, Call("add", (Const(1.0), Call("abs", (x,))))))),
     "Shrink": _map(lambda n, x: shrink(x, n.attr["bias"], n.attr["lambd"])),
+    "Swish": _map(lambda n, x: Call("mul", (x, Call("sigmoid", (Call("mul", (x, Const(n.attr["alpha"]))),))))),
 }
 ACTIVATION_LOWERINGS.update({op: _map(lambda n, x, fn=op.lower(): Call(fn, (x,)))
                              for op in ("Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")})
