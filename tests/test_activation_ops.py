@@ -20,9 +20,7 @@ from onnx import TensorProto, helper
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import import_model
-from aicfc.passes.form_kernels import EPILOGUE_RULE
-from tests import onnx_builders as B
-from tests.test_elementwise_ops import (FP16_RTOL, SHAPE, _normal, check_every_stage, check_fp16_plan,
+from tests.test_elementwise_ops import (SHAPE, _normal, check_epilogue, check_every_stage, check_fp16_plan,
                                         check_nvcc_builds, conv_act_model, evaluate_plan_stored, matmul_act_model,
                                         model_of, near_kinks)
 from tests.test_pipeline import FP32_RTOL, rel_err, stages
@@ -169,19 +167,8 @@ EPILOGUES = [("conv", "LeakyRelu", {"alpha": 0.1}), ("conv", "Elu", {}), ("conv"
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("base,act,attrs", EPILOGUES, ids=[f"{b}_{a}" for b, a, _ in EPILOGUES])
 def test_activation_is_the_contraction_epilogue(base, act, attrs, precision):
-    model = {"conv": conv_act_model, "matmul": matmul_act_model}[base](act, attrs) if base != "prelu" \
-        else conv_prelu_model()
-    plan = stages(model, precision)["plan_memory"]
-    assert len(plan.kernels) == 1, [k.family for k in plan.kernels]
-    (k,) = plan.kernels
-    assert k.family == ("gemm" if base == "matmul" else "conv") and EPILOGUE_RULE in k.rewrites
-    assert {"act_0"} <= set(o for op in k.ops for o in op.origin)
-    inputs = B.random_inputs(model, seed=int(np.random.default_rng().integers(1 << 30)))
-    if precision == "fp16":
-        inputs = {n: v.astype(np.float16).astype(np.float32) for n, v in inputs.items()}
-    ref = B.run_onnxruntime(model, inputs)["out"]
-    got = evaluate_plan_stored(plan, inputs)["out"]
-    assert rel_err(got, ref) <= (FP32_RTOL if precision == "fp32" else FP16_RTOL)
+    model = conv_prelu_model() if base == "prelu" else {"conv": conv_act_model, "matmul": matmul_act_model}[base](act, attrs)
+    check_epilogue(model, base, precision)
 
 
 # ---------------------------------------------------------------- refusals

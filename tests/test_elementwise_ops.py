@@ -269,11 +269,15 @@ EPILOGUES = [("conv", "HardSwish", {}), ("conv", "HardSigmoid", {"alpha": 0.25, 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("base,act,attrs", EPILOGUES, ids=[f"{b}_{a}_{'_'.join(map(str, at.values()))}" for b, a, at in EPILOGUES])
 def test_activation_is_the_contraction_epilogue(base, act, attrs, precision):
-    model = (conv_act_model if base == "conv" else matmul_act_model)(act, attrs)
+    check_epilogue((conv_act_model if base == "conv" else matmul_act_model)(act, attrs), base, precision)
+
+
+def check_epilogue(model: onnx.ModelProto, base: str, precision: str) -> None:
+    """One kernel, a convolution's or a GEMM's, holding node act_0 as its epilogue, against onnxruntime."""
     plan = stages(model, precision)["plan_memory"]
     assert len(plan.kernels) == 1, [k.family for k in plan.kernels]
     (k,) = plan.kernels
-    assert k.family == ("conv" if base == "conv" else "gemm") and EPILOGUE_RULE in k.rewrites
+    assert k.family == ("gemm" if base == "matmul" else "conv") and EPILOGUE_RULE in k.rewrites
     assert {"act_0"} <= set(o for op in k.ops for o in op.origin)
     inputs = B.random_inputs(model, seed=int(np.random.default_rng().integers(1 << 30)))
     if precision == "fp16":

@@ -81,13 +81,20 @@ def _matmul(n: Node, types: dict[str, TensorType]) -> list[Op]:
     return [Compute(n.output, n.type, "sum", (a[-1],), body, (n.origin,))]
 
 
-def _softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
-    x, t, axis = n.inputs[0], n.type, n.attr["axis"]
+def _row_access(t: TensorType, axis: int) -> tuple[TensorType, tuple[Affine, ...], tuple[Affine, ...]]:
+    """For a row pass along `axis` of a `t`: its statistics' type (the axis kept as 1), the index that reads
+    along the axis (r0) and the index of an element's statistic."""
     rank = len(t.shape)
     stat_t = TensorType(t.dtype, tuple(1 if d == axis else s for d, s in enumerate(t.shape)))
     along = tuple(Affine.var("r0") if d == axis else Affine.var(f"i{d}") for d in range(rank))
     stat_at = tuple(ZERO if d == axis else Affine.var(f"i{d}") for d in range(rank))
-    ident = identity_index(rank)
+    return stat_t, along, stat_at
+
+
+def _softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
+    x, t, axis = n.inputs[0], n.type, n.attr["axis"]
+    stat_t, along, stat_at = _row_access(t, axis)
+    ident = identity_index(len(t.shape))
     y, origin, extent = n.output, (n.origin,), (t.shape[axis],)
     return [
         Compute(f"{y}.max", stat_t, "max", extent, Load(x, along), origin),
@@ -100,17 +107,14 @@ def _softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
 def _log_softmax(n: Node, types: dict[str, TensorType]) -> list[Op]:
     """x - m - log(sum(exp(x - m))), m the maximum along the axis: never log(0) where Softmax underflows."""
     x, t, axis = n.inputs[0], n.type, n.attr["axis"]
-    rank = len(t.shape)
-    stat_t = TensorType(t.dtype, tuple(1 if d == axis else s for d, s in enumerate(t.shape)))
-    along = tuple(Affine.var("r0") if d == axis else Affine.var(f"i{d}") for d in range(rank))
-    stat_at = tuple(ZERO if d == axis else Affine.var(f"i{d}") for d in range(rank))
+    stat_t, along, stat_at = _row_access(t, axis)
     y, origin, extent = n.output, (n.origin,), (t.shape[axis],)
     shifted = Call("exp", (Call("sub", (Load(x, along), Load(f"{y}.max", stat_at))),))
     log_sum = Call("log", (Load(f"{y}.sum", stat_at),))
     return [
         Compute(f"{y}.max", stat_t, "max", extent, Load(x, along), origin),
         Compute(f"{y}.sum", stat_t, "sum", extent, shifted, origin),
-        Compute(y, t, "map", (), Call("sub", (Call("sub", (Load(x, identity_index(rank)), Load(f"{y}.max", stat_at))),
+        Compute(y, t, "map", (), Call("sub", (Call("sub", (Load(x, identity_index(len(t.shape))), Load(f"{y}.max", stat_at))),
                                                log_sum)), origin),
     ]
 
