@@ -93,9 +93,9 @@ def _elu_part(x: Expr, alpha: float) -> Expr:
 
 
 def celu(x: Expr, alpha: float) -> Expr:
-    """max(0, x) + min(0, alpha·(exp(x/alpha) - 1))."""
-    neg = Call("mul", (Const(alpha), Call("expm1", (Call("div", (x, Const(alpha))),))))
-    return Call("add", (Call("max", (x, Const(0.0))), Call("min", (neg, Const(0.0)))))
+    """max(0, x) + min(0, alpha·(exp(x/alpha) - 1)), as a select (one of the two terms is 0 on each side of 0),
+    so that NaN stays NaN where fmaxf and fminf would drop it."""
+    return _negative(x, Call("mul", (Const(alpha), Call("expm1", (Call("div", (x, Const(alpha))),)))), x, strict=False)
 
 
 def shrink(x: Expr, bias: float, lambd: float) -> Expr:
