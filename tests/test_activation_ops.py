@@ -20,6 +20,8 @@ from onnx import TensorProto, helper
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_import import import_model
+from aicfc.ir.interp import evaluate_program
+from tests import onnx_builders as B
 from tests.test_elementwise_ops import (SHAPE, _normal, check_epilogue, check_every_stage, check_fp16_plan,
                                         check_nvcc_builds, conv_act_model, evaluate_plan_stored, matmul_act_model,
                                         model_of, near_kinks)
@@ -141,6 +143,20 @@ def test_log_sum_exp_past_exp_overflow_stays_finite():
     got = stages(model)["plan_memory"]
     out = evaluate_plan_stored(got, x)["out"]
     assert np.isfinite(out).all() and rel_err(out, ref) <= FP32_RTOL
+
+
+@pytest.mark.parametrize("op", ["LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "ThresholdedRelu", "Softsign", "Shrink",
+                                "Swish"])
+def test_nan_and_signed_zero_as_onnxruntime(op):
+    """NaN, -0 and both sides of 0: the lowered program (float64) gives what onnxruntime gives, NaN where it does
+    (the selects test the sign, so NaN takes the positive side's expression; ThresholdedRelu and Shrink give 0)."""
+    x = {"in0": np.array([[np.nan, -1.5, -0.0, 0.0, 0.75, 2.0]], np.float32)}
+    model = model_of(op, [(1, 6)], opset=24) if op != "PRelu" else \
+        model_of(op, [(1, 6)], inits={"slope": np.full(6, 0.1, np.float32)})
+    ref = B.run_onnxruntime(model, x)["out"]
+    got = evaluate_program(stages(model)["lower"], x, np.float64)["out"]
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), (op, got, ref)
+    assert np.allclose(got[~np.isnan(ref)], ref[~np.isnan(ref)], rtol=1e-6, atol=0), (op, got, ref)
 
 
 # ---------------------------------------------------------------- epilogues
