@@ -209,14 +209,15 @@ def _f32_cases(op: str):
     return out
 
 
-@pytest.mark.parametrize("op,count", [("Einsum", 5), ("CumSum", 7)])
+@pytest.mark.parametrize("op,count", [("Einsum", 5), ("CumSum", 7), ("ReduceLogSumExp", 8)])
 def test_float64_node_cases_pass_as_float32(op, count):
     passed = 0
     for name, model, feeds, expected in _f32_cases(op):
         try:
             ir = import_model(model)
         except AicfError as e:
-            assert "diagonal" in str(e), name     # test_einsum_batch_diagonal, refused by name
+            # test_einsum_batch_diagonal, refused by name; test_reduce_log_sum_exp_empty_set's symbolic [2, 0, 4]
+            assert "diagonal" in str(e) or "symbolic dimension" in str(e), name
             continue
         outs = [o.name for o in model.graph.output]
         for stage, level in stages(model).items():
