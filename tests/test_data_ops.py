@@ -6,9 +6,10 @@ at fp32 (1e-5 of the output's max; indices exactly) and the fp16 plan's interpre
 `aicfc.compile` builds every model with nvcc at fp32 and fp16 (the CUDA compiles); on a GPU
 (`gpu` mark) the compiled bundle matches onnxruntime. Indices are checked on inputs whose
 values are distinct and exact in fp16 (a shuffled grid), so rounding cannot create ties; ties
-themselves are checked at fp32. The onnx node cases of Einsum and CumSum are all float64 (or
-int32, bfloat16), which the compiler refuses at run time by name; they are also run here
-retyped to float32 against the cases' expected outputs.
+themselves are checked at fp32. The onnx node cases of Einsum, CumSum and ReduceLogSumExp
+(tests/test_activation_ops.py's) are all float64 (or int32, bfloat16, an empty set), which the
+compiler refuses at run time by name; they are also run here retyped to float32 against the
+cases' expected outputs.
 """
 from __future__ import annotations
 
