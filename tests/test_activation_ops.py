@@ -97,8 +97,9 @@ def size_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
 
 
-# ops an importer rewrite states with others (GlobalLpPool at opset 11: onnxruntime has no later version): Upsample as Resize (opset 10's meaning), LpNormalization as
-# ReduceL1/L2 and Div, GlobalLpPool as ReduceL1/L2 over the merged spatial axes; Size folded
+# ops an importer rewrite states with others: Upsample as Resize (opset 10's meaning), LpNormalization as
+# ReduceL1/L2 and Div, GlobalLpPool as ReduceL1/L2 over the merged spatial axes (at opset 11: onnxruntime has no
+# later version of it); Size folded
 CASES += [
     ("Upsample9_nearest", lambda: model_of("Upsample", [IMAGE], {"mode": "nearest"}, opset=9,
                                            inits={"scales": np.array([1, 1, 2, 3], np.float32)}),
@@ -136,7 +137,7 @@ def test_nvcc_builds_it(case_id, make_model, make_inputs, precision):
 
 
 def test_log_sum_exp_past_exp_overflow_stays_finite():
-    """Values of 100-300: exp overflows float32, the lowered program's shifted form does not."""
+    """Values of 100-300: exp overflows float32, the plan's maximum-shifted form (float32, as the GPU) does not."""
     model = _reduce("ReduceLogSumExp", [2], 1)()
     x = {"in0": np.random.default_rng().uniform(100, 300, SHAPE).astype(np.float32)}
     ref = np.log(np.sum(np.exp(x["in0"].astype(np.float64)), axis=2, keepdims=True))
