@@ -1,7 +1,7 @@
 """The activations of YOLO, GAN, face and self-normalizing models (LeakyRelu, PRelu, Elu, Selu,
 Celu, ThresholdedRelu, Softsign, Shrink), ONNX's trigonometric and hyperbolic functions,
 LogSoftmax, GlobalMaxPool, the reductions ReduceSumSquare, ReduceL1, ReduceLogSum and
-ReduceLogSumExp, and the rewritten Upsample, LpNormalization, GlobalLpPool and Size against onnxruntime on fresh random inputs (never zeros): every stage's
+ReduceLogSumExp, and the rewritten Upsample, LpNormalization, GlobalLpPool, Size, Hardmax and OneHot against onnxruntime on fresh random inputs (never zeros): every stage's
 interpreter at float32, the lowered program in float64, the fp16 plan with its stores rounded
 to fp16, and each op's CUDA built by nvcc at fp32 and fp16 (tests/test_elementwise_ops.py's
 checks). Inputs sit at and next to each op's kinks, inside each function's domain; LogSoftmax
@@ -115,6 +115,21 @@ CASES += [
     ("GlobalLpPool_l2", lambda: model_of("GlobalLpPool", [IMAGE], opset=11), lambda r: {"in0": _normal(r, IMAGE)}),
     ("GlobalLpPool_l1", lambda: model_of("GlobalLpPool", [IMAGE], {"p": 1}, opset=11), lambda r: {"in0": _normal(r, IMAGE)}),
     ("Size", size_model, lambda r: {"in0": _normal(r, IMAGE)}),
+    # small integers: many ties, which go to the first maximum
+    ("Hardmax", lambda: model_of("Hardmax", [SHAPE]), lambda r: {"in0": r.integers(0, 4, SHAPE).astype(np.float32)}),
+    ("Hardmax_axis1", lambda: model_of("Hardmax", [SHAPE], {"axis": 1}),
+     lambda r: {"in0": r.integers(0, 4, SHAPE).astype(np.float32)}),
+    # indices past depth either way (all off) and negative ones (counted from the end)
+    ("OneHot", lambda: model_of("OneHot", [(3, 37)], dtype=TensorProto.INT64,
+                                inits={"depth": np.array(10, np.int64), "values": np.array([-0.5, 2.0], np.float32)}),
+     lambda r: {"in0": r.integers(-12, 12, (3, 37)).astype(np.int64)}),
+    ("OneHot_axis0", lambda: model_of("OneHot", [(3, 37)], {"axis": 0}, dtype=TensorProto.INT64,
+                                      inits={"depth": np.array(5, np.int64), "values": np.array([0, 1], np.float32)}),
+     lambda r: {"in0": r.integers(-6, 6, (3, 37)).astype(np.int64)}),
+    # float indices are truncated to int64 first
+    ("OneHot_float", lambda: model_of("OneHot", [(3, 37)], inits={"depth": np.array(7, np.float32),
+                                                                  "values": np.array([1.5, -3.0], np.float32)}),
+     lambda r: {"in0": (r.integers(-9, 9, (3, 37)) + r.choice([0.0, 0.25, 0.5, 0.75], (3, 37))).astype(np.float32)}),
 ]
 IDS = [c[0] for c in CASES]
 

@@ -39,6 +39,7 @@ FROZEN_INPUTS["Trilu"] = (1,)   # its k
 FROZEN_INPUTS.update({"Tile": (1,), "Pad": (1, 2, 3), "CumSum": (1,), "TopK": (1,), "ReduceMin": (1,),
                       "ReduceProd": (1,), "ReduceL2": (1,)})
 FROZEN_INPUTS.update({op: (1,) for op in ("ReduceSumSquare", "ReduceL1", "ReduceLogSum", "ReduceLogSumExp", "Upsample")})
+FROZEN_INPUTS["OneHot"] = (1, 2)   # depth and values
 # Issue 18's spatial ops: Resize's roi, scales and sizes.
 FROZEN_INPUTS["Resize"] = (1, 2, 3)
 

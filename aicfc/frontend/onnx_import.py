@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from aicfc.errors import AicfError
 from aicfc.frontend.onnx_elementwise import ELEMENTWISE_ATTR_OPS, elementwise_attrs
-from aicfc.frontend import import_norms, import_rewrites, spatial
+from aicfc.frontend import import_norms, import_onehot, import_rewrites, spatial
 from aicfc.ir.high import Graph, Node, make_attrs, verify_graph
 from aicfc.ir.ops import COMPARISONS, FLOATS, FOLD_ONLY, OPS, RUNTIME_DTYPES, OpTypeError
 from aicf_run.weights import FileSlice
@@ -559,6 +559,10 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
     steps = import_norms.expand(n, at, args, types, weights, opset, origin)
     if steps is not None:
         return steps
+    if n.op_type == "Hardmax":
+        return import_onehot.hardmax(origin, args[0], types, weights, at, opset, n.output[0])
+    if n.op_type == "OneHot":
+        return import_onehot.one_hot(origin, args, types, weights, at, n.output[0])
     steps = import_rewrites.expand(n, at, args, types, weights, origin)
     if steps is None:
         steps = spatial.expand(n.op_type, origin, at, args, types, weights, n.output[0])
@@ -802,7 +806,7 @@ def _consumed(model: onnx.ModelProto) -> set[str]:
 # ---------------------------------------------------------------- issue 18 data ops
 # Tile, DepthToSpace, SpaceToDepth and Einsum are rewritten at import (`import_rewrites`);
 # Pad, CumSum, TopK and the new reductions keep only their data input.
-IMPORT_ONLY = IMPORT_ONLY | import_rewrites.REWRITTEN
+IMPORT_ONLY = IMPORT_ONLY | import_rewrites.REWRITTEN | import_onehot.REWRITTEN
 # Normalization ops of issue 18 (`import_norms`): RMSNormalization stays a graph op; the others
 # are rewritten into it, LayerNormalization, Adds and an affine map.
 IMPORT_ONLY = IMPORT_ONLY | import_norms.REWRITTEN

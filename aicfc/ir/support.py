@@ -146,6 +146,10 @@ NOTES: dict[str, str] = {
                        "ONNX's reference); other p refused",
     "GlobalLpPool": "p = 1 or 2: ReduceL1/ReduceL2 over the merged spatial axes; other p refused",
     "Size": "folded at compile time (static shapes)",
+    "Hardmax": "opset 13 (its axis alone; the older 2-D coercion where it differs refused): ArgMax == the axis's "
+               "positions, cast (ties to the first maximum)",
+    "OneHot": "run-time int64/int32 indices, or float ones cast to int64 (negative ones from the end, out-of-range ones all off), constant depth "
+              "and values, any axis: a compare with the positions and a Where",
     "LogSoftmax": "any axis: x - max - log(sum(exp(x - max))), no log(0) where the softmax underflows",
     "GlobalMaxPool": "any rank >= 3; a row reduction",
     "ReduceSumSquare": "one reduced axis (or several of extent 1, or a run of consecutive ones); keepdims",
