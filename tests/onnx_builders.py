@@ -397,11 +397,12 @@ OP_CASES: list[tuple[str, ModelBuilder]] = [
 
 
 def unsupported_op_model() -> onnx.ModelProto:
-    """Valid ONNX with two unsupported ops (`Hardmax` node `hardmax_0`, `NonMaxSuppression` node
-    `nms_0`) beside one supported op (`Relu` node `relu_0`)."""
+    """Valid ONNX with two unsupported ops (`EyeLike` node `eyelike_0`, `NonMaxSuppression` node
+    `nms_0`) beside one supported op (`Relu` node `relu_0`). (Hardmax was the first until session 91
+    supported it.)"""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"], name="relu_0"),
-        helper.make_node("Hardmax", ["r"], ["hard"], name="hardmax_0", axis=-1),
+        helper.make_node("EyeLike", ["r"], ["hard"], name="eyelike_0"),
         helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_boxes"], ["selected"],
                          name="nms_0"),
     ]

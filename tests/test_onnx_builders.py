@@ -94,7 +94,7 @@ def test_unsupported_op_model() -> None:
     model = unsupported_op_model()
     onnx.checker.check_model(model, full_check=True)
     unsupported = {n.op_type for n in model.graph.node} - SUPPORTED_OPS
-    assert unsupported == {"Hardmax", "NonMaxSuppression"}
+    assert unsupported == {"EyeLike", "NonMaxSuppression"}
     assert all(n.name for n in model.graph.node)
     outputs = run_onnxruntime(model, random_inputs(model, seed=0))
     assert outputs["hard"].shape == (4, 10)
