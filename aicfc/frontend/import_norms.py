@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from aicfc.errors import AicfError
+from aicfc.frontend.import_rewrites import constant
 from aicfc.ir.types import TensorType, Weight
 
 Step = tuple[str, list[str], str, dict]
@@ -33,13 +34,6 @@ ORT_IN_ONNX_DOMAIN = {"SimplifiedLayerNormalization"}   # unknown to the onnx ch
 REWRITTEN = {"InstanceNormalization", "GroupNormalization"} | MICROSOFT | ORT_IN_ONNX_DOMAIN
 # onnxruntime's default epsilon of the Skip norms (contrib_defs: kDefaultSkipLayerNormEpsilon).
 SKIP_EPSILON = 1e-12
-
-
-def _constant(weights: dict[str, Weight], types: dict[str, TensorType], name: str, value: np.ndarray) -> str:
-    w = Weight.of(name, value)
-    weights[name] = Weight(name, TensorType(w.type.dtype, tuple(value.shape)), w.data)
-    types[name] = weights[name].type
-    return name
 
 
 def _stash(op: str, at: dict, origin: str) -> None:
@@ -79,7 +73,7 @@ def stats_steps(x: str, t: TensorType, axis: int, eps: float, rms: bool, mean_ou
             steps.append(("Sub", [f"{tmp}.x", f"{tmp}.mean"], f"{tmp}.d", {}))
             d = f"{tmp}.d"
     if inv_out:
-        _constant(weights, types, f"{tmp}.eps", np.array(eps, t.np_dtype))
+        constant(weights, types, f"{tmp}.eps", np.array(eps, t.np_dtype))
         steps += [("Mul", [d, d], f"{tmp}.d2", {}),
                   ("ReduceMean", [f"{tmp}.d2"], f"{tmp}.var", row_mean),
                   ("Add", [f"{tmp}.var", f"{tmp}.eps"], f"{tmp}.vare", {}),
@@ -176,7 +170,7 @@ def _instance_group(n, at: dict, args: list[str], types: dict[str, TensorType], 
             raise AicfError(f"node {origin!r}: {op} {what} {list(types[name].shape)}: expected [{want}] "
                             f"({'one per channel' if per_channel else 'one per group (opset 18)'})")
     k = ch // groups
-    one = _constant(weights, types, f"{origin}.one", np.ones(1, types[x].np_dtype))
+    one = constant(weights, types, f"{origin}.one", np.ones(1, types[x].np_dtype))
     steps: list[Step] = [("Reshape", [x], f"{origin}.rows", {"shape": (batch, groups, k * spatial)}),
                          ("LayerNormalization", [f"{origin}.rows", one], f"{origin}.norm", {"axis": 2, "epsilon": eps})]
     if per_channel and k > 1:

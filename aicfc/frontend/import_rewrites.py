@@ -216,7 +216,15 @@ def _one_int(name: str, weights: dict[str, Weight], origin: str, what: str) -> i
     return values[0]
 
 
-def _axis(axis: int, rank: int, origin: str, op: str) -> int:
+def constant(weights: dict[str, Weight], types: dict[str, TensorType], name: str, value: np.ndarray) -> str:
+    """`value` as the weight `name` (its type recorded too): a constant a rewrite's steps read."""
+    weights[name] = Weight.of(name, value)
+    types[name] = weights[name].type
+    return name
+
+
+def axis_of(axis: int, rank: int, origin: str, op: str) -> int:
+    """`axis` of a rank-`rank` tensor, a negative one counted from the end; out of range refused by name."""
     if not -rank <= axis < rank:
         raise AicfError(f"node {origin!r}: {op} axis {axis} out of range for rank {rank}")
     return axis + rank if axis < 0 else axis
@@ -242,7 +250,7 @@ def data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
             value = _const(args[2], weights, origin, "the constant_value of Pad").reshape(-1)
             value = value[0] if value.size else 0.0
         if len(args) > 3 and args[3]:
-            axes = [_axis(a, rank, origin, op) for a in _const_ints(args[3], weights, origin, "the axes of Pad")]
+            axes = [axis_of(a, rank, origin, op) for a in _const_ints(args[3], weights, origin, "the axes of Pad")]
         else:
             axes = list(range(rank))
         if len(pads) != 2 * len(axes):
@@ -253,17 +261,17 @@ def data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType],
         return {"pads": tuple(full), "value": float(value)}
     if op == "CumSum":
         axis = _one_int(args[1], weights, origin, "the axis of CumSum") if len(args) > 1 else 0
-        return {"axis": _axis(axis, rank, origin, op), "exclusive": int(at.get("exclusive", 0)),
+        return {"axis": axis_of(axis, rank, origin, op), "exclusive": int(at.get("exclusive", 0)),
                 "reverse": int(at.get("reverse", 0))}
     if op in ("ArgMax", "ArgMin"):
-        return {"axis": _axis(int(at.get("axis", 0)), rank, origin, op), "keepdims": int(at.get("keepdims", 1)),
+        return {"axis": axis_of(int(at.get("axis", 0)), rank, origin, op), "keepdims": int(at.get("keepdims", 1)),
                 "select_last_index": int(at.get("select_last_index", 0))}
     if op == "TopK":
         if len(args) > 1:
             k = _one_int(args[1], weights, origin, "the k of TopK")
         else:
             k = int(at.get("k", 0))
-        axis = _axis(int(at.get("axis", -1)), rank, origin, op)
+        axis = axis_of(int(at.get("axis", -1)), rank, origin, op)
         if not 1 <= k <= shape[axis]:
             raise AicfError(f"node {origin!r}: TopK k={k} of an axis of {shape[axis]}; 1..{shape[axis]} is supported")
         return {"k": k, "axis": axis, "largest": int(at.get("largest", 1))}
@@ -283,13 +291,9 @@ def lp_norm(op: str, origin: str, x: str, types: dict[str, TensorType], weights:
     shape = types[x].shape
     rank = len(shape)
     if op == "LpNormalization":
-        axis = int(at.get("axis", -1))
-        axis = axis + rank if axis < 0 else axis
-        if not 0 <= axis < rank:
-            raise AicfError(f"node {origin!r}: LpNormalization axis {at.get('axis')} out of range for rank {rank}")
-        norm, tiny = f"{origin}.norm", f"{origin}.tiny"
-        weights[tiny] = Weight.of(tiny, np.asarray(np.finfo(np.float32).tiny, dtype=types[x].np_dtype))
-        types[tiny] = weights[tiny].type
+        axis = axis_of(int(at.get("axis", -1)), rank, origin, op)
+        norm = f"{origin}.norm"
+        tiny = constant(weights, types, f"{origin}.tiny", np.asarray(np.finfo(np.float32).tiny, dtype=types[x].np_dtype))
         return [(reduce, [x], norm, {"axes": (axis,), "keepdims": 1}), ("Max", [norm, tiny], f"{norm}.held", {}),
                 ("Div", [x, f"{norm}.held"], out, {})]
     if rank < 3:

@@ -349,7 +349,7 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
                      weights: dict[str, Weight], opset: int, origin: str) -> dict:
     """Resolve defaults, negative axes and constant shape inputs into static attributes."""
     rank = len(types[args[0]].shape)
-    if op in ("Softmax", "LogSoftmax"):
+    if op in ("Softmax", "LogSoftmax", "Hardmax"):
         axis = at.get("axis", -1 if opset >= 13 else 1)
         axis = axis + rank if axis < 0 else axis
         # Before opset 13 Softmax normalizes over the flattened dims axis..: the same as over
@@ -560,7 +560,8 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
     if steps is not None:
         return steps
     if n.op_type == "Hardmax":
-        return import_onehot.hardmax(origin, args[0], types, weights, at, opset, n.output[0])
+        axis = _normalize_attrs("Hardmax", at, args, types, weights, opset, origin)["axis"]
+        return import_onehot.hardmax(origin, args[0], axis, types, weights, n.output[0])
     if n.op_type == "OneHot":
         return import_onehot.one_hot(origin, args, types, weights, at, n.output[0])
     steps = import_rewrites.expand(n, at, args, types, weights, origin)

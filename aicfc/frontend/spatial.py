@@ -29,6 +29,7 @@ import math
 import numpy as np
 
 from aicfc.errors import AicfError
+from aicfc.frontend.import_rewrites import constant
 from aicfc.ir.resize import COORDINATE_MODES, MODES, NEAREST_MODES, axis_tables
 from aicfc.ir.types import TensorType, Weight
 
@@ -149,9 +150,7 @@ def _filter(origin: str, w: str, ws: tuple[int, ...], g: int, weights: dict[str,
     if w in weights:
         a = weights[w].array().reshape((g, cg, mg) + ks).swapaxes(1, 2).reshape((g * mg, cg) + ks)
         a = np.ascontiguousarray(a[(slice(None), slice(None)) + (slice(None, None, -1),) * nd])
-        weights[name] = Weight.of(name, a)
-        types[name] = weights[name].type
-        return name
+        return constant(weights, types, name, a)
     grouped = (g, cg, mg) + ks
     flat = (g * mg, cg) + ks
     chain = [("Reshape", {"shape": grouped}), ("Transpose", {"perm": (0, 2, 1) + tuple(range(3, 3 + nd))}),
@@ -241,10 +240,7 @@ def upsample(origin: str, at: dict, args: list[str], types: dict[str, TensorType
     """Upsample (opsets 7-9, deprecated since 10) is Resize as opset 10 defines it: asymmetric coordinates,
     nearest rounding down; its scales an input (opset 9) or an attribute (opset 7), constant either way."""
     if "scales" in at:
-        name = f"{origin}.scales"
-        weights[name] = Weight.of(name, np.asarray(at["scales"], dtype=np.float32))
-        types[name] = weights[name].type
-        args = [args[0], name]
+        args = [args[0], constant(weights, types, f"{origin}.scales", np.asarray(at["scales"], dtype=np.float32))]
     if len(args) < 2:
         raise AicfError(f"node {origin!r}: Upsample without scales; give them as the second input or the attribute")
     return [("Resize", args[:1], out, resize_attrs({"mode": at.get("mode", b"nearest")}, args[:2], types, weights,
