@@ -396,7 +396,7 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
     if op in ("Pad", "CumSum", "ArgMax", "ArgMin"):
         return import_rewrites.data_attrs(op, at, args, types, weights, origin)
     if op == "GatherElements":
-        return {"axis": _axis(at.get("axis", 0), rank, origin, op)}
+        return {"axis": import_rewrites.axis_of(at.get("axis", 0), rank, origin, op)}
     if op == "GatherND":
         return {"batch_dims": int(at.get("batch_dims", 0))}
     if op == "ScatterND":
@@ -412,7 +412,8 @@ def _normalize_attrs(op: str, at: dict, args: list[str], types: dict[str, Tensor
         return elementwise_attrs(op, at, args, types, weights, opset, origin)
     if op == "LayerNormalization":
         # Checked here: the Mean/InvStdDev outputs (`_layer_norm_stats`) size tuples by it.
-        return {"axis": _axis(at.get("axis", -1), rank, origin, op), "epsilon": float(at.get("epsilon", 1e-5))}
+        return {"axis": import_rewrites.axis_of(at.get("axis", -1), rank, origin, op),
+                "epsilon": float(at.get("epsilon", 1e-5))}
     return {}
 
 
@@ -580,7 +581,7 @@ def _expand_node(n: onnx.NodeProto, at: dict, args: list[str], types: dict[str, 
         keep = args[:CONSTANT_INPUTS[n.op_type]] if n.op_type in CONSTANT_INPUTS else args
         return [(n.op_type, keep, n.output[0], attrs)]
     shape = types[args[0]].shape
-    axis = _axis(at.get("axis", 0), len(shape), origin, "Split")
+    axis = import_rewrites.axis_of(at.get("axis", 0), len(shape), origin, "Split")
     outs = list(n.output)
     if len(args) >= 2:
         sizes = _ints(args[1], weights, origin, "the split of Split")
@@ -632,12 +633,6 @@ def _layer_norm_stats(n: onnx.NodeProto, at: dict, args: list[str], types: dict[
     nodes = [(n.op_type, args, y, attrs)] if y else []
     return nodes + import_norms.stats_steps(args[0], types[args[0]], attrs["axis"], attrs["epsilon"], False,
                                             mean, inv, origin, weights, types)
-
-
-def _axis(axis: int, rank: int, origin: str, op: str) -> int:
-    if not -rank <= axis < rank:
-        raise AicfError(f"node {origin!r}: {op} axis {axis} out of range for rank {rank}")
-    return axis + rank if axis < 0 else axis
 
 
 def _fold_at_import(op: str, ins: list[str], out: str, attrs: dict, types: dict[str, TensorType],
@@ -714,14 +709,14 @@ def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType]
     if op == "Unsqueeze":
         axes = _ints(args[1], weights, origin, "the axes of Unsqueeze") if len(args) > 1 else list(at.get("axes", []))
         out_rank = rank + len(axes)
-        axes = sorted(_axis(a, out_rank, origin, op) for a in axes)
+        axes = sorted(import_rewrites.axis_of(a, out_rank, origin, op) for a in axes)
         if len(set(axes)) != len(axes):
             raise AicfError(f"node {origin!r}: Unsqueeze axes {axes} repeat")
         dims = iter(shape)
         return {"shape": tuple(1 if d in axes else next(dims) for d in range(out_rank))}
     if op == "Squeeze":
         axes = _ints(args[1], weights, origin, "the axes of Squeeze") if len(args) > 1 else list(at.get("axes", []))
-        axes = [_axis(a, rank, origin, op) for a in axes] if axes else [d for d, m in enumerate(shape) if m == 1]
+        axes = [import_rewrites.axis_of(a, rank, origin, op) for a in axes] if axes else [d for d, m in enumerate(shape) if m == 1]
         if any(shape[a] != 1 for a in axes):
             raise AicfError(f"node {origin!r}: Squeeze of axes {axes} of shape {list(shape)}: not all have size 1")
         return {"shape": tuple(m for d, m in enumerate(shape) if d not in axes)}
@@ -740,7 +735,7 @@ def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType]
     if op == "Slice":
         return _slice_attrs(args, shape, weights, origin)
     if op == "Gather":
-        axis = _axis(at.get("axis", 0), rank, origin, op)
+        axis = import_rewrites.axis_of(at.get("axis", 0), rank, origin, op)
         if args[1] not in weights:
             return {"axis": axis}   # run-time ids: an indirect index ([Note: Indirect index])
         # Constant indices out of range are an error of the model (ONNX), found here rather
@@ -760,7 +755,7 @@ def _data_attrs(op: str, at: dict, args: list[str], types: dict[str, TensorType]
             return {"axis": axis}
         return {"axis": axis, "start": int(ids[0]), "step": step}
     if op == "Concat":
-        return {"axis": _axis(at["axis"], rank, origin, op)}
+        return {"axis": import_rewrites.axis_of(at["axis"], rank, origin, op)}
     if op == "Shape":
         return {"start": at.get("start", 0), "end": at.get("end", None)}
     if op == "ConstantOfShape":
@@ -781,7 +776,7 @@ def _slice_attrs(args: list[str], shape: tuple[int, ...], weights: dict[str, Wei
     steps = _ints(args[4], weights, origin, "the steps of Slice") if len(args) > 4 and args[4] else [1] * len(starts)
     out = {"starts": [0] * rank, "steps": [1] * rank, "shape": list(shape)}
     for s, e, a, k in zip(starts, ends, axes, steps):
-        a = _axis(a, rank, origin, "Slice")
+        a = import_rewrites.axis_of(a, rank, origin, "Slice")
         n = shape[a]
         if k == 0:
             raise AicfError(f"node {origin!r}: Slice step 0")
